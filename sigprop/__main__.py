@@ -1,0 +1,3 @@
+from sigprop.cli import run
+
+run()

@@ -1,0 +1,53 @@
+"""Python API: the same result objects the CLI renders.
+
+    >>> import sigprop
+    >>> r = sigprop.probe_mlp(depth=5, width="64", samples=100, inits=["proposed"], device="cpu")
+    >>> r.runs[0].layers[0].forward.mean  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from sigprop import __version__, engine, inits, specs, stats, theory
+from sigprop.results import ProbeResult
+
+
+def probe(
+    spec: specs.MLPSpec,
+    probe_spec: specs.ProbeSpec,
+    progress: engine.ProgressFn | None = None,
+    on_start: Callable[[dict], None] | None = None,
+) -> ProbeResult:
+    """Run the MLP probe for every init of ``spec`` and pair each measurement with its theory."""
+    widths, arrays, env = engine.run_mlp(spec, probe_spec, progress=progress, on_start=on_start)
+    runs = [stats.mlp_run(inits.get(name), widths, *arrays[name]) for name in spec.inits]
+    config = {"command": "mlp", **spec.to_dict(), **probe_spec.__dict__, "widths": widths}
+    return ProbeResult(
+        command="mlp",
+        config=config,
+        environment={"sigprop": __version__, **env},
+        runs=runs,
+        tolerances={
+            "z_agreement": theory.Z_AGREEMENT,
+            "z_check": theory.Z_CHECK,
+            "spread_c_gaussian": theory.SPREAD_C_GAUSSIAN,
+            "spread_c_orthogonal_base": theory.SPREAD_C_ORTHOGONAL_BASE,
+        },
+    )
+
+
+def probe_mlp(
+    depth: int = 20,
+    input_dim: int = 500,
+    width: str | int = "150:250",
+    inits: Sequence[str] = ("proposed",),
+    samples: int = 1000,
+    seed: int = 0,
+    seeds: int = 1,
+    device: str = "auto",
+    dtype: str = "float32",
+) -> ProbeResult:
+    """Keyword-friendly wrapper of :func:`probe` for the WN MLP."""
+    spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(str(width)), inits=tuple(inits))
+    return probe(spec, specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype))

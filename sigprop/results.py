@@ -1,0 +1,196 @@
+"""Result records and the JSON contract (STYLE.md habit 5): this module, and nowhere else,
+decides the keys of ``sigprop.result.v1`` and ``sigprop.theory.v1``.  Plain data; no torch."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+RESULT_SCHEMA = "sigprop.result.v1"
+THEORY_SCHEMA = "sigprop.theory.v1"
+
+
+def _num(x: float | None) -> float | None:
+    """JSON-safe float: None for missing or non-finite values."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+@dataclass
+class RatioStats:
+    """One direction (forward or backward) at one layer: measured beside predicted (habit 4).
+
+    ``mean``/``std``/``rms`` are of the ratio itself (None when they do not fit a float64);
+    ``std`` is the spread across samples (pooled within draws), ``draw_std`` the spread of the
+    per-draw mean across draws (None with one draw).  ``log10_*`` are of log10(ratio) and are
+    always finite (``log10_mean`` is over the samples whose ratio is non-zero; ``dead_fraction``
+    counts those that are exactly zero, e.g. all-dead ReLU layers at width 1).
+    ``predicted`` is the closed-form RMS ratio (None where no closed form exists); ``agrees``
+    tells whether the measured RMS lies within the finite-width band ``[log10_low, log10_high]``
+    around it.
+    """
+
+    mean: float | None
+    std: float | None
+    rms: float | None
+    log10_mean: float | None
+    log10_std: float | None
+    log10_rms: float | None
+    draw_std: float | None
+    log10_draw_std: float | None
+    dead_fraction: float
+    predicted: float | None = None
+    log10_predicted: float | None = None
+    log10_low: float | None = None
+    log10_high: float | None = None
+    agrees: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mean": _num(self.mean),
+            "std": _num(self.std),
+            "rms": _num(self.rms),
+            "log10_mean": _num(self.log10_mean),
+            "predicted": _num(self.predicted),
+            "log10_std": _num(self.log10_std),
+            "log10_rms": _num(self.log10_rms),
+            "draw_std": _num(self.draw_std),
+            "log10_draw_std": _num(self.log10_draw_std),
+            "dead_fraction": float(self.dead_fraction),
+            "log10_predicted": _num(self.log10_predicted),
+            "agreement": {"log10_low": _num(self.log10_low), "log10_high": _num(self.log10_high), "agrees": self.agrees},
+        }
+
+
+@dataclass
+class LayerRecord:
+    index: int
+    width: int
+    forward: RatioStats
+    backward: RatioStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "width": self.width, "forward": self.forward.to_dict(), "backward": self.backward.to_dict()}
+
+
+@dataclass
+class Check:
+    """One gate of ``--check``: ``measured`` (the geometric-mean ratio) inside [low, high]."""
+
+    name: str
+    passed: bool
+    log10_measured: float | None
+    log10_low: float
+    log10_high: float
+
+    @property
+    def measured(self) -> float | None:
+        return None if self.log10_measured is None else _pow10(self.log10_measured)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "measured": _num(self.measured),
+            "low": _num(_pow10(self.log10_low)),
+            "high": _num(_pow10(self.log10_high)),
+            "log10_measured": _num(self.log10_measured),
+            "log10_low": _num(self.log10_low),
+            "log10_high": _num(self.log10_high),
+        }
+
+
+def _pow10(x: float) -> float | None:
+    if x > 308.0 or x < -323.0:
+        return None
+    return 10.0**x
+
+
+@dataclass
+class RunResult:
+    init: str
+    widths: list[int]
+    layers: list[LayerRecord]
+    checks: list[Check]
+    description: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def agreement(self) -> dict[str, Any]:
+        out = {}
+        for direction in ("forward", "backward"):
+            flags = [getattr(r, direction).agrees for r in self.layers]
+            flags = [f for f in flags if f is not None]
+            out[direction] = {"layers_compared": len(flags), "layers_agreeing": sum(flags)}
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "init": self.init,
+            "description": self.description,
+            "widths": list(self.widths),
+            "layers": [r.to_dict() for r in self.layers],
+            "checks": [c.to_dict() for c in self.checks],
+            "passed": self.passed,
+            "agreement": self.agreement(),
+        }
+
+
+@dataclass
+class ProbeResult:
+    command: str
+    config: dict[str, Any]
+    environment: dict[str, Any]
+    runs: list[RunResult]
+    tolerances: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": RESULT_SCHEMA,
+            "command": self.command,
+            "config": self.config,
+            "environment": self.environment,
+            "tolerances": self.tolerances,
+            "runs": [r.to_dict() for r in self.runs],
+            "passed": self.passed,
+        }
+
+
+@dataclass
+class KnRow:
+    n: int
+    closed_form: float
+    quadrature: float
+
+
+@dataclass
+class ResnetRow:
+    blocks: int
+    ratio: float
+    lower: float
+    upper: float
+    inside: bool
+
+
+@dataclass
+class TheoryResult:
+    kn: list[KnRow]
+    resnet: list[ResnetRow]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": THEORY_SCHEMA,
+            "kn": [{"n": r.n, "closed_form": r.closed_form, "quadrature": r.quadrature} for r in self.kn],
+            "resnet": [
+                {"blocks": r.blocks, "ratio": r.ratio, "lower": r.lower, "upper": r.upper, "inside": r.inside}
+                for r in self.resnet
+            ],
+        }

@@ -1,0 +1,110 @@
+"""Frozen descriptions of a network and of a probe (STYLE.md layers).  No torch here.
+
+Everything random that is decided before the engine runs (the per-layer widths) is resolved
+here from the seed with numpy, so the CLI can print and record it without touching tensors.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from sigprop import inits
+from sigprop.errors import SigpropError
+
+DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+DTYPES = ("float32", "float64")
+
+#: spawn keys of the independent random streams derived from one --seed
+STREAM_WIDTHS, STREAM_INPUTS, STREAM_ERRORS, STREAM_WEIGHTS = 0, 1, 2, 3
+
+
+def derive_seed(seed: int, *keys: int) -> int:
+    """A 63-bit seed for one random stream, from the user's seed and a path of keys."""
+    ss = np.random.SeedSequence(entropy=int(seed), spawn_key=tuple(int(k) for k in keys))
+    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+@dataclass(frozen=True)
+class WidthSpec:
+    """``N`` (fixed) or ``LO:HI`` (each layer's width uniform on LO..HI inclusive)."""
+
+    lo: int
+    hi: int
+
+    @classmethod
+    def parse(cls, text: str, option: str = "--width") -> "WidthSpec":
+        text = str(text).strip()
+        parts = text.split(":")
+        if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+            raise SigpropError(f"expected an integer N or a range LO:HI of integers, got {text!r}", option=option)
+        lo, hi = int(parts[0]), int(parts[-1])
+        if lo < 1:
+            raise SigpropError(f"widths must be >= 1, got {text!r}", option=option)
+        if hi < lo:
+            raise SigpropError(f"range {text!r} is reversed: LO must be <= HI", option=option)
+        return cls(lo, hi)
+
+    def __str__(self) -> str:
+        return str(self.lo) if self.lo == self.hi else f"{self.lo}:{self.hi}"
+
+    def draw(self, count: int, seed: int, stream: int = STREAM_WIDTHS) -> list[int]:
+        rng = np.random.default_rng(derive_seed(seed, stream))
+        return [int(w) for w in rng.integers(self.lo, self.hi + 1, size=count)]
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """How to probe: sample count, seeds, device, dtype."""
+
+    samples: int = 1000
+    seed: int = 0
+    seeds: int = 1
+    device: str = "auto"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise SigpropError(f"must be >= 1, got {self.samples}", option="--samples")
+        if self.seeds < 1:
+            raise SigpropError(f"must be >= 1, got {self.seeds}", option="--seeds")
+        if self.seed < 0:
+            raise SigpropError(f"must be >= 0, got {self.seed}", option="--seed")
+        if not DEVICE_RE.match(self.device):
+            raise SigpropError(f"expected auto, cpu, cuda or cuda:K, got {self.device!r}", option="--device")
+        if self.dtype not in DTYPES:
+            raise SigpropError(f"expected one of {', '.join(DTYPES)}, got {self.dtype!r}", option="--dtype")
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """The WN MLP of 001 eq. 1-2: L layers a^l = g^l * W^l h^{l-1} / ||W^l_i|| + b^l, h^l = ReLU(a^l)."""
+
+    depth: int = 20
+    input_dim: int = 500
+    width: WidthSpec = WidthSpec(150, 250)
+    inits: tuple[str, ...] = ("proposed",)
+
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise SigpropError(f"must be >= 1, got {self.depth}", option="--depth")
+        if self.input_dim < 1:
+            raise SigpropError(f"must be >= 1, got {self.input_dim}", option="--input-dim")
+        if not self.inits:
+            raise SigpropError("give at least one init", option="--init")
+        for name in self.inits:
+            inits.get(name)
+        if len(set(self.inits)) != len(self.inits):
+            raise SigpropError("an init is named twice", option="--init")
+
+    def widths(self, seed: int) -> list[int]:
+        """[n_0, n_1, ..., n_L]: drawn once per run, shared by every init of the run."""
+        return [self.input_dim] + self.width.draw(self.depth, seed)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["width"] = str(self.width)
+        d["inits"] = list(self.inits)
+        return d

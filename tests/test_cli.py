@@ -1,0 +1,181 @@
+"""The CLI: CliRunner, the one-line error wrapper, the installed entry point, the JSON contract."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from sigprop import inits
+from sigprop.cli import InitName, app, main
+
+runner = CliRunner()
+SMALL = ["--depth", "4", "--input-dim", "40", "--width", "30:50", "--samples", "64", "--device", "cpu"]
+
+
+def run_main(capsys, args):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_choices_match_registry():
+    assert [m.value for m in InitName] == inits.names()
+
+
+def test_mlp_table_default_inits():
+    res = runner.invoke(app, ["mlp", *SMALL])
+    assert res.exit_code == 0, res.output
+    for name in ("he", "proposed", "proposed-gaussian"):
+        assert name in res.output
+    assert "checks:" in res.output
+
+
+def test_json_contract(capsys):
+    code, out, err = run_main(capsys, ["mlp", *SMALL, "--init", "proposed", "--init", "datadep", "--seeds", "2", "--format", "json"])
+    assert code == 0
+    doc = json.loads(out)  # only JSON on stdout
+    assert doc["schema"] == "sigprop.result.v1" and doc["command"] == "mlp"
+    assert {"sigprop", "torch", "device", "dtype"} <= set(doc["environment"])
+    assert doc["config"]["depth"] == 4 and doc["config"]["seeds"] == 2
+    assert [r["init"] for r in doc["runs"]] == ["proposed", "datadep"]
+    for run in doc["runs"]:
+        assert len(run["widths"]) == 5 and len(run["layers"]) == 4
+        for layer in run["layers"]:
+            assert {"index", "width", "forward", "backward"} <= set(layer)
+            for d in (layer["forward"], layer["backward"]):
+                assert {"mean", "std", "rms", "log10_mean", "predicted"} <= set(d)
+                assert isinstance(d["log10_mean"], float)
+        for c in run["checks"]:
+            assert {"name", "passed", "measured", "low", "high"} <= set(c)
+        assert isinstance(run["passed"], bool)
+    assert doc["runs"][1]["layers"][0]["backward"]["predicted"] is None  # datadep: no closed form
+    assert "device" in err  # the banner goes to stderr
+
+
+def test_csv(capsys):
+    code, out, _ = run_main(capsys, ["mlp", *SMALL, "--init", "he", "--format", "csv"])
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("init,layer,width,forward_mean")
+    assert len(lines) == 1 + 4
+
+
+def test_check_exit_codes(capsys):
+    args = ["mlp", "--depth", "20", "--samples", "200", "--device", "cpu", "--check"]
+    code, _, err = run_main(capsys, [*args, "--init", "proposed"])
+    assert code == 0, err
+    code, _, err = run_main(capsys, [*args, "--init", "proposed", "--init", "he"])
+    assert code == 1
+    assert "check failed: he" in err and "check failed: proposed" not in err
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["mlp", "--depth", "0"], "--depth"),
+        (["mlp", "--samples", "-3"], "--samples"),
+        (["mlp", "--input-dim", "0"], "--input-dim"),
+        (["mlp", "--width", "250:150"], "--width"),
+        (["mlp", "--width", "abc"], "--width"),
+        (["mlp", "--width", "0"], "--width"),
+        (["mlp", "--init", "nope"], "--init"),
+        (["mlp", "--format", "xml"], "--format"),
+        (["mlp", "--dtype", "float16"], "--dtype"),
+        (["mlp", "--device", "tpu"], "--device"),
+        (["mlp", "--depth"], "--depth"),
+        (["mlp", "--init", "he", "--init", "he"], "--init"),
+        (["mlp", "--depth", "100000", "--width", "100000", "--device", "cpu"], "--depth/--width/--samples"),
+        (["mlp", "--output", "/nonexistent-dir/x.json"], "--output"),
+        (["theory", "--n", "1"], "--n"),
+        (["theory", "--blocks", "0"], "--blocks"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, args, option):
+    code, out, err = run_main(capsys, args)
+    assert code == 2
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("sigprop: error:") and option in lines[0]
+    assert "Traceback" not in err
+
+
+def test_cuda_unavailable_is_refused(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    code, _, err = run_main(capsys, ["mlp", *SMALL[:-2], "--device", "cuda"])
+    assert code == 2 and "--device" in err and "CUDA is not available" in err
+
+
+def test_output_written_whole(tmp_path, capsys):
+    target = tmp_path / "r.json"
+    code, out, _ = run_main(capsys, ["mlp", *SMALL, "--init", "proposed", "--format", "json", "--output", str(target)])
+    assert code == 0 and out == ""
+    assert json.loads(target.read_text())["schema"] == "sigprop.result.v1"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temp file left behind
+    table = tmp_path / "t.txt"
+    assert main(["mlp", *SMALL, "--init", "he", "--output", str(table)]) == 0
+    assert "fwd mean±std" in table.read_text()
+
+
+def test_theory_json(capsys):
+    code, out, _ = run_main(capsys, ["theory", "--n", "2", "--n", "1000000", "--blocks", "40", "--format", "json"])
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["schema"] == "sigprop.theory.v1"
+    assert [r["n"] for r in doc["kn"]] == [2, 1000000]
+    for r in doc["kn"]:
+        assert r["closed_form"] == pytest.approx(1.0) and r["quadrature"] == pytest.approx(1.0)
+    assert doc["resnet"][0]["blocks"] == 40
+    assert doc["resnet"][0]["lower"] <= doc["resnet"][0]["ratio"] <= doc["resnet"][0]["upper"]
+    assert doc["resnet"][0]["inside"] is True
+
+
+def test_inits_lists_registry():
+    res = runner.invoke(app, ["inits"])
+    assert res.exit_code == 0
+    for name in inits.names():
+        assert name in res.output
+
+
+def test_version_and_short_help(capsys):
+    code, out, _ = run_main(capsys, ["--version"])
+    assert code == 0 and out.startswith("sigprop ")
+    code, out, _ = run_main(capsys, ["mlp", "-h"])
+    assert code == 0 and "--depth" in out
+
+
+def test_help_and_inits_do_not_import_torch():
+    code = (
+        "import sys; from sigprop.cli import main; "
+        "main(['--help']); main(['inits']); main(['theory', '--n', '5', '--blocks', '3']); "
+        "print('TORCH', 'torch' in sys.modules, file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "TORCH False" in out.stderr
+
+
+def test_installed_entry_point():
+    beside = os.path.join(os.path.dirname(sys.executable), "sigprop")
+    exe = beside if os.path.exists(beside) else shutil.which("sigprop")
+    if exe is None:
+        pytest.skip("sigprop is not installed as a console script")
+    out = subprocess.run([exe, "mlp", *SMALL, "--init", "proposed", "--format", "json", "--check"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["passed"] is True
+    bad = subprocess.run([exe, "mlp", "--width", "9:1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--width" in bad.stderr
+
+
+def test_api_matches_cli(capsys):
+    import sigprop
+
+    r = sigprop.probe_mlp(depth=4, input_dim=40, width="30:50", samples=64, inits=["proposed"], device="cpu")
+    code, out, _ = run_main(capsys, ["mlp", *SMALL, "--init", "proposed", "--format", "json"])
+    doc = json.loads(out)
+    assert r.runs[0].layers[0].forward.mean == doc["runs"][0]["layers"][0]["forward"]["mean"]

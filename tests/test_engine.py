@@ -1,0 +1,165 @@
+"""The hand-written engine against the torch.autograd oracle (STYLE.md habit 10), log-space
+robustness at depth, determinism."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sigprop import engine, inits, specs, stats, theory
+
+INIT_NAMES = inits.names()
+
+
+def oracle_ratios(params, x, e):
+    """Plain autograd on the explicit WN formula w = g v / ||v||: forward ||h^l||/||x|| and
+    backward ||dl/da^l||/||e|| with dl/da^L = e."""
+    x = x.detach().clone().requires_grad_(True)
+    h = x
+    pre = []
+    hs = []
+    for p in params:
+        v = p.v.detach().clone()
+        if p.g is not None:
+            w = p.g.detach().unsqueeze(1) * v / torch.linalg.vector_norm(v, dim=1, keepdim=True)
+        else:
+            w = v
+        a = h @ w.T
+        if p.bias is not None:
+            a = a + p.bias.detach()
+        a.retain_grad()
+        pre.append(a)
+        h = torch.relu(a)
+        hs.append(h)
+    pre[-1].backward(e)
+    xn = torch.linalg.vector_norm(x, dim=1)
+    en = torch.linalg.vector_norm(e, dim=1)
+    fwd = torch.stack([torch.linalg.vector_norm(hh, dim=1) / xn for hh in hs])
+    bwd = torch.stack([torch.linalg.vector_norm(a.grad, dim=1) / en for a in pre])
+    return fwd, bwd, pre
+
+
+@pytest.mark.parametrize("name", INIT_NAMES)
+@pytest.mark.parametrize("widths", [[9, 7, 12, 5, 8, 11], [6, 6, 6], [12, 3, 20, 4]])
+def test_engine_matches_autograd(name, widths):
+    torch.manual_seed(0)
+    x, e = engine.probe_inputs(3, 16, widths[0], widths[-1], torch.device("cpu"), torch.float64)
+    scheme = inits.get(name)
+    ln_f, ln_b, params = engine.mlp_forward_backward(scheme, widths, x, e, seed=3, draw=0)
+    fwd, bwd, _ = oracle_ratios(params, x, e)
+    np.testing.assert_allclose(torch.exp(ln_f).numpy(), fwd.detach().numpy(), rtol=1e-10, atol=1e-300)
+    np.testing.assert_allclose(torch.exp(ln_b).numpy(), bwd.detach().numpy(), rtol=1e-10, atol=1e-300)
+
+
+def test_datadep_standardises_preactivations():
+    widths = [20, 30, 25, 40]
+    x, e = engine.probe_inputs(0, 64, 20, 40, torch.device("cpu"), torch.float64)
+    _, _, params = engine.mlp_forward_backward(inits.get("datadep"), widths, x, e, seed=0, draw=0)
+    _, _, pre = oracle_ratios(params, x, e)
+    for a in pre:
+        a = a.detach()
+        assert torch.allclose(a.mean(0), torch.zeros(a.shape[1], dtype=a.dtype), atol=1e-10)
+        assert torch.allclose(a.std(0, unbiased=False), torch.ones(a.shape[1], dtype=a.dtype), atol=1e-10)
+
+
+def test_pytorch_matches_nn_linear_default_distribution():
+    # nn.Linear's own reset_parameters draws from U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    lin = torch.nn.Linear(400, 300)
+    bound = inits.pytorch_linear_bound(400)
+    assert lin.weight.abs().max().item() <= bound
+    assert lin.weight.var().item() == pytest.approx(bound**2 / 3, rel=0.05)
+    role = inits.LayerRole(400, 300)
+    p = inits.get("pytorch").sample(role, torch.Generator().manual_seed(0), torch.device("cpu"), torch.float64)
+    assert p.v.abs().max().item() <= bound
+    assert p.v.var().item() == pytest.approx(bound**2 / 3, rel=0.05)
+    assert torch.allclose(p.scale, torch.ones_like(p.scale))  # g = ||v||: w = v
+
+
+@pytest.mark.parametrize("shape", [(30, 50), (50, 30), (40, 40)])
+def test_orthogonal_directions(shape):
+    role = inits.LayerRole(fan_in=shape[1], fan_out=shape[0])
+    p = inits.get("proposed").sample(role, torch.Generator().manual_seed(1), torch.device("cpu"), torch.float64)
+    q = p.v
+    gram = q @ q.T if shape[0] <= shape[1] else q.T @ q
+    assert torch.allclose(gram, torch.eye(min(shape), dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(p.scale * torch.linalg.vector_norm(q, dim=1), p.g)
+
+
+def test_common_random_numbers_across_inits():
+    role = inits.LayerRole(20, 30)
+    dev = torch.device("cpu")
+    he = inits.get("he").sample(role, engine.layer_generator(0, 0, 1, dev), dev, torch.float64)
+    pg = inits.get("proposed-gaussian").sample(role, engine.layer_generator(0, 0, 1, dev), dev, torch.float64)
+    # same directions, different gains
+    assert torch.allclose(he.v / he.v.norm(dim=1, keepdim=True), pg.v / pg.v.norm(dim=1, keepdim=True))
+
+
+def test_log_space_depth_3000_stays_finite_and_near_theory():
+    spec = specs.MLPSpec(depth=3000, input_dim=64, width=specs.WidthSpec(64, 64), inits=("he", "proposed"))
+    probe = specs.ProbeSpec(samples=32, device="cpu")
+    widths, out, _ = engine.run_mlp(spec, probe)
+    for name, (f, b) in out.items():
+        assert np.isfinite(f).all() and np.isfinite(b).all()
+        run = stats.mlp_run(inits.get(name), widths, f, b)
+        for r in run.layers:
+            for s in (r.forward, r.backward):
+                assert s.log10_mean is not None and math.isfinite(s.log10_mean)
+    he = stats.mlp_run(inits.get("he"), widths, *out["he"])
+    last = he.layers[-1].forward
+    # 2^{-1500}: about 10^{-451.5}; no float holds it, the log does
+    assert last.log10_predicted == pytest.approx(-1500 * math.log10(2), rel=1e-12)
+    assert last.mean is None or last.mean == 0.0 or last.mean < 1e-300
+    assert last.agrees, (last.log10_rms, last.log10_low, last.log10_high)
+    # the typical (geometric-mean) ratio sits var below the rms (docs/theory.md, finite-width spread)
+    _, var_b = theory.log_ratio_variance(widths, orthogonal=False)
+    typical = (-2999 / 2 * math.log(2) - var_b[0]) / math.log(10)
+    sd = math.sqrt(var_b[0]) / math.log(10)
+    assert abs(he.layers[0].backward.log10_mean - typical) < 3 * sd
+    prop = stats.mlp_run(inits.get("proposed"), widths, *out["proposed"])
+    assert prop.layers[-1].forward.agrees
+
+
+def test_same_seed_same_numbers():
+    spec = specs.MLPSpec(depth=5, input_dim=30, width=specs.WidthSpec(20, 40), inits=("proposed", "datadep"))
+    probe = specs.ProbeSpec(samples=50, seed=7, seeds=2, device="cpu")
+    w1, a, _ = engine.run_mlp(spec, probe)
+    w2, b, _ = engine.run_mlp(spec, probe)
+    assert w1 == w2
+    for k in a:
+        np.testing.assert_array_equal(a[k][0], b[k][0])
+        np.testing.assert_array_equal(a[k][1], b[k][1])
+    # another seed gives other widths and numbers
+    w3, c, _ = engine.run_mlp(spec, specs.ProbeSpec(samples=50, seed=8, seeds=2, device="cpu"))
+    assert w3 != w1 or not np.array_equal(c["proposed"][0], a["proposed"][0])
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_dead_units_at_tiny_width_are_counted_not_nan(width):
+    spec = specs.MLPSpec(depth=12, input_dim=5, width=specs.WidthSpec(width, width), inits=("proposed", "pytorch"))
+    widths, out, _ = engine.run_mlp(spec, specs.ProbeSpec(samples=200, device="cpu"))
+    for name, (f, b) in out.items():
+        assert not np.isnan(f).any() and not np.isnan(b).any()
+        run = stats.mlp_run(inits.get(name), widths, f, b)
+        for r in run.layers:
+            for s in (r.forward, r.backward):
+                assert 0.0 <= s.dead_fraction <= 1.0
+                # log10_mean is over the non-zero ratios: finite unless every sample is dead
+                if s.dead_fraction < 1.0:
+                    assert math.isfinite(s.log10_mean)
+                else:
+                    assert s.log10_mean is None and s.mean == 0.0
+        if any(c.log10_measured is None for c in run.checks):
+            assert not run.passed  # a dead signal never passes --check
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", INIT_NAMES)
+def test_cuda_engine_matches_autograd(name):
+    widths = [9, 7, 12, 5, 8]
+    dev = torch.device("cuda")
+    x, e = engine.probe_inputs(3, 16, widths[0], widths[-1], dev, torch.float64)
+    ln_f, ln_b, params = engine.mlp_forward_backward(inits.get(name), widths, x, e, seed=3, draw=0)
+    fwd, bwd, _ = oracle_ratios(params, x, e)
+    np.testing.assert_allclose(torch.exp(ln_f).cpu().numpy(), fwd.detach().cpu().numpy(), rtol=1e-10)
+    np.testing.assert_allclose(torch.exp(ln_b).cpu().numpy(), bwd.detach().cpu().numpy(), rtol=1e-10)
