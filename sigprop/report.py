@@ -36,7 +36,8 @@ def fmt_num(v: float | None, digits: int = 3) -> str:
         return "—"
     if v == 0.0 or 0.01 <= abs(v) < 1000.0:
         return f"{v:.{digits}g}"
-    return f"{v:.{digits - 1}e}"
+    mantissa, exponent = f"{v:.{digits - 1}e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
 
 
 def _value(v: float | None, log10: float | None) -> str:
@@ -50,10 +51,15 @@ def _mean_std(s: RatioStats) -> str:
     return f"{fmt_num(s.mean)}±{fmt_num(s.std, 2)}"
 
 
-def _mark(s: RatioStats) -> Text:
+def _theory_cell(s: RatioStats) -> Text:
+    """The prediction with its agreement mark: ✓ within the finite-width band, ✗ outside,
+    · no closed form."""
+    cell = Text(_value(s.predicted, s.log10_predicted) + " ")
     if s.agrees is None:
-        return Text("·", style="dim")
-    return Text("✓", style="green") if s.agrees else Text("✗", style="red")
+        cell.append("·", style="dim")
+    else:
+        cell.append("✓", style="green") if s.agrees else cell.append("✗", style="bold red")
+    return cell
 
 
 def table_rows(n_layers: int, limit: int = MAX_TABLE_ROWS) -> list[int]:
@@ -79,11 +85,9 @@ def run_table(run: RunResult) -> Table:
     t.add_column("fwd mean±std", justify="right", no_wrap=True)
     t.add_column("rms", justify="right", no_wrap=True)
     t.add_column("theory", justify="right", no_wrap=True)
-    t.add_column("", justify="center", no_wrap=True, min_width=1)
     t.add_column("bwd mean±std", justify="right", no_wrap=True)
     t.add_column("rms", justify="right", no_wrap=True)
     t.add_column("theory", justify="right", no_wrap=True)
-    t.add_column("", justify="center", no_wrap=True, min_width=1)
     for i in table_rows(len(run.layers)):
         r = run.layers[i]
         f, b = r.forward, r.backward
@@ -92,12 +96,10 @@ def run_table(run: RunResult) -> Table:
             str(r.width),
             _mean_std(f),
             _value(f.rms, f.log10_rms),
-            _value(f.predicted, f.log10_predicted),
-            _mark(f),
+            _theory_cell(f),
             _mean_std(b),
             _value(b.rms, b.log10_rms),
-            _value(b.predicted, b.log10_predicted),
-            _mark(b),
+            _theory_cell(b),
         )
     return t
 
