@@ -121,7 +121,8 @@ def render(result, fmt: Format, output: Optional[Path]) -> None:
 def render_rich(draw, output: Optional[Path]) -> None:
     """A rich rendering to the terminal, or as plain text (no colour) to ``output``."""
     if output is None:
-        draw(Console())
+        # a pipe or file has no width to respect: do not let rich squeeze columns to 80
+        draw(Console() if sys.stdout.isatty() else Console(width=120))
         return
     with open(os.devnull, "w") as sink:
         console = Console(record=True, file=sink, width=160, color_system=None)
