@@ -239,11 +239,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         return exc.exit_code
     except UsageError as exc:
         msg = " ".join(exc.format_message().split())
+        if not msg:  # bare `sigprop`: help was printed (no_args_is_help)
+            return 0
         _say(f"sigprop: error: {msg} (see sigprop -h)")
         return 2
     except (typer.Abort, KeyboardInterrupt):
         _say("sigprop: interrupted")
         return 130
+    except MemoryError:
+        _say("sigprop: error: out of memory; reduce --samples, --depth or --width")
+        return 2
+    except Exception as exc:  # never a traceback; a bug still says what it was
+        _say(f"sigprop: internal error: {type(exc).__name__}: {exc} (please report it)")
+        return 1
     return rv if isinstance(rv, int) else 0
 
 

@@ -189,11 +189,16 @@ def run_mlp(
     ``on_start(env)`` is called once every input has been validated, before any allocation."""
     device = resolve_device(probe.device)
     dtype = DTYPES[probe.dtype]
+    itemsize = torch.finfo(dtype).bits // 8
+    # upper bound from the widest possible layers, before anything is drawn or allocated
+    widest = [spec.input_dim] + [spec.width.hi] * min(spec.depth, 2)
+    bound = estimate_mlp_bytes(widest, probe.samples, itemsize)
+    bound += (spec.depth - 1) * (spec.width.hi**2 * itemsize + probe.samples * spec.width.hi + 4 * probe.samples * 8)
+    check_memory(bound, device)
     widths = spec.widths(probe.seed)
     for name in spec.inits:
         if inits_mod.get(name).calibrate is not None and probe.samples < 2:
             raise SigpropError(f"init {name!r} standardises over the probe batch and needs >= 2 samples", option="--samples")
-    itemsize = torch.finfo(dtype).bits // 8
     check_memory(estimate_mlp_bytes(widths, probe.samples, itemsize), device)
     env = {
         "torch": torch.__version__,

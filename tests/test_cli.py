@@ -89,7 +89,11 @@ def test_check_exit_codes(capsys):
         (["mlp", "--depth"], "--depth"),
         (["mlp", "--init", "he", "--init", "he"], "--init"),
         (["mlp", "--depth", "100000", "--width", "100000", "--device", "cpu"], "--depth/--width/--samples"),
+        (["mlp", "--depth", "99999999999999999999"], "--depth/--width/--samples"),
         (["mlp", "--output", "/nonexistent-dir/x.json"], "--output"),
+        (["mlp", "--output", "/"], "--output"),
+        (["mlp", "--width", "5:"], "--width"),
+        (["theory", "--format", "csv"], "--format"),
         (["theory", "--n", "1"], "--n"),
         (["theory", "--blocks", "0"], "--blocks"),
     ],
@@ -101,6 +105,11 @@ def test_bad_input_is_one_line_exit_2(capsys, args, option):
     assert len(lines) == 1, err
     assert lines[0].startswith("sigprop: error:") and option in lines[0]
     assert "Traceback" not in err
+
+
+def test_bare_command_shows_help(capsys):
+    code, out, err = run_main(capsys, [])
+    assert code == 0 and "mlp" in out and err == ""
 
 
 def test_cuda_unavailable_is_refused(capsys):
