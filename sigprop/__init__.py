@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "probe_mlp"]
+__all__ = ["__version__", "probe_mlp", "probe_resnet"]
 
 
 def probe_mlp(*args, **kwargs):
@@ -10,3 +10,10 @@ def probe_mlp(*args, **kwargs):
     from sigprop.api import probe_mlp as _probe_mlp
 
     return _probe_mlp(*args, **kwargs)
+
+
+def probe_resnet(*args, **kwargs):
+    """See :func:`sigprop.api.probe_resnet` (imported lazily)."""
+    from sigprop.api import probe_resnet as _probe_resnet
+
+    return _probe_resnet(*args, **kwargs)

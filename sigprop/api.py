@@ -3,6 +3,8 @@
     >>> import sigprop
     >>> r = sigprop.probe_mlp(depth=5, width="64", samples=100, inits=["proposed"], device="cpu")
     >>> r.runs[0].layers[0].forward.mean  # doctest: +SKIP
+    >>> r = sigprop.probe_resnet(blocks=40, inits=["proposed", "he"], device="cpu")
+    >>> r.runs[0].checks[0].passed  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -13,27 +15,48 @@ from sigprop import __version__, engine, inits, specs, stats, theory
 from sigprop.results import ProbeResult
 
 
+TOLERANCES = {
+    "z_agreement": theory.Z_AGREEMENT,
+    "z_check": theory.Z_CHECK,
+    "spread_c_gaussian": theory.SPREAD_C_GAUSSIAN,
+    "spread_c_orthogonal_base": theory.SPREAD_C_ORTHOGONAL_BASE,
+}
+
+
 def probe(
-    spec: specs.MLPSpec,
+    spec: specs.MLPSpec | specs.ResNetSpec,
     probe_spec: specs.ProbeSpec,
     progress: engine.ProgressFn | None = None,
     on_start: Callable[[dict], None] | None = None,
 ) -> ProbeResult:
-    """Run the MLP probe for every init of ``spec`` and pair each measurement with its theory."""
+    """Run the probe (MLP or ResNet) for every init of ``spec``; pair each measurement with its theory."""
+    if isinstance(spec, specs.ResNetSpec):
+        return _probe_resnet(spec, probe_spec, progress, on_start)
     widths, arrays, env = engine.run_mlp(spec, probe_spec, progress=progress, on_start=on_start)
     runs = [stats.mlp_run(inits.get(name), widths, *arrays[name]) for name in spec.inits]
     config = {"command": "mlp", **spec.to_dict(), **probe_spec.__dict__, "widths": widths}
+    return ProbeResult(command="mlp", config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=dict(TOLERANCES))
+
+
+def _probe_resnet(spec, probe_spec, progress, on_start) -> ProbeResult:
+    plan, arrays, env = engine.run_resnet(spec, probe_spec, progress=progress, on_start=on_start)
+    runs = [
+        stats.resnet_run(inits.get(name), plan, arrays[name], probe_spec.samples, probe_spec.dtype)
+        for name in spec.resolved_inits()
+    ]
+    config = {
+        "command": "resnet",
+        **spec.to_dict(),
+        **probe_spec.__dict__,
+        "stage_dims": list(plan.stage_dims),
+        "hidden_widths": plan.hidden_widths(),
+    }
     return ProbeResult(
-        command="mlp",
+        command="resnet",
         config=config,
         environment={"sigprop": __version__, **env},
         runs=runs,
-        tolerances={
-            "z_agreement": theory.Z_AGREEMENT,
-            "z_check": theory.Z_CHECK,
-            "spread_c_gaussian": theory.SPREAD_C_GAUSSIAN,
-            "spread_c_orthogonal_base": theory.SPREAD_C_ORTHOGONAL_BASE,
-        },
+        tolerances={**TOLERANCES, "band": [theory.RESNET_LOWER, theory.RESNET_UPPER]},
     )
 
 
@@ -50,4 +73,27 @@ def probe_mlp(
 ) -> ProbeResult:
     """Keyword-friendly wrapper of :func:`probe` for the WN MLP."""
     spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(str(width)), inits=tuple(inits))
+    return probe(spec, specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype))
+
+
+def probe_resnet(
+    blocks: int = 40,
+    stages: int = 1,
+    dim: int = 500,
+    width: str | int = "150:250",
+    block_depth: int = 1,
+    norm: str = "wn",
+    inits: Sequence[str] = ("proposed",),
+    samples: int = 1000,
+    seed: int = 0,
+    seeds: int = 1,
+    device: str = "auto",
+    dtype: str = "float32",
+) -> ProbeResult:
+    """Keyword-friendly wrapper of :func:`probe` for the ResNet (001 eq. 6; 004 appendix C with
+    ``norm="bn"``)."""
+    spec = specs.ResNetSpec(
+        blocks=blocks, stages=stages, dim=dim, width=specs.WidthSpec.parse(str(width)),
+        block_depth=block_depth, norm=norm, inits=tuple(inits),
+    )
     return probe(spec, specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype))

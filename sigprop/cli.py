@@ -36,7 +36,14 @@ app = typer.Typer(
 )
 
 #: CLI choices come from the registry (a test asserts they match)
-InitName = enum.Enum("InitName", {name: name for name in inits.names()}, type=str)
+InitName = enum.Enum("InitName", {name: name for name in inits.names("mlp")}, type=str)
+ResNetInitName = enum.Enum("ResNetInitName", {name: name for name in inits.names("resnet")}, type=str)
+
+
+class Norm(str, enum.Enum):
+    wn = "wn"
+    bn = "bn"
+    none = "none"
 
 
 class Format(str, enum.Enum):
@@ -168,6 +175,15 @@ def mlp(
     names = [i.value for i in init] if init else list(FIGURE1_INITS)
     spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(width), inits=tuple(names))
     probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
+    _run_probe(
+        spec, probe, fmt, output, check,
+        lambda env: f"sigprop mlp: device {env['device']} ({env['device_name']}), {env['dtype']}, "
+        f"depth {depth}, widths {spec.width} (seed {seed}), {samples} samples x {seeds} draw(s)",
+    )
+
+
+def _run_probe(spec, probe, fmt: Format, output: Optional[Path], check: bool, banner) -> None:
+    """Validate the output target, run the core with a progress bar, render, apply --check."""
     _check_output_target(output)
 
     from sigprop import api  # imports torch
@@ -176,10 +192,7 @@ def mlp(
     if prog is not None:
         prog.start()
     try:
-        result = api.probe(spec, probe, progress=update, on_start=lambda env: _say(
-            f"sigprop mlp: device {env['device']} ({env['device_name']}), {env['dtype']}, "
-            f"depth {depth}, widths {spec.width} (seed {seed}), {samples} samples x {seeds} draw(s)"
-        ))
+        result = api.probe(spec, probe, progress=update, on_start=lambda env: _say(banner(env)))
     finally:
         if prog is not None:
             prog.stop()
@@ -193,6 +206,50 @@ def mlp(
                         f"outside [{report.fmt_log10(c.log10_low)}, {report.fmt_log10(c.log10_high)}]"
                     )
         raise typer.Exit(1)
+
+
+@app.command()
+def resnet(
+    blocks: Annotated[int, typer.Option(min=1, help="Residual blocks per stage B.")] = 40,
+    stages: Annotated[int, typer.Option(min=1, help="Stages K; stage k > 1 opens with a WN projection that doubles the width.")] = 1,
+    dim: Annotated[int, typer.Option(min=1, help="Residual-stream width of stage 1 (the input dimension) d.")] = 500,
+    width: Annotated[
+        Optional[str], typer.Option(help="Hidden width inside each block: N, or LO:HI drawn per hidden layer (once per run). [default: 150:250]")
+    ] = None,
+    block_depth: Annotated[int, typer.Option("--block-depth", min=1, help="D: a block is D x [WN-FC -> ReLU ->] WN-FC.")] = 1,
+    norm: Annotated[Norm, typer.Option(help="wn (weight norm), bn (the BN ResNet of De & Smith, appendix C) or none.")] = Norm.wn,
+    samples: Annotated[int, typer.Option(min=1, help="Random inputs (and error vectors) N.")] = 1000,
+    seed: Annotated[int, typer.Option(min=0, help="Base seed of widths, inputs, errors and weights.")] = 0,
+    seeds: Annotated[int, typer.Option(min=1, help="Independent weight draws S.")] = 1,
+    init: Annotated[
+        Optional[list[ResNetInitName]],
+        typer.Option(help="Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 bottom); he with --norm none/bn."),
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:K (auto = CUDA when available).")] = "auto",
+    dtype: Annotated[DType, typer.Option(help="Floating-point type of the probe.")] = DType.float32,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    output: Annotated[Optional[Path], typer.Option(help="Write the output to this file (whole, never half).")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Exit 1 unless every stage's ratios lie in the band [sqrt 2, sqrt e].")] = False,
+) -> None:
+    """Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6) state by state."""
+    if width is not None and norm is Norm.bn:
+        raise SigpropError("the batch-normalized ResNet (004 appendix C) has no hidden layer; its width is --dim", option="--width")
+    if init:
+        names = [i.value for i in init]
+    else:
+        names = list(specs.RESNET_DEFAULT_INITS) if norm is Norm.wn else ["he"]
+    spec = specs.ResNetSpec(
+        blocks=blocks, stages=stages, dim=dim, width=specs.WidthSpec.parse(width or "150:250"),
+        block_depth=block_depth, norm=norm.value, inits=tuple(names),
+    )
+    probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
+    shape = f"{stages} stage(s) x {blocks} blocks, d {dim}"
+    shape += f", batch norm" if norm is Norm.bn else f", hidden {spec.width} x {block_depth}, norm {norm.value}"
+    _run_probe(
+        spec, probe, fmt, output, check,
+        lambda env: f"sigprop resnet: device {env['device']} ({env['device_name']}), {env['dtype']}, "
+        f"{shape} (seed {seed}), {samples} samples x {seeds} draw(s)",
+    )
 
 
 @app.command()

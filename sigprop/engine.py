@@ -13,14 +13,16 @@ The engine is checked against torch.autograd on small nets (tests/test_engine.py
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
 from sigprop import inits as inits_mod
-from sigprop import specs
+from sigprop import nets, specs, theory
 from sigprop.errors import SigpropError
 from sigprop.inits import InitScheme, LayerParams, LayerRole
 
@@ -114,6 +116,34 @@ def _normalize(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return y / safe.unsqueeze(1), torch.log(norm.to(torch.float64))
 
 
+def _linear(
+    p: LayerParams, u: torch.Tensor, c: torch.Tensor, relu: bool, calibrate=None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, LayerParams]:
+    """One layer in log space: input h = exp(c) * u (unit rows u, ln-norms c in float64), output
+    (u', c', ReLU mask or None, params -- calibrated for a data-dependent scheme).
+
+    t = u @ v^T;  a = exp(c) * scale * t + b.  Splitting m = max(c, 0):
+    a = exp(m) * (exp(c - m) * scale * t + exp(-m) * b), and ReLU is positively homogeneous, so
+    the output is exp(m) * ReLU(a') with both exponents <= 0: nothing overflows, and a vanishing
+    signal beside a bias correctly reads as a ~= b.
+    """
+    dtype = u.dtype
+    t = u @ p.v.T
+    if calibrate is not None:
+        vnorm = torch.linalg.vector_norm(p.v, dim=1)
+        t_true = torch.exp(c).to(dtype).unsqueeze(1) * t / vnorm
+        p = calibrate(p, t_true)
+    a = t * p.scale
+    if p.bias is not None:
+        m = torch.clamp(c, min=0.0)
+        a = torch.exp(c - m).to(dtype).unsqueeze(1) * a + torch.exp(-m).to(dtype).unsqueeze(1) * p.bias
+    else:
+        m = c
+    mask = a > 0 if relu else None
+    u, ln_norm = _normalize(torch.relu(a) if relu else a)
+    return u, m + ln_norm, mask, p
+
+
 def mlp_forward_backward(
     scheme: InitScheme,
     widths: list[int],
@@ -125,14 +155,10 @@ def mlp_forward_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, list[LayerParams]]:
     """One draw of one init: returns (ln forward ratios [L, N], ln backward ratios [L, N], params).
 
-    Forward, with h^{l-1} = exp(c) * u (u unit rows, c = ln-norm in float64):
-        t = u @ v^T;  a = exp(c) * scale * t + b.
-    Splitting m = max(c, 0): a = exp(m) * (exp(c - m) * scale * t + exp(-m) * b), and ReLU is
-    positively homogeneous, so h^l = exp(m) * ReLU(a') with both exponents <= 0: nothing
-    overflows, and a vanishing signal beside a bias correctly reads as a ~= b.
+    Forward: ``_linear`` layer by layer (log space).
     Backward (001 eq. 5): delta^{l-1} = 1(a^{l-1} > 0) * (v^l^T (scale^l * delta^l)).
     """
-    device, dtype = x.device, x.dtype
+    device = x.device
     L = len(widths) - 1
     n = x.shape[0]
     ln_fwd = torch.empty(L, n, dtype=torch.float64, device=device)
@@ -143,21 +169,8 @@ def mlp_forward_backward(
     masks: list[torch.Tensor] = []
     for l in range(1, L + 1):
         role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
-        p = scheme.sample(role, layer_generator(seed, draw, l, device), device, dtype)
-        t = u @ p.v.T
-        if scheme.calibrate is not None:
-            vnorm = torch.linalg.vector_norm(p.v, dim=1)
-            t_true = torch.exp(c).to(dtype).unsqueeze(1) * t / vnorm
-            p = scheme.calibrate(p, t_true)
-        a = t * p.scale
-        if p.bias is not None:
-            m = torch.clamp(c, min=0.0)
-            a = torch.exp(c - m).to(dtype).unsqueeze(1) * a + torch.exp(-m).to(dtype).unsqueeze(1) * p.bias
-        else:
-            m = c
-        mask = a > 0
-        u, ln_norm = _normalize(torch.relu(a))
-        c = m + ln_norm
+        p = scheme.sample(role, layer_generator(seed, draw, l, device), device, x.dtype)
+        u, c, mask, p = _linear(p, u, c, relu=True, calibrate=scheme.calibrate)
         ln_fwd[l - 1] = c - c0
         params.append(p)
         masks.append(mask)
@@ -234,3 +247,294 @@ def run_mlp(
                 if np.isnan(arr).any() or np.isposinf(arr).any():
                     raise SigpropError(f"internal error: init {name!r} produced a non-finite log ratio")
     return widths, out, env
+
+
+# --------------------------------------------------------------------------------------------
+# the ResNet (001 eq. 6), weight-normalized or not
+# --------------------------------------------------------------------------------------------
+@dataclass
+class BlockParams:
+    """One residual block as run: branch layers, optional projection, alpha (for the oracle)."""
+
+    branch: list[LayerParams]
+    projection: LayerParams | None
+    alpha: float
+
+
+@dataclass
+class ResNetDraw:
+    """ln ratios of one draw: forward/backward per entry [E, N], branch per block [B, N], and for
+    the BN net the statistics of every entry [E, 3] (skip var, moving var, squared moving mean)."""
+
+    ln_fwd: torch.Tensor
+    ln_bwd: torch.Tensor
+    ln_branch: torch.Tensor
+    bn: torch.Tensor | None = None
+
+
+def _combine(sc, su, fb, fu):
+    """exp(sc) su + exp(fb) fu in log space: (unit rows, ln-norms).  Either term may be -inf."""
+    M = torch.maximum(sc, fb)
+    M = torch.where(torch.isfinite(M), M, torch.zeros_like(M))
+    dtype = su.dtype
+    y = torch.exp(sc - M).to(dtype).unsqueeze(1) * su + torch.exp(fb - M).to(dtype).unsqueeze(1) * fu
+    u, ln_norm = _normalize(y)
+    return u, M + ln_norm
+
+
+def resnet_forward_backward(
+    scheme: InitScheme,
+    plan: nets.ResNetPlan,
+    x: torch.Tensor,
+    e: torch.Tensor,
+    seed: int,
+    draw: int,
+    progress: Callable[[], None] | None = None,
+) -> tuple[ResNetDraw, list[BlockParams]]:
+    """One draw of one init through h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6).
+
+    Forward in log space: the branch and the skip each run through ``_linear`` from the same
+    (u, c); their sum exp(c_S) s + alpha exp(c_F) f is formed with the larger exponent factored
+    out (``_combine``), so 3000 exploding blocks stay finite.
+    Backward (001 eq. 54-63): d^{b-1} = S^T d^b + alpha J_F^T d^b, with J_F^T the branch's
+    layers transposed and its ReLU masks; linear in d, so renormalised per sample as in the MLP.
+    """
+    device, dtype = x.device, x.dtype
+    nb = len(plan.blocks)
+    n = x.shape[0]
+    ln_fwd = torch.empty(nb + 1, n, dtype=torch.float64, device=device)
+    ln_bwd = torch.empty(nb + 1, n, dtype=torch.float64, device=device)
+    ln_branch = torch.empty(nb, n, dtype=torch.float64, device=device)
+    u, c = _normalize(x)
+    c0 = c.clone()
+    ln_fwd[0] = 0.0
+    params: list[BlockParams] = []
+    all_masks: list[list[torch.Tensor]] = []
+    for i, block in enumerate(plan.blocks):
+        ids = block.layer_ids()
+        alpha = float(scheme.alpha(block.blocks_in_stage))
+        bu, bc = u, c
+        branch, masks = [], []
+        roles = block.branch_roles()
+        for j, role in enumerate(roles):
+            p = scheme.sample(role, layer_generator(seed, draw, ids[j], device), device, dtype)
+            bu, bc, mask, p = _linear(p, bu, bc, relu=j < len(roles) - 1, calibrate=scheme.calibrate)
+            branch.append(p)
+            if mask is not None:
+                masks.append(mask)
+        proj = None
+        su, sc = u, c
+        if block.projection:
+            proj = scheme.sample(block.projection_role(), layer_generator(seed, draw, ids[-1], device), device, dtype)
+            su, sc, _, proj = _linear(proj, u, c, relu=False, calibrate=scheme.calibrate)
+        fb = bc + (math.log(alpha) if alpha > 0 else -math.inf)
+        ln_branch[i] = fb - c
+        u, c = _combine(sc, su, fb, bu)
+        ln_fwd[i + 1] = c - c0
+        params.append(BlockParams(branch, proj, alpha))
+        all_masks.append(masks)
+        if progress is not None:
+            progress()
+    w, _ = _normalize(e)
+    acc = torch.zeros(n, dtype=torch.float64, device=device)
+    ln_bwd[nb] = acc
+    for i in range(nb - 1, -1, -1):
+        bp, masks = params[i], all_masks[i]
+        y = w if bp.projection is None else (w * bp.projection.scale) @ bp.projection.v
+        if bp.alpha != 0.0:
+            z = w
+            for j in range(len(bp.branch) - 1, -1, -1):
+                p = bp.branch[j]
+                z = (z * p.scale) @ p.v
+                if j > 0:
+                    z = z * masks[j - 1]
+            y = y + bp.alpha * z
+        w, ln_norm = _normalize(y)
+        acc = acc + ln_norm
+        ln_bwd[i] = acc
+        if progress is not None:
+            progress()
+    return ResNetDraw(ln_fwd, ln_bwd, ln_branch), params
+
+
+# --------------------------------------------------------------------------------------------
+# the batch-normalized ReLU ResNet of 004 appendix C
+# --------------------------------------------------------------------------------------------
+def _bn(X: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training-mode batch norm with gamma = 1, beta = 0 (004 appendix A): per channel over the
+    batch, biased variance.  Returns (Y, s = sqrt(var + eps), mean, var)."""
+    mu = X.mean(dim=0)
+    var = X.var(dim=0, unbiased=False)
+    s = torch.sqrt(var + eps)
+    return (X - mu) / s, s, mu, var
+
+
+def _bn_backward(dY: torch.Tensor, Y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Vector-Jacobian product of ``_bn``: dX = (dY - mean(dY) - Y mean(dY * Y)) / s."""
+    return (dY - dY.mean(dim=0) - Y * (dY * Y).mean(dim=0)) / s
+
+
+def bn_forward_backward(
+    plan: nets.ResNetPlan,
+    x: torch.Tensor,
+    e: torch.Tensor,
+    seed: int,
+    draw: int,
+    progress: Callable[[], None] | None = None,
+    eps: float = theory.BN_EPS,
+) -> tuple[ResNetDraw, list[LayerParams]]:
+    """x^1 = W^0 BN(x^0)^+, x^{l+1} = x^l + W^l BN(x^l)^+ with W ~ N(0, 2/w) (004 appendix C).
+
+    BN couples the samples of the batch, so there is no per-sample renormalisation: the forward
+    pass runs in plain floats (the skip variance grows only linearly, l) and the backward pass,
+    linear in the whole error matrix, is renormalised by one scalar per step.  Also records per
+    entry the batch statistics of x^l (004 appendix B: momentum 0, one update): the variance over
+    channels and examples, the mean over channels of the per-channel batch variance, and of the
+    squared per-channel batch mean.
+    """
+    device, dtype = x.device, x.dtype
+    scheme = inits_mod.get("unnormalized-he")
+    E = len(plan.blocks) + 2
+    n = x.shape[0]
+    ln_fwd = torch.empty(E, n, dtype=torch.float64, device=device)
+    ln_bwd = torch.empty(E, n, dtype=torch.float64, device=device)
+    ln_branch = torch.empty(E - 2, n, dtype=torch.float64, device=device)
+    bn_stats = torch.empty(E, 3, dtype=torch.float64, device=device)
+    ln_x0 = torch.log(torch.linalg.vector_norm(x, dim=1).to(torch.float64))
+    X = x
+    saved = []
+    params: list[LayerParams] = []
+    for l in range(E - 1):  # layer l maps x^l -> x^{l+1}; l = 0 is the stem
+        Y, s, mu, var = _bn(X, eps)
+        bn_stats[l, 0] = X.to(torch.float64).var(unbiased=False)
+        bn_stats[l, 1] = var.to(torch.float64).mean()
+        bn_stats[l, 2] = (mu.to(torch.float64) ** 2).mean()
+        ln_fwd[l] = torch.log(torch.linalg.vector_norm(X, dim=1).to(torch.float64)) - ln_x0
+        role = LayerRole(plan.dim, plan.dim, "relu" if l == 0 else "block_last", len(plan.blocks), max(l - 1, 0))
+        p = scheme.sample(role, layer_generator(seed, draw, l, device), device, dtype)
+        mask = Y > 0
+        F = torch.relu(Y) @ p.v.T
+        if l == 0:
+            X = F
+        else:
+            ln_branch[l - 1] = torch.log(torch.linalg.vector_norm(F, dim=1).to(torch.float64)) - torch.log(
+                torch.linalg.vector_norm(X, dim=1).to(torch.float64)
+            )
+            X = X + F
+        saved.append((Y, s, mask))
+        params.append(p)
+        if progress is not None:
+            progress()
+    Y, s, mu, var = _bn(X, eps)
+    bn_stats[E - 1, 0] = X.to(torch.float64).var(unbiased=False)
+    bn_stats[E - 1, 1] = var.to(torch.float64).mean()
+    bn_stats[E - 1, 2] = (mu.to(torch.float64) ** 2).mean()
+    ln_fwd[E - 1] = torch.log(torch.linalg.vector_norm(X, dim=1).to(torch.float64)) - ln_x0
+    ln_e = torch.log(torch.linalg.vector_norm(e, dim=1).to(torch.float64))
+    scale = torch.linalg.vector_norm(e) / math.sqrt(n)
+    G = e / scale
+    acc = torch.log(scale.to(torch.float64))
+    ln_bwd[E - 1] = 0.0
+    for l in range(E - 2, -1, -1):
+        Y, s, mask = saved[l]
+        dX = _bn_backward(((G @ params[l].v) * mask), Y, s)
+        G = dX if l == 0 else G + dX
+        scale = torch.linalg.vector_norm(G) / math.sqrt(n)
+        G = G / scale
+        acc = acc + torch.log(scale.to(torch.float64))
+        ln_bwd[l] = acc + torch.log(torch.linalg.vector_norm(G, dim=1).to(torch.float64)) - ln_e
+        if progress is not None:
+            progress()
+    return ResNetDraw(ln_fwd, ln_bwd, ln_branch, bn_stats), params
+
+
+def estimate_resnet_bytes(plan: nets.ResNetPlan, samples: int, itemsize: int, bn: bool) -> int:
+    """Peak memory of one draw: stored weights (+ a QR temporary), masks (bool), activations,
+    and for BN the saved normalised inputs of every layer."""
+    weights = 0
+    masks = 0
+    widest = max(plan.entry_dims())
+    biggest = 0
+    for b in plan.blocks:
+        w = b.widths
+        for j in range(1, len(w)):
+            weights += w[j] * w[j - 1]
+            biggest = max(biggest, w[j] * w[j - 1])
+            widest = max(widest, w[j])
+        if b.projection:
+            weights += b.d_in * b.d_out
+        masks += samples * sum(w[1:-1])
+    if bn:
+        weights += plan.dim**2  # the stem
+        masks += len(plan.entry_dims()) * samples * plan.dim * (1 + itemsize)
+    entries = len(plan.entry_dims())
+    return weights * itemsize + 3 * biggest * itemsize + masks + 8 * samples * widest * itemsize + 4 * entries * samples * 8
+
+
+def run_resnet(
+    spec: specs.ResNetSpec,
+    probe: specs.ProbeSpec,
+    progress: ProgressFn | None = None,
+    on_start: Callable[[dict], None] | None = None,
+) -> tuple[nets.ResNetPlan, dict[str, dict[str, np.ndarray]], dict]:
+    """Probe every init of ``spec``: returns the plan, {init: {"fwd", "bwd" [S, E, N], "branch"
+    [S, B, N], "bn" [S, E, 3] or absent}} as float64 numpy arrays, and the environment."""
+    device = resolve_device(probe.device)
+    dtype = DTYPES[probe.dtype]
+    itemsize = torch.finfo(dtype).bits // 8
+    names = spec.resolved_inits()
+    bn = spec.norm == "bn"
+    # upper bound with every hidden width at HI, before anything is drawn or allocated
+    hi = nets.resnet_plan(spec.dim, spec.stages, spec.blocks, 0 if bn else spec.block_depth,
+                          [] if bn else [spec.width.hi] * (spec.stages * spec.blocks * spec.block_depth), stem=bn)
+    check_memory(estimate_resnet_bytes(hi, probe.samples, itemsize, bn), device)
+    plan = spec.plan(probe.seed)
+    for name in names:
+        if inits_mod.get(name).calibrate is not None and probe.samples < 2:
+            raise SigpropError(f"init {name!r} standardises over the probe batch and needs >= 2 samples", option="--samples")
+    if bn and probe.samples < 2:
+        raise SigpropError("batch normalization needs >= 2 samples in the batch", option="--samples")
+    env = {
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": device_name(device),
+        "dtype": probe.dtype,
+        "threads": torch.get_num_threads(),
+    }
+    if on_start is not None:
+        on_start(env)
+    dims = plan.entry_dims()
+    x, e = probe_inputs(probe.seed, probe.samples, dims[0], dims[-1], device, dtype)
+    steps = len(dims) - 1
+    total = len(names) * probe.seeds * 2 * steps
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    out: dict[str, dict[str, np.ndarray]] = {}
+    with torch.no_grad():
+        for name in names:
+            draws = []
+            for draw in range(probe.seeds):
+                if bn:
+                    r, _ = bn_forward_backward(plan, x, e, probe.seed, draw, tick)
+                else:
+                    r, _ = resnet_forward_backward(inits_mod.get(name), plan, x, e, probe.seed, draw, tick)
+                draws.append(r)
+            arrays = {
+                "fwd": np.stack([d.ln_fwd.cpu().numpy() for d in draws]),
+                "bwd": np.stack([d.ln_bwd.cpu().numpy() for d in draws]),
+                "branch": np.stack([d.ln_branch.cpu().numpy() for d in draws]),
+            }
+            if bn:
+                arrays["bn"] = np.stack([d.bn.cpu().numpy() for d in draws])
+            for key in ("fwd", "bwd"):
+                arr = arrays[key]
+                if np.isnan(arr).any() or np.isposinf(arr).any():
+                    raise SigpropError(f"internal error: init {name!r} produced a non-finite log ratio")
+            out[name] = arrays
+    return plan, out, env

@@ -69,6 +69,14 @@ class InitScheme:
     calibrate: Callable[[LayerParams, Any], LayerParams] | None = field(default=None, repr=False)
     #: closed-form MLP forward prediction when ``moments`` is None (approximate schemes)
     ln_forward_override: Callable[[Sequence[int]], list[float] | None] | None = field(default=None, repr=False)
+    #: which networks the scheme is defined for ("mlp", "resnet")
+    applies_to: frozenset = frozenset({"mlp", "resnet"})
+    #: False for schemes whose layers are not weight-normalized (g = None)
+    normalized: bool = True
+    #: the registry name of this scheme's unnormalized counterpart (``--norm none``/``bn``)
+    unnormalized: str | None = None
+    #: residual-branch multiplier alpha as a function of B_k (1: alpha absorbed into g)
+    alpha: Callable[[int], float] = field(default=lambda blocks: 1.0, repr=False)
 
     @property
     def orthogonal(self) -> bool:
@@ -81,6 +89,27 @@ class InitScheme:
             return theory.mlp_rms_prediction(widths, [self.moments(r) for r in roles])
         fwd = self.ln_forward_override(widths) if self.ln_forward_override else None
         return theory.MLPPrediction(ln_forward=fwd, ln_backward=None)
+
+    def block_moments(self, block) -> theory.BlockMoments:
+        """The theory's view of one residual block (``nets.Block``) under this scheme."""
+        assert self.moments is not None
+        lin = lambda r: theory.LinearMoments(r.fan_in, r.fan_out, self.moments(r).row_sq, self.moments(r).bias_var)
+        proj = block.projection_role()
+        return theory.BlockMoments(
+            branch=tuple(lin(r) for r in block.branch_roles()),
+            skip=None if proj is None else lin(proj),
+            alpha_sq=self.alpha(block.blocks_in_stage) ** 2,
+        )
+
+    def predict_resnet(self, plan) -> theory.ResNetPrediction:
+        """Closed-form ln-RMS predictions for a WN / unnormalized ResNet (``nets.ResNetPlan``)."""
+        if self.moments is not None:
+            return theory.resnet_rms_prediction(plan.dim, [self.block_moments(b) for b in plan.blocks])
+        if self.calibrate is not None:  # data-dependent: forward only, approximate
+            fwd, gains = theory.datadep_resnet_ln_forward(plan.dim, [b.d_out for b in plan.blocks], [b.projection for b in plan.blocks])
+            return theory.ResNetPrediction(fwd, None, None, gains, gains)
+        n = len(plan.blocks)
+        return theory.ResNetPrediction(None, None, None, [1.0] * n, [1.0] * n)
 
 
 INITS: dict[str, InitScheme] = {}
@@ -100,8 +129,33 @@ def get(name: str) -> InitScheme:
         raise SigpropError(f"unknown init {name!r}; choose from {', '.join(INITS)}", option="--init") from None
 
 
-def names() -> list[str]:
-    return list(INITS)
+def names(arch: str | None = None) -> list[str]:
+    """Registry names, optionally only those defined for ``arch`` ("mlp" or "resnet")."""
+    return [n for n, s in INITS.items() if arch is None or arch in s.applies_to]
+
+
+def resolve_resnet(name: str, norm: str) -> str:
+    """The scheme that runs for ``--init name --norm norm`` in a ResNet.
+
+    ``wn``: every ResNet scheme (the unnormalized ones, e.g. SkipInit, stay unnormalized);
+    ``none``: unnormalized schemes, and ``he`` becomes ``unnormalized-he``;
+    ``bn``: the BN net of 004 appendix C has He-initialised W (N(0, 2/w), no WN): ``he`` (or
+    ``unnormalized-he``), reported as ``he``.
+    """
+    scheme = get(name)
+    if "resnet" not in scheme.applies_to:
+        raise SigpropError(f"init {name!r} is not defined for ResNets", option="--init")
+    if norm == "wn":
+        return name
+    target = name if not scheme.normalized else scheme.unnormalized
+    if norm == "bn":
+        if target != "unnormalized-he":
+            raise SigpropError(f"the batch-normalized ResNet (004 appendix C) uses He init; got {name!r}", option="--init")
+        return "he"
+    if target is None:
+        valid = [n for n, s in INITS.items() if "resnet" in s.applies_to and (not s.normalized or s.unnormalized)]
+        raise SigpropError(f"init {name!r} needs weight normalization; with --norm none choose from {', '.join(valid)}", option="--init")
+    return target
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,10 +251,24 @@ def _calibrate_datadep(params: LayerParams, t) -> LayerParams:
 
 
 def _sample_unnormalized_he(role, gen, device, dtype):
+    """He init for every layer, W ~ N(0, 2/fan_in), as 004 uses for all its layers (also the last
+    layer of a branch and the projection shortcut: docs/theory.md explains what that implies)."""
     import torch
 
     w = gaussian(role, gen, device, dtype) * math.sqrt(2.0 / role.fan_in)
     return LayerParams(v=w, g=None, bias=None, scale=torch.ones(role.fan_out, device=device, dtype=dtype))
+
+
+def stage_hanin_gain_sq(role: LayerRole) -> float:
+    """Stage-wise Hanin (001 section 5.1, adapted as the issue specifies): the last layer of block
+    b = 1..B_k of a stage gets g = 0.9^b sqrt(fan_in/fan_out); every other layer as proposed."""
+    if role.kind == "block_last":
+        return 0.81 ** (role.block_index + 1) * role.fan_in / role.fan_out
+    return proposed_gain_sq(role)
+
+
+def _sample_stage_hanin(role, gen, device, dtype):
+    return _const_gain(orthogonalize(gaussian(role, gen, device, dtype)), math.sqrt(stage_hanin_gain_sq(role)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,6 +276,7 @@ def _sample_unnormalized_he(role, gen, device, dtype):
 # --------------------------------------------------------------------------------------------
 P001 = "001_5ebcd69c068d8a69.txt"
 P003 = "003_b3c6644f8b180c42.txt"
+P004 = "004_5f731eca674a6381.txt"
 
 register(
     InitScheme(
@@ -237,6 +306,7 @@ register(
         direction="gaussian",
         sample=_sample_he,
         moments=lambda r: theory.LayerMoments(row_sq=1.0),
+        unnormalized="unnormalized-he",
     )
 )
 register(
@@ -263,10 +333,48 @@ register(
 register(
     InitScheme(
         name="unnormalized-he",
-        description="plain ReLU MLP without WN, W ~ N(0, 2/n_in), b = 0 (reference)",
-        paper=f"{P001} ref. [12] (He et al.), for reference",
+        description="no WN: every layer W ~ N(0, 2/n_in), b = 0 (He; the --norm none/bn weights)",
+        paper=f"{P001} ref. [12] (He et al.); {P004} appendix C",
         direction="gaussian",
         sample=_sample_unnormalized_he,
         moments=lambda r: theory.LayerMoments(row_sq=2.0),
+        normalized=False,
+    )
+)
+register(
+    InitScheme(
+        name="stage-hanin",
+        description="as proposed, but the last layer of block b of a stage has g = 0.9^b sqrt(n_in/n_out)",
+        paper=f"{P001} section 5.1 (stage-wise Hanin baseline)",
+        direction="orthogonal",
+        sample=_sample_stage_hanin,
+        moments=lambda r: theory.LayerMoments(row_sq=stage_hanin_gain_sq(r)),
+        applies_to=frozenset({"resnet"}),
+    )
+)
+register(
+    InitScheme(
+        name="skipinit",
+        description="no WN: He-init branch times a scalar alpha = 0 (the net is the identity at init)",
+        paper=f"{P004} (SkipInit)",
+        direction="gaussian",
+        sample=_sample_unnormalized_he,
+        moments=lambda r: theory.LayerMoments(row_sq=2.0),
+        applies_to=frozenset({"resnet"}),
+        normalized=False,
+        alpha=lambda blocks: 0.0,
+    )
+)
+register(
+    InitScheme(
+        name="skipinit-sqrt",
+        description="no WN: He-init branch times a scalar alpha = 1/sqrt(B_k)",
+        paper=f"{P004} (SkipInit, alpha = 1/sqrt(d))",
+        direction="gaussian",
+        sample=_sample_unnormalized_he,
+        moments=lambda r: theory.LayerMoments(row_sq=2.0),
+        applies_to=frozenset({"resnet"}),
+        normalized=False,
+        alpha=lambda blocks: 1.0 / math.sqrt(blocks),
     )
 )

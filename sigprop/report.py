@@ -16,8 +16,8 @@ from rich.text import Text
 
 from sigprop.results import ProbeResult, RatioStats, RunResult, TheoryResult
 
-#: the table shows at most this many layers (first, last, evenly spaced); JSON/CSV have all
-MAX_TABLE_ROWS = 40
+#: the table shows at most this many rows (41: a 40-block ResNet's states h^0..h^40) (first, last, evenly spaced); JSON/CSV have all
+MAX_TABLE_ROWS = 41
 
 
 def fmt_log10(x: float | None, digits: int = 3) -> str:
@@ -35,7 +35,9 @@ def fmt_num(v: float | None, digits: int = 3) -> str:
     if v is None:
         return "—"
     if v == 0.0 or 0.01 <= abs(v) < 1000.0:
-        return f"{v:.{digits}g}"
+        text = f"{v:.{digits}g}"
+        return text if "e" not in text else f"{v:.0f}"  # 850 with 2 digits: '8.5e+02' -> '850'
+
     mantissa, exponent = f"{v:.{digits - 1}e}".split("e")
     return f"{mantissa}e{int(exponent)}"
 
@@ -62,13 +64,13 @@ def _theory_cell(s: RatioStats) -> Text:
     return cell
 
 
-def table_rows(n_layers: int, limit: int = MAX_TABLE_ROWS) -> list[int]:
-    """Indices (0-based) of the layers the table shows: all up to ``limit``, else an even subset
-    that always includes the first and the last layer."""
+def table_rows(n_layers: int, limit: int = MAX_TABLE_ROWS, keep: Sequence[int] = ()) -> list[int]:
+    """Indices (0-based) of the rows the table shows: all up to ``limit``, else an even subset
+    that always includes the first and the last row and every index in ``keep`` (stage bounds)."""
     if n_layers <= limit:
         return list(range(n_layers))
     step = (n_layers - 1) / (limit - 1)
-    return sorted({round(i * step) for i in range(limit)})
+    return sorted({round(i * step) for i in range(limit)} | {k for k in keep if 0 <= k < n_layers})
 
 
 def run_table(run: RunResult) -> Table:
@@ -104,6 +106,95 @@ def run_table(run: RunResult) -> Table:
     return t
 
 
+def _stage_bounds(run: RunResult) -> list[int]:
+    """Rows the ResNet table always shows: every stage's first and last state (and x^1, the
+    stem's output, in the BN net)."""
+    keep = {i for st in run.stages or [] for i in (st.first, st.last)}
+    if any(r.bn is not None for r in run.layers):
+        keep.add(1)
+    return sorted(keep)
+
+
+def resnet_table(run: RunResult) -> Table:
+    """One row per residual-stream state h^b; a rule closes each stage."""
+    t = Table(
+        title=f"[bold]{run.init}[/bold] — {run.description}",
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 0, 0, 1),
+    )
+    for name in ("b", "stage", "d"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for name in ("fwd mean±std", "rms", "theory", "bwd mean±std", "rms", "theory", "branch", "theory"):
+        t.add_column(name, justify="right", no_wrap=True)
+    rows = table_rows(len(run.layers), keep=_stage_bounds(run))
+    lasts = {st.last for st in run.stages or []}
+    for i in rows:
+        r = run.layers[i]
+        f, b, br = r.forward, r.backward, r.branch
+        t.add_row(
+            str(r.index),
+            "in" if r.stage == 0 else str(r.stage),
+            str(r.width),
+            _mean_std(f),
+            _value(f.rms, f.log10_rms),
+            _theory_cell(f),
+            _mean_std(b),
+            _value(b.rms, b.log10_rms),
+            _theory_cell(b),
+            "" if br is None else _value(br.rms, br.log10_rms),
+            "" if br is None else _theory_cell(br),
+            end_section=r.index in lasts and r.index != run.layers[-1].index,
+        )
+    return t
+
+
+def bn_table(run: RunResult) -> Table:
+    """The batch statistics of the BN net (004 appendix C) beside l, l(1 - 1/pi), l/pi."""
+    t = Table(
+        title=f"[bold]{run.init}[/bold] — batch statistics of x^l (004 appendix C)",
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 0, 0, 1),
+    )
+    t.add_column("l", justify="right", no_wrap=True)
+    for name in ("skip var", "theory l", "moving var", "theory l(1-1/π)", "moving mean²", "theory l/π"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for i in table_rows(len(run.layers), keep=[1]):  # keep the stem's output x^1
+        r = run.layers[i]
+        if r.bn is None:
+            continue
+        s = r.bn
+        t.add_row(
+            str(r.index),
+            fmt_num(s.skip_variance),
+            fmt_num(s.predicted_skip_variance),
+            fmt_num(s.moving_variance),
+            fmt_num(s.predicted_moving_variance),
+            fmt_num(s.moving_squared_mean),
+            fmt_num(s.predicted_moving_squared_mean),
+        )
+    return t
+
+
+def stage_lines(run: RunResult) -> list[str]:
+    """Per stage: the predicted stage ratios beside the --check band (before widening)."""
+    out = []
+    for st in run.stages or []:
+        proj = f", projection {st.d_in}->{st.d_out}" if st.d_in != st.d_out else ""
+        out.append(
+            f"  stage {st.stage} (h^{st.first}..h^{st.last}, {st.blocks} blocks{proj}): theory forward "
+            f"{fmt_num(st.predicted_forward)}, backward {fmt_num(st.predicted_backward)}; band forward "
+            f"[{fmt_num(st.forward_band[0], 4)}, {fmt_num(st.forward_band[1], 4)}], backward "
+            f"[{fmt_num(st.backward_band[0], 4)}, {fmt_num(st.backward_band[1], 4)}]"
+        )
+    return out
+
+
 def run_summary(run: RunResult) -> Text:
     ag = run.agreement()
     parts = []
@@ -118,16 +209,32 @@ def run_summary(run: RunResult) -> Text:
 
 
 def render_table(result: ProbeResult, console: Console) -> None:
+    resnet = any(run.stages is not None for run in result.runs)
     for run in result.runs:
-        console.print(run_table(run))
+        if run.stages is not None:
+            console.print(resnet_table(run))
+            shown = len(table_rows(len(run.layers), keep=_stage_bounds(run)))
+        else:
+            console.print(run_table(run))
+            shown = len(table_rows(len(run.layers)))
         n = len(run.layers)
-        shown = len(table_rows(n))
         if shown < n:
-            console.print(f"[dim](showing {shown} of {n} layers; --format json or csv has all)[/dim]")
-    console.print(
-        "[dim]mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward); "
-        "theory = closed-form rms; ✓/✗ = measured rms within the finite-width band of the theory[/dim]"
-    )
+            console.print(f"[dim](showing {shown} of {n} {'states' if resnet else 'layers'}; --format json or csv has all)[/dim]")
+        if any(r.bn is not None for r in run.layers):
+            console.print(bn_table(run))
+        for line in stage_lines(run):
+            console.print(line, highlight=False)
+    if resnet:
+        console.print(
+            "[dim]mean ± std over samples of ||h^b||/||x|| (forward) and ||dl/dh^b||/||dl/dh^end|| (backward); "
+            "branch = rms of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; ✓/✗ = measured rms within "
+            "the finite-width band of the theory; band [√2, √e] = [1.414, 1.649] per stage (001 Theorems 3-4)[/dim]"
+        )
+    else:
+        console.print(
+            "[dim]mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward); "
+            "theory = closed-form rms; ✓/✗ = measured rms within the finite-width band of the theory[/dim]"
+        )
     for run in result.runs:
         console.print(run_summary(run))
     verdict = "[green]all checks passed[/green]" if result.passed else "[red]some checks failed[/red]"
@@ -141,18 +248,37 @@ def to_json(obj: Any) -> str:
 CSV_FIELDS = ("mean", "std", "rms", "log10_mean", "log10_std", "predicted", "log10_predicted", "agrees")
 
 
+def _csv_cells(s: RatioStats | None) -> list[Any]:
+    if s is None:
+        return [""] * len(CSV_FIELDS)
+    d = s.to_dict()
+    d["agrees"] = d["agreement"]["agrees"]
+    return ["" if d[k] is None else d[k] for k in CSV_FIELDS]
+
+
 def to_csv(result: ProbeResult) -> str:
+    """One row per layer (MLP) or per state h^b (ResNet: with stage, branch and BN columns)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    header = ["init", "layer", "width"] + [f"forward_{k}" for k in CSV_FIELDS] + [f"backward_{k}" for k in CSV_FIELDS]
+    resnet = any(run.stages is not None for run in result.runs)
+    bn = any(r.bn is not None for run in result.runs for r in run.layers)
+    header = ["init", "index" if resnet else "layer"] + (["stage"] if resnet else []) + ["width"]
+    header += [f"forward_{k}" for k in CSV_FIELDS] + [f"backward_{k}" for k in CSV_FIELDS]
+    if resnet:
+        header += [f"branch_{k}" for k in CSV_FIELDS]
+    if bn:
+        header += [f"bn_{k}{suffix}" for k in ("skip_variance", "moving_variance", "moving_squared_mean") for suffix in ("", "_predicted")]
     w.writerow(header)
     for run in result.runs:
         for r in run.layers:
-            row: list[Any] = [run.init, r.index, r.width]
-            for s in (r.forward, r.backward):
-                d = s.to_dict()
-                d["agrees"] = d["agreement"]["agrees"]
-                row += ["" if d[k] is None else d[k] for k in CSV_FIELDS]
+            row: list[Any] = [run.init, r.index] + ([r.stage] if resnet else []) + [r.width]
+            row += _csv_cells(r.forward) + _csv_cells(r.backward)
+            if resnet:
+                row += _csv_cells(r.branch)
+            if bn:
+                b = r.bn
+                for k in ("skip_variance", "moving_variance", "moving_squared_mean"):
+                    row += ["", ""] if b is None else [getattr(b, k), getattr(b, f"predicted_{k}")]
             w.writerow(row)
     return buf.getvalue()
 

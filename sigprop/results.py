@@ -65,14 +65,60 @@ class RatioStats:
 
 
 @dataclass
+class BNStats:
+    """Batch statistics of one BN-ResNet entry x^l (004 appendix B/C), measured beside predicted:
+    the variance of x^l over channels and examples, the mean over channels of the per-channel batch
+    variance (moving variance with momentum 0) and of the squared per-channel batch mean.  Means
+    over weight draws; ``*_draw_std`` their spread across draws (None with one draw)."""
+
+    skip_variance: float
+    moving_variance: float
+    moving_squared_mean: float
+    predicted_skip_variance: float
+    predicted_moving_variance: float
+    predicted_moving_squared_mean: float
+    skip_variance_draw_std: float | None = None
+    moving_variance_draw_std: float | None = None
+    moving_squared_mean_draw_std: float | None = None
+
+    KEYS = ("skip_variance", "moving_variance", "moving_squared_mean")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k in self.KEYS:
+            out[k] = {
+                "measured": _num(getattr(self, k)),
+                "predicted": _num(getattr(self, f"predicted_{k}")),
+                "draw_std": _num(getattr(self, f"{k}_draw_std")),
+            }
+        return out
+
+
+@dataclass
 class LayerRecord:
+    """One row: an MLP layer, or a ResNet entry h^index (then with ``stage``, the ``branch`` ratio
+    ||alpha F_b(h^{b-1})||/||h^{b-1}|| of the block that produced it, and ``bn`` for the BN net)."""
+
     index: int
     width: int
     forward: RatioStats
     backward: RatioStats
+    stage: int | None = None
+    branch: RatioStats | None = None
+    bn: BNStats | None = None
+    resnet: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "width": self.width, "forward": self.forward.to_dict(), "backward": self.backward.to_dict()}
+        d: dict[str, Any] = {"index": self.index, "width": self.width}
+        if self.resnet:
+            d["stage"] = self.stage
+        d["forward"] = self.forward.to_dict()
+        d["backward"] = self.backward.to_dict()
+        if self.resnet:
+            d["branch"] = None if self.branch is None else self.branch.to_dict()
+            if self.bn is not None:
+                d["bn"] = self.bn.to_dict()
+        return d
 
 
 @dataclass
@@ -109,12 +155,45 @@ def _pow10(x: float) -> float | None:
 
 
 @dataclass
+class StageInfo:
+    """A ResNet stage: entries h^first (its input) .. h^last, widths d_in -> d_out, and the
+    --check band of its forward and backward ratios before the finite-width widening."""
+
+    stage: int
+    first: int
+    last: int
+    d_in: int
+    d_out: int
+    blocks: int
+    forward_band: tuple[float, float]
+    backward_band: tuple[float, float]
+    predicted_forward: float | None = None
+    predicted_backward: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "first": self.first,
+            "last": self.last,
+            "d_in": self.d_in,
+            "d_out": self.d_out,
+            "blocks": self.blocks,
+            "forward_band": [_num(v) for v in self.forward_band],
+            "backward_band": [_num(v) for v in self.backward_band],
+            "predicted_forward": _num(self.predicted_forward),
+            "predicted_backward": _num(self.predicted_backward),
+        }
+
+
+@dataclass
 class RunResult:
     init: str
     widths: list[int]
     layers: list[LayerRecord]
     checks: list[Check]
     description: str = ""
+    #: ResNet runs: the stages (spans, bands); None for an MLP
+    stages: list[StageInfo] | None = None
 
     @property
     def passed(self) -> bool:
@@ -122,8 +201,9 @@ class RunResult:
 
     def agreement(self) -> dict[str, Any]:
         out = {}
-        for direction in ("forward", "backward"):
-            flags = [getattr(r, direction).agrees for r in self.layers]
+        directions = ("forward", "backward", "branch") if self.stages is not None else ("forward", "backward")
+        for direction in directions:
+            flags = [getattr(r, direction).agrees for r in self.layers if getattr(r, direction) is not None]
             flags = [f for f in flags if f is not None]
             out[direction] = {"layers_compared": len(flags), "layers_agreeing": sum(flags)}
         return out
@@ -137,6 +217,7 @@ class RunResult:
             "checks": [c.to_dict() for c in self.checks],
             "passed": self.passed,
             "agreement": self.agreement(),
+            **({} if self.stages is None else {"stages": [st.to_dict() for st in self.stages]}),
         }
 
 

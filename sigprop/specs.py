@@ -108,3 +108,62 @@ class MLPSpec:
         d["width"] = str(self.width)
         d["inits"] = list(self.inits)
         return d
+
+
+NORMS = ("wn", "bn", "none")
+#: Figure 1 (bottom) of 001, appendix A.2: the three schemes compared there
+RESNET_DEFAULT_INITS = ("he", "proposed", "proposed-gaussian")
+
+
+@dataclass(frozen=True)
+class ResNetSpec:
+    """A residual network: 001 eq. 6 with K stages of B blocks (``norm="wn"`` or ``"none"``), or
+    the batch-normalized ReLU ResNet of 004 appendix C (``norm="bn"``: one stage, a stem and B
+    blocks x + W BN(x)^+ of width ``dim``)."""
+
+    blocks: int = 40
+    stages: int = 1
+    dim: int = 500
+    width: WidthSpec = WidthSpec(150, 250)
+    block_depth: int = 1
+    norm: str = "wn"
+    inits: tuple[str, ...] = RESNET_DEFAULT_INITS
+
+    def __post_init__(self) -> None:
+        for option, value in (("--blocks", self.blocks), ("--stages", self.stages), ("--dim", self.dim), ("--block-depth", self.block_depth)):
+            if value < 1:
+                raise SigpropError(f"must be >= 1, got {value}", option=option)
+        if self.norm not in NORMS:
+            raise SigpropError(f"expected one of {', '.join(NORMS)}, got {self.norm!r}", option="--norm")
+        if self.norm == "bn":
+            if self.stages != 1:
+                raise SigpropError("the batch-normalized ResNet (004 appendix C) has one stage", option="--stages")
+            if self.block_depth != 1:
+                raise SigpropError("the batch-normalized ResNet (004 appendix C) has one layer per block", option="--block-depth")
+        if self.stages > 16:
+            raise SigpropError(f"each stage doubles the width; {self.stages} stages is beyond any memory", option="--stages")
+        if not self.inits:
+            raise SigpropError("give at least one init", option="--init")
+        resolved = self.resolved_inits()
+        if len(set(resolved)) != len(resolved):
+            raise SigpropError("an init is named twice (with --norm none, he is unnormalized-he)", option="--init")
+
+    def resolved_inits(self) -> tuple[str, ...]:
+        """The registry names that actually run under ``norm`` (``he`` means unnormalized He
+        weights with ``--norm none`` or ``bn``)."""
+        return tuple(inits.resolve_resnet(name, self.norm) for name in self.inits)
+
+    def plan(self, seed: int):
+        """The network as data (sigprop.nets); hidden widths drawn once per run from the seed."""
+        from sigprop import nets
+
+        if self.norm == "bn":
+            return nets.resnet_plan(self.dim, 1, self.blocks, 0, [], stem=True)
+        hidden = self.width.draw(self.stages * self.blocks * self.block_depth, seed)
+        return nets.resnet_plan(self.dim, self.stages, self.blocks, self.block_depth, hidden)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["width"] = None if self.norm == "bn" else str(self.width)
+        d["inits"] = list(self.resolved_inits())
+        return d

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sigprop import theory
+from sigprop import inits, theory
 from sigprop.inits import InitScheme
 from sigprop.results import Check, LayerRecord, RatioStats, RunResult
 
@@ -78,7 +78,17 @@ def ratio_stats(ln: np.ndarray) -> RatioStats:
     )
 
 
-def attach_prediction(stats: RatioStats, ln_pred: float | None, ln_var: float, z: float = theory.Z_AGREEMENT) -> None:
+def rounding_ln(dtype: str, steps: int) -> float:
+    """Worst-case floating-point error of an ln ratio accumulated over ``steps`` renormalised
+    steps: 4 ulp of the probe dtype per step (the margin that lets an exact prediction, such as
+    SkipInit's ratio 1 or the backward ratio 1 at the last layer, be met by a float measurement)."""
+    eps = {"float32": 2.0**-23, "float64": 2.0**-52}[dtype]
+    return 4.0 * eps * (steps + 1)
+
+
+def attach_prediction(
+    stats: RatioStats, ln_pred: float | None, ln_var: float, z: float = theory.Z_AGREEMENT, rounding: float = 1e-9 * LN10
+) -> None:
     """Pair a measurement with its prediction.
 
     The prediction is the true RMS, E[ratio^2]^{1/2}.  Across samples and draws ln(ratio) is
@@ -97,7 +107,7 @@ def attach_prediction(stats: RatioStats, ln_pred: float | None, ln_var: float, z
     stats.log10_high = (ln_pred + z * sd) / LN10
     if stats.log10_rms is not None:
         # exact equality (e.g. the backward ratio at layer L, sd = 0) needs a rounding margin
-        eps = 1e-9
+        eps = rounding / LN10
         stats.agrees = bool(stats.log10_low - eps <= stats.log10_rms <= stats.log10_high + eps)
     else:
         stats.agrees = False
@@ -136,3 +146,110 @@ def mlp_run(scheme: InitScheme, widths: list[int], ln_fwd: np.ndarray, ln_bwd: n
         layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
     checks = mlp_checks(widths, layers[-1].forward, layers[0].backward, float(var_f[-1]), float(var_b[0]))
     return RunResult(init=scheme.name, widths=list(widths), layers=layers, checks=checks, description=scheme.description)
+
+
+# --------------------------------------------------------------------------------------------
+# ResNets
+# --------------------------------------------------------------------------------------------
+def resnet_variances(scheme: InitScheme | None, plan, pred: theory.ResNetPrediction) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-sample variance of ln(ratio) at every entry (forward, backward), and per block (forward
+    steps, backward steps), from theory.resnet_step_variance (docs/theory.md §7).
+    ``scheme`` None: the BN net (its stem adds one MLP layer's worth, (5 + 2)/(4 d))."""
+    orth = scheme is not None and scheme.orthogonal
+    f_steps, b_steps = [], []
+    for i, blk in enumerate(plan.blocks):
+        v_f = theory.branch_variance(blk.widths, orth)
+        v_b = theory.branch_variance(blk.widths[::-1], orth)
+        v_s = 2.0 / blk.d_out if blk.projection else 0.0
+        f_steps.append(theory.resnet_step_variance(pred.gain_forward[i], v_f, v_s, blk.d_out))
+        b_steps.append(theory.resnet_step_variance(pred.gain_backward[i], v_b, v_s, blk.d_in))
+    if plan.stem:
+        stem = (theory.SPREAD_C_GAUSSIAN + 2.0) / (4.0 * plan.dim)
+        f_steps.insert(0, stem)
+        b_steps.insert(0, stem)
+    f_steps_a, b_steps_a = np.array(f_steps), np.array(b_steps)
+    var_f = np.concatenate([[0.0], np.cumsum(f_steps_a)])
+    var_b = np.concatenate([np.cumsum(b_steps_a[::-1])[::-1], [0.0]])
+    return var_f, var_b, f_steps_a, b_steps_a
+
+
+def _stage_check(name: str, ln: np.ndarray, band: tuple[float, float], var: float, z: float) -> Check:
+    low = theory.log_band(band[0], var, z)[0] / LN10
+    high = theory.log_band(band[1], var, z)[1] / LN10
+    finite = np.isfinite(ln).all()
+    m = float(ln.mean() / LN10) if finite else None
+    passed = m is not None and low <= m <= high
+    return Check(name=name, passed=passed, log10_measured=m, log10_low=low, log10_high=high)
+
+
+def _bn_record(arr: np.ndarray, l: int, batch: int):
+    from sigprop.results import BNStats
+
+    pred = theory.bn_statistics_prediction(l, batch)
+    mean = arr[:, l, :].mean(axis=0)
+    std = arr[:, l, :].std(axis=0, ddof=1) if arr.shape[0] > 1 else [None] * 3
+    return BNStats(
+        float(mean[0]), float(mean[1]), float(mean[2]), *pred,
+        *(None if v is None else float(v) for v in std),
+    )
+
+
+def resnet_run(
+    scheme: InitScheme, plan, arrays: dict[str, np.ndarray], samples: int, dtype: str = "float32", z: float = theory.Z_CHECK
+) -> RunResult:
+    """Assemble one init's ResNet run: per-entry stats beside predictions, stages, checks."""
+    from sigprop.results import StageInfo
+
+    bn = "bn" in arrays
+    if bn:
+        pred = theory.bn_resnet_prediction(plan.dim, len(plan.blocks))
+        description = "batch-normalized ReLU ResNet x + W BN(x)^+, He W, stem W^0 BN(x^0)^+ (004 appendix C)"
+        var_f, var_b, f_steps, b_steps = resnet_variances(None, plan, pred)
+    else:
+        pred = scheme.predict_resnet(plan)
+        description = scheme.description
+        var_f, var_b, f_steps, b_steps = resnet_variances(scheme, plan, pred)
+    ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
+    dims, stages = plan.entry_dims(), plan.entry_stages()
+    first_block_entry = 2 if plan.stem else 1
+    layers = []
+    for i in range(len(dims)):
+        f = ratio_stats(ln_f[:, i, :])
+        b = ratio_stats(ln_b[:, i, :])
+        steps = len(dims)
+        attach_prediction(f, pred.ln_forward[i] if pred.ln_forward else None, float(var_f[i]), rounding=rounding_ln(dtype, steps))
+        attach_prediction(b, pred.ln_backward[i] if pred.ln_backward else None, float(var_b[i]), rounding=rounding_ln(dtype, steps))
+        br = None
+        k = i - first_block_entry  # block index producing entry i
+        if k >= 0:
+            br = ratio_stats(ln_br[:, k, :])
+            blk = plan.blocks[k]
+            ln_pred = pred.ln_branch[k] if pred.ln_branch else None
+            v = theory.branch_variance(blk.widths, scheme is not None and scheme.orthogonal) / 4.0 if not bn else 7.0 / (4 * plan.dim)
+            attach_prediction(br, ln_pred, v, rounding=rounding_ln(dtype, steps))
+        rec = LayerRecord(index=i, width=dims[i], forward=f, backward=b, stage=stages[i], branch=br, resnet=True)
+        if bn:
+            rec.bn = _bn_record(arrays["bn"], i, samples)
+        layers.append(rec)
+    # The --check tolerance is the spread of a net that sits in the band: the proposed gains
+    # (branch-to-skip power 1/B_k) with i.i.d. rows, on this plan -- not the init's own spread,
+    # which for an exploding init is so wide that it would drag the band far from [sqrt 2, sqrt e].
+    ref = inits.get("proposed-gaussian")
+    ref_f, ref_b, _, _ = resnet_variances(ref, plan, ref.predict_resnet(plan))
+    infos, checks = [], []
+    for k in range(1, plan.stages + 1):
+        first, last = plan.stage_span(k)
+        fb, bb = theory.stage_band_ln(dims[first], dims[last])
+        vf = float(ref_f[last] - ref_f[first])
+        vb = float(ref_b[first] - ref_b[last])
+        pf = pb = None
+        if pred.ln_forward:
+            pf = _exp_or_none(pred.ln_forward[last] - pred.ln_forward[first])
+        if pred.ln_backward:
+            pb = _exp_or_none(pred.ln_backward[first] - pred.ln_backward[last])
+        blocks_k = sum(1 for blk in plan.blocks if blk.stage == k)
+        infos.append(StageInfo(k, first, last, dims[first], dims[last], blocks_k,
+                               (math.exp(fb[0]), math.exp(fb[1])), (math.exp(bb[0]), math.exp(bb[1])), pf, pb))
+        checks.append(_stage_check(f"stage {k} forward ||h^{last}||/||h^{first}||", ln_f[:, last, :] - ln_f[:, first, :], fb, vf, z))
+        checks.append(_stage_check(f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||", ln_b[:, first, :] - ln_b[:, last, :], bb, vb, z))
+    return RunResult(init=scheme.name, widths=list(dims), layers=layers, checks=checks, description=description, stages=infos)

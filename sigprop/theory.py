@@ -309,3 +309,207 @@ def check_reference_ln(widths: Sequence[int]) -> tuple[tuple[float, float], tupl
     f = 0.5 * math.log(nL / n0)
     b = 0.5 * math.log(n1 / nL)
     return (min(0.0, f), max(0.0, f)), (min(0.0, b), max(0.0, b))
+
+
+# --------------------------------------------------------------------------------------------
+# Per-init predictions for the ResNet (001 eq. 6, Theorems 3-4 generalised; docs/theory.md §7)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LinearMoments:
+    """One linear layer: shape and the second moments of its parameters (see LayerMoments)."""
+
+    n_in: int
+    n_out: int
+    row_sq: float
+    bias_var: float = 0.0
+
+
+@dataclass(frozen=True)
+class BlockMoments:
+    """One residual block h' = S h + alpha F(h): the branch's layers (a ReLU after every layer
+    but the last), the skip (None: identity; else a linear projection without ReLU), alpha^2."""
+
+    branch: tuple[LinearMoments, ...]
+    skip: LinearMoments | None
+    alpha_sq: float
+
+
+@dataclass(frozen=True)
+class ResNetPrediction:
+    """ln RMS ratios per entry h^0..h^E (forward ||h^b||/||x||, backward
+    ||dl/dh^b||/||dl/dh^E||), ln RMS branch ratio per block, and the branch-to-skip power ratios
+    forward/backward per block (the input of the spread model).  ``None``: no closed form."""
+
+    ln_forward: list[float] | None
+    ln_backward: list[float] | None
+    ln_branch: list[float | None] | None
+    gain_forward: list[float]
+    gain_backward: list[float]
+
+
+def _ln(x: float) -> float:
+    return math.log(x) if x > 0 else -math.inf
+
+
+def _lae(a: float, b: float) -> float:
+    return float(np.logaddexp(a, b))
+
+
+def _affine(a: float, c: float, m: LinearMoments, relu: bool) -> tuple[float, float]:
+    """E||out||^2 = a s + c given E||in||^2 = (a, c) applied to s: a WN (or plain) layer with
+    row second moment r and bias variance beta gives n_out (r s / n_in + beta); a ReLU halves
+    it (the pre-activation is symmetric).  001 eq. 13-17 with K_n = 1."""
+    k = m.n_out * m.row_sq / m.n_in
+    a, c = k * a, k * c + m.n_out * m.bias_var
+    return (0.5 * a, 0.5 * c) if relu else (a, c)
+
+
+def resnet_rms_prediction(dim: int, blocks: Sequence[BlockMoments]) -> ResNetPrediction:
+    """Closed-form RMS ratios of a ResNet h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6).
+
+    Forward (001 Theorem 3 / eq. 43-53 without its assumption ||F(h)|| = ||h||): the branch's last
+    layer is zero-mean and independent of the skip, so the cross term vanishes in expectation and
+        E||h^b||^2 = E||S h||^2 + alpha^2 E||F(h)||^2 = k_b ||h^{b-1}||^2 + c_b
+    with (k_b, c_b) from the layer moments (``_affine``).  The recursion is affine as in the MLP;
+    with x ~ N(0, I_d), E[||h^b||^2/||x||^2] = A_b + C_b/(d - 2).  Proposed (gamma = 2, ..., 1/B_k):
+    k_b = 1 + 1/B_k, so (1 + 1/B_k)^{b/2} within a stage (eq. 53); WN g = 1: k_b = 1 + 2^{-D}.
+
+    Backward (001 Theorem 4 / eq. 54-63): dl/dh^{b-1} = S^T d + alpha J_F^T d, and each branch
+    layer multiplies E||d||^2 by its row second moment r, each ReLU mask by 1/2:
+        f_b = r_S + alpha^2 (prod_j r_j) 2^{-D}    (r_S = 1 for the identity).
+    Kept in logs: 3000 exploding blocks give ln ratios of ~600, never inf.
+    """
+    log_a, log_c = 0.0, -math.inf
+    log_inv_x2 = -math.log(dim - 2) if dim > 2 else math.inf
+    fwd: list[float] | None = [0.0]
+    branch: list[float | None] = []
+    g_fwd: list[float] = []
+    factors: list[float] = []
+    g_bwd: list[float] = []
+    for blk in blocks:
+        a_f, c_f = 1.0, 0.0
+        for j, m in enumerate(blk.branch):
+            a_f, c_f = _affine(a_f, c_f, m, relu=j < len(blk.branch) - 1)
+        a_s, c_s = (1.0, 0.0) if blk.skip is None else _affine(1.0, 0.0, blk.skip, relu=False)
+        k = a_s + blk.alpha_sq * a_f
+        c_new = c_s + blk.alpha_sq * c_f
+        # branch-to-skip power ratio at the predicted ||h^{b-1}||^2 (with ||x||^2 = d)
+        ln_s = _lae(log_a + math.log(dim), log_c)
+        ln_branch_pow = _ln(blk.alpha_sq) + _lae(_ln(a_f) + ln_s, _ln(c_f))
+        ln_skip_pow = _lae(_ln(a_s) + ln_s, _ln(c_s))
+        g_fwd.append(math.exp(min(ln_branch_pow - ln_skip_pow, 700.0)))
+        branch.append(0.5 * math.log(blk.alpha_sq * a_f) if (c_f == 0.0 and blk.alpha_sq > 0) else None)
+        log_a += math.log(k)
+        log_c = _lae(log_c + math.log(k), _ln(c_new))
+        fwd.append(0.5 * _lae(log_a, log_c + log_inv_x2) if log_c > -math.inf else 0.5 * log_a)
+        r_s = 1.0 if blk.skip is None else blk.skip.row_sq
+        through = math.prod(m.row_sq for m in blk.branch) * 0.5 ** (len(blk.branch) - 1)
+        factors.append(r_s + blk.alpha_sq * through)
+        g_bwd.append(blk.alpha_sq * through / r_s)
+    if any(not math.isfinite(v) for v in fwd):
+        fwd = None  # d <= 2 with a bias: E[1/||x||^2] diverges
+    bwd = [0.0] * (len(blocks) + 1)
+    for b in range(len(blocks), 0, -1):
+        bwd[b - 1] = bwd[b] + 0.5 * math.log(factors[b - 1])
+    return ResNetPrediction(fwd, bwd, branch, g_fwd, g_bwd)
+
+
+def datadep_resnet_ln_forward(dim: int, d_out: Sequence[int], projection: Sequence[bool]) -> tuple[list[float] | None, list[float]]:
+    """Data-dependent init (003 eq. 5-6) in a ResNet: every WN layer's pre-activation is
+    standardised over the batch, so a branch output (and a projection's output) has
+    E||.||^2 = d_out per sample on average, independent of its input.  Hence, with
+    E[1/||x||^2] = 1/(d - 2): in stage 1, E[||h^b||^2/||x||^2] = 1 + b d/(d - 2); after a
+    projection (stage k > 1), j blocks into the stage, (j + 1) d_k/(d - 2).  Approximate (it
+    takes ||x|| independent of the standardised outputs); docs/theory.md §7 shows the check.
+    Returns the ln ratios per entry and the forward branch-to-skip power ratios per block."""
+    if dim <= 2:
+        return None, [1.0] * len(d_out)
+    s = float(dim)  # E||h||^2 in units where ||x||^2 ~ d
+    out, gains = [0.0], []
+    for n, proj in zip(d_out, projection):
+        skip = float(n) if proj else s
+        gains.append(n / skip)
+        s = skip + n
+        out.append(0.5 * math.log(s / (dim - 2)))
+    return out, gains
+
+
+def resnet_step_variance(gain: float, v_branch: float, v_skip: float, dim: int) -> float:
+    """Per-sample variance of ln(||h^b||/||h^{b-1}||) added by one block (docs/theory.md §7).
+
+    ||h^b||^2/||h^{b-1}||^2 = (P_S + 2 <S h, alpha F> + P_F)/||h^{b-1}||^2 with branch-to-skip
+    power ratio g = P_F/P_S: the cross term has relative variance 4 g/dim (alpha F is a random
+    direction in R^dim relative to S h), the branch power fluctuates by v_branch (the MLP law
+    sum c_j/n_j of its ReLU layers + 2/d_out of the last), the skip by v_skip; ln of a norm is
+    half the ln of its square.  The same form serves the backward pass with the backward g.
+    """
+    g = max(gain, 0.0)
+    return (4.0 * g / dim + g * g * v_branch + v_skip) / (4.0 * (1.0 + g) ** 2)
+
+
+def branch_variance(widths: Sequence[int], orthogonal: bool) -> float:
+    """Relative variance of a branch's output power: sum_j c_j/n_j over its ReLU layers
+    (``log_ratio_variance``'s per-layer constants) plus 2/d_out for the last, linear layer."""
+    v = sum(_step_c(widths[j], widths[j - 1], orthogonal) / widths[j] for j in range(1, len(widths) - 1))
+    return v + 2.0 / widths[-1]
+
+
+def stage_band_ln(d_in: int, d_out: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """``--check`` band of one stage in ln units, forward and backward (docs/theory.md §7).
+
+    Theorems 3-4 put both stage ratios in [sqrt 2, sqrt e].  A stage that opens with a projection
+    d_in -> d_out cannot preserve both the forward and the backward norm (the MLP's argument,
+    §4): the proposed init preserves the forward norm and scales the backward one by
+    sqrt(d_in/d_out); preserving the per-unit scale does the converse.  As for the MLP, the band
+    is the hull of the two: forward [sqrt 2, sqrt e sqrt(d_out/d_in)], backward
+    [sqrt 2 sqrt(d_in/d_out), sqrt e].  Equal widths: exactly [sqrt 2, sqrt e].
+    """
+    lo, hi = math.log(RESNET_LOWER), math.log(RESNET_UPPER)
+    r = 0.5 * math.log(d_out / d_in)
+    return (lo + min(r, 0.0), hi + max(r, 0.0)), (lo + min(-r, 0.0), hi + max(-r, 0.0))
+
+
+# --------------------------------------------------------------------------------------------
+# The batch-normalized ReLU ResNet of 004 appendix C
+# --------------------------------------------------------------------------------------------
+BN_EPS = 1e-5  # torch.nn.BatchNorm1d's default
+
+
+def bn_statistics_prediction(l: int, batch: int) -> tuple[float, float, float]:
+    """(skip variance, mean moving variance, mean squared moving mean) of x^l (004 appendix C).
+
+    For l >= 1, Cov(X^l_ij, X^l_lm) ~= l delta_il (1 + (pi - 1) delta_jm)/pi, so the variance over
+    channels and examples is l, E[mu_c^2] = l (1/pi + (pi - 1)/(pi b)) -> l/pi and
+    E[sigma_c^2] = l - E[mu_c^2] -> l (1 - 1/pi) (the finite-batch forms are the paper's own
+    intermediate expressions).  l = 0 is the raw input x ~ N(0, I): 1, 1 - 1/b, 1/b.
+    """
+    if l == 0:
+        return 1.0, 1.0 - 1.0 / batch, 1.0 / batch
+    mean_sq = l * (1.0 / math.pi + (math.pi - 1.0) / (math.pi * batch))
+    return float(l), l - mean_sq, mean_sq
+
+
+def bn_resnet_prediction(dim: int, blocks: int) -> ResNetPrediction:
+    """Forward, backward and branch predictions of the BN ResNet x^{l+1} = x^l + W^l BN(x^l)^+
+    with stem x^1 = W^0 BN(x^0)^+ and He W (004 appendix C, mean field: width and batch large).
+
+    Forward: E||x^l||^2 = l d; x^1 is a function of x^0 alone (ratio ~ 1) and each block adds an
+    independent branch of power d, so E[||x^l||^2/||x^0||^2] ~= 1 + (l - 1) d/(d - 2).
+    Backward: BN's Jacobian is (1/sigma_c)(I - 11^T/b - y y^T/b); W^T (He) doubles E||d||^2, the
+    mask halves it, 1/sigma_c^2 = 1/(l (1 - 1/pi)) (the moving variance above), so block l
+    multiplies E||d||^2 by 1 + 1/(l (1 - 1/pi)); the stem (sigma = 1) by 1.
+    Branch: ||W BN(x^l)^+||^2 ~ d against ||x^l||^2 ~ l d: ratio 1/sqrt(l).
+    """
+    E = blocks + 2  # entries x^0 .. x^{B+1}
+    fwd = [0.0] + [0.5 * math.log(1.0 + (l - 1) * dim / (dim - 2)) if dim > 2 else None for l in range(1, E)]
+    if any(v is None for v in fwd):
+        fwd = None
+    c = 1.0 - 1.0 / math.pi
+    bwd = [0.0] * E
+    for l in range(E - 2, 0, -1):  # block l maps x^l -> x^{l+1}
+        bwd[l] = bwd[l + 1] + 0.5 * math.log1p(1.0 / (l * c))
+    bwd[0] = bwd[1]
+    branch = [-0.5 * math.log(l) for l in range(1, blocks + 1)]
+    g_fwd = [1.0 / l for l in range(1, blocks + 1)]
+    g_bwd = [1.0 / (l * c) for l in range(1, blocks + 1)]
+    return ResNetPrediction(fwd, bwd, branch, g_fwd, g_bwd)

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sigprop import inits
-from sigprop.cli import InitName, app, main
+from sigprop.cli import InitName, ResNetInitName, app, main
 
 runner = CliRunner()
 SMALL = ["--depth", "4", "--input-dim", "40", "--width", "30:50", "--samples", "64", "--device", "cpu"]
@@ -23,7 +23,9 @@ def run_main(capsys, args):
 
 
 def test_cli_choices_match_registry():
-    assert [m.value for m in InitName] == inits.names()
+    assert [m.value for m in InitName] == inits.names("mlp")
+    assert [m.value for m in ResNetInitName] == inits.names("resnet")
+    assert set(inits.names("mlp")) | set(inits.names("resnet")) == set(inits.names())
 
 
 def test_mlp_table_default_inits():
@@ -94,6 +96,24 @@ def test_check_exit_codes(capsys):
         (["mlp", "--output", "/"], "--output"),
         (["mlp", "--width", "5:"], "--width"),
         (["theory", "--format", "csv"], "--format"),
+        (["mlp", "--init", "skipinit"], "--init"),
+        (["resnet", "--blocks", "0"], "--blocks"),
+        (["resnet", "--stages", "0"], "--stages"),
+        (["resnet", "--dim", "0"], "--dim"),
+        (["resnet", "--block-depth", "0"], "--block-depth"),
+        (["resnet", "--norm", "ln"], "--norm"),
+        (["resnet", "--width", "9:1"], "--width"),
+        (["resnet", "--init", "nope"], "--init"),
+        (["resnet", "--norm", "bn", "--width", "100"], "--width"),
+        (["resnet", "--norm", "bn", "--stages", "2"], "--stages"),
+        (["resnet", "--norm", "bn", "--block-depth", "2"], "--block-depth"),
+        (["resnet", "--norm", "bn", "--init", "proposed"], "--init"),
+        (["resnet", "--norm", "bn", "--samples", "1", "--device", "cpu"], "--samples"),
+        (["resnet", "--norm", "none", "--init", "proposed"], "--init"),
+        (["resnet", "--norm", "none", "--init", "he", "--init", "unnormalized-he"], "--init"),
+        (["resnet", "--stages", "40"], "--stages"),
+        (["resnet", "--blocks", "100000", "--dim", "5000", "--device", "cpu"], "--depth/--width/--samples"),
+        (["resnet", "--output", "/nonexistent-dir/x.json"], "--output"),
         (["theory", "--n", "1"], "--n"),
         (["theory", "--blocks", "0"], "--blocks"),
     ],
@@ -188,3 +208,81 @@ def test_api_matches_cli(capsys):
     code, out, _ = run_main(capsys, ["mlp", *SMALL, "--init", "proposed", "--format", "json"])
     doc = json.loads(out)
     assert r.runs[0].layers[0].forward.mean == doc["runs"][0]["layers"][0]["forward"]["mean"]
+
+
+RSMALL = ["--blocks", "6", "--dim", "40", "--width", "20:30", "--samples", "64", "--device", "cpu"]
+
+
+def test_resnet_json_contract(capsys):
+    code, out, err = run_main(capsys, ["resnet", *RSMALL, "--stages", "2", "--block-depth", "2", "--init", "proposed", "--init", "skipinit", "--format", "json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["schema"] == "sigprop.result.v1" and doc["command"] == "resnet"
+    cfg = doc["config"]
+    assert cfg["blocks"] == 6 and cfg["stages"] == 2 and cfg["block_depth"] == 2 and cfg["norm"] == "wn"
+    assert cfg["stage_dims"] == [40, 80] and len(cfg["hidden_widths"]) == 12
+    assert all(len(h) == 2 and all(20 <= w <= 30 for w in h) for h in cfg["hidden_widths"])
+    for run in doc["runs"]:
+        assert len(run["layers"]) == 13
+        assert [l["stage"] for l in run["layers"]] == [0] + [1] * 6 + [2] * 6
+        assert [l["width"] for l in run["layers"]] == [40] * 7 + [80] * 6
+        assert run["layers"][0]["branch"] is None
+        assert all(set(l["branch"]) >= {"mean", "rms", "predicted"} for l in run["layers"][1:])
+        assert [s["first"] for s in run["stages"]] == [0, 6] and [s["last"] for s in run["stages"]] == [6, 12]
+        assert len(run["checks"]) == 4
+        assert "branch" in run["agreement"]
+    skip = doc["runs"][1]
+    assert all(l["forward"]["rms"] == pytest.approx(1.0, abs=1e-5) for l in skip["layers"][:7])
+
+
+def test_resnet_bn_json_and_csv(capsys):
+    code, out, err = run_main(capsys, ["resnet", "--norm", "bn", "--blocks", "5", "--dim", "30", "--samples", "50", "--device", "cpu", "--format", "json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["config"]["norm"] == "bn" and doc["config"]["width"] is None
+    run = doc["runs"][0]
+    assert run["init"] == "he" and len(run["layers"]) == 7
+    for l in run["layers"]:
+        assert set(l["bn"]) == {"skip_variance", "moving_variance", "moving_squared_mean"}
+        assert l["bn"]["skip_variance"]["predicted"] == (1.0 if l["index"] == 0 else l["index"])
+    code, out, _ = run_main(capsys, ["resnet", "--norm", "bn", "--blocks", "5", "--dim", "30", "--samples", "50", "--device", "cpu", "--format", "csv"])
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("init,index,stage,width,forward_mean") and "bn_moving_squared_mean_predicted" in lines[0]
+    assert len(lines) == 1 + 7
+
+
+def test_resnet_table_shows_stages_and_band():
+    res = runner.invoke(app, ["resnet", *RSMALL, "--stages", "2", "--init", "proposed"])
+    assert res.exit_code == 0, res.output
+    assert "stage 2 (h^6..h^12, 6 blocks, projection 40->80)" in res.output
+    assert "[1.414, 1.649]" in res.output and "branch" in res.output
+    res = runner.invoke(app, ["resnet", "--norm", "bn", "--blocks", "4", "--dim", "30", "--samples", "40", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    assert "moving mean²" in res.output and "l(1-1/π)" in res.output
+
+
+def test_resnet_norm_none_runs_unnormalized_he(capsys):
+    code, out, _ = run_main(capsys, ["resnet", *RSMALL, "--norm", "none", "--format", "json"])
+    assert code == 0
+    doc = json.loads(out)
+    assert [r["init"] for r in doc["runs"]] == ["unnormalized-he"]
+    # 3^{b/2}: the skip-path variance of the unnormalized He ResNet grows exponentially
+    assert doc["runs"][0]["layers"][-1]["forward"]["predicted"] == pytest.approx(3.0**3, rel=1e-12)
+
+
+def test_resnet_check_exit_codes(capsys):
+    args = ["resnet", "--blocks", "40", "--dim", "200", "--width", "100", "--samples", "200", "--device", "cpu", "--check"]
+    code, _, err = run_main(capsys, [*args, "--init", "proposed"])
+    assert code == 0, err
+    code, _, err = run_main(capsys, [*args, "--init", "proposed", "--init", "he"])
+    assert code == 1
+    assert "check failed: he: stage 1 forward" in err and "check failed: proposed" not in err
+
+
+def test_api_resnet_matches_cli(capsys):
+    import sigprop
+
+    r = sigprop.probe_resnet(blocks=6, dim=40, width="20:30", samples=64, inits=["he"], device="cpu")
+    code, out, _ = run_main(capsys, ["resnet", *RSMALL, "--init", "he", "--format", "json"])
+    doc = json.loads(out)
+    assert r.runs[0].layers[-1].forward.mean == doc["runs"][0]["layers"][-1]["forward"]["mean"]

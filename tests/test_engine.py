@@ -9,7 +9,7 @@ import torch
 
 from sigprop import engine, inits, specs, stats, theory
 
-INIT_NAMES = inits.names()
+INIT_NAMES = inits.names("mlp")
 
 
 def oracle_ratios(params, x, e):

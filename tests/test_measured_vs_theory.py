@@ -7,12 +7,12 @@ import pytest
 
 from sigprop import engine, inits, specs, stats, theory
 
-CLOSED_FORM = [s.name for s in inits.INITS.values() if s.moments is not None]
+CLOSED_FORM = [s.name for s in inits.INITS.values() if s.moments is not None and "mlp" in s.applies_to]
 
 
 @pytest.fixture(scope="module")
 def wide_run():
-    spec = specs.MLPSpec(depth=10, input_dim=1000, width=specs.WidthSpec(950, 1050), inits=tuple(inits.names()))
+    spec = specs.MLPSpec(depth=10, input_dim=1000, width=specs.WidthSpec(950, 1050), inits=tuple(inits.names("mlp")))
     widths, out, _ = engine.run_mlp(spec, specs.ProbeSpec(samples=256, seed=1, device="cpu"))
     return widths, out
 
