@@ -186,11 +186,14 @@ def stage_lines(run: RunResult) -> list[str]:
     out = []
     for st in run.stages or []:
         proj = f", projection {st.d_in}->{st.d_out}" if st.d_in != st.d_out else ""
+        band = lambda b: f"[{fmt_num(b[0], 4)}, {fmt_num(b[1], 4)}]"
+        if st.forward_band == st.backward_band:
+            bands = f"band {band(st.forward_band)}"
+        else:
+            bands = f"band forward {band(st.forward_band)}, backward {band(st.backward_band)}"
         out.append(
             f"  stage {st.stage} (h^{st.first}..h^{st.last}, {st.blocks} blocks{proj}): theory forward "
-            f"{fmt_num(st.predicted_forward)}, backward {fmt_num(st.predicted_backward)}; band forward "
-            f"[{fmt_num(st.forward_band[0], 4)}, {fmt_num(st.forward_band[1], 4)}], backward "
-            f"[{fmt_num(st.backward_band[0], 4)}, {fmt_num(st.backward_band[1], 4)}]"
+            f"{fmt_num(st.predicted_forward)}, backward {fmt_num(st.predicted_backward)}; {bands}"
         )
     return out
 
