@@ -76,14 +76,15 @@ def estimate_mlp_bytes(widths: list[int], samples: int, itemsize: int) -> int:
     return weights + qr_tmp + masks + acts + logs
 
 
-def check_memory(need: int, device: torch.device) -> None:
+def check_memory(need: int, device: torch.device, options: str = "--depth/--width/--samples") -> None:
     have = available_bytes(device)
     if need > 0.8 * have:
         gib = 2**30
+        names = options.split("/")
         raise SigpropError(
             f"this run needs about {need / gib:.1f} GiB on {device} but {have / gib:.1f} GiB is free; "
-            "reduce --samples, --depth or --width",
-            option="--depth/--width/--samples",
+            f"reduce {', '.join(names[:-1])} or {names[-1]}",
+            option=options,
         )
 
 
@@ -487,7 +488,8 @@ def run_resnet(
     # upper bound with every hidden width at HI, before anything is drawn or allocated
     hi = nets.resnet_plan(spec.dim, spec.stages, spec.blocks, 0 if bn else spec.block_depth,
                           [] if bn else [spec.width.hi] * (spec.stages * spec.blocks * spec.block_depth), stem=bn)
-    check_memory(estimate_resnet_bytes(hi, probe.samples, itemsize, bn), device)
+    options = "--blocks/--stages/--dim/--width/--samples"
+    check_memory(estimate_resnet_bytes(hi, probe.samples, itemsize, bn), device, options)
     plan = spec.plan(probe.seed)
     for name in names:
         if inits_mod.get(name).calibrate is not None and probe.samples < 2:
