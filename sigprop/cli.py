@@ -170,11 +170,15 @@ def mlp(
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     output: Annotated[Optional[Path], typer.Option(help="Write the output to this file (whole, never half).")] = None,
     check: Annotated[bool, typer.Option("--check", help="Exit 1 unless every init preserves the signal.")] = False,
+    stream: Annotated[
+        Optional[bool],
+        typer.Option("--stream/--no-stream", help="Redraw the weights in the backward pass instead of storing them. [default: only when they would not fit]"),
+    ] = None,
 ) -> None:
     """Probe a weight-normalized ReLU MLP (001 eq. 1-2): forward and backward norm ratios per layer."""
     names = [i.value for i in init] if init else list(FIGURE1_INITS)
     spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(width), inits=tuple(names))
-    probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
+    probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value, stream=stream)
     _run_probe(
         spec, probe, fmt, output, check,
         lambda env: f"sigprop mlp: device {env['device']} ({env['device_name']}), {env['dtype']}, "

@@ -4,7 +4,7 @@ No autograd graph is built.  The forward pass keeps each sample's activation ren
 unit norm and accumulates the log of the norm it removed, so ratios stay representable at any
 depth (an init that vanishes over 3000 layers reports ln-ratios of -1000, never 0 or nan).  The
 backward pass (vector-Jacobian product, 001 eq. 4-5) needs only the weights and the ReLU masks
-of the forward pass, stored as ``torch.bool`` (one byte per unit); it is linear in the error
+of the forward pass, stored bit-packed (``pack_mask``: eight units per byte); it is linear in the error
 vector, so it is renormalised the same way.  Weight normalisation is a per-row scale of the
 matmul output (``LayerParams.scale``), never a materialised g v/||v||.
 
@@ -66,11 +66,11 @@ def available_bytes(device: torch.device) -> int:
 
 
 def estimate_mlp_bytes(widths: list[int], samples: int, itemsize: int) -> int:
-    """Peak memory of one draw: stored weights (+1 temporary for QR), bool masks, a few
+    """Peak memory of one draw: stored weights (+1 temporary for QR), bit-packed masks, a few
     activation buffers, and the float64 log-norm buffers."""
     weights = sum(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
     qr_tmp = 3 * max(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
-    masks = samples * sum(widths[1:])
+    masks = samples * sum((w + 7) // 8 for w in widths[1:])  # bit-packed
     acts = 6 * samples * max(widths) * itemsize
     logs = 4 * len(widths) * samples * 8
     return weights + qr_tmp + masks + acts + logs
@@ -107,6 +107,28 @@ def probe_inputs(seed: int, samples: int, input_dim: int, output_dim: int, devic
     x = torch.randn(samples, input_dim, generator=gx, device=device, dtype=dtype)
     e = torch.randn(samples, output_dim, generator=ge, device=device, dtype=dtype)
     return x, e
+
+
+_BITS = None
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Bit-pack a bool mask [N, n] into uint8 [N, ceil(n/8)]: 8 ReLU units per byte."""
+    global _BITS
+    n = mask.shape[1]
+    pad = (-n) % 8
+    if pad:
+        mask = torch.nn.functional.pad(mask, (0, pad))
+    if _BITS is None or _BITS.device != mask.device:
+        _BITS = (2 ** torch.arange(8, dtype=torch.uint8, device=mask.device))
+    return (mask.view(mask.shape[0], -1, 8).to(torch.uint8) * _BITS).sum(dim=2, dtype=torch.uint8)
+
+
+def unpack_mask(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of :func:`pack_mask`: the bool mask [N, n]."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = (packed.unsqueeze(2) >> shifts) & 1
+    return bits.view(packed.shape[0], -1)[:, :n].bool()
 
 
 def _normalize(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,11 +175,16 @@ def mlp_forward_backward(
     seed: int,
     draw: int,
     progress: Callable[[], None] | None = None,
+    stream: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, list[LayerParams]]:
     """One draw of one init: returns (ln forward ratios [L, N], ln backward ratios [L, N], params).
 
     Forward: ``_linear`` layer by layer (log space).
     Backward (001 eq. 5): delta^{l-1} = 1(a^{l-1} > 0) * (v^l^T (scale^l * delta^l)).
+    ``stream``: the directions v are not kept; the backward pass redraws them from the layer's
+    generator (same seed, same numbers), so memory no longer grows with L n^2.  Only the per-row
+    scales (and biases) are kept -- for a data-dependent init they come from the forward pass.
+    The returned params then have ``v = None`` (tests compare streamed with stored ratios).
     """
     device = x.device
     L = len(widths) - 1
@@ -173,8 +200,10 @@ def mlp_forward_backward(
         p = scheme.sample(role, layer_generator(seed, draw, l, device), device, x.dtype)
         u, c, mask, p = _linear(p, u, c, relu=True, calibrate=scheme.calibrate)
         ln_fwd[l - 1] = c - c0
+        if stream:
+            p = LayerParams(v=None, g=p.g, bias=p.bias, scale=p.scale)
         params.append(p)
-        masks.append(mask)
+        masks.append(pack_mask(mask))
         if progress is not None:
             progress()
     d, dlast = _normalize(e)
@@ -182,14 +211,24 @@ def mlp_forward_backward(
     ln_bwd[L - 1] = acc
     for l in range(L, 1, -1):
         p = params[l - 1]
+        if stream:
+            role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
+            v = scheme.sample(role, layer_generator(seed, draw, l, device), device, x.dtype).v
+            p = params[l - 1] = LayerParams(v=v, g=p.g, bias=p.bias, scale=p.scale)
         y = (d * p.scale) @ p.v
-        y = y * masks[l - 2]
+        y = y * unpack_mask(masks[l - 2], widths[l - 1])
         d, ln_norm = _normalize(y)
         acc = acc + ln_norm
         ln_bwd[l - 2] = acc
         if progress is not None:
             progress()
+        if stream:
+            params[l - 1] = LayerParams(v=None, g=p.g, bias=p.bias, scale=p.scale)
     return ln_fwd, ln_bwd, params
+
+
+def mlp_weight_bytes(widths: list[int], itemsize: int) -> int:
+    return sum(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
 
 
 def run_mlp(
@@ -199,27 +238,41 @@ def run_mlp(
     on_start: Callable[[dict], None] | None = None,
 ) -> tuple[list[int], dict[str, tuple[np.ndarray, np.ndarray]], dict]:
     """Probe every init of ``spec``: returns widths, {init: (ln_fwd [S, L, N], ln_bwd [S, L, N])}
-    as float64 numpy arrays, and the environment record (device, dtype, torch version).
-    ``on_start(env)`` is called once every input has been validated, before any allocation."""
+    as float64 numpy arrays, and the environment record (device, dtype, torch version, stream).
+    ``on_start(env)`` is called once every input has been validated, before any allocation.
+    ``probe.stream`` None: stream (redraw the weights in the backward pass) only when storing them
+    would not fit in 80% of the free memory."""
+    stream = probe.stream
     device = resolve_device(probe.device)
     dtype = DTYPES[probe.dtype]
     itemsize = torch.finfo(dtype).bits // 8
     # upper bound from the widest possible layers, before anything is drawn or allocated
     widest = [spec.input_dim] + [spec.width.hi] * min(spec.depth, 2)
     bound = estimate_mlp_bytes(widest, probe.samples, itemsize)
-    bound += (spec.depth - 1) * (spec.width.hi**2 * itemsize + probe.samples * spec.width.hi + 4 * probe.samples * 8)
+    per_layer = probe.samples * ((spec.width.hi + 7) // 8) + 4 * probe.samples * 8
+    weights_hi = (spec.depth - 1) * spec.width.hi**2 * itemsize
+    bound += (spec.depth - 1) * per_layer + (0 if stream else weights_hi)
+    if stream is not False and bound > 0.8 * available_bytes(device):
+        bound -= 0 if stream else weights_hi  # streaming does not keep the weights
+        stream = True
     check_memory(bound, device)
     widths = spec.widths(probe.seed)
     for name in spec.inits:
         if inits_mod.get(name).calibrate is not None and probe.samples < 2:
             raise SigpropError(f"init {name!r} standardises over the probe batch and needs >= 2 samples", option="--samples")
-    check_memory(estimate_mlp_bytes(widths, probe.samples, itemsize), device)
+    need = estimate_mlp_bytes(widths, probe.samples, itemsize)
+    if stream is None:  # automatic: stream when the stored weights would not fit
+        stream = need > 0.8 * available_bytes(device)
+    if stream:
+        need -= mlp_weight_bytes(widths, itemsize) - 2 * max(widths) ** 2 * itemsize
+    check_memory(need, device)
     env = {
         "torch": torch.__version__,
         "device": str(device),
         "device_name": device_name(device),
         "dtype": probe.dtype,
         "threads": torch.get_num_threads(),
+        "stream": bool(stream),
     }
     if on_start is not None:
         on_start(env)
@@ -240,7 +293,7 @@ def run_mlp(
             scheme = inits_mod.get(name)
             fwd_all, bwd_all = [], []
             for draw in range(probe.seeds):
-                f, b, _ = mlp_forward_backward(scheme, widths, x, e, probe.seed, draw, tick)
+                f, b, _ = mlp_forward_backward(scheme, widths, x, e, probe.seed, draw, tick, stream=stream)
                 fwd_all.append(f.cpu().numpy())
                 bwd_all.append(b.cpu().numpy())
             out[name] = (np.stack(fwd_all), np.stack(bwd_all))
@@ -322,7 +375,7 @@ def resnet_forward_backward(
             bu, bc, mask, p = _linear(p, bu, bc, relu=j < len(roles) - 1, calibrate=scheme.calibrate)
             branch.append(p)
             if mask is not None:
-                masks.append(mask)
+                masks.append(pack_mask(mask))
         proj = None
         su, sc = u, c
         if block.projection:
@@ -348,7 +401,7 @@ def resnet_forward_backward(
                 p = bp.branch[j]
                 z = (z * p.scale) @ p.v
                 if j > 0:
-                    z = z * masks[j - 1]
+                    z = z * unpack_mask(masks[j - 1], z.shape[1])
             y = y + bp.alpha * z
         w, ln_norm = _normalize(y)
         acc = acc + ln_norm
@@ -413,7 +466,7 @@ def bn_forward_backward(
         ln_fwd[l] = torch.log(torch.linalg.vector_norm(X, dim=1).to(torch.float64)) - ln_x0
         role = LayerRole(plan.dim, plan.dim, "relu" if l == 0 else "block_last", len(plan.blocks), max(l - 1, 0))
         p = scheme.sample(role, layer_generator(seed, draw, l, device), device, dtype)
-        mask = Y > 0
+        mask = pack_mask(Y > 0)
         F = torch.relu(Y) @ p.v.T
         if l == 0:
             X = F
@@ -438,7 +491,7 @@ def bn_forward_backward(
     ln_bwd[E - 1] = 0.0
     for l in range(E - 2, -1, -1):
         Y, s, mask = saved[l]
-        dX = _bn_backward(((G @ params[l].v) * mask), Y, s)
+        dX = _bn_backward(((G @ params[l].v) * unpack_mask(mask, plan.dim)), Y, s)
         G = dX if l == 0 else G + dX
         scale = torch.linalg.vector_norm(G) / math.sqrt(n)
         G = G / scale
@@ -450,7 +503,7 @@ def bn_forward_backward(
 
 
 def estimate_resnet_bytes(plan: nets.ResNetPlan, samples: int, itemsize: int, bn: bool) -> int:
-    """Peak memory of one draw: stored weights (+ a QR temporary), masks (bool), activations,
+    """Peak memory of one draw: stored weights (+ a QR temporary), bit-packed masks, activations,
     and for BN the saved normalised inputs of every layer."""
     weights = 0
     masks = 0
@@ -464,10 +517,10 @@ def estimate_resnet_bytes(plan: nets.ResNetPlan, samples: int, itemsize: int, bn
             widest = max(widest, w[j])
         if b.projection:
             weights += b.d_in * b.d_out
-        masks += samples * sum(w[1:-1])
+        masks += samples * sum((v + 7) // 8 for v in w[1:-1])
     if bn:
         weights += plan.dim**2  # the stem
-        masks += len(plan.entry_dims()) * samples * plan.dim * (1 + itemsize)
+        masks += len(plan.entry_dims()) * samples * (plan.dim * itemsize + (plan.dim + 7) // 8)
     entries = len(plan.entry_dims())
     return weights * itemsize + 3 * biggest * itemsize + masks + 8 * samples * widest * itemsize + 4 * entries * samples * 8
 

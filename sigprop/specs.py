@@ -64,6 +64,9 @@ class ProbeSpec:
     seeds: int = 1
     device: str = "auto"
     dtype: str = "float32"
+    #: MLP only: True redraws the weights in the backward pass instead of storing them, False
+    #: stores them, None decides from the free memory (docs/cli.md)
+    stream: bool | None = None
 
     def __post_init__(self) -> None:
         if self.samples < 1:

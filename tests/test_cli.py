@@ -287,3 +287,12 @@ def test_api_resnet_matches_cli(capsys):
     code, out, _ = run_main(capsys, ["resnet", *RSMALL, "--init", "he", "--format", "json"])
     doc = json.loads(out)
     assert r.runs[0].layers[-1].forward.mean == doc["runs"][0]["layers"][-1]["forward"]["mean"]
+
+
+def test_mlp_stream_flag_is_recorded(capsys):
+    code, out, _ = run_main(capsys, ["mlp", *SMALL, "--init", "proposed", "--stream", "--format", "json"])
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["environment"]["stream"] is True and doc["config"]["stream"] is True
+    code, out, _ = run_main(capsys, ["mlp", *SMALL, "--init", "proposed", "--format", "json"])
+    assert json.loads(out)["environment"]["stream"] is False  # small nets store their weights

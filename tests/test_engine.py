@@ -163,3 +163,21 @@ def test_cuda_engine_matches_autograd(name):
     fwd, bwd, _ = oracle_ratios(params, x, e)
     np.testing.assert_allclose(torch.exp(ln_f).cpu().numpy(), fwd.detach().cpu().numpy(), rtol=1e-10)
     np.testing.assert_allclose(torch.exp(ln_b).cpu().numpy(), bwd.detach().cpu().numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 250])
+def test_mask_bit_packing_round_trip(n):
+    mask = torch.rand(13, n, generator=torch.Generator().manual_seed(n)) > 0.5
+    packed = engine.pack_mask(mask)
+    assert packed.dtype == torch.uint8 and packed.shape == (13, (n + 7) // 8)
+    assert torch.equal(engine.unpack_mask(packed, n), mask)
+
+
+@pytest.mark.parametrize("name", ["proposed", "datadep", "pytorch"])
+def test_streaming_equals_stored(name):
+    spec = specs.MLPSpec(depth=12, input_dim=30, width=specs.WidthSpec(20, 40), inits=(name,))
+    _, stored, env = engine.run_mlp(spec, specs.ProbeSpec(samples=40, seed=3, seeds=2, device="cpu", stream=False))
+    _, streamed, env_s = engine.run_mlp(spec, specs.ProbeSpec(samples=40, seed=3, seeds=2, device="cpu", stream=True))
+    assert env["stream"] is False and env_s["stream"] is True
+    np.testing.assert_array_equal(stored[name][0], streamed[name][0])
+    np.testing.assert_array_equal(stored[name][1], streamed[name][1])

@@ -1,0 +1,50 @@
+"""The floor: only the unavoidable work of an MLP probe on given shapes, nothing else.
+
+Weight generation (Gaussian + QR, as the proposed init), forward matmuls + ReLU with the masks
+kept as bool, the backward matmuls through the masks, and one norm per layer and sample in each
+direction, accumulated on the device.  No statistics, no theory, no output beyond one line.
+Usage: python floor.py L n N [seeds]
+"""
+
+import sys
+import time
+
+import torch
+
+
+def main() -> None:
+    L, n, N = (int(a) for a in sys.argv[1:4])
+    seeds = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for _ in range(seeds):
+            x = torch.randn(N, n)
+            e = torch.randn(N, n)
+            norms_f = torch.empty(L, N)
+            norms_b = torch.empty(L, N)
+            weights, masks = [], []
+            h = x
+            for l in range(L):
+                q, r = torch.linalg.qr(torch.randn(n, n))
+                w = q * torch.sign(torch.diagonal(r)) * 2**0.5
+                a = h @ w.T
+                m = a > 0
+                h = torch.relu(a)
+                nrm = torch.linalg.vector_norm(h, dim=1)
+                norms_f[l] = nrm
+                h = h / nrm.clamp_min(1e-30).unsqueeze(1)
+                weights.append(w)
+                masks.append(m)
+            d = e
+            for l in range(L - 1, -1, -1):
+                d = (d @ weights[l]) * masks[l - 1] if l > 0 else d @ weights[l]
+                nrm = torch.linalg.vector_norm(d, dim=1)
+                norms_b[l] = nrm
+                d = d / nrm.clamp_min(1e-30).unsqueeze(1)
+            float(norms_f.sum() + norms_b.sum())  # one host sync at the end
+    print(f"floor L={L} n={n} N={N} seeds={seeds} compute {time.perf_counter() - t0:.2f}s")
+
+
+if __name__ == "__main__":
+    main()
