@@ -57,6 +57,18 @@ class DType(str, enum.Enum):
     float64 = "float64"
 
 
+Precision = enum.Enum("Precision", {p: p for p in specs.PRECISIONS}, type=str)
+
+#: options shared by mlp and resnet
+StreamOpt = Annotated[
+    Optional[bool],
+    typer.Option("--stream/--no-stream", help="Redraw the weights in the backward pass instead of storing them. [default: only when they would not fit]"),
+]
+PrecisionOpt = Annotated[
+    Precision, typer.Option(help="float32 matmuls on CUDA: fp32 (IEEE) or tf32 (tensor cores; docs/theory.md for its bias).")
+]
+
+
 #: Figure 1 (top) of 001, appendix A.1: the three schemes compared there
 FIGURE1_INITS = ["he", "proposed", "proposed-gaussian"]
 
@@ -170,15 +182,14 @@ def mlp(
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     output: Annotated[Optional[Path], typer.Option(help="Write the output to this file (whole, never half).")] = None,
     check: Annotated[bool, typer.Option("--check", help="Exit 1 unless every init preserves the signal.")] = False,
-    stream: Annotated[
-        Optional[bool],
-        typer.Option("--stream/--no-stream", help="Redraw the weights in the backward pass instead of storing them. [default: only when they would not fit]"),
-    ] = None,
+    stream: StreamOpt = None,
+    precision: PrecisionOpt = Precision.fp32,
 ) -> None:
     """Probe a weight-normalized ReLU MLP (001 eq. 1-2): forward and backward norm ratios per layer."""
     names = [i.value for i in init] if init else list(FIGURE1_INITS)
     spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(width), inits=tuple(names))
-    probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value, stream=stream)
+    probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value, stream=stream,
+                            precision=precision.value)
     _run_probe(
         spec, probe, fmt, output, check,
         lambda env: f"sigprop mlp: device {env['device']} ({env['device_name']}), {env['dtype']}, "
@@ -234,6 +245,8 @@ def resnet(
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     output: Annotated[Optional[Path], typer.Option(help="Write the output to this file (whole, never half).")] = None,
     check: Annotated[bool, typer.Option("--check", help="Exit 1 unless every stage's ratios lie in the band [sqrt 2, sqrt e].")] = False,
+    stream: StreamOpt = None,
+    precision: PrecisionOpt = Precision.fp32,
 ) -> None:
     """Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6) state by state."""
     if width is not None and norm is Norm.bn:
@@ -246,7 +259,8 @@ def resnet(
         blocks=blocks, stages=stages, dim=dim, width=specs.WidthSpec.parse(width or "150:250"),
         block_depth=block_depth, norm=norm.value, inits=tuple(names),
     )
-    probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
+    probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value, stream=stream,
+                            precision=precision.value)
     shape = f"{stages} stage(s) x {blocks} blocks, d {dim}"
     shape += f", batch norm" if norm is Norm.bn else f", hidden {spec.width} x {block_depth}, norm {norm.value}"
     _run_probe(

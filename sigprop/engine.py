@@ -76,16 +76,20 @@ def estimate_mlp_bytes(widths: list[int], samples: int, itemsize: int) -> int:
     return weights + qr_tmp + masks + acts + logs
 
 
-def check_memory(need: int, device: torch.device, options: str = "--depth/--width/--samples") -> None:
+def check_memory(need: int, device: torch.device, options: str = "--depth/--width/--samples", hint: str = "") -> None:
+    """Refuse, before allocating, a run whose estimate exceeds 80% of the free memory."""
     have = available_bytes(device)
     if need > 0.8 * have:
         gib = 2**30
         names = options.split("/")
         raise SigpropError(
             f"this run needs about {need / gib:.1f} GiB on {device} but {have / gib:.1f} GiB is free; "
-            f"reduce {', '.join(names[:-1])} or {names[-1]}",
+            f"reduce {', '.join(names[:-1])} or {names[-1]}{hint}",
             option=options,
         )
+
+
+STREAM_HINT = ", or use --stream (weights redrawn, not stored)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,57 +113,114 @@ def probe_inputs(seed: int, samples: int, input_dim: int, output_dim: int, devic
     return x, e
 
 
-_BITS = None
+_BITS: dict = {}
 
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Bit-pack a bool mask [N, n] into uint8 [N, ceil(n/8)]: 8 ReLU units per byte."""
-    global _BITS
-    n = mask.shape[1]
+    """Bit-pack a bool mask [..., n] into uint8 [..., ceil(n/8)]: 8 ReLU units per byte."""
+    n = mask.shape[-1]
     pad = (-n) % 8
     if pad:
         mask = torch.nn.functional.pad(mask, (0, pad))
-    if _BITS is None or _BITS.device != mask.device:
-        _BITS = (2 ** torch.arange(8, dtype=torch.uint8, device=mask.device))
-    return (mask.view(mask.shape[0], -1, 8).to(torch.uint8) * _BITS).sum(dim=2, dtype=torch.uint8)
+    bits = _BITS.get(mask.device)
+    if bits is None:
+        bits = _BITS[mask.device] = 2 ** torch.arange(8, dtype=torch.uint8, device=mask.device)
+    return (mask.reshape(*mask.shape[:-1], -1, 8).to(torch.uint8) * bits).sum(dim=-1, dtype=torch.uint8)
 
 
 def unpack_mask(packed: torch.Tensor, n: int) -> torch.Tensor:
-    """Inverse of :func:`pack_mask`: the bool mask [N, n]."""
+    """Inverse of :func:`pack_mask`: the bool mask [..., n]."""
     shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    bits = (packed.unsqueeze(2) >> shifts) & 1
-    return bits.view(packed.shape[0], -1)[:, :n].bool()
+    bits = (packed.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(*packed.shape[:-1], -1)[..., :n].bool()
+
+
+class Arena:
+    """One flat preallocated buffer handed out as views.  Storing thousands of per-layer weights
+    (or masks) as separate allocations fragments the host heap around the QR temporaries: 2000
+    stored 256 x 256 weights cost 846 MiB of RSS for 500 MiB of data; in one arena, 515 MiB."""
+
+    def __init__(self, numel: int, device, dtype) -> None:
+        self.buf = torch.empty(numel, device=device, dtype=dtype)
+        self.used = 0
+
+    def alloc(self, *shape: int) -> torch.Tensor:
+        """An uninitialised view of the given shape."""
+        k = math.prod(shape)
+        view = self.buf[self.used:self.used + k].view(shape)
+        self.used += k
+        return view
+
+    def take(self, src: torch.Tensor) -> torch.Tensor:
+        """A copy of ``src`` living in the arena."""
+        return self.alloc(*src.shape).copy_(src)
 
 
 def _normalize(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row unit normalisation: returns (y / ||y||, ln ||y|| in float64); zero rows stay zero
-    with ln-norm -inf."""
-    norm = torch.linalg.vector_norm(y, dim=1)
+    """Per-row unit normalisation over the last dim: returns (y / ||y||, ln ||y|| in float64);
+    zero rows stay zero with ln-norm -inf."""
+    norm = torch.linalg.vector_norm(y, dim=-1)
     safe = torch.where(norm > 0, norm, torch.ones_like(norm))
-    return y / safe.unsqueeze(1), torch.log(norm.to(torch.float64))
+    return y / safe.unsqueeze(-1), torch.log(norm.to(torch.float64))
+
+
+def _col(c: torch.Tensor, dtype) -> torch.Tensor:
+    """exp of per-row log factors [..., N] as a column [..., N, 1] in the compute dtype."""
+    return torch.exp(c).to(dtype).unsqueeze(-1)
+
+
+def _t(v: torch.Tensor) -> torch.Tensor:
+    return v.transpose(-1, -2)
+
+
+def draw_layer(scheme: InitScheme, role: LayerRole, seed: int, draws, layer: int, device, dtype,
+               arena: Arena | None = None) -> LayerParams:
+    """One layer's parameters for a batch of draws: each draw from its own generator (the same
+    numbers as drawing it alone), stacked along a leading draw dim [S, ...].  With ``arena`` the
+    directions are stored in it."""
+    v = None if arena is None else arena.alloc(len(draws), role.fan_out, role.fan_in)
+    ps = []
+    for s, d in enumerate(draws):
+        p = scheme.sample(role, layer_generator(seed, d, layer, device), device, dtype)
+        if v is not None:  # into the arena at once: no stacked temporary
+            v[s].copy_(p.v)
+            p.v = None
+        ps.append(p)
+    if v is None:
+        v = torch.stack([p.v for p in ps])
+    stack = lambda xs: None if xs[0] is None else torch.stack(xs)
+    return LayerParams(v=v, g=stack([p.g for p in ps]), bias=stack([p.bias for p in ps]), scale=stack([p.scale for p in ps]))
+
+
+def _calibrate_batch(calibrate, p: LayerParams, t_true: torch.Tensor) -> LayerParams:
+    """A data-dependent init standardises each draw on its own pre-activations [S, N, out]."""
+    ps = [calibrate(LayerParams(v=p.v[s], g=p.g[s], bias=p.bias[s], scale=p.scale[s]), t_true[s])
+          for s in range(p.v.shape[0])]
+    stack = lambda xs: None if xs[0] is None else torch.stack(xs)
+    return LayerParams(v=p.v, g=stack([q.g for q in ps]), bias=stack([q.bias for q in ps]), scale=stack([q.scale for q in ps]))
 
 
 def _linear(
     p: LayerParams, u: torch.Tensor, c: torch.Tensor, relu: bool, calibrate=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, LayerParams]:
-    """One layer in log space: input h = exp(c) * u (unit rows u, ln-norms c in float64), output
-    (u', c', ReLU mask or None, params -- calibrated for a data-dependent scheme).
+    """One layer for a batch of draws in log space: input h = exp(c) * u (unit rows u [S, N, in],
+    ln-norms c [S, N] in float64), params stacked [S, ...]; output (u', c', ReLU mask or None,
+    params -- calibrated for a data-dependent scheme).
 
-    t = u @ v^T;  a = exp(c) * scale * t + b.  Splitting m = max(c, 0):
+    t = u @ v^T (one batched matmul);  a = exp(c) * scale * t + b.  Splitting m = max(c, 0):
     a = exp(m) * (exp(c - m) * scale * t + exp(-m) * b), and ReLU is positively homogeneous, so
     the output is exp(m) * ReLU(a') with both exponents <= 0: nothing overflows, and a vanishing
     signal beside a bias correctly reads as a ~= b.
     """
     dtype = u.dtype
-    t = u @ p.v.T
+    t = u @ _t(p.v)
     if calibrate is not None:
-        vnorm = torch.linalg.vector_norm(p.v, dim=1)
-        t_true = torch.exp(c).to(dtype).unsqueeze(1) * t / vnorm
-        p = calibrate(p, t_true)
-    a = t * p.scale
+        vnorm = torch.linalg.vector_norm(p.v, dim=-1)
+        p = _calibrate_batch(calibrate, p, _col(c, dtype) * t / vnorm.unsqueeze(-2))
+    a = t * p.scale.unsqueeze(-2)
     if p.bias is not None:
         m = torch.clamp(c, min=0.0)
-        a = torch.exp(c - m).to(dtype).unsqueeze(1) * a + torch.exp(-m).to(dtype).unsqueeze(1) * p.bias
+        a = _col(c - m, dtype) * a + _col(-m, dtype) * p.bias.unsqueeze(-2)
     else:
         m = c
     mask = a > 0 if relu else None
@@ -167,68 +228,139 @@ def _linear(
     return u, m + ln_norm, mask, p
 
 
-def mlp_forward_backward(
+def _vjp(p: LayerParams, d: torch.Tensor) -> torch.Tensor:
+    """d (scale * v): the layer's transpose applied to error rows d [S, N, out]."""
+    return (d * p.scale.unsqueeze(-2)) @ p.v
+
+
+def _strip(p: LayerParams) -> LayerParams:
+    """The parameters without their directions (streaming keeps only scales and biases)."""
+    return LayerParams(v=None, g=p.g, bias=p.bias, scale=p.scale)
+
+
+def _with_v(p: LayerParams, v: torch.Tensor) -> LayerParams:
+    return LayerParams(v=v, g=p.g, bias=p.bias, scale=p.scale)
+
+
+def unstack(p: LayerParams | None, s: int) -> LayerParams | None:
+    """Draw ``s`` of stacked parameters (for the oracle in the tests)."""
+    if p is None:
+        return None
+    pick = lambda t: None if t is None else t[s]
+    return LayerParams(v=pick(p.v), g=pick(p.g), bias=pick(p.bias), scale=pick(p.scale))
+
+
+def mlp_batch(
     scheme: InitScheme,
     widths: list[int],
     x: torch.Tensor,
     e: torch.Tensor,
     seed: int,
-    draw: int,
+    draws,
     progress: Callable[[], None] | None = None,
     stream: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, list[LayerParams]]:
-    """One draw of one init: returns (ln forward ratios [L, N], ln backward ratios [L, N], params).
+    """S = len(draws) draws of one init at once: returns (ln forward ratios [S, L, N], ln backward
+    ratios [S, L, N], params per layer stacked [S, ...]).
 
-    Forward: ``_linear`` layer by layer (log space).
+    Forward: ``_linear`` layer by layer (log space, one batched matmul per layer for all draws).
     Backward (001 eq. 5): delta^{l-1} = 1(a^{l-1} > 0) * (v^l^T (scale^l * delta^l)).
+    Stored directions and bit-packed masks live in one arena each (``Arena``).
     ``stream``: the directions v are not kept; the backward pass redraws them from the layer's
     generator (same seed, same numbers), so memory no longer grows with L n^2.  Only the per-row
     scales (and biases) are kept -- for a data-dependent init they come from the forward pass.
     The returned params then have ``v = None`` (tests compare streamed with stored ratios).
+    No host synchronisation per layer (except a data-dependent init's zero-variance check).
     """
-    device = x.device
-    L = len(widths) - 1
-    n = x.shape[0]
-    ln_fwd = torch.empty(L, n, dtype=torch.float64, device=device)
-    ln_bwd = torch.empty(L, n, dtype=torch.float64, device=device)
-    u, c = _normalize(x)
+    device, dtype = x.device, x.dtype
+    draws = list(draws)
+    S, L, n = len(draws), len(widths) - 1, x.shape[0]
+    ln_fwd = torch.empty(S, L, n, dtype=torch.float64, device=device)
+    ln_bwd = torch.empty(S, L, n, dtype=torch.float64, device=device)
+    weights = None if stream else Arena(S * mlp_weight_bytes(widths, 1), device, dtype)
+    masks = Arena(S * n * sum((w + 7) // 8 for w in widths[1:]), device, torch.uint8)
+    u, c = _normalize(x.expand(S, *x.shape))
     c0 = c.clone()
     params: list[LayerParams] = []
-    masks: list[torch.Tensor] = []
+    packed: list[torch.Tensor] = []
     for l in range(1, L + 1):
         role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
-        p = scheme.sample(role, layer_generator(seed, draw, l, device), device, x.dtype)
+        p = draw_layer(scheme, role, seed, draws, l, device, dtype, weights)
         u, c, mask, p = _linear(p, u, c, relu=True, calibrate=scheme.calibrate)
-        ln_fwd[l - 1] = c - c0
-        if stream:
-            p = LayerParams(v=None, g=p.g, bias=p.bias, scale=p.scale)
-        params.append(p)
-        masks.append(pack_mask(mask))
+        ln_fwd[:, l - 1] = c - c0
+        params.append(_strip(p) if stream else p)
+        packed.append(masks.take(pack_mask(mask)))
         if progress is not None:
             progress()
-    d, dlast = _normalize(e)
-    acc = torch.zeros_like(dlast)
-    ln_bwd[L - 1] = acc
+    d, _ = _normalize(e.expand(S, *e.shape))
+    acc = torch.zeros(S, n, dtype=torch.float64, device=device)
+    ln_bwd[:, L - 1] = acc
     for l in range(L, 1, -1):
         p = params[l - 1]
         if stream:
             role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
-            v = scheme.sample(role, layer_generator(seed, draw, l, device), device, x.dtype).v
-            p = params[l - 1] = LayerParams(v=v, g=p.g, bias=p.bias, scale=p.scale)
-        y = (d * p.scale) @ p.v
-        y = y * unpack_mask(masks[l - 2], widths[l - 1])
+            p = _with_v(p, draw_layer(scheme, role, seed, draws, l, device, dtype).v)
+        y = _vjp(p, d) * unpack_mask(packed[l - 2], widths[l - 1])
         d, ln_norm = _normalize(y)
         acc = acc + ln_norm
-        ln_bwd[l - 2] = acc
+        ln_bwd[:, l - 2] = acc
         if progress is not None:
             progress()
-        if stream:
-            params[l - 1] = LayerParams(v=None, g=p.g, bias=p.bias, scale=p.scale)
     return ln_fwd, ln_bwd, params
+
+
+def mlp_forward_backward(scheme, widths, x, e, seed, draw, progress=None, stream=False):
+    """One draw: (ln forward ratios [L, N], ln backward ratios [L, N], params per layer)."""
+    f, b, params = mlp_batch(scheme, widths, x, e, seed, [draw], progress, stream)
+    return f[0], b[0], [unstack(p, 0) for p in params]
 
 
 def mlp_weight_bytes(widths: list[int], itemsize: int) -> int:
     return sum(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
+
+
+def plan_batches(per_draw: int, seeds: int, device: torch.device, options: str) -> int:
+    """How many draws run batched at once: all S when they fit in half the free memory, else as
+    many as do (at least one, which must fit in 80%: ``check_memory``)."""
+    check_memory(per_draw, device, options)
+    return max(1, min(seeds, int(0.5 * available_bytes(device) // max(per_draw, 1))))
+
+
+class matmul_precision:
+    """Context: TF32 tensor-core matmuls for ``--precision tf32`` (CUDA, float32 only)."""
+
+    def __init__(self, precision: str, device: torch.device) -> None:
+        if precision == "tf32" and device.type != "cuda":
+            raise SigpropError(f"tf32 is a CUDA tensor-core mode; the device is {device}", option="--precision")
+        self.tf32 = precision == "tf32"
+
+    def __enter__(self):
+        self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = self.tf32
+        torch.backends.cudnn.allow_tf32 = self.tf32
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
+
+
+def _environment(device: torch.device, probe: specs.ProbeSpec, stream: bool, batch: int) -> dict:
+    return {
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": device_name(device),
+        "dtype": probe.dtype,
+        "precision": probe.precision,
+        "threads": torch.get_num_threads(),
+        "stream": bool(stream),
+        "batch": batch,
+    }
+
+
+def _check_finite(name: str, arrays) -> None:
+    for arr in arrays:
+        if np.isnan(arr).any() or np.isposinf(arr).any():
+            raise SigpropError(f"internal error: init {name!r} produced a non-finite log ratio")
 
 
 def run_mlp(
@@ -238,12 +370,14 @@ def run_mlp(
     on_start: Callable[[dict], None] | None = None,
 ) -> tuple[list[int], dict[str, tuple[np.ndarray, np.ndarray]], dict]:
     """Probe every init of ``spec``: returns widths, {init: (ln_fwd [S, L, N], ln_bwd [S, L, N])}
-    as float64 numpy arrays, and the environment record (device, dtype, torch version, stream).
-    ``on_start(env)`` is called once every input has been validated, before any allocation.
-    ``probe.stream`` None: stream (redraw the weights in the backward pass) only when storing them
-    would not fit in 80% of the free memory."""
+    as float64 numpy arrays, and the environment record (device, dtype, torch version, stream,
+    draws per batch).  ``on_start(env)`` is called once every input has been validated, before
+    any allocation.  ``probe.stream`` None: stream (redraw the weights in the backward pass) only
+    when storing them would not fit in 80% of the free memory.  The S draws run batched
+    (``mlp_batch``), as many at once as fit in half the free memory (``plan_batches``)."""
     stream = probe.stream
     device = resolve_device(probe.device)
+    precision = matmul_precision(probe.precision, device)
     dtype = DTYPES[probe.dtype]
     itemsize = torch.finfo(dtype).bits // 8
     # upper bound from the widest possible layers, before anything is drawn or allocated
@@ -255,7 +389,7 @@ def run_mlp(
     if stream is not False and bound > 0.8 * available_bytes(device):
         bound -= 0 if stream else weights_hi  # streaming does not keep the weights
         stream = True
-    check_memory(bound, device)
+    check_memory(bound, device, hint=STREAM_HINT if stream is False else "")
     widths = spec.widths(probe.seed)
     for name in spec.inits:
         if inits_mod.get(name).calibrate is not None and probe.samples < 2:
@@ -265,20 +399,14 @@ def run_mlp(
         stream = need > 0.8 * available_bytes(device)
     if stream:
         need -= mlp_weight_bytes(widths, itemsize) - 2 * max(widths) ** 2 * itemsize
-    check_memory(need, device)
-    env = {
-        "torch": torch.__version__,
-        "device": str(device),
-        "device_name": device_name(device),
-        "dtype": probe.dtype,
-        "threads": torch.get_num_threads(),
-        "stream": bool(stream),
-    }
+    batch = plan_batches(need, probe.seeds, device, "--depth/--width/--samples")
+    env = _environment(device, probe, stream, batch)
     if on_start is not None:
         on_start(env)
 
     x, e = probe_inputs(probe.seed, probe.samples, widths[0], widths[-1], device, dtype)
-    total = len(spec.inits) * probe.seeds * 2 * spec.depth
+    chunks = [list(range(s, min(s + batch, probe.seeds))) for s in range(0, probe.seeds, batch)]
+    total = len(spec.inits) * len(chunks) * 2 * spec.depth
     done = 0
 
     def tick() -> None:
@@ -288,18 +416,16 @@ def run_mlp(
             progress(done, total)
 
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    with torch.no_grad():
+    with torch.no_grad(), precision:
         for name in spec.inits:
             scheme = inits_mod.get(name)
             fwd_all, bwd_all = [], []
-            for draw in range(probe.seeds):
-                f, b, _ = mlp_forward_backward(scheme, widths, x, e, probe.seed, draw, tick, stream=stream)
+            for draws in chunks:
+                f, b, _ = mlp_batch(scheme, widths, x, e, probe.seed, draws, tick, stream=stream)
                 fwd_all.append(f.cpu().numpy())
                 bwd_all.append(b.cpu().numpy())
-            out[name] = (np.stack(fwd_all), np.stack(bwd_all))
-            for arr in out[name]:
-                if np.isnan(arr).any() or np.isposinf(arr).any():
-                    raise SigpropError(f"internal error: init {name!r} produced a non-finite log ratio")
+            out[name] = (np.concatenate(fwd_all), np.concatenate(bwd_all))
+            _check_finite(name, out[name])
     return widths, out, env
 
 
@@ -330,38 +456,42 @@ def _combine(sc, su, fb, fu):
     """exp(sc) su + exp(fb) fu in log space: (unit rows, ln-norms).  Either term may be -inf."""
     M = torch.maximum(sc, fb)
     M = torch.where(torch.isfinite(M), M, torch.zeros_like(M))
-    dtype = su.dtype
-    y = torch.exp(sc - M).to(dtype).unsqueeze(1) * su + torch.exp(fb - M).to(dtype).unsqueeze(1) * fu
+    y = _col(sc - M, su.dtype) * su + _col(fb - M, su.dtype) * fu
     u, ln_norm = _normalize(y)
     return u, M + ln_norm
 
 
-def resnet_forward_backward(
+def resnet_batch(
     scheme: InitScheme,
     plan: nets.ResNetPlan,
     x: torch.Tensor,
     e: torch.Tensor,
     seed: int,
-    draw: int,
+    draws,
     progress: Callable[[], None] | None = None,
+    stream: bool = False,
 ) -> tuple[ResNetDraw, list[BlockParams]]:
-    """One draw of one init through h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6).
+    """S = len(draws) draws of one init through h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6),
+    batched along a leading draw dim (ratios [S, E, N], params stacked [S, ...]).
 
     Forward in log space: the branch and the skip each run through ``_linear`` from the same
     (u, c); their sum exp(c_S) s + alpha exp(c_F) f is formed with the larger exponent factored
     out (``_combine``), so 3000 exploding blocks stay finite.
     Backward (001 eq. 54-63): d^{b-1} = S^T d^b + alpha J_F^T d^b, with J_F^T the branch's
     layers transposed and its ReLU masks; linear in d, so renormalised per sample as in the MLP.
+    ``stream``: directions are redrawn from their generators in the backward pass, not stored.
     """
     device, dtype = x.device, x.dtype
-    nb = len(plan.blocks)
-    n = x.shape[0]
-    ln_fwd = torch.empty(nb + 1, n, dtype=torch.float64, device=device)
-    ln_bwd = torch.empty(nb + 1, n, dtype=torch.float64, device=device)
-    ln_branch = torch.empty(nb, n, dtype=torch.float64, device=device)
-    u, c = _normalize(x)
+    draws = list(draws)
+    S, nb, n = len(draws), len(plan.blocks), x.shape[0]
+    ln_fwd = torch.empty(S, nb + 1, n, dtype=torch.float64, device=device)
+    ln_bwd = torch.empty(S, nb + 1, n, dtype=torch.float64, device=device)
+    ln_branch = torch.empty(S, nb, n, dtype=torch.float64, device=device)
+    weights = None if stream else Arena(S * resnet_weight_count(plan), device, dtype)
+    arena = Arena(S * n * sum((w + 7) // 8 for b in plan.blocks for w in b.widths[1:-1]), device, torch.uint8)
+    u, c = _normalize(x.expand(S, *x.shape))
     c0 = c.clone()
-    ln_fwd[0] = 0.0
+    ln_fwd[:, 0] = 0.0
     params: list[BlockParams] = []
     all_masks: list[list[torch.Tensor]] = []
     for i, block in enumerate(plan.blocks):
@@ -371,44 +501,68 @@ def resnet_forward_backward(
         branch, masks = [], []
         roles = block.branch_roles()
         for j, role in enumerate(roles):
-            p = scheme.sample(role, layer_generator(seed, draw, ids[j], device), device, dtype)
+            p = draw_layer(scheme, role, seed, draws, ids[j], device, dtype, weights)
             bu, bc, mask, p = _linear(p, bu, bc, relu=j < len(roles) - 1, calibrate=scheme.calibrate)
-            branch.append(p)
+            branch.append(_strip(p) if stream else p)
             if mask is not None:
-                masks.append(pack_mask(mask))
+                masks.append(arena.take(pack_mask(mask)))
         proj = None
         su, sc = u, c
         if block.projection:
-            proj = scheme.sample(block.projection_role(), layer_generator(seed, draw, ids[-1], device), device, dtype)
+            proj = draw_layer(scheme, block.projection_role(), seed, draws, ids[-1], device, dtype, weights)
             su, sc, _, proj = _linear(proj, u, c, relu=False, calibrate=scheme.calibrate)
+            proj = _strip(proj) if stream else proj
         fb = bc + (math.log(alpha) if alpha > 0 else -math.inf)
-        ln_branch[i] = fb - c
+        ln_branch[:, i] = fb - c
         u, c = _combine(sc, su, fb, bu)
-        ln_fwd[i + 1] = c - c0
+        ln_fwd[:, i + 1] = c - c0
         params.append(BlockParams(branch, proj, alpha))
         all_masks.append(masks)
         if progress is not None:
             progress()
-    w, _ = _normalize(e)
-    acc = torch.zeros(n, dtype=torch.float64, device=device)
-    ln_bwd[nb] = acc
+    w, _ = _normalize(e.expand(S, *e.shape))
+    acc = torch.zeros(S, n, dtype=torch.float64, device=device)
+    ln_bwd[:, nb] = acc
     for i in range(nb - 1, -1, -1):
-        bp, masks = params[i], all_masks[i]
-        y = w if bp.projection is None else (w * bp.projection.scale) @ bp.projection.v
+        bp, masks, block = params[i], all_masks[i], plan.blocks[i]
+        proj, branch = bp.projection, bp.branch
+        if stream:  # redraw this block's directions (the same numbers as in the forward pass)
+            ids, roles = block.layer_ids(), block.branch_roles()
+            if bp.alpha != 0.0:
+                branch = [_with_v(p, draw_layer(scheme, r, seed, draws, ids[j], device, dtype).v)
+                          for j, (p, r) in enumerate(zip(branch, roles))]
+            if proj is not None:
+                proj = _with_v(proj, draw_layer(scheme, block.projection_role(), seed, draws, ids[-1], device, dtype).v)
+        y = w if proj is None else _vjp(proj, w)
         if bp.alpha != 0.0:
             z = w
-            for j in range(len(bp.branch) - 1, -1, -1):
-                p = bp.branch[j]
-                z = (z * p.scale) @ p.v
+            for j in range(len(branch) - 1, -1, -1):
+                z = _vjp(branch[j], z)
                 if j > 0:
-                    z = z * unpack_mask(masks[j - 1], z.shape[1])
+                    z = z * unpack_mask(masks[j - 1], z.shape[-1])
             y = y + bp.alpha * z
         w, ln_norm = _normalize(y)
         acc = acc + ln_norm
-        ln_bwd[i] = acc
+        ln_bwd[:, i] = acc
         if progress is not None:
             progress()
     return ResNetDraw(ln_fwd, ln_bwd, ln_branch), params
+
+
+def resnet_forward_backward(scheme, plan, x, e, seed, draw, progress=None, stream=False):
+    """One draw: ratios [E, N] (``ResNetDraw``) and the blocks' params (unstacked)."""
+    r, params = resnet_batch(scheme, plan, x, e, seed, [draw], progress, stream)
+    one = [BlockParams([unstack(p, 0) for p in b.branch], unstack(b.projection, 0), b.alpha) for b in params]
+    return ResNetDraw(r.ln_fwd[0], r.ln_bwd[0], r.ln_branch[0]), one
+
+
+def resnet_weight_count(plan: nets.ResNetPlan) -> int:
+    """Elements of the stored directions of one draw (branches and projections)."""
+    total = 0
+    for b in plan.blocks:
+        total += sum(b.widths[j] * b.widths[j - 1] for j in range(1, len(b.widths)))
+        total += b.d_in * b.d_out if b.projection else 0
+    return total
 
 
 # --------------------------------------------------------------------------------------------
@@ -416,90 +570,113 @@ def resnet_forward_backward(
 # --------------------------------------------------------------------------------------------
 def _bn(X: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Training-mode batch norm with gamma = 1, beta = 0 (004 appendix A): per channel over the
-    batch, biased variance.  Returns (Y, s = sqrt(var + eps), mean, var)."""
-    mu = X.mean(dim=0)
-    var = X.var(dim=0, unbiased=False)
+    batch (dim -2), biased variance.  Returns (Y, s = sqrt(var + eps), mean, var)."""
+    mu = X.mean(dim=-2, keepdim=True)
+    var = X.var(dim=-2, unbiased=False, keepdim=True)
     s = torch.sqrt(var + eps)
     return (X - mu) / s, s, mu, var
 
 
 def _bn_backward(dY: torch.Tensor, Y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """Vector-Jacobian product of ``_bn``: dX = (dY - mean(dY) - Y mean(dY * Y)) / s."""
-    return (dY - dY.mean(dim=0) - Y * (dY * Y).mean(dim=0)) / s
+    return (dY - dY.mean(dim=-2, keepdim=True) - Y * (dY * Y).mean(dim=-2, keepdim=True)) / s
 
 
-def bn_forward_backward(
+def _ln_rows(X: torch.Tensor) -> torch.Tensor:
+    return torch.log(torch.linalg.vector_norm(X, dim=-1).to(torch.float64))
+
+
+def _bn_record(X, mu, var) -> torch.Tensor:
+    """Per draw: variance of x over channels and examples, mean per-channel batch variance, mean
+    squared per-channel batch mean -> [S, 3]."""
+    X64 = X.to(torch.float64)
+    return torch.stack([
+        X64.reshape(X.shape[0], -1).var(dim=1, unbiased=False),
+        var.to(torch.float64).mean(dim=(-2, -1)),
+        (mu.to(torch.float64) ** 2).mean(dim=(-2, -1)),
+    ], dim=1)
+
+
+def bn_batch(
     plan: nets.ResNetPlan,
     x: torch.Tensor,
     e: torch.Tensor,
     seed: int,
-    draw: int,
+    draws,
     progress: Callable[[], None] | None = None,
     eps: float = theory.BN_EPS,
+    stream: bool = False,
 ) -> tuple[ResNetDraw, list[LayerParams]]:
-    """x^1 = W^0 BN(x^0)^+, x^{l+1} = x^l + W^l BN(x^l)^+ with W ~ N(0, 2/w) (004 appendix C).
+    """x^1 = W^0 BN(x^0)^+, x^{l+1} = x^l + W^l BN(x^l)^+ with W ~ N(0, 2/w) (004 appendix C),
+    for S = len(draws) draws at once (leading dim; BN statistics per draw over its batch).
 
     BN couples the samples of the batch, so there is no per-sample renormalisation: the forward
     pass runs in plain floats (the skip variance grows only linearly, l) and the backward pass,
-    linear in the whole error matrix, is renormalised by one scalar per step.  Also records per
-    entry the batch statistics of x^l (004 appendix B: momentum 0, one update): the variance over
-    channels and examples, the mean over channels of the per-channel batch variance, and of the
-    squared per-channel batch mean.
+    linear in the whole error matrix, is renormalised by one scalar per draw and step.  Also
+    records per entry the batch statistics of x^l (004 appendix B: momentum 0, one update): the
+    variance over channels and examples, the mean over channels of the per-channel batch
+    variance, and of the squared per-channel batch mean.
+    ``stream``: W^l is redrawn in the backward pass instead of stored.
     """
     device, dtype = x.device, x.dtype
+    draws = list(draws)
     scheme = inits_mod.get("unnormalized-he")
-    E = len(plan.blocks) + 2
-    n = x.shape[0]
-    ln_fwd = torch.empty(E, n, dtype=torch.float64, device=device)
-    ln_bwd = torch.empty(E, n, dtype=torch.float64, device=device)
-    ln_branch = torch.empty(E - 2, n, dtype=torch.float64, device=device)
-    bn_stats = torch.empty(E, 3, dtype=torch.float64, device=device)
-    ln_x0 = torch.log(torch.linalg.vector_norm(x, dim=1).to(torch.float64))
-    X = x
+    S, E, n = len(draws), len(plan.blocks) + 2, x.shape[0]
+    ln_fwd = torch.empty(S, E, n, dtype=torch.float64, device=device)
+    ln_bwd = torch.empty(S, E, n, dtype=torch.float64, device=device)
+    ln_branch = torch.empty(S, E - 2, n, dtype=torch.float64, device=device)
+    bn_stats = torch.empty(S, E, 3, dtype=torch.float64, device=device)
+    weights = None if stream else Arena(S * (E - 1) * plan.dim**2, device, dtype)
+    ln_x0 = _ln_rows(x)
+    X = x.expand(S, *x.shape)
     saved = []
     params: list[LayerParams] = []
+
+    def role(l: int) -> LayerRole:
+        return LayerRole(plan.dim, plan.dim, "relu" if l == 0 else "block_last", len(plan.blocks), max(l - 1, 0))
+
     for l in range(E - 1):  # layer l maps x^l -> x^{l+1}; l = 0 is the stem
         Y, s, mu, var = _bn(X, eps)
-        bn_stats[l, 0] = X.to(torch.float64).var(unbiased=False)
-        bn_stats[l, 1] = var.to(torch.float64).mean()
-        bn_stats[l, 2] = (mu.to(torch.float64) ** 2).mean()
-        ln_fwd[l] = torch.log(torch.linalg.vector_norm(X, dim=1).to(torch.float64)) - ln_x0
-        role = LayerRole(plan.dim, plan.dim, "relu" if l == 0 else "block_last", len(plan.blocks), max(l - 1, 0))
-        p = scheme.sample(role, layer_generator(seed, draw, l, device), device, dtype)
-        mask = pack_mask(Y > 0)
-        F = torch.relu(Y) @ p.v.T
+        bn_stats[:, l] = _bn_record(X, mu, var)
+        ln_fwd[:, l] = _ln_rows(X) - ln_x0
+        p = draw_layer(scheme, role(l), seed, draws, l, device, dtype, weights)
+        F = torch.relu(Y) @ _t(p.v)
         if l == 0:
             X = F
         else:
-            ln_branch[l - 1] = torch.log(torch.linalg.vector_norm(F, dim=1).to(torch.float64)) - torch.log(
-                torch.linalg.vector_norm(X, dim=1).to(torch.float64)
-            )
+            ln_branch[:, l - 1] = _ln_rows(F) - _ln_rows(X)
             X = X + F
-        saved.append((Y, s, mask))
-        params.append(p)
+        saved.append((Y, s, pack_mask(Y > 0)))
+        params.append(_strip(p) if stream else p)
         if progress is not None:
             progress()
     Y, s, mu, var = _bn(X, eps)
-    bn_stats[E - 1, 0] = X.to(torch.float64).var(unbiased=False)
-    bn_stats[E - 1, 1] = var.to(torch.float64).mean()
-    bn_stats[E - 1, 2] = (mu.to(torch.float64) ** 2).mean()
-    ln_fwd[E - 1] = torch.log(torch.linalg.vector_norm(X, dim=1).to(torch.float64)) - ln_x0
-    ln_e = torch.log(torch.linalg.vector_norm(e, dim=1).to(torch.float64))
-    scale = torch.linalg.vector_norm(e) / math.sqrt(n)
-    G = e / scale
-    acc = torch.log(scale.to(torch.float64))
-    ln_bwd[E - 1] = 0.0
+    bn_stats[:, E - 1] = _bn_record(X, mu, var)
+    ln_fwd[:, E - 1] = _ln_rows(X) - ln_x0
+    ln_e = _ln_rows(e)
+    G = e.expand(S, *e.shape)
+    scale = torch.linalg.vector_norm(G, dim=(-2, -1), keepdim=True) / math.sqrt(n)
+    G = G / scale
+    acc = torch.log(scale.to(torch.float64)).reshape(S, 1)
+    ln_bwd[:, E - 1] = 0.0
     for l in range(E - 2, -1, -1):
         Y, s, mask = saved[l]
-        dX = _bn_backward(((G @ params[l].v) * unpack_mask(mask, plan.dim)), Y, s)
+        v = draw_layer(scheme, role(l), seed, draws, l, device, dtype).v if stream else params[l].v
+        dX = _bn_backward((G @ v) * unpack_mask(mask, plan.dim), Y, s)
         G = dX if l == 0 else G + dX
-        scale = torch.linalg.vector_norm(G) / math.sqrt(n)
+        scale = torch.linalg.vector_norm(G, dim=(-2, -1), keepdim=True) / math.sqrt(n)
         G = G / scale
-        acc = acc + torch.log(scale.to(torch.float64))
-        ln_bwd[l] = acc + torch.log(torch.linalg.vector_norm(G, dim=1).to(torch.float64)) - ln_e
+        acc = acc + torch.log(scale.to(torch.float64)).reshape(S, 1)
+        ln_bwd[:, l] = acc + _ln_rows(G) - ln_e
         if progress is not None:
             progress()
     return ResNetDraw(ln_fwd, ln_bwd, ln_branch, bn_stats), params
+
+
+def bn_forward_backward(plan, x, e, seed, draw, progress=None, eps=theory.BN_EPS, stream=False):
+    """One draw of the BN net: ratios [E, N], statistics [E, 3] and the layers' params."""
+    r, params = bn_batch(plan, x, e, seed, [draw], progress, eps, stream)
+    return ResNetDraw(r.ln_fwd[0], r.ln_bwd[0], r.ln_branch[0], r.bn[0]), [unstack(p, 0) for p in params]
 
 
 def estimate_resnet_bytes(plan: nets.ResNetPlan, samples: int, itemsize: int, bn: bool) -> int:
@@ -532,8 +709,10 @@ def run_resnet(
     on_start: Callable[[dict], None] | None = None,
 ) -> tuple[nets.ResNetPlan, dict[str, dict[str, np.ndarray]], dict]:
     """Probe every init of ``spec``: returns the plan, {init: {"fwd", "bwd" [S, E, N], "branch"
-    [S, B, N], "bn" [S, E, 3] or absent}} as float64 numpy arrays, and the environment."""
+    [S, B, N], "bn" [S, E, 3] or absent}} as float64 numpy arrays, and the environment.
+    Streaming and batching of draws as in ``run_mlp``."""
     device = resolve_device(probe.device)
+    precision = matmul_precision(probe.precision, device)
     dtype = DTYPES[probe.dtype]
     itemsize = torch.finfo(dtype).bits // 8
     names = spec.resolved_inits()
@@ -542,26 +721,32 @@ def run_resnet(
     hi = nets.resnet_plan(spec.dim, spec.stages, spec.blocks, 0 if bn else spec.block_depth,
                           [] if bn else [spec.width.hi] * (spec.stages * spec.blocks * spec.block_depth), stem=bn)
     options = "--blocks/--stages/--dim/--width/--samples"
-    check_memory(estimate_resnet_bytes(hi, probe.samples, itemsize, bn), device, options)
+    stream = probe.stream
+    weights_hi = itemsize * (resnet_weight_count(hi) + (len(hi.blocks) + 1) * hi.dim**2 * bn)
+    bound = estimate_resnet_bytes(hi, probe.samples, itemsize, bn)
+    if stream is None and bound > 0.8 * available_bytes(device):
+        stream = True
+    check_memory(bound - (weights_hi if stream else 0), device, options, STREAM_HINT if stream is False else "")
     plan = spec.plan(probe.seed)
     for name in names:
         if inits_mod.get(name).calibrate is not None and probe.samples < 2:
             raise SigpropError(f"init {name!r} standardises over the probe batch and needs >= 2 samples", option="--samples")
     if bn and probe.samples < 2:
         raise SigpropError("batch normalization needs >= 2 samples in the batch", option="--samples")
-    env = {
-        "torch": torch.__version__,
-        "device": str(device),
-        "device_name": device_name(device),
-        "dtype": probe.dtype,
-        "threads": torch.get_num_threads(),
-    }
+    need = estimate_resnet_bytes(plan, probe.samples, itemsize, bn)
+    if stream is None:
+        stream = need > 0.8 * available_bytes(device)
+    if stream:
+        need -= itemsize * (resnet_weight_count(plan) + (len(plan.blocks) + 1) * plan.dim**2 * bn)
+    batch = plan_batches(need, probe.seeds, device, options)
+    env = _environment(device, probe, stream, batch)
     if on_start is not None:
         on_start(env)
     dims = plan.entry_dims()
     x, e = probe_inputs(probe.seed, probe.samples, dims[0], dims[-1], device, dtype)
+    chunks = [list(range(s, min(s + batch, probe.seeds))) for s in range(0, probe.seeds, batch)]
     steps = len(dims) - 1
-    total = len(names) * probe.seeds * 2 * steps
+    total = len(names) * len(chunks) * 2 * steps
     done = 0
 
     def tick() -> None:
@@ -571,25 +756,22 @@ def run_resnet(
             progress(done, total)
 
     out: dict[str, dict[str, np.ndarray]] = {}
-    with torch.no_grad():
+    with torch.no_grad(), precision:
         for name in names:
-            draws = []
-            for draw in range(probe.seeds):
+            parts = []
+            for draws in chunks:
                 if bn:
-                    r, _ = bn_forward_backward(plan, x, e, probe.seed, draw, tick)
+                    r, _ = bn_batch(plan, x, e, probe.seed, draws, tick, stream=stream)
                 else:
-                    r, _ = resnet_forward_backward(inits_mod.get(name), plan, x, e, probe.seed, draw, tick)
-                draws.append(r)
+                    r, _ = resnet_batch(inits_mod.get(name), plan, x, e, probe.seed, draws, tick, stream=stream)
+                parts.append(r)
             arrays = {
-                "fwd": np.stack([d.ln_fwd.cpu().numpy() for d in draws]),
-                "bwd": np.stack([d.ln_bwd.cpu().numpy() for d in draws]),
-                "branch": np.stack([d.ln_branch.cpu().numpy() for d in draws]),
+                "fwd": np.concatenate([d.ln_fwd.cpu().numpy() for d in parts]),
+                "bwd": np.concatenate([d.ln_bwd.cpu().numpy() for d in parts]),
+                "branch": np.concatenate([d.ln_branch.cpu().numpy() for d in parts]),
             }
             if bn:
-                arrays["bn"] = np.stack([d.bn.cpu().numpy() for d in draws])
-            for key in ("fwd", "bwd"):
-                arr = arrays[key]
-                if np.isnan(arr).any() or np.isposinf(arr).any():
-                    raise SigpropError(f"internal error: init {name!r} produced a non-finite log ratio")
+                arrays["bn"] = np.concatenate([d.bn.cpu().numpy() for d in parts])
+            _check_finite(name, (arrays["fwd"], arrays["bwd"]))
             out[name] = arrays
     return plan, out, env

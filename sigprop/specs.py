@@ -16,6 +16,7 @@ from sigprop.errors import SigpropError
 
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 DTYPES = ("float32", "float64")
+PRECISIONS = ("fp32", "tf32")
 
 #: spawn keys of the independent random streams derived from one --seed
 STREAM_WIDTHS, STREAM_INPUTS, STREAM_ERRORS, STREAM_WEIGHTS = 0, 1, 2, 3
@@ -64,9 +65,11 @@ class ProbeSpec:
     seeds: int = 1
     device: str = "auto"
     dtype: str = "float32"
-    #: MLP only: True redraws the weights in the backward pass instead of storing them, False
-    #: stores them, None decides from the free memory (docs/cli.md)
+    #: True redraws the weights in the backward pass instead of storing them, False stores
+    #: them, None decides from the free memory (docs/cli.md)
     stream: bool | None = None
+    #: matmul precision for float32 on CUDA: "fp32" (IEEE) or "tf32" (tensor cores)
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -79,6 +82,10 @@ class ProbeSpec:
             raise SigpropError(f"expected auto, cpu, cuda or cuda:K, got {self.device!r}", option="--device")
         if self.dtype not in DTYPES:
             raise SigpropError(f"expected one of {', '.join(DTYPES)}, got {self.dtype!r}", option="--dtype")
+        if self.precision not in PRECISIONS:
+            raise SigpropError(f"expected one of {', '.join(PRECISIONS)}, got {self.precision!r}", option="--precision")
+        if self.precision == "tf32" and self.dtype != "float32":
+            raise SigpropError(f"tf32 applies to float32 matmuls; --dtype is {self.dtype}", option="--precision")
 
 
 @dataclass(frozen=True)

@@ -199,3 +199,45 @@ def test_cuda_bn_matches_autograd():
     fwd, bwd, _ = oracle_bn(params, x, e)
     np.testing.assert_allclose(torch.exp(r.ln_fwd).cpu().numpy(), fwd.cpu().numpy(), rtol=1e-10)
     np.testing.assert_allclose(torch.exp(r.ln_bwd).cpu().numpy(), bwd.cpu().numpy(), rtol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["proposed", "datadep", "pytorch", "skipinit-sqrt", "unnormalized-he"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_resnet_batched_and_streamed_match_autograd_per_draw(name, stream):
+    """Batched draws (stored or streamed, with projections and D = 2) equal the oracle per draw
+    and the one-draw engine."""
+    plan = _plan(6, 2, 3, 2)
+    x, e = engine.probe_inputs(4, 16, plan.dim, plan.entry_dims()[-1], CPU, torch.float64)
+    with torch.no_grad():
+        r, _ = engine.resnet_batch(inits.get(name), plan, x, e, seed=4, draws=[2, 0], stream=stream)
+    for s, draw in enumerate([2, 0]):
+        r1, params = engine.resnet_forward_backward(inits.get(name), plan, x, e, seed=4, draw=draw)
+        fwd, bwd, branch, _ = oracle_resnet(params, x, e)
+        for got, one, ref in ((r.ln_fwd, r1.ln_fwd, fwd), (r.ln_bwd, r1.ln_bwd, bwd), (r.ln_branch, r1.ln_branch, branch)):
+            np.testing.assert_allclose(got[s].numpy(), one.numpy(), rtol=1e-13, atol=1e-13)
+            np.testing.assert_allclose(torch.exp(got[s]).numpy(), ref.numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_bn_batched_and_streamed_match_autograd_per_draw(stream):
+    plan = specs.ResNetSpec(blocks=4, dim=7, norm="bn", inits=("he",)).plan(0)
+    x, e = engine.probe_inputs(2, 20, 7, 7, CPU, torch.float64)
+    with torch.no_grad():
+        r, _ = engine.bn_batch(plan, x, e, seed=2, draws=[1, 0, 2], stream=stream)
+    for s, draw in enumerate([1, 0, 2]):
+        r1, params = engine.bn_forward_backward(plan, x, e, seed=2, draw=draw)
+        fwd, bwd, _ = oracle_bn(params, x, e)
+        np.testing.assert_allclose(torch.exp(r.ln_fwd[s]).numpy(), fwd.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(torch.exp(r.ln_bwd[s]).numpy(), bwd.numpy(), rtol=1e-9)
+        np.testing.assert_allclose(r.bn[s].numpy(), r1.bn.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("norm, names", [("wn", ("proposed", "datadep", "stage-hanin")), ("bn", ("he",)), ("none", ("he", "skipinit"))])
+def test_resnet_streaming_equals_stored(norm, names):
+    kw = {} if norm == "bn" else {"stages": 2, "block_depth": 2, "width": specs.WidthSpec(5, 9)}
+    spec = specs.ResNetSpec(blocks=3, dim=8, norm=norm, inits=names, **kw)
+    runs = [engine.run_resnet(spec, specs.ProbeSpec(samples=24, seed=3, seeds=2, device="cpu", stream=s)) for s in (False, True)]
+    assert [r[2]["stream"] for r in runs] == [False, True]
+    for name in spec.resolved_inits():
+        for key, arr in runs[0][1][name].items():
+            np.testing.assert_array_equal(arr, runs[1][1][name][key])

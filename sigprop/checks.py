@@ -1,0 +1,193 @@
+"""``sigprop check``: named probe configurations with their expectations, read from TOML.
+
+The config layer of the CI gate (no torch here): it finds the file, validates every check
+before anything runs, and turns each into specs the core runs.  Every error names the file and
+the line of the offending key (or of the check's table), and exits 2.
+
+A check is a TOML table under ``[tool.sigprop.checks]`` in pyproject.toml, or under
+``[checks]`` in sigprop.toml (or any file given on the command line)::
+
+    [checks.figure1-top]
+    command = "mlp"                      # or "resnet"
+    depth = 20
+    init = ["proposed", "proposed-gaussian"]
+    expect = "pass"                      # "pass": every init must pass the --check gates;
+                                         # "fail": every init must fail them (a known-bad init)
+
+Every option of ``sigprop mlp`` / ``sigprop resnet`` is a key (dashes or underscores):
+docs/ci.md lists them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sigprop import specs
+from sigprop.errors import SigpropError
+
+PROBE_KEYS = {"samples": int, "seed": int, "seeds": int, "device": str, "dtype": str, "stream": bool, "precision": str}
+MLP_KEYS = {"depth": int, "input_dim": int, "width": (str, int)}
+RESNET_KEYS = {"blocks": int, "stages": int, "dim": int, "width": (str, int), "block_depth": int, "norm": str}
+META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str}
+EXPECT = ("pass", "fail")
+
+
+class ConfigError(SigpropError):
+    """A bad check configuration: ``where`` is ``file:line``."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}")
+        self.where = where
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    name: str
+    command: str  # "mlp" or "resnet"
+    spec: Any  # specs.MLPSpec | specs.ResNetSpec
+    probe: specs.ProbeSpec
+    expect: str = "pass"
+    description: str = ""
+    where: str = ""
+    raw: dict = field(default_factory=dict)
+
+
+def find_config(path: Path | None, cwd: Path) -> tuple[Path, tuple[str, ...]]:
+    """The file and the table holding the checks.  Default: pyproject.toml's
+    ``[tool.sigprop.checks]`` in ``cwd`` when it has one, else ``cwd/sigprop.toml``."""
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(str(path), "no such file")
+        data = _parse(path)
+        if isinstance(data.get("tool", {}).get("sigprop", {}).get("checks"), dict):
+            return path, ("tool", "sigprop", "checks")
+        return path, ("checks",)
+    pyproject = cwd / "pyproject.toml"
+    if pyproject.is_file() and isinstance(_parse(pyproject).get("tool", {}).get("sigprop", {}).get("checks"), dict):
+        return pyproject, ("tool", "sigprop", "checks")
+    local = cwd / "sigprop.toml"
+    if local.is_file():
+        return local, ("checks",)
+    raise ConfigError(str(cwd), "no checks found: add [tool.sigprop.checks.NAME] to pyproject.toml, "
+                      "write sigprop.toml with [checks.NAME] tables, or name a file")
+
+
+def _parse(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:  # the message carries "(at line L, column C)"
+        m = re.search(r"at line (\d+)", str(exc))
+        raise ConfigError(f"{path}:{m.group(1) if m else '?'}", f"TOML syntax: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), f"cannot read: {exc}") from None
+
+
+class _Lines:
+    """Line numbers of check tables and keys, found by scanning the text (tomllib gives none)."""
+
+    def __init__(self, path: Path, table: tuple[str, ...]) -> None:
+        self.path = path
+        self.lines = path.read_text(encoding="utf-8").splitlines()
+        self.prefix = r"\.".join(re.escape(t) for t in table)
+
+    def header(self, name: str) -> int:
+        pat = re.compile(rf"^\s*\[\s*{self.prefix}\s*\.\s*(\"|')?{re.escape(name)}(\"|')?\s*\]")
+        for i, line in enumerate(self.lines, 1):
+            if pat.match(line):
+                return i
+        for i, line in enumerate(self.lines, 1):  # inline table or dotted keys: first mention
+            if re.search(rf"\b{re.escape(name)}\b", line):
+                return i
+        return 1
+
+    def key(self, name: str, key: str) -> int:
+        start = self.header(name)
+        pat = re.compile(rf"^\s*(\"|')?{re.escape(key)}(\"|')?\s*=")
+        for i in range(start, len(self.lines)):
+            line = self.lines[i]
+            if line.lstrip().startswith("["):
+                break
+            if pat.match(line):
+                return i + 1
+        return start
+
+    def where(self, name: str, key: str | None = None) -> str:
+        return f"{self.path}:{self.header(name) if key is None else self.key(name, key)}"
+
+
+def load(path: Path, table: tuple[str, ...]) -> list[CheckSpec]:
+    """Validate every check of the file (all of them, before any runs)."""
+    data = _parse(path)
+    lines = _Lines(path, table)
+    node: Any = data
+    for t in table:
+        node = node.get(t) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or not node:
+        raise ConfigError(f"{path}:1", f"no [{'.'.join(table)}.NAME] tables")
+    out = []
+    for name, raw in node.items():
+        if not isinstance(raw, dict):
+            raise ConfigError(lines.where(name), f"check {name!r} must be a table of options")
+        out.append(_check(name, raw, lines))
+    return out
+
+
+def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
+    opts = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    original = {str(k).replace("-", "_"): str(k) for k in raw}
+    where = lambda key=None: lines.where(name, original.get(key, key) if key else None)
+    command = opts.get("command")
+    if command not in ("mlp", "resnet"):
+        raise ConfigError(where("command" if "command" in opts else None),
+                          f"check {name!r}: command must be \"mlp\" or \"resnet\", got {command!r}")
+    allowed = {**META_KEYS, **PROBE_KEYS, **(MLP_KEYS if command == "mlp" else RESNET_KEYS)}
+    for key, value in opts.items():
+        if key not in allowed:
+            close = difflib.get_close_matches(key, list(allowed), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(where(key), f"check {name!r}: unknown key {original[key]!r} for {command}{hint}")
+        want = allowed[key]
+        if isinstance(value, bool) and want is not bool and bool not in (want if isinstance(want, tuple) else (want,)):
+            raise ConfigError(where(key), f"check {name!r}: {original[key]} must be {_type_name(want)}, got {value!r}")
+        if not isinstance(value, want):
+            raise ConfigError(where(key), f"check {name!r}: {original[key]} must be {_type_name(want)}, got {value!r}")
+    expect = opts.get("expect", "pass")
+    if expect not in EXPECT:
+        raise ConfigError(where("expect"), f"check {name!r}: expect must be \"pass\" or \"fail\", got {expect!r}")
+    names = opts.get("init")
+    if isinstance(names, str):
+        names = [names]
+    if names is not None and not all(isinstance(n, str) for n in names):
+        raise ConfigError(where("init"), f"check {name!r}: init must be a name or a list of names")
+    try:
+        probe = specs.ProbeSpec(**{k: opts[k] for k in PROBE_KEYS if k in opts})
+        if command == "mlp":
+            kw = {k: opts[k] for k in ("depth", "input_dim") if k in opts}
+            spec = specs.MLPSpec(
+                width=specs.WidthSpec.parse(str(opts.get("width", "150:250"))),
+                inits=tuple(names or ("proposed",)), **kw,
+            )
+        else:
+            kw = {k: opts[k] for k in ("blocks", "stages", "dim", "block_depth", "norm") if k in opts}
+            spec = specs.ResNetSpec(
+                width=specs.WidthSpec.parse(str(opts.get("width", "150:250"))),
+                inits=tuple(names or ("proposed",)), **kw,
+            )
+            spec.resolved_inits()
+    except ConfigError:
+        raise
+    except SigpropError as exc:
+        key = (exc.option or "").lstrip("-").replace("-", "_").split("/")[0]
+        raise ConfigError(where(key if key in opts else None), f"check {name!r}: {key or 'value'}: {exc.args[0]}") from None
+    return CheckSpec(name, command, spec, probe, expect, str(opts.get("description", "")), where(), dict(raw))
+
+
+def _type_name(want) -> str:
+    kinds = want if isinstance(want, tuple) else (want,)
+    words = {int: "an integer", str: "a string", bool: "true or false", list: "a list"}
+    return " or ".join(words[k] for k in kinds)
