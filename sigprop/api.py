@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from sigprop import __version__, engine, inits, specs, stats, theory
-from sigprop.results import ProbeResult
+from sigprop.results import CheckOutcome, CheckReport, ProbeResult
 
 
 TOLERANCES = {
@@ -70,10 +70,13 @@ def probe_mlp(
     seeds: int = 1,
     device: str = "auto",
     dtype: str = "float32",
+    stream: bool | None = None,
+    precision: str = "fp32",
 ) -> ProbeResult:
-    """Keyword-friendly wrapper of :func:`probe` for the WN MLP."""
+    """Keyword-friendly wrapper of :func:`probe` for the WN MLP (the options of ``sigprop mlp``)."""
     spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(str(width)), inits=tuple(inits))
-    return probe(spec, specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype))
+    return probe(spec, specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype,
+                                       stream=stream, precision=precision))
 
 
 def probe_resnet(
@@ -89,11 +92,42 @@ def probe_resnet(
     seeds: int = 1,
     device: str = "auto",
     dtype: str = "float32",
+    stream: bool | None = None,
+    precision: str = "fp32",
 ) -> ProbeResult:
     """Keyword-friendly wrapper of :func:`probe` for the ResNet (001 eq. 6; 004 appendix C with
-    ``norm="bn"``)."""
+    ``norm="bn"``); the options of ``sigprop resnet``."""
     spec = specs.ResNetSpec(
         blocks=blocks, stages=stages, dim=dim, width=specs.WidthSpec.parse(str(width)),
         block_depth=block_depth, norm=norm, inits=tuple(inits),
     )
-    return probe(spec, specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype))
+    return probe(spec, specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype,
+                                       stream=stream, precision=precision))
+
+
+def run_checks(checks, source: str = "", on_outcome: Callable[[CheckOutcome], None] | None = None,
+               on_error: Callable[[object, Exception], None] | None = None) -> CheckReport:
+    """Run ``sigprop check`` entries (``checks.CheckSpec``) in order; ``on_outcome`` is called
+    as each (check, init) finishes (the CLI prints its line then).  A run that raises
+    SigpropError is reported through ``on_error`` and re-raised."""
+    import time
+
+    t_all = time.perf_counter()
+    outcomes: list[CheckOutcome] = []
+    results = {}
+    for c in checks:
+        t0 = time.perf_counter()
+        try:
+            result = probe(c.spec, c.probe)
+        except Exception as exc:
+            if on_error is not None:
+                on_error(c, exc)
+            raise
+        seconds = (time.perf_counter() - t0) / max(len(result.runs), 1)
+        results[c.name] = result.to_dict()
+        for run in result.runs:
+            o = CheckOutcome(c.name, c.command, run.init, c.expect, list(run.checks), seconds, c.description)
+            outcomes.append(o)
+            if on_outcome is not None:
+                on_outcome(o)
+    return CheckReport(source, outcomes, time.perf_counter() - t_all, results)

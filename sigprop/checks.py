@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -31,7 +31,7 @@ app = typer.Typer(
     help="Signal propagation at initialization in weight-normalized MLPs and ResNets, measured beside the theory.",
     context_settings=CONTEXT,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 
@@ -63,6 +63,9 @@ Precision = enum.Enum("Precision", {p: p for p in specs.PRECISIONS}, type=str)
 StreamOpt = Annotated[
     Optional[bool],
     typer.Option("--stream/--no-stream", help="Redraw the weights in the backward pass instead of storing them. [default: only when they would not fit]"),
+]
+PlotOpt = Annotated[
+    Optional[Path], typer.Option(help="Also draw the Figure-1-style plot to this .png/.svg/.pdf (needs the plot extra: pip install sigprop\\[plot]).")
 ]
 PrecisionOpt = Annotated[
     Precision, typer.Option(help="float32 matmuls on CUDA: fp32 (IEEE) or tf32 (tensor cores; docs/theory.md for its bias).")
@@ -184,6 +187,7 @@ def mlp(
     check: Annotated[bool, typer.Option("--check", help="Exit 1 unless every init preserves the signal.")] = False,
     stream: StreamOpt = None,
     precision: PrecisionOpt = Precision.fp32,
+    plot: PlotOpt = None,
 ) -> None:
     """Probe a weight-normalized ReLU MLP (001 eq. 1-2): forward and backward norm ratios per layer."""
     names = [i.value for i in init] if init else list(FIGURE1_INITS)
@@ -191,15 +195,19 @@ def mlp(
     probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value, stream=stream,
                             precision=precision.value)
     _run_probe(
-        spec, probe, fmt, output, check,
+        spec, probe, fmt, output, check, plot,
         lambda env: f"sigprop mlp: device {env['device']} ({env['device_name']}), {env['dtype']}, "
         f"depth {depth}, widths {spec.width} (seed {seed}), {samples} samples x {seeds} draw(s)",
     )
 
 
-def _run_probe(spec, probe, fmt: Format, output: Optional[Path], check: bool, banner) -> None:
-    """Validate the output target, run the core with a progress bar, render, apply --check."""
+def _run_probe(spec, probe, fmt: Format, output: Optional[Path], check: bool, plot: Optional[Path], banner) -> None:
+    """Validate the output targets, run the core with a progress bar, render, plot, apply --check."""
     _check_output_target(output)
+    if plot is not None:
+        from sigprop import plot as plot_mod
+
+        plot_mod.check_target(plot)
 
     from sigprop import api  # imports torch
 
@@ -212,6 +220,9 @@ def _run_probe(spec, probe, fmt: Format, output: Optional[Path], check: bool, ba
         if prog is not None:
             prog.stop()
     render(result, fmt, output)
+    if plot is not None:
+        plot_mod.probe_figure(result, plot)
+        _say(f"sigprop: wrote {plot}")
     if check and not result.passed:
         for run in result.runs:
             for c in run.checks:
@@ -247,6 +258,7 @@ def resnet(
     check: Annotated[bool, typer.Option("--check", help="Exit 1 unless every stage's ratios lie in the band [sqrt 2, sqrt e].")] = False,
     stream: StreamOpt = None,
     precision: PrecisionOpt = Precision.fp32,
+    plot: PlotOpt = None,
 ) -> None:
     """Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6) state by state."""
     if width is not None and norm is Norm.bn:
@@ -264,10 +276,210 @@ def resnet(
     shape = f"{stages} stage(s) x {blocks} blocks, d {dim}"
     shape += f", batch norm" if norm is Norm.bn else f", hidden {spec.width} x {block_depth}, norm {norm.value}"
     _run_probe(
-        spec, probe, fmt, output, check,
+        spec, probe, fmt, output, check, plot,
         lambda env: f"sigprop resnet: device {env['device']} ({env['device_name']}), {env['dtype']}, "
         f"{shape} (seed {seed}), {samples} samples x {seeds} draw(s)",
     )
+
+
+AnyInitName = enum.Enum("AnyInitName", {name: name for name in inits.names()}, type=str)
+
+
+@app.command()
+def cite(
+    init: Annotated[Optional[list[AnyInitName]], typer.Option(help="Only the papers behind this init (repeatable). [default: every init]")] = None,
+) -> None:
+    """Print BibTeX of the papers behind sigprop and its init schemes."""
+    from sigprop import citations
+
+    names = [i.value for i in init] if init else None
+    keys = citations.keys_for({n: s.cites for n, s in inits.INITS.items()}, names)
+    write_output("\n\n".join(citations.BIBTEX[k] for k in keys) + "\n", None)
+
+
+@app.command()
+def env() -> None:
+    """Versions, device, dtype and thread counts: paste this into a bug report."""
+    import importlib.metadata as md
+    import platform
+
+    def version(pkg: str) -> str:
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    import torch  # the one command besides the probes that needs it: it reports on it
+
+    lines = [
+        f"sigprop      {__version__}",
+        f"python       {platform.python_version()} ({platform.python_implementation()}, {sys.executable})",
+        f"platform     {platform.platform()}",
+        f"cpus         {os.cpu_count()}",
+    ]
+    lines += [f"{pkg:12s} {version(pkg)}" for pkg in ("torch", "numpy", "scipy", "typer", "rich", "matplotlib")]
+    lines += [
+        f"torch threads {torch.get_num_threads()} intra-op, {torch.get_num_interop_threads()} inter-op",
+        f"default dtype {str(torch.get_default_dtype()).replace('torch.', '')} (sigprop probes in float32 unless --dtype)",
+        f"cuda         {'available' if torch.cuda.is_available() else 'not available'}"
+        + (f", {torch.cuda.device_count()} device(s), CUDA {torch.version.cuda}" if torch.cuda.is_available() else ""),
+    ]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(i)
+            lines.append(f"  cuda:{i}     {torch.cuda.get_device_name(i)}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free)")
+    lines.append(f"--device auto {'cuda' if torch.cuda.is_available() else 'cpu'}")
+    lines += [f"{k:12s} {os.environ[k]}" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NO_COLOR") if k in os.environ]
+    write_output("\n".join(lines) + "\n", None)
+
+
+class Arch(str, enum.Enum):
+    mlp = "mlp"
+    resnet = "resnet"
+
+
+@app.command()
+def sweep(
+    arch: Annotated[Arch, typer.Argument(help="mlp or resnet.")],
+    out: Annotated[Path, typer.Option(help="JSON-lines file: one line per configuration, appended; existing ones are skipped.")],
+    depth: Annotated[str, typer.Option(help="MLP depths, comma-separated.")] = "10,20,50",
+    blocks: Annotated[str, typer.Option(help="ResNet blocks, comma-separated.")] = "10,40,100",
+    width: Annotated[str, typer.Option(help="Widths, comma-separated (ResNet: residual and hidden width).")] = "128,512",
+    init: Annotated[str, typer.Option(help="Inits, comma-separated.")] = "proposed,he",
+    input_dim: Annotated[Optional[int], typer.Option("--input-dim", min=1, help="MLP input dimension n_0. [default: the swept width]")] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Random inputs (and error vectors) N.")] = 1000,
+    seed: Annotated[int, typer.Option(min=0, help="Base seed.")] = 0,
+    seeds: Annotated[int, typer.Option(min=1, help="Independent weight draws S per configuration.")] = 1,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:K.")] = "auto",
+    dtype: Annotated[DType, typer.Option(help="Floating-point type of the probe.")] = DType.float32,
+) -> None:
+    """Run a grid of probes (depth or blocks x width x init), appending one JSON line per configuration; resumes."""
+    from sigprop import sweep as sweep_mod
+
+    kind = arch.value
+    sizes = sweep_mod.parse_ints(depth if kind == "mlp" else blocks, "--depth" if kind == "mlp" else "--blocks")
+    widths = sweep_mod.parse_ints(width, "--width")
+    names = sweep_mod.parse_inits(init, kind)
+    probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
+    points = sweep_mod.grid(kind, sizes, widths, names, probe, input_dim)
+    target = _check_output_target(out)
+    if target is not None and target.exists() and not target.is_file():
+        raise SigpropError(f"{out} is not a regular file", option="--out")
+    done = sweep_mod.done_keys(out)
+    todo = [p for p in points if p.key not in done]
+    _say(f"sigprop sweep: {len(points)} configuration(s), {len(points) - len(todo)} already in {out}, {len(todo)} to run")
+
+    import time
+
+    from sigprop import api  # imports torch
+
+    prog = None
+    if sys.stderr.isatty() and todo:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=_stderr(), transient=True)
+        task = prog.add_task("sweep", total=len(todo))
+        prog.start()
+    try:
+        for i, point in enumerate(todo, 1):
+            if prog is not None:
+                prog.update(task, description=point.label())
+            t0 = time.perf_counter()
+            result = api.probe(point.spec, point.probe)
+            row = sweep_mod.row(point, result, time.perf_counter() - t0)
+            sweep_mod.append(out, row)
+            fwd = row["end_to_end"]["forward"]["log10_mean"]
+            line = f"sweep [{i}/{len(todo)}] {point.label()}: forward {report.fmt_log10(fwd)} ({row['seconds']:.1f} s)"
+            if prog is not None:
+                prog.advance(task)
+                prog.console.print(line, markup=False, highlight=False)
+            else:
+                _say(line)
+    finally:
+        if prog is not None:
+            prog.stop()
+
+
+@app.command("plot")
+def plot_cmd(
+    results: Annotated[Path, typer.Argument(help="A sweep's JSON-lines file.", metavar="RESULTS")],
+    out: Annotated[Path, typer.Option(help="The figure: .png, .svg or .pdf.")],
+    x: Annotated[str, typer.Option(help="x axis: depth, blocks or width.")] = "depth",
+    direction: Annotated[str, typer.Option(help="forward or backward end-to-end ratio.")] = "forward",
+) -> None:
+    """Draw a sweep: end-to-end ratio against depth (or width), one line per init (needs the plot extra: pip install sigprop\\[plot])."""
+    from sigprop import plot as plot_mod
+    from sigprop import sweep as sweep_mod
+
+    if direction not in ("forward", "backward"):
+        raise SigpropError(f"expected forward or backward, got {direction!r}", option="--direction")
+    plot_mod.check_target(out, "--out")
+    rows = sweep_mod.read_rows(results)
+    if x not in ("depth", "blocks", "width") or not sweep_mod.axis_values(rows, x):
+        keys = [k for k in ("depth", "blocks", "width") if sweep_mod.axis_values(rows, k)]
+        raise SigpropError(f"no {x!r} in these rows; choose from {', '.join(keys)}", option="--x")
+    plot_mod.sweep_figure(rows, x, out, direction)
+    _say(f"sigprop: wrote {out}")
+
+
+class CheckFormat(str, enum.Enum):
+    text = "text"
+    json = "json"
+
+
+@app.command()
+def check(
+    file: Annotated[
+        Optional[Path],
+        typer.Argument(help="TOML file of [checks.NAME] (or [tool.sigprop.checks.NAME]) tables. [default: ./pyproject.toml, else ./sigprop.toml]"),
+    ] = None,
+    fmt: Annotated[CheckFormat, typer.Option("--format", help="text: one line per check and init, then a summary; json: one document.")] = CheckFormat.text,
+    output: Annotated[Optional[Path], typer.Option(help="Write the report to this file (whole, never half).")] = None,
+    junit: Annotated[Optional[Path], typer.Option(help="Also write a JUnit XML report here (for CI test panels).")] = None,
+) -> None:
+    """Run named probe configurations with expectations from TOML: exit 0 all met, 1 one not met, 2 bad config."""
+    from sigprop import checks as checks_mod
+
+    _check_output_target(output)
+    if junit is not None:
+        try:
+            _check_output_target(junit)
+        except SigpropError as exc:
+            raise SigpropError(str(exc.args[0]), option="--junit") from None
+    path, table = checks_mod.find_config(file, Path.cwd())
+    entries = checks_mod.load(path, table)
+    _say(f"sigprop check: {len(entries)} check(s) from {path}")
+
+    from sigprop import api  # imports torch
+
+    console = Console(highlight=False, soft_wrap=True)
+    lines: list[str] = []
+
+    def show(outcome) -> None:
+        line = report.check_line(outcome)
+        lines.append(line)
+        if fmt is CheckFormat.text and output is None:
+            console.print(line, style=None if outcome.ok else "bold red", markup=False)
+
+    def failed(entry, exc) -> None:
+        if isinstance(exc, SigpropError):
+            raise SigpropError(f"check {entry.name!r} ({entry.where}): {exc}", exit_code=2) from None
+
+    result = api.run_checks(entries, source=str(path), on_outcome=show, on_error=failed)
+    summary = report.check_summary(result.outcomes, result.seconds)
+    if fmt is CheckFormat.json:
+        write_output(report.check_json(result), output)
+    elif output is not None:
+        write_output("\n".join(lines + [summary]) + "\n", output)
+    else:
+        console.print(summary, markup=False)
+    if junit is not None:
+        write_output(report.junit_xml(result), junit)
+    if fmt is CheckFormat.json or output is not None:
+        _say(f"sigprop check: {summary}")
+    if not result.passed:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -77,6 +77,8 @@ class InitScheme:
     unnormalized: str | None = None
     #: residual-branch multiplier alpha as a function of B_k (1: alpha absorbed into g)
     alpha: Callable[[int], float] = field(default=lambda blocks: 1.0, repr=False)
+    #: BibTeX keys (sigprop/citations.py) of the papers behind the scheme (``sigprop cite``)
+    cites: tuple[str, ...] = ("arpit2019initialize",)
 
     @property
     def orthogonal(self) -> bool:
@@ -281,6 +283,7 @@ P004 = "004_5f731eca674a6381.txt"
 register(
     InitScheme(
         name="proposed",
+        cites=("arpit2019initialize",),
         description="WN, orthogonal directions, g = sqrt(2 n_in/n_out), b = 0",
         paper=f"{P001} section 3, implementation details",
         direction="orthogonal",
@@ -291,6 +294,7 @@ register(
 register(
     InitScheme(
         name="proposed-gaussian",
+        cites=("arpit2019initialize",),
         description="WN, Gaussian (He) directions, g = sqrt(2 n_in/n_out), b = 0",
         paper=f"{P001} appendix A.1, case (3)",
         direction="gaussian",
@@ -301,6 +305,7 @@ register(
 register(
     InitScheme(
         name="he",
+        cites=("arpit2019initialize", "he2015delving"),
         description="WN, He directions, g = 1, b = 0 (the paper's baseline)",
         paper=f"{P001} appendix A.1, case (1)",
         direction="gaussian",
@@ -312,6 +317,7 @@ register(
 register(
     InitScheme(
         name="pytorch",
+        cites=("arpit2019initialize", "paszke2019pytorch"),
         description="weight_norm(nn.Linear) defaults: v, b ~ U(+-1/sqrt(n_in)), g = ||v||",
         paper=f"{P001} section 5 (PyTorch default baseline)",
         direction="uniform",
@@ -322,6 +328,7 @@ register(
 register(
     InitScheme(
         name="datadep",
+        cites=("salimans2016weight",),
         description="WN, v ~ N(0, 0.05^2), g and b standardise each pre-activation on the probe batch",
         paper=f"{P003} section 3, eq. 5-6",
         direction="gaussian",
@@ -333,6 +340,7 @@ register(
 register(
     InitScheme(
         name="unnormalized-he",
+        cites=("he2015delving", "de2020batch"),
         description="no WN: every layer W ~ N(0, 2/n_in), b = 0 (He; the --norm none/bn weights)",
         paper=f"{P001} ref. [12] (He et al.); {P004} appendix C",
         direction="gaussian",
@@ -344,6 +352,7 @@ register(
 register(
     InitScheme(
         name="stage-hanin",
+        cites=("arpit2019initialize", "hanin2018start"),
         description="as proposed, but the last layer of block b of a stage has g = 0.9^b sqrt(n_in/n_out)",
         paper=f"{P001} section 5.1 (stage-wise Hanin baseline)",
         direction="orthogonal",
@@ -355,6 +364,7 @@ register(
 register(
     InitScheme(
         name="skipinit",
+        cites=("de2020batch",),
         description="no WN: He-init branch times a scalar alpha = 0 (the net is the identity at init)",
         paper=f"{P004} (SkipInit)",
         direction="gaussian",
@@ -368,6 +378,7 @@ register(
 register(
     InitScheme(
         name="skipinit-sqrt",
+        cites=("de2020batch",),
         description="no WN: He-init branch times a scalar alpha = 1/sqrt(B_k)",
         paper=f"{P004} (SkipInit, alpha = 1/sqrt(d))",
         direction="gaussian",

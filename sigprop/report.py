@@ -313,3 +313,51 @@ def render_inits(rows: Sequence[tuple[str, str, str]], console: Console) -> None
     for row in rows:
         t.add_row(*row)
     console.print(t)
+
+
+# --------------------------------------------------------------------------------------------
+# sigprop check: one line per (check, init), a summary, JSON and JUnit XML
+# --------------------------------------------------------------------------------------------
+def gate_text(c) -> str:
+    """``forward end 1.02 in [0.83, 1.21]`` for one gate (a ``results.Check``)."""
+    word = "in" if c.passed else "OUTSIDE"
+    return f"{c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, {fmt_log10(c.log10_high)}]"
+
+
+def check_line(outcome) -> str:
+    """One line: verdict, check name, init, what was expected and every gate measured vs band."""
+    verdict = "PASS" if outcome.ok else "FAIL"
+    expect = "" if outcome.expect == "pass" else " (expected to fail)"
+    gates = "; ".join(gate_text(c) for c in outcome.gates) or "no gate"
+    return f"{verdict}  {outcome.name} [{outcome.init}]{expect}: {gates}"
+
+
+def check_summary(outcomes, seconds: float) -> str:
+    ok = sum(o.ok for o in outcomes)
+    return f"{ok} passed, {len(outcomes) - ok} failed in {seconds:.1f} s"
+
+
+def check_json(report_obj) -> str:
+    return to_json(report_obj)
+
+
+def junit_xml(report_obj) -> str:
+    """JUnit XML (one testsuite, one testcase per check and init) for CI systems to display."""
+    import xml.etree.ElementTree as ET
+
+    outcomes = report_obj.outcomes
+    suite = ET.Element(
+        "testsuite", name="sigprop", tests=str(len(outcomes)), failures=str(sum(not o.ok for o in outcomes)),
+        errors="0", skipped="0", time=f"{report_obj.seconds:.3f}",
+    )
+    for o in outcomes:
+        case = ET.SubElement(suite, "testcase", classname=f"sigprop.{o.name}", name=o.init, time=f"{o.seconds:.3f}")
+        text = "\n".join(gate_text(c) for c in o.gates)
+        if not o.ok:
+            why = "expected the signal check to fail but it passed" if o.expect == "fail" else "signal not preserved"
+            fail = ET.SubElement(case, "failure", message=f"{why}: {check_line(o)}", type="SignalCheck")
+            fail.text = text
+        else:
+            ET.SubElement(case, "system-out").text = text
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"

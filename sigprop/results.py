@@ -233,6 +233,20 @@ class ProbeResult:
     def passed(self) -> bool:
         return all(r.passed for r in self.runs)
 
+    def run(self, init: str) -> RunResult:
+        """The run of one init: ``result.run("proposed").layers[0].forward.mean``."""
+        for r in self.runs:
+            if r.init == init:
+                return r
+        raise KeyError(f"no run for init {init!r}; runs: {', '.join(r.init for r in self.runs)}")
+
+    @property
+    def layers(self) -> list[LayerRecord]:
+        """The layers of the only run (one init); with several inits use ``run(name).layers``."""
+        if len(self.runs) != 1:
+            raise AttributeError(f"{len(self.runs)} inits were probed; use result.run(name).layers or result.runs[i].layers")
+        return self.runs[0].layers
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": RESULT_SCHEMA,
@@ -274,4 +288,65 @@ class TheoryResult:
                 {"blocks": r.blocks, "ratio": r.ratio, "lower": r.lower, "upper": r.upper, "inside": r.inside}
                 for r in self.resnet
             ],
+        }
+
+
+CHECK_SCHEMA = "sigprop.check.v1"
+
+
+@dataclass
+class CheckOutcome:
+    """One init of one ``sigprop check`` entry: its gates and whether they met the expectation
+    (``expect`` "pass": every gate passed; "fail": at least one failed)."""
+
+    name: str
+    command: str
+    init: str
+    expect: str
+    gates: list[Check]
+    seconds: float = 0.0
+    description: str = ""
+
+    @property
+    def signal_passed(self) -> bool:
+        return bool(self.gates) and all(c.passed for c in self.gates)
+
+    @property
+    def ok(self) -> bool:
+        return self.signal_passed == (self.expect == "pass")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "command": self.command,
+            "init": self.init,
+            "expect": self.expect,
+            "signal_passed": self.signal_passed,
+            "ok": self.ok,
+            "seconds": round(self.seconds, 3),
+            "description": self.description,
+            "gates": [c.to_dict() for c in self.gates],
+        }
+
+
+@dataclass
+class CheckReport:
+    source: str
+    outcomes: list[CheckOutcome]
+    seconds: float
+    results: dict[str, Any] = field(default_factory=dict)  # name -> ProbeResult.to_dict()
+
+    @property
+    def passed(self) -> bool:
+        return all(o.ok for o in self.outcomes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": CHECK_SCHEMA,
+            "source": self.source,
+            "passed": self.passed,
+            "summary": {"passed": sum(o.ok for o in self.outcomes), "failed": sum(not o.ok for o in self.outcomes),
+                        "seconds": round(self.seconds, 3)},
+            "checks": [o.to_dict() for o in self.outcomes],
+            "results": self.results,
         }

@@ -300,3 +300,34 @@ def test_mlp_stream_flag_is_recorded(capsys):
     assert doc["environment"]["stream"] is True and doc["config"]["stream"] is True
     code, out, _ = run_main(capsys, ["mlp", *SMALL, "--init", "proposed", "--format", "json"])
     assert json.loads(out)["environment"]["stream"] is False  # small nets store their weights
+
+
+def test_every_cli_option_is_in_docs_cli_md():
+    """docs/cli.md names every option of every command in that command's section."""
+    import re
+    from pathlib import Path
+
+    import typer
+
+    from sigprop.cli import app
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    sections = dict(re.findall(r"^## `sigprop (\w+)`\n(.*?)(?=^## |\Z)", doc, re.M | re.S))
+    group = typer.main.get_command(app)
+    head = doc.split("\n## ", 1)[0]
+    for param in group.params:
+        for opt in param.opts:
+            if opt.startswith("--") and opt != "--help":
+                assert opt in head, f"root option {opt} missing from docs/cli.md"
+    missing = []
+    for name, cmd in group.commands.items():
+        assert name in sections, f"no section for sigprop {name} in docs/cli.md"
+        for param in cmd.params:
+            if param.name == "help":
+                continue
+            names = [o for o in list(param.opts) + list(getattr(param, "secondary_opts", [])) if o.startswith("--")]
+            names = names or [(param.metavar or param.name).upper()]
+            for opt in names:
+                if opt not in sections[name]:
+                    missing.append(f"{name} {opt}")
+    assert not missing, f"options missing from docs/cli.md: {missing}"

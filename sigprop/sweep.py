@@ -1,0 +1,173 @@
+"""``sigprop sweep``: a grid of probes, one JSON line per configuration, resumable.  No torch.
+
+The grid is depth (MLP) or blocks (ResNet) x width x init; each point is one probe of one init
+with the shared options (samples, seeds, seed, dtype, device).  For a ResNet the swept width is
+both the residual width d and the hidden width of every block; for an MLP the input dimension
+n_0 is the swept width unless ``--input-dim`` fixes it (docs/cli.md).
+
+Each finished point is appended to the output as one line (one ``write`` of the whole line,
+flushed): an interrupted sweep leaves only whole lines, and a rerun skips the points whose
+``key`` is already in the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from sigprop import inits, specs
+from sigprop.errors import SigpropError
+
+SWEEP_SCHEMA = "sigprop.sweep.v1"
+X_AXES = {"mlp": ("depth", "width"), "resnet": ("blocks", "width")}
+
+
+def parse_ints(text: str, option: str) -> list[int]:
+    """``10,20,50`` -> [10, 20, 50]; every value an integer >= 1, no duplicates."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise SigpropError(f"expected comma-separated integers such as 10,20,50, got {text!r}", option=option)
+    values = [int(p) for p in parts]
+    if min(values) < 1:
+        raise SigpropError(f"values must be >= 1, got {text!r}", option=option)
+    if len(set(values)) != len(values):
+        raise SigpropError(f"a value is repeated in {text!r}", option=option)
+    return values
+
+
+def parse_inits(text: str, arch: str) -> list[str]:
+    names = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not names:
+        raise SigpropError("give at least one init", option="--init")
+    valid = inits.names(arch)
+    for n in names:
+        if n not in valid:
+            raise SigpropError(f"unknown init {n!r} for {arch}; choose from {', '.join(valid)}", option="--init")
+    if len(set(names)) != len(names):
+        raise SigpropError("an init is named twice", option="--init")
+    return names
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration of the grid: what runs, and its resume key."""
+
+    arch: str
+    size: int  # depth (MLP) or blocks (ResNet)
+    width: int
+    init: str
+    spec: Any
+    probe: specs.ProbeSpec
+
+    @property
+    def config(self) -> dict[str, Any]:
+        size_key = "depth" if self.arch == "mlp" else "blocks"
+        d = {"command": self.arch, size_key: self.size, "width": self.width, "init": self.init,
+             "samples": self.probe.samples, "seeds": self.probe.seeds, "seed": self.probe.seed, "dtype": self.probe.dtype}
+        if self.arch == "mlp":
+            d["input_dim"] = self.spec.input_dim
+        else:
+            d["dim"] = self.spec.dim
+        return d
+
+    @property
+    def key(self) -> str:
+        return json.dumps(self.config, sort_keys=True)
+
+    def label(self) -> str:
+        size_key = "depth" if self.arch == "mlp" else "blocks"
+        return f"{self.arch} {size_key} {self.size} width {self.width} {self.init}"
+
+
+def grid(arch: str, sizes: list[int], widths: list[int], names: list[str], probe: specs.ProbeSpec,
+         input_dim: int | None = None) -> list[Point]:
+    """Every point, validated up front (a bad point fails before anything runs)."""
+    out = []
+    for size in sizes:
+        for width in widths:
+            for name in names:
+                w = specs.WidthSpec(width, width)
+                if arch == "mlp":
+                    spec = specs.MLPSpec(depth=size, input_dim=input_dim or width, width=w, inits=(name,))
+                else:
+                    spec = specs.ResNetSpec(blocks=size, dim=width, width=w, inits=(name,))
+                out.append(Point(arch, size, width, name, spec, probe))
+    return out
+
+
+def done_keys(path: Path) -> set[str]:
+    """Keys of the points already in the file (lines that do not parse are ignored)."""
+    if not path.exists():
+        return set()
+    keys = set()
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and row.get("schema") == SWEEP_SCHEMA and "config" in row:
+                keys.add(json.dumps(row["config"], sort_keys=True))
+    return keys
+
+
+def end_to_end(result) -> dict[str, Any]:
+    """The end-to-end ratios of a one-init probe: forward at the last layer/state, backward at
+    the first (read from the result records, not recomputed)."""
+    run = result.runs[0]
+    pick = {"forward": run.layers[-1].forward, "backward": run.layers[0].backward}
+    return {
+        k: {"mean": s.mean, "log10_mean": s.log10_mean, "log10_std": s.log10_std, "rms": s.rms,
+            "log10_rms": s.log10_rms, "predicted": s.predicted, "log10_predicted": s.log10_predicted, "agrees": s.agrees}
+        for k, s in pick.items()
+    }
+
+
+def row(point: Point, result, seconds: float) -> dict[str, Any]:
+    return {
+        "schema": SWEEP_SCHEMA,
+        "config": point.config,
+        "init": point.init,
+        "end_to_end": end_to_end(result),
+        "passed": result.passed,
+        "seconds": round(seconds, 3),
+        "environment": result.environment,
+    }
+
+
+def append(path: Path, data: dict[str, Any]) -> None:
+    """Append one whole line (single write, flushed and synced)."""
+    line = json.dumps(data, allow_nan=False) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The sweep rows of a JSON-lines file, for ``sigprop plot``."""
+    if not path.is_file():
+        raise SigpropError(f"no such file: {path}", option="RESULTS")
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                raise SigpropError(f"{path}:{i}: not a JSON line", option="RESULTS") from None
+            if isinstance(r, dict) and r.get("schema") == SWEEP_SCHEMA:
+                rows.append(r)
+    if not rows:
+        raise SigpropError(f"{path} holds no sweep rows ({SWEEP_SCHEMA})", option="RESULTS")
+    return rows
+
+
+def axis_values(rows: Iterable[dict[str, Any]], x: str) -> list:
+    return sorted({r["config"].get(x) for r in rows if x in r["config"]})

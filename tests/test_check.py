@@ -1,0 +1,135 @@
+"""``sigprop check``: exit codes 0/1/2, one line per check, JSON and JUnit XML, config errors
+naming the file and line."""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from sigprop.cli import main
+
+SMALL = 'samples = 64\nwidth = 48\ndevice = "cpu"\n'
+
+GOOD = f"""
+[checks.mlp-proposed]
+command = "mlp"
+depth = 6
+init = ["proposed", "proposed-gaussian"]
+{SMALL}
+[checks.mlp-he-breaks]
+command = "mlp"
+depth = 20
+init = "he"
+expect = "fail"
+{SMALL}
+[checks.resnet-proposed]
+command = "resnet"
+blocks = 8
+dim = 64
+{SMALL}"""
+
+
+def run(capsys, monkeypatch, tmp_path, text, *args, name="sigprop.toml"):
+    (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    code = main(["check", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_passing_config_exits_0_with_one_line_per_check_and_junit(capsys, monkeypatch, tmp_path):
+    code, out, err = run(capsys, monkeypatch, tmp_path, GOOD, "--junit", "report.xml")
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) == 5  # 2 + 1 + 1 (check, init) lines and the summary
+    assert lines[0].startswith("PASS  mlp-proposed [proposed]: forward ratio at layer 6")
+    assert "(expected to fail)" in lines[2] and "OUTSIDE" in lines[2]
+    assert lines[-1].startswith("4 passed, 0 failed")
+    suite = ET.parse(tmp_path / "report.xml").getroot()
+    assert suite.tag == "testsuite" and suite.get("tests") == "4" and suite.get("failures") == "0"
+    cases = suite.findall("testcase")
+    assert [(c.get("classname"), c.get("name")) for c in cases][:2] == [
+        ("sigprop.mlp-proposed", "proposed"), ("sigprop.mlp-proposed", "proposed-gaussian")]
+    assert all(c.find("failure") is None for c in cases)
+
+
+def test_a_broken_expectation_exits_1_and_junit_shows_the_failure(capsys, monkeypatch, tmp_path):
+    text = GOOD.replace('init = "he"\nexpect = "fail"', 'init = "he"')  # he now expected to pass
+    code, out, err = run(capsys, monkeypatch, tmp_path, text, "--junit", "report.xml")
+    assert code == 1
+    fail = [l for l in out.splitlines() if l.startswith("FAIL")]
+    assert len(fail) == 1 and "mlp-he-breaks [he]" in fail[0]
+    assert "3 passed, 1 failed" in out
+    suite = ET.parse(tmp_path / "report.xml").getroot()
+    assert suite.get("failures") == "1"
+    failure = [c for c in suite.findall("testcase") if c.find("failure") is not None]
+    assert [c.get("classname") for c in failure] == ["sigprop.mlp-he-breaks"]
+    assert "signal not preserved" in failure[0].find("failure").get("message")
+
+
+def test_a_good_init_expected_to_fail_is_a_failure(capsys, monkeypatch, tmp_path):
+    text = GOOD.replace('depth = 6\ninit = ["proposed", "proposed-gaussian"]', 'depth = 6\ninit = "proposed"\nexpect = "fail"')
+    code, out, _ = run(capsys, monkeypatch, tmp_path, text)
+    assert code == 1 and "FAIL  mlp-proposed [proposed] (expected to fail)" in out
+
+
+def test_json_format(capsys, monkeypatch, tmp_path):
+    code, out, err = run(capsys, monkeypatch, tmp_path, GOOD, "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["schema"] == "sigprop.check.v1" and doc["passed"] is True
+    assert doc["summary"]["passed"] == 4 and doc["summary"]["failed"] == 0
+    he = [c for c in doc["checks"] if c["init"] == "he"][0]
+    assert he["expect"] == "fail" and he["signal_passed"] is False and he["ok"] is True
+    assert he["gates"][0]["measured"] < he["gates"][0]["low"]
+    assert doc["results"]["resnet-proposed"]["command"] == "resnet"
+    assert "4 passed" in err
+
+
+def test_pyproject_table_is_the_default(capsys, monkeypatch, tmp_path):
+    text = '[project]\nname = "x"\n\n' + GOOD.replace("[checks.", "[tool.sigprop.checks.")
+    (tmp_path / "sigprop.toml").write_text("this is not read")
+    code, out, err = run(capsys, monkeypatch, tmp_path, text, name="pyproject.toml")
+    assert code == 0, err
+    assert "pyproject.toml" in err
+
+
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ('[checks.a]\ncommand = "mlp"\ndepth = = 3\n', 3, "TOML syntax"),
+        ('[checks.a]\ncommand = "mlp"\n\ndept = 3\n', 4, "did you mean 'depth'"),
+        ('[checks.a]\ncommand = "mlp"\ndepth = "ten"\n', 3, "depth must be an integer"),
+        ('[checks.a]\ncommand = "mlp"\ndepth = true\n', 3, "depth must be an integer"),
+        ('[checks.a]\ncommand = "cnn"\n', 2, "command must be"),
+        ('[checks.a]\ndepth = 3\n', 1, "command must be"),
+        ('[checks.a]\ncommand = "mlp"\ninit = "nope"\n', 3, "unknown init 'nope'"),
+        ('[checks.a]\ncommand = "mlp"\ndepth = 0\n', 3, "depth"),
+        ('[checks.a]\ncommand = "mlp"\nwidth = "9:1"\n', 3, "reversed"),
+        ('[checks.a]\ncommand = "mlp"\nexpect = "maybe"\n', 3, "expect must be"),
+        ('[checks.a]\ncommand = "resnet"\nnorm = "bn"\ninit = "proposed"\n', 4, "He init"),
+        ('[checks.a]\ncommand = "resnet"\ndepth = 3\n', 3, "unknown key 'depth' for resnet"),
+        ('[checks.ok]\ncommand = "mlp"\n\n[checks.b]\ncommand = "mlp"\nsamples = -1\n', 6, "samples"),
+        ('[other]\nx = 1\n', 1, "no [checks.NAME] tables"),
+    ],
+)
+def test_bad_config_exits_2_naming_file_and_line(capsys, monkeypatch, tmp_path, text, line, words):
+    code, out, err = run(capsys, monkeypatch, tmp_path, text)
+    assert code == 2
+    assert out == ""  # nothing ran
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert f"sigprop.toml:{line}:" in lines[0] and words in lines[0], lines[0]
+
+
+def test_no_config_anywhere_exits_2(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert main(["check"]) == 2
+    assert "no checks found" in capsys.readouterr().err
+    assert main(["check", "missing.toml"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_junit_target_is_validated_before_running(capsys, monkeypatch, tmp_path):
+    code, out, err = run(capsys, monkeypatch, tmp_path, GOOD, "--junit", "/nonexistent-dir/r.xml")
+    assert code == 2 and out == "" and "--junit" in err
