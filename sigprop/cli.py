@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -119,16 +118,13 @@ def write_output(text: str, output: Optional[Path]) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    target = _check_output_target(output)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+    from sigprop import files
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    files.atomic_write(_check_output_target(output), write)
 
 
 def render(result, fmt: Format, output: Optional[Path]) -> None:

@@ -12,8 +12,6 @@ JSON lines.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -52,17 +50,11 @@ def _pyplot():
 
 def save(fig, path: Path) -> None:
     """Write the figure whole (temp file + rename), never half."""
-    target = path.resolve()
-    ext = target.suffix.lower().lstrip(".")
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=f".{ext}")
-    os.close(fd)
+    from sigprop import files
+
+    ext = path.suffix.lower().lstrip(".")
     try:
-        fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        files.atomic_write(path, lambda tmp: fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight"), suffix=f".{ext}")
     finally:
         _pyplot().close(fig)
 

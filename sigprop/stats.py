@@ -28,10 +28,14 @@ def _exp_or_none(x: float) -> float | None:
     return math.exp(x)
 
 
-def _lse(a: np.ndarray, axis=None) -> np.ndarray:
-    from scipy.special import logsumexp
-
-    return logsumexp(a, axis=axis)
+def _lse(a: np.ndarray) -> float:
+    """ln sum exp(a) over all elements, the largest term factored out (-inf when all are -inf).
+    Plain numpy: scipy.special.logsumexp's array-API dispatch cost ~0.3 ms a call, which at
+    2000 layers x 4 calls was a sixth of a probe's time."""
+    m = float(np.max(a))
+    if not math.isfinite(m):
+        return m
+    return m + math.log(float(np.sum(np.exp(a - m))))
 
 
 def ratio_stats(ln: np.ndarray) -> RatioStats:

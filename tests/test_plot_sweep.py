@@ -193,3 +193,13 @@ def test_no_colour_when_piped_or_with_no_color():
     assert "\x1b[" not in piped.stdout
     assert COLOUR.search(forced.stdout)  # the test can fail: colour does appear when forced
     assert not COLOUR.search(nocolor.stdout)
+
+
+def test_written_files_get_the_usual_permissions(capsys, tmp_path):
+    out, fig = tmp_path / "r.json", tmp_path / "f.png"
+    code, _, _ = run(capsys, ["mlp", "--depth", "3", "--format", "json", "--output", str(out), "--plot", str(fig), *SMALL])
+    mask = os.umask(0)
+    os.umask(mask)
+    assert code == 0
+    for p in (out, fig):
+        assert (p.stat().st_mode & 0o777) == (0o666 & ~mask)
