@@ -1,5 +1,6 @@
 """The bias of reduced-precision matmul operands at depth, against float64, on one machine.
 
+Also bfloat16 and float16 operands (why ``--dtype`` refuses them).
 TF32 (``--precision tf32`` on CUDA) rounds both operands of every matmul to 10 mantissa bits
 (unit roundoff 2^-11) and accumulates in float32.  Without a GPU this script emulates the part
 that matters: the engine runs in float64 on the same draws, and every layer's matmul operands
@@ -34,6 +35,14 @@ def round_fp32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32).to(x.dtype)
 
 
+def round_bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def round_fp16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float16).to(x.dtype)
+
+
 def run(widths, samples, rounding):
     x, e = engine.probe_inputs(0, samples, widths[0], widths[-1], torch.device("cpu"), torch.float64)
     saved = engine._mm
@@ -58,7 +67,7 @@ def main() -> None:
         f64, b64 = run(widths, samples, None)
         spread = float(f64[-1].std())
         spread_b = float(b64[0].std())
-        for name, fn in (("tf32", round_tf32), ("fp32", round_fp32)):
+        for name, fn in (("tf32", round_tf32), ("fp32", round_fp32), ("bf16", round_bf16), ("fp16", round_fp16)):
             f, b = run(widths, samples, fn)
             df, db = f[-1] - f64[-1], b[0] - b64[0]
             print(f"{L:6d} {name:>8s} {float(df.mean()):14.2e} {float(df.std()):12.2e} {float(db.mean()):14.2e} "

@@ -131,3 +131,48 @@ def run_checks(checks, source: str = "", on_outcome: Callable[[CheckOutcome], No
             if on_outcome is not None:
                 on_outcome(o)
     return CheckReport(source, outcomes, time.perf_counter() - t_all, results)
+
+
+def rerun_specs(doc: dict) -> tuple[specs.MLPSpec | specs.ResNetSpec, specs.ProbeSpec, int | None]:
+    """The specs (and torch thread count) that reproduce a ``sigprop.result.v1`` document:
+    its config, on the device, precision, stream mode and draw batching it recorded."""
+    from sigprop.errors import SigpropError
+    from sigprop.results import RESULT_SCHEMA
+
+    if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
+        raise SigpropError(f"not a {RESULT_SCHEMA} document (sigprop mlp/resnet --format json)", option="RESULT")
+    cfg, env = doc.get("config", {}), doc.get("environment", {})
+    try:
+        if doc.get("command") == "mlp":
+            spec = specs.MLPSpec(depth=cfg["depth"], input_dim=cfg["input_dim"], width=specs.WidthSpec.parse(cfg["width"]),
+                                 inits=tuple(cfg["inits"]))
+        elif doc.get("command") == "resnet":
+            spec = specs.ResNetSpec(
+                blocks=cfg["blocks"], stages=cfg["stages"], dim=cfg["dim"],
+                width=specs.WidthSpec.parse(cfg["width"] or "150:250"), block_depth=cfg["block_depth"],
+                norm=cfg["norm"], inits=tuple(cfg["inits"]),
+            )
+        else:
+            raise SigpropError(f"unknown command {doc.get('command')!r}", option="RESULT")
+        probe_spec = specs.ProbeSpec(
+            samples=cfg["samples"], seed=cfg["seed"], seeds=cfg["seeds"], device=env.get("device", cfg["device"]),
+            dtype=cfg["dtype"], stream=env.get("stream", cfg.get("stream")), precision=cfg.get("precision", "fp32"),
+            batch=env.get("batch"),
+        )
+    except (KeyError, TypeError) as exc:
+        raise SigpropError(f"the document lacks {exc} in its config or environment", option="RESULT") from None
+    return spec, probe_spec, env.get("threads")
+
+
+def rerun(doc: dict, progress: engine.ProgressFn | None = None, on_start=None) -> ProbeResult:
+    """Run again what a result document records (same config, seed, device, thread count)."""
+    import torch
+
+    spec, probe_spec, threads = rerun_specs(doc)
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        return probe(spec, probe_spec, progress=progress, on_start=on_start)
+    finally:
+        torch.set_num_threads(saved)

@@ -419,6 +419,42 @@ def plot_cmd(
     _say(f"sigprop: wrote {out}")
 
 
+@app.command()
+def rerun(
+    result: Annotated[Path, typer.Argument(help="A result of sigprop mlp/resnet --format json.", metavar="RESULT")],
+    fmt: Annotated[Format, typer.Option("--format", help="Output format of the new run.")] = Format.table,
+    output: Annotated[Optional[Path], typer.Option(help="Write the new run's output to this file (whole, never half).")] = None,
+) -> None:
+    """Run a recorded result again (its config, seed, device, threads) and compare: exit 0 identical, 1 different."""
+    import json
+
+    from sigprop.results import compare_documents
+
+    _check_output_target(output)
+    try:
+        doc = json.loads(result.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SigpropError(f"cannot read {result}: {exc.strerror or exc}", option="RESULT") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SigpropError(f"{result} is not JSON: {exc}", option="RESULT") from None
+
+    from sigprop import api  # imports torch
+
+    new = api.rerun(doc, on_start=lambda env: _say(
+        f"sigprop rerun: {doc.get('command')} from {result} on {env['device']} ({env['threads']} threads)"))
+    render(new, fmt, output)
+    count, diffs = compare_documents(doc.get("runs"), new.to_dict()["runs"])
+    old_env = doc.get("environment", {})
+    moved = [k for k in ("torch", "device_name", "threads") if old_env.get(k) != new.environment.get(k)]
+    if moved:
+        _say("sigprop rerun: note: " + ", ".join(f"{k} was {old_env.get(k)!r}, now {new.environment.get(k)!r}" for k in moved))
+    if diffs:
+        where, a, b = diffs[0]
+        _say(f"sigprop rerun: DIFFERENT: {len(diffs)} of {count} numbers differ; first at runs{where[where.find('['):] if where.startswith('[') else '.' + where}: {a!r} -> {b!r}")
+        raise typer.Exit(1)
+    _say(f"sigprop rerun: reproduced: all {count} numbers identical")
+
+
 class CheckFormat(str, enum.Enum):
     text = "text"
     json = "json"
@@ -519,6 +555,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         _say(f"sigprop: error: {exc}")
         return exc.exit_code
     except typer.Exit as exc:
+        if exc.exit_code == 130:  # typer turns Ctrl-C into Exit(130) itself
+            _say("sigprop: interrupted")
         return exc.exit_code
     except UsageError as exc:
         msg = " ".join(exc.format_message().split())
@@ -533,8 +571,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         _say("sigprop: error: out of memory; reduce --samples, --depth or --width")
         return 2
     except Exception as exc:  # never a traceback; a bug still says what it was
+        if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without importing torch
+            _say("sigprop: error: the GPU ran out of memory during the run (its free memory changed since the "
+                 "estimate?); reduce --samples, --depth/--blocks or --width, use --stream, or --device cpu")
+            return 2
         _say(f"sigprop: internal error: {type(exc).__name__}: {exc} (please report it)")
         return 1
+    if rv == 130:  # typer's click returns 130 for Ctrl-C (KeyboardInterrupt) without standalone mode
+        _say("sigprop: interrupted")
     return rv if isinstance(rv, int) else 0
 
 

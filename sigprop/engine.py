@@ -429,7 +429,7 @@ def run_mlp(
         stream = need > 0.8 * available_bytes(device)
     if stream:
         need -= mlp_weight_bytes(widths, itemsize) - 2 * max(widths) ** 2 * itemsize
-    batch = plan_batches(need, probe.seeds, device, "--depth/--width/--samples")
+    batch = plan_batches(need, probe.seeds, device, "--depth/--width/--samples") if probe.batch is None else min(probe.batch, probe.seeds)
     env = _environment(device, probe, stream, batch)
     if on_start is not None:
         on_start(env)
@@ -748,6 +748,12 @@ def run_resnet(
     itemsize = torch.finfo(dtype).bits // 8
     names = spec.resolved_inits()
     bn = spec.norm == "bn"
+    # a lower bound that needs no plan (a plan of 10^9 blocks would itself exhaust memory): the
+    # bit-packed masks, BN's saved inputs and the float64 ln-ratio buffers, with widths at LO
+    layers = spec.stages * spec.blocks * (1 if bn else spec.block_depth)
+    per_layer = probe.samples * ((spec.dim * itemsize + spec.dim // 8) if bn else (spec.width.lo + 7) // 8)
+    check_memory(layers * per_layer + 3 * spec.stages * spec.blocks * probe.samples * 8,
+                 device, "--blocks/--stages/--dim/--width/--samples")
     # upper bound with every hidden width at HI, before anything is drawn or allocated
     hi = nets.resnet_plan(spec.dim, spec.stages, spec.blocks, 0 if bn else spec.block_depth,
                           [] if bn else [spec.width.hi] * (spec.stages * spec.blocks * spec.block_depth), stem=bn)
@@ -769,7 +775,7 @@ def run_resnet(
         stream = need > 0.8 * available_bytes(device)
     if stream:
         need -= itemsize * (resnet_weight_count(plan) + (len(plan.blocks) + 1) * plan.dim**2 * bn)
-    batch = plan_batches(need, probe.seeds, device, options)
+    batch = plan_batches(need, probe.seeds, device, options) if probe.batch is None else min(probe.batch, probe.seeds)
     env = _environment(device, probe, stream, batch)
     if on_start is not None:
         on_start(env)

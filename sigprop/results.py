@@ -350,3 +350,24 @@ class CheckReport:
             "checks": [o.to_dict() for o in self.outcomes],
             "results": self.results,
         }
+
+
+def compare_documents(old: Any, new: Any, path: str = "") -> tuple[int, list[tuple[str, Any, Any]]]:
+    """Compare two JSON documents leaf by leaf: (numbers compared, [(path, old, new)] for every
+    leaf that differs).  Used by ``sigprop rerun``; exact comparison, floats included."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        count, diffs = 0, []
+        for k in sorted(set(old) | set(new)):
+            c, d = compare_documents(old.get(k), new.get(k), f"{path}.{k}" if path else k)
+            count, diffs = count + c, diffs + d
+        return count, diffs
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) != len(new):
+            return 1, [(path, f"{len(old)} items", f"{len(new)} items")]
+        count, diffs = 0, []
+        for i, (a, b) in enumerate(zip(old, new)):
+            c, d = compare_documents(a, b, f"{path}[{i}]")
+            count, diffs = count + c, diffs + d
+        return count, diffs
+    number = isinstance(old, (int, float)) and not isinstance(old, bool)
+    return (1 if number else 0), ([] if old == new else [(path, old, new)])

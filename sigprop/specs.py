@@ -18,6 +18,19 @@ DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 DTYPES = ("float32", "float64")
 PRECISIONS = ("fp32", "tf32")
 
+#: no size option may exceed this (10^12): far beyond any memory, and below the 64-bit limits of
+#: numpy and torch indexing, so a huge value is refused with its option named, not overflowed
+MAX_SIZE = 10**12
+
+
+def check_size(value: int, option: str) -> None:
+    """>= 1 and <= MAX_SIZE, or a SigpropError naming the option."""
+    if value < 1:
+        raise SigpropError(f"must be >= 1, got {value}", option=option)
+    if value > MAX_SIZE:
+        raise SigpropError(f"must be <= {MAX_SIZE:.0e}, got {value}", option=option)
+
+
 #: spawn keys of the independent random streams derived from one --seed
 STREAM_WIDTHS, STREAM_INPUTS, STREAM_ERRORS, STREAM_WEIGHTS = 0, 1, 2, 3
 
@@ -44,6 +57,8 @@ class WidthSpec:
         lo, hi = int(parts[0]), int(parts[-1])
         if lo < 1:
             raise SigpropError(f"widths must be >= 1, got {text!r}", option=option)
+        if hi > MAX_SIZE:
+            raise SigpropError(f"widths must be <= {MAX_SIZE:.0e}, got {text!r}", option=option)
         if hi < lo:
             raise SigpropError(f"range {text!r} is reversed: LO must be <= HI", option=option)
         return cls(lo, hi)
@@ -70,18 +85,20 @@ class ProbeSpec:
     stream: bool | None = None
     #: matmul precision for float32 on CUDA: "fp32" (IEEE) or "tf32" (tensor cores)
     precision: str = "fp32"
+    #: draws computed at once (None: as many as fit in half the free memory); ``rerun`` pins it
+    batch: int | None = None
 
     def __post_init__(self) -> None:
-        if self.samples < 1:
-            raise SigpropError(f"must be >= 1, got {self.samples}", option="--samples")
-        if self.seeds < 1:
-            raise SigpropError(f"must be >= 1, got {self.seeds}", option="--seeds")
-        if self.seed < 0:
-            raise SigpropError(f"must be >= 0, got {self.seed}", option="--seed")
+        check_size(self.samples, "--samples")
+        check_size(self.seeds, "--seeds")
+        if self.seed < 0 or self.seed >= 2**63:
+            raise SigpropError(f"must be in [0, 2^63), got {self.seed}", option="--seed")
         if not DEVICE_RE.match(self.device):
             raise SigpropError(f"expected auto, cpu, cuda or cuda:K, got {self.device!r}", option="--device")
         if self.dtype not in DTYPES:
             raise SigpropError(f"expected one of {', '.join(DTYPES)}, got {self.dtype!r}", option="--dtype")
+        if self.batch is not None and self.batch < 1:
+            raise SigpropError(f"must be >= 1, got {self.batch}", option="batch")
         if self.precision not in PRECISIONS:
             raise SigpropError(f"expected one of {', '.join(PRECISIONS)}, got {self.precision!r}", option="--precision")
         if self.precision == "tf32" and self.dtype != "float32":
@@ -98,10 +115,8 @@ class MLPSpec:
     inits: tuple[str, ...] = ("proposed",)
 
     def __post_init__(self) -> None:
-        if self.depth < 1:
-            raise SigpropError(f"must be >= 1, got {self.depth}", option="--depth")
-        if self.input_dim < 1:
-            raise SigpropError(f"must be >= 1, got {self.input_dim}", option="--input-dim")
+        check_size(self.depth, "--depth")
+        check_size(self.input_dim, "--input-dim")
         if not self.inits:
             raise SigpropError("give at least one init", option="--init")
         for name in self.inits:
@@ -141,8 +156,7 @@ class ResNetSpec:
 
     def __post_init__(self) -> None:
         for option, value in (("--blocks", self.blocks), ("--stages", self.stages), ("--dim", self.dim), ("--block-depth", self.block_depth)):
-            if value < 1:
-                raise SigpropError(f"must be >= 1, got {value}", option=option)
+            check_size(value, option)
         if self.norm not in NORMS:
             raise SigpropError(f"expected one of {', '.join(NORMS)}, got {self.norm!r}", option="--norm")
         if self.norm == "bn":

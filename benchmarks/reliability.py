@@ -1,0 +1,102 @@
+"""How often does ``--check`` cry wolf, and how often does it miss? (issue 6, docs/reliability.md)
+
+For every cell of the grid (MLP: width x depth; ResNet: width x blocks) it runs the probe with
+seeds 0..S-1 -- each seed a new network *and* new inputs -- for the inits proposed, he, pytorch
+and datadep (one probe per seed, all inits sharing its draws), and counts:
+
+* false alarms: runs of ``proposed`` whose check fails (target <= 0.5%);
+* misses: runs of he / pytorch / datadep whose check passes, at depth (blocks) >= 20 (target 0%).
+
+Each finished cell is appended to a JSON-lines file (resumable, like ``sigprop sweep``) and the
+table is printed at the end.  Slow: the full grid (200 seeds, widths up to 1024, depth 200, 1000
+blocks) takes many CPU hours; ``--seeds``, ``--samples``, ``--widths``, ``--max-cost`` trim it
+and the table says what ran.
+
+Usage: python benchmarks/reliability.py [--seeds 200] [--samples 200] [--widths 64,256,1024]
+       [--max-cost 2e12] [--out reliability.jsonl] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from sigprop import api, specs
+
+INITS = ("proposed", "he", "pytorch", "datadep")
+MLP_DEPTHS = (10, 50, 200)
+RESNET_BLOCKS = (10, 100, 1000)
+
+
+def cost(arch: str, width: int, size: int, samples: int) -> float:
+    """Rough flops of one probe of one init: matmuls both ways and one QR per layer."""
+    layers = size if arch == "mlp" else 2 * size
+    return layers * (4.0 * samples * width * width + 3.0 * width**3)
+
+
+def run_cell(arch: str, width: int, size: int, seeds: int, samples: int) -> dict:
+    fails = {name: 0 for name in INITS}
+    t0 = time.perf_counter()
+    for seed in range(seeds):
+        if arch == "mlp":
+            spec = specs.MLPSpec(depth=size, input_dim=width, width=specs.WidthSpec(width, width), inits=INITS)
+        else:
+            spec = specs.ResNetSpec(blocks=size, dim=width, width=specs.WidthSpec(width, width), inits=INITS)
+        result = api.probe(spec, specs.ProbeSpec(samples=samples, seed=seed, device="cpu"))
+        for run in result.runs:
+            fails[run.init] += 0 if run.passed else 1
+    return {"arch": arch, "width": width, "size": size, "seeds": seeds, "samples": samples,
+            "failed": fails, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=200)
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--widths", default="64,256,1024")
+    ap.add_argument("--max-cost", type=float, default=float("inf"), help="skip cells whose seeds x inits cost more flops")
+    ap.add_argument("--out", default="reliability.jsonl")
+    ap.add_argument("--quick", action="store_true", help="20 seeds, widths 64 and 256, 100 samples")
+    args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.samples, args.widths = 20, 100, "64,256"
+    widths = [int(w) for w in args.widths.split(",")]
+    out = Path(args.out)
+    done = {}
+    if out.exists():
+        for line in out.read_text().splitlines():
+            r = json.loads(line)
+            done[(r["arch"], r["width"], r["size"], r["seeds"], r["samples"])] = r
+    cells = [("mlp", w, d) for w in widths for d in MLP_DEPTHS] + [("resnet", w, b) for w in widths for b in RESNET_BLOCKS]
+    cells.sort(key=lambda c: cost(c[0], c[1], c[2], args.samples))
+    rows = []
+    for arch, width, size in cells:
+        key = (arch, width, size, args.seeds, args.samples)
+        total = cost(arch, width, size, args.samples) * args.seeds * len(INITS)
+        if key in done:
+            rows.append(done[key])
+            continue
+        if total > args.max_cost:
+            print(f"skip {arch} width {width} size {size}: {total:.1e} flops > --max-cost", flush=True)
+            continue
+        r = run_cell(arch, width, size, args.seeds, args.samples)
+        with open(out, "a") as fh:
+            fh.write(json.dumps(r) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        print(f"{arch} width {width} size {size}: {r['failed']} of {r['seeds']} failed ({r['seconds']} s)", flush=True)
+        rows.append(r)
+    print()
+    print(f"{'net':7s} {'width':>5s} {'depth':>5s} {'seeds':>5s} {'N':>5s}  {'proposed fails':>14s}  {'he passes':>9s} {'pytorch':>8s} {'datadep':>8s}")
+    for r in sorted(rows, key=lambda r: (r["arch"], r["width"], r["size"])):
+        n, f = r["seeds"], r["failed"]
+        passes = {k: n - f[k] for k in INITS}
+        print(f"{r['arch']:7s} {r['width']:5d} {r['size']:5d} {n:5d} {r['samples']:5d}  "
+              f"{f['proposed']:4d} ({100 * f['proposed'] / n:4.1f}%)  {passes['he']:9d} {passes['pytorch']:8d} {passes['datadep']:8d}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Fuzzing the CLI (issue 6): hypothesis builds argument lists for every command from valid,
+invalid and extreme values (huge sizes, reversed ranges, negative numbers, unicode, missing
+values, unknown options).  Whatever it builds: exit 0, 1 or 2; never a traceback; a non-zero
+exit says why on stderr; a refused run (exit 2) leaves no output file, and no run leaves a temp
+file.  Compute stays small: valid sizes are small, extreme ones are refused by the memory
+estimate before anything is allocated."""
+
+import contextlib
+import io
+import os
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from sigprop.cli import main
+
+EXAMPLES = int(os.environ.get("SIGPROP_FUZZ_EXAMPLES", "150"))
+
+GARBAGE = st.sampled_from(["", "-1", "0", "x", "1e3", "٣", "∞", "nan", "--", "-", "10**9", " 7", "7 ", "None", "1:2:3"]) | st.text(max_size=6)
+SMALL_INT = st.sampled_from(["1", "2", "3", "7"])
+HUGE = st.sampled_from(["1000000000", "99999999999999999999"])
+INT = SMALL_INT | HUGE | GARBAGE
+WIDTH = st.sampled_from(["8", "4:16", "16:4", "0", "0:3", "a:b", "1:", ":", "3:3", "1000000000", "5:1000000000"]) | GARBAGE
+INITS_MLP = st.sampled_from(["proposed", "he", "datadep", "pytorch", "stage-hanin", "PROPOSED", "nope", ""])
+INITS_RES = st.sampled_from(["proposed", "he", "skipinit", "skipinit-sqrt", "stage-hanin", "unnormalized-he", "datadep", "nope"])
+COMMON = {
+    "--samples": SMALL_INT | HUGE | GARBAGE,
+    "--seed": st.sampled_from(["0", "5", "-1", "x", "18446744073709551617"]),
+    "--seeds": st.sampled_from(["1", "2", "0", "-3", "y"]),
+    "--device": st.sampled_from(["cpu", "auto", "cuda", "cuda:7", "tpu", "", "CPU"]),
+    "--dtype": st.sampled_from(["float32", "float64", "float16", "bfloat16", "int8", ""]),
+    "--format": st.sampled_from(["table", "json", "csv", "xml", ""]),
+    "--precision": st.sampled_from(["fp32", "tf32", "fp16", ""]),
+}
+FLAGS = st.sampled_from(["--check", "--stream", "--no-stream", "--help", "--bogus", "-x"])
+
+COMMANDS = {
+    "mlp": {"--depth": INT, "--input-dim": INT, "--width": WIDTH, "--init": INITS_MLP, **COMMON},
+    "resnet": {"--blocks": INT, "--stages": st.sampled_from(["1", "2", "17", "0", "40"]) | GARBAGE, "--dim": INT,
+               "--width": WIDTH, "--block-depth": INT, "--norm": st.sampled_from(["wn", "bn", "none", "ln", ""]),
+               "--init": INITS_RES, **COMMON},
+    "theory": {"--n": st.sampled_from(["2", "1", "1000000000000", "0", "x"]), "--blocks": INT,
+               "--format": st.sampled_from(["table", "json", "csv"])},
+    "inits": {},
+    "cite": {"--init": INITS_RES | INITS_MLP},
+    "sweep": {"--depth": st.sampled_from(["2,3", "3", "2,2", "0", "x,y", "", "1000000000"]),
+              "--blocks": st.sampled_from(["2", "2,3", "-1", ""]), "--width": st.sampled_from(["8", "8,16", "0", "a", "1000000000"]),
+              "--init": st.sampled_from(["proposed", "proposed,he", "nope", "", "proposed,proposed"]),
+              "--samples": SMALL_INT | GARBAGE, "--seeds": st.sampled_from(["1", "0"]), "--device": st.sampled_from(["cpu", "tpu"])},
+    "plot": {"--x": st.sampled_from(["depth", "width", "blocks", "time", ""]), "--direction": st.sampled_from(["forward", "backward", "up"])},
+    "check": {"--format": st.sampled_from(["text", "json", "yaml"])},
+    "rerun": {"--format": st.sampled_from(["table", "json", "csv", "pdf"])},
+}
+CHECK_TOML = st.sampled_from([
+    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "mlp"\ndepth = 30\nwidth = 8\nsamples = 4\ninit = "he"\nexpect = "fail"\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "mlp"\ndepth = 1000000000\nwidth = 100000\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "mlp"\ndepth = -3\n',
+    '[checks.a]\ncommand = mlp\n',
+    '[checks]\na = 3\n',
+    '',
+    '\x00\xff',
+])
+
+
+@st.composite
+def argv(draw):
+    cmd = draw(st.sampled_from(sorted(COMMANDS)))
+    vocab = COMMANDS[cmd]
+    args = [cmd]
+    if cmd == "sweep":
+        args.append(draw(st.sampled_from(["mlp", "resnet", "cnn", ""])))
+    if cmd in ("plot", "rerun", "check"):
+        args.append(draw(st.sampled_from(["FILE", "missing.txt", "", "∂"])))
+    for _ in range(draw(st.integers(0, 5))):
+        kind = draw(st.integers(0, 9))
+        if kind < 7 and vocab:
+            opt = draw(st.sampled_from(sorted(vocab)))
+            args.append(opt)
+            if draw(st.integers(0, 12)) > 0:  # sometimes the value is missing
+                args.append(draw(vocab[opt]))
+        elif kind < 9:
+            args.append(draw(FLAGS))
+        else:
+            args.append(draw(GARBAGE))
+    outputs = {"--output": "out.txt", "--plot": "fig.png", "--junit": "j.xml", "--out": "r.jsonl"}
+    for opt, name in outputs.items():
+        applies = (opt == "--output" and cmd in ("mlp", "resnet", "theory", "check", "rerun")) or \
+                  (opt == "--plot" and cmd in ("mlp", "resnet")) or (opt == "--junit" and cmd == "check") or \
+                  (opt == "--out" and cmd in ("sweep", "plot"))
+        if applies and draw(st.booleans()):
+            args += [opt, draw(st.sampled_from([name, "nodir/" + name, "."]))]
+    return args, draw(CHECK_TOML)
+
+
+def _prepare(tmp: Path, toml: str) -> None:
+    (tmp / "FILE").write_text(toml, encoding="utf-8", errors="surrogateescape")
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(argv())
+def test_cli_never_crashes(case):
+    args, toml = case
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        _prepare(tmp, toml)
+        before = set(os.listdir(tmp))
+        cwd = os.getcwd()
+        out, err = io.StringIO(), io.StringIO()
+        os.chdir(tmp)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main(list(args))
+        finally:
+            os.chdir(cwd)
+        after = set(os.listdir(tmp)) - before
+        stderr = err.getvalue()
+        event(f"{args[0]}: exit {code}")
+        assert code in (0, 1, 2), (args, code, stderr)
+        assert "Traceback" not in stderr and "internal error" not in stderr, (args, stderr)
+        if code != 0:
+            last = [l for l in stderr.splitlines() if l.strip()]
+            assert last and last[-1].startswith("sigprop"), (args, stderr)
+        assert not [f for f in after if f.startswith(".")], (args, after)  # no temp file left
+        if code == 2:
+            # refused: nothing written (a sweep's file only ever holds whole lines)
+            assert not (after & {"out.txt", "fig.png", "j.xml"}), (args, after)
+
+
+def test_fuzz_examples_cover_every_command():
+    assert set(COMMANDS) | {"env"} >= {"mlp", "resnet", "theory", "inits", "cite", "sweep", "plot", "check", "rerun"}
