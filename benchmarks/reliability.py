@@ -13,7 +13,7 @@ blocks) takes many CPU hours; ``--seeds``, ``--samples``, ``--widths``, ``--max-
 and the table says what ran.
 
 Usage: python benchmarks/reliability.py [--seeds 200] [--samples 200] [--widths 64,256,1024]
-       [--max-cost 2e12] [--out reliability.jsonl] [--quick]
+       [--max-cost 2e12] [--arch mlp|resnet|both] [--out reliability.jsonl] [--quick]
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--widths", default="64,256,1024")
     ap.add_argument("--max-cost", type=float, default=float("inf"), help="skip cells whose seeds x inits cost more flops")
     ap.add_argument("--out", default="reliability.jsonl")
+    ap.add_argument("--arch", choices=("mlp", "resnet", "both"), default="both")
     ap.add_argument("--quick", action="store_true", help="20 seeds, widths 64 and 256, 100 samples")
     args = ap.parse_args()
     if args.quick:
@@ -71,6 +72,7 @@ def main() -> None:
             r = json.loads(line)
             done[(r["arch"], r["width"], r["size"], r["seeds"], r["samples"])] = r
     cells = [("mlp", w, d) for w in widths for d in MLP_DEPTHS] + [("resnet", w, b) for w in widths for b in RESNET_BLOCKS]
+    cells = [c for c in cells if args.arch in ("both", c[0])]
     cells.sort(key=lambda c: cost(c[0], c[1], c[2], args.samples))
     rows = []
     for arch, width, size in cells:

@@ -91,7 +91,8 @@ def rounding_ln(dtype: str, steps: int) -> float:
 
 
 def attach_prediction(
-    stats: RatioStats, ln_pred: float | None, ln_var: float, z: float = theory.Z_AGREEMENT, rounding: float = 1e-9 * LN10
+    stats: RatioStats, ln_pred: float | None, ln_var: float, z: float = theory.Z_AGREEMENT, rounding: float = 1e-9 * LN10,
+    drift: float | None = None,
 ) -> None:
     """Pair a measurement with its prediction.
 
@@ -100,6 +101,8 @@ def attach_prediction(
     typical ratio sits exp(-var) below the RMS, and an RMS measured on one draw (whose samples
     share the weights) lies between the two.  The band is that hull widened by z sd:
         [ln_pred - var - z sd, ln_pred + z sd].
+    ``drift``: the exact E[ln ratio] - ln RMS where known (MLP: theory.log_ratio_cumulants),
+    replacing the lognormal -var.
     """
     if ln_pred is None or not math.isfinite(ln_pred):
         return
@@ -107,7 +110,7 @@ def attach_prediction(
     sd = math.sqrt(var)
     stats.log10_predicted = ln_pred / LN10
     stats.predicted = _exp_or_none(ln_pred)
-    stats.log10_low = (ln_pred - var - z * sd) / LN10
+    stats.log10_low = (ln_pred + (-var if drift is None else min(drift, 0.0)) - z * sd) / LN10
     stats.log10_high = (ln_pred + z * sd) / LN10
     if stats.log10_rms is not None:
         # exact equality (e.g. the backward ratio at layer L, sd = 0) needs a rounding margin
@@ -117,19 +120,19 @@ def attach_prediction(
         stats.agrees = False
 
 
-def mlp_checks(widths: Sequence[int], fwd: RatioStats, bwd: RatioStats, var_f: float, var_b: float, z: float = theory.Z_CHECK) -> list[Check]:
+def mlp_checks(widths: Sequence[int], fwd: RatioStats, bwd: RatioStats, cum_f, cum_b, z: float = theory.Z_CHECK) -> list[Check]:
     """``--check``: the typical (geometric-mean) forward ratio at layer L and backward ratio at
-    layer 1 must lie in the norm-preserving band (theory.check_reference_ln) widened by the
-    finite-width tolerance (theory.log_band)."""
+    layer 1 must lie in the norm-preserving band (theory.check_reference_ln) moved by the exact
+    finite-width drift and widened by z sd with the Cornish-Fisher skew correction
+    (theory.cornish_fisher_band; ``cum_*`` = (drift, variance, third cumulant))."""
     (f_lo, f_hi), (b_lo, b_hi) = theory.check_reference_ln(widths)
     out = []
     L = len(widths) - 1
-    for name, st, (lo, hi), var in (
-        (f"forward ratio at layer {L}", fwd, (f_lo, f_hi), var_f),
-        ("backward ratio at layer 1", bwd, (b_lo, b_hi), var_b),
+    for name, st, (lo, hi), cum in (
+        (f"forward ratio at layer {L}", fwd, (f_lo, f_hi), cum_f),
+        ("backward ratio at layer 1", bwd, (b_lo, b_hi), cum_b),
     ):
-        low = theory.log_band(lo, var, z)[0] / LN10
-        high = theory.log_band(hi, var, z)[1] / LN10
+        low, high = (v / LN10 for v in theory.cornish_fisher_band(lo, hi, cum, z))
         m = st.log10_mean
         passed = m is not None and st.dead_fraction == 0.0 and low <= m <= high
         out.append(Check(name=name, passed=passed, log10_measured=m, log10_low=low, log10_high=high))
@@ -140,15 +143,15 @@ def mlp_run(scheme: InitScheme, widths: list[int], ln_fwd: np.ndarray, ln_bwd: n
     """Assemble one init's run: per-layer stats beside predictions, and the checks."""
     L = len(widths) - 1
     pred = scheme.predict_mlp(widths)
-    var_f, var_b = theory.log_ratio_variance(widths, scheme.orthogonal)
+    cum_f, cum_b = theory.log_ratio_cumulants(widths, scheme.orthogonal)
     layers = []
     for l in range(1, L + 1):
         f = ratio_stats(ln_fwd[:, l - 1, :])
         b = ratio_stats(ln_bwd[:, l - 1, :])
-        attach_prediction(f, pred.ln_forward[l - 1] if pred.ln_forward else None, float(var_f[l - 1]))
-        attach_prediction(b, pred.ln_backward[l - 1] if pred.ln_backward else None, float(var_b[l - 1]))
+        attach_prediction(f, pred.ln_forward[l - 1] if pred.ln_forward else None, float(cum_f[l - 1, 1]), drift=float(cum_f[l - 1, 0]))
+        attach_prediction(b, pred.ln_backward[l - 1] if pred.ln_backward else None, float(cum_b[l - 1, 1]), drift=float(cum_b[l - 1, 0]))
         layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
-    checks = mlp_checks(widths, layers[-1].forward, layers[0].backward, float(var_f[-1]), float(var_b[0]))
+    checks = mlp_checks(widths, layers[-1].forward, layers[0].backward, cum_f[-1], cum_b[0])
     return RunResult(init=scheme.name, widths=list(widths), layers=layers, checks=checks, description=scheme.description)
 
 

@@ -288,6 +288,85 @@ def log_ratio_variance(widths: Sequence[int], orthogonal: bool) -> tuple[np.ndar
     return fwd, bwd
 
 
+def relu_layer_log_cumulants(n: int, m: int, orthogonal: bool) -> tuple[float, float, float]:
+    """Exact first three cumulants of X = ln(ratio step) - ln(RMS step) for one WN ReLU layer
+    with n units and fan-in m: X = (1/2) [ln f - ln E f], f = ||ReLU(a)||^2 / ||h||^2 (any
+    constant gain cancels).  docs/theory.md §4, "exact per-layer cumulants".
+
+    Orthogonal directions (Haar): for a fixed unit input the pre-activation direction is uniform
+    on the sphere of R^n, so with K ~ Bin(n, 1/2) positive units, the positive share of ||a||^2
+    is S ~ Beta(K/2, (n-K)/2); when n < m the rows are orthonormal and ||a||^2 = ||W u||^2 ~
+    Beta(n/2, (m-n)/2) (independent of S); when n >= m the map is an isometry.
+    Gaussian (or uniform) rows, m large: f is proportional to a chi-square with K degrees.
+    Cumulants of ln Beta(a, b) and ln chi^2_k are polygamma differences; the mixture over K is
+    exact.  K = 0 (every unit dead, probability 2^-n) is left out: the engine counts it.
+    """
+    from scipy.special import polygamma
+    from scipy.stats import binom
+
+    K = np.arange(1, n + 1, dtype=np.float64)
+    pk = binom.pmf(K, n, 0.5)
+    pk = pk / pk.sum()
+    psi = lambda k, x: polygamma(k, x)
+    if orthogonal:
+        a, b = K / 2.0, (n - K) / 2.0
+        full = b == 0  # K = n: S = 1 exactly
+        bb = np.where(full, 1.0, b)
+        mu = np.where(full, 0.0, psi(0, a) - psi(0, a + bb))
+        var = np.where(full, 0.0, psi(1, a) - psi(1, a + bb))
+        k3 = np.where(full, 0.0, psi(2, a) - psi(2, a + bb))
+        mean_f = K / n
+    else:
+        mu = psi(0, K / 2.0) + math.log(2.0)
+        var = psi(1, K / 2.0)
+        k3 = psi(2, K / 2.0)
+        mean_f = K
+    mean = float(np.sum(pk * mu))
+    d = mu - mean
+    v = float(np.sum(pk * (var + d * d)))
+    c3 = float(np.sum(pk * (k3 + 3.0 * var * d + d**3)))
+    ln_e = math.log(float(np.sum(pk * mean_f)))
+    if orthogonal and n < m:  # the norm of a projection onto n of m dimensions
+        a, b = n / 2.0, (m - n) / 2.0
+        mean += float(psi(0, a) - psi(0, a + b))
+        v += float(psi(1, a) - psi(1, a + b))
+        c3 += float(psi(2, a) - psi(2, a + b))
+        ln_e += math.log(n / m)
+    return 0.5 * (mean - ln_e), v / 4.0, c3 / 8.0
+
+
+def log_ratio_cumulants(widths: Sequence[int], orthogonal: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative (drift below ln RMS, variance, third cumulant) of the per-sample ln(ratio) at
+    each layer, forward [L, 3] and backward [L, 3] (index l-1), summing the independent layer
+    factors of ``relu_layer_log_cumulants`` (forward layer j: n_j units, fan-in n_{j-1};
+    backward step j: the mask of n_j units after W^{j+1}^T from R^{n_{j+1}})."""
+    widths = [int(w) for w in widths]
+    L = len(widths) - 1
+    cache: dict = {}
+
+    def step(n: int, m: int) -> tuple[float, float, float]:
+        if (n, m) not in cache:
+            cache[(n, m)] = relu_layer_log_cumulants(n, m, orthogonal)
+        return cache[(n, m)]
+
+    fwd = np.cumsum(np.array([step(widths[j], widths[j - 1]) for j in range(1, L + 1)]), axis=0)
+    bsteps = np.array([step(widths[j], widths[j + 1]) for j in range(1, L)] + [(0.0, 0.0, 0.0)])
+    bwd = np.cumsum(bsteps[::-1], axis=0)[::-1]
+    return fwd, bwd
+
+
+def cornish_fisher_band(lo_ln: float, hi_ln: float, cumulants: Sequence[float], z: float) -> tuple[float, float]:
+    """[lo + drift + q(-z) sd, hi + drift + q(z) sd] with the Cornish-Fisher quantile
+    q(z) = z + (z^2 - 1) g / 6 of a distribution with skewness g = k3 / sd^3: the z-sd band of
+    a normal, corrected for the left skew that a sum of ln Beta / ln chi-square factors keeps
+    (docs/theory.md §4)."""
+    drift, var, k3 = (float(c) for c in cumulants)
+    sd = math.sqrt(max(var, 0.0))
+    g = k3 / sd**3 if sd > 0 else 0.0
+    q = lambda x: x + (x * x - 1.0) * g / 6.0
+    return lo_ln + drift + q(-z) * sd, hi_ln + drift + q(z) * sd
+
+
 def log_band(center_ln: float, variance: float, z: float) -> tuple[float, float]:
     """ln-space band [center - var - z sd, center - var + z sd] for a lognormal ratio whose
     second moment is fixed at exp(2 center): the typical (geometric-mean) value sits var below."""
