@@ -3,7 +3,7 @@
 Weight generation (Gaussian + QR, as the proposed init), forward matmuls + ReLU with the masks
 kept as bool, the backward matmuls through the masks, and one norm per layer and sample in each
 direction, accumulated on the device.  No statistics, no theory, no output beyond one line.
-Usage: python floor.py L n N [seeds]
+Usage: python floor.py L n N [seeds] [device]
 """
 
 import sys
@@ -12,21 +12,21 @@ import time
 import torch
 
 
-def main() -> None:
-    L, n, N = (int(a) for a in sys.argv[1:4])
-    seeds = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+def floor(L: int, n: int, N: int, seeds: int = 1, device: str = "cpu") -> float:
+    """Run the floor; returns its compute seconds (one host sync at the end)."""
+    dev = torch.device(device)
     t0 = time.perf_counter()
     torch.manual_seed(0)
     with torch.no_grad():
         for _ in range(seeds):
-            x = torch.randn(N, n)
-            e = torch.randn(N, n)
-            norms_f = torch.empty(L, N)
-            norms_b = torch.empty(L, N)
+            x = torch.randn(N, n, device=dev)
+            e = torch.randn(N, n, device=dev)
+            norms_f = torch.empty(L, N, device=dev)
+            norms_b = torch.empty(L, N, device=dev)
             weights, masks = [], []
             h = x
             for l in range(L):
-                q, r = torch.linalg.qr(torch.randn(n, n))
+                q, r = torch.linalg.qr(torch.randn(n, n, device=dev))
                 w = q * torch.sign(torch.diagonal(r)) * 2**0.5
                 a = h @ w.T
                 m = a > 0
@@ -43,7 +43,14 @@ def main() -> None:
                 norms_b[l] = nrm
                 d = d / nrm.clamp_min(1e-30).unsqueeze(1)
             float(norms_f.sum() + norms_b.sum())  # one host sync at the end
-    print(f"floor L={L} n={n} N={N} seeds={seeds} compute {time.perf_counter() - t0:.2f}s")
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    L, n, N = (int(a) for a in sys.argv[1:4])
+    seeds = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    device = sys.argv[5] if len(sys.argv) > 5 else "cpu"
+    print(f"floor L={L} n={n} N={N} seeds={seeds} compute {floor(L, n, N, seeds, device):.2f}s")
 
 
 if __name__ == "__main__":

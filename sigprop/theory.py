@@ -13,6 +13,7 @@ out in ``docs/theory.md``; the functions below are those formulas, nothing more.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -301,11 +302,15 @@ def relu_layer_log_cumulants(n: int, m: int, orthogonal: bool) -> tuple[float, f
     Cumulants of ln Beta(a, b) and ln chi^2_k are polygamma differences; the mixture over K is
     exact.  K = 0 (every unit dead, probability 2^-n) is left out: the engine counts it.
     """
-    from scipy.special import polygamma
-    from scipy.stats import binom
+    return _relu_layer_log_cumulants(int(n), int(m), bool(orthogonal))
+
+
+@functools.lru_cache(maxsize=4096)
+def _relu_layer_log_cumulants(n: int, m: int, orthogonal: bool) -> tuple[float, float, float]:
+    from scipy.special import gammaln, polygamma  # scipy.stats would cost 0.5 s of import
 
     K = np.arange(1, n + 1, dtype=np.float64)
-    pk = binom.pmf(K, n, 0.5)
+    pk = np.exp(gammaln(n + 1.0) - gammaln(K + 1.0) - gammaln(n - K + 1.0) - n * math.log(2.0))  # Bin(n, 1/2)
     pk = pk / pk.sum()
     psi = lambda k, x: polygamma(k, x)
     if orthogonal:
