@@ -14,6 +14,8 @@ and the table says what ran.
 
 Usage: python benchmarks/reliability.py [--seeds 200] [--samples 200] [--widths 64,256,1024]
        [--max-cost 2e12] [--arch mlp|resnet|both] [--out reliability.jsonl] [--quick]
+       [--seed-start 0] [--sizes 50,200]  (seeds seed_start..seed_start+seeds-1; the table sums a
+       cell's disjoint seed ranges)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 import time
 from pathlib import Path
 
-from sigprop import api, specs
+from sigprop import __version__, api, specs
 
 INITS = ("proposed", "he", "pytorch", "datadep")
 MLP_DEPTHS = (10, 50, 200)
@@ -37,10 +39,10 @@ def cost(arch: str, width: int, size: int, samples: int) -> float:
     return layers * (4.0 * samples * width * width + 3.0 * width**3)
 
 
-def run_cell(arch: str, width: int, size: int, seeds: int, samples: int) -> dict:
+def run_cell(arch: str, width: int, size: int, seeds: int, samples: int, seed_start: int = 0) -> dict:
     fails = {name: 0 for name in INITS}
     t0 = time.perf_counter()
-    for seed in range(seeds):
+    for seed in range(seed_start, seed_start + seeds):
         if arch == "mlp":
             spec = specs.MLPSpec(depth=size, input_dim=width, width=specs.WidthSpec(width, width), inits=INITS)
         else:
@@ -48,13 +50,38 @@ def run_cell(arch: str, width: int, size: int, seeds: int, samples: int) -> dict
         result = api.probe(spec, specs.ProbeSpec(samples=samples, seed=seed, device="cpu"))
         for run in result.runs:
             fails[run.init] += 0 if run.passed else 1
-    return {"arch": arch, "width": width, "size": size, "seeds": seeds, "samples": samples,
-            "failed": fails, "seconds": round(time.perf_counter() - t0, 1)}
+    return {"arch": arch, "width": width, "size": size, "seeds": seeds, "seed_start": seed_start, "sigprop": __version__,
+            "samples": samples, "failed": fails, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def merge(rows: list[dict]) -> list[dict]:
+    """Cells of the same (arch, width, size, samples) run over disjoint seed ranges, summed (a
+    range overlapping one already counted -- the same seeds run twice -- is left out)."""
+    out: dict = {}
+    spans: dict = {}
+    for r in sorted(rows, key=lambda r: -r["seeds"]):
+        key = (r["arch"], r["width"], r["size"], r["samples"])
+        lo = r.get("seed_start", 0)
+        hi = lo + r["seeds"]
+        if any(lo < b and a < hi for a, b in spans.get(key, [])):
+            continue
+        spans.setdefault(key, []).append((lo, hi))
+        if key not in out:
+            out[key] = dict(r, failed=dict(r["failed"]))
+            continue
+        m = out[key]
+        m["seeds"] += r["seeds"]
+        m["seconds"] = round(m["seconds"] + r["seconds"], 1)
+        for k in INITS:
+            m["failed"][k] += r["failed"][k]
+    return list(out.values())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=200)
+    ap.add_argument("--seed-start", type=int, default=0, help="first seed (to extend a cell over new seeds)")
+    ap.add_argument("--sizes", default=None, help="only these depths/blocks, e.g. 50,200")
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--widths", default="64,256,1024")
     ap.add_argument("--max-cost", type=float, default=float("inf"), help="skip cells whose seeds x inits cost more flops")
@@ -70,13 +97,15 @@ def main() -> None:
     if out.exists():
         for line in out.read_text().splitlines():
             r = json.loads(line)
-            done[(r["arch"], r["width"], r["size"], r["seeds"], r["samples"])] = r
+            done[(r["arch"], r["width"], r["size"], r["seeds"], r["samples"], r.get("seed_start", 0))] = r
     cells = [("mlp", w, d) for w in widths for d in MLP_DEPTHS] + [("resnet", w, b) for w in widths for b in RESNET_BLOCKS]
     cells = [c for c in cells if args.arch in ("both", c[0])]
+    if args.sizes:
+        cells = [c for c in cells if c[2] in {int(x) for x in args.sizes.split(",")}]
     cells.sort(key=lambda c: cost(c[0], c[1], c[2], args.samples))
     rows = []
     for arch, width, size in cells:
-        key = (arch, width, size, args.seeds, args.samples)
+        key = (arch, width, size, args.seeds, args.samples, args.seed_start)
         total = cost(arch, width, size, args.samples) * args.seeds * len(INITS)
         if key in done:
             rows.append(done[key])
@@ -84,7 +113,7 @@ def main() -> None:
         if total > args.max_cost:
             print(f"skip {arch} width {width} size {size}: {total:.1e} flops > --max-cost", flush=True)
             continue
-        r = run_cell(arch, width, size, args.seeds, args.samples)
+        r = run_cell(arch, width, size, args.seeds, args.samples, args.seed_start)
         with open(out, "a") as fh:
             fh.write(json.dumps(r) + "\n")
             fh.flush()
@@ -93,7 +122,9 @@ def main() -> None:
         rows.append(r)
     print()
     print(f"{'net':7s} {'width':>5s} {'depth':>5s} {'seeds':>5s} {'N':>5s}  {'proposed fails':>14s}  {'he passes':>9s} {'pytorch':>8s} {'datadep':>8s}")
-    for r in sorted(rows, key=lambda r: (r["arch"], r["width"], r["size"])):
+    shown = {(r["arch"], r["width"], r["size"]) for r in rows}
+    rows += [r for r in done.values() if (r["arch"], r["width"], r["size"]) in shown and r not in rows]
+    for r in sorted(merge(rows), key=lambda r: (r["arch"], r["width"], r["size"])):
         n, f = r["seeds"], r["failed"]
         passes = {k: n - f[k] for k in INITS}
         print(f"{r['arch']:7s} {r['width']:5d} {r['size']:5d} {n:5d} {r['samples']:5d}  "

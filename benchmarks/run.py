@@ -2,13 +2,16 @@
 
 Each case runs every program as its own process and records the whole-process wall time and
 peak RSS (os.wait4's ru_maxrss), so import and setup count for everyone.  Prints one table of
-times, memories and ratios; never asserts.  Usage: python benchmarks/run.py [--quick]
+times, memories and ratios; never asserts.  Every program runs once per round, ``--repeat``
+rounds (default 3) interleaved; the table gives median times and per-round ratios with their
+spread.  Usage: python benchmarks/run.py [--quick] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -39,33 +42,45 @@ def sigprop_cmd(L: int, n: int, N: int, seeds: int = 1, *extra: str) -> list[str
 
 def main() -> None:
     quick = "--quick" in sys.argv
+    repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
     import torch
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}, python {platform.python_version()}")
-    rows = []
+          f"threads {torch.get_num_threads()}, python {platform.python_version()}; {repeat} interleaved rounds")
     L, n, N = (60, 256, 500) if quick else (300, 512, 1000)
-    s = measure(sigprop_cmd(L, n, N))
-    f = measure([PY, str(HERE / "floor.py"), str(L), str(n), str(N)])
-    p = measure([PY, str(HERE / "peer.py"), str(L), str(n), str(N)])
-    rows.append((f"L={L} n={n} N={N}", s, f, p, "time <= 1.3 floor, <= 0.6 peer; RSS <= 0.4 peer"))
     L2 = 400 if quick else 2000
-    s2 = measure(sigprop_cmd(L2, 256, 1000))
-    f2 = measure([PY, str(HERE / "floor.py"), str(L2), "256", "1000"])
-    rows.append((f"L={L2} n=256 N=1000", s2, f2, None, "RSS <= 1 GB"))
-    s3 = measure(sigprop_cmd(L2, 256, 1000, 1, "--stream"))
-    rows.append((f"  same, --stream", s3, f2, None, "RSS <= 1 GB"))
-    one = measure(sigprop_cmd(100, 128, 256, 1))
-    many = measure(sigprop_cmd(100, 128, 256, 16))
+    programs = {
+        "s1": sigprop_cmd(L, n, N),
+        "f1": [PY, str(HERE / "floor.py"), str(L), str(n), str(N)],
+        "p1": [PY, str(HERE / "peer.py"), str(L), str(n), str(N)],
+        "s2": sigprop_cmd(L2, 256, 1000),
+        "f2": [PY, str(HERE / "floor.py"), str(L2), "256", "1000"],
+        "s3": sigprop_cmd(L2, 256, 1000, 1, "--stream"),
+        "one": sigprop_cmd(100, 128, 256, 1),
+        "many": sigprop_cmd(100, 128, 256, 16),
+    }
+    # every program once per round, rounds interleaved: the ratios of one round share the
+    # machine's state (this VM's speed drifts by +-20% over minutes), so the ratios are taken
+    # per round and their median is reported, with the spread over the rounds
+    rounds = [{key: measure(cmd) for key, cmd in programs.items()} for _ in range(repeat)]
+    med = lambda xs: statistics.median(xs)
+    t = {k: med([r[k][0] for r in rounds]) for k in programs}
+    m = {k: max(r[k][1] for r in rounds) for k in programs}
+    ratio = lambda a, b: [r[a][0] / r[b][0] for r in rounds]
+    spread = lambda xs: f"{med(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
     print()
-    print(f"{'case':24s} {'sigprop s':>9s} {'MiB':>7s} {'floor s':>8s} {'MiB':>7s} {'peer s':>8s} {'MiB':>7s}  "
-          f"{'t/floor':>7s} {'t/peer':>6s} {'rss/peer':>8s}  target")
+    print(f"time: median over rounds (s); peak RSS: max over rounds (MiB); ratios: median [min-max] of per-round ratios")
+    print(f"{'case':20s} {'sigprop':>7s} {'MiB':>6s} {'floor':>6s} {'MiB':>6s} {'peer':>6s} {'MiB':>6s}  "
+          f"{'t/floor':>16s} {'t/peer':>16s} {'rss/peer':>8s}  target")
+    rows = [(f"L={L} n={n} N={N}", "s1", "f1", "p1", "time <= 1.3 floor, <= 0.6 peer; RSS <= 0.4 peer"),
+            (f"L={L2} n=256 N=1000", "s2", "f2", None, "RSS <= 1 GB"),
+            ("  same, --stream", "s3", "f2", None, "RSS <= 1 GB")]
     for name, s, f, p, target in rows:
-        ps = f"{p[0]:8.2f} {p[1]:7.0f}" if p else f"{'—':>8s} {'—':>7s}"
-        tp = f"{s[0] / p[0]:6.2f}" if p else f"{'—':>6s}"
-        rp = f"{s[1] / p[1]:8.2f}" if p else f"{'—':>8s}"
-        print(f"{name:24s} {s[0]:9.2f} {s[1]:7.0f} {f[0]:8.2f} {f[1]:7.0f} {ps}  {s[0] / f[0]:7.2f} {tp} {rp}  {target}")
-    print(f"{'seeds 16 vs 1 (L=100 n=128 N=256)':24s} {many[0]:.2f}s vs {one[0]:.2f}s: ratio {many[0] / one[0]:.2f}  (target <= 4)")
+        ps = f"{t[p]:6.2f} {m[p]:6.0f}" if p else f"{'—':>6s} {'—':>6s}"
+        tp = f"{spread(ratio(s, p)):>16s}" if p else f"{'—':>16s}"
+        rp = f"{m[s] / m[p]:8.2f}" if p else f"{'—':>8s}"
+        print(f"{name:20s} {t[s]:7.2f} {m[s]:6.0f} {t[f]:6.2f} {m[f]:6.0f} {ps}  {spread(ratio(s, f)):>16s} {tp} {rp}  {target}")
+    print(f"seeds 16 vs 1 (L=100 n=128 N=256): {t['many']:.2f}s vs {t['one']:.2f}s, ratio {spread(ratio('many', 'one'))}  (target <= 4)")
 
 
 if __name__ == "__main__":

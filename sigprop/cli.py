@@ -445,7 +445,7 @@ def rerun(
     render(new, fmt, output)
     count, diffs = compare_documents(doc.get("runs"), new.to_dict()["runs"])
     old_env = doc.get("environment", {})
-    moved = [k for k in ("torch", "device_name", "threads") if old_env.get(k) != new.environment.get(k)]
+    moved = [k for k in ("sigprop", "torch", "device_name", "threads") if old_env.get(k) != new.environment.get(k)]
     if moved:
         _say("sigprop rerun: note: " + ", ".join(f"{k} was {old_env.get(k)!r}, now {new.environment.get(k)!r}" for k in moved))
     if diffs:

@@ -66,11 +66,18 @@ def available_bytes(device: torch.device) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 
+#: peak temporaries of drawing one layer, in units of its weight matrix (sigprop/haar.py: G, its
+#: flipped square, the float64 cumulative sum (two units) -- then G, v, Q, Q diag(sign beta))
+HAAR_TEMPORARIES = 4
+
+
 def estimate_mlp_bytes(widths: list[int], samples: int, itemsize: int) -> int:
-    """Peak memory of one draw: stored weights (+1 temporary for QR), bit-packed masks, a few
-    activation buffers, and the float64 log-norm buffers."""
+    """Peak memory of one draw: stored weights, the temporaries of one layer's draw (G and, for
+    Haar directions, a flipped copy and a float64 cumulative sum, then v, Q and Q diag(sign):
+    ``HAAR_TEMPORARIES`` of the largest layer), bit-packed masks, a few activation buffers, and
+    the float64 log-norm buffers."""
     weights = sum(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
-    qr_tmp = 3 * max(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
+    qr_tmp = HAAR_TEMPORARIES * max(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
     masks = samples * sum((w + 7) // 8 for w in widths[1:])  # bit-packed
     acts = 6 * samples * max(widths) * itemsize
     logs = 4 * len(widths) * samples * 8
@@ -148,7 +155,7 @@ def unpack_mask(packed: torch.Tensor, n: int) -> torch.Tensor:
 
 class Arena:
     """One flat preallocated buffer handed out as views.  Storing thousands of per-layer weights
-    (or masks) as separate allocations fragments the host heap around the QR temporaries: 2000
+    (or masks) as separate allocations fragments the host heap around the draw temporaries: 2000
     stored 256 x 256 weights cost 846 MiB of RSS for 500 MiB of data; in one arena, 515 MiB."""
 
     def __init__(self, numel: int, device, dtype) -> None:
@@ -167,12 +174,12 @@ class Arena:
         return self.alloc(*src.shape).copy_(src)
 
 
-def _normalize(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _normalize(y: torch.Tensor, inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row unit normalisation over the last dim: returns (y / ||y||, ln ||y|| in float64);
-    zero rows stay zero with ln-norm -inf."""
+    zero rows stay zero with ln-norm -inf.  ``inplace``: y is a temporary and is overwritten."""
     norm = torch.linalg.vector_norm(y, dim=-1)
-    safe = torch.where(norm > 0, norm, torch.ones_like(norm))
-    return y / safe.unsqueeze(-1), torch.log(norm.to(torch.float64))
+    safe = torch.where(norm > 0, norm, torch.ones_like(norm)).unsqueeze(-1)
+    return (y.div_(safe) if inplace else y / safe), torch.log(norm.to(torch.float64))
 
 
 def _col(c: torch.Tensor, dtype) -> torch.Tensor:
@@ -233,14 +240,14 @@ def _linear(
     if calibrate is not None:
         vnorm = torch.linalg.vector_norm(p.v, dim=-1)
         p = _calibrate_batch(calibrate, p, _col(c, dtype) * t / vnorm.unsqueeze(-2))
-    a = t * p.scale.unsqueeze(-2)
+    a = t.mul_(p.scale.unsqueeze(-2))  # t is this layer's own temporary: in place from here on
     if p.bias is not None:
         m = torch.clamp(c, min=0.0)
-        a = _col(c - m, dtype) * a + _col(-m, dtype) * p.bias.unsqueeze(-2)
+        a = a.mul_(_col(c - m, dtype)).add_(_col(-m, dtype) * p.bias.unsqueeze(-2))
     else:
         m = c
     mask = a > 0 if relu else None
-    u, ln_norm = _normalize(torch.relu(a) if relu else a)
+    u, ln_norm = _normalize(torch.relu_(a) if relu else a, inplace=True)
     return u, m + ln_norm, mask, p
 
 
@@ -330,8 +337,8 @@ def mlp_batch(
         if stream:
             role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
             p = _with_v(p, draw_layer(scheme, role, seed, draws, l, device, dtype).v)
-        y = _vjp(p, d) * unpack_mask(packed[l - 2], widths[l - 1])
-        d, ln_norm = _normalize(y)
+        y = _vjp(p, d).mul_(unpack_mask(packed[l - 2], widths[l - 1]))
+        d, ln_norm = _normalize(y, inplace=True)
         acc = acc + ln_norm
         ln_bwd[:, l - 2] = acc
         if progress is not None:
@@ -711,7 +718,7 @@ def bn_forward_backward(plan, x, e, seed, draw, progress=None, eps=theory.BN_EPS
 
 
 def estimate_resnet_bytes(plan: nets.ResNetPlan, samples: int, itemsize: int, bn: bool) -> int:
-    """Peak memory of one draw: stored weights (+ a QR temporary), bit-packed masks, activations,
+    """Peak memory of one draw: stored weights (+ one layer's draw temporaries), bit-packed masks, activations,
     and for BN the saved normalised inputs of every layer."""
     weights = 0
     masks = 0
@@ -730,7 +737,7 @@ def estimate_resnet_bytes(plan: nets.ResNetPlan, samples: int, itemsize: int, bn
         weights += plan.dim**2  # the stem
         masks += len(plan.entry_dims()) * samples * (plan.dim * itemsize + (plan.dim + 7) // 8)
     entries = len(plan.entry_dims())
-    return weights * itemsize + 3 * biggest * itemsize + masks + 8 * samples * widest * itemsize + 4 * entries * samples * 8
+    return weights * itemsize + HAAR_TEMPORARIES * biggest * itemsize + masks + 8 * samples * widest * itemsize + 4 * entries * samples * 8
 
 
 def run_resnet(

@@ -11,8 +11,9 @@ start fast; torch is imported inside the sampling functions.
 
 Common random numbers: every scheme draws its Gaussian matrix G from the same per-layer
 generator, so within a run ``he``, ``proposed-gaussian``, ``unnormalized-he`` and ``datadep``
-share their directions and ``proposed`` orthogonalises that same G.  Differences between
-schemes in one run are then differences of the schemes, not of the draws.
+share their directions and ``proposed`` builds its Haar directions from that same G
+(sigprop/haar.py).  Differences between schemes in one run are then differences of the
+schemes, not of the draws.
 """
 
 from __future__ import annotations
@@ -171,15 +172,13 @@ def gaussian(role: LayerRole, gen, device, dtype):
 
 
 def orthogonalize(g):
-    """Haar-distributed (semi-)orthogonal matrix from a Gaussian one, as torch.nn.init.orthogonal_:
-    orthonormal rows when fan_out <= fan_in, orthonormal columns otherwise (QR with sign fix)."""
-    import torch
+    """Haar-distributed (semi-)orthogonal matrix from the Gaussian G, shaped as
+    torch.nn.init.orthogonal_ (orthonormal rows when fan_out <= fan_in, columns otherwise), built
+    from Householder reflectors drawn from G's entries without a QR factorization: see
+    sigprop/haar.py (Stewart 1980) and docs/theory.md section 9."""
+    from sigprop.haar import orthogonalize as _haar
 
-    rows, cols = g.shape
-    flat = g.T if rows < cols else g
-    q, r = torch.linalg.qr(flat)
-    q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
-    return q.T if rows < cols else q
+    return _haar(g)
 
 
 def _wn(v, g, bias=None) -> LayerParams:

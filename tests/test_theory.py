@@ -136,3 +136,29 @@ def test_exact_cumulants_approach_the_leading_order_model():
     assert b[-1].tolist() == [0.0, 0.0, 0.0] and b[0, 1] == pytest.approx(199 * theory.relu_layer_log_cumulants(64, 64, True)[1])
     lo, hi = theory.cornish_fisher_band(0.0, 0.0, f[-1], 3.0)
     assert hi - f[-1, 0] < f[-1, 0] - lo  # left skew widens the lower side
+
+
+@pytest.mark.parametrize("m", [0, 1, 2, 3])
+def test_numpy_polygamma_against_scipy(m):
+    """theory.polygamma (recurrence + asymptotic series, no scipy at run time) equals
+    scipy.special.polygamma at the integer and half-integer arguments the cumulants use, and
+    elsewhere, from 0.5 to 5e6."""
+    from scipy.special import polygamma as sp_polygamma
+
+    x = np.concatenate([np.arange(1, 400) / 2.0, [0.01, 0.3, 1.7, 11.99, 12.0, 12.01, 77.3, 1e3 + 0.5, 4e4, 5e6]])
+    got, ref = theory.polygamma(m, x), sp_polygamma(m, x)
+    assert np.max(np.abs(got - ref) / np.abs(ref)) < 1e-13
+
+
+def test_numpy_log_gamma_and_binomial_against_scipy():
+    from scipy.special import gammaln
+    from scipy.stats import binom
+
+    x = np.concatenate([np.arange(1, 400) / 2.0, [0.01, 0.3, 1.7, 11.99, 12.0, 77.3, 4e4, 5e6, 1e9]])
+    assert np.max(np.abs(theory.log_gamma(x) - gammaln(x)) / np.maximum(np.abs(gammaln(x)), 1.0)) < 2e-14
+    for n in (1, 2, 7, 64, 1000, 20000):
+        k = np.arange(1, n + 1)
+        ref = binom.logpmf(k, n, 0.5)
+        # ln n! - ln k! - ln (n-k)! cancels terms of size ln n! (and log_gamma's recurrence sums
+        # terms up to ln 11! below x = 12): a few ulps of the larger is the floor
+        assert np.max(np.abs(theory._log_binomial_half(n) - ref)) < 8 * np.finfo(float).eps * max(gammaln(n + 1.0), gammaln(12.0))
