@@ -9,7 +9,7 @@ Gaussian vector), so drawing the x_j directly gives the same joint law of reflec
 Q -- at the cost of orgqr alone (Stewart 1980, "The efficient generation of random orthogonal
 matrices with an application to condition estimators", SIAM J. Numer. Anal. 17(3)).  The
 reflectors follow LAPACK's dlarfg convention exactly, so feeding the x_j that geqrf would have
-produced gives LAPACK's Q to rounding (tests/test_engine.py::test_haar_reflectors_match_lapack).
+produced gives LAPACK's Q to rounding (tests/test_haar.py::test_haar_reflectors_match_lapack).
 See docs/theory.md section 9 and docs/benchmarks.md for what it saves.
 """
 
