@@ -1,7 +1,8 @@
 """Issue 4's GPU targets, measured in one process on one device (prints; never asserts).
 
 1. L = 10,000, n = 1024, N = 1000, float32: sigprop's engine (proposed, stored weights when they
-   fit, else streamed) against the floor (benchmarks/floor.py) on the same shapes and device;
+   fit, else streamed), with CUDA graphs (the default) and with --no-graphs, against the floor
+   (benchmarks/floor.py) on the same shapes and device;
 2. L = 10,000, n = 4096, N = 256, ``--stream``: completes? time and peak device memory;
 3. the default ``sigprop mlp`` / ``sigprop resnet`` split into import, setup and compute
    (benchmarks/phases.py --device cuda).
@@ -39,10 +40,10 @@ def peak(device: str) -> str:
     return f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if device.startswith("cuda") else "n/a (cpu)"
 
 
-def probe(L: int, n: int, N: int, device: str, stream: bool | None) -> tuple[float, dict]:
+def probe(L: int, n: int, N: int, device: str, stream: bool | None, graphs: bool | None = None) -> tuple[float, dict]:
     spec = specs.MLPSpec(depth=L, input_dim=n, width=specs.WidthSpec(n, n), inits=("proposed",))
     t0 = time.perf_counter()
-    _, _, env = engine.run_mlp(spec, specs.ProbeSpec(samples=N, device=device, stream=stream))
+    _, _, env = engine.run_mlp(spec, specs.ProbeSpec(samples=N, device=device, stream=stream, graphs=graphs))
     sync(device)
     return time.perf_counter() - t0, env
 
@@ -59,10 +60,13 @@ def main() -> None:
     t_s, env = probe(L1, n1, N1, device, None)
     p_s = peak(device)
     peak_reset(device)
+    t_e, _ = probe(L1, n1, N1, device, None, graphs=False) if device.startswith("cuda") else (t_s, None)
+    peak_reset(device)
     t_f = floor(L1, n1, N1, 1, device)
     p_f = peak(device)
-    print(f"1. L={L1} n={n1} N={N1}: sigprop {t_s:.2f} s (peak {p_s}, stream {env['stream']}), "
-          f"floor {t_f:.2f} s (peak {p_f}): ratio {t_s / t_f:.2f} (target <= 1.5)")
+    print(f"1. L={L1} n={n1} N={N1}: sigprop {t_s:.2f} s (peak {p_s}, stream {env['stream']}, graphs {env['graphs']}), "
+          f"--no-graphs {t_e:.2f} s, floor {t_f:.2f} s (peak {p_f}): ratio {t_s / t_f:.2f} (target <= 1.5), "
+          f"--no-graphs {t_e / t_f:.2f}")
     L2, n2, N2 = (100, 256, 64) if quick else (10_000, 4096, 256)
     peak_reset(device)
     try:

@@ -1,6 +1,6 @@
 """sigprop: signal propagation at initialization in weight-normalized networks, beside the theory."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = ["__version__", "probe_mlp", "probe_resnet"]
 

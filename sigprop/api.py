@@ -72,11 +72,12 @@ def probe_mlp(
     dtype: str = "float32",
     stream: bool | None = None,
     precision: str = "fp32",
+    graphs: bool | None = None,
 ) -> ProbeResult:
     """Keyword-friendly wrapper of :func:`probe` for the WN MLP (the options of ``sigprop mlp``)."""
     spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(str(width)), inits=tuple(inits))
     return probe(spec, specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype,
-                                       stream=stream, precision=precision))
+                                       stream=stream, precision=precision, graphs=graphs))
 
 
 def probe_resnet(
@@ -94,6 +95,7 @@ def probe_resnet(
     dtype: str = "float32",
     stream: bool | None = None,
     precision: str = "fp32",
+    graphs: bool | None = None,
 ) -> ProbeResult:
     """Keyword-friendly wrapper of :func:`probe` for the ResNet (001 eq. 6; 004 appendix C with
     ``norm="bn"``); the options of ``sigprop resnet``."""
@@ -102,7 +104,7 @@ def probe_resnet(
         block_depth=block_depth, norm=norm, inits=tuple(inits),
     )
     return probe(spec, specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype,
-                                       stream=stream, precision=precision))
+                                       stream=stream, precision=precision, graphs=graphs))
 
 
 def run_checks(checks, source: str = "", on_outcome: Callable[[CheckOutcome], None] | None = None,
@@ -157,7 +159,7 @@ def rerun_specs(doc: dict) -> tuple[specs.MLPSpec | specs.ResNetSpec, specs.Prob
         probe_spec = specs.ProbeSpec(
             samples=cfg["samples"], seed=cfg["seed"], seeds=cfg["seeds"], device=env.get("device", cfg["device"]),
             dtype=cfg["dtype"], stream=env.get("stream", cfg.get("stream")), precision=cfg.get("precision", "fp32"),
-            batch=env.get("batch"),
+            batch=env.get("batch"), graphs=cfg.get("graphs"),
         )
     except (KeyError, TypeError) as exc:
         raise SigpropError(f"the document lacks {exc} in its config or environment", option="RESULT") from None

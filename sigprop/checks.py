@@ -33,7 +33,7 @@ from typing import Any
 from sigprop import specs
 from sigprop.errors import SigpropError
 
-PROBE_KEYS = {"samples": int, "seed": int, "seeds": int, "device": str, "dtype": str, "stream": bool, "precision": str}
+PROBE_KEYS = {"samples": int, "seed": int, "seeds": int, "device": str, "dtype": str, "stream": bool, "precision": str, "graphs": bool}
 MLP_KEYS = {"depth": int, "input_dim": int, "width": (str, int)}
 RESNET_KEYS = {"blocks": int, "stages": int, "dim": int, "width": (str, int), "block_depth": int, "norm": str}
 META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str}

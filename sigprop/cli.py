@@ -63,6 +63,10 @@ StreamOpt = Annotated[
     Optional[bool],
     typer.Option("--stream/--no-stream", help="Redraw the weights in the backward pass instead of storing them. [default: only when they would not fit]"),
 ]
+GraphsOpt = Annotated[
+    Optional[bool],
+    typer.Option("--graphs/--no-graphs", help="Capture each layer's kernels once as a CUDA graph and replay it (CUDA only; checked against the eager step). [default: on with CUDA]"),
+]
 PlotOpt = Annotated[
     Optional[Path], typer.Option(help="Also draw the Figure-1-style plot to this .png/.svg/.pdf (needs the plot extra: pip install sigprop\\[plot]).")
 ]
@@ -183,13 +187,14 @@ def mlp(
     check: Annotated[bool, typer.Option("--check", help="Exit 1 unless every init preserves the signal.")] = False,
     stream: StreamOpt = None,
     precision: PrecisionOpt = Precision.fp32,
+    graphs: GraphsOpt = None,
     plot: PlotOpt = None,
 ) -> None:
     """Probe a weight-normalized ReLU MLP (001 eq. 1-2): forward and backward norm ratios per layer."""
     names = [i.value for i in init] if init else list(FIGURE1_INITS)
     spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(width), inits=tuple(names))
     probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value, stream=stream,
-                            precision=precision.value)
+                            precision=precision.value, graphs=graphs)
     _run_probe(
         spec, probe, fmt, output, check, plot,
         lambda env: f"sigprop mlp: device {env['device']} ({env['device_name']}), {env['dtype']}, "
@@ -254,6 +259,7 @@ def resnet(
     check: Annotated[bool, typer.Option("--check", help="Exit 1 unless every stage's ratios lie in the band [sqrt 2, sqrt e].")] = False,
     stream: StreamOpt = None,
     precision: PrecisionOpt = Precision.fp32,
+    graphs: GraphsOpt = None,
     plot: PlotOpt = None,
 ) -> None:
     """Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6) state by state."""
@@ -268,7 +274,7 @@ def resnet(
         block_depth=block_depth, norm=norm.value, inits=tuple(names),
     )
     probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value, stream=stream,
-                            precision=precision.value)
+                            precision=precision.value, graphs=graphs)
     shape = f"{stages} stage(s) x {blocks} blocks, d {dim}"
     shape += f", batch norm" if norm is Norm.bn else f", hidden {spec.width} x {block_depth}, norm {norm.value}"
     _run_probe(

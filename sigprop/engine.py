@@ -16,14 +16,15 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable
 
 import numpy as np
 import torch
 
 from sigprop import inits as inits_mod
-from sigprop import nets, specs, theory
+from sigprop import nets, replay, specs, theory
 from sigprop.errors import SigpropError
 from sigprop.inits import InitScheme, LayerParams, LayerRole
 
@@ -196,23 +197,51 @@ def _t(v: torch.Tensor) -> torch.Tensor:
 _mm = torch.matmul
 
 
-def draw_layer(scheme: InitScheme, role: LayerRole, seed: int, draws, layer: int, device, dtype,
-               arena: Arena | None = None) -> LayerParams:
-    """One layer's parameters for a batch of draws: each draw from its own generator (the same
-    numbers as drawing it alone), stacked along a leading draw dim [S, ...].  With ``arena`` the
-    directions are stored in it."""
-    v = None if arena is None else arena.alloc(len(draws), role.fan_out, role.fan_in)
+def sample_layer(scheme: InitScheme, role: LayerRole, gens, device, dtype, v_out: torch.Tensor | None = None) -> LayerParams:
+    """One layer's parameters for a batch of draws, draw s from generator ``gens[s]`` (the same
+    numbers as drawing it alone), stacked along a leading draw dim [S, ...].  The directions go
+    into ``v_out`` when given (an arena slot: no stacked temporary), else a new tensor."""
+    v = torch.empty(len(gens), role.fan_out, role.fan_in, device=device, dtype=dtype) if v_out is None else v_out
     ps = []
-    for s, d in enumerate(draws):
-        p = scheme.sample(role, layer_generator(seed, d, layer, device), device, dtype)
-        if v is not None:  # into the arena at once: no stacked temporary
-            v[s].copy_(p.v)
-            p.v = None
+    for s, gen in enumerate(gens):
+        p = scheme.sample(role, gen, device, dtype)
+        v[s].copy_(p.v)
+        p.v = None
         ps.append(p)
-    if v is None:
-        v = torch.stack([p.v for p in ps])
     stack = lambda xs: None if xs[0] is None else torch.stack(xs)
     return LayerParams(v=v, g=stack([p.g for p in ps]), bias=stack([p.bias for p in ps]), scale=stack([p.scale for p in ps]))
+
+
+def draw_layer(scheme: InitScheme, role: LayerRole, seed: int, draws, layer: int, device, dtype,
+               arena: Arena | None = None) -> LayerParams:
+    """``sample_layer`` from each draw's generator of this layer (``layer_generator``); with
+    ``arena`` the directions are stored in it."""
+    gens = [layer_generator(seed, d, layer, device) for d in draws]
+    v = None if arena is None else arena.alloc(len(gens), role.fan_out, role.fan_in)
+    return sample_layer(scheme, role, gens, device, dtype, v)
+
+
+class LayerGenerators:
+    """One generator per draw, reseeded for each layer: ``reseeder(layer)`` gives the numbers of
+    ``layer_generator(seed, draw, layer)``.  Reused (not new per layer) because a CUDA graph
+    replays its random kernels on the generators it was captured with (sigprop/replay.py)."""
+
+    def __init__(self, seed: int, draws, device) -> None:
+        self.seed, self.draws = seed, list(draws)
+        self.gens = [torch.Generator(device=device) for _ in self.draws]
+
+    def reseeder(self, layer: int) -> Callable[[], None]:
+        seeds = [specs.derive_seed(self.seed, specs.STREAM_WEIGHTS, d, layer) for d in self.draws]
+
+        def reseed() -> None:
+            for gen, s in zip(self.gens, seeds):
+                gen.manual_seed(s)
+
+        return reseed
+
+
+def _no_reseed() -> None:
+    pass
 
 
 def _calibrate_batch(calibrate, p: LayerParams, t_true: torch.Tensor) -> LayerParams:
@@ -295,6 +324,7 @@ def mlp_batch(
     draws,
     progress: Callable[[], None] | None = None,
     stream: bool = False,
+    runner: replay.Eager | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[LayerParams]]:
     """S = len(draws) draws of one init at once: returns (ln forward ratios [S, L, N], ln backward
     ratios [S, L, N], params per layer stacked [S, ...]).
@@ -306,27 +336,49 @@ def mlp_batch(
     generator (same seed, same numbers), so memory no longer grows with L n^2.  Only the per-row
     scales (and biases) are kept -- for a data-dependent init they come from the forward pass.
     The returned params then have ``v = None`` (tests compare streamed with stored ratios).
+    Each layer, each way, is one step run by ``runner`` (sigprop/replay.py: eagerly, or captured
+    into a CUDA graph and replayed); a data-dependent init always runs eagerly.
     No host synchronisation per layer (except a data-dependent init's zero-variance check).
     """
     device, dtype = x.device, x.dtype
     draws = list(draws)
+    if runner is None or scheme.calibrate is not None:
+        runner = replay.Eager()
     S, L, n = len(draws), len(widths) - 1, x.shape[0]
     ln_fwd = torch.empty(S, L, n, dtype=torch.float64, device=device)
     ln_bwd = torch.empty(S, L, n, dtype=torch.float64, device=device)
     weights = None if stream else Arena(S * mlp_weight_bytes(widths, 1), device, dtype)
     masks = Arena(S * n * sum((w + 7) // 8 for w in widths[1:]), device, torch.uint8)
     rows = _rows_arena(S, widths[1:], device, dtype)
+    gens = LayerGenerators(seed, draws, device)
+    runner.bind(gens.gens)
+
+    def forward(u, c, role, v_out=None):
+        p = sample_layer(scheme, role, gens.gens, device, dtype, v_out)
+        u, c, mask, p = _linear(p, u, c, relu=True, calibrate=scheme.calibrate)
+        return {"u": u, "c": c, "packed": pack_mask(mask), "v": p.v, "g": p.g, "bias": p.bias, "scale": p.scale}
+
+    def backward(d, acc, scale, packed, role, v=None):
+        if v is None:  # streaming: redraw (the generators were reseeded for this layer)
+            v = sample_layer(scheme, role, gens.gens, device, dtype).v
+        y = _vjp(LayerParams(v=v, g=None, bias=None, scale=scale), d).mul_(unpack_mask(packed, role.fan_in))
+        d, ln_norm = _normalize(y, inplace=True)
+        return {"d": d, "acc": acc + ln_norm}
+
     u, c = _normalize(x.expand(S, *x.shape))
     c0 = c.clone()
     params: list[LayerParams] = []
     packed: list[torch.Tensor] = []
     for l in range(1, L + 1):
         role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
-        p = draw_layer(scheme, role, seed, draws, l, device, dtype, weights)
-        u, c, mask, p = _linear(p, u, c, relu=True, calibrate=scheme.calibrate)
-        ln_fwd[:, l - 1] = c - c0
-        params.append(_keep(p, rows, stream))
-        packed.append(masks.take(pack_mask(mask)))
+        slot = None if stream else weights.alloc(S, role.fan_out, role.fan_in)
+        out = runner.run(("fwd", role), partial(forward, role=role), {"u": u, "c": c}, gens.reseeder(l), {"v_out": slot})
+        if slot is not None and out["v"].data_ptr() != slot.data_ptr():
+            slot.copy_(out["v"])  # a replayed step drew into its own buffer
+        u, c = out["u"], out["c"]
+        torch.sub(c, c0, out=ln_fwd[:, l - 1])
+        params.append(_keep(LayerParams(v=slot, g=out["g"], bias=out["bias"], scale=out["scale"]), rows, stream))
+        packed.append(masks.take(out["packed"]))
         if progress is not None:
             progress()
     d, _ = _normalize(e.expand(S, *e.shape))
@@ -334,13 +386,13 @@ def mlp_batch(
     ln_bwd[:, L - 1] = acc
     for l in range(L, 1, -1):
         p = params[l - 1]
-        if stream:
-            role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
-            p = _with_v(p, draw_layer(scheme, role, seed, draws, l, device, dtype).v)
-        y = _vjp(p, d).mul_(unpack_mask(packed[l - 2], widths[l - 1]))
-        d, ln_norm = _normalize(y, inplace=True)
-        acc = acc + ln_norm
-        ln_bwd[:, l - 2] = acc
+        role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
+        inputs = {"d": d, "acc": acc, "scale": p.scale, "packed": packed[l - 2]}
+        if not stream:
+            inputs["v"] = p.v
+        out = runner.run(("bwd", role), partial(backward, role=role), inputs, gens.reseeder(l) if stream else _no_reseed)
+        d, acc = out["d"], out["acc"]
+        ln_bwd[:, l - 2].copy_(acc)
         if progress is not None:
             progress()
     return ln_fwd, ln_bwd, params
@@ -361,6 +413,36 @@ def plan_batches(per_draw: int, seeds: int, device: torch.device, options: str) 
     many as do (at least one, which must fit in 80%: ``check_memory``)."""
     check_memory(per_draw, device, options)
     return max(1, min(seeds, int(0.5 * available_bytes(device) // max(per_draw, 1))))
+
+
+def step_runner(graphs: bool) -> replay.Eager:
+    """A fresh runner for one batch call: CUDA graphs when ``graphs`` (``use_graphs`` checked it)."""
+    return replay.CudaGraphs() if graphs else replay.Eager()
+
+
+def use_graphs(graphs: bool | None, device: torch.device) -> bool:
+    """``--graphs``: None means on with CUDA; on another device it is refused."""
+    if graphs and device.type != "cuda":
+        raise SigpropError(f"CUDA graphs need a CUDA device; the device is {device}", option="--graphs")
+    return device.type == "cuda" if graphs is None else graphs
+
+
+def graph_pool_bytes(biggest: int, widest: int, samples: int, itemsize: int, layers: int = 1) -> int:
+    """What the captured steps of one draw keep in their private memory pools: per step (at most
+    ``replay.MAX_GRAPHS``) one layer's draw temporaries, the step's ``layers`` static weight
+    buffers and a few activation buffers."""
+    return replay.MAX_GRAPHS * ((HAAR_TEMPORARIES + layers) * biggest + 6 * samples * widest) * itemsize
+
+
+def graphs_status(runners) -> str:
+    """One line for the environment record: ``off``, ``on (K captured steps)``, or the first
+    fallback's reason."""
+    runners = list(runners)
+    for r in runners:
+        if r.status.startswith("fell back"):
+            return r.status
+    k = sum(len(getattr(r, "steps", ())) for r in runners)
+    return f"on ({k} captured steps)" if k else "off"
 
 
 class matmul_precision:
@@ -391,6 +473,7 @@ def _environment(device: torch.device, probe: specs.ProbeSpec, stream: bool, bat
         "threads": torch.get_num_threads(),
         "stream": bool(stream),
         "batch": batch,
+        "graphs": "off",
     }
 
 
@@ -436,6 +519,10 @@ def run_mlp(
         stream = need > 0.8 * available_bytes(device)
     if stream:
         need -= mlp_weight_bytes(widths, itemsize) - 2 * max(widths) ** 2 * itemsize
+    graphs = use_graphs(probe.graphs, device)
+    if graphs:
+        biggest = max(widths[i] * widths[i - 1] for i in range(1, len(widths)))
+        need += graph_pool_bytes(biggest, max(widths), probe.samples, itemsize)
     batch = plan_batches(need, probe.seeds, device, "--depth/--width/--samples") if probe.batch is None else min(probe.batch, probe.seeds)
     env = _environment(device, probe, stream, batch)
     if on_start is not None:
@@ -453,16 +540,19 @@ def run_mlp(
             progress(done, total)
 
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    runners: list[replay.Eager] = []
     with torch.no_grad(), precision:
         for name in spec.inits:
             scheme = inits_mod.get(name)
             fwd_all, bwd_all = [], []
             for draws in chunks:
-                f, b, _ = mlp_batch(scheme, widths, x, e, probe.seed, draws, tick, stream=stream)
+                runners.append(step_runner(graphs))
+                f, b, _ = mlp_batch(scheme, widths, x, e, probe.seed, draws, tick, stream=stream, runner=runners[-1])
                 fwd_all.append(f.cpu().numpy())
                 bwd_all.append(b.cpu().numpy())
             out[name] = (np.concatenate(fwd_all), np.concatenate(bwd_all))
             _check_finite(name, out[name])
+    env["graphs"] = graphs_status(runners)
     return widths, out, env
 
 
@@ -507,6 +597,7 @@ def resnet_batch(
     draws,
     progress: Callable[[], None] | None = None,
     stream: bool = False,
+    runner: replay.Eager | None = None,
 ) -> tuple[ResNetDraw, list[BlockParams]]:
     """S = len(draws) draws of one init through h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6),
     batched along a leading draw dim (ratios [S, E, N], params stacked [S, ...]).
@@ -517,9 +608,12 @@ def resnet_batch(
     Backward (001 eq. 54-63): d^{b-1} = S^T d^b + alpha J_F^T d^b, with J_F^T the branch's
     layers transposed and its ReLU masks; linear in d, so renormalised per sample as in the MLP.
     ``stream``: directions are redrawn from their generators in the backward pass, not stored.
+    Each block, each way, is one step run by ``runner`` (sigprop/replay.py), as in ``mlp_batch``.
     """
     device, dtype = x.device, x.dtype
     draws = list(draws)
+    if runner is None or scheme.calibrate is not None:
+        runner = replay.Eager()
     S, nb, n = len(draws), len(plan.blocks), x.shape[0]
     ln_fwd = torch.empty(S, nb + 1, n, dtype=torch.float64, device=device)
     ln_bwd = torch.empty(S, nb + 1, n, dtype=torch.float64, device=device)
@@ -527,35 +621,87 @@ def resnet_batch(
     weights = None if stream else Arena(S * resnet_weight_count(plan), device, dtype)
     arena = Arena(S * n * sum((w + 7) // 8 for b in plan.blocks for w in b.widths[1:-1]), device, torch.uint8)
     rows = _rows_arena(S, [w for b in plan.blocks for w in b.widths[1:]] + [b.d_out for b in plan.blocks if b.projection], device, dtype)
+    # one generator set per layer slot of a block (branch layers, then the projection)
+    slots = [LayerGenerators(seed, draws, device) for _ in range(max(len(b.layer_ids()) for b in plan.blocks))]
+    runner.bind([g for s in slots for g in s.gens])
+
+    def reseeder(block):
+        fns = [slots[j].reseeder(lid) for j, lid in enumerate(block.layer_ids())]
+        return lambda: [f() for f in fns]
+
+    def layer_roles(block) -> list[LayerRole]:
+        """Branch roles, then the projection's (the slot of ``layer_ids()[-1]``)."""
+        roles = block.branch_roles()
+        return roles + [block.projection_role()] if block.projection else roles
+
+    def slot_of(block, j: int) -> int:
+        return j if j < len(block.branch_roles()) else len(block.layer_ids()) - 1
+
+    def forward(u, c, block, alpha, v_outs=None):
+        roles, k = layer_roles(block), len(block.branch_roles())
+        out, bu, bc, su, sc = {}, u, c, u, c
+        for j, role in enumerate(roles):
+            p = sample_layer(scheme, role, slots[slot_of(block, j)].gens, device, dtype, None if v_outs is None else v_outs[j])
+            if j < k:
+                bu, bc, mask, p = _linear(p, bu, bc, relu=j < k - 1, calibrate=scheme.calibrate)
+                if mask is not None:
+                    out[f"packed{j}"] = pack_mask(mask)
+            else:
+                su, sc, _, p = _linear(p, u, c, relu=False, calibrate=scheme.calibrate)
+            out.update({f"v{j}": p.v, f"g{j}": p.g, f"bias{j}": p.bias, f"scale{j}": p.scale})
+        fb = bc + (math.log(alpha) if alpha > 0 else -math.inf)
+        out["branch"] = fb - c
+        out["u"], out["c"] = _combine(sc, su, fb, bu)
+        return out
+
+    def backward(w, acc, block, alpha, **t):
+        roles, k = layer_roles(block), len(block.branch_roles())
+
+        def layer(j: int) -> LayerParams:
+            v = t.get(f"v{j}")
+            if v is None:  # streaming: redraw (the block's generators were reseeded)
+                v = sample_layer(scheme, roles[j], slots[slot_of(block, j)].gens, device, dtype).v
+            return LayerParams(v=v, g=None, bias=None, scale=t[f"scale{j}"])
+
+        y = w if len(roles) == k else _vjp(layer(k), w)
+        if alpha != 0.0:
+            z = w
+            for j in range(k - 1, -1, -1):
+                z = _vjp(layer(j), z)
+                if j > 0:
+                    z = z * unpack_mask(t[f"packed{j - 1}"], z.shape[-1])
+            y = y + alpha * z
+        w, ln_norm = _normalize(y)
+        return {"w": w, "acc": acc + ln_norm}
+
+    def key(direction: str, block, alpha):
+        roles = tuple(r if scheme.by_block_index else replace(r, block_index=0) for r in layer_roles(block))
+        return direction, roles, alpha
+
     u, c = _normalize(x.expand(S, *x.shape))
     c0 = c.clone()
     ln_fwd[:, 0] = 0.0
     params: list[BlockParams] = []
     all_masks: list[list[torch.Tensor]] = []
     for i, block in enumerate(plan.blocks):
-        ids = block.layer_ids()
         alpha = float(scheme.alpha(block.blocks_in_stage))
-        bu, bc = u, c
-        branch, masks = [], []
-        roles = block.branch_roles()
-        for j, role in enumerate(roles):
-            p = draw_layer(scheme, role, seed, draws, ids[j], device, dtype, weights)
-            bu, bc, mask, p = _linear(p, bu, bc, relu=j < len(roles) - 1, calibrate=scheme.calibrate)
-            branch.append(_keep(p, rows, stream))
-            if mask is not None:
-                masks.append(arena.take(pack_mask(mask)))
-        proj = None
-        su, sc = u, c
-        if block.projection:
-            proj = draw_layer(scheme, block.projection_role(), seed, draws, ids[-1], device, dtype, weights)
-            su, sc, _, proj = _linear(proj, u, c, relu=False, calibrate=scheme.calibrate)
-            proj = _keep(proj, rows, stream)
-        fb = bc + (math.log(alpha) if alpha > 0 else -math.inf)
-        ln_branch[:, i] = fb - c
-        u, c = _combine(sc, su, fb, bu)
-        ln_fwd[:, i + 1] = c - c0
-        params.append(BlockParams(branch, proj, alpha))
-        all_masks.append(masks)
+        roles, k = layer_roles(block), len(block.branch_roles())
+        v_outs = None if stream else [weights.alloc(S, r.fan_out, r.fan_in) for r in roles]
+        out = runner.run(key("fwd", block, alpha), partial(forward, block=block, alpha=alpha), {"u": u, "c": c},
+                         reseeder(block), {"v_outs": v_outs})
+        kept = []
+        for j in range(len(roles)):
+            v = None
+            if v_outs is not None:
+                v = v_outs[j]
+                if out[f"v{j}"].data_ptr() != v.data_ptr():
+                    v.copy_(out[f"v{j}"])  # a replayed step drew into its own buffer
+            kept.append(_keep(LayerParams(v=v, g=out[f"g{j}"], bias=out[f"bias{j}"], scale=out[f"scale{j}"]), rows, stream))
+        u, c = out["u"], out["c"]
+        ln_branch[:, i].copy_(out["branch"])
+        torch.sub(c, c0, out=ln_fwd[:, i + 1])
+        params.append(BlockParams(kept[:k], kept[k] if block.projection else None, alpha))
+        all_masks.append([arena.take(out[f"packed{j}"]) for j in range(k - 1)])
         if progress is not None:
             progress()
     w, _ = _normalize(e.expand(S, *e.shape))
@@ -563,25 +709,19 @@ def resnet_batch(
     ln_bwd[:, nb] = acc
     for i in range(nb - 1, -1, -1):
         bp, masks, block = params[i], all_masks[i], plan.blocks[i]
-        proj, branch = bp.projection, bp.branch
-        if stream:  # redraw this block's directions (the same numbers as in the forward pass)
-            ids, roles = block.layer_ids(), block.branch_roles()
-            if bp.alpha != 0.0:
-                branch = [_with_v(p, draw_layer(scheme, r, seed, draws, ids[j], device, dtype).v)
-                          for j, (p, r) in enumerate(zip(branch, roles))]
-            if proj is not None:
-                proj = _with_v(proj, draw_layer(scheme, block.projection_role(), seed, draws, ids[-1], device, dtype).v)
-        y = w if proj is None else _vjp(proj, w)
+        layers = bp.branch + ([bp.projection] if bp.projection is not None else [])
+        inputs = {"w": w, "acc": acc}
+        for j, p in enumerate(layers):
+            if bp.alpha != 0.0 or j == len(bp.branch):  # a zero branch is never read
+                inputs[f"scale{j}"] = p.scale
+                if not stream:
+                    inputs[f"v{j}"] = p.v
         if bp.alpha != 0.0:
-            z = w
-            for j in range(len(branch) - 1, -1, -1):
-                z = _vjp(branch[j], z)
-                if j > 0:
-                    z = z * unpack_mask(masks[j - 1], z.shape[-1])
-            y = y + bp.alpha * z
-        w, ln_norm = _normalize(y)
-        acc = acc + ln_norm
-        ln_bwd[:, i] = acc
+            inputs.update({f"packed{j}": m for j, m in enumerate(masks)})
+        out = runner.run(key("bwd", block, bp.alpha), partial(backward, block=block, alpha=bp.alpha), inputs,
+                         reseeder(block) if stream else _no_reseed)
+        w, acc = out["w"], out["acc"]
+        ln_bwd[:, i].copy_(acc)
         if progress is not None:
             progress()
     return ResNetDraw(ln_fwd, ln_bwd, ln_branch), params
@@ -782,6 +922,12 @@ def run_resnet(
         stream = need > 0.8 * available_bytes(device)
     if stream:
         need -= itemsize * (resnet_weight_count(plan) + (len(plan.blocks) + 1) * plan.dim**2 * bn)
+    graphs = use_graphs(probe.graphs, device) and not bn  # the BN net runs eagerly
+    if graphs:
+        sizes = [b.widths[j] * b.widths[j - 1] for b in plan.blocks for j in range(1, len(b.widths))]
+        widest = max([plan.dim] + [w for b in plan.blocks for w in b.widths])
+        need += graph_pool_bytes(max(sizes + [b.d_in * b.d_out for b in plan.blocks]), widest, probe.samples, itemsize,
+                                 layers=max(len(b.layer_ids()) for b in plan.blocks))
     batch = plan_batches(need, probe.seeds, device, options) if probe.batch is None else min(probe.batch, probe.seeds)
     env = _environment(device, probe, stream, batch)
     if on_start is not None:
@@ -800,6 +946,7 @@ def run_resnet(
             progress(done, total)
 
     out: dict[str, dict[str, np.ndarray]] = {}
+    runners: list[replay.Eager] = []
     with torch.no_grad(), precision:
         for name in names:
             parts = []
@@ -807,7 +954,8 @@ def run_resnet(
                 if bn:
                     r, _ = bn_batch(plan, x, e, probe.seed, draws, tick, stream=stream)
                 else:
-                    r, _ = resnet_batch(inits_mod.get(name), plan, x, e, probe.seed, draws, tick, stream=stream)
+                    runners.append(step_runner(graphs))
+                    r, _ = resnet_batch(inits_mod.get(name), plan, x, e, probe.seed, draws, tick, stream=stream, runner=runners[-1])
                 parts.append(r)
             arrays = {
                 "fwd": np.concatenate([d.ln_fwd.cpu().numpy() for d in parts]),
@@ -818,4 +966,5 @@ def run_resnet(
                 arrays["bn"] = np.concatenate([d.bn.cpu().numpy() for d in parts])
             _check_finite(name, (arrays["fwd"], arrays["bwd"]))
             out[name] = arrays
+    env["graphs"] = graphs_status(runners)
     return plan, out, env

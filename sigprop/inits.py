@@ -80,6 +80,10 @@ class InitScheme:
     alpha: Callable[[int], float] = field(default=lambda blocks: 1.0, repr=False)
     #: BibTeX keys (sigprop/citations.py) of the papers behind the scheme (``sigprop cite``)
     cites: tuple[str, ...] = ("arpit2019initialize",)
+    #: True when ``sample`` depends on ``LayerRole.block_index``: residual blocks that differ only
+    #: in their index then run as different CUDA-graph steps (sigprop/replay.py; a test checks
+    #: the flag against ``sample`` for every scheme)
+    by_block_index: bool = False
 
     @property
     def orthogonal(self) -> bool:
@@ -358,6 +362,7 @@ register(
         sample=_sample_stage_hanin,
         moments=lambda r: theory.LayerMoments(row_sq=stage_hanin_gain_sq(r)),
         applies_to=frozenset({"resnet"}),
+        by_block_index=True,
     )
 )
 register(

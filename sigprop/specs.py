@@ -87,6 +87,8 @@ class ProbeSpec:
     precision: str = "fp32"
     #: draws computed at once (None: as many as fit in half the free memory); ``rerun`` pins it
     batch: int | None = None
+    #: capture each layer step as a CUDA graph and replay it (None: on with CUDA; sigprop/replay.py)
+    graphs: bool | None = None
 
     def __post_init__(self) -> None:
         check_size(self.samples, "--samples")
