@@ -435,14 +435,15 @@ def graph_pool_bytes(biggest: int, widest: int, samples: int, itemsize: int, lay
 
 
 def graphs_status(runners) -> str:
-    """One line for the environment record: ``off``, ``on (K captured steps)``, or the first
-    fallback's reason."""
-    runners = list(runners)
+    """One line for the environment record: ``off`` (eager runners only), the first fallback's
+    reason, or ``on (K captured steps)`` -- K = 0 when no step shape repeated (random widths)."""
+    runners = [r for r in runners if isinstance(r, replay.Replayed)]
+    if not runners:
+        return "off"
     for r in runners:
         if r.status.startswith("fell back"):
             return r.status
-    k = sum(len(getattr(r, "steps", ())) for r in runners)
-    return f"on ({k} captured steps)" if k else "off"
+    return f"on ({sum(len(r.steps) for r in runners)} captured steps)"
 
 
 class matmul_precision:

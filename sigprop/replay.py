@@ -62,6 +62,7 @@ class Eager:
 class _Step:
     def __init__(self, inputs: dict) -> None:
         self.inputs = {k: None if v is None else v.clone() for k, v in inputs.items()}
+        self.device = next(v.device for v in inputs.values() if v is not None)
         self.outputs: dict = {}
         self.graph = None
 
@@ -94,18 +95,30 @@ class Replayed(Eager):
             try:
                 self._first(step, body, reseed)
             except Exception as exc:  # noqa: BLE001 -- any capture failure: eager for the rest, recorded
-                self.off = True
-                msg = str(exc).splitlines()[0][:160] if str(exc) else ""
-                self.status = f"fell back to eager: {type(exc).__name__}: {msg}"
-                return Eager.run(self, key, body, inputs, reseed, direct)
+                return self._fall_back(exc, key, body, inputs, reseed, direct)
             self.steps[key] = step
             return step.outputs
-        for k, v in inputs.items():
-            if v is not None:
-                step.inputs[k].copy_(v)
-        reseed()
-        self._replay(step, body)
+        try:
+            for k, v in inputs.items():
+                if v is not None:
+                    step.inputs[k].copy_(v)
+        except Exception as exc:  # noqa: BLE001 -- nothing ran: the caller's inputs are intact
+            return self._fall_back(exc, key, body, inputs, reseed, direct)
+        try:
+            reseed()
+            self._replay(step, body)
+        except Exception as exc:  # noqa: BLE001 -- redo the layer eagerly from the static inputs
+            # (a step never writes its inputs; a caller's input may be this step's own output,
+            # which a half-run replay could have overwritten)
+            return self._fall_back(exc, key, body, step.inputs, reseed, direct)
         return step.outputs
+
+    def _fall_back(self, exc: Exception, key, body, inputs, reseed, direct) -> dict:
+        self.off = True
+        self.steps.clear()
+        msg = str(exc).splitlines()[0][:160] if str(exc) else ""
+        self.status = f"fell back to eager: {type(exc).__name__}: {msg}"
+        return Eager.run(self, key, body, inputs, reseed, direct)
 
     def _first(self, step: _Step, body: Body, reseed) -> None:
         reseed()
@@ -163,20 +176,23 @@ class CudaGraphs(Replayed):
     """One ``torch.cuda.CUDAGraph`` per step shape, with the bound generators registered."""
 
     def _warm_up(self, step, body):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # lazy handles (cuBLAS, cuSOLVER) are made outside the capture
-            eager = body(**step.inputs)
-        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.device(step.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # lazy handles (cuBLAS, cuSOLVER) are made outside the capture
+                eager = body(**step.inputs)
+            torch.cuda.current_stream().wait_stream(side)
         return eager
 
     def _capture(self, step, body):
-        graph = torch.cuda.CUDAGraph()
-        for gen in self.generators:
-            graph.register_generator_state(gen)
-        with torch.cuda.graph(graph):
-            step.outputs = body(**step.inputs)
+        with torch.cuda.device(step.device):
+            graph = torch.cuda.CUDAGraph()
+            for gen in self.generators:
+                graph.register_generator_state(gen)
+            with torch.cuda.graph(graph):
+                step.outputs = body(**step.inputs)
         step.graph = graph
 
     def _replay(self, step, body):
-        step.graph.replay()
+        with torch.cuda.device(step.device):
+            step.graph.replay()

@@ -197,3 +197,36 @@ def test_cuda_graphs_run_mlp_and_resnet_float32(stream):
             a, b = on[1][name], off[1][name]
             for x, y in (zip(a, b) if isinstance(a, tuple) else ((a[k], b[k]) for k in ("fwd", "bwd", "branch"))):
                 np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_a_replay_that_raises_later_falls_back_and_redoes_the_layer():
+    """A replay that fails half-way (at the fifth replay, after overwriting its outputs -- which
+    are the caller's inputs of this layer) is redone eagerly from the static inputs, and the run
+    goes on eagerly: the eager numbers."""
+
+    class Flaky(replay.Emulated):
+        calls = 0
+
+        def _replay(self, step, body):
+            Flaky.calls += 1
+            super()._replay(step, body)
+            if Flaky.calls == 5:
+                for t in step.outputs.values():
+                    if t is not None and t.dtype.is_floating_point:
+                        t.fill_(float("nan"))
+                raise RuntimeError("replay failed")
+
+    widths = [12] + [17] * 10
+    runner = Flaky()
+    got = _mlp("he", runner, True, widths=widths)
+    want = _mlp("he", None, True, widths=widths)
+    assert runner.status == "fell back to eager: RuntimeError: replay failed" and runner.off
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_graphs_status_line():
+    captured, idle = replay.Emulated(), replay.Emulated()
+    _mlp("he", captured, False)
+    assert engine.graphs_status([captured, idle]) == "on (2 captured steps)"
+    assert engine.graphs_status([idle]) == "on (0 captured steps)"  # no shape repeated
+    assert engine.graphs_status([replay.Eager()]) == "off"
