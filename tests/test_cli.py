@@ -118,6 +118,8 @@ def test_check_exit_codes(capsys):
         (["mlp", "--precision", "tf32", "--device", "cpu"], "--precision"),
         (["mlp", "--precision", "tf32", "--dtype", "float64"], "--precision"),
         (["resnet", "--precision", "fp16"], "--precision"),
+        (["mlp", "--graphs", "--device", "cpu"], "--graphs"),
+        (["resnet", "--graphs", "--device", "cpu", "--blocks", "2"], "--graphs"),
         (["resnet", "--stages", "16", "--device", "cpu"], "--blocks/--stages/--dim/--width/--samples"),
         (["resnet", "--output", "/nonexistent-dir/x.json"], "--output"),
         (["theory", "--n", "1"], "--n"),

@@ -34,7 +34,7 @@ COMMON = {
     "--format": st.sampled_from(["table", "json", "csv", "xml", ""]),
     "--precision": st.sampled_from(["fp32", "tf32", "fp16", ""]),
 }
-FLAGS = st.sampled_from(["--check", "--stream", "--no-stream", "--help", "--bogus", "-x"])
+FLAGS = st.sampled_from(["--check", "--stream", "--no-stream", "--graphs", "--no-graphs", "--help", "--bogus", "-x"])
 
 COMMANDS = {
     "mlp": {"--depth": INT, "--input-dim": INT, "--width": WIDTH, "--init": INITS_MLP, **COMMON},
@@ -54,6 +54,7 @@ COMMANDS = {
     "rerun": {"--format": st.sampled_from(["table", "json", "csv", "pdf"])},
 }
 CHECK_TOML = st.sampled_from([
+    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ndevice = "cpu"\ngraphs = true\n',
     '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ndevice = "cpu"\n',
     '[checks.a]\ncommand = "mlp"\ndepth = 30\nwidth = 8\nsamples = 4\ninit = "he"\nexpect = "fail"\ndevice = "cpu"\n',
     '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ndevice = "cpu"\n',
