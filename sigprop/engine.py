@@ -443,7 +443,7 @@ def graphs_status(runners) -> str:
     for r in runners:
         if r.status.startswith("fell back"):
             return r.status
-    return f"on ({sum(len(r.steps) for r in runners)} captured steps)"
+    return f"on ({sum(r.captured for r in runners)} captured steps)"
 
 
 class matmul_precision:
@@ -548,7 +548,10 @@ def run_mlp(
             fwd_all, bwd_all = [], []
             for draws in chunks:
                 runners.append(step_runner(graphs))
-                f, b, _ = mlp_batch(scheme, widths, x, e, probe.seed, draws, tick, stream=stream, runner=runners[-1])
+                # only the ratios are kept: the params (and so the weight arena) are freed before
+                # the next init or batch allocates its own -- holding them doubled the peak memory
+                f, b = mlp_batch(scheme, widths, x, e, probe.seed, draws, tick, stream=stream, runner=runners[-1])[:2]
+                runners[-1].release()
                 fwd_all.append(f.cpu().numpy())
                 bwd_all.append(b.cpu().numpy())
             out[name] = (np.concatenate(fwd_all), np.concatenate(bwd_all))
@@ -952,11 +955,12 @@ def run_resnet(
         for name in names:
             parts = []
             for draws in chunks:
-                if bn:
-                    r, _ = bn_batch(plan, x, e, probe.seed, draws, tick, stream=stream)
+                if bn:  # only the ratios are kept (see run_mlp)
+                    r = bn_batch(plan, x, e, probe.seed, draws, tick, stream=stream)[0]
                 else:
                     runners.append(step_runner(graphs))
-                    r, _ = resnet_batch(inits_mod.get(name), plan, x, e, probe.seed, draws, tick, stream=stream, runner=runners[-1])
+                    r = resnet_batch(inits_mod.get(name), plan, x, e, probe.seed, draws, tick, stream=stream, runner=runners[-1])[0]
+                    runners[-1].release()
                 parts.append(r)
             arrays = {
                 "fwd": np.concatenate([d.ln_fwd.cpu().numpy() for d in parts]),

@@ -53,6 +53,9 @@ class Eager:
         self._bound = True
         self.generators = list(generators)
 
+    def release(self) -> None:
+        """Free what the runner holds (captured graphs, their memory pools, static buffers)."""
+
     def run(self, key, body: Body, inputs: dict, reseed: Callable[[], None], direct: dict | None = None) -> dict:
         """``direct``: keyword arguments only an eager call gets (e.g. where to write in place)."""
         reseed()
@@ -80,8 +83,13 @@ class Replayed(Eager):
     def __init__(self) -> None:
         self.steps: dict = {}
         self.seen: set = set()
+        self.captured = 0  # steps captured (and checked) over the call
         self.status = "on"
         self.off = False
+
+    def release(self) -> None:
+        self.steps.clear()
+        self.seen.clear()
 
     def run(self, key, body, inputs, reseed, direct=None):
         if self.off:
@@ -97,6 +105,7 @@ class Replayed(Eager):
             except Exception as exc:  # noqa: BLE001 -- any capture failure: eager for the rest, recorded
                 return self._fall_back(exc, key, body, inputs, reseed, direct)
             self.steps[key] = step
+            self.captured += 1
             return step.outputs
         try:
             for k, v in inputs.items():
@@ -116,6 +125,7 @@ class Replayed(Eager):
     def _fall_back(self, exc: Exception, key, body, inputs, reseed, direct) -> dict:
         self.off = True
         self.steps.clear()
+        self.captured = 0
         msg = str(exc).splitlines()[0][:160] if str(exc) else ""
         self.status = f"fell back to eager: {type(exc).__name__}: {msg}"
         return Eager.run(self, key, body, inputs, reseed, direct)
