@@ -39,8 +39,12 @@ def orthogonalize(g):
     beta = -torch.copysign(tail.sqrt(), alpha)
     tau = (beta - alpha) / beta
     denom = alpha - beta
-    if k == m:
-        tau[-1], beta[-1], denom[-1] = 0.0, alpha[-1], 1.0
+    if k == m:  # masks, not ``tau[-1] = 0.0``: a Python scalar written into a device tensor is a
+        # host-to-device copy, which stops every CUDA-graph capture (tests/test_graph_safe.py)
+        last = i == k - 1
+        tau = torch.where(last, torch.zeros_like(tau), tau)
+        beta = torch.where(last, alpha, beta)
+        denom = torch.where(last, torch.ones_like(denom), denom)
     v = h / denom.to(h.dtype).unsqueeze(1)
     q = torch.linalg.householder_product(v.T, tau.to(h.dtype))  # m x k, orthonormal columns
     q = q * torch.sign(beta).to(h.dtype)

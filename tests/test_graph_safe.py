@@ -1,0 +1,109 @@
+"""CPU proxy for CUDA-graph safety: no step body may copy host data to the device or read device
+data to the host.
+
+Why this test exists: the engine's GPU paths were first run on an NVIDIA H100 80 GB (torch
+2.11+cu130) after being written on CPUs only, and no CUDA graph ever captured.
+``sigprop/haar.py`` assigned Python scalars into device tensors (``tau[-1], beta[-1], denom[-1] =
+0.0, alpha[-1], 1.0``); during capture that is a host-to-device copy, and CUDA said
+"Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is
+pinned".  Every GPU run silently fell back to eager.  On a CPU the same line runs fine, so the
+test watches the ops instead: under a TorchDispatchMode every step body of every captured init
+(MLP and ResNet, stored and streamed, batched draws) must dispatch none of
+
+* ``aten::lift_fresh`` / ``lift_fresh_copy``: a tensor made from Python data (``torch.tensor``,
+  ``t[i] = 0.0``) -- on CUDA a host-to-device copy;
+* ``aten::_local_scalar_dense``: ``.item()``, ``float(t)``, ``bool(t)`` -- a device-to-host read
+  and a synchronisation;
+* ops whose output size depends on values (``nonzero``, ``masked_select``, ``unique``) -- a sync;
+* a copy or conversion whose source and destination devices differ.
+Python numbers passed as kernel arguments (``t * 2.0``, ``aten::scalar_tensor`` for ``where``)
+are by-value launch parameters and are allowed.
+"""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from sigprop import engine, inits, replay, specs
+
+FORBIDDEN = {
+    "aten::lift_fresh", "aten::lift_fresh_copy", "aten::_local_scalar_dense", "aten::item",
+    "aten::nonzero", "aten::masked_select", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+}
+CPU = torch.device("cpu")
+
+
+class HostTraffic(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name
+        if name in FORBIDDEN:
+            self.found.append(name)
+        if name in ("aten::copy_", "aten::_to_copy"):
+            devs = {a.device for a in args if isinstance(a, torch.Tensor)}
+            if "device" in kwargs and kwargs["device"] is not None:
+                devs.add(torch.device(kwargs["device"]))
+            if len(devs) > 1:
+                self.found.append(f"{name} across {sorted(map(str, devs))}")
+        return func(*args, **kwargs)
+
+
+class Guarded(replay.Eager):
+    """Runs every step body eagerly under ``HostTraffic``; counts the steps it watched."""
+
+    def __init__(self) -> None:
+        self.mode = HostTraffic()
+        self.steps = 0
+
+    def run(self, key, body, inputs, reseed, direct=None):
+        reseed()  # the generators are reseeded on the host, outside the graph (replay.py)
+        self.steps += 1
+        with self.mode:
+            return body(**inputs, **(direct or {}))
+
+
+CAPTURED = [n for n in inits.names("mlp") if inits.get(n).calibrate is None]
+
+
+@pytest.mark.parametrize("name", CAPTURED)
+@pytest.mark.parametrize("stream", [False, True])
+def test_mlp_steps_are_graph_safe(name, stream):
+    widths = [12, 9, 16, 16, 16, 8]
+    x, e = engine.probe_inputs(1, 6, widths[0], widths[-1], CPU, torch.float32)
+    runner = Guarded()
+    with torch.no_grad():
+        engine.mlp_batch(inits.get(name), widths, x, e, 1, [0, 2], stream=stream, runner=runner)
+    assert runner.steps == 2 * (len(widths) - 1) - 1
+    assert not runner.mode.found, sorted(set(runner.mode.found))
+
+
+RESNET_CAPTURED = [n for n in inits.names("resnet") if inits.get(n).calibrate is None]
+
+
+@pytest.mark.parametrize("name", RESNET_CAPTURED)
+@pytest.mark.parametrize("stream", [False, True])
+def test_resnet_steps_are_graph_safe(name, stream):
+    spec = specs.ResNetSpec(blocks=4, stages=2, dim=10, width=specs.WidthSpec(8, 8), block_depth=2, inits=(name,))
+    plan = spec.plan(3)
+    dims = plan.entry_dims()
+    x, e = engine.probe_inputs(3, 5, dims[0], dims[-1], CPU, torch.float32)
+    runner = Guarded()
+    with torch.no_grad():
+        engine.resnet_batch(inits.get(name), plan, x, e, 3, [0, 2], stream=stream, runner=runner)
+    assert runner.steps >= 2 * len(plan.blocks)
+    assert not runner.mode.found, sorted(set(runner.mode.found))
+
+
+def test_the_watch_catches_the_h100_bug():
+    """The pattern that broke capture on the H100 is caught: a Python scalar written into a
+    tensor, and a device value read on the host."""
+    mode = HostTraffic()
+    t = torch.zeros(4)
+    with mode:
+        t[-1] = 0.0
+        _ = float(t.sum())
+    assert "aten::lift_fresh" in mode.found and "aten::_local_scalar_dense" in mode.found
