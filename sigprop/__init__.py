@@ -1,19 +1,12 @@
-"""sigprop: signal propagation at initialization in weight-normalized networks, beside the theory."""
+"""sigprop: signal propagation at initialization in weight-normalized networks, beside the theory.
+
+    >>> import sigprop
+    >>> r = sigprop.probe_mlp(depth=20, width=256, inits="proposed", device="cpu")  # doctest: +SKIP
+    >>> r.run("proposed").preserved, r.run("proposed").agrees_with_theory  # doctest: +SKIP
+"""
 
 __version__ = "0.3.0"
 
+from sigprop.front import probe_mlp, probe_resnet  # noqa: E402  (torch-free; the engine loads on call)
+
 __all__ = ["__version__", "probe_mlp", "probe_resnet"]
-
-
-def probe_mlp(*args, **kwargs):
-    """See :func:`sigprop.api.probe_mlp` (imported lazily: ``import sigprop`` does not load torch)."""
-    from sigprop.api import probe_mlp as _probe_mlp
-
-    return _probe_mlp(*args, **kwargs)
-
-
-def probe_resnet(*args, **kwargs):
-    """See :func:`sigprop.api.probe_resnet` (imported lazily)."""
-    from sigprop.api import probe_resnet as _probe_resnet
-
-    return _probe_resnet(*args, **kwargs)

@@ -11,8 +11,9 @@ A check is a TOML table under ``[tool.sigprop.checks]`` in pyproject.toml, or un
     command = "mlp"                      # or "resnet"
     depth = 20
     init = ["proposed", "proposed-gaussian"]
-    expect = "pass"                      # "pass": every init must pass the --check gates;
-                                         # "fail": every init must fail them (a known-bad init)
+    expect = "pass"                      # "pass": every init must pass the gate;
+                                         # "fail": every init must fail it (a known-bad init)
+    gate = "preserved"                   # or "theory" (--gate); band = [0.1, 10] (--band)
 
 Every option of ``sigprop mlp`` / ``sigprop resnet`` is a key (dashes or underscores):
 docs/ci.md lists them.
@@ -36,7 +37,7 @@ from sigprop.errors import SigpropError
 PROBE_KEYS = {"samples": int, "seed": int, "seeds": int, "device": str, "dtype": str, "stream": bool, "precision": str, "graphs": bool}
 MLP_KEYS = {"depth": int, "input_dim": int, "width": (str, int)}
 RESNET_KEYS = {"blocks": int, "stages": int, "dim": int, "width": (str, int), "block_depth": int, "norm": str}
-META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str}
+META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str, "gate": str, "band": list}
 EXPECT = ("pass", "fail")
 
 
@@ -58,6 +59,7 @@ class CheckSpec:
     description: str = ""
     where: str = ""
     raw: dict = field(default_factory=dict)
+    gate: specs.GateSpec = specs.GateSpec()
 
 
 def find_config(path: Path | None, cwd: Path) -> tuple[Path, tuple[str, ...]]:
@@ -168,6 +170,10 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
     if names is not None and not all(isinstance(n, str) for n in names):
         raise ConfigError(where("init"), f"check {name!r}: init must be a name or a list of names")
     try:
+        band = opts.get("band")
+        if band is not None and (len(band) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band)):
+            raise SigpropError(f"expected two numbers [LO, HI], got {band!r}", option="--band")
+        gate = specs.GateSpec(opts.get("gate", "preserved"), None if band is None else tuple(band))
         probe = specs.ProbeSpec(**{k: opts[k] for k in PROBE_KEYS if k in opts})
         if command == "mlp":
             kw = {k: opts[k] for k in ("depth", "input_dim") if k in opts}
@@ -185,9 +191,9 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
     except ConfigError:
         raise
     except SigpropError as exc:
-        key = (exc.option or "").lstrip("-").replace("-", "_").split("/")[0]
+        key = {"--check": "gate"}.get(exc.option, (exc.option or "").lstrip("-").replace("-", "_").split("/")[0])
         raise ConfigError(where(key if key in opts else None), f"check {name!r}: {key or 'value'}: {exc.args[0]}") from None
-    return CheckSpec(name, command, spec, probe, expect, str(opts.get("description", "")), where(), dict(raw))
+    return CheckSpec(name, command, spec, probe, expect, str(opts.get("description", "")), where(), dict(raw), gate)
 
 
 def _type_name(want) -> str:

@@ -75,6 +75,28 @@ PrecisionOpt = Annotated[
 ]
 
 
+Gate = enum.Enum("Gate", {g: g for g in specs.GATES}, type=str)
+CheckOpt = Annotated[bool, typer.Option("--check", help="Exit 1 unless every init passes the --gate verdict (default: the signal is preserved).")]
+GateOpt = Annotated[
+    Gate,
+    typer.Option(help="What --check asks: preserved (the typical end-to-end ratio lies in --band: the signal survives) "
+                      "or theory (it agrees with the init's own finite-width prediction)."),
+]
+BandOpt = Annotated[
+    Optional[str],
+    typer.Option(help="LO:HI factors around norm preservation for the 'preserved' verdict; must contain 1. "
+                      "[default: 0.1:10 for mlp; 1:1 for resnet, i.e. Theorem 3's [sqrt 2, sqrt e] per stage with its finite-width allowance]"),
+]
+ThreadsOpt = Annotated[
+    Optional[int],
+    typer.Option(min=1, help="CPU threads torch may use (recorded in the result). [default: half the cores this process may run on; OMP_NUM_THREADS where set]"),
+]
+
+
+def _gate(gate: Gate, band: Optional[str]) -> specs.GateSpec:
+    return specs.GateSpec(gate.value, None if band is None else specs.parse_band(band))
+
+
 #: Figure 1 (top) of 001, appendix A.1: the three schemes compared there
 FIGURE1_INITS = ["he", "proposed", "proposed-gaussian"]
 
@@ -184,25 +206,29 @@ def mlp(
     dtype: Annotated[DType, typer.Option(help="Floating-point type of the probe.")] = DType.float32,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     output: Annotated[Optional[Path], typer.Option(help="Write the output to this file (whole, never half).")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Exit 1 unless every init preserves the signal.")] = False,
+    check: CheckOpt = False,
+    gate: GateOpt = Gate.preserved,
+    band: BandOpt = None,
     stream: StreamOpt = None,
     precision: PrecisionOpt = Precision.fp32,
     graphs: GraphsOpt = None,
+    threads: ThreadsOpt = None,
     plot: PlotOpt = None,
 ) -> None:
-    """Probe a weight-normalized ReLU MLP (001 eq. 1-2): forward and backward norm ratios per layer."""
+    """Probe a weight-normalized ReLU MLP (Arpit et al. 2019, eq. 1-2): forward and backward norm ratios per layer."""
     names = [i.value for i in init] if init else list(FIGURE1_INITS)
     spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(width), inits=tuple(names))
     probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value, stream=stream,
                             precision=precision.value, graphs=graphs)
     _run_probe(
-        spec, probe, fmt, output, check, plot,
+        spec, probe, _gate(gate, band), threads, fmt, output, check, plot,
         lambda env: f"sigprop mlp: device {env['device']} ({env['device_name']}), {env['dtype']}, "
         f"depth {depth}, widths {spec.width} (seed {seed}), {samples} samples x {seeds} draw(s)",
     )
 
 
-def _run_probe(spec, probe, fmt: Format, output: Optional[Path], check: bool, plot: Optional[Path], banner) -> None:
+def _run_probe(spec, probe, gate: specs.GateSpec, threads: Optional[int], fmt: Format, output: Optional[Path], check: bool,
+               plot: Optional[Path], banner) -> None:
     """Validate the output targets, run the core with a progress bar, render, plot, apply --check."""
     _check_output_target(output)
     if plot is not None:
@@ -212,11 +238,12 @@ def _run_probe(spec, probe, fmt: Format, output: Optional[Path], check: bool, pl
 
     from sigprop import api  # imports torch
 
+    api.set_threads(threads)
     prog, update = _progress_callback("probing")
     if prog is not None:
         prog.start()
     try:
-        result = api.probe(spec, probe, progress=update, on_start=lambda env: _say(banner(env)))
+        result = api.probe(spec, probe, progress=update, on_start=lambda env: _say(banner(env)), gate=gate)
     finally:
         if prog is not None:
             prog.stop()
@@ -226,12 +253,9 @@ def _run_probe(spec, probe, fmt: Format, output: Optional[Path], check: bool, pl
         _say(f"sigprop: wrote {plot}")
     if check and not result.passed:
         for run in result.runs:
-            for c in run.checks:
+            for c in run.verdict_checks(run.gate):
                 if not c.passed:
-                    _say(
-                        f"sigprop: check failed: {run.init}: {c.name} = {report.fmt_log10(c.log10_measured)} "
-                        f"outside [{report.fmt_log10(c.log10_low)}, {report.fmt_log10(c.log10_high)}]"
-                    )
+                    _say(f"sigprop: check failed ({report.VERDICT_WORDS[c.verdict]}): {run.init}: {report.gate_text(c)}")
         raise typer.Exit(1)
 
 
@@ -256,10 +280,13 @@ def resnet(
     dtype: Annotated[DType, typer.Option(help="Floating-point type of the probe.")] = DType.float32,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     output: Annotated[Optional[Path], typer.Option(help="Write the output to this file (whole, never half).")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Exit 1 unless every stage's ratios lie in the band [sqrt 2, sqrt e].")] = False,
+    check: CheckOpt = False,
+    gate: GateOpt = Gate.preserved,
+    band: BandOpt = None,
     stream: StreamOpt = None,
     precision: PrecisionOpt = Precision.fp32,
     graphs: GraphsOpt = None,
+    threads: ThreadsOpt = None,
     plot: PlotOpt = None,
 ) -> None:
     """Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6) state by state."""
@@ -278,7 +305,7 @@ def resnet(
     shape = f"{stages} stage(s) x {blocks} blocks, d {dim}"
     shape += f", batch norm" if norm is Norm.bn else f", hidden {spec.width} x {block_depth}, norm {norm.value}"
     _run_probe(
-        spec, probe, fmt, output, check, plot,
+        spec, probe, _gate(gate, band), threads, fmt, output, check, plot,
         lambda env: f"sigprop resnet: device {env['device']} ({env['device_name']}), {env['dtype']}, "
         f"{shape} (seed {seed}), {samples} samples x {seeds} draw(s)",
     )
@@ -344,10 +371,10 @@ class Arch(str, enum.Enum):
 def sweep(
     arch: Annotated[Arch, typer.Argument(help="mlp or resnet.")],
     out: Annotated[Path, typer.Option(help="JSON-lines file: one line per configuration, appended; existing ones are skipped.")],
-    depth: Annotated[str, typer.Option(help="MLP depths, comma-separated.")] = "10,20,50",
-    blocks: Annotated[str, typer.Option(help="ResNet blocks, comma-separated.")] = "10,40,100",
-    width: Annotated[str, typer.Option(help="Widths, comma-separated (ResNet: residual and hidden width).")] = "128,512",
-    init: Annotated[str, typer.Option(help="Inits, comma-separated.")] = "proposed,he",
+    depth: Annotated[Optional[list[str]], typer.Option(help="MLP depths, comma-separated or repeated. [default: 10,20,50]")] = None,
+    blocks: Annotated[Optional[list[str]], typer.Option(help="ResNet blocks, comma-separated or repeated. [default: 10,40,100]")] = None,
+    width: Annotated[Optional[list[str]], typer.Option(help="Widths, comma-separated or repeated (ResNet: residual and hidden width). [default: 128,512]")] = None,
+    init: Annotated[Optional[list[str]], typer.Option(help="Inits, comma-separated or repeated. [default: proposed,he]")] = None,
     input_dim: Annotated[Optional[int], typer.Option("--input-dim", min=1, help="MLP input dimension n_0. [default: the swept width]")] = None,
     samples: Annotated[int, typer.Option(min=1, help="Random inputs (and error vectors) N.")] = 1000,
     seed: Annotated[int, typer.Option(min=0, help="Base seed.")] = 0,
@@ -359,9 +386,19 @@ def sweep(
     from sigprop import sweep as sweep_mod
 
     kind = arch.value
-    sizes = sweep_mod.parse_ints(depth if kind == "mlp" else blocks, "--depth" if kind == "mlp" else "--blocks")
-    widths = sweep_mod.parse_ints(width, "--width")
-    names = sweep_mod.parse_inits(init, kind)
+    wrong = {"mlp": ("--blocks", blocks), "resnet": ("--depth", depth)}[kind]
+    if wrong[1] is not None:
+        right = "--depth" if kind == "mlp" else "--blocks"
+        raise SigpropError(f"does not apply to sweep {kind}; use {right}", option=wrong[0])
+    if kind == "resnet" and input_dim is not None:
+        raise SigpropError("--input-dim does not apply to sweep resnet (its input is the swept width)", option="--input-dim")
+    joined = lambda values, default: ",".join(values) if values else default
+    if kind == "mlp":
+        sizes = sweep_mod.parse_ints(joined(depth, "10,20,50"), "--depth")
+    else:
+        sizes = sweep_mod.parse_ints(joined(blocks, "10,40,100"), "--blocks")
+    widths = sweep_mod.parse_ints(joined(width, "128,512"), "--width")
+    names = sweep_mod.parse_inits(joined(init, "proposed,he"), kind)
     probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
     points = sweep_mod.grid(kind, sizes, widths, names, probe, input_dim)
     target = _check_output_target(out)
@@ -552,6 +589,27 @@ def list_inits() -> None:
     report.render_inits(rows, Console())
 
 
+def _usage_hint(msg: str) -> str:
+    """typer's words for a bad choice or number, without its validator's prefix, with a
+    did-you-mean and the way to give several values."""
+    import difflib
+    import re
+
+    msg = msg.replace("Value error, ", "")
+    m = re.match(r"Invalid value for '(--[\w-]+)': '([^']*)' is not one of (.*?)\.?$", msg)
+    if m:
+        option, value, choices = m.groups()
+        names = re.findall(r"'([^']+)'", choices)
+        if "," in value:
+            return f"{option}: {value!r} is not a name; give one per option: --init he --init proposed (choose from {', '.join(names)})"
+        close = difflib.get_close_matches(value, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"{option}: unknown value {value!r}{hint}; choose from {', '.join(names)}"
+    if "valid integer" in msg:
+        return msg.split(":")[0] + ": expected one integer (for several values use sigprop sweep, which takes comma-separated lists)"
+    return msg
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
     command = typer.main.get_command(app)
@@ -568,7 +626,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         msg = " ".join(exc.format_message().split())
         if not msg:  # bare `sigprop`: help was printed (no_args_is_help)
             return 0
-        _say(f"sigprop: error: {msg} (see sigprop -h)")
+        _say(f"sigprop: error: {_usage_hint(msg)} (see sigprop -h)")
         return 2
     except (typer.Abort, KeyboardInterrupt):
         _say("sigprop: interrupted")

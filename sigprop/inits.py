@@ -129,11 +129,21 @@ def register(scheme: InitScheme) -> InitScheme:
     return scheme
 
 
-def get(name: str) -> InitScheme:
-    try:
+def get(name: str, arch: str | None = None) -> InitScheme:
+    """The scheme ``name``; with ``arch`` ("mlp", "resnet") it must be defined for that net.
+    Unknown names raise a SigpropError with the closest valid name and the full list."""
+    valid = names(arch)
+    if name in valid:
         return INITS[name]
-    except KeyError:
-        raise SigpropError(f"unknown init {name!r}; choose from {', '.join(INITS)}", option="--init") from None
+    if arch is not None and name in INITS:
+        raise SigpropError(f"init {name!r} is not defined for the {arch.upper()}; choose from {', '.join(valid)}", option="--init")
+    import difflib
+
+    close = difflib.get_close_matches(str(name), valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    if isinstance(name, str) and "," in name:
+        hint = "; name several inits by repeating the option: --init he --init proposed"
+    raise SigpropError(f"unknown init {name!r}{hint}; choose from {', '.join(valid)}", option="--init")
 
 
 def names(arch: str | None = None) -> list[str]:

@@ -167,30 +167,55 @@ def sweep_figure(rows: Sequence[dict], x: str, path: Path, direction: str = "for
 
 
 def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward"):
-    """End-to-end ratio (geometric mean over samples and draws, ± 1 std of log10 across samples)
-    against ``x`` ("depth", "width", "blocks"), one line per init and value of the other axis."""
+    """End-to-end typical ratio (geometric mean over samples and draws) against ``x`` ("depth",
+    "width", "blocks"): one colour per init, one line style per value of the other axes
+    (width, samples, seeds: rows that differ in any of them are never merged into one line);
+    a band of +-1 sd of log10 across samples and, with several draws, the across-draw sd;
+    the predicted typical ratio (theory moved by the finite-width drift) dashed in the same
+    colour; linear x axis, numeric legend order, legend outside the data."""
     plt = _pyplot()
     groups: dict[tuple, list[dict]] = {}
+    others = [k for k in ("width", "depth", "blocks", "dim", "input_dim", "samples", "seeds") if k != x]
     for row in rows:
-        other = tuple((k, row["config"].get(k)) for k in ("width", "depth", "blocks", "dim") if k != x and k in row["config"])
+        other = tuple((k, row["config"].get(k)) for k in others if k in row["config"])
         groups.setdefault((row["init"], other), []).append(row)
-    fig, ax = plt.subplots(figsize=(6.5, 4.4))
-    for (init, other), pts in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    varying = [k for k in others if len({r["config"].get(k) for r in rows}) > 1]
+    inits_seen = list(dict.fromkeys(r["init"] for r in rows))
+    colours = {name: f"C{i % 10}" for i, name in enumerate(inits_seen)}
+    other_keys = sorted({g[1] for g in groups}, key=lambda t: [v if isinstance(v, (int, float)) else 0 for _, v in t])
+    markers = {o: ["o", "s", "^", "D", "v", "P"][i % 6] for i, o in enumerate(other_keys)}
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    theory_drawn = False
+    for (init, other), pts in sorted(groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))):
         pts = sorted(pts, key=lambda r: r["config"][x])
         xs = [p["config"][x] for p in pts]
-        ys = [p["end_to_end"][direction]["log10_mean"] for p in pts]
-        sd = [p["end_to_end"][direction]["log10_std"] or 0.0 for p in pts]
-        label = init + "".join(f", {k} {v}" for k, v in other)
-        line = ax.plot(xs, [10**y for y in ys], marker="o", ms=3, label=label)[0]
-        ax.fill_between(xs, [10 ** (y - s) for y, s in zip(ys, sd)], [10 ** (y + s) for y, s in zip(ys, sd)],
-                        color=line.get_color(), alpha=0.15, lw=0)
-    ax.set_yscale("log")
-    ax.set_xscale("log" if x in ("depth", "blocks") else "linear")
+        e2e = [p["end_to_end"][direction] for p in pts]
+        ys = [e["log10_mean"] for e in e2e]
+        sd = [e.get("log10_std") or 0.0 for e in e2e]
+        dsd = [e.get("log10_draw_std") or 0.0 for e in e2e]
+        label = init + "".join(f", {k} {v}" for k, v in other if k in varying)
+        c = colours[init]
+        ax.plot(xs, ys, marker=markers[other], ms=4, color=c, label=label)
+        ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], color=c, alpha=0.12, lw=0)
+        if any(dsd):
+            ax.errorbar(xs, ys, yerr=dsd, fmt="none", ecolor=c, elinewidth=1.2, capsize=3)
+        typ = [e.get("log10_predicted_typical") for e in e2e]
+        if all(t is not None for t in typ):
+            ax.plot(xs, typ, ls="--", lw=1, color=c)
+            theory_drawn = True
+    ax.axhline(0.0, color="0.4", lw=0.8, ls=":")
     ax.set_xlabel(x)
-    ax.set_ylabel(f"end-to-end {direction} ratio")
-    ax.axhline(1.0, color="0.4", lw=0.8, ls=":")
-    ax.grid(True, alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    ax.set_title(f"sigprop sweep: end-to-end {direction} ratio vs {x}", fontsize=10)
+    ax.set_ylabel(f"log10 typical end-to-end {direction} ratio")
+    ax.grid(True, alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if theory_drawn:
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], color="0.3", ls="--", lw=1))
+        labels.append("theory (typical)")
+    handles.append(plt.Rectangle((0, 0), 1, 1, color="0.5", alpha=0.2))
+    labels.append("±1 sd across samples (bars: across draws)")
+    ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.set_title(f"sigprop sweep: typical end-to-end {direction} ratio vs {x}", fontsize=10)
     fig.tight_layout()
     return fig

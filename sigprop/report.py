@@ -50,17 +50,20 @@ def _value(v: float | None, log10: float | None) -> str:
 
 
 def _mean_std(s: RatioStats) -> str:
+    """mean±std over samples; with one sample there is no spread: ``0.85 (1 sample)``."""
+    if s.std is None and s.log10_std is None:
+        return f"{fmt_num(s.mean)} (1 sample)"
     return f"{fmt_num(s.mean)}±{fmt_num(s.std, 2)}"
 
 
 def _theory_cell(s: RatioStats) -> Text:
-    """The prediction with its agreement mark: ✓ within the finite-width band, ✗ outside,
-    · no closed form."""
+    """The prediction with its agreement mark: = within the finite-width band, ≠ outside,
+    · no closed form (not green/red: those colours belong to the 'preserved' verdict)."""
     cell = Text(_value(s.predicted, s.log10_predicted) + " ")
     if s.agrees is None:
         cell.append("·", style="dim")
     else:
-        cell.append("✓", style="green") if s.agrees else cell.append("✗", style="bold red")
+        cell.append("=", style="cyan") if s.agrees else cell.append("≠", style="bold yellow")
     return cell
 
 
@@ -198,17 +201,34 @@ def stage_lines(run: RunResult) -> list[str]:
     return out
 
 
+#: how each verdict reads (one meaning per word and colour: green/red are the 'preserved' verdict
+#: only; agreement with theory is cyan '=' / yellow '≠')
+VERDICT_WORDS = {"preserved": "signal preserved", "theory": "agrees with finite-width theory"}
+
+
+def _verdict_line(run: RunResult, verdict: str) -> str:
+    checks = run.verdict_checks(verdict)
+    ok = run.verdict(verdict)
+    if verdict == "preserved":
+        head = "[green]signal preserved[/green]" if ok else "[red]signal NOT preserved[/red]"
+    else:
+        head = "[cyan]= agrees with finite-width theory[/cyan]" if ok else "[yellow]≠ disagrees with finite-width theory[/yellow]"
+    parts = [gate_text(c) for c in checks]
+    notes = sorted({c.note for c in checks if c.note and not c.passed})
+    tail = "".join(f"\n    why: {n}" for n in notes)
+    return f"  {head}: " + "; ".join(parts) + tail
+
+
 def run_summary(run: RunResult) -> Text:
+    """Both verdicts of one init, each named, with the reason when one fails."""
     ag = run.agreement()
-    parts = []
-    for c in run.checks:
-        status = "[green]pass[/green]" if c.passed else "[red]FAIL[/red]"
-        parts.append(f"{c.name} {fmt_log10(c.log10_measured)} in [{fmt_log10(c.log10_low)}, {fmt_log10(c.log10_high)}] {status}")
     agree = ", ".join(
         f"{d} {v['layers_agreeing']}/{v['layers_compared']}" if v["layers_compared"] else f"{d} no closed form"
         for d, v in ag.items()
     )
-    return Text.from_markup(f"[bold]{run.init}[/bold]: " + "; ".join(parts) + f"; agrees with theory: {agree}")
+    lines = [f"[bold]{run.init}[/bold] (layers agreeing with theory: {agree})"]
+    lines += [_verdict_line(run, v) for v in ("preserved", "theory")]
+    return Text.from_markup("\n".join(lines))
 
 
 def render_table(result: ProbeResult, console: Console) -> None:
@@ -226,22 +246,26 @@ def render_table(result: ProbeResult, console: Console) -> None:
         if any(r.bn is not None for r in run.layers):
             console.print(bn_table(run))
         for line in stage_lines(run):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, soft_wrap=True)
     if resnet:
         console.print(
             "[dim]mean ± std over samples of ||h^b||/||x|| (forward) and ||dl/dh^b||/||dl/dh^end|| (backward); "
-            "branch = rms of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; ✓/✗ = measured rms within "
+            "branch = rms of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside "
             "the finite-width band of the theory; band [√2, √e] = [1.414, 1.649] per stage (001 Theorems 3-4)[/dim]"
         )
     else:
         console.print(
             "[dim]mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward); "
-            "theory = closed-form rms; ✓/✗ = measured rms within the finite-width band of the theory[/dim]"
+            "theory = closed-form rms; =/≠ = measured rms within/outside the finite-width band of the theory[/dim]"
         )
     for run in result.runs:
-        console.print(run_summary(run))
-    verdict = "[green]all checks passed[/green]" if result.passed else "[red]some checks failed[/red]"
-    console.print(f"checks: {verdict}")
+        console.print(run_summary(run), soft_wrap=True)
+    kept = [r.init for r in result.runs if r.preserved]
+    lost = [r.init for r in result.runs if not r.preserved]
+    console.print(
+        f"signal preserved (typical ratio in the band) by: {', '.join(kept) or 'none'}; not preserved by: {', '.join(lost) or 'none'}",
+        highlight=False,
+    )
 
 
 def to_json(obj: Any) -> str:
@@ -319,15 +343,19 @@ def render_inits(rows: Sequence[tuple[str, str, str]], console: Console) -> None
 # sigprop check: one line per (check, init), a summary, JSON and JUnit XML
 # --------------------------------------------------------------------------------------------
 def gate_text(c) -> str:
-    """``forward end 1.02 in [0.83, 1.21]`` for one gate (a ``results.Check``)."""
-    word = "in" if c.passed else "OUTSIDE"
-    return f"{c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, {fmt_log10(c.log10_high)}]"
+    """``typical forward ratio at layer 20 1.02 in [0.5, 2]`` for one gate (a ``results.Check``):
+    the measured value is the geometric mean over samples and draws."""
+    if c.log10_low != c.log10_low:  # nan: no band (no prediction)
+        return f"typical {c.name} {fmt_log10(c.log10_measured)}: {c.note}"
+    word = "in" if c.passed else "outside"
+    return f"typical {c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, {fmt_log10(c.log10_high)}]"
 
 
 def check_line(outcome) -> str:
     """One line: verdict, check name, init, what was expected and every gate measured vs band."""
     verdict = "PASS" if outcome.ok else "FAIL"
-    expect = "" if outcome.expect == "pass" else " (expected to fail)"
+    asked = VERDICT_WORDS[outcome.verdict]
+    expect = f" (expected: {asked})" if outcome.expect == "pass" else f" (expected: not {asked})"
     gates = "; ".join(gate_text(c) for c in outcome.gates) or "no gate"
     return f"{verdict}  {outcome.name} [{outcome.init}]{expect}: {gates}"
 
@@ -354,7 +382,8 @@ def junit_xml(report_obj) -> str:
         case = ET.SubElement(suite, "testcase", classname=f"sigprop.{o.name}", name=o.init, time=f"{o.seconds:.3f}")
         text = "\n".join(gate_text(c) for c in o.gates)
         if not o.ok:
-            why = "expected the signal check to fail but it passed" if o.expect == "fail" else "signal not preserved"
+            asked = VERDICT_WORDS[o.verdict]
+            why = f"expected not '{asked}' but it held" if o.expect == "fail" else f"not '{asked}'"
             fail = ET.SubElement(case, "failure", message=f"{why}: {check_line(o)}", type="SignalCheck")
             fail.text = text
         else:

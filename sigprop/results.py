@@ -46,6 +46,9 @@ class RatioStats:
     log10_low: float | None = None
     log10_high: float | None = None
     agrees: bool | None = None
+    #: the predicted *typical* (geometric-mean) ratio: the RMS prediction moved by the
+    #: finite-width drift -- what ``log10_mean`` is compared with (docs/theory.md §4)
+    log10_predicted_typical: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +63,7 @@ class RatioStats:
             "log10_draw_std": _num(self.log10_draw_std),
             "dead_fraction": float(self.dead_fraction),
             "log10_predicted": _num(self.log10_predicted),
+            "log10_predicted_typical": _num(self.log10_predicted_typical),
             "agreement": {"log10_low": _num(self.log10_low), "log10_high": _num(self.log10_high), "agrees": self.agrees},
         }
 
@@ -121,15 +125,24 @@ class LayerRecord:
         return d
 
 
+#: the two verdicts a run carries (specs.GATES): ``preserved`` -- the typical ratio lies in an
+#: absolute band around norm preservation; ``theory`` -- it agrees with the init's own
+#: finite-width prediction.  They answer different questions and are never merged.
+VERDICTS = ("preserved", "theory")
+
+
 @dataclass
 class Check:
-    """One gate of ``--check``: ``measured`` (the geometric-mean ratio) inside [low, high]."""
+    """One gate: ``measured`` (the geometric-mean ratio over samples and draws) inside [low, high].
+    ``verdict`` says which question it answers (``VERDICTS``); ``note`` explains a failure."""
 
     name: str
     passed: bool
     log10_measured: float | None
     log10_low: float
     log10_high: float
+    verdict: str = "preserved"
+    note: str = ""
 
     @property
     def measured(self) -> float | None:
@@ -138,7 +151,9 @@ class Check:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "verdict": self.verdict,
             "passed": self.passed,
+            "note": self.note,
             "measured": _num(self.measured),
             "low": _num(_pow10(self.log10_low)),
             "high": _num(_pow10(self.log10_high)),
@@ -194,10 +209,31 @@ class RunResult:
     description: str = ""
     #: ResNet runs: the stages (spans, bands); None for an MLP
     stages: list[StageInfo] | None = None
+    #: the verdict ``passed`` (and ``--check``) reports: "preserved" or "theory"
+    gate: str = "preserved"
+
+    def verdict_checks(self, verdict: str) -> list[Check]:
+        return [c for c in self.checks if c.verdict == verdict]
+
+    def verdict(self, verdict: str) -> bool:
+        """True when every check of that verdict passed (and there is at least one)."""
+        cs = self.verdict_checks(verdict)
+        return bool(cs) and all(c.passed for c in cs)
+
+    @property
+    def preserved(self) -> bool:
+        """The signal survives: the typical ratios lie in the absolute band."""
+        return self.verdict("preserved")
+
+    @property
+    def agrees_with_theory(self) -> bool:
+        """The typical ratios agree with this init's own finite-width prediction."""
+        return self.verdict("theory")
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
+        """The verdict of the gate (``gate``)."""
+        return self.verdict(self.gate)
 
     def agreement(self) -> dict[str, Any]:
         out = {}
@@ -215,7 +251,10 @@ class RunResult:
             "widths": list(self.widths),
             "layers": [r.to_dict() for r in self.layers],
             "checks": [c.to_dict() for c in self.checks],
+            "gate": self.gate,
             "passed": self.passed,
+            "preserved": self.preserved,
+            "agrees_with_theory": self.agrees_with_theory,
             "agreement": self.agreement(),
             **({} if self.stages is None else {"stages": [st.to_dict() for st in self.stages]}),
         }
@@ -306,6 +345,8 @@ class CheckOutcome:
     gates: list[Check]
     seconds: float = 0.0
     description: str = ""
+    #: the verdict the gates answer: "preserved" or "theory"
+    verdict: str = "preserved"
 
     @property
     def signal_passed(self) -> bool:
@@ -321,6 +362,7 @@ class CheckOutcome:
             "command": self.command,
             "init": self.init,
             "expect": self.expect,
+            "verdict": self.verdict,
             "signal_passed": self.signal_passed,
             "ok": self.ok,
             "seconds": round(self.seconds, 3),

@@ -107,6 +107,69 @@ class ProbeSpec:
             raise SigpropError(f"tf32 applies to float32 matmuls; --dtype is {self.dtype}", option="--precision")
 
 
+def _init_tuple(spec, arch: str) -> None:
+    """``inits`` as a tuple of registry names defined for ``arch``: a single string is one name
+    (not its characters), every name is checked against the registry."""
+    names = (spec.inits,) if isinstance(spec.inits, str) else tuple(spec.inits)
+    object.__setattr__(spec, "inits", names)
+    if not names:
+        raise SigpropError("give at least one init", option="--init")
+    for name in names:
+        inits.get(name, arch)
+
+
+#: what ``--check`` gates on (docs/cli.md, "Two verdicts"):
+#: preserved -- the typical end-to-end ratio lies in an absolute band (the signal survives);
+#: theory -- the typical ratio agrees with this init's own finite-width prediction
+GATES = ("preserved", "theory")
+#: default ``--band`` of the MLP: the typical ratio within a decade of norm-preserving (docs/cli.md)
+MLP_BAND = (0.1, 10.0)
+#: under the default band no typical ratio outside [1e-2, 1e2] passes, however much the widths
+#: change (the width factor sqrt(n_L/n_0) of the reference is honoured up to these limits)
+MLP_BAND_LIMITS = (1e-2, 1e2)
+
+
+def parse_band(text: str, option: str = "--band") -> tuple[float, float]:
+    """``LO:HI`` with 0 < LO <= 1 <= HI (finite): a band that excludes the norm-preserving
+    value 1 would fail a network that keeps the norm exactly."""
+    parts = str(text).split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        lo, hi = float(parts[0]), float(parts[1])
+    except ValueError:
+        raise SigpropError(f"expected LO:HI (two numbers, e.g. 0.5:2), got {text!r}", option=option) from None
+    return check_band((lo, hi), option)
+
+
+def check_band(band, option: str = "--band") -> tuple[float, float]:
+    lo, hi = (float(v) for v in band)
+    if not (np.isfinite(lo) and np.isfinite(hi)) or lo <= 0:
+        raise SigpropError(f"LO and HI must be finite and LO > 0, got {lo:g}:{hi:g}", option=option)
+    if not lo <= 1.0 <= hi:
+        raise SigpropError(f"the band must contain 1 (the norm-preserving ratio), got {lo:g}:{hi:g}", option=option)
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """What ``--check`` asks (``gate``) and the band of the ``preserved`` verdict, as factors
+    around the norm-preserving reference (None: ``MLP_BAND`` for an MLP; for a ResNet stage
+    [sqrt 2, sqrt e] with its finite-width allowance, docs/theory.md §7)."""
+
+    gate: str = "preserved"
+    band: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.gate not in GATES:
+            raise SigpropError(f"expected one of {', '.join(GATES)}, got {self.gate!r}", option="--check")
+        if self.band is not None:
+            object.__setattr__(self, "band", check_band(self.band))
+
+    def to_dict(self) -> dict:
+        return {"gate": self.gate, "band": None if self.band is None else list(self.band)}
+
+
 @dataclass(frozen=True)
 class MLPSpec:
     """The WN MLP of 001 eq. 1-2: L layers a^l = g^l * W^l h^{l-1} / ||W^l_i|| + b^l, h^l = ReLU(a^l)."""
@@ -119,10 +182,7 @@ class MLPSpec:
     def __post_init__(self) -> None:
         check_size(self.depth, "--depth")
         check_size(self.input_dim, "--input-dim")
-        if not self.inits:
-            raise SigpropError("give at least one init", option="--init")
-        for name in self.inits:
-            inits.get(name)
+        _init_tuple(self, "mlp")
         if len(set(self.inits)) != len(self.inits):
             raise SigpropError("an init is named twice", option="--init")
 
@@ -168,8 +228,13 @@ class ResNetSpec:
                 raise SigpropError("the batch-normalized ResNet (004 appendix C) has one layer per block", option="--block-depth")
         if self.stages > 16:
             raise SigpropError(f"each stage doubles the width; {self.stages} stages is beyond any memory", option="--stages")
+        if isinstance(self.inits, str):
+            object.__setattr__(self, "inits", (self.inits,))
         if not self.inits:
             raise SigpropError("give at least one init", option="--init")
+        for name in self.inits:
+            if name not in inits.INITS:
+                inits.get(name, "resnet")  # the did-you-mean error
         resolved = self.resolved_inits()
         if len(set(resolved)) != len(resolved):
             raise SigpropError("an init is named twice (with --norm none, he is unnormalized-he)", option="--init")

@@ -54,6 +54,8 @@ def ratio_stats(ln: np.ndarray) -> RatioStats:
     within_var = float((scaled.var(axis=1)).mean())
     ln_std = 0.5 * math.log(within_var) + k if within_var > 0 else -math.inf
     std = 0.0 if within_var == 0 else _exp_or_none(ln_std)
+    if samples < 2:  # one sample has no spread across samples: unknown, not 0
+        std = None
     if draws > 1:
         dv = float(per_draw_mean.var(ddof=1))
         draw_std = 0.0 if dv == 0 else _exp_or_none(0.5 * math.log(dv) + k)
@@ -65,7 +67,7 @@ def ratio_stats(ln: np.ndarray) -> RatioStats:
         log10_mean = float(vals.mean())
         per_draw = [ln[d][finite[d]] / LN10 for d in range(draws)]
         within = [np.var(p) for p in per_draw if p.size]
-        log10_std = float(math.sqrt(np.mean(within)))
+        log10_std = float(math.sqrt(np.mean(within))) if samples > 1 else None
         if draws > 1:
             means = [p.mean() for p in per_draw if p.size]
             log10_draw_std = float(np.std(means, ddof=1)) if len(means) > 1 else None
@@ -110,6 +112,7 @@ def attach_prediction(
     sd = math.sqrt(var)
     stats.log10_predicted = ln_pred / LN10
     stats.predicted = _exp_or_none(ln_pred)
+    stats.log10_predicted_typical = (ln_pred + (-var if drift is None else drift)) / LN10
     stats.log10_low = (ln_pred + (-var if drift is None else min(drift, 0.0)) - z * sd) / LN10
     stats.log10_high = (ln_pred + z * sd) / LN10
     if stats.log10_rms is not None:
@@ -120,27 +123,83 @@ def attach_prediction(
         stats.agrees = False
 
 
-def mlp_checks(widths: Sequence[int], fwd: RatioStats, bwd: RatioStats, cum_f, cum_b, z: float = theory.Z_CHECK) -> list[Check]:
-    """``--check``: the typical (geometric-mean) forward ratio at layer L and backward ratio at
-    layer 1 must lie in the norm-preserving band (theory.check_reference_ln) moved by the exact
-    finite-width drift and widened by z sd with the Cornish-Fisher skew correction
-    (theory.cornish_fisher_band; ``cum_*`` = (drift, variance, third cumulant))."""
-    (f_lo, f_hi), (b_lo, b_hi) = theory.check_reference_ln(widths)
-    out = []
+def _fmt(log10: float | None) -> str:
+    """A ratio from its log10, for notes: 0.0123 or 10^-23.3."""
+    if log10 is None:
+        return "n/a"
+    return f"{10.0 ** log10:.3g}" if -3 <= log10 <= 4 else f"10^{log10:.1f}"
+
+
+def _gate(name: str, verdict: str, st: RatioStats, low_ln: float, high_ln: float) -> Check:
+    """measured = the geometric-mean ratio (over samples and draws) inside [low, high] (ln);
+    a dead sample (ratio 0) fails."""
+    low, high = low_ln / LN10, high_ln / LN10
+    m = st.log10_mean
+    passed = m is not None and st.dead_fraction == 0.0 and low <= m <= high
+    return Check(name=name, passed=passed, log10_measured=m, log10_low=low, log10_high=high, verdict=verdict)
+
+
+def _explain_preserved(c: Check, st: RatioStats, ln_rms: float | None, ln_typical: float | None, depth: int, width: str) -> str:
+    """Why the signal was not preserved, from the init's own theory (docs/theory.md §4)."""
+    if c.passed:
+        return ""
+    if st.dead_fraction > 0:
+        return f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
+    if ln_rms is None:
+        return "no closed-form prediction for this init"
+    lo, hi = c.log10_low, c.log10_high
+    r, t = ln_rms / LN10, (ln_typical if ln_typical is not None else ln_rms) / LN10
+    if not lo <= r <= hi:
+        return f"the theory predicts an RMS ratio of {_fmt(r)} (typical {_fmt(t)}): this init does not keep the norm"
+    if not lo <= t <= hi:
+        return (f"finite-width drift: the mean square is preserved (RMS {_fmt(r)}) but the theory predicts a typical "
+                f"ratio of {_fmt(t)} at width {width} over {depth} layers (E ln ratio falls by about c/(4 n) per layer); "
+                f"widen the layers or shorten the net")
+    return f"the theory predicts a typical ratio of {_fmt(t)} (RMS {_fmt(r)}), inside the band: the measurement disagrees"
+
+
+def mlp_checks(widths: Sequence[int], fwd: RatioStats, bwd: RatioStats, cum_f, cum_b, pred_f: float | None,
+               pred_b: float | None, band: tuple[float, float] | None = None, z: float = theory.Z_CHECK) -> list[Check]:
+    """The two verdicts on the forward ratio at layer L and the backward ratio at layer 1, each
+    judged on the typical (geometric-mean) ratio over samples and draws:
+
+    * ``preserved``: inside the norm-preserving reference hull (theory.check_reference_ln)
+      widened by the factors ``band`` (default specs.MLP_BAND) -- an absolute band that always
+      contains 1, whatever the depth or width;
+    * ``theory``: inside the band of this init's own prediction (``pred_*``, ln RMS) moved by
+      the exact finite-width drift and widened by z sd with the Cornish-Fisher skew correction
+      (theory.cornish_fisher_band; ``cum_*`` = (drift, variance, third cumulant)).
+    """
+    from sigprop.specs import MLP_BAND, MLP_BAND_LIMITS
+
+    default = band is None
+    band = band or MLP_BAND
+    refs = theory.check_reference_ln(widths)
+    limits = (math.log(MLP_BAND_LIMITS[0]), math.log(MLP_BAND_LIMITS[1])) if default else (-math.inf, math.inf)
     L = len(widths) - 1
-    for name, st, (lo, hi), cum in (
-        (f"forward ratio at layer {L}", fwd, (f_lo, f_hi), cum_f),
-        ("backward ratio at layer 1", bwd, (b_lo, b_hi), cum_b),
-    ):
-        low, high = (v / LN10 for v in theory.cornish_fisher_band(lo, hi, cum, z))
-        m = st.log10_mean
-        passed = m is not None and st.dead_fraction == 0.0 and low <= m <= high
-        out.append(Check(name=name, passed=passed, log10_measured=m, log10_low=low, log10_high=high))
+    width = str(widths[1]) if len(set(widths[1:])) == 1 else f"{min(widths[1:])}..{max(widths[1:])}"
+    out = []
+    named = ((f"forward ratio at layer {L}", fwd, refs[0], cum_f, pred_f), ("backward ratio at layer 1", bwd, refs[1], cum_b, pred_b))
+    for name, st, (lo, hi), cum, pred in named:
+        c = _gate(name, "preserved", st, max(lo + math.log(band[0]), limits[0]), min(hi + math.log(band[1]), limits[1]))
+        typical = None if pred is None else pred + float(cum[0])
+        c.note = _explain_preserved(c, st, pred, typical, L, width)
+        out.append(c)
+    for name, st, _, cum, pred in named:
+        if pred is None:
+            out.append(Check(name, False, st.log10_mean, math.nan, math.nan, "theory", "no closed-form prediction for this init"))
+            continue
+        low, high = theory.cornish_fisher_band(pred, pred, cum, z)
+        c = _gate(name, "theory", st, low, high)
+        if not c.passed:
+            c.note = f"the theory predicts a typical ratio of {_fmt((pred + float(cum[0])) / LN10)}"
+        out.append(c)
     return out
 
 
-def mlp_run(scheme: InitScheme, widths: list[int], ln_fwd: np.ndarray, ln_bwd: np.ndarray) -> RunResult:
-    """Assemble one init's run: per-layer stats beside predictions, and the checks."""
+def mlp_run(scheme: InitScheme, widths: list[int], ln_fwd: np.ndarray, ln_bwd: np.ndarray,
+            band: tuple[float, float] | None = None, gate: str = "preserved") -> RunResult:
+    """Assemble one init's run: per-layer stats beside predictions, and both verdicts."""
     L = len(widths) - 1
     pred = scheme.predict_mlp(widths)
     cum_f, cum_b = theory.log_ratio_cumulants(widths, scheme.orthogonal)
@@ -151,8 +210,9 @@ def mlp_run(scheme: InitScheme, widths: list[int], ln_fwd: np.ndarray, ln_bwd: n
         attach_prediction(f, pred.ln_forward[l - 1] if pred.ln_forward else None, float(cum_f[l - 1, 1]), drift=float(cum_f[l - 1, 0]))
         attach_prediction(b, pred.ln_backward[l - 1] if pred.ln_backward else None, float(cum_b[l - 1, 1]), drift=float(cum_b[l - 1, 0]))
         layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
-    checks = mlp_checks(widths, layers[-1].forward, layers[0].backward, cum_f[-1], cum_b[0])
-    return RunResult(init=scheme.name, widths=list(widths), layers=layers, checks=checks, description=scheme.description)
+    checks = mlp_checks(widths, layers[-1].forward, layers[0].backward, cum_f[-1], cum_b[0],
+                        pred.ln_forward[-1] if pred.ln_forward else None, pred.ln_backward[0] if pred.ln_backward else None, band)
+    return RunResult(init=scheme.name, widths=list(widths), layers=layers, checks=checks, description=scheme.description, gate=gate)
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,13 +240,15 @@ def resnet_variances(scheme: InitScheme | None, plan, pred: theory.ResNetPredict
     return var_f, var_b, f_steps_a, b_steps_a
 
 
-def _stage_check(name: str, ln: np.ndarray, band: tuple[float, float], var: float, z: float) -> Check:
+def _stage_check(name: str, ln: np.ndarray, band: tuple[float, float], var: float, z: float, verdict: str = "preserved") -> Check:
+    """The stage ratio's typical value (mean ln over samples and draws) inside ``band`` (ln)
+    widened as a lognormal of variance ``var``: typical sits var below the RMS, +- z sd."""
     low = theory.log_band(band[0], var, z)[0] / LN10
     high = theory.log_band(band[1], var, z)[1] / LN10
     finite = np.isfinite(ln).all()
     m = float(ln.mean() / LN10) if finite else None
     passed = m is not None and low <= m <= high
-    return Check(name=name, passed=passed, log10_measured=m, log10_low=low, log10_high=high)
+    return Check(name=name, passed=passed, log10_measured=m, log10_low=low, log10_high=high, verdict=verdict)
 
 
 def _bn_record(arr: np.ndarray, l: int, batch: int):
@@ -202,7 +264,8 @@ def _bn_record(arr: np.ndarray, l: int, batch: int):
 
 
 def resnet_run(
-    scheme: InitScheme, plan, arrays: dict[str, np.ndarray], samples: int, dtype: str = "float32", z: float = theory.Z_CHECK
+    scheme: InitScheme, plan, arrays: dict[str, np.ndarray], samples: int, dtype: str = "float32", z: float = theory.Z_CHECK,
+    band: tuple[float, float] | None = None, gate: str = "preserved",
 ) -> RunResult:
     """Assemble one init's ResNet run: per-entry stats beside predictions, stages, checks."""
     from sigprop.results import StageInfo
@@ -243,7 +306,8 @@ def resnet_run(
     # which for an exploding init is so wide that it would drag the band far from [sqrt 2, sqrt e].
     ref = inits.get("proposed-gaussian")
     ref_f, ref_b, _, _ = resnet_variances(ref, plan, ref.predict_resnet(plan))
-    infos, checks = [], []
+    widen = (0.0, 0.0) if band is None else (math.log(band[0]), math.log(band[1]))
+    infos, checks, theory_checks = [], [], []
     for k in range(1, plan.stages + 1):
         first, last = plan.stage_span(k)
         fb, bb = theory.stage_band_ln(dims[first], dims[last])
@@ -257,6 +321,25 @@ def resnet_run(
         blocks_k = sum(1 for blk in plan.blocks if blk.stage == k)
         infos.append(StageInfo(k, first, last, dims[first], dims[last], blocks_k,
                                (math.exp(fb[0]), math.exp(fb[1])), (math.exp(bb[0]), math.exp(bb[1])), pf, pb))
-        checks.append(_stage_check(f"stage {k} forward ||h^{last}||/||h^{first}||", ln_f[:, last, :] - ln_f[:, first, :], fb, vf, z))
-        checks.append(_stage_check(f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||", ln_b[:, first, :] - ln_b[:, last, :], bb, vb, z))
-    return RunResult(init=scheme.name, widths=list(dims), layers=layers, checks=checks, description=description, stages=infos)
+        fb = (fb[0] + widen[0], fb[1] + widen[1])
+        bb = (bb[0] + widen[0], bb[1] + widen[1])
+        names = (f"stage {k} forward ||h^{last}||/||h^{first}||", f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||")
+        measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
+        for name, ln, b, v in zip(names, measured, (fb, bb), (vf, vb)):
+            c = _stage_check(name, ln, b, v, z)
+            if not c.passed:
+                c.note = "outside Theorem 3's band [sqrt 2, sqrt e] with its finite-width allowance"
+            checks.append(c)
+        # theory: the init's own predicted stage ratio (ln RMS) with the init's own spread
+        own = ((pred.ln_forward, var_f, last, first), (pred.ln_backward, var_b, first, last))
+        for name, ln, (lnp, var, a, b) in zip(names, measured, own):
+            if not lnp:
+                theory_checks.append(Check(name, False, None, math.nan, math.nan, "theory", "no closed-form prediction for this init"))
+                continue
+            centre = lnp[a] - lnp[b]
+            c = _stage_check(name, ln, (centre, centre), abs(float(var[a] - var[b])), z, verdict="theory")
+            if not c.passed:
+                c.note = f"the theory predicts an RMS stage ratio of {_fmt(centre / LN10)}"
+            theory_checks.append(c)
+    return RunResult(init=scheme.name, widths=list(dims), layers=layers, checks=checks + theory_checks, description=description,
+                     stages=infos, gate=gate)

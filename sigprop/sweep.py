@@ -120,8 +120,10 @@ def end_to_end(result) -> dict[str, Any]:
     run = result.runs[0]
     pick = {"forward": run.layers[-1].forward, "backward": run.layers[0].backward}
     return {
-        k: {"mean": s.mean, "log10_mean": s.log10_mean, "log10_std": s.log10_std, "rms": s.rms,
-            "log10_rms": s.log10_rms, "predicted": s.predicted, "log10_predicted": s.log10_predicted, "agrees": s.agrees}
+        k: {"mean": s.mean, "log10_mean": s.log10_mean, "log10_std": s.log10_std, "log10_draw_std": s.log10_draw_std,
+            "rms": s.rms, "log10_rms": s.log10_rms, "predicted": s.predicted, "log10_predicted": s.log10_predicted,
+            "log10_predicted_typical": s.log10_predicted_typical,
+            "log10_low": s.log10_low, "log10_high": s.log10_high, "agrees": s.agrees}
         for k, s in pick.items()
     }
 
@@ -133,6 +135,8 @@ def row(point: Point, result, seconds: float) -> dict[str, Any]:
         "init": point.init,
         "end_to_end": end_to_end(result),
         "passed": result.passed,
+        "preserved": result.runs[0].preserved,
+        "agrees_with_theory": result.runs[0].agrees_with_theory,
         "seconds": round(seconds, 3),
         "environment": result.environment,
     }
@@ -166,6 +170,9 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
                 rows.append(r)
     if not rows:
         raise SigpropError(f"{path} holds no sweep rows ({SWEEP_SCHEMA})", option="RESULTS")
+    commands = sorted({str(r.get("config", {}).get("command")) for r in rows})
+    if len(commands) > 1:
+        raise SigpropError(f"{path} mixes sweeps of {' and '.join(commands)}; plot one kind per file", option="RESULTS")
     return rows
 
 

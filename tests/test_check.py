@@ -42,8 +42,8 @@ def test_passing_config_exits_0_with_one_line_per_check_and_junit(capsys, monkey
     assert code == 0, err
     lines = out.strip().splitlines()
     assert len(lines) == 5  # 2 + 1 + 1 (check, init) lines and the summary
-    assert lines[0].startswith("PASS  mlp-proposed [proposed]: forward ratio at layer 6")
-    assert "(expected to fail)" in lines[2] and "OUTSIDE" in lines[2]
+    assert lines[0].startswith("PASS  mlp-proposed [proposed] (expected: signal preserved): typical forward ratio at layer 6")
+    assert "(expected: not signal preserved)" in lines[2] and "outside" in lines[2]
     assert lines[-1].startswith("4 passed, 0 failed")
     suite = ET.parse(tmp_path / "report.xml").getroot()
     assert suite.tag == "testsuite" and suite.get("tests") == "4" and suite.get("failures") == "0"
@@ -64,13 +64,13 @@ def test_a_broken_expectation_exits_1_and_junit_shows_the_failure(capsys, monkey
     assert suite.get("failures") == "1"
     failure = [c for c in suite.findall("testcase") if c.find("failure") is not None]
     assert [c.get("classname") for c in failure] == ["sigprop.mlp-he-breaks"]
-    assert "signal not preserved" in failure[0].find("failure").get("message")
+    assert "not 'signal preserved'" in failure[0].find("failure").get("message")
 
 
 def test_a_good_init_expected_to_fail_is_a_failure(capsys, monkeypatch, tmp_path):
     text = GOOD.replace('depth = 6\ninit = ["proposed", "proposed-gaussian"]', 'depth = 6\ninit = "proposed"\nexpect = "fail"')
     code, out, _ = run(capsys, monkeypatch, tmp_path, text)
-    assert code == 1 and "FAIL  mlp-proposed [proposed] (expected to fail)" in out
+    assert code == 1 and "FAIL  mlp-proposed [proposed] (expected: not signal preserved)" in out
 
 
 def test_json_format(capsys, monkeypatch, tmp_path):

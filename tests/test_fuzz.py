@@ -23,7 +23,7 @@ SMALL_INT = st.sampled_from(["1", "2", "3", "7"])
 HUGE = st.sampled_from(["1000000000", "99999999999999999999"])
 INT = SMALL_INT | HUGE | GARBAGE
 WIDTH = st.sampled_from(["8", "4:16", "16:4", "0", "0:3", "a:b", "1:", ":", "3:3", "1000000000", "5:1000000000"]) | GARBAGE
-INITS_MLP = st.sampled_from(["proposed", "he", "datadep", "pytorch", "stage-hanin", "PROPOSED", "nope", ""])
+INITS_MLP = st.sampled_from(["proposed", "he", "datadep", "pytorch", "stage-hanin", "PROPOSED", "nope", "", "he,proposed", "skipinit", "propsed"])
 INITS_RES = st.sampled_from(["proposed", "he", "skipinit", "skipinit-sqrt", "stage-hanin", "unnormalized-he", "datadep", "nope"])
 COMMON = {
     "--samples": SMALL_INT | HUGE | GARBAGE,
@@ -33,11 +33,14 @@ COMMON = {
     "--dtype": st.sampled_from(["float32", "float64", "float16", "bfloat16", "int8", ""]),
     "--format": st.sampled_from(["table", "json", "csv", "xml", ""]),
     "--precision": st.sampled_from(["fp32", "tf32", "fp16", ""]),
+    "--gate": st.sampled_from(["preserved", "theory", "both", ""]),
+    "--band": st.sampled_from(["0.5:2", "0.1:10", "2:3", "0.1:0.5", "0:1", "1", "a:b", "inf:inf", "-1:2", ""]),
+    "--threads": st.sampled_from(["1", "2", "0", "-1", "x"]),
 }
 FLAGS = st.sampled_from(["--check", "--stream", "--no-stream", "--graphs", "--no-graphs", "--help", "--bogus", "-x"])
 
 COMMANDS = {
-    "mlp": {"--depth": INT, "--input-dim": INT, "--width": WIDTH, "--init": INITS_MLP, **COMMON},
+    "mlp": {"--depth": INT | st.sampled_from(["10,20", "3,4"]), "--input-dim": INT, "--width": WIDTH, "--init": INITS_MLP, **COMMON},
     "resnet": {"--blocks": INT, "--stages": st.sampled_from(["1", "2", "17", "0", "40"]) | GARBAGE, "--dim": INT,
                "--width": WIDTH, "--block-depth": INT, "--norm": st.sampled_from(["wn", "bn", "none", "ln", ""]),
                "--init": INITS_RES, **COMMON},
@@ -47,7 +50,8 @@ COMMANDS = {
     "cite": {"--init": INITS_RES | INITS_MLP},
     "sweep": {"--depth": st.sampled_from(["2,3", "3", "2,2", "0", "x,y", "", "1000000000"]),
               "--blocks": st.sampled_from(["2", "2,3", "-1", ""]), "--width": st.sampled_from(["8", "8,16", "0", "a", "1000000000"]),
-              "--init": st.sampled_from(["proposed", "proposed,he", "nope", "", "proposed,proposed"]),
+              "--init": st.sampled_from(["proposed", "proposed,he", "nope", "", "proposed,proposed", "he", "skipinit"]),
+              "--input-dim": st.sampled_from(["8", "0"]),
               "--samples": SMALL_INT | GARBAGE, "--seeds": st.sampled_from(["1", "0"]), "--device": st.sampled_from(["cpu", "tpu"])},
     "plot": {"--x": st.sampled_from(["depth", "width", "blocks", "time", ""]), "--direction": st.sampled_from(["forward", "backward", "up"])},
     "check": {"--format": st.sampled_from(["text", "json", "yaml"])},
@@ -60,6 +64,14 @@ CHECK_TOML = st.sampled_from([
     '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ndevice = "cpu"\n',
     '[checks.a]\ncommand = "mlp"\ndepth = 1000000000\nwidth = 100000\ndevice = "cpu"\n',
     '[checks.a]\ncommand = "mlp"\ndepth = -3\n',
+    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ninit = "skipinit"\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ngate = "theory"\nband = [0.5, 2]\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ngate = "both"\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\nband = [2, 3]\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ninit = "skipinit"\ndevice = "cpu"\n',
+    # a sweep file of both kinds (sigprop plot must refuse it in one line)
+    '{"schema": "sigprop.sweep.v1", "config": {"command": "mlp", "depth": 2, "width": 8}, "init": "he", "end_to_end": {}}\n'
+    '{"schema": "sigprop.sweep.v1", "config": {"command": "resnet", "blocks": 2, "width": 8}, "init": "he", "end_to_end": {}}\n',
     '[checks.a]\ncommand = mlp\n',
     '[checks]\na = 3\n',
     '',
@@ -133,3 +145,34 @@ def test_cli_never_crashes(case):
 
 def test_fuzz_examples_cover_every_command():
     assert set(COMMANDS) | {"env"} >= {"mlp", "resnet", "theory", "inits", "cite", "sweep", "plot", "check", "rerun"}
+
+
+@settings(max_examples=min(EXAMPLES, 60), deadline=None)
+@given(st.lists(st.sampled_from(["2", "3", "5", "2,3", "3,5"]), min_size=1, max_size=3),
+       st.lists(st.sampled_from(["8", "16", "8,16"]), min_size=1, max_size=2),
+       st.lists(st.sampled_from(["proposed", "he", "pytorch", "proposed,he", "he,pytorch"]), min_size=1, max_size=3))
+def test_sweep_runs_every_value_of_repeated_and_comma_separated_options(depths, widths, names):
+    """``--init a --init b`` and ``--init a,b`` mean the same: every value is planned (the
+    repeated option used to keep only the last).  A value given twice is refused in one line.
+    The run itself is stopped before any compute by a device that does not exist."""
+    args = ["sweep", "mlp", "--out", "r.jsonl", "--device", "cuda:63", "--samples", "2"]
+    for flag, values in (("--depth", depths), ("--width", widths), ("--init", names)):
+        for v in values:
+            args += [flag, v]
+    flat = lambda vs: [x for v in vs for x in v.split(",")]
+    with tempfile.TemporaryDirectory() as d:
+        cwd = os.getcwd()
+        os.chdir(d)
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                code = main(args)
+        finally:
+            os.chdir(cwd)
+    stderr = err.getvalue()
+    d, w, n = flat(depths), flat(widths), flat(names)
+    if len(set(d)) < len(d) or len(set(w)) < len(w) or len(set(n)) < len(n):
+        assert code == 2 and ("repeated" in stderr or "twice" in stderr), stderr
+    else:
+        assert f"sigprop sweep: {len(d) * len(w) * len(n)} configuration(s)" in stderr, stderr
+        assert code == 2 and "cuda:63" in stderr

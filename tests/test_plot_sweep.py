@@ -126,7 +126,29 @@ def test_sweep_figure_axes():
     fig = plot.build_sweep_figure(rows, "depth")
     ax = fig.axes[0]
     line = [l for l in ax.get_lines() if l.get_label().startswith("he")][0]
-    assert list(line.get_xdata()) == [2, 4] and ax.get_xlabel() == "depth" and ax.get_yscale() == "log"
+    assert [int(v) for v in line.get_xdata()] == [2, 4] and ax.get_xlabel() == "depth"
+    assert ax.get_xscale() == "linear" and "log10" in ax.get_ylabel()  # linear depth, log10 of the ratio
+    assert list(line.get_ydata()) == [r["end_to_end"]["forward"]["log10_mean"] for r in rows]
+    # the typical theory line is drawn in the init's colour, dashed
+    theory = [l for l in ax.get_lines() if l.get_linestyle() == "--" and l.get_color() == line.get_color()]
+    assert theory and list(theory[0].get_ydata()) == [r["end_to_end"]["forward"]["log10_predicted_typical"] for r in rows]
+    mpl.pyplot.close(fig)
+
+
+def test_sweep_rows_with_other_samples_are_separate_lines_in_numeric_order():
+    """Rows that differ in --samples are never merged into one line, and the legend is ordered
+    by number (10, 20, 100), not as strings (10, 100, 20)."""
+    from sigprop import plot, sweep
+
+    rows = []
+    for samples in (100, 20, 10):
+        for d in (2, 3):
+            point = sweep.grid("mlp", [d], [16], ["he"], specs.ProbeSpec(samples=samples, device="cpu"))[0]
+            r = api.probe_mlp(depth=d, width=16, input_dim=16, samples=samples, inits=["he"], device="cpu")
+            rows.append(sweep.row(point, r, 0.0))
+    fig = plot.build_sweep_figure(rows, "depth")
+    labels = [l.get_label() for l in fig.axes[0].get_lines() if l.get_label().startswith("he")]
+    assert labels == ["he, samples 10", "he, samples 20", "he, samples 100"]
     mpl.pyplot.close(fig)
 
 

@@ -84,7 +84,7 @@ def test_proposed_inside_the_band(blocks):
     for name in spec.inits:
         run = stats.resnet_run(inits.get(name), plan, out[name], CPU.samples)
         assert run.passed, [(c.name, c.log10_measured, c.log10_low, c.log10_high) for c in run.checks]
-        for c in run.checks:  # the measured geometric mean itself, not only the widened band
+        for c in run.verdict_checks("preserved"):  # the measured geometric mean itself, not only the widened band
             assert theory.RESNET_LOWER * 0.9 < 10**c.log10_measured < theory.RESNET_UPPER * 1.05
         ag = run.agreement()
         assert ag["forward"]["layers_agreeing"] == ag["forward"]["layers_compared"] == blocks + 1
@@ -130,7 +130,8 @@ def test_multi_stage_proposed_passes_and_he_fails():
     spec = specs.ResNetSpec(blocks=15, stages=3, dim=128, width=specs.WidthSpec(64, 96), block_depth=2, inits=("proposed", "he"))
     plan, out, _ = engine.run_resnet(spec, CPU)
     prop = stats.resnet_run(inits.get("proposed"), plan, out["proposed"], CPU.samples)
-    assert len(prop.checks) == 6 and prop.passed, [(c.name, c.log10_measured, c.log10_low, c.log10_high) for c in prop.checks]
+    assert len(prop.verdict_checks("preserved")) == 6 and prop.passed, [(c.name, c.log10_measured, c.log10_low, c.log10_high) for c in prop.checks]
+    assert prop.agrees_with_theory, [(c.name, c.log10_measured, c.log10_low, c.log10_high) for c in prop.verdict_checks("theory")]
     assert all(r.forward.agrees and r.backward.agrees for r in prop.layers)
     he = stats.resnet_run(inits.get("he"), plan, out["he"], CPU.samples)
     assert all(r.forward.agrees and r.backward.agrees for r in he.layers)

@@ -1,0 +1,93 @@
+"""Inputs that 0.3.0 silently ignored, half-applied or crashed on: each now gets a one-line error
+naming the option, or the behaviour the user meant (issue: "silent wrong input")."""
+
+import json
+
+import pytest
+
+import sigprop
+from sigprop import api
+from sigprop.cli import main
+
+
+def _run(capsys, args):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_sweep_resnet_refuses_depth(capsys, tmp_path):
+    code, _, err = _run(capsys, ["sweep", "resnet", "--out", str(tmp_path / "r.jsonl"), "--depth", "3"])
+    assert code == 2 and "--depth" in err and "use --blocks" in err and err.count("\n") == 1
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_sweep_mlp_refuses_blocks_and_resnet_refuses_input_dim(capsys, tmp_path):
+    assert _run(capsys, ["sweep", "mlp", "--out", str(tmp_path / "r.jsonl"), "--blocks", "3"])[0] == 2
+    code, _, err = _run(capsys, ["sweep", "resnet", "--out", str(tmp_path / "r.jsonl"), "--input-dim", "3"])
+    assert code == 2 and "--input-dim" in err
+
+
+def test_sweep_runs_every_repeated_init(capsys, tmp_path):
+    out = tmp_path / "r.jsonl"
+    code, _, err = _run(capsys, ["sweep", "mlp", "--out", str(out), "--init", "proposed", "--init", "he",
+                                 "--depth", "2", "--width", "8", "--samples", "4", "--device", "cpu"])
+    assert code == 0, err
+    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    assert sorted(r["init"] for r in rows) == ["he", "proposed"]
+    assert all({"preserved", "agrees_with_theory"} <= set(r) for r in rows)
+    assert all("log10_draw_std" in r["end_to_end"]["forward"] for r in rows)
+
+
+def test_plot_refuses_a_file_mixing_mlp_and_resnet_rows(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "r.jsonl"
+    for cmd in (["mlp", "--depth", "2"], ["resnet", "--blocks", "2"]):
+        code, _, err = _run(capsys, ["sweep", cmd[0], "--out", str(out), cmd[1], cmd[2], "--width", "8", "--samples", "4",
+                                     "--init", "he", "--device", "cpu"])
+        assert code == 0, err
+    code, _, err = _run(capsys, ["plot", str(out), "--out", str(tmp_path / "f.png")])
+    assert code == 2 and "mixes sweeps of mlp and resnet" in err and "internal error" not in err
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_check_config_refuses_a_resnet_only_init_for_mlp(capsys, tmp_path, monkeypatch):
+    (tmp_path / "sigprop.toml").write_text('[checks.a]\ncommand = "mlp"\ndepth = 2\ninit = "skipinit"\n')
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _run(capsys, ["check"])
+    assert code == 2 and "sigprop.toml:4" in err and "skipinit" in err and "not defined for the MLP" in err
+
+
+def test_api_refuses_a_resnet_only_init_for_mlp():
+    with pytest.raises(sigprop.errors.SigpropError, match="not defined for the MLP"):
+        api.probe_mlp(depth=2, width=8, inits=["skipinit"], device="cpu")
+
+
+def test_api_takes_one_init_as_a_string_and_the_cli_defaults():
+    import inspect
+
+    r = sigprop.probe_mlp(depth=2, width=8, input_dim=8, samples=4, inits="proposed", device="cpu")
+    assert [run.init for run in r.runs] == ["proposed"]
+    sig = inspect.signature(sigprop.probe_mlp)  # a real signature, not (*args, **kwargs)
+    assert sig.parameters["inits"].default == ("he", "proposed", "proposed-gaussian")
+    assert sig.parameters["samples"].default == 1000 and sig.parameters["width"].default == "150:250"
+    assert inspect.signature(sigprop.probe_resnet).parameters["blocks"].default == 40
+
+
+@pytest.mark.parametrize("args, words", [
+    (["mlp", "--init", "he,proposed"], ["give one per option", "--init he --init proposed"]),
+    (["mlp", "--init", "propsed"], ["did you mean 'proposed'"]),
+    (["resnet", "--init", "skipnit"], ["did you mean 'skipinit'"]),
+    (["mlp", "--depth", "10,20"], ["--depth", "one integer", "sigprop sweep"]),
+])
+def test_usage_errors_hint_and_drop_the_validator_prefix(capsys, args, words):
+    code, _, err = _run(capsys, args)
+    assert code == 2 and err.count("\n") == 1 and "Value error" not in err
+    for w in words:
+        assert w in err, err
+
+
+def test_one_sample_prints_no_spread(capsys):
+    code, out, err = _run(capsys, ["mlp", "--depth", "2", "--width", "8", "--samples", "1", "--device", "cpu", "--init", "proposed"])
+    assert code == 0, err
+    assert "(1 sample)" in out and "±0 " not in out
