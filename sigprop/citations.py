@@ -47,7 +47,7 @@ BIBTEX = {
 }""",
 }
 
-#: every probe rests on the WN theory of 001 and the WN reparameterization of 003
+#: every probe rests on the WN theory of Arpit et al. 2019 and the WN reparameterization of Salimans & Kingma 2016
 ALWAYS = ("arpit2019initialize", "salimans2016weight")
 
 

@@ -97,7 +97,7 @@ def _gate(gate: Gate, band: Optional[str]) -> specs.GateSpec:
     return specs.GateSpec(gate.value, None if band is None else specs.parse_band(band))
 
 
-#: Figure 1 (top) of 001, appendix A.1: the three schemes compared there
+#: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
 FIGURE1_INITS = ["he", "proposed", "proposed-gaussian"]
 
 
@@ -177,16 +177,25 @@ def render_rich(draw, output: Optional[Path]) -> None:
 
 
 def _progress_callback(total_label: str):
-    """A rich progress bar on stderr when stderr is a terminal; otherwise nothing."""
+    """A rich progress bar on stderr when stderr is a terminal; otherwise nothing.  It names the
+    init and the pass running now, and shows elapsed time and the estimate only once a tenth of
+    the steps are done (the first layers include one-time setup: an early estimate misleads)."""
     if not sys.stderr.isatty():
         return None, None
-    from rich.progress import Progress
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    prog = Progress(console=_stderr(), transient=True)
+    class _Remaining(TimeRemainingColumn):
+        def render(self, task):
+            if task.total and task.completed < 0.1 * task.total:
+                return TextColumn("estimating").render(task)
+            return super().render(task)
+
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    _Remaining(), console=_stderr(), transient=True)
     task = prog.add_task(total_label, total=None)
 
-    def update(done: int, total: int) -> None:
-        prog.update(task, completed=done, total=total)
+    def update(done: int, total: int, label: str = "") -> None:
+        prog.update(task, completed=done, total=total, description=f"{total_label} {label}".strip())
 
     return prog, update
 
@@ -289,9 +298,9 @@ def resnet(
     threads: ThreadsOpt = None,
     plot: PlotOpt = None,
 ) -> None:
-    """Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6) state by state."""
+    """Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (Arpit et al. 2019, eq. 6) state by state."""
     if width is not None and norm is Norm.bn:
-        raise SigpropError("the batch-normalized ResNet (004 appendix C) has no hidden layer; its width is --dim", option="--width")
+        raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has no hidden layer; its width is --dim", option="--width")
     if init:
         names = [i.value for i in init]
     else:
@@ -507,7 +516,7 @@ class CheckFormat(str, enum.Enum):
 def check(
     file: Annotated[
         Optional[Path],
-        typer.Argument(help="TOML file of [checks.NAME] (or [tool.sigprop.checks.NAME]) tables. [default: ./pyproject.toml, else ./sigprop.toml]"),
+        typer.Argument(help="TOML file of \\[checks.NAME] (or \\[tool.sigprop.checks.NAME]) tables. [default: ./pyproject.toml, else ./sigprop.toml]"),
     ] = None,
     fmt: Annotated[CheckFormat, typer.Option("--format", help="text: one line per check and init, then a summary; json: one document.")] = CheckFormat.text,
     output: Annotated[Optional[Path], typer.Option(help="Write the report to this file (whole, never half).")] = None,

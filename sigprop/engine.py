@@ -3,7 +3,7 @@
 No autograd graph is built.  The forward pass keeps each sample's activation renormalised to
 unit norm and accumulates the log of the norm it removed, so ratios stay representable at any
 depth (an init that vanishes over 3000 layers reports ln-ratios of -1000, never 0 or nan).  The
-backward pass (vector-Jacobian product, 001 eq. 4-5) needs only the weights and the ReLU masks
+backward pass (vector-Jacobian product, Arpit et al. 2019, eq. 4-5) needs only the weights and the ReLU masks
 of the forward pass, stored bit-packed (``pack_mask``: eight units per byte); it is linear in the error
 vector, so it is renormalised the same way.  Weight normalisation is a per-row scale of the
 matmul output (``LayerParams.scale``), never a materialised g v/||v||.
@@ -29,7 +29,8 @@ from sigprop.errors import SigpropError
 from sigprop.inits import InitScheme, LayerParams, LayerRole
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-ProgressFn = Callable[[int, int], None]
+#: progress(done, total, label): steps done of the run's total, and what runs now ("he: forward")
+ProgressFn = Callable[[int, int, str], None]
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,7 +331,7 @@ def mlp_batch(
     ratios [S, L, N], params per layer stacked [S, ...]).
 
     Forward: ``_linear`` layer by layer (log space, one batched matmul per layer for all draws).
-    Backward (001 eq. 5): delta^{l-1} = 1(a^{l-1} > 0) * (v^l^T (scale^l * delta^l)).
+    Backward (Arpit et al. 2019, eq. 5): delta^{l-1} = 1(a^{l-1} > 0) * (v^l^T (scale^l * delta^l)).
     Stored directions and bit-packed masks live in one arena each (``Arena``).
     ``stream``: the directions v are not kept; the backward pass redraws them from the layer's
     generator (same seed, same numbers), so memory no longer grows with L n^2.  Only the per-row
@@ -531,19 +532,23 @@ def run_mlp(
 
     x, e = probe_inputs(probe.seed, probe.samples, widths[0], widths[-1], device, dtype)
     chunks = [list(range(s, min(s + batch, probe.seeds))) for s in range(0, probe.seeds, batch)]
-    total = len(spec.inits) * len(chunks) * 2 * spec.depth
+    per_pass = 2 * spec.depth - 1  # L forward steps, L - 1 backward steps (mlp_batch)
+    total = len(spec.inits) * len(chunks) * per_pass
     done = 0
+    current = [""]
 
     def tick() -> None:
         nonlocal done
         done += 1
         if progress is not None:
-            progress(done, total)
+            phase = "forward" if (done - 1) % per_pass < spec.depth else "backward"
+            progress(done, total, f"{current[0]}: {phase}")
 
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     runners: list[replay.Eager] = []
     with torch.no_grad(), precision:
         for name in spec.inits:
+            current[0] = name
             scheme = inits_mod.get(name)
             fwd_all, bwd_all = [], []
             for draws in chunks:
@@ -561,7 +566,7 @@ def run_mlp(
 
 
 # --------------------------------------------------------------------------------------------
-# the ResNet (001 eq. 6), weight-normalized or not
+# the ResNet (Arpit et al. 2019, eq. 6), weight-normalized or not
 # --------------------------------------------------------------------------------------------
 @dataclass
 class BlockParams:
@@ -603,13 +608,13 @@ def resnet_batch(
     stream: bool = False,
     runner: replay.Eager | None = None,
 ) -> tuple[ResNetDraw, list[BlockParams]]:
-    """S = len(draws) draws of one init through h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6),
+    """S = len(draws) draws of one init through h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (Arpit et al. 2019, eq. 6),
     batched along a leading draw dim (ratios [S, E, N], params stacked [S, ...]).
 
     Forward in log space: the branch and the skip each run through ``_linear`` from the same
     (u, c); their sum exp(c_S) s + alpha exp(c_F) f is formed with the larger exponent factored
     out (``_combine``), so 3000 exploding blocks stay finite.
-    Backward (001 eq. 54-63): d^{b-1} = S^T d^b + alpha J_F^T d^b, with J_F^T the branch's
+    Backward (Arpit et al. 2019, eq. 54-63): d^{b-1} = S^T d^b + alpha J_F^T d^b, with J_F^T the branch's
     layers transposed and its ReLU masks; linear in d, so renormalised per sample as in the MLP.
     ``stream``: directions are redrawn from their generators in the backward pass, not stored.
     Each block, each way, is one step run by ``runner`` (sigprop/replay.py), as in ``mlp_batch``.
@@ -748,10 +753,10 @@ def resnet_weight_count(plan: nets.ResNetPlan) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# the batch-normalized ReLU ResNet of 004 appendix C
+# the batch-normalized ReLU ResNet of De & Smith 2020, appendix C
 # --------------------------------------------------------------------------------------------
 def _bn(X: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Training-mode batch norm with gamma = 1, beta = 0 (004 appendix A): per channel over the
+    """Training-mode batch norm with gamma = 1, beta = 0 (De & Smith 2020, appendix A): per channel over the
     batch (dim -2), biased variance.  Returns (Y, s = sqrt(var + eps), mean, var)."""
     mu = X.mean(dim=-2, keepdim=True)
     var = X.var(dim=-2, unbiased=False, keepdim=True)
@@ -789,13 +794,13 @@ def bn_batch(
     eps: float = theory.BN_EPS,
     stream: bool = False,
 ) -> tuple[ResNetDraw, list[LayerParams]]:
-    """x^1 = W^0 BN(x^0)^+, x^{l+1} = x^l + W^l BN(x^l)^+ with W ~ N(0, 2/w) (004 appendix C),
+    """x^1 = W^0 BN(x^0)^+, x^{l+1} = x^l + W^l BN(x^l)^+ with W ~ N(0, 2/w) (De & Smith 2020, appendix C),
     for S = len(draws) draws at once (leading dim; BN statistics per draw over its batch).
 
     BN couples the samples of the batch, so there is no per-sample renormalisation: the forward
     pass runs in plain floats (the skip variance grows only linearly, l) and the backward pass,
     linear in the whole error matrix, is renormalised by one scalar per draw and step.  Also
-    records per entry the batch statistics of x^l (004 appendix B: momentum 0, one update): the
+    records per entry the batch statistics of x^l (De & Smith 2020, appendix B: momentum 0, one update): the
     variance over channels and examples, the mean over channels of the per-channel batch
     variance, and of the squared per-channel batch mean.
     ``stream``: W^l is redrawn in the backward pass instead of stored.
@@ -942,17 +947,20 @@ def run_resnet(
     steps = len(dims) - 1
     total = len(names) * len(chunks) * 2 * steps
     done = 0
+    current = [""]
 
     def tick() -> None:
         nonlocal done
         done += 1
         if progress is not None:
-            progress(done, total)
+            phase = "forward" if (done - 1) % (2 * steps) < steps else "backward"
+            progress(done, total, f"{current[0]}: {phase}")
 
     out: dict[str, dict[str, np.ndarray]] = {}
     runners: list[replay.Eager] = []
     with torch.no_grad(), precision:
         for name in names:
+            current[0] = name
             parts = []
             for draws in chunks:
                 if bn:  # only the ratios are kept (see run_mlp)

@@ -49,7 +49,7 @@ class LayerRole:
 class LayerParams:
     """One layer's parameters as the engine uses them: a = scale * (v @ h) + bias.
 
-    For a WN layer scale = g / ||v_i|| (001 eq. 1-2; 003 eq. 2): the normalisation is a per-row
+    For a WN layer scale = g / ||v_i|| (Arpit et al. 2019, eq. 1-2; Salimans & Kingma 2016, eq. 2): the normalisation is a per-row
     scale of the matmul output, never a materialised g v/||v||.  ``g`` is kept for the oracle.
     """
 
@@ -156,7 +156,7 @@ def resolve_resnet(name: str, norm: str) -> str:
 
     ``wn``: every ResNet scheme (the unnormalized ones, e.g. SkipInit, stay unnormalized);
     ``none``: unnormalized schemes, and ``he`` becomes ``unnormalized-he``;
-    ``bn``: the BN net of 004 appendix C has He-initialised W (N(0, 2/w), no WN): ``he`` (or
+    ``bn``: the BN net of De & Smith 2020, appendix C has He-initialised W (N(0, 2/w), no WN): ``he`` (or
     ``unnormalized-he``), reported as ``he``.
     """
     scheme = get(name)
@@ -167,7 +167,7 @@ def resolve_resnet(name: str, norm: str) -> str:
     target = name if not scheme.normalized else scheme.unnormalized
     if norm == "bn":
         if target != "unnormalized-he":
-            raise SigpropError(f"the batch-normalized ResNet (004 appendix C) uses He init; got {name!r}", option="--init")
+            raise SigpropError(f"the batch-normalized ResNet (De & Smith 2020, appendix C) uses He init; got {name!r}", option="--init")
         return "he"
     if target is None:
         valid = [n for n, s in INITS.items() if "resnet" in s.applies_to and (not s.normalized or s.unnormalized)]
@@ -211,7 +211,7 @@ def _const_gain(v, value: float) -> LayerParams:
 
 def proposed_gain_sq(role: LayerRole) -> float:
     """g^2 = gamma * fan_in / fan_out with gamma = 2 before a ReLU, 1/B_k for the last layer of a
-    residual block in stage k, 1 otherwise (001 section 3 and section 4, implementation details)."""
+    residual block in stage k, 1 otherwise (Arpit et al. 2019, section 3 and section 4, implementation details)."""
     gamma = {"relu": 2.0, "block_last": 1.0 / role.blocks_in_stage, "projection": 1.0}[role.kind]
     return gamma * role.fan_in / role.fan_out
 
@@ -247,13 +247,13 @@ def _sample_pytorch(role, gen, device, dtype):
 def _sample_datadep(role, gen, device, dtype):
     import torch
 
-    v = gaussian(role, gen, device, dtype) * 0.05  # 003 section 3: v ~ N(0, 0.05^2)
+    v = gaussian(role, gen, device, dtype) * 0.05  # Salimans & Kingma 2016, section 3: v ~ N(0, 0.05^2)
     ones = torch.ones(role.fan_out, device=device, dtype=dtype)
     return _wn(v, ones, torch.zeros(role.fan_out, device=device, dtype=dtype))
 
 
 def _calibrate_datadep(params: LayerParams, t) -> LayerParams:
-    """003 eq. 5-6: t = v.x/||v|| over the minibatch; g <- 1/sigma[t], b <- -mu[t]/sigma[t]."""
+    """Salimans & Kingma 2016, eq. 5-6: t = v.x/||v|| over the minibatch; g <- 1/sigma[t], b <- -mu[t]/sigma[t]."""
     mu = t.mean(dim=0)
     sigma = t.std(dim=0, unbiased=False)
     if not bool((sigma > 0).all()):
@@ -266,7 +266,7 @@ def _calibrate_datadep(params: LayerParams, t) -> LayerParams:
 
 
 def _sample_unnormalized_he(role, gen, device, dtype):
-    """He init for every layer, W ~ N(0, 2/fan_in), as 004 uses for all its layers (also the last
+    """He init for every layer, W ~ N(0, 2/fan_in), as De & Smith 2020 use for all its layers (also the last
     layer of a branch and the projection shortcut: docs/theory.md explains what that implies)."""
     import torch
 
@@ -275,7 +275,7 @@ def _sample_unnormalized_he(role, gen, device, dtype):
 
 
 def stage_hanin_gain_sq(role: LayerRole) -> float:
-    """Stage-wise Hanin (001 section 5.1, adapted as the issue specifies): the last layer of block
+    """Stage-wise Hanin (Arpit et al. 2019, section 5.1, adapted as the issue specifies): the last layer of block
     b = 1..B_k of a stage gets g = 0.9^b sqrt(fan_in/fan_out); every other layer as proposed."""
     if role.kind == "block_last":
         return 0.81 ** (role.block_index + 1) * role.fan_in / role.fan_out
@@ -289,9 +289,10 @@ def _sample_stage_hanin(role, gen, device, dtype):
 # --------------------------------------------------------------------------------------------
 # the registry
 # --------------------------------------------------------------------------------------------
-P001 = "001_5ebcd69c068d8a69.txt"
-P003 = "003_b3c6644f8b180c42.txt"
-P004 = "004_5f731eca674a6381.txt"
+#: how users read the papers (author-year; the papers' file names are for developers only)
+P001 = "Arpit et al. 2019,"
+P003 = "Salimans & Kingma 2016,"
+P004 = "De & Smith 2020,"
 
 register(
     InitScheme(
@@ -355,7 +356,7 @@ register(
         name="unnormalized-he",
         cites=("he2015delving", "de2020batch"),
         description="no WN: every layer W ~ N(0, 2/n_in), b = 0 (He; the --norm none/bn weights)",
-        paper=f"{P001} ref. [12] (He et al.); {P004} appendix C",
+        paper="He et al. 2015; De & Smith 2020, appendix C",
         direction="gaussian",
         sample=_sample_unnormalized_he,
         moments=lambda r: theory.LayerMoments(row_sq=2.0),
@@ -380,7 +381,7 @@ register(
         name="skipinit",
         cites=("de2020batch",),
         description="no WN: He-init branch times a scalar alpha = 0 (the net is the identity at init)",
-        paper=f"{P004} (SkipInit)",
+        paper="De & Smith 2020 (SkipInit)",
         direction="gaussian",
         sample=_sample_unnormalized_he,
         moments=lambda r: theory.LayerMoments(row_sq=2.0),
@@ -394,7 +395,7 @@ register(
         name="skipinit-sqrt",
         cites=("de2020batch",),
         description="no WN: He-init branch times a scalar alpha = 1/sqrt(B_k)",
-        paper=f"{P004} (SkipInit, alpha = 1/sqrt(d))",
+        paper="De & Smith 2020 (SkipInit, alpha = 1/sqrt(d))",
         direction="gaussian",
         sample=_sample_unnormalized_he,
         moments=lambda r: theory.LayerMoments(row_sq=2.0),

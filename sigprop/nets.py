@@ -6,7 +6,7 @@ from ``--width`` with the seed), which block opens a stage with a projection sho
 role of every layer (what the init registry needs to set its gain).  The engine runs a plan;
 theory predicts from it; the report labels rows with it.
 
-Architecture (001 eq. 6, section 4 "Implementation details", footnote 4; WRN of 001 Figure 5):
+Architecture (Arpit et al. 2019, eq. 6, section 4 "Implementation details", footnote 4; WRN of Arpit et al. 2019, Figure 5):
 
     h^{b} = S_b h^{b-1} + alpha * F_b(h^{b-1}),   F_b = D x [WN-FC -> ReLU ->] WN-FC
 
@@ -71,7 +71,7 @@ class ResNetPlan:
     dim: int
     stage_dims: tuple[int, ...]
     blocks: tuple[Block, ...]
-    #: the BN net of 004 appendix C starts with a stem x^1 = W^0 BN(x^0)^+ (entry 1)
+    #: the BN net of De & Smith 2020, appendix C starts with a stem x^1 = W^0 BN(x^0)^+ (entry 1)
     stem: bool = False
 
     @property

@@ -1,11 +1,12 @@
 """Figures (matplotlib, an optional extra: ``pip install 'sigprop[plot]'``).  Rendering only:
 every number drawn is read from the result records (STYLE.md layers); nothing is measured here.
 
-``probe_figure``: the paper's Figure 1 layout (001, Figure 1) -- a forward and a backward panel,
-one line per init (mean ratio across samples, a band of +-1 std across samples and, with
-several draws, a lighter band of +-1 std of the per-draw mean across draws), the closed-form
-prediction dashed (the RMS ratio, docs/theory.md), the ResNet band [sqrt 2, sqrt e] dotted, a
-log axis when the values span more than two decades.
+``probe_figure``: the paper's Figure 1 layout (Arpit et al. 2019, Figure 1) -- a forward and a
+backward panel, one line and marker per init (the typical, geometric-mean ratio; +-1 sd of the
+log ratio across samples shaded and, with several draws, across draws darker), the predicted
+typical ratio dashed (docs/theory.md §4), the ResNet band [sqrt 2, sqrt e] dotted per stage, a
+log axis when the values span more than a decade and then a linear zoom row for the inits that
+stay near 1.
 ``sweep_figure``: end-to-end ratio against depth or width, one line per init, from a sweep's
 JSON lines.
 """
@@ -59,35 +60,90 @@ def save(fig, path: Path) -> None:
         _pyplot().close(fig)
 
 
-def _series(stats_list: Sequence[Any], mode: str) -> tuple[list[float], list[float], list[float], list[float], list[float], list[float | None]]:
-    """(centre, low, high, draw_low, draw_high, predicted) per layer for one direction.
-    mode "linear": mean +- std; "log": 10^(log10 mean +- log10 std); "log10": the exponents."""
-    c, lo, hi, dlo, dhi, pred = [], [], [], [], [], []
-    for s in stats_list:
-        if mode == "linear":
-            m, sd, dsd = s.mean, s.std or 0.0, s.draw_std or 0.0
-            c.append(m); lo.append(m - sd); hi.append(m + sd); dlo.append(m - dsd); dhi.append(m + dsd)
-            pred.append(s.predicted)
-        else:
-            m, sd, dsd = s.log10_mean, s.log10_std or 0.0, s.log10_draw_std or 0.0
-            if mode == "log":
-                c.append(10**m); lo.append(10 ** (m - sd)); hi.append(10 ** (m + sd))
-                dlo.append(10 ** (m - dsd)); dhi.append(10 ** (m + dsd))
-                pred.append(None if s.log10_predicted is None else 10**s.log10_predicted)
-            else:
-                c.append(m); lo.append(m - sd); hi.append(m + sd); dlo.append(m - dsd); dhi.append(m + dsd)
-                pred.append(s.log10_predicted)
-    return c, lo, hi, dlo, dhi, pred
+#: an init whose typical ratio stays within this many decades of 1 (per stage for a ResNet) is
+#: also drawn in the linear zoom panel, where [sqrt 2, sqrt e] and small drifts are readable
+ZOOM_DECADES = 0.5
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def _mode(result) -> str:
-    logs = [s.log10_mean for run in result.runs for r in run.layers for s in (r.forward, r.backward) if s.log10_mean is not None]
-    means = [s.mean for run in result.runs for r in run.layers for s in (r.forward, r.backward)]
-    if not logs:
-        return "linear"
-    if max(abs(v) for v in logs) > FLOAT_LOG10_LIMIT or any(m is None for m in means):
-        return "log10"
-    return "log" if max(logs) - min(logs) > LOG_SPAN_DECADES else "linear"
+def _curve(run, direction: str, staged: bool):
+    """Per state: (x, log10 typical, log10 sd across samples or None, log10 sd across draws or
+    None, log10 predicted typical or None), split into segments (one per stage when ``staged``:
+    each stage's ratios relative to its own first state (forward) or last state (backward), the
+    differences of the recorded log10 means -- the geometric mean of a ratio of ratios)."""
+    layers = run.layers
+    spans = [(st.first, st.last) for st in run.stages] if staged else [(0, len(layers) - 1)]
+    segs = []
+    for first, last in spans:
+        ref = first if direction == "forward" else last
+        s0 = getattr(layers[ref], direction)
+        m0 = s0.log10_mean if staged else 0.0
+        p0 = s0.log10_predicted_typical if staged else 0.0
+        seg = []
+        for i in range(first, last + 1):
+            st = getattr(layers[i], direction)
+            m = None if st.log10_mean is None or m0 is None else st.log10_mean - m0
+            p = None if st.log10_predicted_typical is None or p0 is None else st.log10_predicted_typical - p0
+            seg.append((layers[i].index, m, None if staged else st.log10_std, None if staged else st.log10_draw_std, p))
+        segs.append(seg)
+    return segs
+
+
+def _extreme(result, staged: bool) -> float:
+    vals = [abs(m) for run in result.runs for d in ("forward", "backward") for seg in _curve(run, d, staged)
+            for _, m, _, _, _ in seg if m is not None]
+    return max(vals, default=0.0)
+
+
+def _near(run, staged: bool) -> bool:
+    vals = [abs(m) for d in ("forward", "backward") for seg in _curve(run, d, staged) for _, m, _, _, _ in seg if m is not None]
+    return bool(vals) and max(vals) <= ZOOM_DECADES
+
+
+def _draw(ax, result, runs, direction: str, staged: bool, yspace: str, seeds: int, colours: dict, first_panel: bool) -> None:
+    """One panel: the typical ratio of each init (solid, its own marker), +-1 sd across samples
+    shaded (and across draws, darker), the predicted typical ratio dashed in the same colour.
+    ``yspace``: "log" (ratio on a log axis), "log10" (the exponent, for ratios beyond a float),
+    "linear" (the ratio on a linear axis)."""
+    conv = (lambda v: v) if yspace == "log10" else (lambda v: 10.0**v)
+    theory_labelled = False
+    for run in runs:
+        col, mk = colours[run.init]
+        for j, seg in enumerate(_curve(run, direction, staged)):
+            pts = [(x, m, sd, dsd) for x, m, sd, dsd, _ in seg if m is not None]
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            ax.plot(xs, [conv(p[1]) for p in pts], color=col, lw=1.6, marker=mk, ms=4,
+                    markevery=max(1, len(xs) // 8), label=run.init if j == 0 else None)
+            if pts[0][2] is not None:
+                ax.fill_between(xs, [conv(m - (sd or 0)) for _, m, sd, _ in pts], [conv(m + (sd or 0)) for _, m, sd, _ in pts],
+                                color=col, alpha=0.15, lw=0)
+                if seeds > 1:
+                    ax.fill_between(xs, [conv(m - (d or 0)) for _, m, _, d in pts], [conv(m + (d or 0)) for _, m, _, d in pts],
+                                    color=col, alpha=0.3, lw=0)
+            th = [(x, p) for x, _, _, _, p in seg if p is not None]
+            if th:
+                ax.plot([t[0] for t in th], [conv(t[1]) for t in th], color=col, ls="--", lw=1.0,
+                        label="theory (dashed): predicted typical ratio" if first_panel and not theory_labelled else None)
+                theory_labelled = True
+    if result.command == "resnet":
+        import math
+
+        stages = result.runs[0].stages or []
+        for k, st in enumerate(stages):
+            lo, hi = st.forward_band if direction == "forward" else st.backward_band
+            if yspace == "log10":
+                lo, hi = math.log10(lo), math.log10(hi)
+            a, b = (st.first, st.last) if staged else (0, len(result.runs[0].layers) - 1)
+            label = "[√2, √e]: band of a stage's end-to-end ratio" if k == 0 else None
+            ax.fill_between([a, b], [lo, lo], [hi, hi], color="0.5", alpha=0.12, lw=0)
+            ax.plot([a, b], [lo, lo], color="0.3", ls=":", lw=1.1, label=label)
+            ax.plot([a, b], [hi, hi], color="0.3", ls=":", lw=1.1)
+            if staged and k > 0:
+                ax.axvline(st.first, color="0.55", lw=0.9, ls="-.")
+    if yspace == "log":
+        ax.set_yscale("log")
 
 
 def probe_figure(result, path: Path) -> None:
@@ -96,60 +152,58 @@ def probe_figure(result, path: Path) -> None:
 
 
 def build_probe_figure(result):
-    """The matplotlib figure of :func:`probe_figure` (not saved; tests read its axes back)."""
+    """The matplotlib figure of :func:`probe_figure` (not saved; tests read its axes back).
+
+    Top row: every init, on a log axis when the typical ratios span more than two decades.
+    When some inits stay within ZOOM_DECADES of 1 and others do not, a second row shows only
+    those on a linear axis (the paper's [sqrt 2, sqrt e] is a few pixels high on a 4-decade
+    axis).  What is drawn is the typical (geometric-mean) ratio beside the predicted typical
+    ratio (the RMS prediction moved by the finite-width drift), so a drift never reads as a
+    disagreement.  Multi-stage ResNets: each stage's ratios relative to its own first (forward)
+    or last (backward) state, so that the per-stage band applies where it is drawn; stage
+    boundaries dash-dotted."""
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
     resnet = result.command == "resnet"
-    mode = _mode(result)
+    staged = resnet and len(result.runs[0].stages or []) > 1
+    extreme = _extreme(result, staged)
+    top = "log10" if extreme > FLOAT_LOG10_LIMIT else ("log" if extreme > LOG_SPAN_DECADES / 2 else "linear")
+    near = [run for run in result.runs if _near(run, staged)]
+    zoom = top != "linear" and bool(near) and len(near) < len(result.runs)
     seeds = int(result.config.get("seeds", 1))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=mode != "linear")
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    theory_labelled = False
-    for k, run in enumerate(result.runs):
-        col = colours[k % len(colours)]
-        x = [r.index for r in run.layers]
-        for ax, direction in zip(axes, ("forward", "backward")):
-            c, lo, hi, dlo, dhi, pred = _series([getattr(r, direction) for r in run.layers], mode)
-            ax.plot(x, c, color=col, lw=1.6, label=run.init)
-            ax.fill_between(x, lo, hi, color=col, alpha=0.18, lw=0)
-            if seeds > 1:
-                ax.fill_between(x, dlo, dhi, color=col, alpha=0.35, lw=0)
-            pts = [(xi, p) for xi, p in zip(x, pred) if p is not None]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=col, ls="--", lw=1.1,
-                        label="theory (dashed; RMS ratio)" if not theory_labelled else None)
-                theory_labelled = direction == "backward" or theory_labelled
-    if resnet and "band" in result.tolerances:
-        low, high = result.tolerances["band"]
-        if mode == "log10":
-            import math
-
-            low, high = math.log10(low), math.log10(high)
-        for ax in axes:
-            ax.axhspan(low, high, color="0.5", alpha=0.12, lw=0)
-            ax.axhline(low, color="0.35", ls=":", lw=1)
-            ax.axhline(high, color="0.35", ls=":", lw=1, label="[√2, √e] (end of a stage)")
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = {run.init: (cycle[k % len(cycle)], MARKERS[k % len(MARKERS)]) for k, run in enumerate(result.runs)}
+    rows = 2 if zoom else 1
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), squeeze=False)
+    panels = [(axes[0], result.runs, top)] + ([(axes[1], near, "linear")] if zoom else [])
     cfg = result.config
     if resnet:
         xlabel = r"block $b$ (state $h^b$)"
-        ylab = (r"$\|h^b\| \,/\, \|h^0\|$", r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$")
+        if staged:
+            ylab = (r"$\|h^b\| \,/\, \|h^{\mathrm{stage\ start}}\|$", r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^{\mathrm{stage\ end}}\|$")
+        else:
+            ylab = (r"$\|h^b\| \,/\, \|h^0\|$", r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$")
         shape = f"{cfg.get('stages', 1)} stage(s) × {cfg.get('blocks')} blocks, d = {cfg.get('dim')}, norm {cfg.get('norm')}"
     else:
         xlabel = r"layer $l$"
         ylab = (r"$\|h^l\| \,/\, \|x\|$", r"$\|\partial\ell/\partial a^l\| \,/\, \|\partial\ell/\partial a^L\|$")
         shape = f"depth {cfg.get('depth')}, widths {_width_text(cfg.get('width'))}, n_0 = {cfg.get('input_dim')}"
-    band = "± 1 std across samples" + (f"; darker: ± 1 std across {seeds} draws" if seeds > 1 else "")
-    for ax, title, yl in zip(axes, ("forward: activations", "backward: gradients"), ylab):
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(("log$_{10}$ " + yl) if mode == "log10" else yl)
-        ax.set_title(title)
-        if mode == "log":
-            ax.set_yscale("log")
-        ax.grid(True, alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[1].legend(fontsize=8, loc="best")
-    fig.suptitle(f"sigprop {result.command}: {shape}, N = {cfg.get('samples')} samples (shaded: {band})", fontsize=10)
+    for r, (row, runs, yspace) in enumerate(panels):
+        for c, (ax, direction, title, yl) in enumerate(zip(row, ("forward", "backward"), ("forward: activations", "backward: gradients"), ylab)):
+            _draw(ax, result, runs, direction, staged, yspace, seeds, colours, first_panel=(c == 1))
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(("log$_{10}$ " + yl) if yspace == "log10" else yl)
+            ax.set_title(title if r == 0 else f"{title.split(':')[0]}, zoom (linear axis)", fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        row[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    spread = "shaded: ± 1 sd of the log ratio across samples" + (
+        f", darker: across {seeds} draws" if seeds > 1 else " (one draw: the across-draw spread is not shown)")
+    if staged:
+        spread = "each stage relative to its own first (forward) or last (backward) state; spread not shown"
+    fig.suptitle(f"sigprop {result.command}: {shape}, N = {cfg.get('samples')} samples\nsolid: typical (geometric-mean) "
+                 f"ratio; {spread}", fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -155,9 +155,9 @@ def resnet_table(run: RunResult) -> Table:
 
 
 def bn_table(run: RunResult) -> Table:
-    """The batch statistics of the BN net (004 appendix C) beside l, l(1 - 1/pi), l/pi."""
+    """The batch statistics of the BN net (De & Smith 2020, appendix C) beside l, l(1 - 1/pi), l/pi."""
     t = Table(
-        title=f"[bold]{run.init}[/bold] — batch statistics of x^l (004 appendix C)",
+        title=f"[bold]{run.init}[/bold] — batch statistics of x^l (De & Smith 2020, appendix C)",
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
@@ -219,7 +219,7 @@ def _verdict_line(run: RunResult, verdict: str) -> str:
     return f"  {head}: " + "; ".join(parts) + tail
 
 
-def run_summary(run: RunResult) -> Text:
+def run_summary(run: RunResult, draws: int = 1) -> Text:
     """Both verdicts of one init, each named, with the reason when one fails."""
     ag = run.agreement()
     agree = ", ".join(
@@ -228,7 +228,25 @@ def run_summary(run: RunResult) -> Text:
     )
     lines = [f"[bold]{run.init}[/bold] (layers agreeing with theory: {agree})"]
     lines += [_verdict_line(run, v) for v in ("preserved", "theory")]
+    spread = spread_line(run, draws)
+    if spread:
+        lines.append("  " + spread)
     return Text.from_markup("\n".join(lines))
+
+
+def spread_line(run: RunResult, draws: int) -> str:
+    """How far the typical end-to-end ratio moves between weight draws: measured with several
+    draws; with one, the theory's sd of the log ratio (docs/theory.md §4, "Across draws"),
+    which the across-draw spread approaches at depth."""
+    s = run.layers[-1].forward
+    theory_sd = s.log10_std_predicted
+    if draws > 1 and s.log10_draw_std is not None:
+        tail = f"; theory ≈ ±{theory_sd:.2f}" if theory_sd is not None else ""
+        return f"across {draws} draws the typical end-to-end forward ratio moved by ±{s.log10_draw_std:.2f} decades (sd{tail})"
+    if theory_sd is None:
+        return "one weight draw: the ± in the table is across samples only; --seeds S measures the spread across draws"
+    return (f"one weight draw: the ± in the table is across samples only; across draws the typical end-to-end forward "
+            f"ratio moves by about ±{theory_sd:.2f} decades (sd, theory); --seeds S measures it")
 
 
 def render_table(result: ProbeResult, console: Console) -> None:
@@ -251,7 +269,7 @@ def render_table(result: ProbeResult, console: Console) -> None:
         console.print(
             "[dim]mean ± std over samples of ||h^b||/||x|| (forward) and ||dl/dh^b||/||dl/dh^end|| (backward); "
             "branch = rms of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside "
-            "the finite-width band of the theory; band [√2, √e] = [1.414, 1.649] per stage (001 Theorems 3-4)[/dim]"
+            "the finite-width band of the theory; band [√2, √e] = [1.414, 1.649] per stage (Arpit et al. 2019, Theorems 3-4)[/dim]"
         )
     else:
         console.print(
@@ -259,7 +277,7 @@ def render_table(result: ProbeResult, console: Console) -> None:
             "theory = closed-form rms; =/≠ = measured rms within/outside the finite-width band of the theory[/dim]"
         )
     for run in result.runs:
-        console.print(run_summary(run), soft_wrap=True)
+        console.print(run_summary(run, int(result.config.get("seeds", 1))), soft_wrap=True)
     kept = [r.init for r in result.runs if r.preserved]
     lost = [r.init for r in result.runs if not r.preserved]
     console.print(
@@ -311,7 +329,7 @@ def to_csv(result: ProbeResult) -> str:
 
 
 def render_theory(result: TheoryResult, console: Console) -> None:
-    t = Table(title="K_n (Theorem 1, 001 eq. 3 / 9)", title_justify="left", header_style="bold")
+    t = Table(title="K_n (Theorem 1, Arpit et al. 2019, eq. 3 / 9)", title_justify="left", header_style="bold")
     t.add_column("n", justify="right")
     t.add_column("closed form", justify="right")
     t.add_column("quadrature", justify="right")
@@ -320,7 +338,7 @@ def render_theory(result: TheoryResult, console: Console) -> None:
         t.add_row(str(r.n), f"{r.closed_form:.15f}", f"{r.quadrature:.15f}", f"{abs(r.closed_form - r.quadrature):.1e}")
     console.print(t)
     if result.resnet:
-        t = Table(title="ResNet ratio (1 + 1/B)^{B/2} (Theorems 3-4, 001 eq. 53, 63)", title_justify="left", header_style="bold")
+        t = Table(title="ResNet ratio (1 + 1/B)^{B/2} (Theorems 3-4, Arpit et al. 2019, eq. 53, 63)", title_justify="left", header_style="bold")
         t.add_column("blocks B", justify="right")
         t.add_column("ratio", justify="right")
         t.add_column("band [sqrt 2, sqrt e]", justify="right")

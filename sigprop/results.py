@@ -49,6 +49,9 @@ class RatioStats:
     #: the predicted *typical* (geometric-mean) ratio: the RMS prediction moved by the
     #: finite-width drift -- what ``log10_mean`` is compared with (docs/theory.md §4)
     log10_predicted_typical: float | None = None
+    #: the predicted sd of log10(ratio) across samples and draws (sqrt of the finite-width
+    #: variance, docs/theory.md §4): it bounds the spread of the typical ratio across draws
+    log10_std_predicted: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,13 +67,14 @@ class RatioStats:
             "dead_fraction": float(self.dead_fraction),
             "log10_predicted": _num(self.log10_predicted),
             "log10_predicted_typical": _num(self.log10_predicted_typical),
+            "log10_std_predicted": _num(self.log10_std_predicted),
             "agreement": {"log10_low": _num(self.log10_low), "log10_high": _num(self.log10_high), "agrees": self.agrees},
         }
 
 
 @dataclass
 class BNStats:
-    """Batch statistics of one BN-ResNet entry x^l (004 appendix B/C), measured beside predicted:
+    """Batch statistics of one BN-ResNet entry x^l (De & Smith 2020, appendix B/C), measured beside predicted:
     the variance of x^l over channels and examples, the mean over channels of the per-channel batch
     variance (moving variance with momentum 0) and of the squared per-channel batch mean.  Means
     over weight draws; ``*_draw_std`` their spread across draws (None with one draw)."""
@@ -200,7 +204,13 @@ class StageInfo:
         }
 
 
-@dataclass
+def _verdict_words(run) -> str:
+    kept = "signal preserved" if run.preserved else "signal NOT preserved"
+    agree = "agrees with theory" if run.agrees_with_theory else "disagrees with theory"
+    return f"{kept}, {agree}"
+
+
+@dataclass(repr=False)
 class RunResult:
     init: str
     widths: list[int]
@@ -235,6 +245,11 @@ class RunResult:
         """The verdict of the gate (``gate``)."""
         return self.verdict(self.gate)
 
+    def __repr__(self) -> str:
+        end = self.layers[-1].forward if self.layers else None
+        typical = "" if end is None or end.log10_mean is None else f", typical end-to-end forward ratio 10^{end.log10_mean:.3g}"
+        return f"RunResult({self.init}: {_verdict_words(self)}{typical}, {len(self.layers)} layers)"
+
     def agreement(self) -> dict[str, Any]:
         out = {}
         directions = ("forward", "backward", "branch") if self.stages is not None else ("forward", "backward")
@@ -260,7 +275,7 @@ class RunResult:
         }
 
 
-@dataclass
+@dataclass(repr=False)
 class ProbeResult:
     command: str
     config: dict[str, Any]
@@ -271,6 +286,11 @@ class ProbeResult:
     @property
     def passed(self) -> bool:
         return all(r.passed for r in self.runs)
+
+    def __repr__(self) -> str:
+        shape = ", ".join(f"{k} {self.config[k]}" for k in ("depth", "blocks", "stages", "width", "samples", "seeds") if k in self.config)
+        runs = "; ".join(f"{r.init}: {_verdict_words(r)}" for r in self.runs)
+        return f"ProbeResult({self.command}, {shape}, device {self.environment.get('device')}: {runs})"
 
     def run(self, init: str) -> RunResult:
         """The run of one init: ``result.run("proposed").layers[0].forward.mean``."""

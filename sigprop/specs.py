@@ -172,7 +172,7 @@ class GateSpec:
 
 @dataclass(frozen=True)
 class MLPSpec:
-    """The WN MLP of 001 eq. 1-2: L layers a^l = g^l * W^l h^{l-1} / ||W^l_i|| + b^l, h^l = ReLU(a^l)."""
+    """The WN MLP of Arpit et al. 2019, eq. 1-2: L layers a^l = g^l * W^l h^{l-1} / ||W^l_i|| + b^l, h^l = ReLU(a^l)."""
 
     depth: int = 20
     input_dim: int = 500
@@ -198,14 +198,14 @@ class MLPSpec:
 
 
 NORMS = ("wn", "bn", "none")
-#: Figure 1 (bottom) of 001, appendix A.2: the three schemes compared there
+#: Figure 1 (bottom) of Arpit et al. 2019, appendix A.2: the three schemes compared there
 RESNET_DEFAULT_INITS = ("he", "proposed", "proposed-gaussian")
 
 
 @dataclass(frozen=True)
 class ResNetSpec:
-    """A residual network: 001 eq. 6 with K stages of B blocks (``norm="wn"`` or ``"none"``), or
-    the batch-normalized ReLU ResNet of 004 appendix C (``norm="bn"``: one stage, a stem and B
+    """A residual network: Arpit et al. 2019, eq. 6 with K stages of B blocks (``norm="wn"`` or ``"none"``), or
+    the batch-normalized ReLU ResNet of De & Smith 2020, appendix C (``norm="bn"``: one stage, a stem and B
     blocks x + W BN(x)^+ of width ``dim``)."""
 
     blocks: int = 40
@@ -223,9 +223,9 @@ class ResNetSpec:
             raise SigpropError(f"expected one of {', '.join(NORMS)}, got {self.norm!r}", option="--norm")
         if self.norm == "bn":
             if self.stages != 1:
-                raise SigpropError("the batch-normalized ResNet (004 appendix C) has one stage", option="--stages")
+                raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has one stage", option="--stages")
             if self.block_depth != 1:
-                raise SigpropError("the batch-normalized ResNet (004 appendix C) has one layer per block", option="--block-depth")
+                raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has one layer per block", option="--block-depth")
         if self.stages > 16:
             raise SigpropError(f"each stage doubles the width; {self.stages} stages is beyond any memory", option="--stages")
         if isinstance(self.inits, str):

@@ -113,6 +113,7 @@ def attach_prediction(
     stats.log10_predicted = ln_pred / LN10
     stats.predicted = _exp_or_none(ln_pred)
     stats.log10_predicted_typical = (ln_pred + (-var if drift is None else drift)) / LN10
+    stats.log10_std_predicted = sd / LN10
     stats.log10_low = (ln_pred + (-var if drift is None else min(drift, 0.0)) - z * sd) / LN10
     stats.log10_high = (ln_pred + z * sd) / LN10
     if stats.log10_rms is not None:
@@ -273,7 +274,7 @@ def resnet_run(
     bn = "bn" in arrays
     if bn:
         pred = theory.bn_resnet_prediction(plan.dim, len(plan.blocks))
-        description = "batch-normalized ReLU ResNet x + W BN(x)^+, He W, stem W^0 BN(x^0)^+ (004 appendix C)"
+        description = "batch-normalized ReLU ResNet x + W BN(x)^+, He W, stem W^0 BN(x^0)^+ (De & Smith 2020, appendix C)"
         var_f, var_b, f_steps, b_steps = resnet_variances(None, plan, pred)
     else:
         pred = scheme.predict_resnet(plan)

@@ -1,11 +1,13 @@
 """Closed-form theory of signal propagation at initialization.  numpy/scipy only: no torch.
 
-Every function cites the paper it implements (files in ``../shared/papers``):
+Every function cites the paper it implements, author-year:
 
-* ``001_5ebcd69c068d8a69.txt`` -- Arpit, Campos, Bengio (2019), "How to initialize your network?
-  Robust initialization for WeightNorm & ResNets".  Theorem 1 (eq. 3) / Theorem 5 (eq. 9),
-  Theorem 2 / 6, Theorems 3-4 / 7-8 (eq. 6-8, 43-64).
-* ``003_b3c6644f8b180c42.txt`` -- Salimans & Kingma (2016), weight normalization, section 3.
+* Arpit, Campos & Bengio (2019), "How to Initialize your Network? Robust Initialization for
+  WeightNorm & ResNets", NeurIPS.  Theorem 1 (eq. 3) / Theorem 5 (eq. 9), Theorem 2 / 6,
+  Theorems 3-4 / 7-8 (eq. 6-8, 43-64).
+* Salimans & Kingma (2016), "Weight Normalization", NIPS, section 3.
+* De & Smith (2020), "Batch Normalization Biases Residual Blocks Towards the Identity Function
+  in Deep Networks", NeurIPS, appendices B-C.
 
 The derivations of the per-init predictions and of the finite-width spread model are written
 out in ``docs/theory.md``; the functions below are those formulas, nothing more.
@@ -61,7 +63,7 @@ def log_sphere_area_ratio(n: int) -> float:
 def log_wallis(k: int) -> float:
     """ln W_k, W_k = int_0^{pi/2} sin^k(t) dt = sqrt(pi)/2 * Gamma((k+1)/2) / Gamma(k/2 + 1).
 
-    These are the products of 001 eq. 23-28: (2/3)(4/5)...((k-1)/k) for odd k and
+    These are the products of Arpit et al. 2019, eq. 23-28: (2/3)(4/5)...((k-1)/k) for odd k and
     (1/2)(3/4)...((k-1)/k) * pi/2 for even k.
     """
     return 0.5 * math.log(math.pi) - math.log(2.0) - log_gamma_half_ratio(0.5 * (k + 1))
@@ -76,7 +78,7 @@ def _check_n(n: int) -> int:
 
 
 def kn_closed_form(n: int) -> float:
-    """K_n of Theorem 1 (001 eq. 3 / appendix eq. 9), closed form in log space.
+    """K_n of Theorem 1 (Arpit et al. 2019, eq. 3 / appendix eq. 9), closed form in log space.
 
     Reading used (docs/theory.md, "K_n"): appendix eq. 9 with S_n the area of the unit sphere in
     R^n and the product equal to the Wallis integral W_{n-2} = int_0^{pi/2} sin^{n-2}, i.e. the
@@ -115,7 +117,7 @@ def kn_mixed_reading(n: int) -> float:
 def kn_quadrature(n: int) -> float:
     """K_n by numerical integration (scipy.integrate.quad), independent of the Wallis products.
 
-    K_n = m * (2n/m) * E[max(0, cos theta)^2] (001 eq. 13-17, 33) with theta the angle between a
+    K_n = m * (2n/m) * E[max(0, cos theta)^2] (Arpit et al. 2019, eq. 13-17, 33) with theta the angle between a
     uniform direction in R^n and u, whose density is S_{n-1}/S_n sin^{n-2}(theta).  With
     theta = pi/2 - s/sqrt(n) the integrand is a bump of unit width, which quad resolves for any n:
 
@@ -156,7 +158,7 @@ def kn_product_literal(n: int) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# ResNet band, Theorems 3-4 (001 eq. 7-8, proofs eq. 43-64)
+# ResNet band, Theorems 3-4 (Arpit et al. 2019, eq. 7-8, proofs eq. 43-64)
 # --------------------------------------------------------------------------------------------
 RESNET_LOWER = math.sqrt(2.0)
 RESNET_UPPER = math.sqrt(math.e)
@@ -164,7 +166,7 @@ RESNET_UPPER = math.sqrt(math.e)
 
 def resnet_ratio(blocks: int) -> float:
     """(1 + 1/B)^{B/2}: the forward/backward norm ratio of a B-block ResNet with alpha = 1/sqrt(B)
-    (001 eq. 53, 63).  Lies in [sqrt 2, sqrt e) for every integer B >= 1."""
+    (Arpit et al. 2019, eq. 53, 63).  Lies in [sqrt 2, sqrt e) for every integer B >= 1."""
     if int(blocks) != blocks or blocks < 1:
         from sigprop.errors import SigpropError
 
@@ -180,7 +182,7 @@ def in_resnet_band(ratio: float, rel: float = 1e-12) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# Per-init predictions for the WN MLP (001 eq. 1-5)
+# Per-init predictions for the WN MLP (Arpit et al. 2019, eq. 1-5)
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LayerMoments:
@@ -209,14 +211,14 @@ class MLPPrediction:
 def mlp_rms_prediction(widths: Sequence[int], moments: Sequence[LayerMoments]) -> MLPPrediction:
     """ln RMS forward ratio ||h^l||/||x|| and backward ratio ||dl/da^l||/||e|| of a ReLU MLP.
 
-    Forward (001 Theorem 1 generalised; docs/theory.md eq. F): conditioned on h^{l-1}, a_i is
+    Forward (Arpit et al. 2019, Theorem 1 generalised; docs/theory.md eq. F): conditioned on h^{l-1}, a_i is
     symmetric with E[a_i^2] = r_l ||h^{l-1}||^2 / n_{l-1} + beta_l, so
         E||h^l||^2 = n_l / 2 * (r_l ||h^{l-1}||^2 / n_{l-1} + beta_l).
     The recursion is affine, E||h^l||^2 = A_l ||x||^2 + B_l, and with x ~ N(0, I_{n_0}),
     E[1/||x||^2] = 1/(n_0 - 2), so E[||h^l||^2/||x||^2] = A_l + B_l / (n_0 - 2).
     A_l is kept as a log (it vanishes geometrically for g = 1); B_l stays bounded.
 
-    Backward (001 Theorem 2 / eq. 5 generalised; docs/theory.md eq. B): each step multiplies
+    Backward (Arpit et al. 2019, Theorem 2 / eq. 5 generalised; docs/theory.md eq. B): each step multiplies
     E||delta||^2 by r_{l+1}/2 (the mask keeps half, W^T keeps r), and e/||e|| is a unit vector:
         E[||dl/da^l||^2/||e||^2] = prod_{j=l+1}^{L} r_j / 2.
     """
@@ -246,7 +248,7 @@ def mlp_rms_prediction(widths: Sequence[int], moments: Sequence[LayerMoments]) -
 
 
 def datadep_ln_forward(widths: Sequence[int]) -> list[float] | None:
-    """Data-dependent init (003 section 3, eq. 5-6): every pre-activation is standardised over the
+    """Data-dependent init (Salimans & Kingma 2016, section 3, eq. 5-6): every pre-activation is standardised over the
     probe batch, so E_batch[a_i^2] = 1 and, if its distribution is symmetric, E||h^l||^2 = n_l/2;
     with E[1/||x||^2] = 1/(n_0 - 2): ln rms ratio = 1/2 ln(n_l / (2 (n_0 - 2))).
 
@@ -274,7 +276,7 @@ def log_ratio_variance(widths: Sequence[int], orthogonal: bool) -> tuple[np.ndar
     variance c_l / n_l (c = 5 for isotropic i.i.d. rows, 3 + 2(1 - n_l/n_{l-1})^+ for orthogonal
     rows); the factors are nearly independent, so Var[ln ||h^l||^2] ~= sum_j c_j/n_j and
     Var[ln ratio] = sum_j c_j / (4 n_j).  This is the Sum_l 1/n_l law of Hanin & Rolnick
-    (001 ref. [10]).  The mean of ln ratio drifts by minus the same amount (lognormal with
+    (Arpit et al. 2019, ref. [10]).  The mean of ln ratio drifts by minus the same amount (lognormal with
     E[ratio^2] fixed).  Backward at layer l sums the masks of layers l..L-1.
     """
     widths = [int(w) for w in widths]
@@ -454,7 +456,7 @@ def check_reference_ln(widths: Sequence[int]) -> tuple[tuple[float, float], tupl
 
 
 # --------------------------------------------------------------------------------------------
-# Per-init predictions for the ResNet (001 eq. 6, Theorems 3-4 generalised; docs/theory.md §7)
+# Per-init predictions for the ResNet (Arpit et al. 2019, eq. 6, Theorems 3-4 generalised; docs/theory.md §7)
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LinearMoments:
@@ -500,23 +502,23 @@ def _lae(a: float, b: float) -> float:
 def _affine(a: float, c: float, m: LinearMoments, relu: bool) -> tuple[float, float]:
     """E||out||^2 = a s + c given E||in||^2 = (a, c) applied to s: a WN (or plain) layer with
     row second moment r and bias variance beta gives n_out (r s / n_in + beta); a ReLU halves
-    it (the pre-activation is symmetric).  001 eq. 13-17 with K_n = 1."""
+    it (the pre-activation is symmetric).  Arpit et al. 2019, eq. 13-17 with K_n = 1."""
     k = m.n_out * m.row_sq / m.n_in
     a, c = k * a, k * c + m.n_out * m.bias_var
     return (0.5 * a, 0.5 * c) if relu else (a, c)
 
 
 def resnet_rms_prediction(dim: int, blocks: Sequence[BlockMoments]) -> ResNetPrediction:
-    """Closed-form RMS ratios of a ResNet h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (001 eq. 6).
+    """Closed-form RMS ratios of a ResNet h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (Arpit et al. 2019, eq. 6).
 
-    Forward (001 Theorem 3 / eq. 43-53 without its assumption ||F(h)|| = ||h||): the branch's last
+    Forward (Arpit et al. 2019, Theorem 3 / eq. 43-53 without its assumption ||F(h)|| = ||h||): the branch's last
     layer is zero-mean and independent of the skip, so the cross term vanishes in expectation and
         E||h^b||^2 = E||S h||^2 + alpha^2 E||F(h)||^2 = k_b ||h^{b-1}||^2 + c_b
     with (k_b, c_b) from the layer moments (``_affine``).  The recursion is affine as in the MLP;
     with x ~ N(0, I_d), E[||h^b||^2/||x||^2] = A_b + C_b/(d - 2).  Proposed (gamma = 2, ..., 1/B_k):
     k_b = 1 + 1/B_k, so (1 + 1/B_k)^{b/2} within a stage (eq. 53); WN g = 1: k_b = 1 + 2^{-D}.
 
-    Backward (001 Theorem 4 / eq. 54-63): dl/dh^{b-1} = S^T d + alpha J_F^T d, and each branch
+    Backward (Arpit et al. 2019, Theorem 4 / eq. 54-63): dl/dh^{b-1} = S^T d + alpha J_F^T d, and each branch
     layer multiplies E||d||^2 by its row second moment r, each ReLU mask by 1/2:
         f_b = r_S + alpha^2 (prod_j r_j) 2^{-D}    (r_S = 1 for the identity).
     Kept in logs: 3000 exploding blocks give ln ratios of ~600, never inf.
@@ -557,7 +559,7 @@ def resnet_rms_prediction(dim: int, blocks: Sequence[BlockMoments]) -> ResNetPre
 
 
 def datadep_resnet_ln_forward(dim: int, d_out: Sequence[int], projection: Sequence[bool]) -> tuple[list[float] | None, list[float]]:
-    """Data-dependent init (003 eq. 5-6) in a ResNet: every WN layer's pre-activation is
+    """Data-dependent init (Salimans & Kingma 2016, eq. 5-6) in a ResNet: every WN layer's pre-activation is
     standardised over the batch, so a branch output (and a projection's output) has
     E||.||^2 = d_out per sample on average, independent of its input.  Hence, with
     E[1/||x||^2] = 1/(d - 2): in stage 1, E[||h^b||^2/||x||^2] = 1 + b d/(d - 2); after a
@@ -612,13 +614,13 @@ def stage_band_ln(d_in: int, d_out: int) -> tuple[tuple[float, float], tuple[flo
 
 
 # --------------------------------------------------------------------------------------------
-# The batch-normalized ReLU ResNet of 004 appendix C
+# The batch-normalized ReLU ResNet of De & Smith 2020, appendix C
 # --------------------------------------------------------------------------------------------
 BN_EPS = 1e-5  # torch.nn.BatchNorm1d's default
 
 
 def bn_statistics_prediction(l: int, batch: int) -> tuple[float, float, float]:
-    """(skip variance, mean moving variance, mean squared moving mean) of x^l (004 appendix C).
+    """(skip variance, mean moving variance, mean squared moving mean) of x^l (De & Smith 2020, appendix C).
 
     For l >= 1, Cov(X^l_ij, X^l_lm) ~= l delta_il (1 + (pi - 1) delta_jm)/pi, so the variance over
     channels and examples is l, E[mu_c^2] = l (1/pi + (pi - 1)/(pi b)) -> l/pi and
@@ -633,7 +635,7 @@ def bn_statistics_prediction(l: int, batch: int) -> tuple[float, float, float]:
 
 def bn_resnet_prediction(dim: int, blocks: int) -> ResNetPrediction:
     """Forward, backward and branch predictions of the BN ResNet x^{l+1} = x^l + W^l BN(x^l)^+
-    with stem x^1 = W^0 BN(x^0)^+ and He W (004 appendix C, mean field: width and batch large).
+    with stem x^1 = W^0 BN(x^0)^+ and He W (De & Smith 2020, appendix C, mean field: width and batch large).
 
     Forward: E||x^l||^2 = l d; x^1 is a function of x^0 alone (ratio ~ 1) and each block adds an
     independent branch of power d, so E[||x^l||^2/||x^0||^2] ~= 1 + (l - 1) d/(d - 2).

@@ -42,16 +42,22 @@ def test_figure_axes_read_back_mlp():
 
     r = api.probe_mlp(depth=12, width=48, input_dim=48, samples=60, inits=["he", "proposed"], device="cpu", seeds=2)
     fig = plot.build_probe_figure(r)
-    fwd, bwd = fig.axes
+    fwd, bwd, zfwd, zbwd = fig.axes  # he spans decades: a linear zoom row for proposed
     assert fwd.get_title().startswith("forward") and bwd.get_title().startswith("backward")
+    assert "zoom" in zfwd.get_title() and zfwd.get_yscale() == "linear"
+    assert [l.get_label() for l in zfwd.get_lines() if not l.get_label().startswith("_")] == ["proposed"]
     assert "h^l" in fwd.get_ylabel() and "a^l" in bwd.get_ylabel() and "layer" in fwd.get_xlabel()
     assert fwd.get_yscale() == "log"  # he spans decades
     labels = [t.get_text() for t in bwd.get_legend().get_texts()]
     assert labels[0] == "he" and "proposed" in labels and any("theory" in l for l in labels)
-    # one solid line per init + dashed theory; the centre line holds the measured means
+    # one solid line (own marker) per init + dashed typical theory; the line holds the typical ratio
     he_line = [l for l in fwd.get_lines() if l.get_label() == "he"][0]
+    prop_line = [l for l in fwd.get_lines() if l.get_label() == "proposed"][0]
+    assert he_line.get_marker() != prop_line.get_marker()
     assert list(he_line.get_xdata()) == list(range(1, 13))
     assert he_line.get_ydata()[-1] == pytest.approx(10 ** r.run("he").layers[-1].forward.log10_mean)
+    dashed = [l for l in fwd.get_lines() if l.get_linestyle() == "--" and l.get_color() == he_line.get_color()][0]
+    assert dashed.get_ydata()[-1] == pytest.approx(10 ** r.run("he").layers[-1].forward.log10_predicted_typical)
     assert len(fwd.collections) == 4  # sample band and draw band per init (seeds = 2)
     mpl.pyplot.close(fig)
 
@@ -63,7 +69,25 @@ def test_figure_axes_read_back_resnet_band():
     fig = plot.build_probe_figure(r)
     ys = sorted({round(l.get_ydata()[0], 12) for l in fig.axes[0].get_lines() if l.get_linestyle() == ":"})
     assert ys == [round(theory.RESNET_LOWER, 12), round(theory.RESNET_UPPER, 12)]
-    assert "h^b" in fig.axes[0].get_ylabel()
+    assert "h^b" in fig.axes[0].get_ylabel() and fig.axes[0].get_yscale() == "linear"  # in band: readable
+    mpl.pyplot.close(fig)
+
+
+def test_multi_stage_figure_draws_each_stage_against_its_own_band():
+    """Stages > 1: each stage's curve restarts at 1 at its first state, the band is drawn per
+    stage (with the projection's hull), and the stage boundaries are marked."""
+    from sigprop import plot
+
+    r = api.probe_resnet(blocks=3, stages=2, dim=16, width=16, samples=20, inits=["proposed"], device="cpu")
+    fig = plot.build_probe_figure(r)
+    ax = fig.axes[0]
+    stages = r.run("proposed").stages
+    lines = [l for l in ax.get_lines() if l.get_color() != "0.3" and l.get_linestyle() == "-" and len(l.get_xdata()) > 2]
+    assert [list(l.get_xdata())[0] for l in lines[:2]] == [stages[0].first, stages[1].first]
+    assert all(l.get_ydata()[0] == pytest.approx(1.0) for l in lines[:2])
+    bands = sorted({round(l.get_ydata()[0], 9) for l in ax.get_lines() if l.get_linestyle() == ":"})
+    assert bands == sorted({round(v, 9) for st in stages for v in st.forward_band})
+    assert any(l.get_linestyle() == "-." for l in ax.get_lines())  # the boundary between the stages
     mpl.pyplot.close(fig)
 
 

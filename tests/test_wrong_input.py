@@ -6,6 +6,7 @@ import json
 import pytest
 
 import sigprop
+import sigprop.specs
 from sigprop import api
 from sigprop.cli import main
 
@@ -91,3 +92,28 @@ def test_one_sample_prints_no_spread(capsys):
     code, out, err = _run(capsys, ["mlp", "--depth", "2", "--width", "8", "--samples", "1", "--device", "cpu", "--init", "proposed"])
     assert code == 0, err
     assert "(1 sample)" in out and "±0 " not in out
+
+
+def test_print_result_is_readable():
+    r = sigprop.probe_mlp(depth=20, width=32, input_dim=32, samples=20, device="cpu", inits=["he", "proposed"])
+    text = repr(r)
+    assert text.startswith("ProbeResult(mlp, depth 20, width 32") and len(text) < 300
+    assert "he: signal NOT preserved, agrees with theory" in text and "proposed: signal preserved" in text
+    assert repr(r.run("he")).startswith("RunResult(he: signal NOT preserved")
+
+
+def test_progress_names_the_init_and_the_pass():
+    seen = []
+    api.probe(
+        sigprop.specs.MLPSpec(depth=3, input_dim=8, width=sigprop.specs.WidthSpec(8, 8), inits=("he", "proposed")),
+        sigprop.specs.ProbeSpec(samples=4, device="cpu"), progress=lambda d, t, label: seen.append((d, t, label)))
+    assert seen[-1][0] == seen[-1][1] == 10  # 3 forward + 2 backward steps per init: the bar ends full
+    assert [s[2] for s in seen] == ["he: forward"] * 3 + ["he: backward"] * 2 + ["proposed: forward"] * 3 + ["proposed: backward"] * 2
+
+
+@pytest.mark.parametrize("norm", ["wn", "bn"])
+def test_resnet_progress_ends_at_its_total(norm):
+    seen = []
+    spec = sigprop.specs.ResNetSpec(blocks=3, dim=8, width=sigprop.specs.WidthSpec(8, 8), norm=norm, inits=("he",))
+    api.probe(spec, sigprop.specs.ProbeSpec(samples=4, device="cpu"), progress=lambda d, t, label: seen.append((d, t, label)))
+    assert seen[-1][0] == seen[-1][1] and seen[0][2] == "he: forward" and seen[-1][2] == "he: backward"
