@@ -49,6 +49,42 @@ def floor(L: int, n: int, N: int, seeds: int = 1, device: str = "cpu") -> float:
     return time.perf_counter() - t0
 
 
+def limit(L: int, n: int, N: int, device: str = "cpu", chunk: int = 32) -> float:
+    """The limit line of issue 16: the same work with Haar weights generated ``chunk`` layers at a
+    time by the batched UT transform (sigprop/haar.py, GEMM speed on a GPU) and bare matmuls:
+    no bookkeeping, no log-space, masks as bool, weights kept.  Returns compute seconds."""
+    from sigprop.haar import orthogonalize_batched
+
+    dev = torch.device(device)
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        x = torch.randn(N, n, device=dev)
+        e = torch.randn(N, n, device=dev)
+        norms_f = torch.empty(L, N, device=dev)
+        norms_b = torch.empty(L, N, device=dev)
+        weights, masks = [], []
+        h = x
+        for l0 in range(0, L, chunk):
+            ws = orthogonalize_batched(torch.randn(min(chunk, L - l0), n, n, device=dev)) * 2**0.5
+            for w in ws:
+                a = h @ w.T
+                masks.append(a > 0)
+                h = torch.relu(a)
+                nrm = torch.linalg.vector_norm(h, dim=1)
+                norms_f[len(weights)] = nrm
+                h = h / nrm.clamp_min(1e-30).unsqueeze(1)
+                weights.append(w)
+        d = e
+        for l in range(L - 1, -1, -1):
+            d = (d @ weights[l]) * masks[l - 1] if l > 0 else d @ weights[l]
+            nrm = torch.linalg.vector_norm(d, dim=1)
+            norms_b[l] = nrm
+            d = d / nrm.clamp_min(1e-30).unsqueeze(1)
+        float(norms_f.sum() + norms_b.sum())
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     L, n, N = (int(a) for a in sys.argv[1:4])
     seeds = int(sys.argv[4]) if len(sys.argv) > 4 else 1

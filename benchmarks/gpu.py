@@ -1,12 +1,18 @@
-"""Issue 4's GPU targets, measured in one process on one device (prints; never asserts).
+"""Issue 16's GPU targets, measured in one process on one device (prints ratios; never asserts).
 
-1. L = 10,000, n = 1024, N = 1000, float32: sigprop's engine (proposed, stored weights when they
-   fit, else streamed), with CUDA graphs (the default) and with --no-graphs, against the floor
-   (benchmarks/floor.py) on the same shapes and device;
-2. L = 10,000, n = 4096, N = 256, ``--stream``: completes? time and peak device memory;
-3. the default ``sigprop mlp`` / ``sigprop resnet`` split into import, setup and compute
-   (benchmarks/phases.py --device cuda).
-Usage: python benchmarks/gpu.py [--device cuda] [--quick]   (--quick: small shapes, any device)
+1. L = 10,000, n = 1024, N = 1000, float32, proposed: sigprop (CUDA graphs on, the default, and
+   --no-graphs) against the floor (per-layer orgqr Haar + bare matmuls, benchmarks/floor.py) and
+   the limit (Haar weights 32 layers at a time by the batched UT transform + bare matmuls, no
+   bookkeeping: ``floor.limit``); peak memory against the stored weights + packed masks.
+   Targets: <= 4 s, <= 1.3x limit, peak <= 1.15 (weights + masks) + 1 GiB.
+2. L = 2000, n = 256 and 1024, N = 1000: sigprop against the naive autograd peer
+   (benchmarks/peer.py on the same device): time <= 0.25x, peak memory <= 0.4x.
+3. --seeds 16 against --seeds 1 at L = 100, n = 128, N = 256: <= 2x.
+4. L = 10,000, n = 4096, N = 256 --stream: completes? time and peak memory.
+5. the default ``sigprop mlp`` / ``sigprop resnet`` split into import, setup and compute
+   (benchmarks/phases.py --device cuda): compute < 0.1 s.
+Usage: python benchmarks/gpu.py [--device cuda] [--quick] [--only 1,2,3,4,5]
+(--quick: small shapes, any device)
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from sigprop import engine, specs
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from floor import floor  # noqa: E402
+from floor import floor, limit  # noqa: E402
+from peer import peer  # noqa: E402
+
+GIB = 2**30
 
 
 def sync(device: str) -> None:
@@ -36,47 +45,71 @@ def peak_reset(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def peak(device: str) -> str:
-    return f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if device.startswith("cuda") else "n/a (cpu)"
+def peak(device: str) -> float:
+    return torch.cuda.max_memory_allocated() / GIB if device.startswith("cuda") else float("nan")
 
 
-def probe(L: int, n: int, N: int, device: str, stream: bool | None, graphs: bool | None = None) -> tuple[float, dict]:
+def probe(L: int, n: int, N: int, device: str, stream: bool | None, graphs: bool | None = None, seeds: int = 1) -> tuple[float, dict]:
     spec = specs.MLPSpec(depth=L, input_dim=n, width=specs.WidthSpec(n, n), inits=("proposed",))
     t0 = time.perf_counter()
-    _, _, env = engine.run_mlp(spec, specs.ProbeSpec(samples=N, device=device, stream=stream, graphs=graphs))
+    _, _, env = engine.run_mlp(spec, specs.ProbeSpec(samples=N, device=device, stream=stream, graphs=graphs, seeds=seeds))
     sync(device)
     return time.perf_counter() - t0, env
+
+
+def timed(device: str, fn, *args) -> tuple[float, float]:
+    """(seconds, peak GiB) of one call."""
+    peak_reset(device)
+    t = fn(*args)
+    sync(device)
+    return (t[0] if isinstance(t, tuple) else t), peak(device)
 
 
 def main() -> None:
     device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
     quick = "--quick" in sys.argv
+    only = {int(x) for x in sys.argv[sys.argv.index("--only") + 1].split(",")} if "--only" in sys.argv else {1, 2, 3, 4, 5}
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-    print(f"device {device} ({name}), torch {torch.__version__}")
-    L1, n1, N1 = (200, 128, 100) if quick else (10_000, 1024, 1000)
-    probe(10, n1, N1, device, None)  # warm-up: CUDA context, cuBLAS/cuSOLVER handles
-    floor(10, n1, N1, 1, device)
-    peak_reset(device)
-    t_s, env = probe(L1, n1, N1, device, None)
-    p_s = peak(device)
-    peak_reset(device)
-    t_e, _ = probe(L1, n1, N1, device, None, graphs=False) if device.startswith("cuda") else (t_s, None)
-    peak_reset(device)
-    t_f = floor(L1, n1, N1, 1, device)
-    p_f = peak(device)
-    print(f"1. L={L1} n={n1} N={N1}: sigprop {t_s:.2f} s (peak {p_s}, stream {env['stream']}, graphs {env['graphs']}), "
-          f"--no-graphs {t_e:.2f} s, floor {t_f:.2f} s (peak {p_f}): ratio {t_s / t_f:.2f} (target <= 1.5), "
-          f"--no-graphs {t_e / t_f:.2f}")
-    L2, n2, N2 = (100, 256, 64) if quick else (10_000, 4096, 256)
-    peak_reset(device)
-    try:
-        t2, env2 = probe(L2, n2, N2, device, True)
-        print(f"2. L={L2} n={n2} N={N2} --stream: completed in {t2:.1f} s, peak {peak(device)}")
-    except Exception as exc:  # report, do not hide
-        print(f"2. L={L2} n={n2} N={N2} --stream: FAILED: {type(exc).__name__}: {exc}")
-    print("3. default runs, phases:")
-    out = subprocess.run([sys.executable, str(HERE / "phases.py"), "--device", device], capture_output=True, text=True)
-    print(out.stdout.strip() or out.stderr.strip())
+    print(f"device {device} ({name}), torch {torch.__version__}, sigprop chunk {engine.CHUNK_MAX}, batched Haar {engine.BATCHED_HAAR}", flush=True)
+    probe(10, 64, 16, device, None)  # warm-up: CUDA context, cuBLAS/cuSOLVER handles
+    floor(3, 64, 16, 1, device)
+    limit(3, 64, 16, device)
+    if 1 in only:
+        L, n, N = (200, 128, 100) if quick else (10_000, 1024, 1000)
+        t_s, p_s = timed(device, lambda: probe(L, n, N, device, None))
+        env = probe(2, n, 4, device, None)[1]
+        t_e, _ = timed(device, lambda: probe(L, n, N, device, None, graphs=False)) if device.startswith("cuda") else (float("nan"), 0)
+        t_f, p_f = timed(device, lambda: floor(L, n, N, 1, device))
+        t_l, p_l = timed(device, lambda: limit(L, n, N, device))
+        w = L * n * n * 4 / GIB
+        masks = L * N * n / 8 / GIB
+        print(f"1. L={L} n={n} N={N}: sigprop {t_s:.2f} s (graphs {env['graphs']}), --no-graphs {t_e:.2f} s, floor {t_f:.2f} s, "
+              f"limit {t_l:.2f} s: sigprop / limit {t_s / t_l:.2f} (target <= 1.3), sigprop / floor {t_s / t_f:.2f}, "
+              f"--no-graphs / limit {t_e / t_l:.2f}; peak {p_s:.2f} GiB vs weights {w:.2f} + masks {masks:.2f} GiB: "
+              f"{p_s / (w + masks):.3f}x (target <= 1.15x + 1 GiB = {1.15 * (w + masks) + 1:.2f} GiB); floor peak {p_f:.2f}, limit peak {p_l:.2f} GiB", flush=True)
+    if 2 in only:
+        for n in ((64,) if quick else (256, 1024)):
+            L, N = (100, 100) if quick else (2000, 1000)
+            t_s, p_s = timed(device, lambda: probe(L, n, N, device, None))
+            t_p, p_p = timed(device, lambda: peer(L, n, N, device))
+            print(f"2. L={L} n={n} N={N}: sigprop {t_s:.2f} s, {p_s:.2f} GiB; peer {t_p:.2f} s, {p_p:.2f} GiB: "
+                  f"time {t_s / t_p:.3f}x (target <= 0.25), memory {p_s / p_p:.3f}x (target <= 0.4)", flush=True)
+    if 3 in only:
+        probe(100, 128, 256, device, None, seeds=16)  # warm-up of the 16-draw shapes
+        t1 = min(timed(device, lambda: probe(100, 128, 256, device, None, seeds=1))[0] for _ in range(3))
+        t16 = min(timed(device, lambda: probe(100, 128, 256, device, None, seeds=16))[0] for _ in range(3))
+        print(f"3. L=100 n=128 N=256: --seeds 16 {t16:.3f} s vs --seeds 1 {t1:.3f} s: {t16 / t1:.2f}x (target <= 2), best of 3", flush=True)
+    if 4 in only:
+        L, n, N = (100, 256, 64) if quick else (10_000, 4096, 256)
+        try:
+            t, p = timed(device, lambda: probe(L, n, N, device, True))
+            print(f"4. L={L} n={n} N={N} --stream: completed in {t:.1f} s, peak {p:.2f} GiB", flush=True)
+        except Exception as exc:  # report, do not hide
+            print(f"4. L={L} n={n} N={N} --stream: FAILED: {type(exc).__name__}: {exc}", flush=True)
+    if 5 in only:
+        print("5. default runs, phases:", flush=True)
+        out = subprocess.run([sys.executable, str(HERE / "phases.py"), "--device", device], capture_output=True, text=True)
+        print(out.stdout.strip() or out.stderr.strip(), flush=True)
 
 
 if __name__ == "__main__":

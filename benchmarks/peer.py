@@ -13,20 +13,21 @@ import torch
 from torch.nn.utils.parametrizations import weight_norm
 
 
-def main() -> None:
-    L, n, N = (int(a) for a in sys.argv[1:4])
+def peer(L: int, n: int, N: int, device: str = "cpu") -> float:
+    """Run the peer on ``device``; returns its seconds (one host sync at the end)."""
+    dev = torch.device(device)
     t0 = time.perf_counter()
     torch.manual_seed(0)
     layers = []
     for _ in range(L):
-        lin = torch.nn.Linear(n, n, bias=False)
+        lin = torch.nn.Linear(n, n, bias=False, device=dev)
         torch.nn.init.orthogonal_(lin.weight)
         lin = weight_norm(lin)
         with torch.no_grad():
             lin.parametrizations.weight.original0.fill_(2**0.5)
         layers.append(lin)
-    x = torch.randn(N, n)
-    e = torch.randn(N, n)
+    x = torch.randn(N, n, device=dev)
+    e = torch.randn(N, n, device=dev)
     h = x
     hs = []
     for lin in layers:
@@ -36,8 +37,14 @@ def main() -> None:
     (h * e).sum().backward()
     fwd = torch.stack([t.norm(dim=1) for t in hs]) / x.norm(dim=1)
     bwd = torch.stack([t.grad.norm(dim=1) for t in hs]) / e.norm(dim=1)
-    float(fwd.sum() + bwd.sum())
-    print(f"peer L={L} n={n} N={N} compute {time.perf_counter() - t0:.2f}s")
+    float((fwd.sum() + bwd.sum()).detach())
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    L, n, N = (int(a) for a in sys.argv[1:4])
+    device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
+    print(f"peer L={L} n={n} N={N} compute {peer(L, n, N, device):.2f}s")
 
 
 if __name__ == "__main__":

@@ -198,10 +198,37 @@ def _t(v: torch.Tensor) -> torch.Tensor:
 _mm = torch.matmul
 
 
+#: where Haar directions of many draws (and chunks of layers) are orthogonalized in one batched
+#: UT-transform call (haar.orthogonalize_batched) instead of one orgqr each: "cuda" (GEMM speed
+#: there; on a CPU LAPACK's orgqr is as fast -- docs/benchmarks.md), "always", "never" (tests)
+BATCHED_HAAR = "cuda"
+
+
+def batched_haar(scheme: InitScheme, device) -> bool:
+    return scheme.haar_gain_sq is not None and (BATCHED_HAAR == "always" or (BATCHED_HAAR == "cuda" and torch.device(device).type == "cuda"))
+
+
+def haar_params(scheme: InitScheme, role: LayerRole, g: torch.Tensor, v_out: torch.Tensor | None = None) -> LayerParams:
+    """The parameters of layers whose scheme has ``haar_gain_sq``, from their Gaussians g
+    [..., fan_out, fan_in] (any leading batch dims): one batched UT-transform Haar call, then
+    the constant gain and the WN scale g / ||v|| -- what ``scheme.sample`` computes per layer."""
+    from sigprop import haar
+
+    lead = g.shape[:-2]
+    q = haar.orthogonalize_batched(g.reshape(-1, *g.shape[-2:])).reshape(g.shape)
+    v = q if v_out is None else v_out.copy_(q)
+    gain = torch.full((*lead, role.fan_out), math.sqrt(scheme.haar_gain_sq(role)), device=g.device, dtype=g.dtype)
+    return LayerParams(v=v, g=gain, bias=None, scale=gain / torch.linalg.vector_norm(v, dim=-1))
+
+
 def sample_layer(scheme: InitScheme, role: LayerRole, gens, device, dtype, v_out: torch.Tensor | None = None) -> LayerParams:
     """One layer's parameters for a batch of draws, draw s from generator ``gens[s]`` (the same
     numbers as drawing it alone), stacked along a leading draw dim [S, ...].  The directions go
-    into ``v_out`` when given (an arena slot: no stacked temporary), else a new tensor."""
+    into ``v_out`` when given (an arena slot: no stacked temporary), else a new tensor.  Haar
+    directions on CUDA: the Gaussians of all draws are orthogonalized in one batched call."""
+    if batched_haar(scheme, device):
+        g = torch.stack([inits_mod.gaussian(role, gen, device, dtype) for gen in gens])
+        return haar_params(scheme, role, g, v_out)
     v = torch.empty(len(gens), role.fan_out, role.fan_in, device=device, dtype=dtype) if v_out is None else v_out
     ps = []
     for s, gen in enumerate(gens):
@@ -243,6 +270,48 @@ class LayerGenerators:
 
 def _no_reseed() -> None:
     pass
+
+
+class ChunkGenerators:
+    """K x S generators for a chunk of K layers drawn at once (``haar_chunk``): ``gens[k][s]``
+    is reseeded with layer (first + k)'s seed of draw s -- the numbers of ``layer_generator``."""
+
+    def __init__(self, seed: int, draws, k: int, device) -> None:
+        self.seed, self.draws = seed, list(draws)
+        self.gens = [[torch.Generator(device=device) for _ in self.draws] for _ in range(k)]
+
+    @property
+    def flat(self) -> list:
+        return [g for row in self.gens for g in row]
+
+    def reseeder(self, first: int, count: int) -> Callable[[], None]:
+        seeds = [[specs.derive_seed(self.seed, specs.STREAM_WEIGHTS, d, first + k) for d in self.draws] for k in range(count)]
+
+        def reseed() -> None:
+            for row, row_seeds in zip(self.gens, seeds):
+                for gen, s in zip(row, row_seeds):
+                    gen.manual_seed(s)
+
+        return reseed
+
+
+#: at most this many layers are orthogonalized in one batched call (measured on the H100 in
+#: issue 16: 32 layers of 1024^2, 0.21 ms per matrix against 1.1-1.6 ms for orgqr)
+CHUNK_MAX = 32
+
+
+def haar_chunk(scheme: InitScheme, widths: list[int], draws: int, device, itemsize: int) -> int:
+    """How many layers ``mlp_batch`` draws per batched Haar call: 0 (per layer, as ever) unless the
+    scheme's directions are Haar with a constant gain, batched Haar is on for the device
+    (``BATCHED_HAAR``), the init is not data-dependent and layers 2..L share one shape; then up
+    to CHUNK_MAX, as many as fit (with ~6 matrices of temporaries each) in a tenth of the free
+    memory, at least 2."""
+    L = len(widths) - 1
+    if not batched_haar(scheme, device) or scheme.calibrate is not None or L < 3 or len(set(widths[1:])) != 1:
+        return 0
+    per_layer = 6 * draws * widths[1] * widths[1] * itemsize
+    k = min(CHUNK_MAX, L - 1, int(0.1 * available_bytes(torch.device(device)) // max(per_layer, 1)))
+    return k if k >= 2 else 0
 
 
 def _calibrate_batch(calibrate, p: LayerParams, t_true: torch.Tensor) -> LayerParams:
@@ -352,12 +421,36 @@ def mlp_batch(
     masks = Arena(S * n * sum((w + 7) // 8 for w in widths[1:]), device, torch.uint8)
     rows = _rows_arena(S, widths[1:], device, dtype)
     gens = LayerGenerators(seed, draws, device)
-    runner.bind(gens.gens)
+    K = haar_chunk(scheme, widths, S, device, torch.finfo(dtype).bits // 8)
+    chunk_gens = ChunkGenerators(seed, draws, K, device)
+    runner.bind(gens.gens + chunk_gens.flat)
 
     def forward(u, c, role, v_out=None):
         p = sample_layer(scheme, role, gens.gens, device, dtype, v_out)
         u, c, mask, p = _linear(p, u, c, relu=True, calibrate=scheme.calibrate)
         return {"u": u, "c": c, "packed": pack_mask(mask), "v": p.v, "g": p.g, "bias": p.bias, "scale": p.scale}
+
+    def draw_chunk(anchor, role, count):
+        """Layers first..first+count-1 (the generators were reseeded for them): [count, S, ...]."""
+        g = torch.stack([torch.stack([inits_mod.gaussian(role, gen, device, dtype) for gen in row]) for row in chunk_gens.gens[:count]])
+        p = haar_params(scheme, role, g)
+        return {"v": p.v, "g": p.g, "scale": p.scale}
+
+    def forward_given(u, c, v, scale, role):
+        """A layer whose directions were drawn by ``draw_chunk``."""
+        u, c, mask, _ = _linear(LayerParams(v=v, g=None, bias=None, scale=scale), u, c, relu=True)
+        return {"u": u, "c": c, "packed": pack_mask(mask)}
+
+    def chunk_of(l: int) -> tuple[int, int]:
+        """(first layer, layer count) of the chunk holding layer l >= 2."""
+        first = 2 + ((l - 2) // K) * K
+        return first, min(K, L - first + 1)
+
+    def run_chunk(l: int, c0: torch.Tensor) -> dict:
+        first, count = chunk_of(l)
+        role = LayerRole(fan_in=widths[first - 1], fan_out=widths[first])
+        return runner.run(("chunk", role, count), partial(draw_chunk, role=role, count=count), {"anchor": c0},
+                          chunk_gens.reseeder(first, count))
 
     def backward(d, acc, scale, packed, role, v=None):
         if v is None:  # streaming: redraw (the generators were reseeded for this layer)
@@ -370,12 +463,25 @@ def mlp_batch(
     c0 = c.clone()
     params: list[LayerParams] = []
     packed: list[torch.Tensor] = []
+    chunk: dict = {}
     for l in range(1, L + 1):
         role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
         slot = None if stream else weights.alloc(S, role.fan_out, role.fan_in)
-        out = runner.run(("fwd", role), partial(forward, role=role), {"u": u, "c": c}, gens.reseeder(l), {"v_out": slot})
-        if slot is not None and out["v"].data_ptr() != slot.data_ptr():
-            slot.copy_(out["v"])  # a replayed step drew into its own buffer
+        if K and l >= 2:  # directions drawn K layers at a time (one batched Haar call)
+            first, _ = chunk_of(l)
+            if l == first:
+                chunk = run_chunk(l, c0)
+            k = l - first
+            v = chunk["v"][k]
+            if slot is not None:
+                v = slot.copy_(v)
+            out = runner.run(("fwd-given", role), partial(forward_given, role=role),
+                             {"u": u, "c": c, "v": v, "scale": chunk["scale"][k]}, _no_reseed)
+            out = {**out, "v": v, "g": chunk["g"][k], "bias": None, "scale": chunk["scale"][k]}
+        else:
+            out = runner.run(("fwd", role), partial(forward, role=role), {"u": u, "c": c}, gens.reseeder(l), {"v_out": slot})
+            if slot is not None and out["v"].data_ptr() != slot.data_ptr():
+                slot.copy_(out["v"])  # a replayed step drew into its own buffer
         u, c = out["u"], out["c"]
         torch.sub(c, c0, out=ln_fwd[:, l - 1])
         params.append(_keep(LayerParams(v=slot, g=out["g"], bias=out["bias"], scale=out["scale"]), rows, stream))
@@ -389,9 +495,15 @@ def mlp_batch(
         p = params[l - 1]
         role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
         inputs = {"d": d, "acc": acc, "scale": p.scale, "packed": packed[l - 2]}
+        reseed = gens.reseeder(l) if stream else _no_reseed
         if not stream:
             inputs["v"] = p.v
-        out = runner.run(("bwd", role), partial(backward, role=role), inputs, gens.reseeder(l) if stream else _no_reseed)
+        elif K:  # streaming in chunks: redraw a chunk when the walk enters it from above
+            first, count = chunk_of(l)
+            if l == first + count - 1:
+                chunk = run_chunk(l, c0)
+            inputs["v"], reseed = chunk["v"][l - first], _no_reseed
+        out = runner.run(("bwd", role), partial(backward, role=role), inputs, reseed)
         d, acc = out["d"], out["acc"]
         ln_bwd[:, l - 2].copy_(acc)
         if progress is not None:

@@ -11,9 +11,74 @@ matrices with an application to condition estimators", SIAM J. Numer. Anal. 17(3
 reflectors follow LAPACK's dlarfg convention exactly, so feeding the x_j that geqrf would have
 produced gives LAPACK's Q to rounding (tests/test_haar.py::test_haar_reflectors_match_lapack).
 See docs/theory.md section 9 and docs/benchmarks.md for what it saves.
+
+``orthogonalize_batched`` forms the same Q for a batch of matrices with the UT transform
+(Joffrain, Low, Quintana-Orti, van de Geijn & van Zee 2006, "Accumulating Householder
+transformations, revisited", ACM TOMS 32(2)): H_0 ... H_{k-1} = I - V S^{-1} V^T with
+S = triu(V^T V, 1) + diag(1/tau) -- two batched GEMMs and one batched triangular solve instead
+of k rank-1 updates (orgqr), so a batch of layers (or of draws) runs at GEMM speed on a GPU.
 """
 
 from __future__ import annotations
+
+
+def _reflectors(h):
+    """The reflectors of ``orthogonalize`` for rows h [..., k, m] (k <= m): (tau, beta, denom) in
+    float64, shape [..., k].  Graph-safe: masks, never a host scalar written into a tensor."""
+    import torch
+
+    k, m = h.shape[-2], h.shape[-1]
+    i = torch.arange(k, device=h.device)
+    tail = torch.cumsum(h.square().flip(-1), -1, dtype=torch.float64)[..., i, m - 1 - i]
+    alpha = h[..., i, i].to(torch.float64)
+    beta = -torch.copysign(tail.sqrt(), alpha)
+    tau = (beta - alpha) / beta
+    denom = alpha - beta
+    if k == m:  # the last reflector acts on R^1: H = I (tau = 0), beta = alpha, as in dlarfg
+        last = i == k - 1
+        tau = torch.where(last, torch.zeros_like(tau), tau)
+        beta = torch.where(last, alpha, beta)
+        denom = torch.where(last, torch.ones_like(denom), denom)
+    return tau, beta, denom
+
+
+def orthogonalize_batched(g):
+    """``orthogonalize`` of every matrix of g [B, rows, cols] at once, by the UT transform.
+
+    With h = g or g^T (k x m, k <= m) and the reflectors of ``_reflectors``, V (m x k) is unit
+    lower triangular with V[i, j] = h[j, i] / denom_j below the diagonal; a reflector with
+    tau = 0 (the identity) gets a zero column.  Then Q[:, :k] = E - V S^{-1} V_top^T with
+    S = triu(V^T V, 1) + diag(1/tau) (1 where tau = 0), E the first k columns of I and V_top
+    the top k x k block of V: one GEMM for V^T V, one triangular solve, one GEMM.  The same Q as
+    ``orthogonalize`` to rounding (tests/test_haar.py); the products run in g's dtype, the
+    reflector scalars in float64 as there.  Never TF32: the caller's matmul precision is
+    switched off for the two GEMMs (orthogonality would fall to ~1e-3)."""
+    import torch
+
+    b, rows, cols = g.shape
+    h = g if rows <= cols else g.transpose(-1, -2)
+    k, m = h.shape[-2], h.shape[-1]
+    tau, beta, denom = _reflectors(h)
+    dt = h.dtype
+    i = torch.arange(m, device=g.device)
+    j = torch.arange(k, device=g.device)
+    below = i.unsqueeze(1) > j.unsqueeze(0)  # [m, k]
+    diag = i.unsqueeze(1) == j.unsqueeze(0)
+    live = (tau != 0).unsqueeze(-2)  # [B, 1, k]
+    v = torch.where(below, (h / denom.to(dt).unsqueeze(-1)).transpose(-1, -2), torch.where(diag, torch.ones_like(h[..., :1, :1]), torch.zeros_like(h[..., :1, :1])))
+    v = torch.where(live, v, torch.zeros_like(v))
+    inv_tau = torch.where(tau != 0, 1.0 / torch.where(tau != 0, tau, torch.ones_like(tau)), torch.ones_like(tau)).to(dt)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        s = torch.triu(v.transpose(-1, -2) @ v, 1) + torch.diag_embed(inv_tau)
+        w = torch.linalg.solve_triangular(s, v[..., :k, :].transpose(-1, -2), upper=True)  # S^{-1} V_top^T
+        q = -(v @ w)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    q = q + torch.where(diag, torch.ones_like(q[..., :1, :1]), torch.zeros_like(q[..., :1, :1]))
+    q = q * torch.sign(beta).to(dt).unsqueeze(-2)
+    return q.transpose(-1, -2) if rows <= cols else q
 
 
 def orthogonalize(g):
@@ -32,19 +97,9 @@ def orthogonalize(g):
 
     rows, cols = g.shape
     h = g if rows <= cols else g.T
-    k, m = h.shape
-    i = torch.arange(k, device=g.device)
-    tail = torch.cumsum(h.square().flip(1), 1, dtype=torch.float64)[i, m - 1 - i]
-    alpha = h[i, i].to(torch.float64)
-    beta = -torch.copysign(tail.sqrt(), alpha)
-    tau = (beta - alpha) / beta
-    denom = alpha - beta
-    if k == m:  # masks, not ``tau[-1] = 0.0``: a Python scalar written into a device tensor is a
-        # host-to-device copy, which stops every CUDA-graph capture (tests/test_graph_safe.py)
-        last = i == k - 1
-        tau = torch.where(last, torch.zeros_like(tau), tau)
-        beta = torch.where(last, alpha, beta)
-        denom = torch.where(last, torch.ones_like(denom), denom)
+    # masks, not ``tau[-1] = 0.0``: a Python scalar written into a device tensor is a
+    # host-to-device copy, which stops every CUDA-graph capture (tests/test_graph_safe.py)
+    tau, beta, denom = _reflectors(h)
     v = h / denom.to(h.dtype).unsqueeze(1)
     q = torch.linalg.householder_product(v.T, tau.to(h.dtype))  # m x k, orthonormal columns
     q = q * torch.sign(beta).to(h.dtype)

@@ -84,6 +84,10 @@ class InitScheme:
     #: in their index then run as different CUDA-graph steps (sigprop/replay.py; a test checks
     #: the flag against ``sample`` for every scheme)
     by_block_index: bool = False
+    #: for schemes whose layer is "Haar directions with a constant gain" (``sample`` =
+    #: _const_gain(orthogonalize(gaussian), sqrt(haar_gain_sq(role)))): the gain, so that the
+    #: engine can orthogonalize many layers or draws in one batched call (sigprop/haar.py)
+    haar_gain_sq: Callable[[LayerRole], float] | None = field(default=None, repr=False)
 
     @property
     def orthogonal(self) -> bool:
@@ -303,6 +307,7 @@ register(
         direction="orthogonal",
         sample=_sample_proposed,
         moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
+        haar_gain_sq=proposed_gain_sq,
     )
 )
 register(
@@ -371,6 +376,7 @@ register(
         paper=f"{P001} section 5.1 (stage-wise Hanin baseline)",
         direction="orthogonal",
         sample=_sample_stage_hanin,
+        haar_gain_sq=stage_hanin_gain_sq,
         moments=lambda r: theory.LayerMoments(row_sq=stage_hanin_gain_sq(r)),
         applies_to=frozenset({"resnet"}),
         by_block_index=True,

@@ -291,3 +291,62 @@ def test_one_weight_arena_alive_at_a_time(monkeypatch, arch):
     finally:
         gc.enable()
     assert len(live) >= 2 and peak[0] == 1
+
+
+# ------------------------------------------------------------------------------------------
+# Haar directions orthogonalized in batches (the CUDA default), checked on the CPU
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["proposed"])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("emulated", [False, True])
+def test_chunked_haar_equals_per_layer_and_autograd(monkeypatch, name, stream, emulated):
+    """Layers 2..L drawn CHUNK_MAX = 4 at a time and orthogonalized in one batched UT-transform
+    call (stored, or redrawn chunk by chunk in the backward pass): the ratios of the per-layer
+    LAPACK path to rounding (float64: 1e-13 in ln ratio over 2 x 11 steps), the same directions,
+    and the autograd oracle per draw."""
+    from sigprop import replay
+
+    widths = [12] + [16] * 11
+    x, e = engine.probe_inputs(5, 6, widths[0], widths[-1], torch.device("cpu"), torch.float64)
+    scheme = inits.get(name)
+    monkeypatch.setattr(engine, "BATCHED_HAAR", "never")
+    with torch.no_grad():
+        want = engine.mlp_batch(scheme, widths, x, e, 5, [0, 2], stream=stream)
+    monkeypatch.setattr(engine, "BATCHED_HAAR", "always")
+    monkeypatch.setattr(engine, "CHUNK_MAX", 4)
+    assert engine.haar_chunk(scheme, widths, 2, torch.device("cpu"), 8) == 4
+    runner = replay.Emulated() if emulated else None
+    with torch.no_grad():
+        got = engine.mlp_batch(scheme, widths, x, e, 5, [0, 2], stream=stream, runner=runner)
+    np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(got[1].numpy(), want[1].numpy(), rtol=0, atol=1e-13)
+    if emulated:  # 10 layers in chunks of 4, 4, 2: the chunk step of 4 and the given-v step are replayed
+        assert any(k[0] == "chunk" for k in runner.steps) and any(k[0] == "fwd-given" for k in runner.steps)
+    if not stream:
+        for pa, pb in zip(got[2], want[2]):
+            assert (pa.v - pb.v).abs().max().item() < 1e-14
+    _, _, p1 = engine.mlp_forward_backward(scheme, widths, x, e, seed=5, draw=2)
+    fwd, bwd, _ = oracle_ratios(p1, x, e)
+    np.testing.assert_allclose(torch.exp(got[0][1]).numpy(), fwd.detach().numpy(), rtol=1e-10)
+    np.testing.assert_allclose(torch.exp(got[1][1]).numpy(), bwd.detach().numpy(), rtol=1e-10)
+
+
+def test_chunking_is_off_where_it_does_not_apply(monkeypatch):
+    monkeypatch.setattr(engine, "BATCHED_HAAR", "always")
+    cpu = torch.device("cpu")
+    assert engine.haar_chunk(inits.get("proposed"), [8, 16, 17, 16], 1, cpu, 4) == 0  # shapes differ
+    assert engine.haar_chunk(inits.get("he"), [8] + [16] * 5, 1, cpu, 4) == 0  # Gaussian directions
+    assert engine.haar_chunk(inits.get("datadep"), [8] + [16] * 5, 1, cpu, 4) == 0
+    monkeypatch.setattr(engine, "BATCHED_HAAR", "cuda")
+    assert engine.haar_chunk(inits.get("proposed"), [8] + [16] * 5, 1, cpu, 4) == 0  # CPU: LAPACK per layer
+
+
+def test_batched_draws_use_one_haar_call_and_equal_per_draw(monkeypatch):
+    """On CUDA the draws of a layer are orthogonalized together; forced here on the CPU: the
+    same directions as drawing each alone, to rounding."""
+    role = inits.LayerRole(12, 9)
+    gens = lambda: [engine.layer_generator(3, d, 1, torch.device("cpu")) for d in range(4)]
+    want = engine.sample_layer(inits.get("proposed"), role, gens(), "cpu", torch.float64)
+    monkeypatch.setattr(engine, "BATCHED_HAAR", "always")
+    got = engine.sample_layer(inits.get("proposed"), role, gens(), "cpu", torch.float64)
+    assert (got.v - want.v).abs().max().item() < 1e-14 and (got.scale - want.scale).abs().max().item() < 1e-14

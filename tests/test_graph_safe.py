@@ -107,3 +107,17 @@ def test_the_watch_catches_the_h100_bug():
         t[-1] = 0.0
         _ = float(t.sum())
     assert "aten::lift_fresh" in mode.found and "aten::_local_scalar_dense" in mode.found
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chunked_haar_steps_are_graph_safe(monkeypatch, stream):
+    """The CUDA default for Haar directions: chunks of layers drawn and orthogonalized in one
+    batched call (haar.orthogonalize_batched), forced here on the CPU."""
+    monkeypatch.setattr(engine, "BATCHED_HAAR", "always")
+    monkeypatch.setattr(engine, "CHUNK_MAX", 3)
+    widths = [12] + [16] * 8
+    x, e = engine.probe_inputs(1, 6, widths[0], widths[-1], CPU, torch.float32)
+    runner = Guarded()
+    with torch.no_grad():
+        engine.mlp_batch(inits.get("proposed"), widths, x, e, 1, [0, 2], stream=stream, runner=runner)
+    assert not runner.mode.found, sorted(set(runner.mode.found))
