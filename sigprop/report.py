@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -213,9 +214,10 @@ def _verdict_line(run: RunResult, verdict: str) -> str:
         head = "[green]signal preserved[/green]" if ok else "[red]signal NOT preserved[/red]"
     else:
         head = "[cyan]= agrees with finite-width theory[/cyan]" if ok else "[yellow]≠ disagrees with finite-width theory[/yellow]"
-    parts = [gate_text(c) for c in checks]
-    notes = sorted({c.note for c in checks if c.note and not c.passed})
-    tail = "".join(f"\n    why: {n}" for n in notes)
+    parts = [escape(gate_text(c)) for c in checks]
+    # why each failed gate failed (a gate without a band already says it in its text)
+    notes = [f"{c.name.split(' ||')[0]}: {c.note}" for c in checks if c.note and not c.passed and c.log10_low == c.log10_low]
+    tail = "".join(escape(f"\n    why ({n.split(': ', 1)[0]}): {n.split(': ', 1)[1]}") for n in dict.fromkeys(notes))
     return f"  {head}: " + "; ".join(parts) + tail
 
 

@@ -128,7 +128,7 @@ def _fmt(log10: float | None) -> str:
     """A ratio from its log10, for notes: 0.0123 or 10^-23.3."""
     if log10 is None:
         return "n/a"
-    return f"{10.0 ** log10:.3g}" if -3 <= log10 <= 4 else f"10^{log10:.1f}"
+    return f"{10.0 ** log10:.3g}" if -4 <= log10 <= 4 else f"10^{log10:.1f}"
 
 
 def _gate(name: str, verdict: str, st: RatioStats, low_ln: float, high_ln: float) -> Check:
@@ -326,13 +326,16 @@ def resnet_run(
         bb = (bb[0] + widen[0], bb[1] + widen[1])
         names = (f"stage {k} forward ||h^{last}||/||h^{first}||", f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||")
         measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
-        for name, ln, b, v in zip(names, measured, (fb, bb), (vf, vb)):
+        # theory: the init's own predicted stage ratio (ln RMS) with the init's own spread
+        own = ((pred.ln_forward, var_f, last, first), (pred.ln_backward, var_b, first, last))
+        for name, ln, b, v, (lnp, var, a, e) in zip(names, measured, (fb, bb), (vf, vb), own):
             c = _stage_check(name, ln, b, v, z)
             if not c.passed:
                 c.note = "outside Theorem 3's band [sqrt 2, sqrt e] with its finite-width allowance"
+                if lnp:
+                    typical = lnp[a] - lnp[e] - abs(float(var[a] - var[e]))
+                    c.note += f"; the theory predicts a typical stage ratio of {_fmt(typical / LN10)} for this init"
             checks.append(c)
-        # theory: the init's own predicted stage ratio (ln RMS) with the init's own spread
-        own = ((pred.ln_forward, var_f, last, first), (pred.ln_backward, var_b, first, last))
         for name, ln, (lnp, var, a, b) in zip(names, measured, own):
             if not lnp:
                 theory_checks.append(Check(name, False, None, math.nan, math.nan, "theory", "no closed-form prediction for this init"))
