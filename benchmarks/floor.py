@@ -16,36 +16,41 @@ import torch
 from sigprop.haar import orthogonalize  # imports torch only
 
 
+def _run(L: int, n: int, N: int, dev, weights_of) -> None:
+    """One probe's unavoidable work: x and e drawn, L layers forward (matmul, ReLU, mask kept as
+    bool, one norm per sample), the backward pass through the transposed weights and the masks,
+    one host sync at the end.  ``weights_of()`` yields the L weight matrices, drawn as it goes."""
+    x = torch.randn(N, n, device=dev)
+    e = torch.randn(N, n, device=dev)
+    norms_f = torch.empty(L, N, device=dev)
+    norms_b = torch.empty(L, N, device=dev)
+    weights, masks = [], []
+    h = x
+    for l, w in enumerate(weights_of()):
+        a = h @ w.T
+        masks.append(a > 0)
+        h = torch.relu(a)
+        nrm = torch.linalg.vector_norm(h, dim=1)
+        norms_f[l] = nrm
+        h = h / nrm.clamp_min(1e-30).unsqueeze(1)
+        weights.append(w)
+    d = e
+    for l in range(L - 1, -1, -1):
+        d = (d @ weights[l]) * masks[l - 1] if l > 0 else d @ weights[l]
+        nrm = torch.linalg.vector_norm(d, dim=1)
+        norms_b[l] = nrm
+        d = d / nrm.clamp_min(1e-30).unsqueeze(1)
+    float(norms_f.sum() + norms_b.sum())  # one host sync at the end
+
+
 def floor(L: int, n: int, N: int, seeds: int = 1, device: str = "cpu") -> float:
-    """Run the floor; returns its compute seconds (one host sync at the end)."""
+    """Run the floor (one orgqr Haar draw per layer); returns its compute seconds."""
     dev = torch.device(device)
     t0 = time.perf_counter()
     torch.manual_seed(0)
     with torch.no_grad():
         for _ in range(seeds):
-            x = torch.randn(N, n, device=dev)
-            e = torch.randn(N, n, device=dev)
-            norms_f = torch.empty(L, N, device=dev)
-            norms_b = torch.empty(L, N, device=dev)
-            weights, masks = [], []
-            h = x
-            for l in range(L):
-                w = orthogonalize(torch.randn(n, n, device=dev)) * 2**0.5
-                a = h @ w.T
-                m = a > 0
-                h = torch.relu(a)
-                nrm = torch.linalg.vector_norm(h, dim=1)
-                norms_f[l] = nrm
-                h = h / nrm.clamp_min(1e-30).unsqueeze(1)
-                weights.append(w)
-                masks.append(m)
-            d = e
-            for l in range(L - 1, -1, -1):
-                d = (d @ weights[l]) * masks[l - 1] if l > 0 else d @ weights[l]
-                nrm = torch.linalg.vector_norm(d, dim=1)
-                norms_b[l] = nrm
-                d = d / nrm.clamp_min(1e-30).unsqueeze(1)
-            float(norms_f.sum() + norms_b.sum())  # one host sync at the end
+            _run(L, n, N, dev, lambda: (orthogonalize(torch.randn(n, n, device=dev)) * 2**0.5 for _ in range(L)))
     return time.perf_counter() - t0
 
 
@@ -59,29 +64,8 @@ def limit(L: int, n: int, N: int, device: str = "cpu", chunk: int = 32) -> float
     t0 = time.perf_counter()
     torch.manual_seed(0)
     with torch.no_grad():
-        x = torch.randn(N, n, device=dev)
-        e = torch.randn(N, n, device=dev)
-        norms_f = torch.empty(L, N, device=dev)
-        norms_b = torch.empty(L, N, device=dev)
-        weights, masks = [], []
-        h = x
-        for l0 in range(0, L, chunk):
-            ws = orthogonalize_batched(torch.randn(min(chunk, L - l0), n, n, device=dev)) * 2**0.5
-            for w in ws:
-                a = h @ w.T
-                masks.append(a > 0)
-                h = torch.relu(a)
-                nrm = torch.linalg.vector_norm(h, dim=1)
-                norms_f[len(weights)] = nrm
-                h = h / nrm.clamp_min(1e-30).unsqueeze(1)
-                weights.append(w)
-        d = e
-        for l in range(L - 1, -1, -1):
-            d = (d @ weights[l]) * masks[l - 1] if l > 0 else d @ weights[l]
-            nrm = torch.linalg.vector_norm(d, dim=1)
-            norms_b[l] = nrm
-            d = d / nrm.clamp_min(1e-30).unsqueeze(1)
-        float(norms_f.sum() + norms_b.sum())
+        _run(L, n, N, dev, lambda: (w for l0 in range(0, L, chunk)
+                                    for w in orthogonalize_batched(torch.randn(min(chunk, L - l0), n, n, device=dev)) * 2**0.5))
     return time.perf_counter() - t0
 
 

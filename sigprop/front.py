@@ -12,6 +12,14 @@ from sigprop import specs
 from sigprop.results import ProbeResult
 
 
+def _probe(spec, kw: dict) -> ProbeResult:
+    """Run ``spec`` with the probe and gate options among the wrapper's arguments ``kw``."""
+    from sigprop.api import probe
+
+    probe_keys = ("samples", "seed", "seeds", "device", "dtype", "stream", "precision", "graphs")
+    return probe(spec, specs.ProbeSpec(**{k: kw[k] for k in probe_keys}), gate=specs.GateSpec(kw["gate"], kw["band"]))
+
+
 def probe_mlp(
     depth: int = 20,
     input_dim: int = 500,
@@ -31,10 +39,7 @@ def probe_mlp(
     """Keyword-friendly wrapper of :func:`probe` for the WN MLP, with the options and defaults of
     ``sigprop mlp`` (``inits``: one name or a list; ``gate``/``band``: ``--check``/``--band``)."""
     spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(str(width)), inits=inits)
-    from sigprop.api import probe
-
-    return probe(spec, specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype,
-                                       stream=stream, precision=precision, graphs=graphs), gate=specs.GateSpec(gate, band))
+    return _probe(spec, locals())
 
 
 def probe_resnet(
@@ -65,7 +70,4 @@ def probe_resnet(
         blocks=blocks, stages=stages, dim=dim, width=specs.WidthSpec.parse(str(width)),
         block_depth=block_depth, norm=norm, inits=inits,
     )
-    from sigprop.api import probe
-
-    return probe(spec, specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype,
-                                       stream=stream, precision=precision, graphs=graphs), gate=specs.GateSpec(gate, band))
+    return _probe(spec, locals())
