@@ -433,3 +433,13 @@ def compare_documents(old: Any, new: Any, path: str = "") -> tuple[int, list[tup
         return count, diffs
     number = isinstance(old, (int, float)) and not isinstance(old, bool)
     return (1 if number else 0), ([] if old == new else [(path, old, new)])
+
+
+def rerun_differences(doc: dict, new: "ProbeResult") -> tuple[int, list[tuple[str, Any, Any]], list[tuple[str, Any, Any]]]:
+    """``sigprop rerun``: (numbers compared, numbers that differ as (path, old, new), and the
+    environment entries that moved -- sigprop, torch, device name, threads -- as (key, old, new))."""
+    count, diffs = compare_documents(doc.get("runs"), new.to_dict()["runs"])
+    old_env = doc.get("environment", {})
+    moved = [(k, old_env.get(k), new.environment.get(k)) for k in ("sigprop", "torch", "device_name", "threads")
+             if old_env.get(k) != new.environment.get(k)]
+    return count, diffs, moved

@@ -1,0 +1,89 @@
+"""The ``sigprop`` command line (typer only: parse, build specs, call the core, render).
+
+No tensors here: the engine is imported inside the commands that need it, so ``sigprop --help``,
+``sigprop inits`` and ``sigprop theory`` never import torch.  Errors become one line on stderr:
+exit 2 for bad input, 1 for a failed ``--check``, 130 for Ctrl-C (see :func:`main`).
+
+A package: ``_app`` (the typer app), ``options`` (every shared option declared once),
+``output`` (where output goes), ``probe`` (mlp, resnet), ``tools`` (the other commands).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from sigprop.cli import probe as _probe  # noqa: F401  (registers mlp, resnet)
+from sigprop.cli import tools as _tools  # noqa: F401  (registers the other commands)
+from sigprop.cli._app import app
+from sigprop.cli.options import AnyInitName, InitName, ResNetInitName  # noqa: F401  (re-exported)
+from sigprop.cli.output import _say, write_output  # noqa: F401
+from sigprop.errors import SigpropError
+
+try:  # recent typer vendors click as typer._click; older typer uses click itself
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import UsageError
+
+
+def _usage_hint(msg: str) -> str:
+    """typer's words for a bad choice or number, without its validator's prefix, with a
+    did-you-mean and the way to give several values."""
+    import difflib
+    import re
+
+    msg = msg.replace("Value error, ", "")
+    m = re.match(r"Invalid value for '(--[\w-]+)': '([^']*)' is not one of (.*?)\.?$", msg)
+    if m:
+        option, value, choices = m.groups()
+        names = re.findall(r"'([^']+)'", choices)
+        if "," in value:
+            return f"{option}: {value!r} is not a name; give one per option: --init he --init proposed (choose from {', '.join(names)})"
+        close = difflib.get_close_matches(value, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"{option}: unknown value {value!r}{hint}; choose from {', '.join(names)}"
+    if "valid integer" in msg:
+        return msg.split(":")[0] + ": expected one integer (for several values use sigprop sweep, which takes comma-separated lists)"
+    return msg
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the CLI and return its exit code; every error is one line on stderr."""
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=argv, prog_name="sigprop", standalone_mode=False)
+    except SigpropError as exc:
+        _say(f"sigprop: error: {exc}")
+        return exc.exit_code
+    except typer.Exit as exc:
+        if exc.exit_code == 130:  # typer turns Ctrl-C into Exit(130) itself
+            _say("sigprop: interrupted")
+        return exc.exit_code
+    except UsageError as exc:
+        msg = " ".join(exc.format_message().split())
+        if not msg:  # bare `sigprop`: help was printed (no_args_is_help)
+            return 0
+        _say(f"sigprop: error: {_usage_hint(msg)} (see sigprop -h)")
+        return 2
+    except (typer.Abort, KeyboardInterrupt):
+        _say("sigprop: interrupted")
+        return 130
+    except MemoryError:
+        _say("sigprop: error: out of memory; reduce --samples, --depth or --width")
+        return 2
+    except Exception as exc:  # never a traceback; a bug still says what it was
+        if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without importing torch
+            _say("sigprop: error: the GPU ran out of memory during the run (its free memory changed since the "
+                 "estimate?); reduce --samples, --depth/--blocks or --width, use --stream, or --device cpu")
+            return 2
+        _say(f"sigprop: internal error: {type(exc).__name__}: {exc} (please report it)")
+        return 1
+    if rv == 130:  # typer's click returns 130 for Ctrl-C (KeyboardInterrupt) without standalone mode
+        _say("sigprop: interrupted")
+    return rv if isinstance(rv, int) else 0
+
+
+def run() -> None:  # console-script entry point
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Every option and choice the commands share, declared once (typer ``Annotated`` aliases).
+
+Choices come from the registries (``inits``, ``specs``); a test runs the parser on every name.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sigprop import inits, specs
+
+#: CLI choices come from the registry (tests/test_cli.py runs the parser on every name)
+InitName = enum.Enum("InitName", {name: name for name in inits.names("mlp")}, type=str)
+ResNetInitName = enum.Enum("ResNetInitName", {name: name for name in inits.names("resnet")}, type=str)
+
+
+class Norm(str, enum.Enum):
+    wn = "wn"
+    bn = "bn"
+    none = "none"
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+class DType(str, enum.Enum):
+    float32 = "float32"
+    float64 = "float64"
+
+
+Precision = enum.Enum("Precision", {p: p for p in specs.PRECISIONS}, type=str)
+
+StreamOpt = Annotated[
+    Optional[bool],
+    typer.Option("--stream/--no-stream", help="Redraw the weights in the backward pass instead of storing them. [default: only when they would not fit]"),
+]
+GraphsOpt = Annotated[
+    Optional[bool],
+    typer.Option("--graphs/--no-graphs", help="Capture each layer's kernels once as a CUDA graph and replay it (CUDA only; checked against the eager step). [default: on with CUDA]"),
+]
+PlotOpt = Annotated[
+    Optional[Path], typer.Option(help="Also draw the Figure-1-style plot to this .png/.svg/.pdf (needs the plot extra: pip install sigprop\\[plot]).")
+]
+PrecisionOpt = Annotated[
+    Precision, typer.Option(help="float32 matmuls on CUDA: fp32 (IEEE) or tf32 (tensor cores; docs/theory.md for its bias).")
+]
+
+
+Gate = enum.Enum("Gate", {g: g for g in specs.GATES}, type=str)
+CheckOpt = Annotated[bool, typer.Option("--check", help="Exit 1 unless every init passes the --gate verdict (default: the signal is preserved).")]
+GateOpt = Annotated[
+    Gate,
+    typer.Option(help="What --check asks: preserved (the typical end-to-end ratio lies in --band: the signal survives) "
+                      "or theory (it agrees with the init's own finite-width prediction)."),
+]
+BandOpt = Annotated[
+    Optional[str],
+    typer.Option(help="LO:HI factors around norm preservation for the 'preserved' verdict; must contain 1. "
+                      "[default: 0.1:10 for mlp; 1:1 for resnet, i.e. Theorem 3's [sqrt 2, sqrt e] per stage with its finite-width allowance]"),
+]
+ThreadsOpt = Annotated[
+    Optional[int],
+    typer.Option(min=1, help="CPU threads torch may use (recorded in the result). [default: half the cores this process may run on; OMP_NUM_THREADS where set]"),
+]
+
+
+def _gate(gate: Gate, band: Optional[str]) -> specs.GateSpec:
+    return specs.GateSpec(gate.value, None if band is None else specs.parse_band(band))
+
+
+#: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
+FIGURE1_INITS = ["he", "proposed", "proposed-gaussian"]
+
+
+#: the probe options shared by ``mlp`` and ``resnet`` (``sweep`` has its own help texts)
+SamplesOpt = Annotated[int, typer.Option(min=1, help="Random inputs (and error vectors) N.")]
+SeedOpt = Annotated[int, typer.Option(min=0, help="Base seed of widths, inputs, errors and weights.")]
+SeedsOpt = Annotated[int, typer.Option(min=1, help="Independent weight draws S.")]
+DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:K (auto = CUDA when available).")]
+DTypeOpt = Annotated[DType, typer.Option(help="Floating-point type of the probe.")]
+FormatOpt = Annotated[Format, typer.Option("--format", help="Output format.")]
+OutputOpt = Annotated[Optional[Path], typer.Option(help="Write the output to this file (whole, never half).")]
+AnyInitName = enum.Enum("AnyInitName", {name: name for name in inits.names()}, type=str)
+
+
+class Arch(str, enum.Enum):
+    mlp = "mlp"
+    resnet = "resnet"
+
+
+class CheckFormat(str, enum.Enum):
+    text = "text"
+    json = "json"
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """The options every probe command takes, handed to the command as one object."""
+
+    samples: int
+    seed: int
+    seeds: int
+    device: str
+    dtype: DType
+    fmt: Format
+    output: Optional[Path]
+    check: bool
+    gate: Gate
+    band: Optional[str]
+    stream: Optional[bool]
+    precision: Precision
+    graphs: Optional[bool]
+    threads: Optional[int]
+    plot: Optional[Path]
+
+    def probe_spec(self) -> specs.ProbeSpec:
+        return specs.ProbeSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype.value,
+                               stream=self.stream, precision=self.precision.value, graphs=self.graphs)
+
+    def gate_spec(self) -> specs.GateSpec:
+        return _gate(self.gate, self.band)
+
+
+#: (name, option, default) of ``ProbeOptions``, in the order ``--help`` lists them
+PROBE_OPTIONS = (
+    ("samples", SamplesOpt, 1000), ("seed", SeedOpt, 0), ("seeds", SeedsOpt, 1), ("device", DeviceOpt, "auto"),
+    ("dtype", DTypeOpt, DType.float32), ("fmt", FormatOpt, Format.table), ("output", OutputOpt, None),
+    ("check", CheckOpt, False), ("gate", GateOpt, Gate.preserved), ("band", BandOpt, None), ("stream", StreamOpt, None),
+    ("precision", PrecisionOpt, Precision.fp32), ("graphs", GraphsOpt, None), ("threads", ThreadsOpt, None),
+    ("plot", PlotOpt, None),
+)
+
+
+def probe_options(command):
+    """Give a probe command (``mlp``, ``resnet``) the shared options: its signature gains the
+    ``PROBE_OPTIONS`` parameters (typer reads ``__signature__``), and it is called with them
+    gathered into ``opts: ProbeOptions`` -- each option declared once, here."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "opts"]
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=option)
+              for name, option, default in PROBE_OPTIONS]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        opts = ProbeOptions(**{name: kwargs.pop(name) for name, _, _ in PROBE_OPTIONS})
+        return command(**kwargs, opts=opts)
+
+    wrapper.__signature__ = inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + shared)
+    wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
+    return wrapper

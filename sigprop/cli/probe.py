@@ -1,0 +1,98 @@
+"""``sigprop mlp`` and ``sigprop resnet``: build the specs, run the core with a progress bar,
+render, plot, apply --check."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from sigprop import report, specs
+from sigprop.errors import SigpropError
+from sigprop.cli._app import app
+from sigprop.cli.options import FIGURE1_INITS, InitName, Norm, ProbeOptions, ResNetInitName, probe_options
+from sigprop.cli.output import _check_output_target, _progress_callback, _say, render
+
+
+@app.command()
+@probe_options
+def mlp(
+    depth: Annotated[int, typer.Option(min=1, help="Number of layers L.")] = 20,
+    input_dim: Annotated[int, typer.Option("--input-dim", min=1, help="Input dimension n_0.")] = 500,
+    width: Annotated[str, typer.Option(help="Layer width: N, or LO:HI to draw each layer's width uniformly from LO..HI (once per run).")] = "150:250",
+    init: Annotated[
+        Optional[list[InitName]], typer.Option(help="Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 top).")
+    ] = None,
+    opts: ProbeOptions = None,
+) -> None:
+    """Probe a weight-normalized ReLU MLP (Arpit et al. 2019, eq. 1-2): forward and backward norm ratios per layer."""
+    names = [i.value for i in init] if init else list(FIGURE1_INITS)
+    spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(width), inits=tuple(names))
+    _run_probe(spec, opts, lambda env: f"sigprop mlp: device {env['device']} ({env['device_name']}), {env['dtype']}, "
+               f"depth {depth}, widths {spec.width} (seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")
+
+
+def _run_probe(spec, opts: ProbeOptions, banner) -> None:
+    """Validate the output targets, run the core with a progress bar, render, plot, apply --check."""
+    probe, gate, plot = opts.probe_spec(), opts.gate_spec(), opts.plot
+    _check_output_target(opts.output)
+    if plot is not None:
+        from sigprop import plot as plot_mod
+
+        plot_mod.check_target(plot)
+
+    from sigprop import api  # imports torch
+
+    api.set_threads(opts.threads)
+    prog, update = _progress_callback("probing")
+    if prog is not None:
+        prog.start()
+    try:
+        result = api.probe(spec, probe, progress=update, on_start=lambda env: _say(banner(env)), gate=gate)
+    finally:
+        if prog is not None:
+            prog.stop()
+    render(result, opts.fmt, opts.output)
+    if plot is not None:
+        plot_mod.probe_figure(result, plot)
+        _say(f"sigprop: wrote {plot}")
+    if opts.check and not result.passed:
+        for run in result.runs:
+            for c in run.verdict_checks(run.gate):
+                if not c.passed:
+                    _say(f"sigprop: check failed ({report.VERDICT_WORDS[c.verdict]}): {run.init}: {report.gate_text(c)}")
+        raise typer.Exit(1)
+
+
+@app.command()
+@probe_options
+def resnet(
+    blocks: Annotated[int, typer.Option(min=1, help="Residual blocks per stage B.")] = 40,
+    stages: Annotated[int, typer.Option(min=1, help="Stages K; stage k > 1 opens with a WN projection that doubles the width.")] = 1,
+    dim: Annotated[int, typer.Option(min=1, help="Residual-stream width of stage 1 (the input dimension) d.")] = 500,
+    width: Annotated[
+        Optional[str], typer.Option(help="Hidden width inside each block: N, or LO:HI drawn per hidden layer (once per run). [default: 150:250]")
+    ] = None,
+    block_depth: Annotated[int, typer.Option("--block-depth", min=1, help="D: a block is D x [WN-FC -> ReLU ->] WN-FC.")] = 1,
+    norm: Annotated[Norm, typer.Option(help="wn (weight norm), bn (the BN ResNet of De & Smith, appendix C) or none.")] = Norm.wn,
+    init: Annotated[
+        Optional[list[ResNetInitName]],
+        typer.Option(help="Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 bottom); he with --norm none/bn."),
+    ] = None,
+    opts: ProbeOptions = None,
+) -> None:
+    """Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (Arpit et al. 2019, eq. 6) state by state."""
+    if width is not None and norm is Norm.bn:
+        raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has no hidden layer; its width is --dim", option="--width")
+    if init:
+        names = [i.value for i in init]
+    else:
+        names = list(specs.RESNET_DEFAULT_INITS) if norm is Norm.wn else ["he"]
+    spec = specs.ResNetSpec(
+        blocks=blocks, stages=stages, dim=dim, width=specs.WidthSpec.parse(width or "150:250"),
+        block_depth=block_depth, norm=norm.value, inits=tuple(names),
+    )
+    shape = f"{stages} stage(s) x {blocks} blocks, d {dim}"
+    shape += ", batch norm" if norm is Norm.bn else f", hidden {spec.width} x {block_depth}, norm {norm.value}"
+    _run_probe(spec, opts, lambda env: f"sigprop resnet: device {env['device']} ({env['device_name']}), {env['dtype']}, "
+               f"{shape} (seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")
