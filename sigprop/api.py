@@ -132,7 +132,7 @@ def rerun_specs(doc: dict) -> tuple[specs.MLPSpec | specs.ResNetSpec, specs.Prob
     from sigprop.results import RESULT_SCHEMA
 
     if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
-        raise SigpropError(f"not a {RESULT_SCHEMA} document (sigprop mlp/resnet --format json)", option="RESULT")
+        raise SigpropError(f"not a {RESULT_SCHEMA} document (sigprop mlp/resnet --format json)", field="result")
     cfg, env = doc.get("config", {}), doc.get("environment", {})
     try:
         if doc.get("command") == "mlp":
@@ -145,14 +145,14 @@ def rerun_specs(doc: dict) -> tuple[specs.MLPSpec | specs.ResNetSpec, specs.Prob
                 norm=cfg["norm"], inits=tuple(cfg["inits"]),
             )
         else:
-            raise SigpropError(f"unknown command {doc.get('command')!r}", option="RESULT")
+            raise SigpropError(f"unknown command {doc.get('command')!r}", field="result")
         probe_spec = specs.ProbeSpec(
             samples=cfg["samples"], seed=cfg["seed"], seeds=cfg["seeds"], device=env.get("device", cfg["device"]),
             dtype=cfg["dtype"], stream=env.get("stream", cfg.get("stream")), precision=cfg.get("precision", "fp32"),
             batch=env.get("batch"), graphs=cfg.get("graphs"),
         )
     except (KeyError, TypeError) as exc:
-        raise SigpropError(f"the document lacks {exc} in its config or environment", option="RESULT") from None
+        raise SigpropError(f"the document lacks {exc} in its config or environment", field="result") from None
     return spec, probe_spec, env.get("threads")
 
 

@@ -172,7 +172,7 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
     try:
         band = opts.get("band")
         if band is not None and (len(band) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band)):
-            raise SigpropError(f"expected two numbers [LO, HI], got {band!r}", option="--band")
+            raise SigpropError(f"expected two numbers [LO, HI], got {band!r}", field="band")
         gate = specs.GateSpec(opts.get("gate", "preserved"), None if band is None else tuple(band))
         probe = specs.ProbeSpec(**{k: opts[k] for k in PROBE_KEYS if k in opts})
         if command == "mlp":
@@ -191,7 +191,7 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
     except ConfigError:
         raise
     except SigpropError as exc:
-        key = {"--check": "gate"}.get(exc.option, (exc.option or "").lstrip("-").replace("-", "_").split("/")[0])
+        key = (exc.field or "").split("/")[0]  # library fields are the TOML keys (with underscores)
         raise ConfigError(where(key if key in opts else None), f"check {name!r}: {key or 'value'}: {exc.args[0]}") from None
     return CheckSpec(name, command, spec, probe, expect, str(opts.get("description", "")), where(), dict(raw), gate)
 

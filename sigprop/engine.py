@@ -42,10 +42,10 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise SigpropError(f"{name} requested but CUDA is not available on this machine", option="--device")
+            raise SigpropError(f"{name} requested but CUDA is not available on this machine", field="device")
         idx = int(name.split(":")[1]) if ":" in name else 0
         if idx >= torch.cuda.device_count():
-            raise SigpropError(f"{name} requested but only {torch.cuda.device_count()} CUDA device(s) exist", option="--device")
+            raise SigpropError(f"{name} requested but only {torch.cuda.device_count()} CUDA device(s) exist", field="device")
         return torch.device(f"cuda:{idx}")
     return torch.device(name)
 
@@ -86,20 +86,20 @@ def estimate_mlp_bytes(widths: list[int], samples: int, itemsize: int) -> int:
     return weights + qr_tmp + masks + acts + logs
 
 
-def check_memory(need: int, device: torch.device, options: str = "--depth/--width/--samples", hint: str = "") -> None:
+def check_memory(need: int, device: torch.device, fields: str = "depth/width/samples", hint: str = "") -> None:
     """Refuse, before allocating, a run whose estimate exceeds 80% of the free memory."""
     have = available_bytes(device)
     if need > 0.8 * have:
         gib = 2**30
-        names = options.split("/")
+        names = fields.split("/")
         raise SigpropError(
             f"this run needs about {need / gib:.1f} GiB on {device} but {have / gib:.1f} GiB is free; "
             f"reduce {', '.join(names[:-1])} or {names[-1]}{hint}",
-            option=options,
+            field=fields,
         )
 
 
-STREAM_HINT = ", or use --stream (weights redrawn, not stored)"
+STREAM_HINT = ", or stream the weights (--stream; stream=True in the API: redrawn, not stored)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,10 +521,10 @@ def mlp_weight_bytes(widths: list[int], itemsize: int) -> int:
     return sum(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
 
 
-def plan_batches(per_draw: int, seeds: int, device: torch.device, options: str) -> int:
+def plan_batches(per_draw: int, seeds: int, device: torch.device, fields: str) -> int:
     """How many draws run batched at once: all S when they fit in half the free memory, else as
     many as do (at least one, which must fit in 80%: ``check_memory``)."""
-    check_memory(per_draw, device, options)
+    check_memory(per_draw, device, fields)
     return max(1, min(seeds, int(0.5 * available_bytes(device) // max(per_draw, 1))))
 
 
@@ -536,7 +536,7 @@ def step_runner(graphs: bool) -> replay.Eager:
 def use_graphs(graphs: bool | None, device: torch.device) -> bool:
     """``--graphs``: None means on with CUDA; on another device it is refused."""
     if graphs and device.type != "cuda":
-        raise SigpropError(f"CUDA graphs need a CUDA device; the device is {device}", option="--graphs")
+        raise SigpropError(f"CUDA graphs need a CUDA device; the device is {device}", field="graphs")
     return device.type == "cuda" if graphs is None else graphs
 
 
@@ -564,7 +564,7 @@ class matmul_precision:
 
     def __init__(self, precision: str, device: torch.device) -> None:
         if precision == "tf32" and device.type != "cuda":
-            raise SigpropError(f"tf32 is a CUDA tensor-core mode; the device is {device}", option="--precision")
+            raise SigpropError(f"tf32 is a CUDA tensor-core mode; the device is {device}", field="precision")
         self.tf32 = precision == "tf32"
 
     def __enter__(self):
@@ -627,7 +627,7 @@ def run_mlp(
     widths = spec.widths(probe.seed)
     for name in spec.inits:
         if inits_mod.get(name).calibrate is not None and probe.samples < 2:
-            raise SigpropError(f"init {name!r} standardises over the probe batch and needs >= 2 samples", option="--samples")
+            raise SigpropError(f"init {name!r} standardises over the probe batch and needs >= 2 samples", field="samples")
     need = estimate_mlp_bytes(widths, probe.samples, itemsize)
     if stream is None:  # automatic: stream when the stored weights would not fit
         stream = need > 0.8 * available_bytes(device)
@@ -637,7 +637,7 @@ def run_mlp(
     if graphs:
         biggest = max(widths[i] * widths[i - 1] for i in range(1, len(widths)))
         need += graph_pool_bytes(biggest, max(widths), probe.samples, itemsize)
-    batch = plan_batches(need, probe.seeds, device, "--depth/--width/--samples") if probe.batch is None else min(probe.batch, probe.seeds)
+    batch = plan_batches(need, probe.seeds, device, "depth/width/samples") if probe.batch is None else min(probe.batch, probe.seeds)
     env = _environment(device, probe, stream, batch)
     if on_start is not None:
         on_start(env)
@@ -1021,23 +1021,23 @@ def run_resnet(
     layers = spec.stages * spec.blocks * (1 if bn else spec.block_depth)
     per_layer = probe.samples * ((spec.dim * itemsize + spec.dim // 8) if bn else (spec.width.lo + 7) // 8)
     check_memory(layers * per_layer + 3 * spec.stages * spec.blocks * probe.samples * 8,
-                 device, "--blocks/--stages/--dim/--width/--samples")
+                 device, "blocks/stages/dim/width/samples")
     # upper bound with every hidden width at HI, before anything is drawn or allocated
     hi = nets.resnet_plan(spec.dim, spec.stages, spec.blocks, 0 if bn else spec.block_depth,
                           [] if bn else [spec.width.hi] * (spec.stages * spec.blocks * spec.block_depth), stem=bn)
-    options = "--blocks/--stages/--dim/--width/--samples"
+    fields = "blocks/stages/dim/width/samples"
     stream = probe.stream
     weights_hi = itemsize * (resnet_weight_count(hi) + (len(hi.blocks) + 1) * hi.dim**2 * bn)
     bound = estimate_resnet_bytes(hi, probe.samples, itemsize, bn)
     if stream is None and bound > 0.8 * available_bytes(device):
         stream = True
-    check_memory(bound - (weights_hi if stream else 0), device, options, STREAM_HINT if stream is False else "")
+    check_memory(bound - (weights_hi if stream else 0), device, fields, STREAM_HINT if stream is False else "")
     plan = spec.plan(probe.seed)
     for name in names:
         if inits_mod.get(name).calibrate is not None and probe.samples < 2:
-            raise SigpropError(f"init {name!r} standardises over the probe batch and needs >= 2 samples", option="--samples")
+            raise SigpropError(f"init {name!r} standardises over the probe batch and needs >= 2 samples", field="samples")
     if bn and probe.samples < 2:
-        raise SigpropError("batch normalization needs >= 2 samples in the batch", option="--samples")
+        raise SigpropError("batch normalization needs >= 2 samples in the batch", field="samples")
     need = estimate_resnet_bytes(plan, probe.samples, itemsize, bn)
     if stream is None:
         stream = need > 0.8 * available_bytes(device)
@@ -1049,7 +1049,7 @@ def run_resnet(
         widest = max([plan.dim] + [w for b in plan.blocks for w in b.widths])
         need += graph_pool_bytes(max(sizes + [b.d_in * b.d_out for b in plan.blocks]), widest, probe.samples, itemsize,
                                  layers=max(len(b.layer_ids()) for b in plan.blocks))
-    batch = plan_batches(need, probe.seeds, device, options) if probe.batch is None else min(probe.batch, probe.seeds)
+    batch = plan_batches(need, probe.seeds, device, fields) if probe.batch is None else min(probe.batch, probe.seeds)
     env = _environment(device, probe, stream, batch)
     if on_start is not None:
         on_start(env)

@@ -1,7 +1,10 @@
 """The one domain error of sigprop (STYLE.md habit 7).
 
-Library code raises :class:`SigpropError`; only the CLI turns it into a one-line
-message and an exit code.  ``option`` names the CLI option at fault, if any.
+Library code raises :class:`SigpropError`; only the CLI turns it into a one-line message and an
+exit code.  ``field`` names what is at fault in the library's own words -- a spec or probe
+field (``depth``, ``input_dim``, ``samples``; several joined by ``/`` when any of them could be
+reduced) or an input (``result``, ``results``, ``file``).  The CLI maps fields to its flags
+(sigprop/cli/options.py ``flag``), ``sigprop check`` to the TOML keys of the check.
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ class SigpropError(Exception):
     ``exit_code`` is 2 for usage errors (the default) and 1 for a failed check.
     """
 
-    def __init__(self, message: str, *, option: str | None = None, exit_code: int = 2):
+    def __init__(self, message: str, *, field: str | None = None, exit_code: int = 2):
         super().__init__(message)
-        self.option = option
+        self.field = field
         self.exit_code = exit_code
 
-    def __str__(self) -> str:  # one line, naming the option
-        msg = super().__str__()
-        return f"{self.option}: {msg}" if self.option else msg
+    @property
+    def message(self) -> str:
+        return super().__str__()
+
+    def __str__(self) -> str:  # one line, naming the field
+        return f"{self.field}: {self.message}" if self.field else self.message

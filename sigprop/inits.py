@@ -140,14 +140,14 @@ def get(name: str, arch: str | None = None) -> InitScheme:
     if name in valid:
         return INITS[name]
     if arch is not None and name in INITS:
-        raise SigpropError(f"init {name!r} is not defined for the {arch.upper()}; choose from {', '.join(valid)}", option="--init")
+        raise SigpropError(f"init {name!r} is not defined for the {arch.upper()}; choose from {', '.join(valid)}", field="init")
     import difflib
 
     close = difflib.get_close_matches(str(name), valid, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     if isinstance(name, str) and "," in name:
         hint = "; name several inits by repeating the option: --init he --init proposed"
-    raise SigpropError(f"unknown init {name!r}{hint}; choose from {', '.join(valid)}", option="--init")
+    raise SigpropError(f"unknown init {name!r}{hint}; choose from {', '.join(valid)}", field="init")
 
 
 def names(arch: str | None = None) -> list[str]:
@@ -165,17 +165,17 @@ def resolve_resnet(name: str, norm: str) -> str:
     """
     scheme = get(name)
     if "resnet" not in scheme.applies_to:
-        raise SigpropError(f"init {name!r} is not defined for ResNets", option="--init")
+        raise SigpropError(f"init {name!r} is not defined for ResNets", field="init")
     if norm == "wn":
         return name
     target = name if not scheme.normalized else scheme.unnormalized
     if norm == "bn":
         if target != "unnormalized-he":
-            raise SigpropError(f"the batch-normalized ResNet (De & Smith 2020, appendix C) uses He init; got {name!r}", option="--init")
+            raise SigpropError(f"the batch-normalized ResNet (De & Smith 2020, appendix C) uses He init; got {name!r}", field="init")
         return "he"
     if target is None:
         valid = [n for n, s in INITS.items() if "resnet" in s.applies_to and (not s.normalized or s.unnormalized)]
-        raise SigpropError(f"init {name!r} needs weight normalization; with --norm none choose from {', '.join(valid)}", option="--init")
+        raise SigpropError(f"init {name!r} needs weight normalization; with --norm none choose from {', '.join(valid)}", field="init")
     return target
 
 
@@ -263,7 +263,7 @@ def _calibrate_datadep(params: LayerParams, t) -> LayerParams:
     if not bool((sigma > 0).all()):
         raise SigpropError(
             "datadep: a unit's pre-activation has zero variance over the probe batch; use more samples",
-            option="--samples",
+            field="samples",
         )
     g = 1.0 / sigma
     return _wn(params.v, g, -mu / sigma)

@@ -25,18 +25,18 @@ LOG_SPAN_DECADES = 2.0
 FLOAT_LOG10_LIMIT = 300.0
 
 
-def check_target(path: Path, option: str = "--plot") -> Path:
+def check_target(path: Path, field: str = "plot") -> Path:
     """Fail before any work: matplotlib present, a known extension, an existing directory."""
     ext = path.suffix.lower().lstrip(".")
     if ext not in FORMATS:
-        raise SigpropError(f"unknown figure format {path.suffix or '(none)'!r}; use .png, .svg or .pdf", option=option)
+        raise SigpropError(f"unknown figure format {path.suffix or '(none)'!r}; use .png, .svg or .pdf", field=field)
     target = path.resolve()
     if target.is_dir() or not target.parent.is_dir():
-        raise SigpropError(f"cannot write {path}: {'is a directory' if target.is_dir() else 'no such directory'}", option=option)
+        raise SigpropError(f"cannot write {path}: {'is a directory' if target.is_dir() else 'no such directory'}", field=field)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise SigpropError("plotting needs matplotlib: pip install 'sigprop[plot]'", option=option) from None
+        raise SigpropError("plotting needs matplotlib: pip install 'sigprop[plot]'", field=field) from None
     return target
 
 

@@ -23,12 +23,12 @@ PRECISIONS = ("fp32", "tf32")
 MAX_SIZE = 10**12
 
 
-def check_size(value: int, option: str) -> None:
-    """>= 1 and <= MAX_SIZE, or a SigpropError naming the option."""
+def check_size(value: int, field: str) -> None:
+    """>= 1 and <= MAX_SIZE, or a SigpropError naming the field."""
     if value < 1:
-        raise SigpropError(f"must be >= 1, got {value}", option=option)
+        raise SigpropError(f"must be >= 1, got {value}", field=field)
     if value > MAX_SIZE:
-        raise SigpropError(f"must be <= {MAX_SIZE:.0e}, got {value}", option=option)
+        raise SigpropError(f"must be <= {MAX_SIZE:.0e}, got {value}", field=field)
 
 
 #: spawn keys of the independent random streams derived from one --seed
@@ -49,18 +49,18 @@ class WidthSpec:
     hi: int
 
     @classmethod
-    def parse(cls, text: str, option: str = "--width") -> "WidthSpec":
+    def parse(cls, text: str, field: str = "width") -> "WidthSpec":
         text = str(text).strip()
         parts = text.split(":")
         if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
-            raise SigpropError(f"expected an integer N or a range LO:HI of integers, got {text!r}", option=option)
+            raise SigpropError(f"expected an integer N or a range LO:HI of integers, got {text!r}", field=field)
         lo, hi = int(parts[0]), int(parts[-1])
         if lo < 1:
-            raise SigpropError(f"widths must be >= 1, got {text!r}", option=option)
+            raise SigpropError(f"widths must be >= 1, got {text!r}", field=field)
         if hi > MAX_SIZE:
-            raise SigpropError(f"widths must be <= {MAX_SIZE:.0e}, got {text!r}", option=option)
+            raise SigpropError(f"widths must be <= {MAX_SIZE:.0e}, got {text!r}", field=field)
         if hi < lo:
-            raise SigpropError(f"range {text!r} is reversed: LO must be <= HI", option=option)
+            raise SigpropError(f"range {text!r} is reversed: LO must be <= HI", field=field)
         return cls(lo, hi)
 
     def __str__(self) -> str:
@@ -91,20 +91,20 @@ class ProbeSpec:
     graphs: bool | None = None
 
     def __post_init__(self) -> None:
-        check_size(self.samples, "--samples")
-        check_size(self.seeds, "--seeds")
+        check_size(self.samples, "samples")
+        check_size(self.seeds, "seeds")
         if self.seed < 0 or self.seed >= 2**63:
-            raise SigpropError(f"must be in [0, 2^63), got {self.seed}", option="--seed")
+            raise SigpropError(f"must be in [0, 2^63), got {self.seed}", field="seed")
         if not DEVICE_RE.match(self.device):
-            raise SigpropError(f"expected auto, cpu, cuda or cuda:K, got {self.device!r}", option="--device")
+            raise SigpropError(f"expected auto, cpu, cuda or cuda:K, got {self.device!r}", field="device")
         if self.dtype not in DTYPES:
-            raise SigpropError(f"expected one of {', '.join(DTYPES)}, got {self.dtype!r}", option="--dtype")
+            raise SigpropError(f"expected one of {', '.join(DTYPES)}, got {self.dtype!r}", field="dtype")
         if self.batch is not None and self.batch < 1:
-            raise SigpropError(f"must be >= 1, got {self.batch}", option="batch")
+            raise SigpropError(f"must be >= 1, got {self.batch}", field="batch")
         if self.precision not in PRECISIONS:
-            raise SigpropError(f"expected one of {', '.join(PRECISIONS)}, got {self.precision!r}", option="--precision")
+            raise SigpropError(f"expected one of {', '.join(PRECISIONS)}, got {self.precision!r}", field="precision")
         if self.precision == "tf32" and self.dtype != "float32":
-            raise SigpropError(f"tf32 applies to float32 matmuls; --dtype is {self.dtype}", option="--precision")
+            raise SigpropError(f"tf32 applies to float32 matmuls; --dtype is {self.dtype}", field="precision")
 
 
 def _init_tuple(spec, arch: str) -> None:
@@ -113,7 +113,7 @@ def _init_tuple(spec, arch: str) -> None:
     names = (spec.inits,) if isinstance(spec.inits, str) else tuple(spec.inits)
     object.__setattr__(spec, "inits", names)
     if not names:
-        raise SigpropError("give at least one init", option="--init")
+        raise SigpropError("give at least one init", field="init")
     for name in names:
         inits.get(name, arch)
 
@@ -129,7 +129,7 @@ MLP_BAND = (0.1, 10.0)
 MLP_BAND_LIMITS = (1e-2, 1e2)
 
 
-def parse_band(text: str, option: str = "--band") -> tuple[float, float]:
+def parse_band(text: str, field: str = "band") -> tuple[float, float]:
     """``LO:HI`` with 0 < LO <= 1 <= HI (finite): a band that excludes the norm-preserving
     value 1 would fail a network that keeps the norm exactly."""
     parts = str(text).split(":")
@@ -138,16 +138,16 @@ def parse_band(text: str, option: str = "--band") -> tuple[float, float]:
             raise ValueError
         lo, hi = float(parts[0]), float(parts[1])
     except ValueError:
-        raise SigpropError(f"expected LO:HI (two numbers, e.g. 0.5:2), got {text!r}", option=option) from None
-    return check_band((lo, hi), option)
+        raise SigpropError(f"expected LO:HI (two numbers, e.g. 0.5:2), got {text!r}", field=field) from None
+    return check_band((lo, hi), field)
 
 
-def check_band(band, option: str = "--band") -> tuple[float, float]:
+def check_band(band, field: str = "band") -> tuple[float, float]:
     lo, hi = (float(v) for v in band)
     if not (np.isfinite(lo) and np.isfinite(hi)) or lo <= 0:
-        raise SigpropError(f"LO and HI must be finite and LO > 0, got {lo:g}:{hi:g}", option=option)
+        raise SigpropError(f"LO and HI must be finite and LO > 0, got {lo:g}:{hi:g}", field=field)
     if not lo <= 1.0 <= hi:
-        raise SigpropError(f"the band must contain 1 (the norm-preserving ratio), got {lo:g}:{hi:g}", option=option)
+        raise SigpropError(f"the band must contain 1 (the norm-preserving ratio), got {lo:g}:{hi:g}", field=field)
     return lo, hi
 
 
@@ -162,7 +162,7 @@ class GateSpec:
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
-            raise SigpropError(f"expected one of {', '.join(GATES)}, got {self.gate!r}", option="--check")
+            raise SigpropError(f"expected one of {', '.join(GATES)}, got {self.gate!r}", field="gate")
         if self.band is not None:
             object.__setattr__(self, "band", check_band(self.band))
 
@@ -180,11 +180,11 @@ class MLPSpec:
     inits: tuple[str, ...] = ("proposed",)
 
     def __post_init__(self) -> None:
-        check_size(self.depth, "--depth")
-        check_size(self.input_dim, "--input-dim")
+        check_size(self.depth, "depth")
+        check_size(self.input_dim, "input_dim")
         _init_tuple(self, "mlp")
         if len(set(self.inits)) != len(self.inits):
-            raise SigpropError("an init is named twice", option="--init")
+            raise SigpropError("an init is named twice", field="init")
 
     def widths(self, seed: int) -> list[int]:
         """[n_0, n_1, ..., n_L]: drawn once per run, shared by every init of the run."""
@@ -217,27 +217,27 @@ class ResNetSpec:
     inits: tuple[str, ...] = RESNET_DEFAULT_INITS
 
     def __post_init__(self) -> None:
-        for option, value in (("--blocks", self.blocks), ("--stages", self.stages), ("--dim", self.dim), ("--block-depth", self.block_depth)):
-            check_size(value, option)
+        for field, value in (("blocks", self.blocks), ("stages", self.stages), ("dim", self.dim), ("block_depth", self.block_depth)):
+            check_size(value, field)
         if self.norm not in NORMS:
-            raise SigpropError(f"expected one of {', '.join(NORMS)}, got {self.norm!r}", option="--norm")
+            raise SigpropError(f"expected one of {', '.join(NORMS)}, got {self.norm!r}", field="norm")
         if self.norm == "bn":
             if self.stages != 1:
-                raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has one stage", option="--stages")
+                raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has one stage", field="stages")
             if self.block_depth != 1:
-                raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has one layer per block", option="--block-depth")
+                raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has one layer per block", field="block_depth")
         if self.stages > 16:
-            raise SigpropError(f"each stage doubles the width; {self.stages} stages is beyond any memory", option="--stages")
+            raise SigpropError(f"each stage doubles the width; {self.stages} stages is beyond any memory", field="stages")
         if isinstance(self.inits, str):
             object.__setattr__(self, "inits", (self.inits,))
         if not self.inits:
-            raise SigpropError("give at least one init", option="--init")
+            raise SigpropError("give at least one init", field="init")
         for name in self.inits:
             if name not in inits.INITS:
                 inits.get(name, "resnet")  # the did-you-mean error
         resolved = self.resolved_inits()
         if len(set(resolved)) != len(resolved):
-            raise SigpropError("an init is named twice (with --norm none, he is unnormalized-he)", option="--init")
+            raise SigpropError("an init is named twice (with --norm none, he is unnormalized-he)", field="init")
 
     def resolved_inits(self) -> tuple[str, ...]:
         """The registry names that actually run under ``norm`` (``he`` means unnormalized He

@@ -25,29 +25,29 @@ SWEEP_SCHEMA = "sigprop.sweep.v1"
 X_AXES = {"mlp": ("depth", "width"), "resnet": ("blocks", "width")}
 
 
-def parse_ints(text: str, option: str) -> list[int]:
+def parse_ints(text: str, field: str) -> list[int]:
     """``10,20,50`` -> [10, 20, 50]; every value an integer >= 1, no duplicates."""
     parts = [p.strip() for p in str(text).split(",")]
     if not parts or not all(p.isdigit() for p in parts):
-        raise SigpropError(f"expected comma-separated integers such as 10,20,50, got {text!r}", option=option)
+        raise SigpropError(f"expected comma-separated integers such as 10,20,50, got {text!r}", field=field)
     values = [int(p) for p in parts]
     if min(values) < 1:
-        raise SigpropError(f"values must be >= 1, got {text!r}", option=option)
+        raise SigpropError(f"values must be >= 1, got {text!r}", field=field)
     if len(set(values)) != len(values):
-        raise SigpropError(f"a value is repeated in {text!r}", option=option)
+        raise SigpropError(f"a value is repeated in {text!r}", field=field)
     return values
 
 
 def parse_inits(text: str, arch: str) -> list[str]:
     names = [p.strip() for p in str(text).split(",") if p.strip()]
     if not names:
-        raise SigpropError("give at least one init", option="--init")
+        raise SigpropError("give at least one init", field="init")
     valid = inits.names(arch)
     for n in names:
         if n not in valid:
-            raise SigpropError(f"unknown init {n!r} for {arch}; choose from {', '.join(valid)}", option="--init")
+            raise SigpropError(f"unknown init {n!r} for {arch}; choose from {', '.join(valid)}", field="init")
     if len(set(names)) != len(names):
-        raise SigpropError("an init is named twice", option="--init")
+        raise SigpropError("an init is named twice", field="init")
     return names
 
 
@@ -156,7 +156,7 @@ def append(path: Path, data: dict[str, Any]) -> None:
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The sweep rows of a JSON-lines file, for ``sigprop plot``."""
     if not path.is_file():
-        raise SigpropError(f"no such file: {path}", option="RESULTS")
+        raise SigpropError(f"no such file: {path}", field="results")
     rows = []
     with open(path, encoding="utf-8") as fh:
         for i, line in enumerate(fh, 1):
@@ -165,14 +165,14 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             try:
                 r = json.loads(line)
             except json.JSONDecodeError:
-                raise SigpropError(f"{path}:{i}: not a JSON line", option="RESULTS") from None
+                raise SigpropError(f"{path}:{i}: not a JSON line", field="results") from None
             if isinstance(r, dict) and r.get("schema") == SWEEP_SCHEMA:
                 rows.append(r)
     if not rows:
-        raise SigpropError(f"{path} holds no sweep rows ({SWEEP_SCHEMA})", option="RESULTS")
+        raise SigpropError(f"{path} holds no sweep rows ({SWEEP_SCHEMA})", field="results")
     commands = sorted({str(r.get("config", {}).get("command")) for r in rows})
     if len(commands) > 1:
-        raise SigpropError(f"{path} mixes sweeps of {' and '.join(commands)}; plot one kind per file", option="RESULTS")
+        raise SigpropError(f"{path} mixes sweeps of {' and '.join(commands)}; plot one kind per file", field="results")
     return rows
 
 

@@ -73,7 +73,7 @@ def _check_n(n: int) -> int:
     if int(n) != n or n < 2:
         from sigprop.errors import SigpropError
 
-        raise SigpropError(f"K_n needs an integer n >= 2, got {n}", option="--n")
+        raise SigpropError(f"K_n needs an integer n >= 2, got {n}", field="n")
     return int(n)
 
 
@@ -170,7 +170,7 @@ def resnet_ratio(blocks: int) -> float:
     if int(blocks) != blocks or blocks < 1:
         from sigprop.errors import SigpropError
 
-        raise SigpropError(f"needs an integer >= 1, got {blocks}", option="--blocks")
+        raise SigpropError(f"needs an integer >= 1, got {blocks}", field="blocks")
     b = int(blocks)
     return math.exp(0.5 * b * math.log1p(1.0 / b))
 

@@ -230,7 +230,7 @@ def test_tf32_is_refused_off_cuda():
     spec = specs.MLPSpec(depth=2, input_dim=4, width=specs.WidthSpec(4, 4))
     with pytest.raises(SigpropError) as err:
         engine.run_mlp(spec, specs.ProbeSpec(samples=4, device="cpu", precision="tf32"))
-    assert err.value.option == "--precision"
+    assert err.value.field == "precision"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

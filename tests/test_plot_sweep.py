@@ -105,7 +105,7 @@ def test_missing_matplotlib_is_a_clear_message(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(SigpropError) as err:
         plot.check_target(tmp_path / "f.png")
-    assert "pip install 'sigprop[plot]'" in str(err.value) and err.value.option == "--plot"
+    assert "pip install 'sigprop[plot]'" in str(err.value) and err.value.field == "plot"
 
 
 def test_sweep_appends_resumes_and_plots(capsys, tmp_path, monkeypatch):

@@ -163,7 +163,7 @@ def test_graphs_are_refused_off_cuda_and_recorded_off():
     spec = specs.MLPSpec(depth=2, input_dim=4, width=specs.WidthSpec(4, 4), inits=("proposed",))
     with pytest.raises(SigpropError) as err:
         engine.run_mlp(spec, specs.ProbeSpec(samples=4, device="cpu", graphs=True))
-    assert err.value.option == "--graphs"
+    assert err.value.field == "graphs"
     assert engine.run_mlp(spec, specs.ProbeSpec(samples=4, device="cpu"))[2]["graphs"] == "off"
 
 

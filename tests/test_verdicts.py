@@ -122,5 +122,5 @@ def test_bad_gate_keys_in_a_check_config(tmp_path, capsys, monkeypatch, key, val
 def test_gate_spec_validates():
     with pytest.raises(SigpropError) as e:
         specs.GateSpec("both")
-    assert e.value.option == "--check"
+    assert e.value.field == "gate"
     assert specs.GateSpec(band=(0.5, 2)).band == (0.5, 2.0)

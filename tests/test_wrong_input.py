@@ -117,3 +117,14 @@ def test_resnet_progress_ends_at_its_total(norm):
     spec = sigprop.specs.ResNetSpec(blocks=3, dim=8, width=sigprop.specs.WidthSpec(8, 8), norm=norm, inits=("he",))
     api.probe(spec, sigprop.specs.ProbeSpec(samples=4, device="cpu"), progress=lambda d, t, label: seen.append((d, t, label)))
     assert seen[-1][0] == seen[-1][1] and seen[0][2] == "he: forward" and seen[-1][2] == "he: backward"
+
+
+def test_library_errors_name_the_field_and_the_cli_its_flag(capsys):
+    """The library speaks of its own fields (``input_dim``); only the CLI says ``--input-dim``."""
+    with pytest.raises(sigprop.errors.SigpropError) as err:
+        sigprop.probe_mlp(input_dim=0, device="cpu")
+    assert err.value.field == "input_dim" and str(err.value).startswith("input_dim: ") and "--" not in str(err.value)
+    code, _, err_text = _run(capsys, ["mlp", "--input-dim", "0", "--device", "cpu"])
+    assert code == 2 and err_text.startswith("sigprop: error: ") and "--input-dim" in err_text
+    code, _, err_text = _run(capsys, ["mlp", "--depth", "400000", "--width", "4096", "--no-stream", "--device", "cpu"])
+    assert code == 2 and "--depth/--width/--samples: this run needs" in err_text

@@ -18,7 +18,7 @@ import typer
 from sigprop.cli import probe as _probe  # noqa: F401  (registers mlp, resnet)
 from sigprop.cli import tools as _tools  # noqa: F401  (registers the other commands)
 from sigprop.cli._app import app
-from sigprop.cli.options import AnyInitName, InitName, ResNetInitName  # noqa: F401  (re-exported)
+from sigprop.cli.options import AnyInitName, InitName, ResNetInitName, flag  # noqa: F401  (re-exported)
 from sigprop.cli.output import _say, write_output  # noqa: F401
 from sigprop.errors import SigpropError
 
@@ -55,7 +55,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         rv = command.main(args=argv, prog_name="sigprop", standalone_mode=False)
     except SigpropError as exc:
-        _say(f"sigprop: error: {exc}")
+        _say(f"sigprop: error: {flag(exc.field) + ': ' if exc.field else ''}{exc.message}")
         return exc.exit_code
     except typer.Exit as exc:
         if exc.exit_code == 130:  # typer turns Ctrl-C into Exit(130) itself

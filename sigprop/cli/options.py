@@ -16,6 +16,16 @@ import typer
 
 from sigprop import inits, specs
 
+#: the flag (or argument) of each library field whose name is not "--" + field with dashes
+FLAGS = {"fmt": "--format", "inits": "--init", "result": "RESULT", "results": "RESULTS", "file": "FILE",
+         "batch": "batch (recorded in the result)"}
+
+
+def flag(field: str) -> str:
+    """The CLI's name for a library field (``input_dim`` -> ``--input-dim``); several, joined by /."""
+    return "/".join(FLAGS.get(f, "--" + f.replace("_", "-")) for f in field.split("/"))
+
+
 #: CLI choices come from the registry (tests/test_cli.py runs the parser on every name)
 InitName = enum.Enum("InitName", {name: name for name in inits.names("mlp")}, type=str)
 ResNetInitName = enum.Enum("ResNetInitName", {name: name for name in inits.names("resnet")}, type=str)

@@ -31,9 +31,9 @@ def _check_output_target(output: Optional[Path]) -> Optional[Path]:
         return None
     target = output.resolve()
     if target.is_dir():
-        raise SigpropError(f"{output} is a directory", option="--output")
+        raise SigpropError(f"{output} is a directory", field="output")
     if not target.parent.is_dir():
-        raise SigpropError(f"directory {target.parent} does not exist", option="--output")
+        raise SigpropError(f"directory {target.parent} does not exist", field="output")
     return target
 
 

@@ -83,7 +83,7 @@ def resnet(
 ) -> None:
     """Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (Arpit et al. 2019, eq. 6) state by state."""
     if width is not None and norm is Norm.bn:
-        raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has no hidden layer; its width is --dim", option="--width")
+        raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has no hidden layer; its width is --dim", field="width")
     if init:
         names = [i.value for i in init]
     else:

@@ -59,24 +59,24 @@ def sweep(
     from sigprop import sweep as sweep_mod
 
     kind = arch.value
-    wrong = {"mlp": ("--blocks", blocks), "resnet": ("--depth", depth)}[kind]
+    wrong = {"mlp": ("blocks", blocks), "resnet": ("depth", depth)}[kind]
     if wrong[1] is not None:
         right = "--depth" if kind == "mlp" else "--blocks"
-        raise SigpropError(f"does not apply to sweep {kind}; use {right}", option=wrong[0])
+        raise SigpropError(f"does not apply to sweep {kind}; use {right}", field=wrong[0])
     if kind == "resnet" and input_dim is not None:
-        raise SigpropError("--input-dim does not apply to sweep resnet (its input is the swept width)", option="--input-dim")
+        raise SigpropError("--input-dim does not apply to sweep resnet (its input is the swept width)", field="input_dim")
     joined = lambda values, default: ",".join(values) if values else default
     if kind == "mlp":
-        sizes = sweep_mod.parse_ints(joined(depth, "10,20,50"), "--depth")
+        sizes = sweep_mod.parse_ints(joined(depth, "10,20,50"), "depth")
     else:
-        sizes = sweep_mod.parse_ints(joined(blocks, "10,40,100"), "--blocks")
-    widths = sweep_mod.parse_ints(joined(width, "128,512"), "--width")
+        sizes = sweep_mod.parse_ints(joined(blocks, "10,40,100"), "blocks")
+    widths = sweep_mod.parse_ints(joined(width, "128,512"), "width")
     names = sweep_mod.parse_inits(joined(init, "proposed,he"), kind)
     probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
     points = sweep_mod.grid(kind, sizes, widths, names, probe, input_dim)
     target = _check_output_target(out)
     if target is not None and target.exists() and not target.is_file():
-        raise SigpropError(f"{out} is not a regular file", option="--out")
+        raise SigpropError(f"{out} is not a regular file", field="out")
     done = sweep_mod.done_keys(out)
     todo = [p for p in points if p.key not in done]
     _say(f"sigprop sweep: {len(points)} configuration(s), {len(points) - len(todo)} already in {out}, {len(todo)} to run")
@@ -125,12 +125,12 @@ def plot_cmd(
     from sigprop import sweep as sweep_mod
 
     if direction not in ("forward", "backward"):
-        raise SigpropError(f"expected forward or backward, got {direction!r}", option="--direction")
-    plot_mod.check_target(out, "--out")
+        raise SigpropError(f"expected forward or backward, got {direction!r}", field="direction")
+    plot_mod.check_target(out, "out")
     rows = sweep_mod.read_rows(results)
     if x not in ("depth", "blocks", "width") or not sweep_mod.axis_values(rows, x):
         keys = [k for k in ("depth", "blocks", "width") if sweep_mod.axis_values(rows, k)]
-        raise SigpropError(f"no {x!r} in these rows; choose from {', '.join(keys)}", option="--x")
+        raise SigpropError(f"no {x!r} in these rows; choose from {', '.join(keys)}", field="x")
     plot_mod.sweep_figure(rows, x, out, direction)
     _say(f"sigprop: wrote {out}")
 
@@ -150,9 +150,9 @@ def rerun(
     try:
         doc = json.loads(result.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise SigpropError(f"cannot read {result}: {exc.strerror or exc}", option="RESULT") from None
+        raise SigpropError(f"cannot read {result}: {exc.strerror or exc}", field="result") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SigpropError(f"{result} is not JSON: {exc}", option="RESULT") from None
+        raise SigpropError(f"{result} is not JSON: {exc}", field="result") from None
 
     from sigprop import api  # imports torch
 
@@ -189,7 +189,7 @@ def check(
         try:
             _check_output_target(junit)
         except SigpropError as exc:
-            raise SigpropError(str(exc.args[0]), option="--junit") from None
+            raise SigpropError(str(exc.args[0]), field="junit") from None
     path, table = checks_mod.find_config(file, Path.cwd())
     entries = checks_mod.load(path, table)
     _say(f"sigprop check: {len(entries)} check(s) from {path}")
@@ -236,7 +236,7 @@ def theory(
     from sigprop.front import theory_table
 
     if fmt is Format.csv:
-        raise SigpropError("theory supports table or json", option="--format")
+        raise SigpropError("theory supports table or json", field="format")
     result = theory_table(n, blocks)
     if fmt is Format.json:
         write_output(report.to_json(result), output)
