@@ -58,13 +58,16 @@ def _mean_std(s: RatioStats) -> str:
 
 
 def _theory_cell(s: RatioStats) -> Text:
-    """The prediction with its agreement mark: = within the finite-width band, ≠ outside,
-    · no closed form (not green/red: those colours belong to the 'preserved' verdict)."""
+    """The prediction with its agreement mark: = within the finite-width band, ≠ outside, ~
+    within a band too wide to test anything (over 2 decades), · no closed form (not green/red:
+    those colours belong to the 'preserved' verdict)."""
     cell = Text(_value(s.predicted, s.log10_predicted) + " ")
     if s.agrees is None:
         cell.append("·", style="dim")
+    elif not s.agrees:
+        cell.append("≠", style="bold yellow")
     else:
-        cell.append("=", style="cyan") if s.agrees else cell.append("≠", style="bold yellow")
+        cell.append("=", style="cyan") if s.informative is not False else cell.append("~", style="dim")
     return cell
 
 
@@ -225,10 +228,12 @@ def run_summary(run: RunResult, draws: int = 1) -> Text:
     """Both verdicts of one init, each named, with the reason when one fails."""
     ag = run.agreement()
     agree = ", ".join(
-        f"{d} {v['layers_agreeing']}/{v['layers_compared']}" if v["layers_compared"] else f"{d} no closed form"
+        (f"{d} {v['layers_agreeing']}/{v['layers_compared']}"
+         + (f" ({v['layers_uninformative']} in bands over 2 decades wide: no test)" if v["layers_uninformative"] else ""))
+        if v["layers_compared"] else f"{d} no closed form"
         for d, v in ag.items()
     )
-    lines = [f"[bold]{run.init}[/bold] (layers agreeing with theory: {agree})"]
+    lines = [f"[bold]{escape(run.init)}[/bold] (layers agreeing with theory: {agree})"]
     lines += [_verdict_line(run, v) for v in ("preserved", "theory")]
     spread = spread_line(run, draws)
     if spread:
@@ -270,13 +275,13 @@ def render_table(result: ProbeResult, console: Console) -> None:
     if resnet:
         console.print(
             "[dim]mean ± std over samples of ||h^b||/||x|| (forward) and ||dl/dh^b||/||dl/dh^end|| (backward); "
-            "branch = rms of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside "
+            "branch = rms of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside (~ within a band over 2 decades wide: no test) "
             "the finite-width band of the theory; band [√2, √e] = [1.414, 1.649] per stage (Arpit et al. 2019, Theorems 3-4)[/dim]"
         )
     else:
         console.print(
             "[dim]mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward); "
-            "theory = closed-form rms; =/≠ = measured rms within/outside the finite-width band of the theory[/dim]"
+            "theory = closed-form rms; =/≠ = measured rms within/outside (~ within a band over 2 decades wide: no test) the finite-width band of the theory[/dim]"
         )
     for run in result.runs:
         console.print(run_summary(run, int(result.config.get("seeds", 1))), soft_wrap=True)

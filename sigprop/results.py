@@ -18,6 +18,10 @@ def _num(x: float | None) -> float | None:
     return float(x)
 
 
+#: an agreement band wider than this many decades cannot test the theory (docs/theory.md §4)
+INFORMATIVE_DECADES = 2.0
+
+
 @dataclass
 class RatioStats:
     """One direction (forward or backward) at one layer: measured beside predicted (habit 4).
@@ -53,6 +57,14 @@ class RatioStats:
     #: variance, docs/theory.md §4): it bounds the spread of the typical ratio across draws
     log10_std_predicted: float | None = None
 
+    @property
+    def informative(self) -> bool | None:
+        """False when the agreement band spans more than ``INFORMATIVE_DECADES`` (at depth >>
+        width the finite-width spread makes any RMS from 10^-40 to 1 'agree': no test)."""
+        if self.log10_low is None or self.log10_high is None:
+            return None
+        return self.log10_high - self.log10_low <= INFORMATIVE_DECADES
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "mean": _num(self.mean),
@@ -68,7 +80,8 @@ class RatioStats:
             "log10_predicted": _num(self.log10_predicted),
             "log10_predicted_typical": _num(self.log10_predicted_typical),
             "log10_std_predicted": _num(self.log10_std_predicted),
-            "agreement": {"log10_low": _num(self.log10_low), "log10_high": _num(self.log10_high), "agrees": self.agrees},
+            "agreement": {"log10_low": _num(self.log10_low), "log10_high": _num(self.log10_high), "agrees": self.agrees,
+                          "informative": self.informative},
         }
 
 
@@ -254,9 +267,10 @@ class RunResult:
         out = {}
         directions = ("forward", "backward", "branch") if self.stages is not None else ("forward", "backward")
         for direction in directions:
-            flags = [getattr(r, direction).agrees for r in self.layers if getattr(r, direction) is not None]
-            flags = [f for f in flags if f is not None]
-            out[direction] = {"layers_compared": len(flags), "layers_agreeing": sum(flags)}
+            stats = [getattr(r, direction) for r in self.layers if getattr(r, direction) is not None]
+            stats = [s for s in stats if s.agrees is not None]
+            out[direction] = {"layers_compared": len(stats), "layers_agreeing": sum(s.agrees for s in stats),
+                              "layers_uninformative": sum(1 for s in stats if s.informative is False)}
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -124,3 +124,21 @@ def test_gate_spec_validates():
         specs.GateSpec("both")
     assert e.value.field == "gate"
     assert specs.GateSpec(band=(0.5, 2)).band == (0.5, 2.0)
+
+
+def test_agreement_in_a_band_decades_wide_is_marked_as_no_test(capsys):
+    """Depth 600, width 32: the RMS agreement band spans tens of decades, so 'agrees' says
+    nothing; such layers are marked ~ and counted, never shown as =."""
+    r = _probe(depth=600, width=32, input_dim=32, samples=32, inits="proposed")
+    last = r.run("proposed").layers[-1].forward
+    assert last.agrees and last.informative is False and last.log10_high - last.log10_low > 10
+    ag = r.run("proposed").agreement()["forward"]
+    assert ag["layers_uninformative"] > 500
+    first = r.run("proposed").layers[0].forward
+    assert first.informative is True
+    code = main(["mlp", "--depth", "600", "--width", "32", "--input-dim", "32", "--samples", "32", "--device", "cpu",
+                 "--init", "proposed"])
+    out = capsys.readouterr().out
+    assert code == 0 and "in bands over 2 decades wide: no test" in out
+    row = [l for l in out.splitlines() if l.strip().startswith("600 ")][0]
+    assert row.split()[5] == "~"  # the forward theory mark of layer 600 (layer, n_l, mean±std, rms, theory, mark)
