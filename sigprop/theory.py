@@ -657,3 +657,72 @@ def bn_resnet_prediction(dim: int, blocks: int) -> ResNetPrediction:
     g_fwd = [1.0 / l for l in range(1, blocks + 1)]
     g_bwd = [1.0 / (l * c) for l in range(1, blocks + 1)]
     return ResNetPrediction(fwd, bwd, branch, g_fwd, g_bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# Correlation propagation at infinite width (the kernel recursion; docs/theory.md §10)
+# --------------------------------------------------------------------------------------------
+def relu_cosine_map(rho: float) -> float:
+    """The cosine of ReLU(u) and ReLU(u') for jointly Gaussian pre-activations of correlation
+    rho: J(rho) / pi with J(rho) = sqrt(1 - rho^2) + (pi - arccos rho) rho, the normalized
+    degree-1 arc-cosine kernel (Cho & Saul 2009, eq. 6 with n = 1).  f(1) = 1, f(0) = 1/pi,
+    f(-1) = 0; f(rho) > rho for rho < 1: a deep ReLU net maps every pair towards cosine 1."""
+    rho = min(1.0, max(-1.0, float(rho)))
+    return (math.sqrt(max(0.0, 1.0 - rho * rho)) + (math.pi - math.acos(rho)) * rho) / math.pi
+
+
+def _kernel_layer(q: float, q_ab: float, m: LinearMoments, relu: bool) -> tuple[float, float]:
+    """One layer on the per-unit kernel of two inputs of equal norm (q = ||h||^2/n_in,
+    q_ab = <h_a, h_b>/n_in): pre-activations u = w.h + b with E[u_a u_b] = r q_ab + beta
+    (r = row_sq, beta = bias_var: the moments ``_affine`` uses); a ReLU gives
+    E[ReLU(u_a)^2] = S/2 and E[ReLU(u_a) ReLU(u_b)] = (S/2) relu_cosine_map(S_ab / S)."""
+    s = m.row_sq * q + m.bias_var
+    s_ab = m.row_sq * q_ab + m.bias_var
+    if not relu:
+        return s, s_ab
+    if s <= 0.0:
+        return 0.0, 0.0
+    return 0.5 * s, 0.5 * s * relu_cosine_map(s_ab / s)
+
+
+def mlp_correlation(c0: float, layers: Sequence[LinearMoments], q0: float = 1.0) -> list[float]:
+    """Cosine of the two forward states after each layer (a ReLU after every layer, as in the
+    MLP), for inputs of cosine c0 and per-unit second moment q0, at infinite width."""
+    q, q_ab, out = q0, c0 * q0, []
+    for m in layers:
+        q, q_ab = _kernel_layer(q, q_ab, m, relu=True)
+        out.append(q_ab / q if q > 0 else float("nan"))
+    return out
+
+
+def resnet_correlation(c0: float, blocks: Sequence[BlockMoments], q0: float = 1.0) -> list[float]:
+    """Cosine of the two states h^b after each block h' = S h + alpha F(h) (Arpit et al. 2019,
+    eq. 6), at infinite width: the branch's last layer is zero-mean and independent of the
+    skip, so the cross terms vanish and the kernels add, K' = K_S + alpha^2 K_F, where K_S is the
+    input kernel (identity skip) or a linear layer of it (projection) and K_F the branch's
+    layers applied to it (``_kernel_layer``; a ReLU after every branch layer but the last).
+    With identity skips and zero biases: c' = (c + beta f^D(c)) / (1 + beta), beta the
+    branch-to-skip power ratio (1/B_k for the proposed init) -- docs/theory.md §10."""
+    q, q_ab, out = q0, c0 * q0, []
+    for blk in blocks:
+        fq, fab = q, q_ab
+        for j, m in enumerate(blk.branch):
+            fq, fab = _kernel_layer(fq, fab, m, relu=j < len(blk.branch) - 1)
+        sq, sab = (q, q_ab) if blk.skip is None else _kernel_layer(q, q_ab, blk.skip, relu=False)
+        q, q_ab = sq + blk.alpha_sq * fq, sab + blk.alpha_sq * fab
+        out.append(q_ab / q if q > 0 else float("nan"))
+    return out
+
+
+def correlation_depth_scale(c0: float, cosines: Sequence[float]) -> int | None:
+    """Layers (or blocks) until 1 - c has fallen by a factor e from 1 - c0; None if it never
+    does within ``cosines`` (or c0 = 1).  For ReLU nets 1 - c decays like a power of depth, not
+    exponentially (near c = 1, f(c) = c + (2 sqrt 2 / (3 pi)) (1 - c)^{3/2} + ...), so this is
+    a count, not a rate."""
+    if c0 >= 1.0:
+        return None
+    target = (1.0 - c0) / math.e
+    for i, c in enumerate(cosines, 1):
+        if 1.0 - c <= target:
+            return i
+    return None
