@@ -1,0 +1,188 @@
+"""Networks as plans: sequences of steps, and their theory by composition (issue 17, first part).
+No torch here.
+
+A plan is a flat tuple of steps -- ``Linear`` (a WN or plain layer with its role, a ReLU after
+it or not), ``Open`` and ``Close`` around a residual block (the skip: identity or a projection
+layer; the branch multiplier alpha^2), ``Record`` where a state is measured -- built from a
+spec's widths or a ``nets.ResNetPlan``.  Each step kind carries its moment map (the same affine
+second-moment recursion ``theory.py`` writes per architecture), so a plan's prediction is the
+composition of its steps: ``predict`` gives the ln RMS forward and backward ratios at every
+``Record``.  tests/test_plans.py checks the composition against ``theory.mlp_rms_prediction``
+and ``theory.resnet_rms_prediction`` for every init and shape.  The engine does not run plans
+yet: one walker over them is the rest of issue 17.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence, Union
+
+import numpy as np
+
+from sigprop import theory
+from sigprop.inits import LayerRole
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A (weight-normalized) linear layer with its role; ``relu``: a ReLU follows it."""
+
+    role: LayerRole
+    relu: bool
+
+
+@dataclass(frozen=True)
+class Open:
+    """A residual block begins: its input is kept for the skip path."""
+
+    stage: int = 1
+    blocks_in_stage: int = 1
+
+
+@dataclass(frozen=True)
+class Close:
+    """A residual block ends: h' = S h + alpha F(h), S the identity or the ``projection`` layer."""
+
+    blocks_in_stage: int
+    projection: LayerRole | None = None
+
+
+@dataclass(frozen=True)
+class Record:
+    """The state here is measured (a row of the probe's table).  ``pre_activation``: the
+    backward quantity is the gradient at the pre-activation of the ReLU layer just before (the
+    MLP's dl/da^l, Arpit et al. 2019, eq. 5), not at its output (a ResNet's dl/dh^b)."""
+
+    pre_activation: bool = False
+
+
+Step = Union[Linear, Open, Close, Record]
+
+
+def mlp_steps(widths: Sequence[int]) -> tuple[Step, ...]:
+    """Layer l: Linear(n_{l-1} -> n_l) + ReLU, recorded after each (Arpit et al. 2019, eq. 1-2)."""
+    steps: list[Step] = []
+    for l in range(1, len(widths)):
+        steps += [Linear(LayerRole(widths[l - 1], widths[l]), relu=True), Record(pre_activation=True)]
+    return tuple(steps)
+
+
+def resnet_steps(plan) -> tuple[Step, ...]:
+    """h^0 recorded, then per block: Open, the branch's layers (a ReLU after all but the last),
+    Close (with the projection of a stage's first block), Record (Arpit et al. 2019, eq. 6)."""
+    steps: list[Step] = [Record()]
+    for blk in plan.blocks:
+        roles = blk.branch_roles()
+        steps.append(Open(blk.stage, blk.blocks_in_stage))
+        steps += [Linear(r, relu=j < len(roles) - 1) for j, r in enumerate(roles)]
+        steps += [Close(blk.blocks_in_stage, blk.projection_role()), Record()]
+    return tuple(steps)
+
+
+def _blocks(steps: Sequence[Step]) -> list:
+    """Nest the flat steps: each Open..Close becomes (inner steps, Close)."""
+    out: list = []
+    stack: list[list] = [out]
+    for s in steps:
+        if isinstance(s, Open):
+            stack.append([])
+        elif isinstance(s, Close):
+            inner = stack.pop()
+            stack[-1].append((inner, s))
+        else:
+            stack[-1].append(s)
+    if len(stack) != 1:
+        raise ValueError("an Open without its Close")
+    return out
+
+
+Moments = Callable[[LayerRole], theory.LayerMoments]
+
+
+def _lin(m: theory.LayerMoments, role: LayerRole) -> theory.LinearMoments:
+    return theory.LinearMoments(role.fan_in, role.fan_out, m.row_sq, m.bias_var)
+
+
+def predict(steps: Sequence[Step], moments: Moments, alpha: Callable[[int], float], dim: int
+            ) -> tuple[list[float] | None, list[float]]:
+    """ln RMS ratios at every Record: forward ||h||/||x||, backward ||dl/d(state)|| relative to
+    the last Record's, by composing the steps' moment maps.
+
+    Forward: the state is (A, C) with E||h||^2 = A ||x||^2 + C (``theory._affine`` per Linear;
+    a Close adds the skip's and alpha^2 times the branch's second moments: the cross term
+    vanishes in expectation), read as E[||h||^2/||x||^2] = A + C/(d - 2) for x ~ N(0, I_d).
+    Backward (walking the steps in reverse): a Linear multiplies E||d||^2 by its row second
+    moment r, a ReLU's mask by 1/2 -- applied where the walk passes the ReLU; a block by
+    r_S + alpha^2 (its branch's factor; the two paths' cross term vanishes).  A pre-activation
+    Record (the MLP's dl/da^l) is read behind its layer's mask; the top Record is the
+    reference (the error vector is given there).
+    Forward is None where C/(d - 2) diverges (d <= 2 with a bias)."""
+    tree = _blocks(steps)
+    log_inv_x2 = -math.log(dim - 2) if dim > 2 else math.inf
+
+    def lae(a: float, b: float) -> float:
+        return float(np.logaddexp(a, b))
+
+    def ln(x: float) -> float:
+        return math.log(x) if x > 0 else -math.inf
+
+    # forward, in logs: (log A, log C)
+    fwd: list[float] = []
+
+    def forward(items, la: float, lc: float) -> tuple[float, float]:
+        for it in items:
+            if isinstance(it, Linear):
+                m = moments(it.role)
+                k = it.role.fan_out * m.row_sq / it.role.fan_in * (0.5 if it.relu else 1.0)
+                bias = it.role.fan_out * m.bias_var * (0.5 if it.relu else 1.0)
+                la, lc = la + ln(k), lae(lc + ln(k), ln(bias))
+            elif isinstance(it, Record):
+                fwd.append(0.5 * (la if lc == -math.inf else lae(la, lc + log_inv_x2)))
+            else:
+                inner, close = it
+                fa, fc = forward(inner, la, lc)  # the branch (its Records, if any, are not block outputs)
+                if close.projection is None:
+                    sa, sc = la, lc
+                else:
+                    m = moments(close.projection)
+                    k = close.projection.fan_out * m.row_sq / close.projection.fan_in
+                    sa, sc = la + ln(k), lae(lc + ln(k), ln(close.projection.fan_out * m.bias_var))
+                a2 = ln(alpha(close.blocks_in_stage) ** 2)
+                la, lc = lae(sa, fa + a2), lae(sc, fc + a2)
+        return la, lc
+
+    forward(tree, 0.0, -math.inf)
+    # backward, walking in reverse: ln E||d||^2 relative to the top Record
+    def branch_factor(items) -> float:
+        """ln of E||J^T d||^2 / E||d||^2 through a branch's layers (no Records inside)."""
+        lf = 0.0
+        for it in reversed(items):
+            if isinstance(it, Linear):
+                lf += (ln(0.5) if it.relu else 0.0) + ln(moments(it.role).row_sq)
+        return lf
+
+    bwd: list[float] = []
+    lb, top, mask_done = 0.0, True, False
+    for it in reversed(tree):
+        if isinstance(it, Record):
+            if it.pre_activation:
+                if not top:
+                    lb += ln(0.5)  # the mask of the ReLU this Record stands behind
+                mask_done = True
+            bwd.append(0.5 * lb)
+            top = False
+        elif isinstance(it, Linear):
+            if it.relu and not mask_done:
+                lb += ln(0.5)
+            lb += ln(moments(it.role).row_sq)
+            mask_done = False
+        else:
+            inner, close = it
+            r_s = 1.0 if close.projection is None else moments(close.projection).row_sq
+            lb += lae(ln(r_s), ln(alpha(close.blocks_in_stage) ** 2) + branch_factor(inner))
+            mask_done = False
+    bwd.reverse()
+    out_fwd = None if any(not math.isfinite(v) for v in fwd) else fwd
+    return out_fwd, bwd
+
