@@ -457,3 +457,36 @@ def rerun_differences(doc: dict, new: "ProbeResult") -> tuple[int, list[tuple[st
     moved = [(k, old_env.get(k), new.environment.get(k)) for k in ("sigprop", "torch", "device_name", "threads")
              if old_env.get(k) != new.environment.get(k)]
     return count, diffs, moved
+
+
+SWEEP_SCHEMA = "sigprop.sweep.v1"
+
+
+def _end_to_end(result: "ProbeResult") -> dict[str, Any]:
+    """The end-to-end ratios of a one-init probe: forward at the last layer/state, backward at
+    the first (read from the result records, not recomputed)."""
+    run = result.runs[0]
+    pick = {"forward": run.layers[-1].forward, "backward": run.layers[0].backward}
+    return {
+        k: {"mean": s.mean, "log10_mean": s.log10_mean, "log10_std": s.log10_std, "log10_draw_std": s.log10_draw_std,
+            "rms": s.rms, "log10_rms": s.log10_rms, "predicted": s.predicted, "log10_predicted": s.log10_predicted,
+            "log10_predicted_typical": s.log10_predicted_typical,
+            "log10_low": s.log10_low, "log10_high": s.log10_high, "agrees": s.agrees}
+        for k, s in pick.items()
+    }
+
+
+def sweep_row(config: dict[str, Any], init: str, result: "ProbeResult", seconds: float) -> dict[str, Any]:
+    """One line of ``sigprop sweep`` (``sigprop.sweep.v1``, docs/cli.md)."""
+    run = result.runs[0]
+    return {
+        "schema": SWEEP_SCHEMA,
+        "config": config,
+        "init": init,
+        "end_to_end": _end_to_end(result),
+        "passed": result.passed,
+        "preserved": run.preserved,
+        "agrees_with_theory": run.agrees_with_theory,
+        "seconds": round(seconds, 3),
+        "environment": result.environment,
+    }

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 from sigprop import inits, specs
 from sigprop.errors import SigpropError
 
-SWEEP_SCHEMA = "sigprop.sweep.v1"
+from sigprop.results import SWEEP_SCHEMA  # noqa: E402  (the JSON contract lives in results.py)
 X_AXES = {"mlp": ("depth", "width"), "resnet": ("blocks", "width")}
 
 
@@ -114,32 +114,11 @@ def done_keys(path: Path) -> set[str]:
     return keys
 
 
-def end_to_end(result) -> dict[str, Any]:
-    """The end-to-end ratios of a one-init probe: forward at the last layer/state, backward at
-    the first (read from the result records, not recomputed)."""
-    run = result.runs[0]
-    pick = {"forward": run.layers[-1].forward, "backward": run.layers[0].backward}
-    return {
-        k: {"mean": s.mean, "log10_mean": s.log10_mean, "log10_std": s.log10_std, "log10_draw_std": s.log10_draw_std,
-            "rms": s.rms, "log10_rms": s.log10_rms, "predicted": s.predicted, "log10_predicted": s.log10_predicted,
-            "log10_predicted_typical": s.log10_predicted_typical,
-            "log10_low": s.log10_low, "log10_high": s.log10_high, "agrees": s.agrees}
-        for k, s in pick.items()
-    }
-
-
 def row(point: Point, result, seconds: float) -> dict[str, Any]:
-    return {
-        "schema": SWEEP_SCHEMA,
-        "config": point.config,
-        "init": point.init,
-        "end_to_end": end_to_end(result),
-        "passed": result.passed,
-        "preserved": result.runs[0].preserved,
-        "agrees_with_theory": result.runs[0].agrees_with_theory,
-        "seconds": round(seconds, 3),
-        "environment": result.environment,
-    }
+    """The JSON line of one finished point (its keys are written by results.py)."""
+    from sigprop.results import sweep_row
+
+    return sweep_row(point.config, point.init, result, seconds)
 
 
 def append(path: Path, data: dict[str, Any]) -> None:
