@@ -1,6 +1,6 @@
 """How long sigprop takes to refuse a run that cannot fit (the estimate, before any allocation).
 
-tests/test_reliability.py::test_too_big_is_refused_before_allocating checks that nothing is
+tests/verdicts/test_reliability.py::test_too_big_is_refused_before_allocating checks that nothing is
 allocated; this prints the time of each refusal (whole process, import included).
 Usage: python benchmarks/refusal.py
 """

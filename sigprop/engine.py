@@ -8,7 +8,7 @@ of the forward pass, stored bit-packed (``pack_mask``: eight units per byte); it
 vector, so it is renormalised the same way.  Weight normalisation is a per-row scale of the
 matmul output (``LayerParams.scale``), never a materialised g v/||v||.
 
-The engine is checked against torch.autograd on small nets (tests/test_engine.py).
+The engine is checked against torch.autograd on small nets (tests/engine/test_engine.py).
 """
 
 from __future__ import annotations

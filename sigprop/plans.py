@@ -7,7 +7,7 @@ layer; the branch multiplier alpha^2), ``Record`` where a state is measured -- b
 spec's widths or a ``nets.ResNetPlan``.  Each step kind carries its moment map (the same affine
 second-moment recursion ``theory.py`` writes per architecture), so a plan's prediction is the
 composition of its steps: ``predict`` gives the ln RMS forward and backward ratios at every
-``Record``.  tests/test_plans.py checks the composition against ``theory.mlp_rms_prediction``
+``Record``.  tests/theory/test_plans.py checks the composition against ``theory.mlp_rms_prediction``
 and ``theory.resnet_rms_prediction`` for every init and shape.  The engine does not run plans
 yet: one walker over them is the rest of issue 17.
 """

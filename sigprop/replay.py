@@ -18,7 +18,7 @@ layer) that returns a dict of tensors.  A runner executes it:
   run (eager from then on, same numbers) and is recorded (``status``).
 * ``Emulated``: the same static-buffer plumbing with the capture replaced by calling the body and
   copying its outputs into the static output buffers -- so the tests on a CPU exercise
-  everything but the CUDA capture itself (tests/test_engine.py::test_replayed_steps_*).
+  everything but the CUDA capture itself (tests/engine/test_engine.py::test_replayed_steps_*).
 
 Random numbers under replay: a generator registered with a graph is read on each replay at its
 current seed and offset (PyTorch's graph-safe Philox state, ``CUDAGeneratorState::

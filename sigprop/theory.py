@@ -313,7 +313,7 @@ _BERNOULLI_EVEN = (1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66, -691 / 2730, 7 / 6)
 
 def polygamma(m: int, x) -> np.ndarray:
     """psi^(m)(x) for m = 0, 1, 2, ... and x > 0, in plain numpy (scipy.special costs ~0.2 s of
-    import per run, more than all the statistics of a 300-layer probe; tests/test_theory.py
+    import per run, more than all the statistics of a 300-layer probe; tests/theory/test_theory.py
     checks this against scipy.special.polygamma to 1e-13 relative).
 
     Recurrence psi^(m)(x) = psi^(m)(x + 1) - (-1)^m m! / x^(m+1) until x >= 12, then the

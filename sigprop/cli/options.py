@@ -26,7 +26,7 @@ def flag(field: str) -> str:
     return "/".join(FLAGS.get(f, "--" + f.replace("_", "-")) for f in field.split("/"))
 
 
-#: CLI choices come from the registry (tests/test_cli.py runs the parser on every name)
+#: CLI choices come from the registry (tests/cli/test_cli.py runs the parser on every name)
 InitName = enum.Enum("InitName", {name: name for name in inits.names("mlp")}, type=str)
 ResNetInitName = enum.Enum("ResNetInitName", {name: name for name in inits.names("resnet")}, type=str)
 

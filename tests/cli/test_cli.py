@@ -346,7 +346,7 @@ def test_every_cli_option_is_in_docs_cli_md():
 
     from sigprop.cli import app
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     sections = dict(re.findall(r"^## `sigprop (\w+)`\n(.*?)(?=^## |\Z)", doc, re.M | re.S))
     group = typer.main.get_command(app)
     head = doc.split("\n## ", 1)[0]

@@ -18,7 +18,7 @@ MLP_WIDTHS = [12, 9, 17, 17, 17, 17, 8, 11]  # (17, 17) repeats: one step each w
 
 
 def _same_mlp(got, want, widths=MLP_WIDTHS):
-    """The ln ratios of two MLP runs, within the reduction-order bound (tests/arith.py): 2L steps
+    """The ln ratios of two MLP runs, within the reduction-order bound (tests/engine/arith.py): 2L steps
     of width at most max(widths)."""
     for a, b in zip(got[:2], want[:2]):
         assert_same_up_to_order(a, b, max(widths), 2 * len(widths))
