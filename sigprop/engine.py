@@ -272,27 +272,16 @@ def _no_reseed() -> None:
     pass
 
 
-class ChunkGenerators:
-    """K x S generators for a chunk of K layers drawn at once (``haar_chunk``): ``gens[k][s]``
-    is reseeded with layer (first + k)'s seed of draw s -- the numbers of ``layer_generator``."""
+def chunk_reseeder(rows: list[LayerGenerators], first: int, count: int) -> Callable[[], None]:
+    """Reseed row k of a chunk's generators (``haar_chunk``: one ``LayerGenerators`` per layer
+    of the chunk) for layer first + k: the numbers of ``layer_generator``."""
+    reseeds = [row.reseeder(first + k) for k, row in enumerate(rows[:count])]
 
-    def __init__(self, seed: int, draws, k: int, device) -> None:
-        self.seed, self.draws = seed, list(draws)
-        self.gens = [[torch.Generator(device=device) for _ in self.draws] for _ in range(k)]
+    def reseed() -> None:
+        for r in reseeds:
+            r()
 
-    @property
-    def flat(self) -> list:
-        return [g for row in self.gens for g in row]
-
-    def reseeder(self, first: int, count: int) -> Callable[[], None]:
-        seeds = [[specs.derive_seed(self.seed, specs.STREAM_WEIGHTS, d, first + k) for d in self.draws] for k in range(count)]
-
-        def reseed() -> None:
-            for row, row_seeds in zip(self.gens, seeds):
-                for gen, s in zip(row, row_seeds):
-                    gen.manual_seed(s)
-
-        return reseed
+    return reseed
 
 
 #: at most this many layers are orthogonalized in one batched call (measured on the H100 in
@@ -422,8 +411,8 @@ def mlp_batch(
     rows = _rows_arena(S, widths[1:], device, dtype)
     gens = LayerGenerators(seed, draws, device)
     K = haar_chunk(scheme, widths, S, device, torch.finfo(dtype).bits // 8)
-    chunk_gens = ChunkGenerators(seed, draws, K, device)
-    runner.bind(gens.gens + chunk_gens.flat)
+    chunk_gens = [LayerGenerators(seed, draws, device) for _ in range(K)]
+    runner.bind(gens.gens + [g for row in chunk_gens for g in row.gens])
 
     def forward(u, c, role, v_out=None):
         p = sample_layer(scheme, role, gens.gens, device, dtype, v_out)
@@ -432,7 +421,7 @@ def mlp_batch(
 
     def draw_chunk(anchor, role, count):
         """Layers first..first+count-1 (the generators were reseeded for them): [count, S, ...]."""
-        g = torch.stack([torch.stack([inits_mod.gaussian(role, gen, device, dtype) for gen in row]) for row in chunk_gens.gens[:count]])
+        g = torch.stack([torch.stack([inits_mod.gaussian(role, gen, device, dtype) for gen in row.gens]) for row in chunk_gens[:count]])
         p = haar_params(scheme, role, g)
         return {"v": p.v, "g": p.g, "scale": p.scale}
 
@@ -450,7 +439,7 @@ def mlp_batch(
         first, count = chunk_of(l)
         role = LayerRole(fan_in=widths[first - 1], fan_out=widths[first])
         return runner.run(("chunk", role, count), partial(draw_chunk, role=role, count=count), {"anchor": c0},
-                          chunk_gens.reseeder(first, count))
+                          chunk_reseeder(chunk_gens, first, count))
 
     def backward(d, acc, scale, packed, role, v=None):
         if v is None:  # streaming: redraw (the generators were reseeded for this layer)
@@ -577,6 +566,22 @@ class matmul_precision:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
 
 
+class Ticker:
+    """The engine's progress: called once per forward or backward step of every pass (one init,
+    one batch of draws), it reports ``progress(done, total, "init: forward|backward")``."""
+
+    def __init__(self, progress: ProgressFn | None, passes: int, forward_steps: int, backward_steps: int) -> None:
+        self.progress, self.forward_steps = progress, forward_steps
+        self.per_pass = forward_steps + backward_steps
+        self.total, self.done, self.name = passes * self.per_pass, 0, ""
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            phase = "forward" if (self.done - 1) % self.per_pass < self.forward_steps else "backward"
+            self.progress(self.done, self.total, f"{self.name}: {phase}")
+
+
 def _environment(device: torch.device, probe: specs.ProbeSpec, stream: bool, batch: int) -> dict:
     return {
         "torch": torch.__version__,
@@ -644,23 +649,14 @@ def run_mlp(
 
     x, e = probe_inputs(probe.seed, probe.samples, widths[0], widths[-1], device, dtype)
     chunks = [list(range(s, min(s + batch, probe.seeds))) for s in range(0, probe.seeds, batch)]
-    per_pass = 2 * spec.depth - 1  # L forward steps, L - 1 backward steps (mlp_batch)
-    total = len(spec.inits) * len(chunks) * per_pass
-    done = 0
-    current = [""]
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            phase = "forward" if (done - 1) % per_pass < spec.depth else "backward"
-            progress(done, total, f"{current[0]}: {phase}")
+    # L forward steps, L - 1 backward steps per init and batch (mlp_batch)
+    tick = Ticker(progress, len(spec.inits) * len(chunks), spec.depth, spec.depth - 1)
 
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     runners: list[replay.Eager] = []
     with torch.no_grad(), precision:
         for name in spec.inits:
-            current[0] = name
+            tick.name = name
             scheme = inits_mod.get(name)
             fwd_all, bwd_all = [], []
             for draws in chunks:
@@ -1057,22 +1053,13 @@ def run_resnet(
     x, e = probe_inputs(probe.seed, probe.samples, dims[0], dims[-1], device, dtype)
     chunks = [list(range(s, min(s + batch, probe.seeds))) for s in range(0, probe.seeds, batch)]
     steps = len(dims) - 1
-    total = len(names) * len(chunks) * 2 * steps
-    done = 0
-    current = [""]
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            phase = "forward" if (done - 1) % (2 * steps) < steps else "backward"
-            progress(done, total, f"{current[0]}: {phase}")
+    tick = Ticker(progress, len(names) * len(chunks), steps, steps)
 
     out: dict[str, dict[str, np.ndarray]] = {}
     runners: list[replay.Eager] = []
     with torch.no_grad(), precision:
         for name in names:
-            current[0] = name
+            tick.name = name
             parts = []
             for draws in chunks:
                 if bn:  # only the ratios are kept (see run_mlp)

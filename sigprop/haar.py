@@ -55,7 +55,7 @@ def orthogonalize_batched(g):
     switched off for the two GEMMs (orthogonality would fall to ~1e-3)."""
     import torch
 
-    b, rows, cols = g.shape
+    rows, cols = g.shape[-2:]
     h = g if rows <= cols else g.transpose(-1, -2)
     k, m = h.shape[-2], h.shape[-1]
     tau, beta, denom = _reflectors(h)
@@ -63,11 +63,11 @@ def orthogonalize_batched(g):
     i = torch.arange(m, device=g.device)
     j = torch.arange(k, device=g.device)
     below = i.unsqueeze(1) > j.unsqueeze(0)  # [m, k]
-    diag = i.unsqueeze(1) == j.unsqueeze(0)
+    eye = (i.unsqueeze(1) == j.unsqueeze(0)).to(dt)  # the first k columns of I
     live = (tau != 0).unsqueeze(-2)  # [B, 1, k]
-    v = torch.where(below, (h / denom.to(dt).unsqueeze(-1)).transpose(-1, -2), torch.where(diag, torch.ones_like(h[..., :1, :1]), torch.zeros_like(h[..., :1, :1])))
+    v = torch.where(below, (h / denom.to(dt).unsqueeze(-1)).transpose(-1, -2), eye)
     v = torch.where(live, v, torch.zeros_like(v))
-    inv_tau = torch.where(tau != 0, 1.0 / torch.where(tau != 0, tau, torch.ones_like(tau)), torch.ones_like(tau)).to(dt)
+    inv_tau = (1.0 / torch.where(tau != 0, tau, torch.ones_like(tau))).to(dt)  # 1 where tau = 0
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -76,7 +76,7 @@ def orthogonalize_batched(g):
         q = -(v @ w)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
-    q = q + torch.where(diag, torch.ones_like(q[..., :1, :1]), torch.zeros_like(q[..., :1, :1]))
+    q = q + eye
     q = q * torch.sign(beta).to(dt).unsqueeze(-2)
     return q.transpose(-1, -2) if rows <= cols else q
 
