@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 from sigprop import __version__, engine, inits, specs, stats, theory
 from sigprop.results import CheckOutcome, CheckReport, ProbeResult

@@ -31,9 +31,8 @@ def _probe_keywords(build):
         from sigprop.api import probe
 
         kw = {name: kwargs.pop(name, default) for name, _, default in PROBE_KEYWORDS}
-        probe_keys = ("samples", "seed", "seeds", "device", "dtype", "stream", "precision", "graphs")
-        return probe(build(*args, **kwargs), specs.ProbeSpec(**{k: kw[k] for k in probe_keys}),
-                     gate=specs.GateSpec(kw["gate"], kw["band"]))
+        gate = specs.GateSpec(kw.pop("gate"), kw.pop("band"))
+        return probe(build(*args, **kwargs), specs.ProbeSpec(**kw), gate=gate)
 
     own = list(inspect.signature(build).parameters.values())
     shared = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in PROBE_KEYWORDS]

@@ -18,7 +18,6 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence, Union
 
-import numpy as np
 
 from sigprop import theory
 from sigprop.inits import LayerRole
@@ -100,10 +99,6 @@ def _blocks(steps: Sequence[Step]) -> list:
 Moments = Callable[[LayerRole], theory.LayerMoments]
 
 
-def _lin(m: theory.LayerMoments, role: LayerRole) -> theory.LinearMoments:
-    return theory.LinearMoments(role.fan_in, role.fan_out, m.row_sq, m.bias_var)
-
-
 def predict(steps: Sequence[Step], moments: Moments, alpha: Callable[[int], float], dim: int
             ) -> tuple[list[float] | None, list[float]]:
     """ln RMS ratios at every Record: forward ||h||/||x||, backward ||dl/d(state)|| relative to
@@ -120,12 +115,13 @@ def predict(steps: Sequence[Step], moments: Moments, alpha: Callable[[int], floa
     Forward is None where C/(d - 2) diverges (d <= 2 with a bias)."""
     tree = _blocks(steps)
     log_inv_x2 = -math.log(dim - 2) if dim > 2 else math.inf
+    lae, ln = theory._lae, theory._ln
 
-    def lae(a: float, b: float) -> float:
-        return float(np.logaddexp(a, b))
-
-    def ln(x: float) -> float:
-        return math.log(x) if x > 0 else -math.inf
+    def layer(la: float, lc: float, role: LayerRole, relu: bool) -> tuple[float, float]:
+        """A layer's moment map (``theory._affine``) on (log A, log C): A' = k A, C' = k C + bias."""
+        m = moments(role)
+        k, bias = theory._affine(1.0, 0.0, theory.LinearMoments(role.fan_in, role.fan_out, m.row_sq, m.bias_var), relu)
+        return la + ln(k), lae(lc + ln(k), ln(bias))
 
     # forward, in logs: (log A, log C)
     fwd: list[float] = []
@@ -133,21 +129,13 @@ def predict(steps: Sequence[Step], moments: Moments, alpha: Callable[[int], floa
     def forward(items, la: float, lc: float) -> tuple[float, float]:
         for it in items:
             if isinstance(it, Linear):
-                m = moments(it.role)
-                k = it.role.fan_out * m.row_sq / it.role.fan_in * (0.5 if it.relu else 1.0)
-                bias = it.role.fan_out * m.bias_var * (0.5 if it.relu else 1.0)
-                la, lc = la + ln(k), lae(lc + ln(k), ln(bias))
+                la, lc = layer(la, lc, it.role, it.relu)
             elif isinstance(it, Record):
                 fwd.append(0.5 * (la if lc == -math.inf else lae(la, lc + log_inv_x2)))
             else:
                 inner, close = it
                 fa, fc = forward(inner, la, lc)  # the branch (its Records, if any, are not block outputs)
-                if close.projection is None:
-                    sa, sc = la, lc
-                else:
-                    m = moments(close.projection)
-                    k = close.projection.fan_out * m.row_sq / close.projection.fan_in
-                    sa, sc = la + ln(k), lae(lc + ln(k), ln(close.projection.fan_out * m.bias_var))
+                sa, sc = (la, lc) if close.projection is None else layer(la, lc, close.projection, relu=False)
                 a2 = ln(alpha(close.blocks_in_stage) ** 2)
                 la, lc = lae(sa, fa + a2), lae(sc, fc + a2)
         return la, lc

@@ -219,8 +219,8 @@ def _verdict_line(run: RunResult, verdict: str) -> str:
         head = "[cyan]= agrees with finite-width theory[/cyan]" if ok else "[yellow]≠ disagrees with finite-width theory[/yellow]"
     parts = [escape(gate_text(c)) for c in checks]
     # why each failed gate failed (a gate without a band already says it in its text)
-    notes = [f"{c.name.split(' ||')[0]}: {c.note}" for c in checks if c.note and not c.passed and c.log10_low == c.log10_low]
-    tail = "".join(escape(f"\n    why ({n.split(': ', 1)[0]}): {n.split(': ', 1)[1]}") for n in dict.fromkeys(notes))
+    notes = dict.fromkeys((c.name.split(" ||")[0], c.note) for c in checks if c.note and not c.passed and c.has_band)
+    tail = "".join(escape(f"\n    why ({what}): {note}") for what, note in notes)
     return f"  {head}: " + "; ".join(parts) + tail
 
 
@@ -370,7 +370,7 @@ def render_inits(rows: Sequence[tuple[str, str, str]], console: Console) -> None
 def gate_text(c) -> str:
     """``typical forward ratio at layer 20 1.02 in [0.5, 2]`` for one gate (a ``results.Check``):
     the measured value is the geometric mean over samples and draws."""
-    if c.log10_low != c.log10_low:  # nan: no band (no prediction)
+    if not c.has_band:
         return f"typical {c.name} {fmt_log10(c.log10_measured)}: {c.note}"
     word = "in" if c.passed else "outside"
     return f"typical {c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, {fmt_log10(c.log10_high)}]"

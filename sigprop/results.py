@@ -165,6 +165,11 @@ class Check:
     def measured(self) -> float | None:
         return None if self.log10_measured is None else _pow10(self.log10_measured)
 
+    @property
+    def has_band(self) -> bool:
+        """False for a ``theory`` check of an init without a closed form (its band is NaN)."""
+        return not math.isnan(self.log10_low)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -107,15 +107,17 @@ class ProbeSpec:
             raise SigpropError(f"tf32 applies to float32 matmuls; --dtype is {self.dtype}", field="precision")
 
 
-def _init_tuple(spec, arch: str) -> None:
-    """``inits`` as a tuple of registry names defined for ``arch``: a single string is one name
-    (not its characters), every name is checked against the registry."""
+def _init_tuple(spec, arch: str, known_only: bool = False) -> None:
+    """``inits`` as a tuple of registry names: a single string is one name (not its
+    characters); every name must be defined for ``arch`` -- or, with ``known_only``, merely be
+    registered (a ResNet resolves names per --norm later); unknown names get a did-you-mean."""
     names = (spec.inits,) if isinstance(spec.inits, str) else tuple(spec.inits)
     object.__setattr__(spec, "inits", names)
     if not names:
         raise SigpropError("give at least one init", field="init")
     for name in names:
-        inits.get(name, arch)
+        if not (known_only and name in inits.INITS):
+            inits.get(name, arch)
 
 
 #: what ``--check`` gates on (docs/cli.md, "Two verdicts"):
@@ -228,13 +230,7 @@ class ResNetSpec:
                 raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has one layer per block", field="block_depth")
         if self.stages > 16:
             raise SigpropError(f"each stage doubles the width; {self.stages} stages is beyond any memory", field="stages")
-        if isinstance(self.inits, str):
-            object.__setattr__(self, "inits", (self.inits,))
-        if not self.inits:
-            raise SigpropError("give at least one init", field="init")
-        for name in self.inits:
-            if name not in inits.INITS:
-                inits.get(name, "resnet")  # the did-you-mean error
+        _init_tuple(self, "resnet", known_only=True)
         resolved = self.resolved_inits()
         if len(set(resolved)) != len(resolved):
             raise SigpropError("an init is named twice (with --norm none, he is unnormalized-he)", field="init")

@@ -179,23 +179,21 @@ def mlp_checks(widths: Sequence[int], fwd: RatioStats, bwd: RatioStats, cum_f, c
     limits = (math.log(MLP_BAND_LIMITS[0]), math.log(MLP_BAND_LIMITS[1])) if default else (-math.inf, math.inf)
     L = len(widths) - 1
     width = str(widths[1]) if len(set(widths[1:])) == 1 else f"{min(widths[1:])}..{max(widths[1:])}"
-    out = []
+    preserved, agrees = [], []
     named = ((f"forward ratio at layer {L}", fwd, refs[0], cum_f, pred_f), ("backward ratio at layer 1", bwd, refs[1], cum_b, pred_b))
     for name, st, (lo, hi), cum, pred in named:
         c = _gate(name, "preserved", st, max(lo + math.log(band[0]), limits[0]), min(hi + math.log(band[1]), limits[1]))
         typical = None if pred is None else pred + float(cum[0])
         c.note = _explain_preserved(c, st, pred, typical, L, width)
-        out.append(c)
-    for name, st, _, cum, pred in named:
+        preserved.append(c)
         if pred is None:
-            out.append(Check(name, False, st.log10_mean, math.nan, math.nan, "theory", "no closed-form prediction for this init"))
+            agrees.append(Check(name, False, st.log10_mean, math.nan, math.nan, "theory", "no closed-form prediction for this init"))
             continue
-        low, high = theory.cornish_fisher_band(pred, pred, cum, z)
-        c = _gate(name, "theory", st, low, high)
+        c = _gate(name, "theory", st, *theory.cornish_fisher_band(pred, pred, cum, z))
         if not c.passed:
-            c.note = f"the theory predicts a typical ratio of {_fmt((pred + float(cum[0])) / LN10)}"
-        out.append(c)
-    return out
+            c.note = f"the theory predicts a typical ratio of {_fmt(typical / LN10)}"
+        agrees.append(c)
+    return preserved + agrees
 
 
 def mlp_run(scheme: InitScheme, widths: list[int], ln_fwd: np.ndarray, ln_bwd: np.ndarray,
@@ -332,18 +330,16 @@ def resnet_run(
             c = _stage_check(name, ln, b, v, z)
             if not c.passed:
                 c.note = "outside Theorem 3's band [sqrt 2, sqrt e] with its finite-width allowance"
-                if lnp:
-                    typical = lnp[a] - lnp[e] - abs(float(var[a] - var[e]))
-                    c.note += f"; the theory predicts a typical stage ratio of {_fmt(typical / LN10)} for this init"
             checks.append(c)
-        for name, ln, (lnp, var, a, b) in zip(names, measured, own):
             if not lnp:
                 theory_checks.append(Check(name, False, None, math.nan, math.nan, "theory", "no closed-form prediction for this init"))
                 continue
-            centre = lnp[a] - lnp[b]
-            c = _stage_check(name, ln, (centre, centre), abs(float(var[a] - var[b])), z, verdict="theory")
+            centre, own_var = lnp[a] - lnp[e], abs(float(var[a] - var[e]))
             if not c.passed:
-                c.note = f"the theory predicts an RMS stage ratio of {_fmt(centre / LN10)}"
-            theory_checks.append(c)
+                c.note += f"; the theory predicts a typical stage ratio of {_fmt((centre - own_var) / LN10)} for this init"
+            t = _stage_check(name, ln, (centre, centre), own_var, z, verdict="theory")
+            if not t.passed:
+                t.note = f"the theory predicts an RMS stage ratio of {_fmt(centre / LN10)}"
+            theory_checks.append(t)
     return RunResult(init=scheme.name, widths=list(dims), layers=layers, checks=checks + theory_checks, description=description,
                      stages=infos, gate=gate)
