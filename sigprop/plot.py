@@ -222,7 +222,7 @@ def sweep_figure(rows: Sequence[dict], x: str, path: Path, direction: str = "for
 
 def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward"):
     """End-to-end typical ratio (geometric mean over samples and draws) against ``x`` ("depth",
-    "width", "blocks"): one colour per init, one line style per value of the other axes
+    "width", "blocks"): one colour per init, one marker per value of the other axes
     (width, samples, seeds: rows that differ in any of them are never merged into one line);
     a band of +-1 sd of log10 across samples and, with several draws, the across-draw sd;
     the predicted typical ratio (theory moved by the finite-width drift) dashed in the same

@@ -84,10 +84,6 @@ ThreadsOpt = Annotated[
 ]
 
 
-def _gate(gate: Gate, band: Optional[str]) -> specs.GateSpec:
-    return specs.GateSpec(gate.value, None if band is None else specs.parse_band(band))
-
-
 #: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
 FIGURE1_INITS = ["he", "proposed", "proposed-gaussian"]
 
@@ -138,7 +134,7 @@ class ProbeOptions:
                                stream=self.stream, precision=self.precision.value, graphs=self.graphs)
 
     def gate_spec(self) -> specs.GateSpec:
-        return _gate(self.gate, self.band)
+        return specs.GateSpec(self.gate.value, None if self.band is None else specs.parse_band(self.band))
 
 
 #: (name, option, default) of ``ProbeOptions``, in the order ``--help`` lists them
