@@ -275,13 +275,17 @@ def render_table(result: ProbeResult, console: Console) -> None:
     if resnet:
         console.print(
             "[dim]mean ± std over samples of ||h^b||/||x|| (forward) and ||dl/dh^b||/||dl/dh^end|| (backward); "
-            "branch = rms of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside (~ within a band over 2 decades wide: no test) "
-            "the finite-width band of the theory; band [√2, √e] = [1.414, 1.649] per stage (Arpit et al. 2019, Theorems 3-4)[/dim]"
+            "branch = rms of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside "
+            "the finite-width band of the theory (~ within a band over 2 decades wide: no test); band [√2, √e] = [1.414, 1.649] "
+            "per stage (Arpit et al. 2019, Theorems 3-4)[/dim]",
+            soft_wrap=True,
         )
     else:
         console.print(
             "[dim]mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward); "
-            "theory = closed-form rms; =/≠ = measured rms within/outside (~ within a band over 2 decades wide: no test) the finite-width band of the theory[/dim]"
+            "theory = closed-form rms; =/≠ = measured rms within/outside the finite-width band of the theory "
+            "(~ within a band over 2 decades wide: no test)[/dim]",
+            soft_wrap=True,
         )
     for run in result.runs:
         console.print(run_summary(run, int(result.config.get("seeds", 1))), soft_wrap=True)
