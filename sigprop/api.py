@@ -65,7 +65,7 @@ def probe(
     if isinstance(spec, specs.ResNetSpec):
         return _probe_resnet(spec, probe_spec, progress, on_start, gate)
     widths, arrays, env = engine.run_mlp(spec, probe_spec, progress=progress, on_start=on_start)
-    runs = [stats.mlp_run(inits.get(name), widths, *arrays[name], band=gate.band, gate=gate.gate) for name in spec.inits]
+    runs = [stats.mlp_run(inits.get(name), widths, arrays[name]["fwd"], arrays[name]["bwd"], band=gate.band, gate=gate.gate) for name in spec.inits]
     config = {"command": "mlp", **spec.to_dict(), **probe_spec.__dict__, **gate.to_dict(), "widths": widths}
     tolerances = {**TOLERANCES, "band": list(gate.band or specs.MLP_BAND)}
     return ProbeResult(command="mlp", config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=tolerances)

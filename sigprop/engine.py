@@ -16,8 +16,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass, replace
-from functools import partial
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -121,6 +120,25 @@ def probe_inputs(seed: int, samples: int, input_dim: int, output_dim: int, devic
     x = torch.randn(samples, input_dim, generator=gx, device=device, dtype=dtype)
     e = torch.randn(samples, output_dim, generator=ge, device=device, dtype=dtype)
     return x, e
+
+
+def pair_inputs(seed: int, pairs: int, dim: int, c0: float, device, dtype) -> torch.Tensor:
+    """P input pairs of cosine exactly ``c0`` and equal norms, as rows i and P + i of [2P, dim]:
+    a, b ~ N(0, I) (one stream, the same for every c0 and init); the second input is
+    ||a|| (c0 a^ + sqrt(1 - c0^2) b_perp^), b_perp^ the unit part of b orthogonal to a."""
+    if dim < 2 and abs(c0) < 1:
+        raise SigpropError(f"an input cosine of {c0:g} needs inputs of dimension >= 2 (the input has {dim})", field="correlation")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(specs.derive_seed(seed, specs.STREAM_PAIRS))
+    ab = torch.randn(2, pairs, dim, generator=gen, device=device, dtype=torch.float64)
+    a, b = ab[0], ab[1]
+    norm = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
+    a_hat = a / norm
+    perp = b - (b * a_hat).sum(-1, keepdim=True) * a_hat
+    p_norm = torch.linalg.vector_norm(perp, dim=-1, keepdim=True)
+    perp = perp / torch.where(p_norm > 0, p_norm, torch.ones_like(p_norm))
+    second = norm * (c0 * a_hat + math.sqrt(max(0.0, 1.0 - c0 * c0)) * perp)
+    return torch.cat([a, second]).to(dtype)
 
 
 _BITS: dict = {}
@@ -240,15 +258,6 @@ def sample_layer(scheme: InitScheme, role: LayerRole, gens, device, dtype, v_out
     return LayerParams(v=v, g=stack([p.g for p in ps]), bias=stack([p.bias for p in ps]), scale=stack([p.scale for p in ps]))
 
 
-def draw_layer(scheme: InitScheme, role: LayerRole, seed: int, draws, layer: int, device, dtype,
-               arena: Arena | None = None) -> LayerParams:
-    """``sample_layer`` from each draw's generator of this layer (``layer_generator``); with
-    ``arena`` the directions are stored in it."""
-    gens = [layer_generator(seed, d, layer, device) for d in draws]
-    v = None if arena is None else arena.alloc(len(gens), role.fan_out, role.fan_in)
-    return sample_layer(scheme, role, gens, device, dtype, v)
-
-
 class LayerGenerators:
     """One generator per draw, reseeded for each layer: ``reseeder(layer)`` gives the numbers of
     ``layer_generator(seed, draw, layer)``.  Reused (not new per layer) because a CUDA graph
@@ -266,10 +275,6 @@ class LayerGenerators:
                 gen.manual_seed(s)
 
         return reseed
-
-
-def _no_reseed() -> None:
-    pass
 
 
 def chunk_reseeder(rows: list[LayerGenerators], first: int, count: int) -> Callable[[], None]:
@@ -344,11 +349,6 @@ def _vjp(p: LayerParams, d: torch.Tensor) -> torch.Tensor:
     return _mm(d * p.scale.unsqueeze(-2), p.v)
 
 
-def _strip(p: LayerParams) -> LayerParams:
-    """The parameters without their directions (streaming keeps only scales and biases)."""
-    return LayerParams(v=None, g=p.g, bias=p.bias, scale=p.scale)
-
-
 def _keep(p: LayerParams, rows: "Arena", stream: bool) -> LayerParams:
     """What a layer keeps for the backward pass: its directions unless streaming, and its
     per-row gains, biases and scales copied into the ``rows`` arena (thousands of small tensors
@@ -360,10 +360,6 @@ def _keep(p: LayerParams, rows: "Arena", stream: bool) -> LayerParams:
 
 def _rows_arena(S: int, row_widths, device, dtype) -> "Arena":
     return Arena(3 * S * sum(row_widths), device, dtype)
-
-
-def _with_v(p: LayerParams, v: torch.Tensor) -> LayerParams:
-    return LayerParams(v=v, g=p.g, bias=p.bias, scale=p.scale)
 
 
 def unstack(p: LayerParams | None, s: int) -> LayerParams | None:
@@ -385,119 +381,15 @@ def mlp_batch(
     stream: bool = False,
     runner: replay.Eager | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[LayerParams]]:
-    """S = len(draws) draws of one init at once: returns (ln forward ratios [S, L, N], ln backward
-    ratios [S, L, N], params per layer stacked [S, ...]).
+    """S = len(draws) draws of one init through the MLP of ``widths`` (``plans.mlp_steps``, run by
+    ``walker.walk``): returns (ln forward ratios [S, L, N], ln backward ratios [S, L, N], params
+    per layer stacked [S, ...]; ``v = None`` when streamed).  ``stream``: the directions are not
+    kept; the backward pass redraws them from the layer's generator (same seed, same numbers).
+    Each layer, each way, is one step run by ``runner`` (sigprop/replay.py)."""
+    from sigprop.walker import NET_KINDS
 
-    Forward: ``_linear`` layer by layer (log space, one batched matmul per layer for all draws).
-    Backward (Arpit et al. 2019, eq. 5): delta^{l-1} = 1(a^{l-1} > 0) * (v^l^T (scale^l * delta^l)).
-    Stored directions and bit-packed masks live in one arena each (``Arena``).
-    ``stream``: the directions v are not kept; the backward pass redraws them from the layer's
-    generator (same seed, same numbers), so memory no longer grows with L n^2.  Only the per-row
-    scales (and biases) are kept -- for a data-dependent init they come from the forward pass.
-    The returned params then have ``v = None`` (tests compare streamed with stored ratios).
-    Each layer, each way, is one step run by ``runner`` (sigprop/replay.py: eagerly, or captured
-    into a CUDA graph and replayed); a data-dependent init always runs eagerly.
-    No host synchronisation per layer (except a data-dependent init's zero-variance check).
-    """
-    device, dtype = x.device, x.dtype
-    draws = list(draws)
-    if runner is None or scheme.calibrate is not None:
-        runner = replay.Eager()
-    S, L, n = len(draws), len(widths) - 1, x.shape[0]
-    ln_fwd = torch.empty(S, L, n, dtype=torch.float64, device=device)
-    ln_bwd = torch.empty(S, L, n, dtype=torch.float64, device=device)
-    weights = None if stream else Arena(S * mlp_weight_bytes(widths, 1), device, dtype)
-    masks = Arena(S * n * sum((w + 7) // 8 for w in widths[1:]), device, torch.uint8)
-    rows = _rows_arena(S, widths[1:], device, dtype)
-    gens = LayerGenerators(seed, draws, device)
-    K = haar_chunk(scheme, widths, S, device, torch.finfo(dtype).bits // 8)
-    chunk_gens = [LayerGenerators(seed, draws, device) for _ in range(K)]
-    runner.bind(gens.gens + [g for row in chunk_gens for g in row.gens])
-
-    def forward(u, c, role, v_out=None):
-        p = sample_layer(scheme, role, gens.gens, device, dtype, v_out)
-        u, c, mask, p = _linear(p, u, c, relu=True, calibrate=scheme.calibrate)
-        return {"u": u, "c": c, "packed": pack_mask(mask), "v": p.v, "g": p.g, "bias": p.bias, "scale": p.scale}
-
-    def draw_chunk(anchor, role, count):
-        """Layers first..first+count-1 (the generators were reseeded for them): [count, S, ...]."""
-        g = torch.stack([torch.stack([inits_mod.gaussian(role, gen, device, dtype) for gen in row.gens]) for row in chunk_gens[:count]])
-        p = haar_params(scheme, role, g)
-        return {"v": p.v, "g": p.g, "scale": p.scale}
-
-    def forward_given(u, c, v, scale, role):
-        """A layer whose directions were drawn by ``draw_chunk``."""
-        u, c, mask, _ = _linear(LayerParams(v=v, g=None, bias=None, scale=scale), u, c, relu=True)
-        return {"u": u, "c": c, "packed": pack_mask(mask)}
-
-    def chunk_of(l: int) -> tuple[int, int]:
-        """(first layer, layer count) of the chunk holding layer l >= 2."""
-        first = 2 + ((l - 2) // K) * K
-        return first, min(K, L - first + 1)
-
-    def run_chunk(l: int, c0: torch.Tensor) -> dict:
-        first, count = chunk_of(l)
-        role = LayerRole(fan_in=widths[first - 1], fan_out=widths[first])
-        return runner.run(("chunk", role, count), partial(draw_chunk, role=role, count=count), {"anchor": c0},
-                          chunk_reseeder(chunk_gens, first, count))
-
-    def backward(d, acc, scale, packed, role, v=None):
-        if v is None:  # streaming: redraw (the generators were reseeded for this layer)
-            v = sample_layer(scheme, role, gens.gens, device, dtype).v
-        y = _vjp(LayerParams(v=v, g=None, bias=None, scale=scale), d).mul_(unpack_mask(packed, role.fan_in))
-        d, ln_norm = _normalize(y, inplace=True)
-        return {"d": d, "acc": acc + ln_norm}
-
-    u, c = _normalize(x.expand(S, *x.shape))
-    c0 = c.clone()
-    params: list[LayerParams] = []
-    packed: list[torch.Tensor] = []
-    chunk: dict = {}
-    for l in range(1, L + 1):
-        role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
-        slot = None if stream else weights.alloc(S, role.fan_out, role.fan_in)
-        if K and l >= 2:  # directions drawn K layers at a time (one batched Haar call)
-            first, _ = chunk_of(l)
-            if l == first:
-                chunk = run_chunk(l, c0)
-            k = l - first
-            v = chunk["v"][k]
-            if slot is not None:
-                v = slot.copy_(v)
-            out = runner.run(("fwd-given", role), partial(forward_given, role=role),
-                             {"u": u, "c": c, "v": v, "scale": chunk["scale"][k]}, _no_reseed)
-            out = {**out, "v": v, "g": chunk["g"][k], "bias": None, "scale": chunk["scale"][k]}
-        else:
-            out = runner.run(("fwd", role), partial(forward, role=role), {"u": u, "c": c}, gens.reseeder(l), {"v_out": slot})
-            if slot is not None and out["v"].data_ptr() != slot.data_ptr():
-                slot.copy_(out["v"])  # a replayed step drew into its own buffer
-        u, c = out["u"], out["c"]
-        torch.sub(c, c0, out=ln_fwd[:, l - 1])
-        params.append(_keep(LayerParams(v=slot, g=out["g"], bias=out["bias"], scale=out["scale"]), rows, stream))
-        packed.append(masks.take(out["packed"]))
-        if progress is not None:
-            progress()
-    d, _ = _normalize(e.expand(S, *e.shape))
-    acc = torch.zeros(S, n, dtype=torch.float64, device=device)
-    ln_bwd[:, L - 1] = acc
-    for l in range(L, 1, -1):
-        p = params[l - 1]
-        role = LayerRole(fan_in=widths[l - 1], fan_out=widths[l])
-        inputs = {"d": d, "acc": acc, "scale": p.scale, "packed": packed[l - 2]}
-        reseed = gens.reseeder(l) if stream else _no_reseed
-        if not stream:
-            inputs["v"] = p.v
-        elif K:  # streaming in chunks: redraw a chunk when the walk enters it from above
-            first, count = chunk_of(l)
-            if l == first + count - 1:
-                chunk = run_chunk(l, c0)
-            inputs["v"], reseed = chunk["v"][l - first], _no_reseed
-        out = runner.run(("bwd", role), partial(backward, role=role), inputs, reseed)
-        d, acc = out["d"], out["acc"]
-        ln_bwd[:, l - 2].copy_(acc)
-        if progress is not None:
-            progress()
-    return ln_fwd, ln_bwd, params
+    r = NET_KINDS["mlp"].walk(widths, scheme, x, e, seed, draws, progress=progress, stream=stream, runner=runner)
+    return r.observed["fwd"], r.observed["bwd"], [k.params for k in r.kept]
 
 
 def mlp_forward_backward(scheme, widths, x, e, seed, draw, progress=None, stream=False):
@@ -567,18 +459,24 @@ class matmul_precision:
 
 
 class Ticker:
-    """The engine's progress: called once per forward or backward step of every pass (one init,
-    one batch of draws), it reports ``progress(done, total, "init: forward|backward")``."""
+    """The engine's progress: called once per step of every pass (one init, one batch of draws),
+    it reports ``progress(done, total, "init: phase")``; a pass is its phases in order, each
+    (name, steps): forward, backward, then one forward walk per input cosine ("correlation")."""
 
-    def __init__(self, progress: ProgressFn | None, passes: int, forward_steps: int, backward_steps: int) -> None:
-        self.progress, self.forward_steps = progress, forward_steps
-        self.per_pass = forward_steps + backward_steps
+    def __init__(self, progress: ProgressFn | None, passes: int, phases: list[tuple[str, int]]) -> None:
+        self.progress, self.phases = progress, [p for p in phases if p[1] > 0]
+        self.per_pass = sum(n for _, n in self.phases)
         self.total, self.done, self.name = passes * self.per_pass, 0, ""
 
     def __call__(self) -> None:
         self.done += 1
         if self.progress is not None:
-            phase = "forward" if (self.done - 1) % self.per_pass < self.forward_steps else "backward"
+            at, phase = (self.done - 1) % self.per_pass, self.phases[-1][0]
+            for name, n in self.phases:
+                if at < n:
+                    phase = name
+                    break
+                at -= n
             self.progress(self.done, self.total, f"{self.name}: {phase}")
 
 
@@ -602,14 +500,66 @@ def _check_finite(name: str, arrays) -> None:
             raise SigpropError(f"internal error: init {name!r} produced a non-finite log ratio")
 
 
+def correlation_bytes(probe: specs.ProbeSpec, widest: int, itemsize: int) -> int:
+    """The correlation walks' extra memory (forward only, nothing stored): the pair inputs and a
+    few activation buffers of 2P rows, and the float64 cosines."""
+    if not probe.correlations:
+        return 0
+    return 8 * 2 * probe.pairs * widest * itemsize
+
+
+def _drive(kind: str, net, names, probe: specs.ProbeSpec, batch: int, stream: bool, graphs: bool, x, e,
+           progress: ProgressFn | None) -> tuple[dict[str, dict[str, np.ndarray]], list]:
+    """Walk every init of a probe, batch of draws by batch: {init: {observer: float64 array with
+    the draws first}} and the step runners (for ``graphs_status``).  Per batch, the probe's
+    observers on (x, e), then for each input cosine a forward walk of its pairs
+    (``pair_inputs``) with the ``Correlation`` observer: "correlation" [S, C, E, P].  Only the
+    observations are kept: each walk's weights are freed before the next one allocates its own
+    (holding them doubled the peak memory)."""
+    from sigprop import walker
+
+    net_kind = walker.NET_KINDS[kind]
+    device, dtype = x.device, x.dtype
+    pairs = [pair_inputs(probe.seed, probe.pairs, x.shape[1], c0, device, dtype) for c0 in probe.correlations]
+    chunks = [list(range(s, min(s + batch, probe.seeds))) for s in range(0, probe.seeds, batch)]
+    runners: list[replay.Eager] = []
+    out: dict[str, dict[str, np.ndarray]] = {}
+    tick = None
+    for name in names:
+        scheme = net_kind.scheme(name)
+        units, record_input = net_kind.units(net, scheme)
+        if tick is None:
+            steps = len(units)
+            tick = Ticker(progress, len(names) * len(chunks), [("forward", steps), ("backward", steps - 1 + record_input),
+                                                             ("correlation", steps * len(pairs))])
+        tick.name = name
+
+        def run(inputs, errors, observers, draws):
+            runners.append(step_runner(graphs))
+            r = walker.walk(units, scheme, inputs, errors, probe.seed, draws, observers, record_input, space=net_kind.space(),
+                            progress=tick, stream=stream, runner=runners[-1])
+            runners[-1].release()
+            return {k: v.cpu().numpy() for k, v in r.observed.items()}
+
+        parts = []
+        for draws in chunks:
+            got = run(x, e, net_kind.observers(), draws)
+            if pairs:
+                got["correlation"] = np.stack([run(xp, None, [walker.Correlation()], draws)["correlation"] for xp in pairs], axis=1)
+            parts.append(got)
+        out[name] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        _check_finite(name, (out[name]["fwd"], out[name]["bwd"]))
+    return out, runners
+
+
 def run_mlp(
     spec: specs.MLPSpec,
     probe: specs.ProbeSpec,
     progress: ProgressFn | None = None,
     on_start: Callable[[dict], None] | None = None,
-) -> tuple[list[int], dict[str, tuple[np.ndarray, np.ndarray]], dict]:
-    """Probe every init of ``spec``: returns widths, {init: (ln_fwd [S, L, N], ln_bwd [S, L, N])}
-    as float64 numpy arrays, and the environment record (device, dtype, torch version, stream,
+) -> tuple[list[int], dict[str, dict[str, np.ndarray]], dict]:
+    """Probe every init of ``spec``: returns widths, {init: {"fwd", "bwd" [S, L, N], and with
+    ``probe.correlations`` "correlation" [S, C, L, P]}} as float64 numpy arrays, and the environment record (device, dtype, torch version, stream,
     draws per batch).  ``on_start(env)`` is called once every input has been validated, before
     any allocation.  ``probe.stream`` None: stream (redraw the weights in the backward pass) only
     when storing them would not fit in 80% of the free memory.  The S draws run batched
@@ -642,33 +592,15 @@ def run_mlp(
     if graphs:
         biggest = max(widths[i] * widths[i - 1] for i in range(1, len(widths)))
         need += graph_pool_bytes(biggest, max(widths), probe.samples, itemsize)
+    need += correlation_bytes(probe, max(widths), itemsize)
     batch = plan_batches(need, probe.seeds, device, "depth/width/samples") if probe.batch is None else min(probe.batch, probe.seeds)
     env = _environment(device, probe, stream, batch)
     if on_start is not None:
         on_start(env)
 
     x, e = probe_inputs(probe.seed, probe.samples, widths[0], widths[-1], device, dtype)
-    chunks = [list(range(s, min(s + batch, probe.seeds))) for s in range(0, probe.seeds, batch)]
-    # L forward steps, L - 1 backward steps per init and batch (mlp_batch)
-    tick = Ticker(progress, len(spec.inits) * len(chunks), spec.depth, spec.depth - 1)
-
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    runners: list[replay.Eager] = []
     with torch.no_grad(), precision:
-        for name in spec.inits:
-            tick.name = name
-            scheme = inits_mod.get(name)
-            fwd_all, bwd_all = [], []
-            for draws in chunks:
-                runners.append(step_runner(graphs))
-                # only the ratios are kept: the params (and so the weight arena) are freed before
-                # the next init or batch allocates its own -- holding them doubled the peak memory
-                f, b = mlp_batch(scheme, widths, x, e, probe.seed, draws, tick, stream=stream, runner=runners[-1])[:2]
-                runners[-1].release()
-                fwd_all.append(f.cpu().numpy())
-                bwd_all.append(b.cpu().numpy())
-            out[name] = (np.concatenate(fwd_all), np.concatenate(bwd_all))
-            _check_finite(name, out[name])
+        out, runners = _drive("mlp", widths, spec.inits, probe, batch, stream, graphs, x, e, progress)
     env["graphs"] = graphs_status(runners)
     return widths, out, env
 
@@ -716,132 +648,13 @@ def resnet_batch(
     stream: bool = False,
     runner: replay.Eager | None = None,
 ) -> tuple[ResNetDraw, list[BlockParams]]:
-    """S = len(draws) draws of one init through h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (Arpit et al. 2019, eq. 6),
-    batched along a leading draw dim (ratios [S, E, N], params stacked [S, ...]).
+    """S = len(draws) draws of one init through h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (Arpit et
+    al. 2019, eq. 6; ``plans.resnet_steps`` run by ``walker.walk``): ratios [S, E, N] and branch
+    ratios [S, B, N], params stacked [S, ...] per block."""
+    from sigprop.walker import NET_KINDS
 
-    Forward in log space: the branch and the skip each run through ``_linear`` from the same
-    (u, c); their sum exp(c_S) s + alpha exp(c_F) f is formed with the larger exponent factored
-    out (``_combine``), so 3000 exploding blocks stay finite.
-    Backward (Arpit et al. 2019, eq. 54-63): d^{b-1} = S^T d^b + alpha J_F^T d^b, with J_F^T the branch's
-    layers transposed and its ReLU masks; linear in d, so renormalised per sample as in the MLP.
-    ``stream``: directions are redrawn from their generators in the backward pass, not stored.
-    Each block, each way, is one step run by ``runner`` (sigprop/replay.py), as in ``mlp_batch``.
-    """
-    device, dtype = x.device, x.dtype
-    draws = list(draws)
-    if runner is None or scheme.calibrate is not None:
-        runner = replay.Eager()
-    S, nb, n = len(draws), len(plan.blocks), x.shape[0]
-    ln_fwd = torch.empty(S, nb + 1, n, dtype=torch.float64, device=device)
-    ln_bwd = torch.empty(S, nb + 1, n, dtype=torch.float64, device=device)
-    ln_branch = torch.empty(S, nb, n, dtype=torch.float64, device=device)
-    weights = None if stream else Arena(S * resnet_weight_count(plan), device, dtype)
-    arena = Arena(S * n * sum((w + 7) // 8 for b in plan.blocks for w in b.widths[1:-1]), device, torch.uint8)
-    rows = _rows_arena(S, [w for b in plan.blocks for w in b.widths[1:]] + [b.d_out for b in plan.blocks if b.projection], device, dtype)
-    # one generator set per layer slot of a block (branch layers, then the projection)
-    slots = [LayerGenerators(seed, draws, device) for _ in range(max(len(b.layer_ids()) for b in plan.blocks))]
-    runner.bind([g for s in slots for g in s.gens])
-
-    def reseeder(block):
-        fns = [slots[j].reseeder(lid) for j, lid in enumerate(block.layer_ids())]
-        return lambda: [f() for f in fns]
-
-    def layer_roles(block) -> list[LayerRole]:
-        """Branch roles, then the projection's (the slot of ``layer_ids()[-1]``)."""
-        roles = block.branch_roles()
-        return roles + [block.projection_role()] if block.projection else roles
-
-    def slot_of(block, j: int) -> int:
-        return j if j < len(block.branch_roles()) else len(block.layer_ids()) - 1
-
-    def forward(u, c, block, alpha, v_outs=None):
-        roles, k = layer_roles(block), len(block.branch_roles())
-        out, bu, bc, su, sc = {}, u, c, u, c
-        for j, role in enumerate(roles):
-            p = sample_layer(scheme, role, slots[slot_of(block, j)].gens, device, dtype, None if v_outs is None else v_outs[j])
-            if j < k:
-                bu, bc, mask, p = _linear(p, bu, bc, relu=j < k - 1, calibrate=scheme.calibrate)
-                if mask is not None:
-                    out[f"packed{j}"] = pack_mask(mask)
-            else:
-                su, sc, _, p = _linear(p, u, c, relu=False, calibrate=scheme.calibrate)
-            out.update({f"v{j}": p.v, f"g{j}": p.g, f"bias{j}": p.bias, f"scale{j}": p.scale})
-        fb = bc + (math.log(alpha) if alpha > 0 else -math.inf)
-        out["branch"] = fb - c
-        out["u"], out["c"] = _combine(sc, su, fb, bu)
-        return out
-
-    def backward(w, acc, block, alpha, **t):
-        roles, k = layer_roles(block), len(block.branch_roles())
-
-        def layer(j: int) -> LayerParams:
-            v = t.get(f"v{j}")
-            if v is None:  # streaming: redraw (the block's generators were reseeded)
-                v = sample_layer(scheme, roles[j], slots[slot_of(block, j)].gens, device, dtype).v
-            return LayerParams(v=v, g=None, bias=None, scale=t[f"scale{j}"])
-
-        y = w if len(roles) == k else _vjp(layer(k), w)
-        if alpha != 0.0:
-            z = w
-            for j in range(k - 1, -1, -1):
-                z = _vjp(layer(j), z)
-                if j > 0:
-                    z = z * unpack_mask(t[f"packed{j - 1}"], z.shape[-1])
-            y = y + alpha * z
-        w, ln_norm = _normalize(y)
-        return {"w": w, "acc": acc + ln_norm}
-
-    def key(direction: str, block, alpha):
-        roles = tuple(r if scheme.by_block_index else replace(r, block_index=0) for r in layer_roles(block))
-        return direction, roles, alpha
-
-    u, c = _normalize(x.expand(S, *x.shape))
-    c0 = c.clone()
-    ln_fwd[:, 0] = 0.0
-    params: list[BlockParams] = []
-    all_masks: list[list[torch.Tensor]] = []
-    for i, block in enumerate(plan.blocks):
-        alpha = float(scheme.alpha(block.blocks_in_stage))
-        roles, k = layer_roles(block), len(block.branch_roles())
-        v_outs = None if stream else [weights.alloc(S, r.fan_out, r.fan_in) for r in roles]
-        out = runner.run(key("fwd", block, alpha), partial(forward, block=block, alpha=alpha), {"u": u, "c": c},
-                         reseeder(block), {"v_outs": v_outs})
-        kept = []
-        for j in range(len(roles)):
-            v = None
-            if v_outs is not None:
-                v = v_outs[j]
-                if out[f"v{j}"].data_ptr() != v.data_ptr():
-                    v.copy_(out[f"v{j}"])  # a replayed step drew into its own buffer
-            kept.append(_keep(LayerParams(v=v, g=out[f"g{j}"], bias=out[f"bias{j}"], scale=out[f"scale{j}"]), rows, stream))
-        u, c = out["u"], out["c"]
-        ln_branch[:, i].copy_(out["branch"])
-        torch.sub(c, c0, out=ln_fwd[:, i + 1])
-        params.append(BlockParams(kept[:k], kept[k] if block.projection else None, alpha))
-        all_masks.append([arena.take(out[f"packed{j}"]) for j in range(k - 1)])
-        if progress is not None:
-            progress()
-    w, _ = _normalize(e.expand(S, *e.shape))
-    acc = torch.zeros(S, n, dtype=torch.float64, device=device)
-    ln_bwd[:, nb] = acc
-    for i in range(nb - 1, -1, -1):
-        bp, masks, block = params[i], all_masks[i], plan.blocks[i]
-        layers = bp.branch + ([bp.projection] if bp.projection is not None else [])
-        inputs = {"w": w, "acc": acc}
-        for j, p in enumerate(layers):
-            if bp.alpha != 0.0 or j == len(bp.branch):  # a zero branch is never read
-                inputs[f"scale{j}"] = p.scale
-                if not stream:
-                    inputs[f"v{j}"] = p.v
-        if bp.alpha != 0.0:
-            inputs.update({f"packed{j}": m for j, m in enumerate(masks)})
-        out = runner.run(key("bwd", block, bp.alpha), partial(backward, block=block, alpha=bp.alpha), inputs,
-                         reseeder(block) if stream else _no_reseed)
-        w, acc = out["w"], out["acc"]
-        ln_bwd[:, i].copy_(acc)
-        if progress is not None:
-            progress()
-    return ResNetDraw(ln_fwd, ln_bwd, ln_branch), params
+    r = NET_KINDS["resnet"].walk(plan, scheme, x, e, seed, draws, progress=progress, stream=stream, runner=runner)
+    return ResNetDraw(r.observed["fwd"], r.observed["bwd"], r.observed["branch"]), [k.params for k in r.kept]
 
 
 def resnet_forward_backward(scheme, plan, x, e, seed, draw, progress=None, stream=False):
@@ -902,70 +715,20 @@ def bn_batch(
     eps: float = theory.BN_EPS,
     stream: bool = False,
 ) -> tuple[ResNetDraw, list[LayerParams]]:
-    """x^1 = W^0 BN(x^0)^+, x^{l+1} = x^l + W^l BN(x^l)^+ with W ~ N(0, 2/w) (De & Smith 2020, appendix C),
-    for S = len(draws) draws at once (leading dim; BN statistics per draw over its batch).
+    """x^1 = W^0 BN(x^0)^+, x^{l+1} = x^l + W^l BN(x^l)^+ with W ~ N(0, 2/w) (De & Smith 2020,
+    appendix C; ``plans.bn_resnet_steps`` run by ``walker.walk`` in plain floats), for S draws at
+    once (BN statistics per draw over its batch): ratios [S, E, N], branch ratios, and the batch
+    statistics of every entry [S, E, 3] (``walker.BNStatistics``).  ``stream``: W^l is redrawn in
+    the backward pass instead of stored."""
+    from sigprop import plans, walker
 
-    BN couples the samples of the batch, so there is no per-sample renormalisation: the forward
-    pass runs in plain floats (the skip variance grows only linearly, l) and the backward pass,
-    linear in the whole error matrix, is renormalised by one scalar per draw and step.  Also
-    records per entry the batch statistics of x^l (De & Smith 2020, appendix B: momentum 0, one update): the
-    variance over channels and examples, the mean over channels of the per-channel batch
-    variance, and of the squared per-channel batch mean.
-    ``stream``: W^l is redrawn in the backward pass instead of stored.
-    """
-    device, dtype = x.device, x.dtype
-    draws = list(draws)
-    scheme = inits_mod.get("unnormalized-he")
-    S, E, n = len(draws), len(plan.blocks) + 2, x.shape[0]
-    ln_fwd = torch.empty(S, E, n, dtype=torch.float64, device=device)
-    ln_bwd = torch.empty(S, E, n, dtype=torch.float64, device=device)
-    ln_branch = torch.empty(S, E - 2, n, dtype=torch.float64, device=device)
-    bn_stats = torch.empty(S, E, 3, dtype=torch.float64, device=device)
-    weights = None if stream else Arena(S * (E - 1) * plan.dim**2, device, dtype)
-    ln_x0 = _ln_rows(x)
-    X = x.expand(S, *x.shape)
-    saved = []
-    params: list[LayerParams] = []
-
-    def role(l: int) -> LayerRole:
-        return LayerRole(plan.dim, plan.dim, "relu" if l == 0 else "block_last", len(plan.blocks), max(l - 1, 0))
-
-    for l in range(E - 1):  # layer l maps x^l -> x^{l+1}; l = 0 is the stem
-        Y, s, mu, var = _bn(X, eps)
-        bn_stats[:, l] = _bn_record(X, mu, var)
-        ln_fwd[:, l] = _ln_rows(X) - ln_x0
-        p = draw_layer(scheme, role(l), seed, draws, l, device, dtype, weights)
-        F = torch.relu(Y) @ _t(p.v)
-        if l == 0:
-            X = F
-        else:
-            ln_branch[:, l - 1] = _ln_rows(F) - _ln_rows(X)
-            X = X + F
-        saved.append((Y, s, pack_mask(Y > 0)))
-        params.append(_strip(p) if stream else p)
-        if progress is not None:
-            progress()
-    Y, s, mu, var = _bn(X, eps)
-    bn_stats[:, E - 1] = _bn_record(X, mu, var)
-    ln_fwd[:, E - 1] = _ln_rows(X) - ln_x0
-    ln_e = _ln_rows(e)
-    G = e.expand(S, *e.shape)
-    scale = torch.linalg.vector_norm(G, dim=(-2, -1), keepdim=True) / math.sqrt(n)
-    G = G / scale
-    acc = torch.log(scale.to(torch.float64)).reshape(S, 1)
-    ln_bwd[:, E - 1] = 0.0
-    for l in range(E - 2, -1, -1):
-        Y, s, mask = saved[l]
-        v = draw_layer(scheme, role(l), seed, draws, l, device, dtype).v if stream else params[l].v
-        dX = _bn_backward((G @ v) * unpack_mask(mask, plan.dim), Y, s)
-        G = dX if l == 0 else G + dX
-        scale = torch.linalg.vector_norm(G, dim=(-2, -1), keepdim=True) / math.sqrt(n)
-        G = G / scale
-        acc = acc + torch.log(scale.to(torch.float64)).reshape(S, 1)
-        ln_bwd[:, l] = acc + _ln_rows(G) - ln_e
-        if progress is not None:
-            progress()
-    return ResNetDraw(ln_fwd, ln_bwd, ln_branch, bn_stats), params
+    kind = walker.NET_KINDS["bn-resnet"]
+    scheme = kind.scheme("unnormalized-he")
+    units, record_input = walker.compile_plan(plans.bn_resnet_steps(plan, eps), scheme)
+    r = walker.walk(units, scheme, x, e, seed, draws, kind.observers(), record_input, space=walker.PlainSpace(), progress=progress,
+                    stream=stream)
+    o = r.observed
+    return ResNetDraw(o["fwd"], o["bwd"], o["branch"], o["bn"]), [k.params for k in r.kept]
 
 
 def bn_forward_backward(plan, x, e, seed, draw, progress=None, eps=theory.BN_EPS, stream=False):
@@ -1004,7 +767,8 @@ def run_resnet(
     on_start: Callable[[dict], None] | None = None,
 ) -> tuple[nets.ResNetPlan, dict[str, dict[str, np.ndarray]], dict]:
     """Probe every init of ``spec``: returns the plan, {init: {"fwd", "bwd" [S, E, N], "branch"
-    [S, B, N], "bn" [S, E, 3] or absent}} as float64 numpy arrays, and the environment.
+    [S, B, N], "bn" [S, E, 3] or absent, "correlation" [S, C, E, P] with ``probe.correlations``}}
+    as float64 numpy arrays, and the environment.
     Streaming and batching of draws as in ``run_mlp``."""
     device = resolve_device(probe.device)
     precision = matmul_precision(probe.precision, device)
@@ -1045,38 +809,14 @@ def run_resnet(
         widest = max([plan.dim] + [w for b in plan.blocks for w in b.widths])
         need += graph_pool_bytes(max(sizes + [b.d_in * b.d_out for b in plan.blocks]), widest, probe.samples, itemsize,
                                  layers=max(len(b.layer_ids()) for b in plan.blocks))
+    need += correlation_bytes(probe, max(max(b.widths) for b in plan.blocks), itemsize)
     batch = plan_batches(need, probe.seeds, device, fields) if probe.batch is None else min(probe.batch, probe.seeds)
     env = _environment(device, probe, stream, batch)
     if on_start is not None:
         on_start(env)
     dims = plan.entry_dims()
     x, e = probe_inputs(probe.seed, probe.samples, dims[0], dims[-1], device, dtype)
-    chunks = [list(range(s, min(s + batch, probe.seeds))) for s in range(0, probe.seeds, batch)]
-    steps = len(dims) - 1
-    tick = Ticker(progress, len(names) * len(chunks), steps, steps)
-
-    out: dict[str, dict[str, np.ndarray]] = {}
-    runners: list[replay.Eager] = []
     with torch.no_grad(), precision:
-        for name in names:
-            tick.name = name
-            parts = []
-            for draws in chunks:
-                if bn:  # only the ratios are kept (see run_mlp)
-                    r = bn_batch(plan, x, e, probe.seed, draws, tick, stream=stream)[0]
-                else:
-                    runners.append(step_runner(graphs))
-                    r = resnet_batch(inits_mod.get(name), plan, x, e, probe.seed, draws, tick, stream=stream, runner=runners[-1])[0]
-                    runners[-1].release()
-                parts.append(r)
-            arrays = {
-                "fwd": np.concatenate([d.ln_fwd.cpu().numpy() for d in parts]),
-                "bwd": np.concatenate([d.ln_bwd.cpu().numpy() for d in parts]),
-                "branch": np.concatenate([d.ln_branch.cpu().numpy() for d in parts]),
-            }
-            if bn:
-                arrays["bn"] = np.concatenate([d.bn.cpu().numpy() for d in parts])
-            _check_finite(name, (arrays["fwd"], arrays["bwd"]))
-            out[name] = arrays
+        out, runners = _drive("bn-resnet" if bn else "resnet", plan, names, probe, batch, stream, graphs, x, e, progress)
     env["graphs"] = graphs_status(runners)
     return plan, out, env

@@ -56,7 +56,17 @@ class Record:
     pre_activation: bool = False
 
 
-Step = Union[Linear, Open, Close, Record]
+@dataclass(frozen=True)
+class BatchNorm:
+    """Training-mode batch normalization (gamma = 1, beta = 0) followed by a ReLU, per channel
+    over the batch (De & Smith 2020, appendix A).  Its moment map is not a per-sample one -- a
+    sample's output depends on the whole batch -- so ``predict`` does not compose it: the BN
+    net's predictions are De & Smith's mean-field recursion (``theory.bn_resnet_prediction``)."""
+
+    eps: float
+
+
+Step = Union[Linear, Open, Close, Record, BatchNorm]
 
 
 def mlp_steps(widths: Sequence[int]) -> tuple[Step, ...]:
@@ -76,6 +86,16 @@ def resnet_steps(plan) -> tuple[Step, ...]:
         steps.append(Open(blk.stage, blk.blocks_in_stage))
         steps += [Linear(r, relu=j < len(roles) - 1) for j, r in enumerate(roles)]
         steps += [Close(blk.blocks_in_stage, blk.projection_role()), Record()]
+    return tuple(steps)
+
+
+def bn_resnet_steps(plan, eps: float) -> tuple[Step, ...]:
+    """The BN ResNet of De & Smith 2020, appendix C: x^0 recorded; the stem x^1 = W^0 BN(x^0)^+;
+    blocks x^{l+1} = x^l + W^l BN(x^l)^+ (identity skip, alpha = 1); each state recorded."""
+    d, B = plan.dim, len(plan.blocks)
+    steps: list[Step] = [Record(), BatchNorm(eps), Linear(LayerRole(d, d, "relu", B, 0), relu=False), Record()]
+    for l in range(1, B + 1):
+        steps += [Open(1, B), BatchNorm(eps), Linear(LayerRole(d, d, "block_last", B, l - 1), relu=False), Close(B), Record()]
     return tuple(steps)
 
 
@@ -113,6 +133,8 @@ def predict(steps: Sequence[Step], moments: Moments, alpha: Callable[[int], floa
     Record (the MLP's dl/da^l) is read behind its layer's mask; the top Record is the
     reference (the error vector is given there).
     Forward is None where C/(d - 2) diverges (d <= 2 with a bias)."""
+    if any(isinstance(s, BatchNorm) for s in steps):
+        raise ValueError("a BatchNorm step has no per-sample moment map (theory.bn_resnet_prediction predicts the BN net)")
     tree = _blocks(steps)
     log_inv_x2 = -math.log(dim - 2) if dim > 2 else math.inf
     lae, ln = theory._lae, theory._ln

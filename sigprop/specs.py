@@ -32,7 +32,7 @@ def check_size(value: int, field: str) -> None:
 
 
 #: spawn keys of the independent random streams derived from one --seed
-STREAM_WIDTHS, STREAM_INPUTS, STREAM_ERRORS, STREAM_WEIGHTS = 0, 1, 2, 3
+STREAM_WIDTHS, STREAM_INPUTS, STREAM_ERRORS, STREAM_WEIGHTS, STREAM_PAIRS = 0, 1, 2, 3, 4
 
 
 def derive_seed(seed: int, *keys: int) -> int:
@@ -89,9 +89,22 @@ class ProbeSpec:
     batch: int | None = None
     #: capture each layer step as a CUDA graph and replay it (None: on with CUDA; sigprop/replay.py)
     graphs: bool | None = None
+    #: input cosines whose propagation is measured (``--correlation``, each in [-1, 1]; empty:
+    #: none) and the input pairs per cosine (``--pairs``); docs/theory.md section 10
+    correlations: tuple[float, ...] = ()
+    pairs: int = 256
 
     def __post_init__(self) -> None:
         check_size(self.samples, "samples")
+        check_size(self.pairs, "pairs")
+        cs = (self.correlations,) if isinstance(self.correlations, (int, float)) else tuple(self.correlations)
+        for c in cs:
+            if isinstance(c, bool) or not isinstance(c, (int, float)) or not -1.0 <= float(c) <= 1.0:
+                raise SigpropError(f"an input cosine must be a number in [-1, 1], got {c!r}", field="correlation")
+        cs = tuple(float(c) for c in cs)
+        if len(set(cs)) != len(cs):
+            raise SigpropError(f"an input cosine is given twice: {', '.join(f'{c:g}' for c in cs)}", field="correlation")
+        object.__setattr__(self, "correlations", cs)
         check_size(self.seeds, "seeds")
         if self.seed < 0 or self.seed >= 2**63:
             raise SigpropError(f"must be in [0, 2^63), got {self.seed}", field="seed")

@@ -100,13 +100,14 @@ def test_log_space_depth_3000_stays_finite_and_near_theory():
     spec = specs.MLPSpec(depth=3000, input_dim=64, width=specs.WidthSpec(64, 64), inits=("he", "proposed"))
     probe = specs.ProbeSpec(samples=32, device="cpu")
     widths, out, _ = engine.run_mlp(spec, probe)
-    for name, (f, b) in out.items():
+    for name, arr in out.items():
+        f, b = arr["fwd"], arr["bwd"]
         assert np.isfinite(f).all() and np.isfinite(b).all()
         run = stats.mlp_run(inits.get(name), widths, f, b)
         for r in run.layers:
             for s in (r.forward, r.backward):
                 assert s.log10_mean is not None and math.isfinite(s.log10_mean)
-    he = stats.mlp_run(inits.get("he"), widths, *out["he"])
+    he = stats.mlp_run(inits.get("he"), widths, out["he"]["fwd"], out["he"]["bwd"])
     last = he.layers[-1].forward
     # 2^{-1500}: about 10^{-451.5}; no float holds it, the log does
     assert last.log10_predicted == pytest.approx(-1500 * math.log10(2), rel=1e-12)
@@ -117,7 +118,7 @@ def test_log_space_depth_3000_stays_finite_and_near_theory():
     typical = (-2999 / 2 * math.log(2) - var_b[0]) / math.log(10)
     sd = math.sqrt(var_b[0]) / math.log(10)
     assert abs(he.layers[0].backward.log10_mean - typical) < 3 * sd
-    prop = stats.mlp_run(inits.get("proposed"), widths, *out["proposed"])
+    prop = stats.mlp_run(inits.get("proposed"), widths, out["proposed"]["fwd"], out["proposed"]["bwd"])
     assert prop.layers[-1].forward.agrees
 
 
@@ -128,18 +129,19 @@ def test_same_seed_same_numbers():
     w2, b, _ = engine.run_mlp(spec, probe)
     assert w1 == w2
     for k in a:
-        np.testing.assert_array_equal(a[k][0], b[k][0])
-        np.testing.assert_array_equal(a[k][1], b[k][1])
+        np.testing.assert_array_equal(a[k]["fwd"], b[k]["fwd"])
+        np.testing.assert_array_equal(a[k]["bwd"], b[k]["bwd"])
     # another seed gives other widths and numbers
     w3, c, _ = engine.run_mlp(spec, specs.ProbeSpec(samples=50, seed=8, seeds=2, device="cpu"))
-    assert w3 != w1 or not np.array_equal(c["proposed"][0], a["proposed"][0])
+    assert w3 != w1 or not np.array_equal(c["proposed"]["fwd"], a["proposed"]["fwd"])
 
 
 @pytest.mark.parametrize("width", [1, 2, 3])
 def test_dead_units_at_tiny_width_are_counted_not_nan(width):
     spec = specs.MLPSpec(depth=12, input_dim=5, width=specs.WidthSpec(width, width), inits=("proposed", "pytorch"))
     widths, out, _ = engine.run_mlp(spec, specs.ProbeSpec(samples=200, device="cpu"))
-    for name, (f, b) in out.items():
+    for name, arr in out.items():
+        f, b = arr["fwd"], arr["bwd"]
         assert not np.isnan(f).any() and not np.isnan(b).any()
         run = stats.mlp_run(inits.get(name), widths, f, b)
         for r in run.layers:
@@ -185,8 +187,8 @@ def test_streaming_equals_stored(name):
     _, stored, env = engine.run_mlp(spec, specs.ProbeSpec(samples=40, seed=3, seeds=2, device="cpu", stream=False))
     _, streamed, env_s = engine.run_mlp(spec, specs.ProbeSpec(samples=40, seed=3, seeds=2, device="cpu", stream=True))
     assert env["stream"] is False and env_s["stream"] is True
-    np.testing.assert_array_equal(stored[name][0], streamed[name][0])
-    np.testing.assert_array_equal(stored[name][1], streamed[name][1])
+    np.testing.assert_array_equal(stored[name]["fwd"], streamed[name]["fwd"])
+    np.testing.assert_array_equal(stored[name]["bwd"], streamed[name]["bwd"])
 
 
 @pytest.mark.parametrize("name", INIT_NAMES)
@@ -221,7 +223,7 @@ def test_draws_split_into_batches_give_the_same_numbers(monkeypatch):
     _, split, env2 = engine.run_mlp(spec, probe)
     assert env2["batch"] == 2
     for name in spec.inits:
-        for a, b in zip(whole[name], split[name]):
+        for a, b in zip(whole[name].values(), split[name].values()):
             assert a.shape == (5, 6, 24)
             np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
 
@@ -255,11 +257,11 @@ def test_cuda_batched_and_streamed_match_autograd(name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_tf32_runs_and_stays_close_to_fp32():
     spec = specs.MLPSpec(depth=50, input_dim=256, width=specs.WidthSpec(256, 256), inits=("proposed",))
-    f32 = engine.run_mlp(spec, specs.ProbeSpec(samples=256, device="cuda"))[1]["proposed"]
-    t32 = engine.run_mlp(spec, specs.ProbeSpec(samples=256, device="cuda", precision="tf32"))[1]["proposed"]
+    f32 = engine.run_mlp(spec, specs.ProbeSpec(samples=256, device="cuda"))[1]["proposed"]["fwd"]
+    t32 = engine.run_mlp(spec, specs.ProbeSpec(samples=256, device="cuda", precision="tf32"))[1]["proposed"]["fwd"]
     assert torch.backends.cuda.matmul.allow_tf32 is False  # restored after the run
     # TF32 keeps 10 mantissa bits: per-layer relative error ~ 2^-11; 50 layers stay well within 1%
-    assert np.abs(t32[0] - f32[0]).max() < 0.01
+    assert np.abs(t32 - f32).max() < 0.01
 
 
 @pytest.mark.parametrize("arch", ["mlp", "resnet", "bn"])

@@ -20,7 +20,7 @@ def wide_run():
 @pytest.mark.parametrize("name", CLOSED_FORM)
 def test_every_closed_form_agrees_at_width_1000(wide_run, name):
     widths, out = wide_run
-    run = stats.mlp_run(inits.get(name), widths, *out[name])
+    run = stats.mlp_run(inits.get(name), widths, out[name]["fwd"], out[name]["bwd"])
     for r in run.layers:
         for direction, s in (("forward", r.forward), ("backward", r.backward)):
             assert s.agrees, (name, direction, r.index, s.log10_rms, s.log10_low, s.log10_high)
@@ -30,7 +30,7 @@ def test_every_closed_form_agrees_at_width_1000(wide_run, name):
 
 def test_datadep_forward_approximation_at_width_1000(wide_run):
     widths, out = wide_run
-    run = stats.mlp_run(inits.get("datadep"), widths, *out["datadep"])
+    run = stats.mlp_run(inits.get("datadep"), widths, out["datadep"]["fwd"], out["datadep"]["bwd"])
     for r in run.layers:
         assert r.forward.agrees
         assert r.backward.predicted is None and r.backward.agrees is None
@@ -39,7 +39,7 @@ def test_datadep_forward_approximation_at_width_1000(wide_run):
 def test_figure1_top_proposed_preserves_he_vanishes():
     spec = specs.MLPSpec(depth=20, inits=("proposed", "proposed-gaussian", "he"))
     widths, out, _ = engine.run_mlp(spec, specs.ProbeSpec(samples=300, device="cpu"))
-    runs = {n: stats.mlp_run(inits.get(n), widths, *out[n]) for n in spec.inits}
+    runs = {n: stats.mlp_run(inits.get(n), widths, out[n]["fwd"], out[n]["bwd"]) for n in spec.inits}
     assert runs["proposed"].passed and runs["proposed-gaussian"].passed
     assert not runs["he"].passed
     # he: forward ~ sqrt(n_L / (n_0 2^20)) ~ 7e-4, backward at layer 1 ~ 2^{-9.5} ~ 1.4e-3
@@ -56,7 +56,7 @@ def test_finite_width_spread_model_across_seeds(name, width):
     draws = 30
     spec = specs.MLPSpec(depth=20, input_dim=width, width=specs.WidthSpec(width, width), inits=(name,))
     widths, out, _ = engine.run_mlp(spec, specs.ProbeSpec(samples=100, seeds=draws, seed=5, device="cpu"))
-    f, b = out[name]
+    f, b = out[name]["fwd"], out[name]["bwd"]
     var_f, var_b = theory.log_ratio_variance(widths, inits.get(name).orthogonal)
     pred = inits.get(name).predict_mlp(widths)
     for arr, var, ln_pred in ((f[:, -1, :], var_f[-1], pred.ln_forward[-1]), (b[:, 0, :], var_b[0], pred.ln_backward[0])):
