@@ -62,21 +62,31 @@ def probe(
     theory.  Every run carries both verdicts (``preserved``, ``theory``); ``gate`` says which
     one ``passed`` reports and the band of ``preserved``."""
     gate = gate or specs.GateSpec()
+    probe_spec = gate.probe(probe_spec)
     if isinstance(spec, specs.ResNetSpec):
         return _probe_resnet(spec, probe_spec, progress, on_start, gate)
     widths, arrays, env = engine.run_mlp(spec, probe_spec, progress=progress, on_start=on_start)
-    runs = [stats.mlp_run(inits.get(name), widths, arrays[name]["fwd"], arrays[name]["bwd"], band=gate.band, gate=gate.gate) for name in spec.inits]
+    runs = []
+    for name in spec.inits:
+        scheme, a = inits.get(name), arrays[name]
+        run = stats.mlp_run(scheme, widths, a["fwd"], a["bwd"], band=gate.band, gate=gate.gate)
+        stats.attach_correlations(run, scheme, widths, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
+                                  gate.max_correlation, probe_spec.dtype)
+        runs.append(run)
     config = {"command": "mlp", **spec.to_dict(), **probe_spec.__dict__, **gate.to_dict(), "widths": widths}
-    tolerances = {**TOLERANCES, "band": list(gate.band or specs.MLP_BAND)}
+    tolerances = {**TOLERANCES, "band": list(gate.default_band(resnet=False))}
     return ProbeResult(command="mlp", config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=tolerances)
 
 
 def _probe_resnet(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
     plan, arrays, env = engine.run_resnet(spec, probe_spec, progress=progress, on_start=on_start)
-    runs = [
-        stats.resnet_run(inits.get(name), plan, arrays[name], probe_spec.samples, probe_spec.dtype, band=gate.band, gate=gate.gate)
-        for name in spec.resolved_inits()
-    ]
+    runs = []
+    for name in spec.resolved_inits():
+        scheme = inits.get(name)
+        run = stats.resnet_run(scheme, plan, arrays[name], probe_spec.samples, probe_spec.dtype, band=gate.band, gate=gate.gate)
+        stats.attach_correlations(run, None if spec.norm == "bn" else scheme, plan, arrays[name].get("correlation"),
+                                  probe_spec.correlations, probe_spec.pairs, gate.max_correlation, probe_spec.dtype)
+        runs.append(run)
     config = {
         "command": "resnet",
         **spec.to_dict(),
@@ -90,7 +100,8 @@ def _probe_resnet(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
         config=config,
         environment={"sigprop": __version__, **env},
         runs=runs,
-        tolerances={**TOLERANCES, "band": [theory.RESNET_LOWER * (gate.band or (1, 1))[0], theory.RESNET_UPPER * (gate.band or (1, 1))[1]]},
+        tolerances={**TOLERANCES, "band": [theory.RESNET_LOWER * gate.default_band(resnet=True)[0],
+                                           theory.RESNET_UPPER * gate.default_band(resnet=True)[1]]},
     )
 
 
@@ -118,7 +129,7 @@ def run_checks(checks, source: str = "", on_outcome: Callable[[CheckOutcome], No
         seconds = (time.perf_counter() - t0) / max(len(result.runs), 1)
         results[c.name] = result.to_dict()
         for run in result.runs:
-            o = CheckOutcome(c.name, c.command, run.init, c.expect, run.verdict_checks(run.gate), seconds, c.description, run.gate)
+            o = CheckOutcome(c.name, c.command, run.init, c.expect, run.gate_checks(), seconds, c.description, run.gate)
             outcomes.append(o)
             if on_outcome is not None:
                 on_outcome(o)

@@ -14,6 +14,7 @@ A check is a TOML table under ``[tool.sigprop.checks]`` in pyproject.toml, or un
     expect = "pass"                      # "pass": every init must pass the gate;
                                          # "fail": every init must fail it (a known-bad init)
     gate = "preserved"                   # or "theory" (--gate); band = [0.1, 10] (--band)
+    max_correlation = 0.9                # also fail when inputs of cosine 0 end above 0.9
 
 Every option of ``sigprop mlp`` / ``sigprop resnet`` is a key (dashes or underscores):
 docs/ci.md lists them.
@@ -34,10 +35,12 @@ from typing import Any
 from sigprop import specs
 from sigprop.errors import SigpropError
 
-PROBE_KEYS = {"samples": int, "seed": int, "seeds": int, "device": str, "dtype": str, "stream": bool, "precision": str, "graphs": bool}
+PROBE_KEYS = {"samples": int, "seed": int, "seeds": int, "device": str, "dtype": str, "stream": bool, "precision": str, "graphs": bool,
+              "pairs": int}
 MLP_KEYS = {"depth": int, "input_dim": int, "width": (str, int)}
 RESNET_KEYS = {"blocks": int, "stages": int, "dim": int, "width": (str, int), "block_depth": int, "norm": str}
-META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str, "gate": str, "band": list}
+META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str, "gate": str, "band": list,
+             "correlation": (list, int, float), "max_correlation": (int, float)}
 EXPECT = ("pass", "fail")
 
 
@@ -173,8 +176,9 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
         band = opts.get("band")
         if band is not None and (len(band) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band)):
             raise SigpropError(f"expected two numbers [LO, HI], got {band!r}", field="band")
-        gate = specs.GateSpec(opts.get("gate", "preserved"), None if band is None else tuple(band))
-        probe = specs.ProbeSpec(**{k: opts[k] for k in PROBE_KEYS if k in opts})
+        gate = specs.GateSpec(opts.get("gate", "preserved"), None if band is None else tuple(band), opts.get("max_correlation"))
+        cos = opts.get("correlation", [])
+        probe = specs.ProbeSpec(**{k: opts[k] for k in PROBE_KEYS if k in opts}, correlations=cos if isinstance(cos, list) else [cos])
         if command == "mlp":
             kw = {k: opts[k] for k in ("depth", "input_dim") if k in opts}
             spec = specs.MLPSpec(
@@ -198,5 +202,5 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
 
 def _type_name(want) -> str:
     kinds = want if isinstance(want, tuple) else (want,)
-    words = {int: "an integer", str: "a string", bool: "true or false", list: "a list"}
+    words = {int: "an integer", str: "a string", bool: "true or false", list: "a list", float: "a number"}
     return " or ".join(words[k] for k in kinds)

@@ -126,8 +126,6 @@ def pair_inputs(seed: int, pairs: int, dim: int, c0: float, device, dtype) -> to
     """P input pairs of cosine exactly ``c0`` and equal norms, as rows i and P + i of [2P, dim]:
     a, b ~ N(0, I) (one stream, the same for every c0 and init); the second input is
     ||a|| (c0 a^ + sqrt(1 - c0^2) b_perp^), b_perp^ the unit part of b orthogonal to a."""
-    if dim < 2 and abs(c0) < 1:
-        raise SigpropError(f"an input cosine of {c0:g} needs inputs of dimension >= 2 (the input has {dim})", field="correlation")
     gen = torch.Generator(device=device)
     gen.manual_seed(specs.derive_seed(seed, specs.STREAM_PAIRS))
     ab = torch.randn(2, pairs, dim, generator=gen, device=device, dtype=torch.float64)
@@ -500,6 +498,13 @@ def _check_finite(name: str, arrays) -> None:
             raise SigpropError(f"internal error: init {name!r} produced a non-finite log ratio")
 
 
+def check_pairs(probe: specs.ProbeSpec, dim: int) -> None:
+    """Refuse, before anything runs, an input cosine the input dimension cannot hold."""
+    for c0 in probe.correlations:
+        if dim < 2 and abs(c0) < 1:
+            raise SigpropError(f"an input cosine of {c0:g} needs inputs of dimension >= 2 (the input has {dim})", field="correlation")
+
+
 def correlation_bytes(probe: specs.ProbeSpec, widest: int, itemsize: int) -> int:
     """The correlation walks' extra memory (forward only, nothing stored): the pair inputs and a
     few activation buffers of 2P rows, and the float64 cosines."""
@@ -592,6 +597,7 @@ def run_mlp(
     if graphs:
         biggest = max(widths[i] * widths[i - 1] for i in range(1, len(widths)))
         need += graph_pool_bytes(biggest, max(widths), probe.samples, itemsize)
+    check_pairs(probe, widths[0])
     need += correlation_bytes(probe, max(widths), itemsize)
     batch = plan_batches(need, probe.seeds, device, "depth/width/samples") if probe.batch is None else min(probe.batch, probe.seeds)
     env = _environment(device, probe, stream, batch)
@@ -809,6 +815,7 @@ def run_resnet(
         widest = max([plan.dim] + [w for b in plan.blocks for w in b.widths])
         need += graph_pool_bytes(max(sizes + [b.d_in * b.d_out for b in plan.blocks]), widest, probe.samples, itemsize,
                                  layers=max(len(b.layer_ids()) for b in plan.blocks))
+    check_pairs(probe, plan.dim)
     need += correlation_bytes(probe, max(max(b.widths) for b in plan.blocks), itemsize)
     batch = plan_batches(need, probe.seeds, device, fields) if probe.batch is None else min(probe.batch, probe.seeds)
     env = _environment(device, probe, stream, batch)

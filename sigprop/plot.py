@@ -174,7 +174,8 @@ def build_probe_figure(result):
     seeds = int(result.config.get("seeds", 1))
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colours = {run.init: (cycle[k % len(cycle)], MARKERS[k % len(MARKERS)]) for k, run in enumerate(result.runs)}
-    rows = 2 if zoom else 1
+    cosines = any(run.correlations for run in result.runs)
+    rows = (2 if zoom else 1) + cosines
     fig, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), squeeze=False)
     panels = [(axes[0], result.runs, top)] + ([(axes[1], near, "linear")] if zoom else [])
     cfg = result.config
@@ -198,6 +199,8 @@ def build_probe_figure(result):
             ax.grid(True, alpha=0.3)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         row[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    if cosines:
+        _draw_cosines(axes[-1], result, colours, xlabel)
     spread = "shaded: ± 1 sd of the log ratio across samples" + (
         f", darker: across {seeds} draws" if seeds > 1 else " (one draw: the across-draw spread is not shown)")
     if staged:
@@ -206,6 +209,46 @@ def build_probe_figure(result):
                  f"ratio; {spread}", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+COSINE_STYLES = ("-", "--", "-.", ":")
+
+
+def _draw_cosines(row, result, colours: dict, xlabel: str) -> None:
+    """The correlation row: left the mean cosine of the pairs' forward states (+-1 sd across
+    pairs and draws shaded), right 1 - cosine on a log axis (how fast inputs collapse onto one
+    direction); per init its colour, per input cosine c0 its marker; the infinite-width
+    prediction as a thin black-edged line in the same colour."""
+    left, right = row
+    c0s = [c.c0 for c in result.runs[0].correlations]
+    for run in result.runs:
+        col, _ = colours[run.init]
+        for k, c0 in enumerate(c0s):
+            recs = [(r.index, r.correlation[k]) for r in run.layers if len(r.correlation) > k]
+            xs = [i for i, c in recs if c.mean == c.mean]
+            ms = [c.mean for _, c in recs if c.mean == c.mean]
+            sd = [c.std for _, c in recs if c.mean == c.mean]
+            mk = MARKERS[k % len(MARKERS)]
+            label = f"{run.init}, c0 = {c0:g}"
+            left.plot(xs, ms, color=col, marker=mk, ms=4, markevery=max(1, len(xs) // 8), lw=1.4, label=label)
+            left.fill_between(xs, [m - s for m, s in zip(ms, sd)], [m + s for m, s in zip(ms, sd)], color=col, alpha=0.12, lw=0)
+            one = [(x, 1.0 - m) for x, m in zip(xs, ms) if 1.0 - m > 0]
+            right.plot([p[0] for p in one], [p[1] for p in one], color=col, marker=mk, ms=4, markevery=max(1, len(one) // 8), lw=1.4,
+                       label=label)
+            th = [(i, c.predicted) for i, c in recs if c.predicted is not None]
+            if th:
+                left.plot([t[0] for t in th], [t[1] for t in th], color=col, ls="--", lw=1.0)
+                th1 = [(x, 1.0 - p) for x, p in th if 1.0 - p > 0]
+                right.plot([t[0] for t in th1], [t[1] for t in th1], color=col, ls="--", lw=1.0)
+    left.set_ylabel("cosine of the two forward states")
+    left.set_title("correlation: mean over input pairs (dashed: infinite-width theory)", fontsize=10)
+    right.set_ylabel("1 − cosine")
+    right.set_yscale("log")
+    right.set_title("correlation: distance from collapse (log axis)", fontsize=10)
+    for ax in row:
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.3)
+    right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 def _width_text(width: Any) -> str:
@@ -218,6 +261,23 @@ def _width_text(width: Any) -> str:
 def sweep_figure(rows: Sequence[dict], x: str, path: Path, direction: str = "forward") -> None:
     """Saved to ``path``: see :func:`build_sweep_figure`."""
     save(build_sweep_figure(rows, x, direction), path)
+
+
+def _sweep_cosines(ax, groups, inits_seen, other_keys, colours, markers, varying, x) -> None:
+    """Sweep rows with ``correlation``: the last state's mean cosine per init and input cosine
+    (line style per c0), the prediction dashed in the same colour."""
+    for (init, other), pts in sorted(groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))):
+        pts = sorted(pts, key=lambda r: r["config"][x])
+        c0s = [c["c0"] for c in pts[0].get("correlation", [])]
+        for k, c0 in enumerate(c0s):
+            xs = [p["config"][x] for p in pts]
+            ys = [p["correlation"][k]["end_mean"] for p in pts]
+            label = f"{init}, c0 = {c0:g}" + "".join(f", {kk} {v}" for kk, v in other if kk in varying)
+            ax.plot(xs, ys, marker=markers[other], ms=4, color=colours[init], ls=COSINE_STYLES[k % 4], label=label)
+            pred = [p["correlation"][k]["end_predicted"] for p in pts]
+            if all(v is not None for v in pred):
+                ax.plot(xs, pred, color=colours[init], ls="--", lw=0.8, alpha=0.7)
+    ax.set_ylabel("mean cosine of the last states of input pairs")
 
 
 def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward"):
@@ -239,6 +299,14 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward")
     other_keys = sorted({g[1] for g in groups}, key=lambda t: [v if isinstance(v, (int, float)) else 0 for _, v in t])
     markers = {o: ["o", "s", "^", "D", "v", "P"][i % 6] for i, o in enumerate(other_keys)}
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    if direction == "correlation":
+        _sweep_cosines(ax, groups, inits_seen, other_keys, colours, markers, varying, x)
+        ax.set_xlabel(x)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        ax.set_title(f"sigprop sweep: cosine of two inputs at the last state vs {x} (dashed: theory)", fontsize=10)
+        fig.tight_layout()
+        return fig
     theory_drawn = False
     for (init, other), pts in sorted(groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))):
         pts = sorted(pts, key=lambda r: r["config"][x])

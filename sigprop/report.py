@@ -188,6 +188,54 @@ def bn_table(run: RunResult) -> Table:
     return t
 
 
+def _cos_theory_cell(c) -> Text:
+    cell = Text(("·" if c.predicted is None else f"{c.predicted:.4f}") + " ")
+    if c.agrees is None:
+        cell.append("·", style="dim")
+    else:
+        cell.append("=", style="cyan") if c.agrees else cell.append("≠", style="bold yellow")
+    return cell
+
+
+def correlation_table(run: RunResult, resnet: bool) -> Table:
+    """Per layer (or state) and input cosine c0: the mean ± sd over pairs (and draws) of the
+    cosine of the two forward states, beside the infinite-width prediction (docs/theory.md §10)."""
+    t = Table(
+        title=f"[bold]{run.init}[/bold] — cosine of two inputs' forward states",
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 0, 0, 1),
+    )
+    t.add_column("b" if resnet else "layer", justify="right", no_wrap=True)
+    for c in run.correlations:
+        t.add_column(f"c0={c.c0:g} mean±sd", justify="right", no_wrap=True)
+        t.add_column("theory", justify="right", no_wrap=True)
+    keep = _stage_bounds(run) if resnet else ()
+    for i in table_rows(len(run.layers), keep=keep):
+        r = run.layers[i]
+        cells: list[Any] = [str(r.index)]
+        for c in r.correlation:
+            cells += [f"{c.mean + 0.0:.4f}±{c.std:.3f}", _cos_theory_cell(c)]
+        t.add_row(*cells)
+    return t
+
+
+def correlation_lines(run: RunResult) -> list[str]:
+    """Per input cosine: where it ends, and the depth scale (layers until 1 - c falls by e)."""
+    out = []
+    unit = "blocks" if run.stages is not None else "layers"
+    for c in run.correlations:
+        pred = "no prediction: " + c.reason if c.end_predicted is None else f"theory {c.end_predicted:.4f}"
+        scale = lambda k: f"within {k} {unit}" if k is not None else "never"
+        depth = f"; 1 - cosine falls by e {scale(c.depth_scale)}"
+        if c.end_predicted is not None:
+            depth += f" (theory: {scale(c.predicted_depth_scale)})"
+        out.append(f"  inputs of cosine {c.c0:g} end at cosine {c.end_mean:.4f} ({pred}){depth}")
+    return out
+
+
 def stage_lines(run: RunResult) -> list[str]:
     """Per stage: the predicted stage ratios beside the --check band (before widening)."""
     out = []
@@ -207,7 +255,8 @@ def stage_lines(run: RunResult) -> list[str]:
 
 #: how each verdict reads (one meaning per word and colour: green/red are the 'preserved' verdict
 #: only; agreement with theory is cyan '=' / yellow '≠')
-VERDICT_WORDS = {"preserved": "signal preserved", "theory": "agrees with finite-width theory"}
+VERDICT_WORDS = {"preserved": "signal preserved", "theory": "agrees with finite-width theory",
+                 "correlation": "inputs kept apart (--max-correlation)"}
 
 
 def _verdict_line(run: RunResult, verdict: str) -> str:
@@ -270,7 +319,9 @@ def render_table(result: ProbeResult, console: Console) -> None:
             console.print(f"[dim](showing {shown} of {n} {'states' if resnet else 'layers'}; --format json or csv has all)[/dim]")
         if any(r.bn is not None for r in run.layers):
             console.print(bn_table(run))
-        for line in stage_lines(run):
+        if run.correlations:
+            console.print(correlation_table(run, run.stages is not None))
+        for line in stage_lines(run) + correlation_lines(run):
             console.print(line, highlight=False, soft_wrap=True)
     if resnet:
         console.print(
@@ -324,6 +375,8 @@ def to_csv(result: ProbeResult) -> str:
         header += [f"branch_{k}" for k in CSV_FIELDS]
     if bn:
         header += [f"bn_{k}{suffix}" for k in ("skip_variance", "moving_variance", "moving_squared_mean") for suffix in ("", "_predicted")]
+    c0s = [c.c0 for c in result.runs[0].correlations] if result.runs else []
+    header += [f"cos_{c0:g}_{k}" for c0 in c0s for k in ("mean", "std", "predicted", "agrees")]
     w.writerow(header)
     for run in result.runs:
         for r in run.layers:
@@ -335,6 +388,8 @@ def to_csv(result: ProbeResult) -> str:
                 b = r.bn
                 for k in ("skip_variance", "moving_variance", "moving_squared_mean"):
                     row += ["", ""] if b is None else [getattr(b, k), getattr(b, f"predicted_{k}")]
+            for c in r.correlation:
+                row += ["" if v is None else v for v in (c.mean, c.std, c.predicted, c.agrees)]
             w.writerow(row)
     return buf.getvalue()
 
@@ -374,16 +429,27 @@ def render_inits(rows: Sequence[tuple[str, str, str]], console: Console) -> None
 def gate_text(c) -> str:
     """``typical forward ratio at layer 20 1.02 in [0.5, 2]`` for one gate (a ``results.Check``):
     the measured value is the geometric mean over samples and draws."""
+    if c.verdict == "correlation":
+        word = "<=" if c.passed else ">"
+        return f"{c.name} {c.cosine:.4f} {word} {c.high:g}"
     if not c.has_band:
         return f"typical {c.name} {fmt_log10(c.log10_measured)}: {c.note}"
     word = "in" if c.passed else "outside"
     return f"typical {c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, {fmt_log10(c.log10_high)}]"
 
 
+def _asked(outcome) -> str:
+    """What an outcome's gates ask together: the verdict, and the correlation bound when set."""
+    words = VERDICT_WORDS[outcome.verdict]
+    if any(c.verdict == "correlation" for c in outcome.gates):
+        words += " and " + VERDICT_WORDS["correlation"]
+    return words
+
+
 def check_line(outcome) -> str:
     """One line: verdict, check name, init, what was expected and every gate measured vs band."""
     verdict = "PASS" if outcome.ok else "FAIL"
-    asked = VERDICT_WORDS[outcome.verdict]
+    asked = _asked(outcome)
     expect = f" (expected: {asked})" if outcome.expect == "pass" else f" (expected: not {asked})"
     gates = "; ".join(gate_text(c) for c in outcome.gates) or "no gate"
     return f"{verdict}  {outcome.name} [{outcome.init}]{expect}: {gates}"
@@ -411,7 +477,7 @@ def junit_xml(report_obj) -> str:
         case = ET.SubElement(suite, "testcase", classname=f"sigprop.{o.name}", name=o.init, time=f"{o.seconds:.3f}")
         text = "\n".join(gate_text(c) for c in o.gates)
         if not o.ok:
-            asked = VERDICT_WORDS[o.verdict]
+            asked = _asked(o)
             why = f"expected not '{asked}' but it held" if o.expect == "fail" else f"not '{asked}'"
             fail = ET.SubElement(case, "failure", message=f"{why}: {check_line(o)}", type="SignalCheck")
             fail.text = text

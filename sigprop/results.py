@@ -116,6 +116,43 @@ class BNStats:
 
 
 @dataclass
+class CorrelationStats:
+    """One input cosine c0 at one layer: the cosine of the two forward states of a pair, mean and
+    sd over the P pairs and the draws, beside the infinite-width prediction (docs/theory.md §10).
+    ``agrees``: |mean - predicted| <= z sd, sd the spread of one pair's cosine (None without a
+    prediction)."""
+
+    c0: float
+    mean: float
+    std: float
+    predicted: float | None = None
+    agrees: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"c0": self.c0, "mean": _num(self.mean), "std": _num(self.std), "predicted": _num(self.predicted),
+                "agrees": self.agrees}
+
+
+@dataclass
+class CorrelationSummary:
+    """One input cosine over the whole net: the last state's mean cosine, the depth scale
+    (layers or blocks until 1 - c has fallen by e from 1 - c0; None: it never does), measured
+    and predicted, and why there is no prediction when there is none."""
+
+    c0: float
+    end_mean: float
+    end_predicted: float | None
+    depth_scale: int | None
+    predicted_depth_scale: int | None
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"c0": self.c0, "end_mean": _num(self.end_mean), "end_predicted": _num(self.end_predicted),
+                "depth_scale": self.depth_scale, "predicted_depth_scale": self.predicted_depth_scale,
+                "no_prediction_because": self.reason or None}
+
+
+@dataclass
 class LayerRecord:
     """One row: an MLP layer, or a ResNet entry h^index (then with ``stage``, the ``branch`` ratio
     ||alpha F_b(h^{b-1})||/||h^{b-1}|| of the block that produced it, and ``bn`` for the BN net)."""
@@ -128,6 +165,8 @@ class LayerRecord:
     branch: RatioStats | None = None
     bn: BNStats | None = None
     resnet: bool = False
+    #: one entry per input cosine of ``--correlation`` (empty without it)
+    correlation: list[CorrelationStats] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"index": self.index, "width": self.width}
@@ -139,6 +178,8 @@ class LayerRecord:
             d["branch"] = None if self.branch is None else self.branch.to_dict()
             if self.bn is not None:
                 d["bn"] = self.bn.to_dict()
+        if self.correlation:
+            d["correlation"] = [c.to_dict() for c in self.correlation]
         return d
 
 
@@ -183,6 +224,25 @@ class Check:
             "log10_low": _num(self.log10_low),
             "log10_high": _num(self.log10_high),
         }
+
+
+@dataclass
+class CosineCheck:
+    """``--max-correlation X``: the last state's mean cosine of input pairs with cosine 0 must
+    not exceed X (verdict "correlation"; ANDed into ``passed`` whatever the gate)."""
+
+    name: str
+    passed: bool
+    cosine: float
+    high: float
+    verdict: str = "correlation"
+    note: str = ""
+    has_band = True
+    log10_measured = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "verdict": self.verdict, "passed": self.passed, "note": self.note,
+                "measured": _num(self.cosine), "low": None, "high": _num(self.high)}
 
 
 def _pow10(x: float) -> float | None:
@@ -239,6 +299,8 @@ class RunResult:
     stages: list[StageInfo] | None = None
     #: the verdict ``passed`` (and ``--check``) reports: "preserved" or "theory"
     gate: str = "preserved"
+    #: one per input cosine of ``--correlation``
+    correlations: list[CorrelationSummary] = field(default_factory=list)
 
     def verdict_checks(self, verdict: str) -> list[Check]:
         return [c for c in self.checks if c.verdict == verdict]
@@ -258,10 +320,14 @@ class RunResult:
         """The typical ratios agree with this init's own finite-width prediction."""
         return self.verdict("theory")
 
+    def gate_checks(self) -> list:
+        """What ``--check`` gates on: the gate's checks and any ``--max-correlation`` bound."""
+        return self.verdict_checks(self.gate) + self.verdict_checks("correlation")
+
     @property
     def passed(self) -> bool:
-        """The verdict of the gate (``gate``)."""
-        return self.verdict(self.gate)
+        """The verdict of the gate (``gate``), and the correlation bound when one was asked."""
+        return self.verdict(self.gate) and all(c.passed for c in self.verdict_checks("correlation"))
 
     def __repr__(self) -> str:
         end = self.layers[-1].forward if self.layers else None
@@ -291,6 +357,7 @@ class RunResult:
             "agrees_with_theory": self.agrees_with_theory,
             "agreement": self.agreement(),
             **({} if self.stages is None else {"stages": [st.to_dict() for st in self.stages]}),
+            **({"correlation": [c.to_dict() for c in self.correlations]} if self.correlations else {}),
         }
 
 
@@ -492,6 +559,7 @@ def sweep_row(config: dict[str, Any], init: str, result: "ProbeResult", seconds:
         "passed": result.passed,
         "preserved": run.preserved,
         "agrees_with_theory": run.agrees_with_theory,
+        **({"correlation": [c.to_dict() for c in run.correlations]} if run.correlations else {}),
         "seconds": round(seconds, 3),
         "environment": result.environment,
     }

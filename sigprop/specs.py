@@ -7,7 +7,7 @@ here from the seed with numpy, so the CLI can print and record it without touchi
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -120,6 +120,19 @@ class ProbeSpec:
             raise SigpropError(f"tf32 applies to float32 matmuls; --dtype is {self.dtype}", field="precision")
 
 
+def parse_cosines(texts) -> tuple[float, ...]:
+    """``--correlation`` values, repeated or comma-separated, as floats (range checked by
+    ProbeSpec); a word that is not a number is refused naming the option."""
+    out = []
+    for text in texts:
+        for part in str(text).split(","):
+            try:
+                out.append(float(part))
+            except ValueError:
+                raise SigpropError(f"expected a cosine in [-1, 1], got {part.strip()!r}", field="correlation") from None
+    return tuple(out)
+
+
 def _init_tuple(spec, arch: str, known_only: bool = False) -> None:
     """``inits`` as a tuple of registry names: a single string is one name (not its
     characters); every name must be defined for ``arch`` -- or, with ``known_only``, merely be
@@ -174,15 +187,34 @@ class GateSpec:
 
     gate: str = "preserved"
     band: tuple[float, float] | None = None
+    #: ``--max-correlation X``: also fail when the last state's mean cosine of input pairs with
+    #: cosine 0 exceeds X (the probe then measures c0 = 0; docs/ci.md)
+    max_correlation: float | None = None
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
             raise SigpropError(f"expected one of {', '.join(GATES)}, got {self.gate!r}", field="gate")
         if self.band is not None:
             object.__setattr__(self, "band", check_band(self.band))
+        x = self.max_correlation
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not -1.0 <= float(x) <= 1.0):
+            raise SigpropError(f"a cosine bound must be a number in [-1, 1], got {x!r}", field="max_correlation")
+
+    def default_band(self, resnet: bool) -> tuple[float, float]:
+        """The ``preserved`` band's factors as used: ``band``, else MLP_BAND (MLP) or (1, 1) around
+        the ResNet stage band."""
+        if self.band is not None:
+            return self.band
+        return (1.0, 1.0) if resnet else MLP_BAND
+
+    def probe(self, probe: "ProbeSpec") -> "ProbeSpec":
+        """The probe with c0 = 0 measured when a correlation bound is asked."""
+        if self.max_correlation is None or 0.0 in probe.correlations:
+            return probe
+        return replace(probe, correlations=(0.0, *probe.correlations))
 
     def to_dict(self) -> dict:
-        return {"gate": self.gate, "band": None if self.band is None else list(self.band)}
+        return {"gate": self.gate, "band": None if self.band is None else list(self.band), "max_correlation": self.max_correlation}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ overflows before the final conversion (which yields None where a float64 cannot 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -343,3 +344,79 @@ def resnet_run(
             theory_checks.append(t)
     return RunResult(init=scheme.name, widths=list(dims), layers=layers, checks=checks + theory_checks, description=description,
                      stages=infos, gate=gate)
+
+
+# --------------------------------------------------------------------------------------------
+# correlation propagation (docs/theory.md §10)
+# --------------------------------------------------------------------------------------------
+#: why an init or net has no correlation prediction
+NO_CORRELATION_MAP = "no second-moment map for this init"
+
+
+def correlation_prediction(scheme: InitScheme | None, net, c0: float, batch: int) -> tuple[list[float] | None, str]:
+    """The infinite-width cosine at every entry (an MLP's widths: layers 1..L; a ResNet plan:
+    h^0..h^B; ``scheme`` None: the BN net, x^0..x^{B+1}) for inputs of cosine c0, and the reason
+    when there is none.  Batch-coupled layers (BN, the data-dependent init) use the batch of 2P
+    pair inputs (``batch``)."""
+    if scheme is None:
+        return theory.bn_resnet_correlation(c0, len(net.blocks), batch), ""
+    if isinstance(net, (list, tuple)):
+        if scheme.calibrate is not None:
+            return theory.datadep_mlp_correlation(c0, len(net) - 1, batch), ""
+        if scheme.moments is None:
+            return None, NO_CORRELATION_MAP
+        layers = []
+        for i in range(1, len(net)):
+            m = scheme.moments(inits.LayerRole(net[i - 1], net[i]))
+            layers.append(theory.LinearMoments(net[i - 1], net[i], m.row_sq, m.bias_var))
+        return theory.mlp_correlation(c0, layers), ""
+    if scheme.calibrate is not None:
+        blocks = [(len(b.branch_roles()), b.projection, scheme.alpha(b.blocks_in_stage) ** 2) for b in net.blocks]
+        return theory.datadep_resnet_correlation(c0, blocks, batch), ""
+    if scheme.moments is None:
+        return None, NO_CORRELATION_MAP
+    return [c0] + theory.resnet_correlation(c0, [scheme.block_moments(b) for b in net.blocks]), ""
+
+
+def attach_correlations(run: RunResult, scheme: InitScheme | None, net, arr: np.ndarray | None, c0s, pairs: int,
+                        max_correlation: float | None, dtype: str = "float32", z: float = theory.Z_AGREEMENT) -> None:
+    """Per layer and input cosine the measured mean and sd of the pairs' cosines (``arr`` [S, C,
+    E, P]: over pairs and draws) beside the prediction, a summary per cosine, and the
+    ``--max-correlation`` check (the last state's mean for c0 = 0).
+
+    Agreement (docs/theory.md §10, "Finite-width band"): the mean lies within z sd of the
+    prediction (sd: one pair's spread; plus the rounding of the compute dtype -- a cosine of rows
+    perturbed by a relative d moves by at most 2d, ``rounding_ln`` over the entries -- so that an
+    exact c = 1 can be met in float32), or 1 - mean lies within a factor exp(z s) of 1 - predicted,
+    s the fitted across-draw sd of ln(1 - c) (``theory.correlation_collapse_sd``): near collapse
+    the pairs agree with each other far better than one draw agrees with the infinite width."""
+    from sigprop.results import CorrelationStats, CorrelationSummary, CosineCheck
+
+    if arr is None:
+        return
+    slack = 2.0 * rounding_ln(dtype, arr.shape[2])
+    collapse = theory.correlation_collapse_sd([r.width for r in run.layers])
+    for k, c0 in enumerate(c0s):
+        a = arr[:, k]
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an entry where every pair is dead: nan (JSON null)
+            mean, sd = np.nanmean(a, axis=(0, 2)), np.nanstd(a, axis=(0, 2))
+        pred, reason = correlation_prediction(scheme, net, c0, 2 * pairs)
+        for i, rec in enumerate(run.layers):
+            p = None if pred is None else pred[i]
+            agrees = None
+            if p is not None and math.isfinite(p) and math.isfinite(mean[i]):
+                agrees = bool(abs(mean[i] - p) <= z * sd[i] + slack)
+                if not agrees and mean[i] < 1.0 and p < 1.0:
+                    agrees = bool(abs(math.log((1.0 - mean[i]) / (1.0 - p))) <= z * collapse[i])
+            rec.correlation.append(CorrelationStats(c0, float(mean[i]), float(sd[i]), p, agrees))
+        first = 0 if isinstance(net, (list, tuple)) else 1  # a ResNet's entry 0 is the input itself
+        run.correlations.append(CorrelationSummary(
+            c0, float(mean[-1]), None if pred is None else pred[-1],
+            theory.correlation_depth_scale(c0, [float(v) for v in mean[first:]]),
+            None if pred is None else theory.correlation_depth_scale(c0, pred[first:]), reason))
+        if max_correlation is not None and c0 == 0.0:
+            passed = bool(math.isfinite(mean[-1]) and mean[-1] <= max_correlation)
+            note = "" if passed else "deep ReLU nets map inputs towards one direction (docs/theory.md §10)"
+            run.checks.append(CosineCheck("end-to-end mean cosine of input pairs with cosine 0", passed, float(mean[-1]),
+                                          max_correlation, note=note))

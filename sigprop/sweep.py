@@ -69,6 +69,8 @@ class Point:
             d["input_dim"] = self.spec.input_dim
         else:
             d["dim"] = self.spec.dim
+        if self.probe.correlations:  # only then: the keys of rows without cosines stay as they were (resume)
+            d["correlations"], d["pairs"] = list(self.probe.correlations), self.probe.pairs
         return d
 
     @property

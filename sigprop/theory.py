@@ -714,6 +714,22 @@ def resnet_correlation(c0: float, blocks: Sequence[BlockMoments], q0: float = 1.
     return out
 
 
+#: fitted (docs/theory.md §10, "Finite-width band"): across weight draws, the sd of
+#: ln((1 - c_mean)/(1 - c_pred)) of a deep ReLU MLP grows as K sqrt(sum_i 1/n_i) over the layers
+#: so far -- measured 0.5-1.4 x sqrt(l/n) at n = 64, 256, l = 5..60 (24 seeds each), so K = 1.25
+CORR_COLLAPSE_K = 1.25
+
+
+def correlation_collapse_sd(widths: Sequence[int]) -> list[float]:
+    """Per entry, the fitted sd of ln(1 - c) across draws: CORR_COLLAPSE_K sqrt(sum 1/n_i) over
+    the entries' widths so far."""
+    acc, out = 0.0, []
+    for n in widths:
+        acc += 1.0 / n
+        out.append(CORR_COLLAPSE_K * math.sqrt(acc))
+    return out
+
+
 def correlation_depth_scale(c0: float, cosines: Sequence[float]) -> int | None:
     """Layers (or blocks) until 1 - c has fallen by a factor e from 1 - c0; None if it never
     does within ``cosines`` (or c0 = 1).  For ReLU nets 1 - c decays like a power of depth, not
@@ -726,3 +742,73 @@ def correlation_depth_scale(c0: float, cosines: Sequence[float]) -> int | None:
         if 1.0 - c <= target:
             return i
     return None
+
+
+# Batch-coupled layers (BN, data-dependent init): a kernel triple (K_aa, K_ab, K_perp) -- the
+# per-unit second moment of one input, the cross moment of a pair, and the cross moment of two
+# inputs of *different* pairs (the rest of the batch) -- because centring over the batch
+# subtracts the batch's mean kernel (docs/theory.md §10, "Batch-coupled layers").
+def _centred(k: tuple[float, float, float], batch: int) -> tuple[float, float]:
+    """Cosines (pair, unrelated) of the per-unit pre-activations after subtracting the batch
+    mean and dividing by the batch sd, for a batch of ``batch`` = 2P inputs made of P pairs:
+    the mean kernel of a row with the batch is m = (K_aa + K_ab + (batch - 2) K_perp)/batch, and
+    centring gives K - m for every entry (diagonal included)."""
+    kaa, kab, kp = k
+    m = (kaa + kab + (batch - 2) * kp) / batch
+    var = kaa - m
+    if var <= 0.0:
+        return float("nan"), float("nan")
+    return (kab - m) / var, (kp - m) / var
+
+
+def _standardized(k: tuple[float, float, float], batch: int, relu: bool) -> tuple[float, float, float]:
+    """A linear layer (isotropic random rows: its pre-activation kernel is proportional to the
+    input's) standardized per unit over the batch, then a ReLU or not: the output triple per
+    unit (unit variance; after a ReLU 1/2 and (1/2) relu_cosine_map of each cosine)."""
+    c, cp = _centred(k, batch)
+    if not relu:
+        return 1.0, c, cp
+    return 0.5, 0.5 * relu_cosine_map(c), 0.5 * relu_cosine_map(cp)
+
+
+def bn_resnet_correlation(c0: float, blocks: int, batch: int) -> list[float]:
+    """Cosine of a pair's states x^0 .. x^{B+1} in the BN ResNet (De & Smith 2020, appendix C):
+    stem x^1 = W BN(x^0)^+, blocks x^{l+1} = x^l + W BN(x^l)^+, W ~ N(0, 2/d), at infinite width
+    and the finite batch of 2P pair inputs.  BN(x)^+ is ``_standardized`` with a ReLU; W (row
+    second moment 2) doubles it, so each branch adds (1, f(c_BN), f(c_perp,BN)) to the triple
+    and the skip keeps the old one (the cross terms vanish: W is independent of x^l).  The
+    input: K = (1, c0, 0).  BN's eps is neglected (var >> eps)."""
+    k = (1.0, c0, 0.0)
+    out = [c0]
+    for l in range(blocks + 1):
+        br = tuple(2.0 * v for v in _standardized(k, batch, relu=True))
+        k = br if l == 0 else tuple(a + b for a, b in zip(k, br))
+        out.append(k[1] / k[0])
+    return out
+
+
+def datadep_mlp_correlation(c0: float, layers: int, batch: int) -> list[float]:
+    """Cosine of a pair after each layer of an MLP whose every pre-activation is standardized
+    over the batch (the data-dependent init, Salimans & Kingma 2016, section 3.1): layer l maps
+    the triple by ``_standardized`` with a ReLU."""
+    k, out = (1.0, c0, 0.0), []
+    for _ in range(layers):
+        k = _standardized(k, batch, relu=True)
+        out.append(k[1] / k[0])
+    return out
+
+
+def datadep_resnet_correlation(c0: float, blocks: Sequence[tuple[int, bool, float]], batch: int) -> list[float]:
+    """Cosine of a pair at h^0 .. h^B of a ResNet with data-dependent init: per block (branch
+    layer count, projection, alpha^2) the branch's layers standardized (a ReLU after all but the
+    last), the skip the identity or a standardized projection; kernels add (independent
+    directions: no cross term)."""
+    k, out = (1.0, c0, 0.0), [c0]
+    for layers, projection, alpha_sq in blocks:
+        f = k
+        for j in range(layers):
+            f = _standardized(f, batch, relu=j < layers - 1)
+        s = _standardized(k, batch, relu=False) if projection else k
+        k = tuple(a + alpha_sq * b for a, b in zip(s, f))
+        out.append(k[1] / k[0])
+    return out

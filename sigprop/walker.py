@@ -55,7 +55,7 @@ class LogSpace:
         torch.sub(state["c"], ref, out=out)
 
     def rows(self, state: dict) -> torch.Tensor:
-        """Unit rows of the state (zero rows stay zero)."""
+        """Rows proportional to the state's (unit rows; zero rows stay zero)."""
         return state["u"]
 
     def grad_start(self, e: torch.Tensor, S: int) -> tuple[dict, torch.Tensor | None]:
@@ -78,9 +78,7 @@ class PlainSpace:
         out.copy_(E._ln_rows(state["X"]) - ref)
 
     def rows(self, state: dict) -> torch.Tensor:
-        X = state["X"]
-        norm = torch.linalg.vector_norm(X, dim=-1, keepdim=True)
-        return X / torch.where(norm > 0, norm, torch.ones_like(norm))
+        return state["X"]
 
     def grad_start(self, e: torch.Tensor, S: int) -> tuple[dict, torch.Tensor]:
         G, acc = _rescale(e.expand(S, *e.shape), None)
@@ -286,8 +284,10 @@ class BNStatistics(Observer):
 
 
 class Correlation(Observer):
-    """The cosine of the two forward states of each input pair [S, E, P] (float64): the walk's
-    samples are P pairs, rows i and P + i (``engine.pair_inputs``)."""
+    """The cosine of the two forward states of each input pair [S, E, P], computed in float64
+    (so it stays in [-1, 1] to rounding whatever the compute dtype; nan where a state is zero,
+    e.g. an all-dead ReLU layer): the walk's samples are P pairs, rows i and P + i
+    (``engine.pair_inputs``)."""
 
     name = "correlation"
 
@@ -296,9 +296,12 @@ class Correlation(Observer):
         self.buf = torch.empty(w.S, entries, self.pairs, dtype=torch.float64, device=w.device)
 
     def forward(self, w, entry, state, out):
-        r = w.space.rows(state)
-        P = self.pairs
-        torch.sum(r[:, :P].to(torch.float64) * r[:, P:].to(torch.float64), dim=-1, out=self.buf[:, entry])
+        r = w.space.rows(state).to(torch.float64)
+        a, b = r[:, :self.pairs], r[:, self.pairs:]
+        norms = torch.linalg.vector_norm(a, dim=-1) * torch.linalg.vector_norm(b, dim=-1)
+        dot = (a * b).sum(dim=-1)
+        torch.where(norms > 0, dot / torch.where(norms > 0, norms, torch.ones_like(norms)), torch.full_like(dot, math.nan),
+                    out=self.buf[:, entry])
 
     def result(self):
         return self.buf

@@ -78,6 +78,17 @@ BandOpt = Annotated[
     typer.Option(help="LO:HI factors around norm preservation for the 'preserved' verdict; must contain 1. "
                       "[default: 0.1:10 for mlp; 1:1 for resnet, i.e. Theorem 3's [sqrt 2, sqrt e] per stage with its finite-width allowance]"),
 ]
+CorrelationOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--correlation", help="Also measure how the cosine of two inputs propagates, from input pairs of cosine C0 in [-1, 1], "
+                                       "beside the infinite-width prediction (repeatable or comma-separated; docs/theory.md section 10)."),
+]
+PairsOpt = Annotated[int, typer.Option(min=1, help="Input pairs per --correlation cosine.")]
+MaxCorrelationOpt = Annotated[
+    Optional[float],
+    typer.Option(help="Also fail --check when the last state's mean cosine of input pairs with cosine 0 exceeds X "
+                      "(inputs mapped to one direction; measures C0 = 0; docs/ci.md)."),
+]
 ThreadsOpt = Annotated[
     Optional[int],
     typer.Option(min=1, help="CPU threads torch may use (recorded in the result). [default: half the cores this process may run on; OMP_NUM_THREADS where set]"),
@@ -128,13 +139,17 @@ class ProbeOptions:
     graphs: Optional[bool]
     threads: Optional[int]
     plot: Optional[Path]
+    correlation: Optional[list[str]]
+    pairs: int
+    max_correlation: Optional[float]
 
     def probe_spec(self) -> specs.ProbeSpec:
         return specs.ProbeSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype.value,
-                               stream=self.stream, precision=self.precision.value, graphs=self.graphs)
+                               stream=self.stream, precision=self.precision.value, graphs=self.graphs,
+                               correlations=specs.parse_cosines(self.correlation or []), pairs=self.pairs)
 
     def gate_spec(self) -> specs.GateSpec:
-        return specs.GateSpec(self.gate.value, None if self.band is None else specs.parse_band(self.band))
+        return specs.GateSpec(self.gate.value, None if self.band is None else specs.parse_band(self.band), self.max_correlation)
 
 
 #: (name, option, default) of ``ProbeOptions``, in the order ``--help`` lists them
@@ -143,7 +158,8 @@ PROBE_OPTIONS = (
     ("dtype", DTypeOpt, DType.float32), ("fmt", FormatOpt, Format.table), ("output", OutputOpt, None),
     ("check", CheckOpt, False), ("gate", GateOpt, Gate.preserved), ("band", BandOpt, None), ("stream", StreamOpt, None),
     ("precision", PrecisionOpt, Precision.fp32), ("graphs", GraphsOpt, None), ("threads", ThreadsOpt, None),
-    ("plot", PlotOpt, None),
+    ("plot", PlotOpt, None), ("correlation", CorrelationOpt, None), ("pairs", PairsOpt, 256),
+    ("max_correlation", MaxCorrelationOpt, None),
 )
 
 

@@ -58,7 +58,7 @@ def _run_probe(spec, opts: ProbeOptions, banner) -> None:
         _say(f"sigprop: wrote {plot}")
     if opts.check and not result.passed:
         for run in result.runs:
-            for c in run.verdict_checks(run.gate):
+            for c in run.gate_checks():
                 if not c.passed:
                     _say(f"sigprop: check failed ({report.VERDICT_WORDS[c.verdict]}): {run.init}: {report.gate_text(c)}")
         raise typer.Exit(1)

@@ -13,7 +13,7 @@ from rich.console import Console
 from sigprop import inits, report, specs
 from sigprop.errors import SigpropError
 from sigprop.cli._app import app
-from sigprop.cli.options import AnyInitName, Arch, CheckFormat, DType, Format
+from sigprop.cli.options import AnyInitName, Arch, CheckFormat, CorrelationOpt, DType, Format, PairsOpt
 from sigprop.cli.output import _check_output_target, _say, _stderr, render, render_rich, write_output
 
 
@@ -54,6 +54,8 @@ def sweep(
     seeds: Annotated[int, typer.Option(min=1, help="Independent weight draws S per configuration.")] = 1,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:K.")] = "auto",
     dtype: Annotated[DType, typer.Option(help="Floating-point type of the probe.")] = DType.float32,
+    correlation: CorrelationOpt = None,
+    pairs: PairsOpt = 256,
 ) -> None:
     """Run a grid of probes (depth or blocks x width x init), appending one JSON line per configuration; resumes."""
     from sigprop import sweep as sweep_mod
@@ -72,7 +74,8 @@ def sweep(
         sizes = sweep_mod.parse_ints(joined(blocks, "10,40,100"), "blocks")
     widths = sweep_mod.parse_ints(joined(width, "128,512"), "width")
     names = sweep_mod.parse_inits(joined(init, "proposed,he"), kind)
-    probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
+    probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value,
+                            correlations=specs.parse_cosines(correlation or []), pairs=pairs)
     points = sweep_mod.grid(kind, sizes, widths, names, probe, input_dim)
     target = _check_output_target(out)
     if target is not None and target.exists() and not target.is_file():
@@ -102,7 +105,8 @@ def sweep(
             row = sweep_mod.row(point, result, time.perf_counter() - t0)
             sweep_mod.append(out, row)
             fwd = row["end_to_end"]["forward"]["log10_mean"]
-            line = f"sweep [{i}/{len(todo)}] {point.label()}: forward {report.fmt_log10(fwd)} ({row['seconds']:.1f} s)"
+            cos = "".join(f", cosine {c['c0']:g} -> {c['end_mean']:.3f}" for c in row.get("correlation", []))
+            line = f"sweep [{i}/{len(todo)}] {point.label()}: forward {report.fmt_log10(fwd)}{cos} ({row['seconds']:.1f} s)"
             if prog is not None:
                 prog.advance(task)
                 prog.console.print(line, markup=False, highlight=False)
@@ -118,16 +122,19 @@ def plot_cmd(
     results: Annotated[Path, typer.Argument(help="A sweep's JSON-lines file.", metavar="RESULTS")],
     out: Annotated[Path, typer.Option(help="The figure: .png, .svg or .pdf.")],
     x: Annotated[str, typer.Option(help="x axis: depth, blocks or width.")] = "depth",
-    direction: Annotated[str, typer.Option(help="forward or backward end-to-end ratio.")] = "forward",
+    direction: Annotated[str, typer.Option(help="forward or backward end-to-end ratio, or correlation: the last state's mean cosine "
+                                                "of input pairs (a sweep run with --correlation).")] = "forward",
 ) -> None:
-    """Draw a sweep: end-to-end ratio against depth (or width), one line per init (needs the plot extra: pip install sigprop\\[plot])."""
+    """Draw a sweep: end-to-end ratio (or cosine) against depth (or width), one line per init (needs the plot extra: pip install sigprop\\[plot])."""
     from sigprop import plot as plot_mod
     from sigprop import sweep as sweep_mod
 
-    if direction not in ("forward", "backward"):
-        raise SigpropError(f"expected forward or backward, got {direction!r}", field="direction")
+    if direction not in ("forward", "backward", "correlation"):
+        raise SigpropError(f"expected forward, backward or correlation, got {direction!r}", field="direction")
     plot_mod.check_target(out, "out")
     rows = sweep_mod.read_rows(results)
+    if direction == "correlation" and not any(r.get("correlation") for r in rows):
+        raise SigpropError("these rows measured no cosine; run the sweep with --correlation C0", field="direction")
     if x not in ("depth", "blocks", "width") or not sweep_mod.axis_values(rows, x):
         keys = [k for k in ("depth", "blocks", "width") if sweep_mod.axis_values(rows, k)]
         raise SigpropError(f"no {x!r} in these rows; choose from {', '.join(keys)}", field="x")

@@ -36,6 +36,9 @@ COMMON = {
     "--gate": st.sampled_from(["preserved", "theory", "both", ""]),
     "--band": st.sampled_from(["0.5:2", "0.1:10", "2:3", "0.1:0.5", "0:1", "1", "a:b", "inf:inf", "-1:2", ""]),
     "--threads": st.sampled_from(["1", "2", "0", "-1", "x"]),
+    "--correlation": st.sampled_from(["0", "0.5", "-0.9", "1", "-1", "0,0.5", "0,0", "1.5", "x", "nan", "", "0.5,"]),
+    "--pairs": st.sampled_from(["1", "4", "0", "-2", "x"]),
+    "--max-correlation": st.sampled_from(["0.9", "0", "-1", "2", "x", "nan"]),
 }
 FLAGS = st.sampled_from(["--check", "--stream", "--no-stream", "--graphs", "--no-graphs", "--help", "--bogus", "-x"])
 
@@ -52,8 +55,10 @@ COMMANDS = {
               "--blocks": st.sampled_from(["2", "2,3", "-1", ""]), "--width": st.sampled_from(["8", "8,16", "0", "a", "1000000000"]),
               "--init": st.sampled_from(["proposed", "proposed,he", "nope", "", "proposed,proposed", "he", "skipinit"]),
               "--input-dim": st.sampled_from(["8", "0"]),
-              "--samples": SMALL_INT | GARBAGE, "--seeds": st.sampled_from(["1", "0"]), "--device": st.sampled_from(["cpu", "tpu"])},
-    "plot": {"--x": st.sampled_from(["depth", "width", "blocks", "time", ""]), "--direction": st.sampled_from(["forward", "backward", "up"])},
+              "--samples": SMALL_INT | GARBAGE, "--seeds": st.sampled_from(["1", "0"]), "--device": st.sampled_from(["cpu", "tpu"]),
+              "--correlation": st.sampled_from(["0", "0,0.5", "2", "x"]), "--pairs": st.sampled_from(["2", "0"])},
+    "plot": {"--x": st.sampled_from(["depth", "width", "blocks", "time", ""]),
+             "--direction": st.sampled_from(["forward", "backward", "up", "correlation"])},
     "check": {"--format": st.sampled_from(["text", "json", "yaml"])},
     "rerun": {"--format": st.sampled_from(["table", "json", "csv", "pdf"])},
 }
@@ -68,6 +73,9 @@ CHECK_TOML = st.sampled_from([
     '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ngate = "theory"\nband = [0.5, 2]\ndevice = "cpu"\n',
     '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ngate = "both"\ndevice = "cpu"\n',
     '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\nband = [2, 3]\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\nmax_correlation = 0.5\npairs = 4\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ncorrelation = [0, 2]\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ncorrelation = "x"\ndevice = "cpu"\n',
     '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ninit = "skipinit"\ndevice = "cpu"\n',
     # a sweep file of both kinds (sigprop plot must refuse it in one line)
     '{"schema": "sigprop.sweep.v1", "config": {"command": "mlp", "depth": 2, "width": 8}, "init": "he", "end_to_end": {}}\n'
