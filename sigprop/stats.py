@@ -378,6 +378,18 @@ def correlation_prediction(scheme: InitScheme | None, net, c0: float, batch: int
     return [c0] + theory.resnet_correlation(c0, [scheme.block_moments(b) for b in net.blocks]), ""
 
 
+def cosine_agrees(mean: float, sd: float, predicted: float | None, collapse_sd: float, slack: float = 0.0,
+                  z: float = theory.Z_AGREEMENT) -> bool | None:
+    """The correlation agreement rule (``attach_correlations``): within z sd (+ rounding) of the
+    prediction, or 1 - mean within a factor exp(z collapse_sd) of 1 - predicted; None without a
+    prediction or a measurement."""
+    if predicted is None or not (math.isfinite(predicted) and math.isfinite(mean)):
+        return None
+    if abs(mean - predicted) <= z * sd + slack:
+        return True
+    return bool(mean < 1.0 and predicted < 1.0 and abs(math.log((1.0 - mean) / (1.0 - predicted))) <= z * collapse_sd)
+
+
 def attach_correlations(run: RunResult, scheme: InitScheme | None, net, arr: np.ndarray | None, c0s, pairs: int,
                         max_correlation: float | None, dtype: str = "float32", z: float = theory.Z_AGREEMENT) -> None:
     """Per layer and input cosine the measured mean and sd of the pairs' cosines (``arr`` [S, C,
@@ -404,11 +416,7 @@ def attach_correlations(run: RunResult, scheme: InitScheme | None, net, arr: np.
         pred, reason = correlation_prediction(scheme, net, c0, 2 * pairs)
         for i, rec in enumerate(run.layers):
             p = None if pred is None else pred[i]
-            agrees = None
-            if p is not None and math.isfinite(p) and math.isfinite(mean[i]):
-                agrees = bool(abs(mean[i] - p) <= z * sd[i] + slack)
-                if not agrees and mean[i] < 1.0 and p < 1.0:
-                    agrees = bool(abs(math.log((1.0 - mean[i]) / (1.0 - p))) <= z * collapse[i])
+            agrees = cosine_agrees(float(mean[i]), float(sd[i]), p, collapse[i], slack, z)
             rec.correlation.append(CorrelationStats(c0, float(mean[i]), float(sd[i]), p, agrees))
         first = 0 if isinstance(net, (list, tuple)) else 1  # a ResNet's entry 0 is the input itself
         run.correlations.append(CorrelationSummary(

@@ -69,15 +69,16 @@ def test_proposed_mlp_collapses_and_proposed_resnet_does_not():
 def test_a_wrong_map_is_marked():
     """The marks can fail: the pytorch init's biases push the cosine to 1 within a few layers;
     measured against the zero-bias map it disagrees."""
-    from sigprop import inits, stats
+    from sigprop import inits, stats, theory
 
-    r = api.probe(specs.MLPSpec(depth=6, input_dim=500, width=specs.WidthSpec(500, 500), inits=("pytorch",)),
+    r = api.probe(specs.MLPSpec(depth=8, input_dim=500, width=specs.WidthSpec(500, 500), inits=("pytorch",)),
                   specs.ProbeSpec(samples=4, device="cpu", correlations=(0.0,))).runs[0]
-    zero_bias, _ = stats.correlation_prediction(inits.get("he"), [500] * 7, 0.0, 512)
-    measured = [rec.correlation[0].mean for rec in r.layers]
-    sds = [rec.correlation[0].std for rec in r.layers]
-    assert any(abs(m - p) > 3 * s for m, p, s in zip(measured, zero_bias, sds))
-    assert all(rec.correlation[0].agrees for rec in r.layers)
+    zero_bias, _ = stats.correlation_prediction(inits.get("he"), [500] * 9, 0.0, 512)
+    collapse = theory.correlation_collapse_sd([500] * 8)
+    marks = [stats.cosine_agrees(rec.correlation[0].mean, rec.correlation[0].std, p, k)
+             for rec, p, k in zip(r.layers, zero_bias, collapse)]
+    assert marks[-4:] == [False] * 4, marks  # the biases take over from layer ~4: the wrong map is refused from there
+    assert all(rec.correlation[0].agrees for rec in r.layers)  # the right one (with biases) is not
 
 
 def test_max_correlation_gates_the_check(capsys):
