@@ -80,15 +80,13 @@ def table_rows(n_layers: int, limit: int = MAX_TABLE_ROWS, keep: Sequence[int] =
     return sorted({round(i * step) for i in range(limit)} | {k for k in keep if 0 <= k < n_layers})
 
 
+def _table(title: str) -> Table:
+    """The probe tables' one style: left title, bold header, a rule under it, no outer padding."""
+    return Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+
+
 def run_table(run: RunResult) -> Table:
-    t = Table(
-        title=f"[bold]{run.init}[/bold] — {run.description}",
-        title_justify="left",
-        header_style="bold",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        padding=(0, 0, 0, 1),
-    )
+    t = _table(f"[bold]{run.init}[/bold] — {run.description}")
     t.add_column("layer", justify="right", no_wrap=True, min_width=5)
     t.add_column("n_l", justify="right", no_wrap=True, min_width=4)
     t.add_column("fwd mean±std", justify="right", no_wrap=True)
@@ -124,14 +122,7 @@ def _stage_bounds(run: RunResult) -> list[int]:
 
 def resnet_table(run: RunResult) -> Table:
     """One row per residual-stream state h^b; a rule closes each stage."""
-    t = Table(
-        title=f"[bold]{run.init}[/bold] — {run.description}",
-        title_justify="left",
-        header_style="bold",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        padding=(0, 0, 0, 1),
-    )
+    t = _table(f"[bold]{run.init}[/bold] — {run.description}")
     for name in ("b", "stage", "d"):
         t.add_column(name, justify="right", no_wrap=True)
     for name in ("fwd mean±std", "rms", "theory", "bwd mean±std", "rms", "theory", "branch", "theory"):
@@ -160,14 +151,7 @@ def resnet_table(run: RunResult) -> Table:
 
 def bn_table(run: RunResult) -> Table:
     """The batch statistics of the BN net (De & Smith 2020, appendix C) beside l, l(1 - 1/pi), l/pi."""
-    t = Table(
-        title=f"[bold]{run.init}[/bold] — batch statistics of x^l (De & Smith 2020, appendix C)",
-        title_justify="left",
-        header_style="bold",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        padding=(0, 0, 0, 1),
-    )
+    t = _table(f"[bold]{run.init}[/bold] — batch statistics of x^l (De & Smith 2020, appendix C)")
     t.add_column("l", justify="right", no_wrap=True)
     for name in ("skip var", "theory l", "moving var", "theory l(1-1/π)", "moving mean²", "theory l/π"):
         t.add_column(name, justify="right", no_wrap=True)
@@ -200,14 +184,7 @@ def _cos_theory_cell(c) -> Text:
 def correlation_table(run: RunResult, resnet: bool) -> Table:
     """Per layer (or state) and input cosine c0: the mean ± sd over pairs (and draws) of the
     cosine of the two forward states, beside the infinite-width prediction (docs/theory.md §10)."""
-    t = Table(
-        title=f"[bold]{run.init}[/bold] — cosine of two inputs' forward states",
-        title_justify="left",
-        header_style="bold",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        padding=(0, 0, 0, 1),
-    )
+    t = _table(f"[bold]{run.init}[/bold] — cosine of two inputs' forward states")
     t.add_column("b" if resnet else "layer", justify="right", no_wrap=True)
     for c in run.correlations:
         t.add_column(f"c0={c.c0:g} mean±sd", justify="right", no_wrap=True)
