@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from sigprop import __version__, engine, inits, specs, stats, theory
-from sigprop.results import CheckOutcome, CheckReport, ProbeResult
+from sigprop.results import CheckOutcome, CheckReport, ProbeResult, probe_config
 
 
 TOLERANCES = {
@@ -73,7 +73,7 @@ def probe(
         stats.attach_correlations(run, scheme, widths, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
                                   gate.max_correlation, probe_spec.dtype)
         runs.append(run)
-    config = {"command": "mlp", **spec.to_dict(), **probe_spec.__dict__, **gate.to_dict(), "widths": widths}
+    config = probe_config("mlp", spec, probe_spec, gate, widths=widths)
     tolerances = {**TOLERANCES, "band": list(gate.default_band(resnet=False))}
     return ProbeResult(command="mlp", config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=tolerances)
 
@@ -87,14 +87,7 @@ def _probe_resnet(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
         stats.attach_correlations(run, None if spec.norm == "bn" else scheme, plan, arrays[name].get("correlation"),
                                   probe_spec.correlations, probe_spec.pairs, gate.max_correlation, probe_spec.dtype)
         runs.append(run)
-    config = {
-        "command": "resnet",
-        **spec.to_dict(),
-        **probe_spec.__dict__,
-        **gate.to_dict(),
-        "stage_dims": list(plan.stage_dims),
-        "hidden_widths": plan.hidden_widths(),
-    }
+    config = probe_config("resnet", spec, probe_spec, gate, stage_dims=list(plan.stage_dims), hidden_widths=plan.hidden_widths())
     return ProbeResult(
         command="resnet",
         config=config,

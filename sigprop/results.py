@@ -361,6 +361,12 @@ class RunResult:
         }
 
 
+def probe_config(command: str, spec, probe, gate, **net: Any) -> dict[str, Any]:
+    """The ``config`` of a result document: the command, the net's spec, the probe, the gate,
+    then what the run resolved (``widths``; ``stage_dims``, ``hidden_widths``)."""
+    return {"command": command, **spec.to_dict(), **probe.__dict__, **gate.to_dict(), **net}
+
+
 @dataclass(repr=False)
 class ProbeResult:
     command: str
