@@ -100,8 +100,12 @@ def test_too_big_is_refused_before_allocating(capsys, monkeypatch, args):
 
 
 def _interrupt(cmd, cwd, wait_for, timeout=60):
-    """Start sigprop, wait until ``wait_for(stderr_so_far)``, send SIGINT, return (code, stderr)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    """Start sigprop, wait until ``wait_for(stderr_so_far)``, send SIGINT, return (code, stderr).
+    The child gets SIGINT's default disposition back: a test runner started as a background job
+    of a non-interactive shell inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt (the test would measure the launcher, not sigprop)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = ""
     deadline = time.time() + timeout
     while time.time() < deadline:
