@@ -812,3 +812,131 @@ def datadep_resnet_correlation(c0: float, blocks: Sequence[tuple[int, bool, floa
         k = tuple(a + alpha_sq * b for a, b in zip(s, f))
         out.append(k[1] / k[0])
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Convolutions: the per-position energy map (docs/theory.md §11; issue 18 groundwork)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConvMoments:
+    """One conv layer as the theory sees it: c_in -> c_out channels, a k x k kernel, stride,
+    zero padding, the row second moment E||w_c||^2 (g^2 for WN rows, over the c_in k^2 entries
+    of an output channel's kernel), the bias variance, and how a row's energy sits on the taps:
+    ``"isotropic"`` (every tap alike: Gaussian, orthogonal rows of the [c_out, c_in k^2] kernel
+    matrix, PyTorch's uniform) or ``"centre"`` (delta-orthogonal, Xiao et al. 2018: all of it on
+    the centre tap)."""
+
+    c_in: int
+    c_out: int
+    kernel: int
+    stride: int = 1
+    padding: int = 0
+    row_sq: float = 1.0
+    bias_var: float = 0.0
+    taps: str = "isotropic"
+
+    def out_size(self, h: int) -> int:
+        return (h + 2 * self.padding - self.kernel) // self.stride + 1
+
+
+def _box(e: np.ndarray, m: ConvMoments) -> np.ndarray:
+    """sum over the taps t of e(s q + t - pad), zeros outside the image (isotropic taps), or the
+    centre tap alone: [H, W] -> [H', W']."""
+    k, s, p = m.kernel, m.stride, m.padding
+    ho, wo = m.out_size(e.shape[0]), m.out_size(e.shape[1])
+    padded = np.pad(e, p)
+    if m.taps == "centre":
+        c = (k - 1) // 2
+        return padded[c:c + s * (ho - 1) + 1:s, c:c + s * (wo - 1) + 1:s].copy()
+    out = np.zeros((ho, wo))
+    for i in range(k):
+        for j in range(k):
+            out += padded[i:i + s * (ho - 1) + 1:s, j:j + s * (wo - 1) + 1:s]
+    return out
+
+
+def _box_adjoint(d: np.ndarray, m: ConvMoments, shape: tuple[int, int]) -> np.ndarray:
+    """The transpose of ``_box``: scatter d(q) onto the input positions its taps read."""
+    k, s, p = m.kernel, m.stride, m.padding
+    ho, wo = d.shape
+    padded = np.zeros((shape[0] + 2 * p, shape[1] + 2 * p))
+    taps = [((k - 1) // 2, (k - 1) // 2)] if m.taps == "centre" else [(i, j) for i in range(k) for j in range(k)]
+    for i, j in taps:
+        padded[i:i + s * (ho - 1) + 1:s, j:j + s * (wo - 1) + 1:s] += d
+    return padded[p:p + shape[0], p:p + shape[1]]
+
+
+def conv_layer_energy(e: np.ndarray, m: ConvMoments, relu: bool) -> np.ndarray:
+    """The input-driven part of E sum_c a_{c,q}^2 per output position, from the input's
+    E sum_c h_{c,p}^2 = e(p).
+
+    Conditioned on the input, a_{c,q} = w_c . patch_q + b_c with w_c isotropic over its c_in k^2
+    entries: E a^2 = row_sq ||patch_q||^2 / (c_in k^2) + beta, and ||patch_q||^2 sums e over
+    the k x k window (zero padding reads nothing); summed over c_out channels:
+        e'(q) = (c_out row_sq / (c_in k^2)) box(e)(q) + c_out beta
+    (the bias term: ``conv_bias_energy``).  With all of the row on the centre tap
+    (delta-orthogonal) E a^2 = row_sq ||h_q||^2 / c_in and e'(q) = (c_out row_sq / c_in) e(s q).
+    A ReLU halves it (the pre-activation is symmetric)."""
+    per_tap = m.c_out * m.row_sq / (m.c_in * (1 if m.taps == "centre" else m.kernel**2))
+    out = per_tap * _box(e, m)
+    return 0.5 * out if relu else out
+
+
+def conv_bias_energy(m: ConvMoments, relu: bool) -> float:
+    """The bias part of e'(q): c_out beta per position (halved by a ReLU)."""
+    return (0.5 if relu else 1.0) * m.c_out * m.bias_var
+
+
+def cnn_rms_prediction(image: tuple[int, int, int], layers: Sequence[ConvMoments]) -> MLPPrediction:
+    """ln RMS forward ||h^l||/||x|| and backward ||dl/da^l||/||e|| ratios of a plain ReLU CNN
+    (a ReLU after every conv) on inputs x ~ N(0, I) of shape ``image`` (C, H, W), over all units
+    (channels x positions).
+
+    Forward: the energy map is affine in the input's, e_l = A_l[x] + B_l (A linear, B from the
+    biases), so E||h^l||^2 = sum_p m_l(p) ||x_p||^2 + sum B_l, and by symmetry of the i.i.d.
+    input E[||x_p||^2 / ||x||^2] = 1/(H W): E[||h^l||^2/||x||^2] = mean_p m_l(p) + sum B_l / (d - 2),
+    d = C H W -- exact in expectation (no width limit), as for the MLP.  m_l is the map of a
+    uniform input (e_0 = C everywhere, divided by C H W).  Both maps are kept normalised with
+    their log scale, so 10,000 layers neither under- nor overflow.
+    Backward: the error at the top is e ~ N(0, I) (energy c_L per position); through layer l the
+    gradient energy map is scattered back by the transposed window, times row_sq / k^2
+    (row_sq for the centre tap), then halved by the mask of the ReLU below:
+        d_{l-1}(p) = (1/2) (row_sq / k^2) box^T(d_l)(p)."""
+    C, H, W = image
+    d_in = C * H * W
+    log_inv_x2 = -math.log(d_in - 2) if d_in > 2 else math.inf
+    # A: the input-driven part as a ratio to ||x||^2 (map summing to 1, times exp(a_ln));
+    # B: the bias-driven part in absolute energy (map summing to 1, times exp(b_ln))
+    a_map, a_ln = np.full((H, W), 1.0 / (H * W)), 0.0
+    b_map, b_ln = np.zeros((H, W)), -math.inf
+    fwd: list[float] = []
+    shapes = [(H, W)]
+    for m in layers:
+        a_new = conv_layer_energy(a_map, m, relu=True)
+        sa = float(a_new.sum())
+        a_ln += _ln(sa)
+        a_map = a_new / sa if sa > 0 else a_new
+        b_lin = conv_layer_energy(b_map, m, relu=True)  # times exp(b_ln)
+        bias = conv_bias_energy(m, relu=True)  # per position, absolute
+        b_tot = _lae(b_ln + _ln(float(b_lin.sum())), _ln(bias * b_lin.size))
+        if b_tot > -math.inf:
+            b_map = (math.exp(b_ln - b_tot) if b_ln > -math.inf else 0.0) * b_lin + bias * math.exp(-b_tot)
+        else:
+            b_map = np.zeros_like(b_lin)
+        b_ln = b_tot
+        shapes.append(a_map.shape)
+        fwd.append(0.5 * (a_ln if b_ln == -math.inf else _lae(a_ln, b_ln + log_inv_x2)))
+    L = len(layers)
+    bwd = [0.0] * L
+    d_map, d_ln = np.full(shapes[-1], 1.0 / (shapes[-1][0] * shapes[-1][1])), 0.0
+    for l in range(L, 1, -1):  # from the pre-activation of layer l to that of layer l - 1
+        m = layers[l - 1]
+        per_tap = m.row_sq / (1 if m.taps == "centre" else m.kernel**2)
+        new = 0.5 * per_tap * _box_adjoint(d_map, m, shapes[l - 1])
+        s = new.sum()
+        d_ln += _ln(s)
+        d_map = new / s if s > 0 else new
+        bwd[l - 2] = 0.5 * d_ln
+    if any(not math.isfinite(v) for v in fwd):
+        return MLPPrediction(None, bwd)
+    return MLPPrediction(fwd, bwd)
