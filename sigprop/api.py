@@ -129,9 +129,11 @@ def run_checks(checks, source: str = "", on_outcome: Callable[[CheckOutcome], No
     return CheckReport(source, outcomes, time.perf_counter() - t_all, results)
 
 
-def rerun_specs(doc: dict) -> tuple[specs.MLPSpec | specs.ResNetSpec, specs.ProbeSpec, int | None]:
+def rerun_specs(doc: dict) -> tuple[specs.MLPSpec | specs.ResNetSpec, specs.ProbeSpec, specs.GateSpec, int | None]:
     """The specs (and torch thread count) that reproduce a ``sigprop.result.v1`` document:
-    its config, on the device, precision, stream mode and draw batching it recorded."""
+    its config -- the net, the probe with its input cosines, the gate with its band and
+    correlation bound -- on the device, precision, stream mode and draw batching it recorded.
+    Keys a document of an older sigprop lacks take their defaults then (none, 256 pairs)."""
     from sigprop.errors import SigpropError
     from sigprop.results import RESULT_SCHEMA
 
@@ -153,22 +155,25 @@ def rerun_specs(doc: dict) -> tuple[specs.MLPSpec | specs.ResNetSpec, specs.Prob
         probe_spec = specs.ProbeSpec(
             samples=cfg["samples"], seed=cfg["seed"], seeds=cfg["seeds"], device=env.get("device", cfg["device"]),
             dtype=cfg["dtype"], stream=env.get("stream", cfg.get("stream")), precision=cfg.get("precision", "fp32"),
-            batch=env.get("batch"), graphs=cfg.get("graphs"),
+            batch=env.get("batch"), graphs=cfg.get("graphs"), correlations=tuple(cfg.get("correlations") or ()),
+            pairs=cfg.get("pairs", 256),
         )
+        band = cfg.get("band")
+        gate = specs.GateSpec(cfg.get("gate", "preserved"), None if band is None else tuple(band), cfg.get("max_correlation"))
     except (KeyError, TypeError) as exc:
         raise SigpropError(f"the document lacks {exc} in its config or environment", field="result") from None
-    return spec, probe_spec, env.get("threads")
+    return spec, probe_spec, gate, env.get("threads")
 
 
 def rerun(doc: dict, progress: engine.ProgressFn | None = None, on_start=None) -> ProbeResult:
     """Run again what a result document records (same config, seed, device, thread count)."""
     import torch
 
-    spec, probe_spec, threads = rerun_specs(doc)
+    spec, probe_spec, gate, threads = rerun_specs(doc)
     saved = torch.get_num_threads()
     if threads:
         torch.set_num_threads(int(threads))
     try:
-        return probe(spec, probe_spec, progress=progress, on_start=on_start)
+        return probe(spec, probe_spec, progress=progress, on_start=on_start, gate=gate)
     finally:
         torch.set_num_threads(saved)

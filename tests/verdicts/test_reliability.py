@@ -27,6 +27,10 @@ def run(capsys, args):
     ["mlp", "--depth", "6", "--seeds", "3", "--init", "proposed", "--init", "datadep", "--init", "pytorch"],
     ["resnet", "--blocks", "4", "--stages", "2", "--dim", "12", "--width", "6:9", "--seeds", "2"],
     ["resnet", "--norm", "bn", "--blocks", "5", "--dim", "16"],
+    # the gate (band, theory) and the cosines are part of what a rerun must reproduce
+    ["mlp", "--depth", "5", "--init", "proposed", "--correlation", "0,0.5", "--pairs", "8", "--max-correlation", "0.9",
+     "--band", "0.5:2", "--gate", "theory"],
+    ["resnet", "--blocks", "3", "--dim", "12", "--width", "8", "--correlation", "-0.5", "--pairs", "6"],
 ])
 def test_same_seed_same_json_and_rerun_reproduces(capsys, tmp_path, args):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
