@@ -238,7 +238,7 @@ class BackwardRatio(ForwardRatio):
         pass
 
     def top(self, w, entry):
-        self.buf[:, entry] = 0.0
+        self.buf[:, entry].zero_()  # a fill kernel: no Python scalar lifted onto the device
 
     def backward(self, w, entry, grad, ref):
         w.space.ln_backward(grad, ref, self.buf[:, entry])

@@ -214,17 +214,20 @@ def test_batched_draws_match_autograd_per_draw(name, stream):
 
 
 def test_draws_split_into_batches_give_the_same_numbers(monkeypatch):
-    """--seeds 5 run as one batch of 5 or as batches of 2, 2, 1 (as when memory is short)."""
+    """--seeds 5 run as one batch of 5 or as batches of 2, 2, 1 (as when memory is short); the
+    correlation walks too."""
     spec = specs.MLPSpec(depth=6, input_dim=20, width=specs.WidthSpec(10, 30), inits=("proposed", "datadep"))
-    probe = specs.ProbeSpec(samples=24, seed=1, seeds=5, device="cpu", dtype="float64")
+    probe = specs.ProbeSpec(samples=24, seed=1, seeds=5, device="cpu", dtype="float64", correlations=(0.0, 0.7), pairs=9)
     _, whole, env = engine.run_mlp(spec, probe)
     assert env["batch"] == 5
     monkeypatch.setattr(engine, "plan_batches", lambda *a, **k: 2)
     _, split, env2 = engine.run_mlp(spec, probe)
     assert env2["batch"] == 2
     for name in spec.inits:
-        for a, b in zip(whole[name].values(), split[name].values()):
-            assert a.shape == (5, 6, 24)
+        assert set(whole[name]) == set(split[name]) == {"fwd", "bwd", "correlation"}
+        for key in whole[name]:
+            a, b = whole[name][key], split[name][key]
+            assert a.shape == ((5, 2, 6, 9) if key == "correlation" else (5, 6, 24))
             np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
 
 

@@ -121,3 +121,23 @@ def test_chunked_haar_steps_are_graph_safe(monkeypatch, stream):
     with torch.no_grad():
         engine.mlp_batch(inits.get("proposed"), widths, x, e, 1, [0, 2], stream=stream, runner=runner)
     assert not runner.mode.found, sorted(set(runner.mode.found))
+
+
+@pytest.mark.parametrize("kind, name", [("mlp", "proposed"), ("resnet", "proposed"), ("bn-resnet", "he")])
+def test_whole_walks_with_every_observer_move_nothing_between_host_and_device(kind, name):
+    """Not only the captured steps: the walker's own loop and every observer (ratios, branch,
+    BN statistics, the correlation cosines) run without a host read or a lifted scalar, so a
+    GPU walk never synchronises between steps."""
+    from sigprop import nets, walker
+
+    net = {"mlp": [12, 9, 16, 8], "resnet": nets.resnet_plan(12, 2, 2, 1, [7, 8, 9, 6]),
+           "bn-resnet": nets.resnet_plan(12, 1, 3, 0, [], stem=True)}[kind]
+    top = {"mlp": 8, "resnet": 24, "bn-resnet": 12}[kind]
+    k = walker.NET_KINDS[kind]
+    x = engine.pair_inputs(1, 6, 12, 0.3, CPU, torch.float32)
+    e = torch.randn(12, top, generator=torch.Generator().manual_seed(0))
+    mode = HostTraffic()
+    with torch.no_grad(), mode:
+        r = k.walk(net, k.scheme(name), x, e, 1, [0, 2], observers=k.observers() + [walker.Correlation()])
+    assert set(r.observed) >= {"fwd", "bwd", "correlation"}
+    assert not mode.found, sorted(set(mode.found))
