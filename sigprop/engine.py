@@ -513,6 +513,12 @@ def correlation_bytes(probe: specs.ProbeSpec, widest: int, itemsize: int) -> int
     return 8 * 2 * probe.pairs * widest * itemsize
 
 
+def _net_kind(name: str):
+    from sigprop import walker
+
+    return walker.NET_KINDS[name]
+
+
 def _drive(kind: str, net, names, probe: specs.ProbeSpec, batch: int, stream: bool, graphs: bool, x, e,
            progress: ProgressFn | None) -> tuple[dict[str, dict[str, np.ndarray]], list]:
     """Walk every init of a probe, batch of draws by batch: {init: {observer: float64 array with
@@ -523,7 +529,7 @@ def _drive(kind: str, net, names, probe: specs.ProbeSpec, batch: int, stream: bo
     (holding them doubled the peak memory)."""
     from sigprop import walker
 
-    net_kind = walker.NET_KINDS[kind]
+    net_kind = _net_kind(kind)
     device, dtype = x.device, x.dtype
     pairs = [pair_inputs(probe.seed, probe.pairs, x.shape[1], c0, device, dtype) for c0 in probe.correlations]
     chunks = [list(range(s, min(s + batch, probe.seeds))) for s in range(0, probe.seeds, batch)]
@@ -576,7 +582,8 @@ def run_mlp(
     itemsize = torch.finfo(dtype).bits // 8
     # upper bound from the widest possible layers, before anything is drawn or allocated
     widest = [spec.input_dim] + [spec.width.hi] * min(spec.depth, 2)
-    bound = estimate_mlp_bytes(widest, probe.samples, itemsize)
+    estimate = _net_kind("mlp").estimate
+    bound = estimate(widest, probe.samples, itemsize)
     per_layer = probe.samples * ((spec.width.hi + 7) // 8) + 4 * probe.samples * 8
     weights_hi = (spec.depth - 1) * spec.width.hi**2 * itemsize
     bound += (spec.depth - 1) * per_layer + (0 if stream else weights_hi)
@@ -588,7 +595,7 @@ def run_mlp(
     for name in spec.inits:
         if inits_mod.get(name).calibrate is not None and probe.samples < 2:
             raise SigpropError(f"init {name!r} standardises over the probe batch and needs >= 2 samples", field="samples")
-    need = estimate_mlp_bytes(widths, probe.samples, itemsize)
+    need = estimate(widths, probe.samples, itemsize)
     if stream is None:  # automatic: stream when the stored weights would not fit
         stream = need > 0.8 * available_bytes(device)
     if stream:
@@ -794,7 +801,8 @@ def run_resnet(
     fields = "blocks/stages/dim/width/samples"
     stream = probe.stream
     weights_hi = itemsize * (resnet_weight_count(hi) + (len(hi.blocks) + 1) * hi.dim**2 * bn)
-    bound = estimate_resnet_bytes(hi, probe.samples, itemsize, bn)
+    estimate = _net_kind("bn-resnet" if bn else "resnet").estimate
+    bound = estimate(hi, probe.samples, itemsize)
     if stream is None and bound > 0.8 * available_bytes(device):
         stream = True
     check_memory(bound - (weights_hi if stream else 0), device, fields, STREAM_HINT if stream is False else "")
@@ -804,7 +812,7 @@ def run_resnet(
             raise SigpropError(f"init {name!r} standardises over the probe batch and needs >= 2 samples", field="samples")
     if bn and probe.samples < 2:
         raise SigpropError("batch normalization needs >= 2 samples in the batch", field="samples")
-    need = estimate_resnet_bytes(plan, probe.samples, itemsize, bn)
+    need = estimate(plan, probe.samples, itemsize)
     if stream is None:
         stream = need > 0.8 * available_bytes(device)
     if stream:

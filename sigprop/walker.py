@@ -634,13 +634,17 @@ def compile_plan(steps: Sequence, scheme: InitScheme, blocks=None) -> tuple[list
 @dataclass(frozen=True)
 class NetKind:
     """A registered network: its plan (``steps`` of its widths or ``nets.ResNetPlan``), the
-    observers of a probe, the space it runs in and the init scheme an init name means for it
-    (the BN net is unnormalized He whatever the name).  Adding a net kind is a ``steps``
-    function (with any new unit kind it needs) and one ``register`` call."""
+    observers of a probe, its memory estimate, the space it runs in and the init scheme an init
+    name means for it (the BN net is unnormalized He whatever the name).  Adding a net kind is a
+    ``steps`` function (with any new unit kind it needs), an estimate and one ``register`` call;
+    its theory is ``plans.predict`` over the same steps (or, for batch-coupled steps, its own
+    recursion in ``theory``)."""
 
     name: str
     steps: Callable
     observers: Callable[[], list]
+    #: (net, samples, itemsize) -> peak bytes of one draw, weights stored (engine's estimates)
+    estimate: Callable[..., int]
     space: type = LogSpace
     scheme: Callable[[str], InitScheme] = inits_mod.get
 
@@ -661,8 +665,10 @@ def register(kind: NetKind) -> NetKind:
     return kind
 
 
-register(NetKind("mlp", plans.mlp_steps, lambda: [ForwardRatio(), BackwardRatio()]))
-register(NetKind("resnet", plans.resnet_steps, lambda: [ForwardRatio(), BackwardRatio(), BranchRatio()]))
+register(NetKind("mlp", plans.mlp_steps, lambda: [ForwardRatio(), BackwardRatio()], E.estimate_mlp_bytes))
+register(NetKind("resnet", plans.resnet_steps, lambda: [ForwardRatio(), BackwardRatio(), BranchRatio()],
+                 lambda plan, samples, itemsize: E.estimate_resnet_bytes(plan, samples, itemsize, bn=False)))
 register(NetKind("bn-resnet", lambda plan: plans.bn_resnet_steps(plan, theory.BN_EPS),
-                 lambda: [ForwardRatio(), BackwardRatio(), BranchRatio(), BNStatistics()], PlainSpace,
+                 lambda: [ForwardRatio(), BackwardRatio(), BranchRatio(), BNStatistics()],
+                 lambda plan, samples, itemsize: E.estimate_resnet_bytes(plan, samples, itemsize, bn=True), PlainSpace,
                  lambda name: inits_mod.get("unnormalized-he")))

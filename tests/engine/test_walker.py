@@ -74,7 +74,7 @@ def test_plans_compile_to_units():
 def test_a_net_kind_is_one_registration():
     """A new net kind from existing unit kinds is a steps function and one ``register`` call:
     registered, walked with its own observers, then removed."""
-    kind = walker.NetKind("test-mlp", plans.mlp_steps, lambda: [walker.ForwardRatio()])
+    kind = walker.NetKind("test-mlp", plans.mlp_steps, lambda: [walker.ForwardRatio()], engine.estimate_mlp_bytes)
     walker.register(kind)
     try:
         x, _ = engine.probe_inputs(0, 5, 6, 6, "cpu", torch.float64)
