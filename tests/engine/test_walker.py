@@ -1,7 +1,6 @@
 """The walker over plans: units compiled from plans, observers, the correlation observer against
 a direct float64 computation, pair inputs, net kinds."""
 
-import math
 
 import numpy as np
 import pytest

@@ -4,7 +4,6 @@ every derivation checked against the probe at width ~1000, the agreement marks, 
 
 import json
 
-import numpy as np
 import pytest
 from sigprop import api, specs
 from sigprop.cli import main
