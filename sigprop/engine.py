@@ -85,6 +85,18 @@ def estimate_mlp_bytes(widths: list[int], samples: int, itemsize: int) -> int:
     return weights + qr_tmp + masks + acts + logs
 
 
+def estimate_cnn_bytes(steps, samples: int, itemsize: int) -> int:
+    """Peak memory of one draw of a conv net (``plans.cnn_steps``): stored kernels, one layer's
+    draw temporaries, bit-packed masks of every layer's units, a few activation buffers of the
+    widest layer (the grouped conv's input, output and gradient), the float64 log-norm buffers."""
+    convs = [s for s in steps if hasattr(s, "shape_out")]
+    kernels = [s.role.fan_in * s.role.fan_out for s in convs]
+    units = [math.prod(s.shape_in) for s in convs] + [math.prod(convs[-1].shape_out)]
+    masks = samples * sum((math.prod(s.shape_out) + 7) // 8 for s in convs)
+    return (sum(kernels) + HAAR_TEMPORARIES * max(kernels)) * itemsize + masks + 8 * samples * max(units) * itemsize \
+        + 4 * len(convs) * samples * 8
+
+
 def check_memory(need: int, device: torch.device, fields: str = "depth/width/samples", hint: str = "") -> None:
     """Refuse, before allocating, a run whose estimate exceeds 80% of the free memory."""
     have = available_bytes(device)

@@ -35,7 +35,10 @@ class LayerRole:
 
     ``kind``: ``"relu"`` (followed by a ReLU; every MLP layer), ``"block_last"`` (last layer of a
     residual branch), ``"projection"`` (linear shortcut).  ``blocks_in_stage`` and
-    ``block_index`` (0-based within the stage) are for ResNet schemes.
+    ``block_index`` (0-based within the stage) are for ResNet schemes.  ``taps``: k^2 for a
+    k x k convolution, whose rows are [c_out, c_in k^2] (fan_in = c_in k^2, fan_out = c_out);
+    the paper counts fans as c k^2 on both sides (Arpit et al. 2019, footnote 3), so its gains
+    read fan_in / (fan_out taps) = c_in / c_out.
     """
 
     fan_in: int
@@ -43,6 +46,7 @@ class LayerRole:
     kind: str = "relu"
     blocks_in_stage: int = 1
     block_index: int = 0
+    taps: int = 1
 
 
 @dataclass
@@ -217,7 +221,7 @@ def proposed_gain_sq(role: LayerRole) -> float:
     """g^2 = gamma * fan_in / fan_out with gamma = 2 before a ReLU, 1/B_k for the last layer of a
     residual block in stage k, 1 otherwise (Arpit et al. 2019, section 3 and section 4, implementation details)."""
     gamma = {"relu": 2.0, "block_last": 1.0 / role.blocks_in_stage, "projection": 1.0}[role.kind]
-    return gamma * role.fan_in / role.fan_out
+    return gamma * role.fan_in / (role.fan_out * role.taps)
 
 
 def _sample_proposed(role, gen, device, dtype):
@@ -282,7 +286,7 @@ def stage_hanin_gain_sq(role: LayerRole) -> float:
     """Stage-wise Hanin (Arpit et al. 2019, section 5.1, adapted as the issue specifies): the last layer of block
     b = 1..B_k of a stage gets g = 0.9^b sqrt(fan_in/fan_out); every other layer as proposed."""
     if role.kind == "block_last":
-        return 0.81 ** (role.block_index + 1) * role.fan_in / role.fan_out
+        return 0.81 ** (role.block_index + 1) * role.fan_in / (role.fan_out * role.taps)
     return proposed_gain_sq(role)
 
 

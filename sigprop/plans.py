@@ -66,7 +66,30 @@ class BatchNorm:
     eps: float
 
 
-Step = Union[Linear, Open, Close, Record, BatchNorm]
+@dataclass(frozen=True)
+class Conv:
+    """A (weight-normalized) k x k convolution with zero padding and a ReLU after it (or not):
+    ``role`` has fan_in = c_in k^2, fan_out = c_out, taps = k^2; ``shape_in`` = (c_in, H, W).
+    Its moment map is spatial (the energy map, ``theory.cnn_rms_prediction``), not the
+    per-sample (A, C) one: ``predict`` refuses it."""
+
+    role: LayerRole
+    shape_in: tuple[int, int, int]
+    kernel: int
+    stride: int = 1
+    padding: int = 0
+    relu: bool = True
+
+    def out_hw(self) -> tuple[int, int]:
+        k, s, p = self.kernel, self.stride, self.padding
+        return tuple((n + 2 * p - k) // s + 1 for n in self.shape_in[1:])
+
+    @property
+    def shape_out(self) -> tuple[int, int, int]:
+        return (self.role.fan_out, *self.out_hw())
+
+
+Step = Union[Linear, Open, Close, Record, BatchNorm, Conv]
 
 
 def mlp_steps(widths: Sequence[int]) -> tuple[Step, ...]:
@@ -96,6 +119,20 @@ def bn_resnet_steps(plan, eps: float) -> tuple[Step, ...]:
     steps: list[Step] = [Record(), BatchNorm(eps), Linear(LayerRole(d, d, "relu", B, 0), relu=False), Record()]
     for l in range(1, B + 1):
         steps += [Open(1, B), BatchNorm(eps), Linear(LayerRole(d, d, "block_last", B, l - 1), relu=False), Close(B), Record()]
+    return tuple(steps)
+
+
+def cnn_steps(image: tuple[int, int, int], channels: int, depth: int, strided: int = 2, kernel: int = 3) -> tuple[Step, ...]:
+    """The plain CNN of Arpit et al. 2019, section 5.1 (after Xiao et al. 2018): ``depth`` k x k
+    convolutions of ``channels`` channels, padding (k - 1)/2, the first ``strided`` with stride 2,
+    a ReLU after each, each recorded at its pre-activation (as the MLP's layers)."""
+    steps: list[Step] = []
+    shape = tuple(image)
+    for l in range(depth):
+        role = LayerRole(shape[0] * kernel * kernel, channels, taps=kernel * kernel)
+        conv = Conv(role, shape, kernel, 2 if l < strided else 1, (kernel - 1) // 2)
+        steps += [conv, Record(pre_activation=True)]
+        shape = conv.shape_out
     return tuple(steps)
 
 
@@ -135,6 +172,8 @@ def predict(steps: Sequence[Step], moments: Moments, alpha: Callable[[int], floa
     Forward is None where C/(d - 2) diverges (d <= 2 with a bias)."""
     if any(isinstance(s, BatchNorm) for s in steps):
         raise ValueError("a BatchNorm step has no per-sample moment map (theory.bn_resnet_prediction predicts the BN net)")
+    if any(isinstance(s, Conv) for s in steps):
+        raise ValueError("a Conv step's moment map is spatial (theory.cnn_rms_prediction predicts conv nets)")
     tree = _blocks(steps)
     log_inv_x2 = -math.log(dim - 2) if dim > 2 else math.inf
     lae, ln = theory._lae, theory._ln

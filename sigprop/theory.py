@@ -887,30 +887,12 @@ def conv_bias_energy(m: ConvMoments, relu: bool) -> float:
     return (0.5 if relu else 1.0) * m.c_out * m.bias_var
 
 
-def cnn_rms_prediction(image: tuple[int, int, int], layers: Sequence[ConvMoments]) -> MLPPrediction:
-    """ln RMS forward ||h^l||/||x|| and backward ||dl/da^l||/||e|| ratios of a plain ReLU CNN
-    (a ReLU after every conv) on inputs x ~ N(0, I) of shape ``image`` (C, H, W), over all units
-    (channels x positions).
-
-    Forward: the energy map is affine in the input's, e_l = A_l[x] + B_l (A linear, B from the
-    biases), so E||h^l||^2 = sum_p m_l(p) ||x_p||^2 + sum B_l, and by symmetry of the i.i.d.
-    input E[||x_p||^2 / ||x||^2] = 1/(H W): E[||h^l||^2/||x||^2] = mean_p m_l(p) + sum B_l / (d - 2),
-    d = C H W -- exact in expectation (no width limit), as for the MLP.  m_l is the map of a
-    uniform input (e_0 = C everywhere, divided by C H W).  Both maps are kept normalised with
-    their log scale, so 10,000 layers neither under- nor overflow.
-    Backward: the error at the top is e ~ N(0, I) (energy c_L per position); through layer l the
-    gradient energy map is scattered back by the transposed window, times row_sq / k^2
-    (row_sq for the centre tap), then halved by the mask of the ReLU below:
-        d_{l-1}(p) = (1/2) (row_sq / k^2) box^T(d_l)(p)."""
-    C, H, W = image
-    d_in = C * H * W
-    log_inv_x2 = -math.log(d_in - 2) if d_in > 2 else math.inf
-    # A: the input-driven part as a ratio to ||x||^2 (map summing to 1, times exp(a_ln));
-    # B: the bias-driven part in absolute energy (map summing to 1, times exp(b_ln))
-    a_map, a_ln = np.full((H, W), 1.0 / (H * W)), 0.0
-    b_map, b_ln = np.zeros((H, W)), -math.inf
-    fwd: list[float] = []
-    shapes = [(H, W)]
+def _conv_forward(a_map: np.ndarray, layers: Sequence[ConvMoments]) -> tuple[list[tuple[float, float]], list[tuple[int, int]]]:
+    """Per layer (ln of the input-driven energy sum, in units of the input map's sum; ln of the
+    bias-driven energy sum, absolute), from an input map ``a_map`` summing to 1, and the map
+    shapes.  Both maps are carried normalised with their log scale (10,000 layers stay finite)."""
+    a_ln, b_map, b_ln = 0.0, np.zeros(a_map.shape), -math.inf
+    out, shapes = [], [a_map.shape]
     for m in layers:
         a_new = conv_layer_energy(a_map, m, relu=True)
         sa = float(a_new.sum())
@@ -925,18 +907,56 @@ def cnn_rms_prediction(image: tuple[int, int, int], layers: Sequence[ConvMoments
             b_map = np.zeros_like(b_lin)
         b_ln = b_tot
         shapes.append(a_map.shape)
-        fwd.append(0.5 * (a_ln if b_ln == -math.inf else _lae(a_ln, b_ln + log_inv_x2)))
+        out.append((a_ln, b_ln))
+    return out, shapes
+
+
+def _conv_backward(d_map: np.ndarray, layers: Sequence[ConvMoments], shapes) -> list[float]:
+    """ln of the gradient energy at every layer's pre-activation relative to the top map (summing
+    to 1): through layer l the map is scattered back by the transposed window times row_sq / k^2
+    (row_sq for the centre tap) and halved by the mask of the ReLU below."""
     L = len(layers)
-    bwd = [0.0] * L
-    d_map, d_ln = np.full(shapes[-1], 1.0 / (shapes[-1][0] * shapes[-1][1])), 0.0
-    for l in range(L, 1, -1):  # from the pre-activation of layer l to that of layer l - 1
+    out, d_ln = [0.0] * L, 0.0
+    for l in range(L, 1, -1):
         m = layers[l - 1]
         per_tap = m.row_sq / (1 if m.taps == "centre" else m.kernel**2)
         new = 0.5 * per_tap * _box_adjoint(d_map, m, shapes[l - 1])
-        s = new.sum()
+        s = float(new.sum())
         d_ln += _ln(s)
         d_map = new / s if s > 0 else new
-        bwd[l - 2] = 0.5 * d_ln
+        out[l - 2] = d_ln
+    return out
+
+
+def cnn_rms_prediction(image: tuple[int, int, int], layers: Sequence[ConvMoments]) -> MLPPrediction:
+    """ln RMS forward ||h^l||/||x|| and backward ||dl/da^l||/||e|| ratios of a plain ReLU CNN
+    (a ReLU after every conv) on inputs x ~ N(0, I) of shape ``image`` (C, H, W), over all units
+    (channels x positions).
+
+    Forward: the energy map is affine in the input's, e_l = A_l[x] + B_l (A linear, B from the
+    biases), so E||h^l||^2 = sum_p m_l(p) ||x_p||^2 + sum B_l, and by symmetry of the i.i.d.
+    input E[||x_p||^2 / ||x||^2] = 1/(H W): E[||h^l||^2/||x||^2] = mean_p m_l(p) + sum B_l / (d - 2),
+    d = C H W -- exact in expectation (no width limit), as for the MLP.
+    Backward: the error at the top is e ~ N(0, I) (a uniform energy map); each layer scatters
+    it back (``_conv_backward``)."""
+    C, H, W = image
+    d_in = C * H * W
+    log_inv_x2 = -math.log(d_in - 2) if d_in > 2 else math.inf
+    parts, shapes = _conv_forward(np.full((H, W), 1.0 / (H * W)), layers)
+    fwd = [0.5 * (a if b == -math.inf else _lae(a, b + log_inv_x2)) for a, b in parts]
+    bwd = [0.5 * v for v in _conv_backward(np.full(shapes[-1], 1.0 / math.prod(shapes[-1])), layers, shapes)]
     if any(not math.isfinite(v) for v in fwd):
         return MLPPrediction(None, bwd)
+    return MLPPrediction(fwd, bwd)
+
+
+def cnn_conditional_prediction(x_energy: np.ndarray, e_energy: np.ndarray, layers: Sequence[ConvMoments]) -> MLPPrediction:
+    """The same ratios for one given input and error vector, averaged over the weights only:
+    ``x_energy`` = sum_c x_{c,p}^2 [H, W], ``e_energy`` the top error's [H_L, W_L].  E_W of the
+    squared ratios is then exactly A_l[x_energy]/||x||^2 + B_l/||x||^2 (and the backward map of
+    e): what a probe whose inputs are shared by every draw averages to over many draws."""
+    total = float(x_energy.sum())
+    parts, shapes = _conv_forward(x_energy / total, layers)
+    fwd = [0.5 * (a if b == -math.inf else _lae(a, b - math.log(total))) for a, b in parts]
+    bwd = [0.5 * v for v in _conv_backward(e_energy / float(e_energy.sum()), layers, shapes)]
     return MLPPrediction(fwd, bwd)

@@ -395,7 +395,7 @@ class HaarChunks:
 
     @classmethod
     def maybe(cls, w: Walk) -> "HaarChunks | None":
-        if not all(isinstance(u, DenseLayer) for u in w.units):
+        if not all(type(u) is DenseLayer for u in w.units):
             return None
         widths = [w.units[0].role.fan_in] + [u.role.fan_out for u in w.units]
         K = E.haar_chunk(w.scheme, widths, w.S, w.device, torch.finfo(w.dtype).bits // 8)
@@ -437,6 +437,61 @@ class HaarChunks:
         if layer == first + count - 1:
             self._run(w, layer)
         return self.current["v"][layer - first]
+
+
+class ConvLayer(DenseLayer):
+    """A k x k convolution (``plans.Conv``: zero padding, stride) and its ReLU, recorded at the
+    pre-activation: the dense layer's walk with the matmul replaced by a convolution.  The state
+    rows are the C x H x W units flattened; the S draws run as S groups of one grouped conv
+    (input [N, S C, H, W], weights [S c_out, C, k, k]), so one kernel serves every draw.
+    WN is the same per-row scale (a row: one output channel's c_in k^2 kernel entries).
+    Backward: the conv's input gradient (``torch.nn.grad.conv2d_input``, the transposed conv)
+    of scale * delta, then the mask of the layer below.  Issue 18 groundwork: no command yet."""
+
+    def __init__(self, step, layer: int) -> None:
+        super().__init__(step.role, layer)
+        self.step = step
+        self.units_in = math.prod(step.shape_in)
+        self.units_out = math.prod(step.shape_out)
+        self.mask_bytes = (self.units_out + 7) // 8
+
+    def _conv(self, p: LayerParams, u: torch.Tensor, c: torch.Tensor):
+        st, (S, N) = self.step, u.shape[:2]
+        C, H, W = st.shape_in
+        co, (Ho, Wo) = self.role.fan_out, st.out_hw()
+        x = u.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
+        t = torch.nn.functional.conv2d(x, p.v.reshape(S * co, C, st.kernel, st.kernel), stride=st.stride, padding=st.padding,
+                                       groups=S)
+        a = t.reshape(N, S, co, Ho * Wo).transpose(0, 1) * p.scale[:, None, :, None]
+        if p.bias is not None:  # as engine._linear: exp(m) (exp(c - m) scale t + exp(-m) b), m = max(c, 0)
+            m = torch.clamp(c, min=0.0)
+            a = a * torch.exp(c - m).to(a.dtype)[..., None, None] + torch.exp(-m).to(a.dtype)[..., None, None] * p.bias[:, None, :, None]
+        else:
+            m = c
+        a = a.reshape(S, N, self.units_out)
+        mask = a > 0
+        u, ln_norm = E._normalize(torch.relu_(a), inplace=True)
+        return u, m + ln_norm, mask
+
+    def _forward(self, u, c, w: Walk, v_out=None):
+        if w.scheme.calibrate is not None:
+            raise ValueError(f"init {w.scheme.name!r} calibrates per unit; a conv layer needs it per channel (not built)")
+        p = w.sample(self.role, 0, v_out)
+        u, c, mask = self._conv(p, u, c)
+        return {"u": u, "c": c, "packed": E.pack_mask(mask), "v": p.v, "g": p.g, "bias": p.bias, "scale": p.scale}
+
+    def _backward(self, d, acc, scale, packed, w: Walk, v=None):
+        if v is None:  # streaming: redraw (the generators were reseeded for this layer)
+            v = w.sample(self.role, 0).v
+        st, (S, N) = self.step, d.shape[:2]
+        C, H, W = st.shape_in
+        co, (Ho, Wo) = self.role.fan_out, st.out_hw()
+        g = (d.reshape(S, N, co, Ho * Wo) * scale[:, None, :, None]).transpose(0, 1).reshape(N, S * co, Ho, Wo)
+        y = torch.nn.grad.conv2d_input((N, S * C, H, W), v.reshape(S * co, C, st.kernel, st.kernel), g, stride=st.stride,
+                                       padding=st.padding, groups=S)
+        y = y.reshape(N, S, self.units_in).transpose(0, 1) * E.unpack_mask(packed, self.units_in)
+        d, ln_norm = E._normalize(y, inplace=True)
+        return {"d": d, "acc": acc + ln_norm}
 
 
 @dataclass
@@ -612,6 +667,9 @@ def compile_plan(steps: Sequence, scheme: InitScheme, blocks=None) -> tuple[list
         if isinstance(s, plans.Linear):
             units.append(DenseLayer(s.role, len(units) + 1))
             i += 2
+        elif isinstance(s, plans.Conv):
+            units.append(ConvLayer(s, len(units) + 1))
+            i += 2
         elif isinstance(s, plans.BatchNorm):
             units.append(BNLayer(steps[i + 1].role, len(units), residual=False, eps=s.eps))
             i += 3
@@ -668,6 +726,7 @@ def register(kind: NetKind) -> NetKind:
 register(NetKind("mlp", plans.mlp_steps, lambda: [ForwardRatio(), BackwardRatio()], E.estimate_mlp_bytes))
 register(NetKind("resnet", plans.resnet_steps, lambda: [ForwardRatio(), BackwardRatio(), BranchRatio()],
                  lambda plan, samples, itemsize: E.estimate_resnet_bytes(plan, samples, itemsize, bn=False)))
+register(NetKind("cnn", lambda steps: steps, lambda: [ForwardRatio(), BackwardRatio()], E.estimate_cnn_bytes))
 register(NetKind("bn-resnet", lambda plan: plans.bn_resnet_steps(plan, theory.BN_EPS),
                  lambda: [ForwardRatio(), BackwardRatio(), BranchRatio(), BNStatistics()],
                  lambda plan, samples, itemsize: E.estimate_resnet_bytes(plan, samples, itemsize, bn=True), PlainSpace,
