@@ -141,3 +141,20 @@ def test_whole_walks_with_every_observer_move_nothing_between_host_and_device(ki
         r = k.walk(net, k.scheme(name), x, e, 1, [0, 2], observers=k.observers() + [walker.Correlation()])
     assert set(r.observed) >= {"fwd", "bwd", "correlation"}
     assert not mode.found, sorted(set(mode.found))
+
+
+@pytest.mark.parametrize("name", ["proposed", "he", "pytorch"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_conv_steps_are_graph_safe(name, stream):
+    """The conv unit (issue 18 groundwork) will run on CUDA with graphs like the dense one."""
+    import math
+
+    from sigprop import plans, walker
+
+    steps = plans.cnn_steps((3, 9, 9), 6, 4)
+    x, e = engine.probe_inputs(1, 5, 243, math.prod(steps[-2].shape_out), CPU, torch.float32)
+    runner = Guarded()
+    with torch.no_grad():
+        walker.NET_KINDS["cnn"].walk(steps, inits.get(name), x, e, 1, [0, 2], stream=stream, runner=runner)
+    assert runner.steps == 2 * 4 - 1
+    assert not runner.mode.found, sorted(set(runner.mode.found))
