@@ -242,7 +242,12 @@ def _verdict_line(run: RunResult, verdict: str) -> str:
     if verdict == "preserved":
         head = "[green]signal preserved[/green]" if ok else "[red]signal NOT preserved[/red]"
     else:
-        head = "[cyan]= agrees with finite-width theory[/cyan]" if ok else "[yellow]≠ disagrees with finite-width theory[/yellow]"
+        if ok:
+            head = "[cyan]= agrees with finite-width theory[/cyan]"
+        elif run.untestable:  # no band failed; some quantity has no prediction to test
+            head = "[dim]· not testable against finite-width theory[/dim]"
+        else:
+            head = "[yellow]≠ disagrees with finite-width theory[/yellow]"
     parts = [escape(gate_text(c)) for c in checks]
     # why each failed gate failed (a gate without a band already says it in its text)
     notes = dict.fromkeys((c.name.split(" ||")[0], c.note) for c in checks if c.note and not c.passed and c.has_band)

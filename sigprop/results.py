@@ -284,7 +284,8 @@ class StageInfo:
 
 def _verdict_words(run) -> str:
     kept = "signal preserved" if run.preserved else "signal NOT preserved"
-    agree = "agrees with theory" if run.agrees_with_theory else "disagrees with theory"
+    agree = "agrees with theory" if run.agrees_with_theory else (
+        "not testable against theory" if run.untestable else "disagrees with theory")
     return f"{kept}, {agree}"
 
 
@@ -323,6 +324,14 @@ class RunResult:
     def gate_checks(self) -> list:
         """What ``--check`` gates on: the gate's checks and any ``--max-correlation`` bound."""
         return self.verdict_checks(self.gate) + self.verdict_checks("correlation")
+
+    @property
+    def untestable(self) -> bool:
+        """The ``theory`` verdict fails only for want of a prediction: every check that has a
+        band passed, and some have none (e.g. ``datadep`` backward).  ``agrees_with_theory`` is
+        False then (nothing was verified); the words say "not testable", not "disagrees"."""
+        cs = self.verdict_checks("theory")
+        return any(not c.has_band for c in cs) and all(c.passed for c in cs if c.has_band)
 
     @property
     def passed(self) -> bool:

@@ -142,3 +142,23 @@ def test_agreement_in_a_band_decades_wide_is_marked_as_no_test(capsys):
     assert code == 0 and "in bands over 2 decades wide: no test" in out
     row = [l for l in out.splitlines() if l.strip().startswith("600 ")][0]
     assert row.split()[5] == "~"  # the forward theory mark of layer 600 (layer, n_l, mean±std, rms, theory, mark)
+
+
+def test_no_prediction_reads_not_testable_not_disagrees():
+    """A theory verdict that fails only because a quantity has no closed form (datadep backward)
+    is reported as not testable; one whose banded check fails still reads disagrees."""
+    from rich.console import Console
+
+    from sigprop import api, report, specs
+
+    r = api.probe(specs.MLPSpec(depth=6, input_dim=64, width=specs.WidthSpec(64, 64), inits=("datadep", "he")),
+                  specs.ProbeSpec(samples=64, device="cpu"), gate=specs.GateSpec(band=(0.5, 2.0)))
+    datadep, he = r.run("datadep"), r.run("he")
+    assert not datadep.agrees_with_theory and datadep.untestable and "not testable" in repr(datadep)
+    assert he.agrees_with_theory and not he.untestable
+    console = Console(record=True, width=300)
+    console.print(report.run_summary(datadep))
+    assert "not testable against finite-width theory" in console.export_text()
+    # a banded check that fails is a disagreement, whatever else lacks a band
+    datadep.checks[[c.verdict for c in datadep.checks].index("theory")].passed = False
+    assert not datadep.untestable
