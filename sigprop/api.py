@@ -65,6 +65,8 @@ def probe(
     probe_spec = gate.probe(probe_spec)
     if isinstance(spec, specs.ResNetSpec):
         return _probe_resnet(spec, probe_spec, progress, on_start, gate)
+    if isinstance(spec, specs.CNNSpec):
+        return _probe_cnn(spec, probe_spec, progress, on_start, gate)
     widths, arrays, env = engine.run_mlp(spec, probe_spec, progress=progress, on_start=on_start)
     runs = []
     for name in spec.inits:
@@ -76,6 +78,20 @@ def probe(
     config = probe_config("mlp", spec, probe_spec, gate, widths=widths)
     tolerances = {**TOLERANCES, "band": list(gate.default_band(resnet=False))}
     return ProbeResult(command="mlp", config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=tolerances)
+
+
+def _probe_cnn(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
+    steps, arrays, env = engine.run_cnn(spec, probe_spec, progress=progress, on_start=on_start)
+    runs = []
+    for name in spec.inits:
+        scheme, a = inits.get(name), arrays[name]
+        run = stats.cnn_run(scheme, steps, a["fwd"], a["bwd"], band=gate.band, gate=gate.gate)
+        stats.attach_correlations(run, stats.NO_PREDICTION, None, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
+                                  gate.max_correlation, probe_spec.dtype)
+        runs.append(run)
+    config = probe_config("cnn", spec, probe_spec, gate, units=runs[0].widths)
+    tolerances = {**TOLERANCES, "band": list(gate.default_band(resnet=False))}
+    return ProbeResult(command="cnn", config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=tolerances)
 
 
 def _probe_resnet(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
@@ -143,6 +159,9 @@ def rerun_specs(doc: dict) -> tuple[specs.MLPSpec | specs.ResNetSpec, specs.Prob
     try:
         if doc.get("command") == "mlp":
             spec = specs.MLPSpec(depth=cfg["depth"], input_dim=cfg["input_dim"], width=specs.WidthSpec.parse(cfg["width"]),
+                                 inits=tuple(cfg["inits"]))
+        elif doc.get("command") == "cnn":
+            spec = specs.CNNSpec(depth=cfg["depth"], channels=cfg["channels"], image=cfg["image"], strided=cfg["strided"],
                                  inits=tuple(cfg["inits"]))
         elif doc.get("command") == "resnet":
             spec = specs.ResNetSpec(

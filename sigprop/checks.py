@@ -8,7 +8,7 @@ A check is a TOML table under ``[tool.sigprop.checks]`` in pyproject.toml, or un
 ``[checks]`` in sigprop.toml (or any file given on the command line)::
 
     [checks.figure1-top]
-    command = "mlp"                      # or "resnet"
+    command = "mlp"                      # or "resnet", "cnn"
     depth = 20
     init = ["proposed", "proposed-gaussian"]
     expect = "pass"                      # "pass": every init must pass the gate;
@@ -38,6 +38,7 @@ from sigprop.errors import SigpropError
 PROBE_KEYS = {"samples": int, "seed": int, "seeds": int, "device": str, "dtype": str, "stream": bool, "precision": str, "graphs": bool,
               "pairs": int}
 MLP_KEYS = {"depth": int, "input_dim": int, "width": (str, int)}
+CNN_KEYS = {"depth": int, "channels": int, "image": str, "strided": int}
 RESNET_KEYS = {"blocks": int, "stages": int, "dim": int, "width": (str, int), "block_depth": int, "norm": str}
 META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str, "gate": str, "band": list,
              "correlation": (list, int, float), "max_correlation": (int, float)}
@@ -150,10 +151,10 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
     original = {str(k).replace("-", "_"): str(k) for k in raw}
     where = lambda key=None: lines.where(name, original.get(key, key) if key else None)
     command = opts.get("command")
-    if command not in ("mlp", "resnet"):
+    if command not in ("mlp", "resnet", "cnn"):
         raise ConfigError(where("command" if "command" in opts else None),
-                          f"check {name!r}: command must be \"mlp\" or \"resnet\", got {command!r}")
-    allowed = {**META_KEYS, **PROBE_KEYS, **(MLP_KEYS if command == "mlp" else RESNET_KEYS)}
+                          f"check {name!r}: command must be \"mlp\", \"resnet\" or \"cnn\", got {command!r}")
+    allowed = {**META_KEYS, **PROBE_KEYS, **{"mlp": MLP_KEYS, "resnet": RESNET_KEYS, "cnn": CNN_KEYS}[command]}
     for key, value in opts.items():
         if key not in allowed:
             close = difflib.get_close_matches(key, list(allowed), n=1)
@@ -185,6 +186,9 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
                 width=specs.WidthSpec.parse(str(opts.get("width", "150:250"))),
                 inits=tuple(names or ("proposed",)), **kw,
             )
+        elif command == "cnn":
+            kw = {k: opts[k] for k in ("depth", "channels", "strided") if k in opts}
+            spec = specs.CNNSpec(image=specs.parse_image(opts.get("image", "3x32x32")), inits=tuple(names or specs.CNN_DEFAULT_INITS), **kw)
         else:
             kw = {k: opts[k] for k in ("blocks", "stages", "dim", "block_depth", "norm") if k in opts}
             spec = specs.ResNetSpec(

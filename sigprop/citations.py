@@ -45,6 +45,12 @@ BIBTEX = {
   volume    = {32},
   year      = {2019}
 }""",
+    "xiao2018dynamical": """@inproceedings{xiao2018dynamical,
+  title     = {Dynamical Isometry and a Mean Field Theory of {CNN}s: How to Train 10,000-Layer Vanilla Convolutional Neural Networks},
+  author    = {Xiao, Lechao and Bahri, Yasaman and Sohl-Dickstein, Jascha and Schoenholz, Samuel S. and Pennington, Jeffrey},
+  booktitle = {International Conference on Machine Learning},
+  year      = {2018}
+}""",
 }
 
 #: every probe rests on the WN theory of Arpit et al. 2019 and the WN reparameterization of Salimans & Kingma 2016

@@ -630,6 +630,52 @@ def run_mlp(
     return widths, out, env
 
 
+def run_cnn(
+    spec: specs.CNNSpec,
+    probe: specs.ProbeSpec,
+    progress: ProgressFn | None = None,
+    on_start: Callable[[dict], None] | None = None,
+) -> tuple[tuple, dict[str, dict[str, np.ndarray]], dict]:
+    """Probe every init of a conv net (``spec.steps()``, run by ``walker.ConvLayer``): returns the
+    steps, {init: {"fwd", "bwd" [S, L, N], "correlation" with cosines}} and the environment.
+    Memory, streaming, batching and graphs as ``run_mlp``."""
+    stream = probe.stream
+    device = resolve_device(probe.device)
+    precision = matmul_precision(probe.precision, device)
+    dtype = DTYPES[probe.dtype]
+    itemsize = torch.finfo(dtype).bits // 8
+    # a lower bound that needs no plan (10^9 layers of steps would themselves exhaust memory): the
+    # bit-packed masks of the layers after the strided ones and the float64 ln-ratio buffers
+    C, H, W = spec.image
+    small = spec.channels * max(1, H >> spec.strided) * max(1, W >> spec.strided)
+    check_memory(spec.depth * probe.samples * ((small + 7) // 8 + 16), device, "depth/channels/image/samples")
+    steps = spec.steps()
+    convs = steps[::2]
+    estimate = _net_kind("cnn").estimate
+    need = estimate(steps, probe.samples, itemsize)
+    weights = sum(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
+    if stream is None:
+        stream = need > 0.8 * available_bytes(device)
+    if stream:
+        need -= weights - 2 * max(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
+    check_memory(need, device, "depth/channels/image/samples", STREAM_HINT if stream is False else "")
+    graphs = use_graphs(probe.graphs, device)
+    if graphs:
+        units = max(math.prod(s.shape_in) for s in convs)
+        need += graph_pool_bytes(max(s.role.fan_in * s.role.fan_out for s in convs), units, probe.samples, itemsize)
+    check_pairs(probe, math.prod(spec.image))
+    need += correlation_bytes(probe, max(math.prod(s.shape_in) for s in convs), itemsize)
+    batch = plan_batches(need, probe.seeds, device, "depth/channels/image/samples") if probe.batch is None else min(probe.batch, probe.seeds)
+    env = _environment(device, probe, stream, batch)
+    if on_start is not None:
+        on_start(env)
+    x, e = probe_inputs(probe.seed, probe.samples, math.prod(spec.image), math.prod(convs[-1].shape_out), device, dtype)
+    with torch.no_grad(), precision:
+        out, runners = _drive("cnn", steps, spec.inits, probe, batch, stream, graphs, x, e, progress)
+    env["graphs"] = graphs_status(runners)
+    return steps, out, env
+
+
 # --------------------------------------------------------------------------------------------
 # the ResNet (Arpit et al. 2019, eq. 6), weight-normalized or not
 # --------------------------------------------------------------------------------------------

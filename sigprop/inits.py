@@ -82,6 +82,9 @@ class InitScheme:
     unnormalized: str | None = None
     #: residual-branch multiplier alpha as a function of B_k (1: alpha absorbed into g)
     alpha: Callable[[int], float] = field(default=lambda blocks: 1.0, repr=False)
+    #: how a conv row's energy sits on the kernel's taps (theory.ConvMoments.taps):
+    #: "isotropic" (every tap alike) or "centre" (delta-orthogonal)
+    taps: str = "isotropic"
     #: BibTeX keys (sigprop/citations.py) of the papers behind the scheme (``sigprop cite``)
     cites: tuple[str, ...] = ("arpit2019initialize",)
     #: True when ``sample`` depends on ``LayerRole.block_index``: residual blocks that differ only
@@ -138,7 +141,7 @@ def register(scheme: InitScheme) -> InitScheme:
 
 
 def get(name: str, arch: str | None = None) -> InitScheme:
-    """The scheme ``name``; with ``arch`` ("mlp", "resnet") it must be defined for that net.
+    """The scheme ``name``; with ``arch`` ("mlp", "resnet", "cnn") it must be defined for that net.
     Unknown names raise a SigpropError with the closest valid name and the full list."""
     valid = names(arch)
     if name in valid:
@@ -155,7 +158,7 @@ def get(name: str, arch: str | None = None) -> InitScheme:
 
 
 def names(arch: str | None = None) -> list[str]:
-    """Registry names, optionally only those defined for ``arch`` ("mlp" or "resnet")."""
+    """Registry names, optionally only those defined for ``arch`` ("mlp", "resnet" or "cnn")."""
     return [n for n, s in INITS.items() if arch is None or arch in s.applies_to]
 
 
@@ -282,6 +285,21 @@ def _sample_unnormalized_he(role, gen, device, dtype):
     return LayerParams(v=w, g=None, bias=None, scale=torch.ones(role.fan_out, device=device, dtype=dtype))
 
 
+def _sample_delta_orthogonal(role, gen, device, dtype):
+    """Xiao et al. 2018: an orthogonal c_out x c_in matrix at the kernel's centre tap, zeros at the
+    other taps; WN with the proposed gain sqrt(2 c_in / c_out).  The orthogonal matrix comes from
+    the centre-tap columns of the shared Gaussian G (common random numbers with the other
+    schemes), orthogonalized as ``proposed`` does (sigprop/haar.py)."""
+    import torch
+
+    k = math.isqrt(role.taps)
+    centre = (k // 2) * k + k // 2
+    g = gaussian(role, gen, device, dtype)
+    v = torch.zeros_like(g)
+    v[:, centre::role.taps] = orthogonalize(g[:, centre::role.taps].contiguous())
+    return _const_gain(v, math.sqrt(proposed_gain_sq(role)))
+
+
 def stage_hanin_gain_sq(role: LayerRole) -> float:
     """Stage-wise Hanin (Arpit et al. 2019, section 5.1, adapted as the issue specifies): the last layer of block
     b = 1..B_k of a stage gets g = 0.9^b sqrt(fan_in/fan_out); every other layer as proposed."""
@@ -312,6 +330,7 @@ register(
         sample=_sample_proposed,
         moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
         haar_gain_sq=proposed_gain_sq,
+        applies_to=frozenset({"mlp", "resnet", "cnn"}),
     )
 )
 register(
@@ -323,6 +342,7 @@ register(
         direction="gaussian",
         sample=_sample_proposed_gaussian,
         moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
+        applies_to=frozenset({"mlp", "resnet", "cnn"}),
     )
 )
 register(
@@ -335,6 +355,7 @@ register(
         sample=_sample_he,
         moments=lambda r: theory.LayerMoments(row_sq=1.0),
         unnormalized="unnormalized-he",
+        applies_to=frozenset({"mlp", "resnet", "cnn"}),
     )
 )
 register(
@@ -346,6 +367,7 @@ register(
         direction="uniform",
         sample=_sample_pytorch,
         moments=lambda r: theory.LayerMoments(row_sq=1.0 / 3.0, bias_var=1.0 / (3.0 * r.fan_in)),
+        applies_to=frozenset({"mlp", "resnet", "cnn"}),
     )
 )
 register(
@@ -358,6 +380,19 @@ register(
         sample=_sample_datadep,
         calibrate=_calibrate_datadep,
         ln_forward_override=theory.datadep_ln_forward,
+    )
+)
+register(
+    InitScheme(
+        name="delta-orthogonal",
+        cites=("xiao2018dynamical",),
+        description="WN conv: orthogonal c_out x c_in matrix at the centre tap, zero elsewhere; g = sqrt(2 c_in/c_out)",
+        paper="Xiao et al. 2018 (delta-orthogonal); gain of Arpit et al. 2019, section 3",
+        direction="orthogonal",
+        sample=_sample_delta_orthogonal,
+        moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
+        applies_to=frozenset({"cnn"}),
+        taps="centre",
     )
 )
 register(

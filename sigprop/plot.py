@@ -127,6 +127,12 @@ def _draw(ax, result, runs, direction: str, staged: bool, yspace: str, seeds: in
                 ax.plot([t[0] for t in th], [conv(t[1]) for t in th], color=col, ls="--", lw=1.0,
                         label="theory (dashed): predicted typical ratio" if first_panel and not theory_labelled else None)
                 theory_labelled = True
+    if result.command == "cnn":  # no typical prediction for convs yet: the energy-map RMS, dotted
+        for k, run in enumerate(runs):
+            pts = [(r.index, getattr(r, direction).log10_predicted) for r in run.layers if getattr(r, direction).log10_predicted is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [conv(p[1]) for p in pts], color=colours[run.init][0], ls=":", lw=1.2,
+                        label="theory (dotted): energy-map RMS ratio" if first_panel and k == 0 else None)
     if result.command == "resnet":
         import math
 
@@ -189,7 +195,10 @@ def build_probe_figure(result):
     else:
         xlabel = r"layer $l$"
         ylab = (r"$\|h^l\| \,/\, \|x\|$", r"$\|\partial\ell/\partial a^l\| \,/\, \|\partial\ell/\partial a^L\|$")
-        shape = f"depth {cfg.get('depth')}, widths {_width_text(cfg.get('width'))}, n_0 = {cfg.get('input_dim')}"
+        if result.command == "cnn":
+            shape = f"CNN depth {cfg.get('depth')}, {cfg.get('channels')} channels, image {cfg.get('image')}, {cfg.get('strided')} strided"
+        else:
+            shape = f"depth {cfg.get('depth')}, widths {_width_text(cfg.get('width'))}, n_0 = {cfg.get('input_dim')}"
     for r, (row, runs, yspace) in enumerate(panels):
         for c, (ax, direction, title, yl) in enumerate(zip(row, ("forward", "backward"), ("forward: activations", "backward: gradients"), ylab)):
             _draw(ax, result, runs, direction, staged, yspace, seeds, colours, first_panel=(c == 1))

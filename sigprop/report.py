@@ -85,10 +85,10 @@ def _table(title: str) -> Table:
     return Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
 
 
-def run_table(run: RunResult) -> Table:
+def run_table(run: RunResult, units: str = "n_l") -> Table:
     t = _table(f"[bold]{run.init}[/bold] — {run.description}")
     t.add_column("layer", justify="right", no_wrap=True, min_width=5)
-    t.add_column("n_l", justify="right", no_wrap=True, min_width=4)
+    t.add_column(units, justify="right", no_wrap=True, min_width=4)
     t.add_column("fwd mean±std", justify="right", no_wrap=True)
     t.add_column("rms", justify="right", no_wrap=True)
     t.add_column("theory", justify="right", no_wrap=True)
@@ -258,10 +258,11 @@ def _verdict_line(run: RunResult, verdict: str) -> str:
 def run_summary(run: RunResult, draws: int = 1) -> Text:
     """Both verdicts of one init, each named, with the reason when one fails."""
     ag = run.agreement()
+    predicted = {d: any(getattr(r, d) is not None and getattr(r, d).predicted is not None for r in run.layers) for d in ag}
     agree = ", ".join(
         (f"{d} {v['layers_agreeing']}/{v['layers_compared']}"
          + (f" ({v['layers_uninformative']} in bands over 2 decades wide: no test)" if v["layers_uninformative"] else ""))
-        if v["layers_compared"] else f"{d} no closed form"
+        if v["layers_compared"] else (f"{d} not tested (a prediction, no band)" if predicted[d] else f"{d} no closed form")
         for d, v in ag.items()
     )
     lines = [f"[bold]{escape(run.init)}[/bold] (layers agreeing with theory: {agree})"]
@@ -294,7 +295,7 @@ def render_table(result: ProbeResult, console: Console) -> None:
             console.print(resnet_table(run))
             shown = len(table_rows(len(run.layers), keep=_stage_bounds(run)))
         else:
-            console.print(run_table(run))
+            console.print(run_table(run, "units" if result.command == "cnn" else "n_l"))
             shown = len(table_rows(len(run.layers)))
         n = len(run.layers)
         if shown < n:
@@ -311,6 +312,14 @@ def render_table(result: ProbeResult, console: Console) -> None:
             "branch = rms of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside "
             "the finite-width band of the theory (~ within a band over 2 decades wide: no test); band [√2, √e] = [1.414, 1.649] "
             "per stage (Arpit et al. 2019, Theorems 3-4)[/dim]",
+            soft_wrap=True,
+        )
+    elif result.command == "cnn":
+        console.print(
+            "[dim]mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward) over all units "
+            "(channels × positions); theory = the energy-map rms (zero padding and strides, docs/theory.md §11), "
+            "· = no finite-width band to test it against yet; preserved = within --band of the lossless reference "
+            "(1/2 per stride-2 layer forward: a quarter of the positions)[/dim]",
             soft_wrap=True,
         )
     else:

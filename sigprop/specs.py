@@ -244,6 +244,58 @@ class MLPSpec:
         return d
 
 
+def parse_image(text) -> tuple[int, int, int]:
+    """``--image CxHxW`` (e.g. 3x32x32) as three positive integers."""
+    parts = str(text).lower().replace("×", "x").split("x")
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise SigpropError(f"expected CxHxW with three positive integers (e.g. 3x32x32), got {text!r}", field="image")
+    return shape
+
+
+#: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
+#: Xiao et al. 2018 (whose architecture it is) use for deep CNNs
+CNN_DEFAULT_INITS = ("proposed", "delta-orthogonal")
+
+
+@dataclass(frozen=True)
+class CNNSpec:
+    """The plain CNN of Arpit et al. 2019, section 5.1 (after Xiao et al. 2018): ``depth`` 3 x 3
+    WN convs of ``channels`` channels with zero padding 1, the first ``strided`` with stride 2,
+    a ReLU after each, on inputs of shape ``image`` (C, H, W); measured up to the last conv."""
+
+    depth: int = 20
+    channels: int = 64
+    image: tuple[int, int, int] = (3, 32, 32)
+    strided: int = 2
+    inits: tuple[str, ...] = CNN_DEFAULT_INITS
+
+    def __post_init__(self) -> None:
+        check_size(self.depth, "depth")
+        check_size(self.channels, "channels")
+        object.__setattr__(self, "image", parse_image("x".join(map(str, self.image)) if not isinstance(self.image, str) else self.image))
+        for n in self.image:
+            check_size(n, "image")
+        if not 0 <= self.strided <= self.depth:
+            raise SigpropError(f"must be in [0, depth = {self.depth}], got {self.strided}", field="strided")
+        _init_tuple(self, "cnn")
+        if len(set(self.inits)) != len(self.inits):
+            raise SigpropError("an init is named twice", field="init")
+
+    def steps(self):
+        """The network as plan steps (sigprop.plans.cnn_steps)."""
+        from sigprop import plans
+
+        return plans.cnn_steps(self.image, self.channels, self.depth, self.strided)
+
+    def to_dict(self) -> dict:
+        return {"depth": self.depth, "channels": self.channels, "image": "x".join(map(str, self.image)), "strided": self.strided,
+                "inits": list(self.inits)}
+
+
 NORMS = ("wn", "bn", "none")
 #: Figure 1 (bottom) of Arpit et al. 2019, appendix A.2: the three schemes compared there
 RESNET_DEFAULT_INITS = ("he", "proposed", "proposed-gaussian")

@@ -29,6 +29,7 @@ def flag(field: str) -> str:
 #: CLI choices come from the registry (tests/cli/test_cli.py runs the parser on every name)
 InitName = enum.Enum("InitName", {name: name for name in inits.names("mlp")}, type=str)
 ResNetInitName = enum.Enum("ResNetInitName", {name: name for name in inits.names("resnet")}, type=str)
+CNNInitName = enum.Enum("CNNInitName", {name: name for name in inits.names("cnn")}, type=str)
 
 
 class Norm(str, enum.Enum):

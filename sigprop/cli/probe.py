@@ -1,4 +1,4 @@
-"""``sigprop mlp`` and ``sigprop resnet``: build the specs, run the core with a progress bar,
+"""``sigprop mlp``, ``sigprop resnet`` and ``sigprop cnn``: build the specs, run the core with a progress bar,
 render, plot, apply --check."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import typer
 from sigprop import report, specs
 from sigprop.errors import SigpropError
 from sigprop.cli._app import app
-from sigprop.cli.options import FIGURE1_INITS, InitName, Norm, ProbeOptions, ResNetInitName, probe_options
+from sigprop.cli.options import FIGURE1_INITS, CNNInitName, InitName, Norm, ProbeOptions, ResNetInitName, probe_options
 from sigprop.cli.output import _check_output_target, _progress_callback, _say, render
 
 
@@ -96,3 +96,22 @@ def resnet(
     shape += ", batch norm" if norm is Norm.bn else f", hidden {spec.width} x {block_depth}, norm {norm.value}"
     _run_probe(spec, opts, lambda env: f"sigprop resnet: device {env['device']} ({env['device_name']}), {env['dtype']}, "
                f"{shape} (seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")
+
+
+@app.command()
+@probe_options
+def cnn(
+    depth: Annotated[int, typer.Option(min=1, help="Number of 3x3 conv layers L.")] = 20,
+    channels: Annotated[int, typer.Option(min=1, help="Channels of every conv (the fixed width; the paper's CNN has 512).")] = 64,
+    image: Annotated[str, typer.Option(help="Input shape CxHxW.")] = "3x32x32",
+    strided: Annotated[int, typer.Option(min=0, help="How many of the first layers have stride 2.")] = 2,
+    init: Annotated[
+        Optional[list[CNNInitName]], typer.Option(help="Init scheme (repeatable). Default: proposed, delta-orthogonal.")
+    ] = None,
+    opts: ProbeOptions = None,
+) -> None:
+    """Probe the plain CNN of Arpit et al. 2019, section 5.1 (3x3 WN convs + ReLU, zero padding, the first two with stride 2) layer by layer."""
+    names = [i.value for i in init] if init else list(specs.CNN_DEFAULT_INITS)
+    spec = specs.CNNSpec(depth=depth, channels=channels, image=specs.parse_image(image), strided=strided, inits=tuple(names))
+    _run_probe(spec, opts, lambda env: f"sigprop cnn: device {env['device']} ({env['device_name']}), {env['dtype']}, depth {depth}, "
+               f"{channels} channels, image {image}, {strided} strided (seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")

@@ -101,7 +101,7 @@ def test_pyproject_table_is_the_default(capsys, monkeypatch, tmp_path):
         ('[checks.a]\ncommand = "mlp"\n\ndept = 3\n', 4, "did you mean 'depth'"),
         ('[checks.a]\ncommand = "mlp"\ndepth = "ten"\n', 3, "depth must be an integer"),
         ('[checks.a]\ncommand = "mlp"\ndepth = true\n', 3, "depth must be an integer"),
-        ('[checks.a]\ncommand = "cnn"\n', 2, "command must be"),
+        ('[checks.a]\ncommand = "rnn"\n', 2, "command must be"),
         ('[checks.a]\ndepth = 3\n', 1, "command must be"),
         ('[checks.a]\ncommand = "mlp"\ninit = "nope"\n', 3, "unknown init 'nope'"),
         ('[checks.a]\ncommand = "mlp"\ndepth = 0\n', 3, "depth"),

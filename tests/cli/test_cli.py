@@ -366,3 +366,23 @@ def test_every_cli_option_is_in_docs_cli_md():
                 if opt not in sections[name]:
                     missing.append(f"{name} {opt}")
     assert not missing, f"options missing from docs/cli.md: {missing}"
+
+
+def test_cnn_command_runs_and_says_what_it_can_test(capsys):
+    """sigprop cnn: proposed beside delta-orthogonal, the lossless reference, 'not testable'
+    (no finite-width band for convs), JSON with the energy-map prediction per layer."""
+    import json
+
+    from sigprop.cli import main
+
+    args = ["cnn", "--depth", "6", "--channels", "8", "--image", "3x12x12", "--samples", "16", "--device", "cpu"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "delta-orthogonal" in out and "not testable against finite-width theory" in out and "units" in out
+    assert main(args + ["--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["command"] == "cnn" and doc["config"]["image"] == "3x12x12" and doc["config"]["units"][0] == 3 * 12 * 12
+    delta = doc["runs"][1]
+    assert delta["init"] == "delta-orthogonal" and delta["layers"][-1]["forward"]["predicted"] == pytest.approx(0.25)
+    assert delta["layers"][0]["forward"]["agreement"]["agrees"] is None and delta["agrees_with_theory"] is False
+    assert main(["cnn", "--depth", "3", "--init", "datadep", "--device", "cpu"]) == 2

@@ -47,6 +47,10 @@ COMMANDS = {
     "resnet": {"--blocks": INT, "--stages": st.sampled_from(["1", "2", "17", "0", "40"]) | GARBAGE, "--dim": INT,
                "--width": WIDTH, "--block-depth": INT, "--norm": st.sampled_from(["wn", "bn", "none", "ln", ""]),
                "--init": INITS_RES, **COMMON},
+    "cnn": {"--depth": st.sampled_from(["1", "3", "0", "x", "1000000000"]), "--channels": st.sampled_from(["2", "4", "0", "-1", "y"]),
+            "--image": st.sampled_from(["1x4x4", "3x8x8", "3x8", "0x4x4", "axbxc", "3x1x1", ""]),
+            "--strided": st.sampled_from(["0", "1", "2", "5", "-1"]),
+            "--init": st.sampled_from(["proposed", "delta-orthogonal", "he", "pytorch", "datadep", "nope", "proposed,he"]), **COMMON},
     "theory": {"--n": st.sampled_from(["2", "1", "1000000000000", "0", "x"]), "--blocks": INT,
                "--format": st.sampled_from(["table", "json", "csv"])},
     "inits": {},
@@ -76,6 +80,8 @@ CHECK_TOML = st.sampled_from([
     '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\nmax_correlation = 0.5\npairs = 4\ndevice = "cpu"\n',
     '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ncorrelation = [0, 2]\ndevice = "cpu"\n',
     '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ncorrelation = "x"\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "cnn"\ndepth = 3\nchannels = 4\nimage = "3x8x8"\nsamples = 4\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "cnn"\ndepth = 3\nchannels = 4\nimage = "3x8"\nsamples = 4\n',
     '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ninit = "skipinit"\ndevice = "cpu"\n',
     # a sweep file of both kinds (sigprop plot must refuse it in one line)
     '{"schema": "sigprop.sweep.v1", "config": {"command": "mlp", "depth": 2, "width": 8}, "init": "he", "end_to_end": {}}\n'

@@ -200,3 +200,12 @@ def test_check_neither_cries_wolf_nor_misses_reduced(arch, width, size):
         for r in api.probe(spec, specs.ProbeSpec(samples=64, seed=seed, device="cpu")).runs:
             fails[r.init] += not r.passed
     assert fails == {"proposed": 0, "he": 12, "pytorch": 12, "datadep": 12}
+
+
+def test_cnn_rerun_reproduces(capsys, tmp_path):
+    a = tmp_path / "a.json"
+    code, _, err = run(capsys, ["cnn", "--depth", "4", "--channels", "6", "--image", "2x8x8", "--correlation", "0", "--pairs", "4", *SMALL,
+                                "--format", "json", "--output", str(a)])
+    assert code == 0, err
+    code, _, err = run(capsys, ["rerun", str(a)])
+    assert code == 0 and "reproduced: all" in err, err
