@@ -222,7 +222,7 @@ def mlp_run(scheme: InitScheme, widths: list[int], ln_fwd: np.ndarray, ln_bwd: n
 NO_CONV_BAND = "no finite-width band for conv nets yet (docs/theory.md §11)"
 
 
-def conv_moments(scheme: InitScheme | None, steps, centre: bool = False) -> list[theory.ConvMoments]:
+def conv_moments(scheme: InitScheme | None, steps) -> list[theory.ConvMoments]:
     """The theory's view of every conv step under ``scheme``; ``scheme`` None: the lossless
     reference -- centre-tap rows with the proposed gain, which keep every position's energy."""
     out = []
@@ -241,12 +241,12 @@ def cnn_run(scheme: InitScheme, steps, ln_fwd: np.ndarray, ln_bwd: np.ndarray, b
     (``theory.cnn_rms_prediction``; no agreement band: ``agrees`` None).  Verdicts:
 
     * ``preserved``: the typical forward ratio at layer L and backward ratio at layer 1 inside
-      ``band`` (default specs.MLP_BAND, clipped as for the MLP) times the lossless reference --
+      ``band`` (default specs.MLP_BAND) times the lossless reference --
       the prediction of centre-tap rows with the proposed gain, which keep every position's
       energy: a stride-2 layer then halves the norm over all units (a quarter of the positions),
       so the reference is 1/2 per strided layer forward and 1 backward;
     * ``theory``: not testable yet (``NO_CONV_BAND``)."""
-    from sigprop.specs import MLP_BAND, MLP_BAND_LIMITS
+    from sigprop.specs import MLP_BAND
 
     convs = [st for st in steps if hasattr(st, "shape_out")]
     image = convs[0].shape_in
@@ -261,15 +261,13 @@ def cnn_run(scheme: InitScheme, steps, ln_fwd: np.ndarray, ln_bwd: np.ndarray, b
             if ln_pred is not None:
                 rs.predicted, rs.log10_predicted = _exp_or_none(ln_pred), ln_pred / LN10
         layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
-    default = band is None
     band = band or MLP_BAND
-    limits = (math.log(MLP_BAND_LIMITS[0]), math.log(MLP_BAND_LIMITS[1])) if default else (-math.inf, math.inf)
     L = len(convs)
     checks, untested = [], []
     named = ((f"forward ratio at layer {L}", layers[-1].forward, ref.ln_forward[-1], None if pred is None or pred.ln_forward is None else pred.ln_forward[-1]),
              ("backward ratio at layer 1", layers[0].backward, ref.ln_backward[0], None if pred is None else pred.ln_backward[0]))
     for name, st, r, p in named:
-        c = _gate(name, "preserved", st, max(r + math.log(band[0]), r + limits[0]), min(r + math.log(band[1]), r + limits[1]))
+        c = _gate(name, "preserved", st, r + math.log(band[0]), r + math.log(band[1]))
         if not c.passed:
             if st.dead_fraction > 0:
                 c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
