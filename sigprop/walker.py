@@ -136,8 +136,14 @@ class Walk:
         """Where a layer's stored directions go (None when they are not stored)."""
         return self.weights.alloc(self.S, role.fan_out, role.fan_in) if self.store else None
 
-    def kept_params(self, p: LayerParams, v) -> LayerParams:
-        return E._keep(LayerParams(v=v, g=p.g, bias=p.bias, scale=p.scale), self.rows, self.stream)
+    def kept_params(self, out: dict, slot: torch.Tensor | None, j: str = "") -> LayerParams:
+        """What a layer keeps for the backward pass, from its step's outputs (keys v, g, bias,
+        scale, each suffixed by ``j``): its directions in ``slot`` (None when streaming; copied
+        there when a replayed step drew into its own buffer) and its per-row parameters in the
+        rows arena (``engine._keep``)."""
+        if slot is not None and out[f"v{j}"].data_ptr() != slot.data_ptr():
+            slot.copy_(out[f"v{j}"])
+        return E._keep(LayerParams(v=slot, g=out[f"g{j}"], bias=out[f"bias{j}"], scale=out[f"scale{j}"]), self.rows, self.stream)
 
 
 @dataclass
@@ -155,9 +161,10 @@ def walk(units: Sequence, scheme: InitScheme, x: torch.Tensor, e: torch.Tensor |
     then (``e`` given: the error vectors at the top [N, n_top]) backward to the first recorded
     state.  Entries: the input when ``record_input``, then each unit's output.  Each observer
     sees every entry's state forward and gradient backward.  A data-dependent init runs eagerly
-    (its calibration reads the batch on the host)."""
+    (its calibration reads the batch on the host), as does a plan with a unit that is not
+    ``replayable``."""
     space = space or LogSpace()
-    if runner is None or scheme.calibrate is not None:
+    if runner is None or scheme.calibrate is not None or not all(u.replayable for u in units):
         runner = replay.Eager()
     w = Walk(units, scheme, space, x, seed, draws, stream, runner, keep=e is not None)
     first = 0 if record_input else 1
@@ -325,6 +332,8 @@ class DenseLayer:
     the mask being the layer below's."""
 
     branch = False
+    #: its step outputs may live in a replayed step's static buffers: what it keeps is copied out
+    replayable = True
 
     def __init__(self, role: LayerRole, layer: int) -> None:
         self.role, self.layer = role, layer
@@ -363,12 +372,7 @@ class DenseLayer:
             out = {**out, "v": v, "g": chunk["g"][k], "bias": None, "scale": chunk["scale"][k]}
         else:
             out = run(("fwd", role), partial(self._forward, w=w), {"u": state["u"], "c": state["c"]}, w.reseeder(self), {"v_out": slot})
-            if slot is not None and out["v"].data_ptr() != slot.data_ptr():
-                slot.copy_(out["v"])  # a replayed step drew into its own buffer
-        kept = None
-        if w.keep:
-            kept = KeptLayer(w.kept_params(LayerParams(v=None, g=out["g"], bias=out["bias"], scale=out["scale"]), slot),
-                             w.masks.take(out["packed"]))
+        kept = KeptLayer(w.kept_params(out, slot), w.masks.take(out["packed"])) if w.keep else None
         return {"u": out["u"], "c": out["c"]}, out, kept
 
     def backward(self, w: Walk, index: int, grad: dict, kept: KeptLayer, below: KeptLayer):
@@ -508,6 +512,7 @@ class ResidualBlock:
     their masks."""
 
     branch = True
+    replayable = True
 
     def __init__(self, block, alpha: float, by_block_index: bool) -> None:
         self.block, self.alpha = block, float(alpha)
@@ -526,7 +531,7 @@ class ResidualBlock:
     def _forward(self, u, c, w: Walk, v_outs=None):
         out, bu, bc, su, sc = {}, u, c, u, c
         for j, role in enumerate(self.roles):
-            p = E.sample_layer(w.scheme, role, w.slots[self.slot_ids[j]].gens, w.device, w.dtype, None if v_outs is None else v_outs[j])
+            p = w.sample(role, self.slot_ids[j], None if v_outs is None else v_outs[j])
             if j < self.k:
                 bu, bc, mask, p = E._linear(p, bu, bc, relu=j < self.k - 1, calibrate=w.scheme.calibrate)
                 if mask is not None:
@@ -543,7 +548,7 @@ class ResidualBlock:
         def layer(j: int) -> LayerParams:
             v = t.get(f"v{j}")
             if v is None:  # streaming: redraw (the block's generators were reseeded)
-                v = E.sample_layer(w.scheme, self.roles[j], w.slots[self.slot_ids[j]].gens, w.device, w.dtype).v
+                v = w.sample(self.roles[j], self.slot_ids[j]).v
             return LayerParams(v=v, g=None, bias=None, scale=t[f"scale{j}"])
 
         k = self.k
@@ -564,14 +569,7 @@ class ResidualBlock:
                            {"v_outs": v_outs})
         kept = None
         if w.keep:
-            params = []
-            for j in range(len(self.roles)):
-                v = None
-                if v_outs is not None:
-                    v = v_outs[j]
-                    if out[f"v{j}"].data_ptr() != v.data_ptr():
-                        v.copy_(out[f"v{j}"])  # a replayed step drew into its own buffer
-                params.append(w.kept_params(LayerParams(v=None, g=out[f"g{j}"], bias=out[f"bias{j}"], scale=out[f"scale{j}"]), v))
+            params = [w.kept_params(out, None if v_outs is None else v_outs[j], str(j)) for j in range(len(self.roles))]
             kept = KeptBlock(E.BlockParams(params[:self.k], params[self.k] if self.block.projection else None, self.alpha),
                              [w.masks.take(out[f"packed{j}"]) for j in range(self.k - 1)])
         return {"u": out["u"], "c": out["c"]}, out, kept
@@ -601,7 +599,11 @@ class KeptBN:
 class BNLayer:
     """BatchNorm (training mode, gamma = 1, beta = 0) -> ReLU -> linear W, as the stem
     (``residual=False``: x' = W BN(x)^+) or a residual block (x' = x + W BN(x)^+) of the BN
-    ResNet (De & Smith 2020, appendix C); generator ``layer``.  Runs in ``PlainSpace``."""
+    ResNet (De & Smith 2020, appendix C); generator ``layer``.  Runs in ``PlainSpace``.  Not
+    ``replayable``: it keeps its BN output Y and scale s by reference, which a replayed step
+    (whose outputs are static buffers, overwritten by the next block) would not preserve."""
+
+    replayable = False
 
     def __init__(self, role: LayerRole, layer: int, residual: bool, eps: float) -> None:
         self.role, self.layer, self.residual, self.eps = role, layer, residual, eps
@@ -634,10 +636,7 @@ class BNLayer:
         slot = w.slot(self.role)
         out = w.runner.run(("bn", self.role, self.residual), partial(self._forward, w=w), {"X": state["X"]}, w.reseeder(self),
                            {"v_out": slot})
-        kept = None
-        if w.keep:
-            kept = KeptBN(w.kept_params(LayerParams(v=None, g=out["g"], bias=out["bias"], scale=out["scale"]), slot),
-                          out["Y"], out["s"], out["packed"])
+        kept = KeptBN(w.kept_params(out, slot), out["Y"], out["s"], out["packed"]) if w.keep else None
         return {"X": out["X"]}, out, kept
 
     def backward(self, w: Walk, index: int, grad: dict, kept: KeptBN, below):

@@ -239,3 +239,22 @@ def test_graphs_status_line():
     assert engine.graphs_status([captured, idle]) == "on (2 captured steps)"
     assert engine.graphs_status([idle]) == "on (0 captured steps)"  # no shape repeated
     assert engine.graphs_status([replay.Eager()]) == "off"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_plan_with_a_unit_that_cannot_be_replayed_runs_eagerly(stream):
+    """The BN layer keeps its BN output by reference, which a replayed step's static buffers
+    would overwrite: handed a replaying runner, the walk runs eagerly and gives the eager numbers."""
+    from sigprop import nets, walker
+
+    plan = nets.resnet_plan(8, 1, 4, 0, [], stem=True)
+    x, e = engine.probe_inputs(2, 6, 8, 8, CPU, torch.float64)
+    kind = walker.NET_KINDS["bn-resnet"]
+    scheme = kind.scheme("he")
+    with torch.no_grad():
+        eager = kind.walk(plan, scheme, x, e, 2, [0, 1], stream=stream).observed
+        runner = replay.Emulated()
+        replayed = kind.walk(plan, scheme, x, e, 2, [0, 1], stream=stream, runner=runner).observed
+    assert runner.steps == {} and not runner.seen  # never used
+    for key in eager:
+        assert torch.equal(eager[key], replayed[key]), key
