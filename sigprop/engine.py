@@ -531,48 +531,58 @@ def _net_kind(name: str):
     return walker.NET_KINDS[name]
 
 
-def _drive(kind: str, net, names, probe: specs.ProbeSpec, batch: int, stream: bool, graphs: bool, x, e,
-           progress: ProgressFn | None) -> tuple[dict[str, dict[str, np.ndarray]], list]:
-    """Walk every init of a probe, batch of draws by batch: {init: {observer: float64 array with
-    the draws first}} and the step runners (for ``graphs_status``).  Per batch, the probe's
-    observers on (x, e), then for each input cosine a forward walk of its pairs
+def _drive(kind: str, net, names, probe: specs.ProbeSpec, dims: tuple[int, int], need: int, fields: str, stream: bool,
+           graphs: bool, device: torch.device, precision: "matmul_precision", progress: ProgressFn | None,
+           on_start: Callable[[dict], None] | None) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
+    """The end every ``run_*`` shares once its memory is planned (``need`` bytes per draw): how
+    many draws run at once, the environment record (``on_start`` sees it before anything is
+    drawn), the inputs x [N, dims[0]] and errors e [N, dims[1]], then every init walked batch of
+    draws by batch: {init: {observer: float64 array with the draws first}}.  Per batch, the
+    probe's observers on (x, e), then for each input cosine a forward walk of its pairs
     (``pair_inputs``) with the ``Correlation`` observer: "correlation" [S, C, E, P].  Only the
     observations are kept: each walk's weights are freed before the next one allocates its own
     (holding them doubled the peak memory)."""
     from sigprop import walker
 
-    net_kind = _net_kind(kind)
-    device, dtype = x.device, x.dtype
-    pairs = [pair_inputs(probe.seed, probe.pairs, x.shape[1], c0, device, dtype) for c0 in probe.correlations]
-    chunks = [list(range(s, min(s + batch, probe.seeds))) for s in range(0, probe.seeds, batch)]
-    runners: list[replay.Eager] = []
-    out: dict[str, dict[str, np.ndarray]] = {}
-    tick = None
-    for name in names:
-        scheme = net_kind.scheme(name)
-        units, record_input = net_kind.units(net, scheme)
-        if tick is None:
-            steps = len(units)
-            tick = Ticker(progress, len(names) * len(chunks), [("forward", steps), ("backward", steps - 1 + record_input),
-                                                             ("correlation", steps * len(pairs))])
-        tick.name = name
+    batch = plan_batches(need, probe.seeds, device, fields) if probe.batch is None else min(probe.batch, probe.seeds)
+    env = _environment(device, probe, stream, batch)
+    if on_start is not None:
+        on_start(env)
+    dtype = DTYPES[probe.dtype]
+    x, e = probe_inputs(probe.seed, probe.samples, dims[0], dims[1], device, dtype)
+    with torch.no_grad(), precision:
+        net_kind = _net_kind(kind)
+        pairs = [pair_inputs(probe.seed, probe.pairs, x.shape[1], c0, device, dtype) for c0 in probe.correlations]
+        chunks = [list(range(s, min(s + batch, probe.seeds))) for s in range(0, probe.seeds, batch)]
+        runners: list[replay.Eager] = []
+        out: dict[str, dict[str, np.ndarray]] = {}
+        tick = None
+        for name in names:
+            scheme = net_kind.scheme(name)
+            units, record_input = net_kind.units(net, scheme)
+            if tick is None:
+                steps = len(units)
+                tick = Ticker(progress, len(names) * len(chunks), [("forward", steps), ("backward", steps - 1 + record_input),
+                                                                 ("correlation", steps * len(pairs))])
+            tick.name = name
 
-        def run(inputs, errors, observers, draws):
-            runners.append(step_runner(graphs))
-            r = walker.walk(units, scheme, inputs, errors, probe.seed, draws, observers, record_input, space=net_kind.space(),
-                            progress=tick, stream=stream, runner=runners[-1])
-            runners[-1].release()
-            return {k: v.cpu().numpy() for k, v in r.observed.items()}
+            def run(inputs, errors, observers, draws):
+                runners.append(step_runner(graphs))
+                r = walker.walk(units, scheme, inputs, errors, probe.seed, draws, observers, record_input, space=net_kind.space(),
+                                progress=tick, stream=stream, runner=runners[-1])
+                runners[-1].release()
+                return {k: v.cpu().numpy() for k, v in r.observed.items()}
 
-        parts = []
-        for draws in chunks:
-            got = run(x, e, net_kind.observers(), draws)
-            if pairs:
-                got["correlation"] = np.stack([run(xp, None, [walker.Correlation()], draws)["correlation"] for xp in pairs], axis=1)
-            parts.append(got)
-        out[name] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        _check_finite(name, (out[name]["fwd"], out[name]["bwd"]))
-    return out, runners
+            parts = []
+            for draws in chunks:
+                got = run(x, e, net_kind.observers(), draws)
+                if pairs:
+                    got["correlation"] = np.stack([run(xp, None, [walker.Correlation()], draws)["correlation"] for xp in pairs], axis=1)
+                parts.append(got)
+            out[name] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            _check_finite(name, (out[name]["fwd"], out[name]["bwd"]))
+    env["graphs"] = graphs_status(runners)
+    return out, env
 
 
 def run_mlp(
@@ -618,15 +628,8 @@ def run_mlp(
         need += graph_pool_bytes(biggest, max(widths), probe.samples, itemsize)
     check_pairs(probe, widths[0])
     need += correlation_bytes(probe, max(widths), itemsize)
-    batch = plan_batches(need, probe.seeds, device, "depth/width/samples") if probe.batch is None else min(probe.batch, probe.seeds)
-    env = _environment(device, probe, stream, batch)
-    if on_start is not None:
-        on_start(env)
-
-    x, e = probe_inputs(probe.seed, probe.samples, widths[0], widths[-1], device, dtype)
-    with torch.no_grad(), precision:
-        out, runners = _drive("mlp", widths, spec.inits, probe, batch, stream, graphs, x, e, progress)
-    env["graphs"] = graphs_status(runners)
+    out, env = _drive("mlp", widths, spec.inits, probe, (widths[0], widths[-1]), need, "depth/width/samples", stream, graphs,
+                      device, precision, progress, on_start)
     return widths, out, env
 
 
@@ -665,14 +668,8 @@ def run_cnn(
         need += graph_pool_bytes(max(s.role.fan_in * s.role.fan_out for s in convs), units, probe.samples, itemsize)
     check_pairs(probe, math.prod(spec.image))
     need += correlation_bytes(probe, max(math.prod(s.shape_in) for s in convs), itemsize)
-    batch = plan_batches(need, probe.seeds, device, "depth/channels/image/samples") if probe.batch is None else min(probe.batch, probe.seeds)
-    env = _environment(device, probe, stream, batch)
-    if on_start is not None:
-        on_start(env)
-    x, e = probe_inputs(probe.seed, probe.samples, math.prod(spec.image), math.prod(convs[-1].shape_out), device, dtype)
-    with torch.no_grad(), precision:
-        out, runners = _drive("cnn", steps, spec.inits, probe, batch, stream, graphs, x, e, progress)
-    env["graphs"] = graphs_status(runners)
+    out, env = _drive("cnn", steps, spec.inits, probe, (math.prod(spec.image), math.prod(convs[-1].shape_out)), need,
+                      "depth/channels/image/samples", stream, graphs, device, precision, progress, on_start)
     return steps, out, env
 
 
@@ -883,13 +880,7 @@ def run_resnet(
                                  layers=max(len(b.layer_ids()) for b in plan.blocks))
     check_pairs(probe, plan.dim)
     need += correlation_bytes(probe, max(max(b.widths) for b in plan.blocks), itemsize)
-    batch = plan_batches(need, probe.seeds, device, fields) if probe.batch is None else min(probe.batch, probe.seeds)
-    env = _environment(device, probe, stream, batch)
-    if on_start is not None:
-        on_start(env)
     dims = plan.entry_dims()
-    x, e = probe_inputs(probe.seed, probe.samples, dims[0], dims[-1], device, dtype)
-    with torch.no_grad(), precision:
-        out, runners = _drive("bn-resnet" if bn else "resnet", plan, names, probe, batch, stream, graphs, x, e, progress)
-    env["graphs"] = graphs_status(runners)
+    out, env = _drive("bn-resnet" if bn else "resnet", plan, names, probe, (dims[0], dims[-1]), need, fields, stream, graphs,
+                      device, precision, progress, on_start)
     return plan, out, env
