@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from sigprop import inits as inits_mod
-from sigprop import nets, replay, specs, theory
+from sigprop import nets, plans, replay, specs, theory
 from sigprop.errors import SigpropError
 from sigprop.inits import InitScheme, LayerParams, LayerRole
 
@@ -89,7 +89,7 @@ def estimate_cnn_bytes(steps, samples: int, itemsize: int) -> int:
     """Peak memory of one draw of a conv net (``plans.cnn_steps``): stored kernels, one layer's
     draw temporaries, bit-packed masks of every layer's units, a few activation buffers of the
     widest layer (the grouped conv's input, output and gradient), the float64 log-norm buffers."""
-    convs = [s for s in steps if hasattr(s, "shape_out")]
+    convs = plans.convs(steps)
     kernels = [s.role.fan_in * s.role.fan_out for s in convs]
     units = [math.prod(s.shape_in) for s in convs] + [math.prod(convs[-1].shape_out)]
     masks = samples * sum((math.prod(s.shape_out) + 7) // 8 for s in convs)
@@ -653,7 +653,7 @@ def run_cnn(
     small = spec.channels * max(1, H >> spec.strided) * max(1, W >> spec.strided)
     check_memory(spec.depth * probe.samples * ((small + 7) // 8 + 16), device, "depth/channels/image/samples")
     steps = spec.steps()
-    convs = steps[::2]
+    convs = plans.convs(steps)
     estimate = _net_kind("cnn").estimate
     need = estimate(steps, probe.samples, itemsize)
     weights = sum(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
@@ -788,7 +788,7 @@ def bn_batch(
     once (BN statistics per draw over its batch): ratios [S, E, N], branch ratios, and the batch
     statistics of every entry [S, E, 3] (``walker.BNStatistics``).  ``stream``: W^l is redrawn in
     the backward pass instead of stored."""
-    from sigprop import plans, walker
+    from sigprop import walker
 
     kind = walker.NET_KINDS["bn-resnet"]
     scheme = kind.scheme("unnormalized-he")

@@ -136,6 +136,11 @@ def cnn_steps(image: tuple[int, int, int], channels: int, depth: int, strided: i
     return tuple(steps)
 
 
+def convs(steps: Sequence[Step]) -> list[Conv]:
+    """The conv steps of a plan, in order."""
+    return [s for s in steps if isinstance(s, Conv)]
+
+
 def _blocks(steps: Sequence[Step]) -> list:
     """Nest the flat steps: each Open..Close becomes (inner steps, Close)."""
     out: list = []

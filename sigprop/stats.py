@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sigprop import inits, theory
+from sigprop import inits, plans, theory
 from sigprop.inits import InitScheme
 from sigprop.results import Check, LayerRecord, RatioStats, RunResult
 
@@ -226,9 +226,7 @@ def conv_moments(scheme: InitScheme | None, steps) -> list[theory.ConvMoments]:
     """The theory's view of every conv step under ``scheme``; ``scheme`` None: the lossless
     reference -- centre-tap rows with the proposed gain, which keep every position's energy."""
     out = []
-    for st in steps:
-        if not hasattr(st, "shape_out"):
-            continue
+    for st in plans.convs(steps):
         m = inits.get("proposed").moments(st.role) if scheme is None else scheme.moments(st.role)
         taps = "centre" if scheme is None else scheme.taps
         out.append(theory.ConvMoments(st.shape_in[0], st.role.fan_out, st.kernel, st.stride, st.padding, m.row_sq, m.bias_var, taps))
@@ -248,7 +246,7 @@ def cnn_run(scheme: InitScheme, steps, ln_fwd: np.ndarray, ln_bwd: np.ndarray, b
     * ``theory``: not testable yet (``NO_CONV_BAND``)."""
     from sigprop.specs import MLP_BAND
 
-    convs = [st for st in steps if hasattr(st, "shape_out")]
+    convs = plans.convs(steps)
     image = convs[0].shape_in
     pred = theory.cnn_rms_prediction(image, conv_moments(scheme, steps)) if scheme.moments is not None else None
     ref = theory.cnn_rms_prediction(image, conv_moments(None, steps))

@@ -25,7 +25,7 @@ def oracle(params, steps, x, e):
     x = x.detach().clone().requires_grad_(True)
     N = x.shape[0]
     h, pre = x.reshape(N, *steps[0].shape_in), []
-    for p, st in zip(params, [s for s in steps if isinstance(s, plans.Conv)]):
+    for p, st in zip(params, plans.convs(steps)):
         v = p.v.detach()
         wmat = p.g.detach().unsqueeze(1) * v / torch.linalg.vector_norm(v, dim=1, keepdim=True) if p.g is not None else v
         wk = wmat.reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
@@ -75,7 +75,7 @@ def test_conv_probe_follows_the_energy_map(name):
     x, e = engine.probe_inputs(4, 32, 768, math.prod(steps[-2].shape_out), torch.device("cpu"), torch.float64)
     r = _walk(name, steps, x, e, list(range(24))).observed
     scheme = inits.get(name)
-    convs = [s for s in steps if isinstance(s, plans.Conv)]
+    convs = plans.convs(steps)
     moments = [theory.ConvMoments(s.shape_in[0], s.role.fan_out, s.kernel, s.stride, s.padding, scheme.moments(s.role).row_sq,
                                   scheme.moments(s.role).bias_var) for s in convs]
     xe = x.reshape(32, 3, 16, 16).pow(2).sum(1).numpy()
