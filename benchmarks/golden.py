@@ -38,6 +38,8 @@ def grid():
                 yield f"resnet bn {dtype} stream={stream} seeds={seeds}", specs.ResNetSpec(blocks=4, dim=10, norm="bn", inits=("he",)), probe
                 yield f"resnet none {dtype} stream={stream} seeds={seeds}", specs.ResNetSpec(
                     blocks=3, dim=10, width=specs.WidthSpec(8, 8), norm="none", inits=("he", "skipinit")), probe
+                yield f"cnn {dtype} stream={stream} seeds={seeds}", specs.CNNSpec(
+                    depth=4, channels=5, image=(2, 7, 6), strided=2, inits=tuple(inits.names("cnn"))), probe
 
 
 def engine_arrays() -> dict:
@@ -85,7 +87,7 @@ def main() -> None:
     group.add_argument("--out")
     group.add_argument("--compare")
     args = ap.parse_args()
-    docs = documents()
+    docs = json.loads(json.dumps(documents()))  # as a stored document reads back (tuples are lists)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(docs, fh)

@@ -67,6 +67,8 @@ def probe(
         return _probe_resnet(spec, probe_spec, progress, on_start, gate)
     if isinstance(spec, specs.CNNSpec):
         return _probe_cnn(spec, probe_spec, progress, on_start, gate)
+    if isinstance(spec, specs.WRNSpec):
+        return _probe_wrn(spec, probe_spec, progress, on_start, gate)
     widths, arrays, env = engine.run_mlp(spec, probe_spec, progress=progress, on_start=on_start)
     runs = []
     for name in spec.inits:
@@ -81,7 +83,7 @@ def probe(
 
 
 def _probe_cnn(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
-    steps, arrays, env = engine.run_cnn(spec, probe_spec, progress=progress, on_start=on_start)
+    steps, arrays, env = engine.run_conv(spec, probe_spec, progress=progress, on_start=on_start)
     runs = []
     for name in spec.inits:
         scheme, a = inits.get(name), arrays[name]
@@ -92,6 +94,20 @@ def _probe_cnn(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
     config = probe_config("cnn", spec, probe_spec, gate, units=runs[0].widths)
     tolerances = {**TOLERANCES, "band": list(gate.default_band(resnet=False))}
     return ProbeResult(command="cnn", config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=tolerances)
+
+
+def _probe_wrn(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
+    steps, arrays, env = engine.run_conv(spec, probe_spec, progress=progress, on_start=on_start)
+    runs = []
+    for name in spec.resolved_inits():
+        scheme, a = inits.get(name), arrays[name]
+        run = stats.wrn_run(scheme, steps, spec.blocks, a, band=gate.band, gate=gate.gate)
+        stats.attach_correlations(run, stats.NO_PREDICTION, None, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
+                                  gate.max_correlation, probe_spec.dtype)
+        runs.append(run)
+    config = probe_config("wrn", spec, probe_spec, gate, units=runs[0].widths)
+    tolerances = {**TOLERANCES, "band": list(gate.default_band(resnet=True))}
+    return ProbeResult(command="wrn", config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=tolerances)
 
 
 def _probe_resnet(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
@@ -163,6 +179,9 @@ def rerun_specs(doc: dict) -> tuple[specs.MLPSpec | specs.ResNetSpec, specs.Prob
         elif doc.get("command") == "cnn":
             spec = specs.CNNSpec(depth=cfg["depth"], channels=cfg["channels"], image=cfg["image"], strided=cfg["strided"],
                                  inits=tuple(cfg["inits"]))
+        elif doc.get("command") == "wrn":
+            spec = specs.WRNSpec(blocks=cfg["blocks"], widen=cfg["widen"], image=cfg["image"], bottleneck=cfg["bottleneck"],
+                                 norm=cfg["norm"], preset=cfg["preset"], inits=tuple(cfg["inits"]))
         elif doc.get("command") == "resnet":
             spec = specs.ResNetSpec(
                 blocks=cfg["blocks"], stages=cfg["stages"], dim=cfg["dim"],

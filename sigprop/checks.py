@@ -8,7 +8,7 @@ A check is a TOML table under ``[tool.sigprop.checks]`` in pyproject.toml, or un
 ``[checks]`` in sigprop.toml (or any file given on the command line)::
 
     [checks.figure1-top]
-    command = "mlp"                      # or "resnet", "cnn"
+    command = "mlp"                      # or "resnet", "cnn", "wrn"
     depth = 20
     init = ["proposed", "proposed-gaussian"]
     expect = "pass"                      # "pass": every init must pass the gate;
@@ -39,6 +39,7 @@ PROBE_KEYS = {"samples": int, "seed": int, "seeds": int, "device": str, "dtype":
               "pairs": int}
 MLP_KEYS = {"depth": int, "input_dim": int, "width": (str, int)}
 CNN_KEYS = {"depth": int, "channels": int, "image": str, "strided": int}
+WRN_KEYS = {"blocks": int, "widen": int, "image": str, "bottleneck": bool, "preset": str, "norm": str}
 RESNET_KEYS = {"blocks": int, "stages": int, "dim": int, "width": (str, int), "block_depth": int, "norm": str}
 META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str, "gate": str, "band": list,
              "correlation": (list, int, float), "max_correlation": (int, float)}
@@ -151,10 +152,10 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
     original = {str(k).replace("-", "_"): str(k) for k in raw}
     where = lambda key=None: lines.where(name, original.get(key, key) if key else None)
     command = opts.get("command")
-    if command not in ("mlp", "resnet", "cnn"):
+    if command not in ("mlp", "resnet", "cnn", "wrn"):
         raise ConfigError(where("command" if "command" in opts else None),
-                          f"check {name!r}: command must be \"mlp\", \"resnet\" or \"cnn\", got {command!r}")
-    allowed = {**META_KEYS, **PROBE_KEYS, **{"mlp": MLP_KEYS, "resnet": RESNET_KEYS, "cnn": CNN_KEYS}[command]}
+                          f"check {name!r}: command must be \"mlp\", \"resnet\", \"cnn\" or \"wrn\", got {command!r}")
+    allowed = {**META_KEYS, **PROBE_KEYS, **{"mlp": MLP_KEYS, "resnet": RESNET_KEYS, "cnn": CNN_KEYS, "wrn": WRN_KEYS}[command]}
     for key, value in opts.items():
         if key not in allowed:
             close = difflib.get_close_matches(key, list(allowed), n=1)
@@ -189,6 +190,10 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
         elif command == "cnn":
             kw = {k: opts[k] for k in ("depth", "channels", "strided") if k in opts}
             spec = specs.CNNSpec(image=specs.parse_image(opts.get("image", "3x32x32")), inits=tuple(names or specs.CNN_DEFAULT_INITS), **kw)
+        elif command == "wrn":
+            kw = {k: opts[k] for k in ("blocks", "widen", "bottleneck", "norm") if k in opts}
+            kw.update(image=specs.parse_image(opts.get("image", "3x32x32")), inits=tuple(names or specs.WRN_DEFAULT_INITS))
+            spec = specs.WRNSpec.of_preset(opts["preset"], **kw) if "preset" in opts else specs.WRNSpec(**kw)
         else:
             kw = {k: opts[k] for k in ("blocks", "stages", "dim", "block_depth", "norm") if k in opts}
             spec = specs.ResNetSpec(

@@ -86,13 +86,14 @@ def estimate_mlp_bytes(widths: list[int], samples: int, itemsize: int) -> int:
 
 
 def estimate_cnn_bytes(steps, samples: int, itemsize: int) -> int:
-    """Peak memory of one draw of a conv net (``plans.cnn_steps``): stored kernels, one layer's
-    draw temporaries, bit-packed masks of every layer's units, a few activation buffers of the
-    widest layer (the grouped conv's input, output and gradient), the float64 log-norm buffers."""
+    """Peak memory of one draw of a conv net (``plans.cnn_steps``, ``plans.wrn_steps``): stored
+    kernels, one layer's draw temporaries, bit-packed masks of the units of every conv with a
+    ReLU, a few activation buffers of the widest layer (the grouped conv's input, output and
+    gradient; a residual block's skip and branch), the float64 log-norm buffers."""
     convs = plans.convs(steps)
     kernels = [s.role.fan_in * s.role.fan_out for s in convs]
     units = [math.prod(s.shape_in) for s in convs] + [math.prod(convs[-1].shape_out)]
-    masks = samples * sum((math.prod(s.shape_out) + 7) // 8 for s in convs)
+    masks = samples * sum((math.prod(s.shape_out) + 7) // 8 for s in convs if s.relu)
     return (sum(kernels) + HAAR_TEMPORARIES * max(kernels)) * itemsize + masks + 8 * samples * max(units) * itemsize \
         + 4 * len(convs) * samples * 8
 
@@ -633,43 +634,54 @@ def run_mlp(
     return widths, out, env
 
 
-def run_cnn(
-    spec: specs.CNNSpec,
+def run_conv(
+    spec: "specs.CNNSpec | specs.WRNSpec",
     probe: specs.ProbeSpec,
     progress: ProgressFn | None = None,
     on_start: Callable[[dict], None] | None = None,
 ) -> tuple[tuple, dict[str, dict[str, np.ndarray]], dict]:
-    """Probe every init of a conv net (``spec.steps()``, run by ``walker.ConvLayer``): returns the
-    steps, {init: {"fwd", "bwd" [S, L, N], "correlation" with cosines}} and the environment.
-    Memory, streaming, batching and graphs as ``run_mlp``."""
+    """Probe every init of a conv net -- the plain CNN (``walker.ConvLayer``s) or the WRN
+    (a ConvLayer stem and ``walker.ResidualBlock``s of ``ConvOp``s) -- from ``spec.steps()``:
+    returns the steps, {init: {"fwd", "bwd" [S, E, N], "branch" (WRN), "correlation" with
+    cosines}} and the environment.  Memory, streaming, batching and graphs as ``run_mlp``."""
+    wrn = isinstance(spec, specs.WRNSpec)
+    kind, names = ("wrn", spec.resolved_inits()) if wrn else ("cnn", spec.inits)
+    fields = "blocks/widen/image/samples" if wrn else "depth/channels/image/samples"
     stream = probe.stream
     device = resolve_device(probe.device)
     precision = matmul_precision(probe.precision, device)
     dtype = DTYPES[probe.dtype]
     itemsize = torch.finfo(dtype).bits // 8
     # a lower bound that needs no plan (10^9 layers of steps would themselves exhaust memory): the
-    # bit-packed masks of the layers after the strided ones and the float64 ln-ratio buffers
+    # bit-packed masks of the layers at the smallest map and the float64 ln-ratio buffers
     C, H, W = spec.image
-    small = spec.channels * max(1, H >> spec.strided) * max(1, W >> spec.strided)
-    check_memory(spec.depth * probe.samples * ((small + 7) // 8 + 16), device, "depth/channels/image/samples")
+    if wrn:
+        layers, small = 3 * spec.blocks, plans.WRN_BASE * spec.widen * max(1, H >> 2) * max(1, W >> 2)
+    else:
+        layers, small = spec.depth, spec.channels * max(1, H >> spec.strided) * max(1, W >> spec.strided)
+    check_memory(layers * probe.samples * ((small + 7) // 8 + 16), device, fields)
     steps = spec.steps()
     convs = plans.convs(steps)
-    estimate = _net_kind("cnn").estimate
+    for name in names:
+        if inits_mod.get(name).calibrate is not None and probe.samples < 2:
+            raise SigpropError(f"init {name!r} standardises over the probe batch and needs >= 2 samples", field="samples")
+    estimate = _net_kind(kind).estimate
     need = estimate(steps, probe.samples, itemsize)
     weights = sum(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
     if stream is None:
         stream = need > 0.8 * available_bytes(device)
     if stream:
         need -= weights - 2 * max(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
-    check_memory(need, device, "depth/channels/image/samples", STREAM_HINT if stream is False else "")
+    check_memory(need, device, fields, STREAM_HINT if stream is False else "")
     graphs = use_graphs(probe.graphs, device)
     if graphs:
         units = max(math.prod(s.shape_in) for s in convs)
-        need += graph_pool_bytes(max(s.role.fan_in * s.role.fan_out for s in convs), units, probe.samples, itemsize)
+        need += graph_pool_bytes(max(s.role.fan_in * s.role.fan_out for s in convs), units, probe.samples, itemsize,
+                                 layers=4 if wrn else 1)
     check_pairs(probe, math.prod(spec.image))
     need += correlation_bytes(probe, max(math.prod(s.shape_in) for s in convs), itemsize)
-    out, env = _drive("cnn", steps, spec.inits, probe, (math.prod(spec.image), math.prod(convs[-1].shape_out)), need,
-                      "depth/channels/image/samples", stream, graphs, device, precision, progress, on_start)
+    out, env = _drive(kind, steps, names, probe, (math.prod(spec.image), math.prod(convs[-1].shape_out)), need,
+                      fields, stream, graphs, device, precision, progress, on_start)
     return steps, out, env
 
 

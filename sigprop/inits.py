@@ -34,7 +34,8 @@ class LayerRole:
     """Where a layer sits: its fan-in/fan-out and what follows it.
 
     ``kind``: ``"relu"`` (followed by a ReLU; every MLP layer), ``"block_last"`` (last layer of a
-    residual branch), ``"projection"`` (linear shortcut).  ``blocks_in_stage`` and
+    residual branch), ``"projection"`` (linear shortcut), ``"linear"`` (no ReLU after it: a conv
+    net's stem).  ``blocks_in_stage`` and
     ``block_index`` (0-based within the stage) are for ResNet schemes.  ``taps``: k^2 for a
     k x k convolution, whose rows are [c_out, c_in k^2] (fan_in = c_in k^2, fan_out = c_out);
     the paper counts fans as c k^2 on both sides (Arpit et al. 2019, footnote 3), so its gains
@@ -162,7 +163,7 @@ def names(arch: str | None = None) -> list[str]:
     return [n for n, s in INITS.items() if arch is None or arch in s.applies_to]
 
 
-def resolve_resnet(name: str, norm: str) -> str:
+def resolve_resnet(name: str, norm: str, arch: str = "resnet") -> str:
     """The scheme that runs for ``--init name --norm norm`` in a ResNet.
 
     ``wn``: every ResNet scheme (the unnormalized ones, e.g. SkipInit, stay unnormalized);
@@ -171,8 +172,9 @@ def resolve_resnet(name: str, norm: str) -> str:
     ``unnormalized-he``), reported as ``he``.
     """
     scheme = get(name)
-    if "resnet" not in scheme.applies_to:
-        raise SigpropError(f"init {name!r} is not defined for ResNets", field="init")
+    if arch not in scheme.applies_to:
+        what = "ResNets" if arch == "resnet" else "the WRN"
+        raise SigpropError(f"init {name!r} is not defined for {what}; choose from {', '.join(names(arch))}", field="init")
     if norm == "wn":
         return name
     target = name if not scheme.normalized else scheme.unnormalized
@@ -181,7 +183,7 @@ def resolve_resnet(name: str, norm: str) -> str:
             raise SigpropError(f"the batch-normalized ResNet (De & Smith 2020, appendix C) uses He init; got {name!r}", field="init")
         return "he"
     if target is None:
-        valid = [n for n, s in INITS.items() if "resnet" in s.applies_to and (not s.normalized or s.unnormalized)]
+        valid = [n for n, s in INITS.items() if arch in s.applies_to and (not s.normalized or s.unnormalized)]
         raise SigpropError(f"init {name!r} needs weight normalization; with --norm none choose from {', '.join(valid)}", field="init")
     return target
 
@@ -223,7 +225,7 @@ def _const_gain(v, value: float) -> LayerParams:
 def proposed_gain_sq(role: LayerRole) -> float:
     """g^2 = gamma * fan_in / fan_out with gamma = 2 before a ReLU, 1/B_k for the last layer of a
     residual block in stage k, 1 otherwise (Arpit et al. 2019, section 3 and section 4, implementation details)."""
-    gamma = {"relu": 2.0, "block_last": 1.0 / role.blocks_in_stage, "projection": 1.0}[role.kind]
+    gamma = {"relu": 2.0, "block_last": 1.0 / role.blocks_in_stage, "projection": 1.0, "linear": 1.0}[role.kind]
     return gamma * role.fan_in / (role.fan_out * role.taps)
 
 
@@ -330,7 +332,7 @@ register(
         sample=_sample_proposed,
         moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
         haar_gain_sq=proposed_gain_sq,
-        applies_to=frozenset({"mlp", "resnet", "cnn"}),
+        applies_to=frozenset({"mlp", "resnet", "cnn", "wrn"}),
     )
 )
 register(
@@ -342,7 +344,7 @@ register(
         direction="gaussian",
         sample=_sample_proposed_gaussian,
         moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
-        applies_to=frozenset({"mlp", "resnet", "cnn"}),
+        applies_to=frozenset({"mlp", "resnet", "cnn", "wrn"}),
     )
 )
 register(
@@ -355,7 +357,7 @@ register(
         sample=_sample_he,
         moments=lambda r: theory.LayerMoments(row_sq=1.0),
         unnormalized="unnormalized-he",
-        applies_to=frozenset({"mlp", "resnet", "cnn"}),
+        applies_to=frozenset({"mlp", "resnet", "cnn", "wrn"}),
     )
 )
 register(
@@ -367,7 +369,7 @@ register(
         direction="uniform",
         sample=_sample_pytorch,
         moments=lambda r: theory.LayerMoments(row_sq=1.0 / 3.0, bias_var=1.0 / (3.0 * r.fan_in)),
-        applies_to=frozenset({"mlp", "resnet", "cnn"}),
+        applies_to=frozenset({"mlp", "resnet", "cnn", "wrn"}),
     )
 )
 register(
@@ -380,6 +382,7 @@ register(
         sample=_sample_datadep,
         calibrate=_calibrate_datadep,
         ln_forward_override=theory.datadep_ln_forward,
+        applies_to=frozenset({"mlp", "resnet", "cnn", "wrn"}),
     )
 )
 register(
@@ -391,7 +394,7 @@ register(
         direction="orthogonal",
         sample=_sample_delta_orthogonal,
         moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
-        applies_to=frozenset({"cnn"}),
+        applies_to=frozenset({"cnn", "wrn"}),
         taps="centre",
     )
 )
@@ -404,6 +407,7 @@ register(
         direction="gaussian",
         sample=_sample_unnormalized_he,
         moments=lambda r: theory.LayerMoments(row_sq=2.0),
+        applies_to=frozenset({"mlp", "resnet", "wrn"}),
         normalized=False,
     )
 )
@@ -417,7 +421,7 @@ register(
         sample=_sample_stage_hanin,
         haar_gain_sq=stage_hanin_gain_sq,
         moments=lambda r: theory.LayerMoments(row_sq=stage_hanin_gain_sq(r)),
-        applies_to=frozenset({"resnet"}),
+        applies_to=frozenset({"resnet", "wrn"}),
         by_block_index=True,
     )
 )
@@ -430,7 +434,7 @@ register(
         direction="gaussian",
         sample=_sample_unnormalized_he,
         moments=lambda r: theory.LayerMoments(row_sq=2.0),
-        applies_to=frozenset({"resnet"}),
+        applies_to=frozenset({"resnet", "wrn"}),
         normalized=False,
         alpha=lambda blocks: 0.0,
     )
@@ -444,7 +448,7 @@ register(
         direction="gaussian",
         sample=_sample_unnormalized_he,
         moments=lambda r: theory.LayerMoments(row_sq=2.0),
-        applies_to=frozenset({"resnet"}),
+        applies_to=frozenset({"resnet", "wrn"}),
         normalized=False,
         alpha=lambda blocks: 1.0 / math.sqrt(blocks),
     )

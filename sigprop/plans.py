@@ -41,10 +41,11 @@ class Open:
 
 @dataclass(frozen=True)
 class Close:
-    """A residual block ends: h' = S h + alpha F(h), S the identity or the ``projection`` layer."""
+    """A residual block ends: h' = S h + alpha F(h), S the identity or the ``projection`` layer
+    (a ``LayerRole``; in a conv net a ``Conv`` step, 1 x 1 and strided)."""
 
     blocks_in_stage: int
-    projection: LayerRole | None = None
+    projection: "LayerRole | Conv | None" = None
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,59 @@ def cnn_steps(image: tuple[int, int, int], channels: int, depth: int, strided: i
     return tuple(steps)
 
 
+#: Figure 5 of Arpit et al. 2019 (supplementary): conv1's channels before the widening factor k
+WRN_BASE = 16
+#: a bottleneck block's output channels over its inner ones (He et al. 2016, ResNet-164)
+BOTTLENECK_EXPANSION = 4
+
+
+def wrn_steps(image: tuple[int, int, int], blocks: int, widen: int = 1, bottleneck: bool = False, groups: int = 3
+              ) -> tuple[Step, ...]:
+    """The wide residual network of Arpit et al. 2019, supplementary Figure 5: conv1, a 3 x 3 WN
+    conv to 16 k channels (no ReLU after it: the blocks carry none after their sum and their
+    branch opens with a conv), then ``groups`` groups of ``blocks`` residual blocks at 16 k, 32 k,
+    64 k channels, each block h' = S h + F(h) with F = [WN conv 3 x 3 -> ReLU -> WN conv 3 x 3]
+    and no non-linearity after the sum.  The first conv of groups 2 and 3 has stride 2, and
+    their first block's skip S is a WN 1 x 1 stride-2 projection (the identity elsewhere).
+    ``bottleneck``: ResNet-164's blocks [1 x 1 -> ReLU -> 3 x 3 -> ReLU -> 1 x 1] at 16, 32, 64
+    inner channels (times k) and ``BOTTLENECK_EXPANSION`` times as many out, the stride on the
+    3 x 3 conv, a projection wherever the channels or the size change (also the first block).
+    Recorded: the input, conv1's output, every block's output (the residual stream)."""
+    C = image[0]
+    stem_out = WRN_BASE * widen
+    stem = Conv(LayerRole(C * 9, stem_out, "linear", taps=9), tuple(image), 3, 1, 1, relu=False)
+    steps: list[Step] = [Record(), stem, Record()]
+    shape = stem.shape_out
+    for g in range(groups):
+        inner = WRN_BASE * widen * 2**g
+        c_out = inner * (BOTTLENECK_EXPANSION if bottleneck else 1)
+        for j in range(blocks):
+            stride = 2 if (g > 0 and j == 0) else 1
+            role = lambda fan_in, fan_out, kind, taps: LayerRole(fan_in * taps, fan_out, kind, blocks, j, taps)
+            if bottleneck:
+                c1 = Conv(role(shape[0], inner, "relu", 1), shape, 1, 1, 0)
+                c2 = Conv(role(inner, inner, "relu", 9), c1.shape_out, 3, stride, 1)
+                branch = [c1, c2, Conv(role(inner, c_out, "block_last", 1), c2.shape_out, 1, 1, 0, relu=False)]
+            else:
+                c1 = Conv(role(shape[0], c_out, "relu", 9), shape, 3, stride, 1)
+                branch = [c1, Conv(role(c_out, c_out, "block_last", 9), c1.shape_out, 3, 1, 1, relu=False)]
+            proj = None
+            if stride != 1 or shape[0] != c_out:
+                proj = Conv(role(shape[0], c_out, "projection", 1), shape, 1, stride, 0, relu=False)
+            steps += [Open(g + 1, blocks), *branch, Close(blocks, proj), Record()]
+            shape = branch[-1].shape_out
+    return tuple(steps)
+
+
 def convs(steps: Sequence[Step]) -> list[Conv]:
-    """The conv steps of a plan, in order."""
-    return [s for s in steps if isinstance(s, Conv)]
+    """The conv steps of a plan, in order (projections included, before their block's Close)."""
+    out: list[Conv] = []
+    for s in steps:
+        if isinstance(s, Conv):
+            out.append(s)
+        elif isinstance(s, Close) and isinstance(s.projection, Conv):
+            out.append(s.projection)
+    return out
 
 
 def _blocks(steps: Sequence[Step]) -> list:
@@ -240,3 +291,129 @@ def predict(steps: Sequence[Step], moments: Moments, alpha: Callable[[int], floa
     out_fwd = None if any(not math.isfinite(v) for v in fwd) else fwd
     return out_fwd, bwd
 
+
+
+class _Energy:
+    """An energy map (E sum_c h_{c,p}^2 per position) carried as its map normalised to sum 1
+    and the ln of its sum, so that 10,000 layers stay finite (docs/theory.md §11)."""
+
+    def __init__(self, m, ln: float) -> None:
+        self.m, self.ln = m, ln
+
+    @classmethod
+    def of(cls, arr, ln: float = 0.0) -> "_Energy":
+        """exp(ln) * arr, normalised."""
+        s = float(arr.sum())
+        return cls(arr / s, ln + math.log(s)) if s > 0 and ln > -math.inf else cls(arr * 0.0, -math.inf)
+
+    def plus(self, other: "_Energy", w_ln: float = 0.0) -> "_Energy":
+        """self + exp(w_ln) other (maps of one shape)."""
+        b = other.ln + w_ln
+        if b == -math.inf:
+            return self
+        if self.ln == -math.inf:
+            return _Energy(other.m, b)
+        M = max(self.ln, b)
+        return _Energy.of(self.m * math.exp(self.ln - M) + other.m * math.exp(b - M), M)
+
+
+ConvMomentsOf = Callable[[Conv], theory.ConvMoments]
+
+
+def predict_conv(steps: Sequence[Step], moments: ConvMomentsOf, alpha: Callable[[int], float], x_energy=None, e_energy=None
+                 ) -> tuple[list[float] | None, list[float], list[float]]:
+    """ln RMS ratios of a conv net (plain or residual) at every Record -- forward ||h||/||x||,
+    backward relative to the top Record -- and the ln RMS branch ratio ||alpha F(h)||/||h|| of
+    every residual block, by composing the per-position energy maps of docs/theory.md §11 (the
+    conv net's ``predict``).
+
+    Forward the state is (A, B): the input-driven map A[x] (linear in x's energy map) and the
+    bias-driven map B; a conv maps both (``theory.conv_layer_energy``, halved by its ReLU) and
+    adds its bias energy to B; a block sums the skip's maps (the identity, or the 1 x 1 strided
+    projection, which samples e(s q)) and alpha^2 times the branch's -- the cross term vanishes
+    in expectation, the branch's last conv being sign-symmetric.  E||h||^2/||x||^2 = sum A +
+    sum B E[1/||x||^2], with 1/(d - 2) for x ~ N(0, I_d).  Backward the gradient map is
+    scattered back through each conv's transposed window (times row_sq / k^2), halved where the
+    walk passes a ReLU, and a block sums the skip's and alpha^2 times the branch's maps.
+    ``x_energy`` [H, W] / ``e_energy``: the prediction conditional on one given input / top
+    error (the probe shares them across draws); by default the inputs and errors are N(0, I)."""
+    import numpy as np
+
+    if any(isinstance(s, (BatchNorm, Linear)) for s in steps):
+        raise ValueError("predict_conv composes conv steps only")
+    tree = _blocks(steps)
+    first = convs(steps)[0]
+    C, H, W = first.shape_in
+    if x_energy is None:
+        x_energy = np.full((H, W), 1.0 / (H * W))
+        log_inv_x2 = -math.log(C * H * W - 2) if C * H * W > 2 else math.inf
+    else:
+        log_inv_x2 = -math.log(float(x_energy.sum()))
+    lae, ln = theory._lae, theory._ln
+
+    def conv(state, st: Conv, relu: bool):
+        m = moments(st)
+        a, b = state
+        a = _Energy.of(theory.conv_layer_energy(a.m, m, relu), a.ln)
+        bias = theory.conv_bias_energy(m, relu)
+        shape = st.out_hw()
+        b = _Energy.of(theory.conv_layer_energy(b.m, m, relu), b.ln).plus(_Energy.of(np.full(shape, 1.0 / math.prod(shape))),
+                                                                         ln(bias * math.prod(shape)))
+        return a, b
+
+    total = lambda s: lae(s[0].ln, s[1].ln + log_inv_x2)
+    fwd: list[float] = []
+    branch: list[float] = []
+
+    def forward(items, state):
+        for it in items:
+            if isinstance(it, Conv):
+                state = conv(state, it, it.relu)
+            elif isinstance(it, Record):
+                fwd.append(0.5 * total(state))
+            else:
+                inner, close = it
+                f = forward(inner, state)
+                s = state if close.projection is None else conv(state, close.projection, relu=False)
+                a2 = ln(alpha(close.blocks_in_stage) ** 2)
+                branch.append(0.5 * (a2 + total(f) - total(state)))
+                state = (s[0].plus(f[0], a2), s[1].plus(f[1], a2))
+        return state
+
+    forward(tree, (_Energy.of(x_energy / float(x_energy.sum())), _Energy(np.zeros((H, W)), -math.inf)))
+
+    def back(d: _Energy, st: Conv) -> _Energy:
+        m = moments(st)
+        per_tap = m.row_sq / (1 if m.taps == "centre" else m.kernel**2)
+        return _Energy.of(theory._box_adjoint(d.m, m, st.shape_in[1:]), d.ln + ln(per_tap))
+
+    top_shape = convs(steps)[-1].out_hw()
+    d = _Energy.of(np.full(top_shape, 1.0) if e_energy is None else np.asarray(e_energy, dtype=float))
+    bwd: list[float] = []
+    top, mask_done = True, False
+    for it in reversed(tree):
+        if isinstance(it, Record):
+            if it.pre_activation:
+                if not top:
+                    d = _Energy(d.m, d.ln + ln(0.5))  # the mask of the ReLU this Record stands behind
+                mask_done = True
+            bwd.append(0.5 * d.ln)
+            top = False
+        elif isinstance(it, Conv):
+            if it.relu and not mask_done:
+                d = _Energy(d.m, d.ln + ln(0.5))
+            d, mask_done = back(d, it), False
+        else:
+            inner, close = it
+            s = d if close.projection is None else back(d, close.projection)
+            f = d
+            for st in reversed(inner):
+                if st.relu:
+                    f = _Energy(f.m, f.ln + ln(0.5))
+                f = back(f, st)
+            d, mask_done = s.plus(f, ln(alpha(close.blocks_in_stage) ** 2)), False
+    bwd.reverse()
+    top_ln = bwd and bwd[-1]
+    bwd = [v - top_ln for v in bwd]
+    out_fwd = None if any(not math.isfinite(v) for v in fwd) else fwd
+    return out_fwd, bwd, branch

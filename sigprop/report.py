@@ -120,10 +120,10 @@ def _stage_bounds(run: RunResult) -> list[int]:
     return sorted(keep)
 
 
-def resnet_table(run: RunResult) -> Table:
+def resnet_table(run: RunResult, width_label: str = "d") -> Table:
     """One row per residual-stream state h^b; a rule closes each stage."""
     t = _table(f"[bold]{run.init}[/bold] — {run.description}")
-    for name in ("b", "stage", "d"):
+    for name in ("b", "stage", width_label):
         t.add_column(name, justify="right", no_wrap=True)
     for name in ("fwd mean±std", "rms", "theory", "bwd mean±std", "rms", "theory", "branch", "theory"):
         t.add_column(name, justify="right", no_wrap=True)
@@ -248,6 +248,9 @@ def _verdict_line(run: RunResult, verdict: str) -> str:
             head = "[dim]· not testable against finite-width theory[/dim]"
         else:
             head = "[yellow]≠ disagrees with finite-width theory[/yellow]"
+    reasons = {c.note for c in checks if not c.has_band}
+    if verdict == "theory" and not ok and run.untestable and len(reasons) == 1 and all(not c.has_band for c in checks):
+        return f"  {head}: {escape(reasons.pop())}"  # one reason for every check: said once
     parts = [escape(gate_text(c)) for c in checks]
     # why each failed gate failed (a gate without a band already says it in its text)
     notes = dict.fromkeys((c.name.split(" ||")[0], c.note) for c in checks if c.note and not c.passed and c.has_band)
@@ -292,7 +295,7 @@ def render_table(result: ProbeResult, console: Console) -> None:
     resnet = any(run.stages is not None for run in result.runs)
     for run in result.runs:
         if run.stages is not None:
-            console.print(resnet_table(run))
+            console.print(resnet_table(run, "units" if result.command == "wrn" else "d"))
             shown = len(table_rows(len(run.layers), keep=_stage_bounds(run)))
         else:
             console.print(run_table(run, "units" if result.command == "cnn" else "n_l"))
@@ -306,7 +309,16 @@ def render_table(result: ProbeResult, console: Console) -> None:
             console.print(correlation_table(run, run.stages is not None))
         for line in stage_lines(run) + correlation_lines(run):
             console.print(line, highlight=False, soft_wrap=True)
-    if resnet:
+    if result.command == "wrn":
+        console.print(
+            "[dim]b = state (0: the input, 1: conv1's output, then each block's); mean ± std over samples of ||h^b||/||x|| "
+            "(forward) and ||dl/dh^b||/||dl/dh^end|| (backward) over all units (channels × positions); branch = rms of "
+            "||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = the energy-map rms (zero padding, strides, projections: "
+            "docs/theory.md §11), · = no finite-width band to test it against yet; band = [√2, √e] per stage (Arpit et al. "
+            "2019, Theorems 3-4) times what a stride-2 group opening costs a lossless net[/dim]",
+            soft_wrap=True,
+        )
+    elif resnet:
         console.print(
             "[dim]mean ± std over samples of ||h^b||/||x|| (forward) and ||dl/dh^b||/||dl/dh^end|| (backward); "
             "branch = rms of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside "

@@ -296,6 +296,77 @@ class CNNSpec:
                 "inits": list(self.inits)}
 
 
+#: named architectures of Arpit et al. 2019, Table 1 (N blocks per group, widening k, bottleneck):
+#: WRN-d-k has d = 6 N + 4 layers; ResNet-d with basic blocks d = 6 N + 2, with bottlenecks d = 9 N + 2
+WRN_PRESETS = {
+    "wrn-40-10": {"blocks": 6, "widen": 10, "bottleneck": False},
+    "resnet-56": {"blocks": 9, "widen": 1, "bottleneck": False},
+    "resnet-110": {"blocks": 18, "widen": 1, "bottleneck": False},
+    "resnet-164": {"blocks": 18, "widen": 1, "bottleneck": True},
+}
+#: the inits of Arpit et al. 2019, Figure 3 (right) and Table 2, on the WRN
+WRN_DEFAULT_INITS = ("proposed", "pytorch", "datadep", "stage-hanin")
+
+
+@dataclass(frozen=True)
+class WRNSpec:
+    """The wide residual network of Arpit et al. 2019, supplementary Figure 5 (``plans.wrn_steps``):
+    conv1 to 16 k channels, three groups of ``blocks`` residual blocks at 16 k, 32 k, 64 k
+    channels (``bottleneck``: ResNet-164's blocks), WN convs (``norm="wn"``) or plain ones
+    (``"none"``: the unnormalized schemes; ``he`` means unnormalized He), on ``image``.
+    ``preset`` names one of ``WRN_PRESETS`` (its blocks, widening and block type)."""
+
+    blocks: int = 16
+    widen: int = 1
+    image: tuple[int, int, int] = (3, 32, 32)
+    bottleneck: bool = False
+    norm: str = "wn"
+    preset: str | None = None
+    inits: tuple[str, ...] = WRN_DEFAULT_INITS
+
+    def __post_init__(self) -> None:
+        if self.preset is not None:
+            if self.preset not in WRN_PRESETS:
+                raise SigpropError(f"unknown preset {self.preset!r}; choose from {', '.join(WRN_PRESETS)}", field="preset")
+            for key, value in WRN_PRESETS[self.preset].items():
+                if getattr(self, key) != value:
+                    raise SigpropError(f"preset {self.preset!r} has {key} = {value}; drop --{key.replace('_', '-')} or the preset",
+                                       field="preset")
+        check_size(self.blocks, "blocks")
+        check_size(self.widen, "widen")
+        object.__setattr__(self, "image", parse_image("x".join(map(str, self.image)) if not isinstance(self.image, str) else self.image))
+        for n in self.image:
+            check_size(n, "image")
+        if self.norm not in ("wn", "none"):
+            msg = ("batch norm for conv nets is not built yet (sigprop resnet --norm bn probes De & Smith's BN net)"
+                   if self.norm == "bn" else f"expected wn or none, got {self.norm!r}")
+            raise SigpropError(msg, field="norm")
+        _init_tuple(self, "wrn", known_only=True)
+        resolved = self.resolved_inits()
+        if len(set(resolved)) != len(resolved):
+            raise SigpropError("an init is named twice (with --norm none, he is unnormalized-he)", field="init")
+
+    @classmethod
+    def of_preset(cls, preset: str, **kw) -> "WRNSpec":
+        """The preset's net; ``kw`` may repeat its blocks/widen/bottleneck (the same values) and set the rest."""
+        if preset not in WRN_PRESETS:
+            raise SigpropError(f"unknown preset {preset!r}; choose from {', '.join(WRN_PRESETS)}", field="preset")
+        return cls(preset=preset, **{**WRN_PRESETS[preset], **kw})
+
+    def resolved_inits(self) -> tuple[str, ...]:
+        return tuple(inits.resolve_resnet(name, self.norm, "wrn") for name in self.inits)
+
+    def steps(self):
+        """The network as plan steps (sigprop.plans.wrn_steps)."""
+        from sigprop import plans
+
+        return plans.wrn_steps(self.image, self.blocks, self.widen, self.bottleneck)
+
+    def to_dict(self) -> dict:
+        return {"blocks": self.blocks, "widen": self.widen, "image": "x".join(map(str, self.image)), "bottleneck": self.bottleneck,
+                "norm": self.norm, "preset": self.preset, "inits": list(self.resolved_inits())}
+
+
 NORMS = ("wn", "bn", "none")
 #: Figure 1 (bottom) of Arpit et al. 2019, appendix A.2: the three schemes compared there
 RESNET_DEFAULT_INITS = ("he", "proposed", "proposed-gaussian")

@@ -222,15 +222,18 @@ def mlp_run(scheme: InitScheme, widths: list[int], ln_fwd: np.ndarray, ln_bwd: n
 NO_CONV_BAND = "no finite-width band for conv nets yet (docs/theory.md §11)"
 
 
+def conv_moment(scheme: InitScheme | None, st) -> theory.ConvMoments:
+    """The theory's view of one conv step (``plans.Conv``) under ``scheme``; ``scheme`` None: the
+    lossless reference -- centre-tap rows with the proposed gain, which keep every position's
+    energy."""
+    m = inits.get("proposed").moments(st.role) if scheme is None else scheme.moments(st.role)
+    taps = "centre" if scheme is None else scheme.taps
+    return theory.ConvMoments(st.shape_in[0], st.role.fan_out, st.kernel, st.stride, st.padding, m.row_sq, m.bias_var, taps)
+
+
 def conv_moments(scheme: InitScheme | None, steps) -> list[theory.ConvMoments]:
-    """The theory's view of every conv step under ``scheme``; ``scheme`` None: the lossless
-    reference -- centre-tap rows with the proposed gain, which keep every position's energy."""
-    out = []
-    for st in plans.convs(steps):
-        m = inits.get("proposed").moments(st.role) if scheme is None else scheme.moments(st.role)
-        taps = "centre" if scheme is None else scheme.taps
-        out.append(theory.ConvMoments(st.shape_in[0], st.role.fan_out, st.kernel, st.stride, st.padding, m.row_sq, m.bias_var, taps))
-    return out
+    """``conv_moment`` of every conv step of a plan."""
+    return [conv_moment(scheme, st) for st in plans.convs(steps)]
 
 
 def cnn_run(scheme: InitScheme, steps, ln_fwd: np.ndarray, ln_bwd: np.ndarray, band: tuple[float, float] | None = None,
@@ -281,6 +284,117 @@ def cnn_run(scheme: InitScheme, steps, ln_fwd: np.ndarray, ln_bwd: np.ndarray, b
         checks.append(c)
         untested.append(Check(name, False, st.log10_mean, math.nan, math.nan, "theory", NO_CONV_BAND))
     return RunResult(init=scheme.name, widths=widths, layers=layers, checks=checks + untested, description=scheme.description, gate=gate)
+
+
+def _rms_only(rs: RatioStats, ln_pred: float | None) -> None:
+    """A prediction shown beside the measurement without an agreement band (conv nets: no
+    finite-width spread model yet, ``NO_CONV_BAND``; ``agrees`` stays None)."""
+    if ln_pred is not None and math.isfinite(ln_pred):
+        rs.predicted, rs.log10_predicted = _exp_or_none(ln_pred), ln_pred / LN10
+
+
+def wrn_stage_bands(steps, blocks: int) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """The ``preserved`` band of each group (ln, forward and backward): Theorem 3's [sqrt 2,
+    sqrt e] (Arpit et al. 2019) times the group's unavoidable transition -- what the lossless
+    reference (centre-tap rows, proposed gains: ``conv_moment(None, .)``, which keep every
+    position's energy) loses to the stride-2 downsampling, its stage ratio divided by its
+    branches' (1 + 1/B)^{B/2} (docs/theory.md §11, "Residual conv nets")."""
+    _, widths, E = wrn_entries(steps)
+    ref_f, ref_b, _ = plans.predict_conv(steps, lambda st: conv_moment(None, st), lambda B: 1.0)
+    branch = 0.5 * blocks * math.log1p(1.0 / blocks)
+    lo, hi = math.log(theory.RESNET_LOWER), math.log(theory.RESNET_UPPER)
+    out = []
+    for g in range((E - 2) // blocks):
+        first, last = 1 + g * blocks, 1 + (g + 1) * blocks
+        tf = ref_f[last] - ref_f[first] - branch
+        tb = ref_b[first] - ref_b[last] - branch
+        out.append(((lo + tf, hi + tf), (lo + tb, hi + tb)))
+    return out
+
+
+def wrn_stage_variances(steps, blocks: int) -> list[tuple[float, float]]:
+    """The finite-width allowance of each group's stage ratio (variance of its ln, forward and
+    backward): the fully connected ResNet's per-block law (``theory.resnet_step_variance``,
+    docs/theory.md §7) for the band's own reference net -- the proposed gains with i.i.d. rows,
+    branch-to-skip power 1/B -- with a conv's channels as the width of its power fluctuations
+    (its weights are shared by every position) and the units (channels x positions) as the
+    dimension of the skip-branch cross term.  Measured (docs/theory.md §11), it overstates the
+    across-draw spread of the proposed WRN by 1.5-3x forward and more backward: the band errs wide."""
+    per_group: list[list[float]] = []
+    for item in plans._blocks(steps):
+        if not isinstance(item, tuple):
+            continue
+        inner, close = item
+        if not per_group or len(per_group[-1]) == 2 * blocks:
+            per_group.append([])
+        chans = [inner[0].shape_in[0]] + [c.role.fan_out for c in inner]
+        v_s = 2.0 / chans[-1] if close.projection is not None else 0.0
+        g = 1.0 / blocks
+        per_group[-1] += [theory.resnet_step_variance(g, theory.branch_variance(chans, False), v_s, math.prod(inner[-1].shape_out)),
+                          theory.resnet_step_variance(g, theory.branch_variance(chans[::-1], False), v_s, math.prod(inner[0].shape_in))]
+    return [(sum(v[0::2]), sum(v[1::2])) for v in per_group]
+
+
+def wrn_entries(steps) -> tuple[list, list[int], int]:
+    """The recorded states of a WRN plan (the input, conv1's output, every block's output):
+    their shapes, units and count."""
+    shapes = [plans.convs(steps)[0].shape_in]
+    for item in plans._blocks(steps):
+        if isinstance(item, plans.Conv):
+            shapes.append(item.shape_out)
+        elif isinstance(item, tuple):
+            inner, _ = item
+            shapes.append(inner[-1].shape_out)
+    return shapes, [math.prod(sh) for sh in shapes], len(shapes)
+
+
+def wrn_run(scheme: InitScheme, steps, blocks: int, arrays: dict[str, np.ndarray], band: tuple[float, float] | None = None,
+            gate: str = "preserved", z: float = theory.Z_CHECK) -> RunResult:
+    """One init's WRN run: per state (input, conv1, each block) the measured ratios and per
+    block the branch ratio, beside the energy-map prediction (``plans.predict_conv``); per
+    group (stage) the ``preserved`` check -- the typical stage ratio, forward and backward, in
+    ``wrn_stage_bands`` widened by ``band`` and by z sd of ``wrn_stage_variances`` -- and the
+    ``theory`` verdict, not testable yet
+    (``NO_CONV_BAND``)."""
+    from sigprop.results import StageInfo
+
+    shapes, widths, E = wrn_entries(steps)
+    pf = pb = pbr = None
+    if scheme.moments is not None:
+        pf, pb, pbr = plans.predict_conv(steps, lambda st: conv_moment(scheme, st), scheme.alpha)
+    ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
+    layers = []
+    for i in range(E):
+        f, b = ratio_stats(ln_f[:, i, :]), ratio_stats(ln_b[:, i, :])
+        _rms_only(f, None if pf is None else pf[i])
+        _rms_only(b, None if pb is None else pb[i])
+        br = None
+        if i >= 2:
+            br = ratio_stats(ln_br[:, i - 2, :])
+            _rms_only(br, None if pbr is None else pbr[i - 2])
+        stage = 0 if i < 2 else 1 + (i - 2) // blocks
+        layers.append(LayerRecord(index=i, width=widths[i], forward=f, backward=b, stage=stage, branch=br, resnet=True))
+    widen = (0.0, 0.0) if band is None else (math.log(band[0]), math.log(band[1]))
+    infos, checks, untested = [], [], []
+    variances = wrn_stage_variances(steps, blocks)
+    for k, (fb, bb) in enumerate(wrn_stage_bands(steps, blocks), 1):
+        first, last = 1 + (k - 1) * blocks, 1 + k * blocks
+        sf = None if pf is None else _exp_or_none(pf[last] - pf[first])
+        sb = None if pb is None else _exp_or_none(pb[first] - pb[last])
+        infos.append(StageInfo(k, first, last, widths[first], widths[last], blocks, (math.exp(fb[0]), math.exp(fb[1])),
+                               (math.exp(bb[0]), math.exp(bb[1])), sf, sb))
+        names = (f"stage {k} forward ||h^{last}||/||h^{first}||", f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||")
+        measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
+        for name, ln, bnd, pred, var in zip(names, measured, (fb, bb), (sf, sb), variances[k - 1]):
+            c = _stage_check(name, ln, (bnd[0] + widen[0], bnd[1] + widen[1]), var, z)
+            if not c.passed:
+                c.note = "outside Theorem 3's band [sqrt 2, sqrt e] times the stride-2 transition, with its finite-width allowance"
+                if pred is not None:
+                    c.note += f"; the theory predicts an RMS stage ratio of {_fmt(math.log10(pred)) if pred > 0 else '0'} for this init"
+            checks.append(c)
+            untested.append(Check(name, False, c.log10_measured, math.nan, math.nan, "theory", NO_CONV_BAND))
+    return RunResult(init=scheme.name, widths=widths, layers=layers, checks=checks + untested, description=scheme.description,
+                     stages=infos, gate=gate)
 
 
 # --------------------------------------------------------------------------------------------

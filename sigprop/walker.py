@@ -317,6 +317,78 @@ class Correlation(Observer):
 # --------------------------------------------------------------------------------------------
 # unit kinds
 # --------------------------------------------------------------------------------------------
+class DenseOp:
+    """The affine map of a dense layer in log space (``engine._linear``) and its transpose
+    (``engine._vjp``): what a unit applies to a state's rows."""
+
+    def __init__(self, role: LayerRole) -> None:
+        self.role = role
+        self.units_in, self.units_out = role.fan_in, role.fan_out
+
+    def key(self, by_block_index: bool):
+        """What a replayed step's identity depends on (sigprop/replay.py)."""
+        return self.role if by_block_index else replace(self.role, block_index=0)
+
+    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None):
+        return E._linear(p, u, c, relu=relu, calibrate=calibrate)
+
+    def vjp(self, p: LayerParams, d: torch.Tensor) -> torch.Tensor:
+        return E._vjp(p, d)
+
+
+class ConvOp(DenseOp):
+    """A k x k convolution (``plans.Conv``: zero padding, stride) in the same log space: the
+    state rows are the C x H x W units flattened; the S draws run as S groups of one grouped conv
+    (input [N, S C, H, W], weights [S c_out, C, k, k]), so one kernel serves every draw.  WN is
+    the per-row scale of ``engine._linear`` (a row: one output channel's c_in k^2 kernel
+    entries); a data-dependent init standardises each channel over the batch and the positions.
+    The transpose is the conv's input gradient (``torch.nn.grad.conv2d_input``)."""
+
+    def __init__(self, step: "plans.Conv") -> None:
+        super().__init__(step.role)
+        self.step = step
+        self.units_in, self.units_out = math.prod(step.shape_in), math.prod(step.shape_out)
+
+    def key(self, by_block_index: bool):
+        return replace(self.step, role=super().key(by_block_index))
+
+    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None):
+        st, (S, N) = self.step, u.shape[:2]
+        C, H, W = st.shape_in
+        co, (Ho, Wo) = self.role.fan_out, st.out_hw()
+        x = u.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
+        t = torch.nn.functional.conv2d(x, p.v.reshape(S * co, C, st.kernel, st.kernel), stride=st.stride, padding=st.padding,
+                                       groups=S).reshape(N, S, co, Ho * Wo).transpose(0, 1)
+        if calibrate is not None:  # per channel over the batch and the positions: [S, N Ho Wo, co]
+            vnorm = torch.linalg.vector_norm(p.v, dim=-1)
+            t_true = (E._col(c, t.dtype)[..., None] * t / vnorm[:, None, :, None]).transpose(-1, -2).reshape(S, N * Ho * Wo, co)
+            p = E._calibrate_batch(calibrate, p, t_true)
+        a = t * p.scale[:, None, :, None]
+        if p.bias is not None:  # as engine._linear: exp(m) (exp(c - m) scale t + exp(-m) b), m = max(c, 0)
+            m = torch.clamp(c, min=0.0)
+            a = a * torch.exp(c - m).to(a.dtype)[..., None, None] + torch.exp(-m).to(a.dtype)[..., None, None] * p.bias[:, None, :, None]
+        else:
+            m = c
+        a = a.reshape(S, N, self.units_out)
+        mask = a > 0 if relu else None
+        u, ln_norm = E._normalize(torch.relu_(a) if relu else a, inplace=True)
+        return u, m + ln_norm, mask, p
+
+    def vjp(self, p: LayerParams, d: torch.Tensor) -> torch.Tensor:
+        st, (S, N) = self.step, d.shape[:2]
+        C, H, W = st.shape_in
+        co, (Ho, Wo) = self.role.fan_out, st.out_hw()
+        g = (d.reshape(S, N, co, Ho * Wo) * p.scale[:, None, :, None]).transpose(0, 1).reshape(N, S * co, Ho, Wo)
+        y = torch.nn.grad.conv2d_input((N, S * C, H, W), p.v.reshape(S * co, C, st.kernel, st.kernel), g, stride=st.stride,
+                                       padding=st.padding, groups=S)
+        return y.reshape(N, S, self.units_in).transpose(0, 1)
+
+
+def _masked(y: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """y times the unpacked ReLU mask (none: no ReLU there, or the net's input)."""
+    return y if packed is None else y.mul_(E.unpack_mask(packed, y.shape[-1]))
+
+
 @dataclass
 class KeptLayer:
     """What a dense layer keeps for the backward pass: its parameters (directions unless
@@ -329,33 +401,38 @@ class KeptLayer:
 class DenseLayer:
     """Linear(role) -> ReLU, recorded at the pre-activation: one MLP layer, generator ``layer``.
     Backward (Arpit et al. 2019, eq. 5): delta^{l-1} = 1(a^{l-1} > 0) * (v^T (scale * delta^l)),
-    the mask being the layer below's."""
+    the mask being the layer below's (none below the first layer).  ``op``: the layer's map
+    (``DenseOp``; ``ConvLayer`` a ``ConvOp``); ``relu`` False: no ReLU (a conv net's stem)."""
 
     branch = False
     #: its step outputs may live in a replayed step's static buffers: what it keeps is copied out
     replayable = True
 
-    def __init__(self, role: LayerRole, layer: int) -> None:
-        self.role, self.layer = role, layer
+    def __init__(self, role: LayerRole, layer: int, op: DenseOp | None = None, relu: bool = True) -> None:
+        self.role, self.layer, self.relu = role, layer, relu
+        self.op = op or DenseOp(role)
         self.layer_ids = [layer]
         self.weight_count = role.fan_out * role.fan_in
-        self.mask_bytes = (role.fan_out + 7) // 8
+        self.mask_bytes = (self.op.units_out + 7) // 8 if relu else 0
         self.row_widths = [role.fan_out]
 
     def _forward(self, u, c, w: Walk, v_out=None):
         p = w.sample(self.role, 0, v_out)
-        u, c, mask, p = E._linear(p, u, c, relu=True, calibrate=w.scheme.calibrate)
-        return {"u": u, "c": c, "packed": E.pack_mask(mask), "v": p.v, "g": p.g, "bias": p.bias, "scale": p.scale}
+        u, c, mask, p = self.op.forward(p, u, c, self.relu, w.scheme.calibrate)
+        out = {"u": u, "c": c, "v": p.v, "g": p.g, "bias": p.bias, "scale": p.scale}
+        if mask is not None:
+            out["packed"] = E.pack_mask(mask)
+        return out
 
     def _forward_given(self, u, c, v, scale):
         """The layer with directions drawn by ``HaarChunks``."""
         u, c, mask, _ = E._linear(LayerParams(v=v, g=None, bias=None, scale=scale), u, c, relu=True)
         return {"u": u, "c": c, "packed": E.pack_mask(mask)}
 
-    def _backward(self, d, acc, scale, packed, w: Walk, v=None):
+    def _backward(self, d, acc, scale, packed=None, w: Walk = None, v=None):
         if v is None:  # streaming: redraw (the generators were reseeded for this layer)
             v = w.sample(self.role, 0).v
-        y = E._vjp(LayerParams(v=v, g=None, bias=None, scale=scale), d).mul_(E.unpack_mask(packed, self.role.fan_in))
+        y = _masked(self.op.vjp(LayerParams(v=v, g=None, bias=None, scale=scale), d), packed)
         d, ln_norm = E._normalize(y, inplace=True)
         return {"d": d, "acc": acc + ln_norm}
 
@@ -371,19 +448,24 @@ class DenseLayer:
                       _no_reseed)
             out = {**out, "v": v, "g": chunk["g"][k], "bias": None, "scale": chunk["scale"][k]}
         else:
-            out = run(("fwd", role), partial(self._forward, w=w), {"u": state["u"], "c": state["c"]}, w.reseeder(self), {"v_out": slot})
-        kept = KeptLayer(w.kept_params(out, slot), w.masks.take(out["packed"])) if w.keep else None
+            out = run(("fwd", self.op.key(True), self.relu), partial(self._forward, w=w), {"u": state["u"], "c": state["c"]},
+                      w.reseeder(self), {"v_out": slot})
+        kept = None
+        if w.keep:
+            kept = KeptLayer(w.kept_params(out, slot), w.masks.take(out["packed"]) if "packed" in out else None)
         return {"u": out["u"], "c": out["c"]}, out, kept
 
-    def backward(self, w: Walk, index: int, grad: dict, kept: KeptLayer, below: KeptLayer):
+    def backward(self, w: Walk, index: int, grad: dict, kept: KeptLayer, below):
         p = kept.params
-        inputs = {"d": grad["d"], "acc": grad["acc"], "scale": p.scale, "packed": below.packed}
+        inputs = {"d": grad["d"], "acc": grad["acc"], "scale": p.scale}
+        if getattr(below, "packed", None) is not None:  # the ReLU of the layer below (none: a block or the input below)
+            inputs["packed"] = below.packed
         reseed = w.reseeder(self) if w.stream else _no_reseed
         if not w.stream:
             inputs["v"] = p.v
         elif w.chunks is not None:  # streaming in chunks: redraw a chunk when the walk enters it from above
             inputs["v"], reseed = w.chunks.backward(w, self.layer), _no_reseed
-        return w.runner.run(("bwd", self.role), partial(self._backward, w=w), inputs, reseed)
+        return w.runner.run(("bwd", self.op.key(True), "packed" in inputs), partial(self._backward, w=w), inputs, reseed)
 
 
 class HaarChunks:
@@ -444,100 +526,65 @@ class HaarChunks:
 
 
 class ConvLayer(DenseLayer):
-    """A k x k convolution (``plans.Conv``: zero padding, stride) and its ReLU, recorded at the
-    pre-activation: the dense layer's walk with the matmul replaced by a convolution.  The state
-    rows are the C x H x W units flattened; the S draws run as S groups of one grouped conv
-    (input [N, S C, H, W], weights [S c_out, C, k, k]), so one kernel serves every draw.
-    WN is the same per-row scale (a row: one output channel's c_in k^2 kernel entries).
-    Backward: the conv's input gradient (``torch.nn.grad.conv2d_input``, the transposed conv)
-    of scale * delta, then the mask of the layer below.  Issue 18 groundwork: no command yet."""
+    """A k x k convolution (``plans.Conv``) and its ReLU (or none: ``Conv.relu``), recorded at
+    the pre-activation: the dense layer's walk with the matmul a ``ConvOp``."""
 
     def __init__(self, step, layer: int) -> None:
-        super().__init__(step.role, layer)
+        super().__init__(step.role, layer, ConvOp(step), relu=step.relu)
         self.step = step
-        self.units_in = math.prod(step.shape_in)
-        self.units_out = math.prod(step.shape_out)
-        self.mask_bytes = (self.units_out + 7) // 8
-
-    def _conv(self, p: LayerParams, u: torch.Tensor, c: torch.Tensor):
-        st, (S, N) = self.step, u.shape[:2]
-        C, H, W = st.shape_in
-        co, (Ho, Wo) = self.role.fan_out, st.out_hw()
-        x = u.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
-        t = torch.nn.functional.conv2d(x, p.v.reshape(S * co, C, st.kernel, st.kernel), stride=st.stride, padding=st.padding,
-                                       groups=S)
-        a = t.reshape(N, S, co, Ho * Wo).transpose(0, 1) * p.scale[:, None, :, None]
-        if p.bias is not None:  # as engine._linear: exp(m) (exp(c - m) scale t + exp(-m) b), m = max(c, 0)
-            m = torch.clamp(c, min=0.0)
-            a = a * torch.exp(c - m).to(a.dtype)[..., None, None] + torch.exp(-m).to(a.dtype)[..., None, None] * p.bias[:, None, :, None]
-        else:
-            m = c
-        a = a.reshape(S, N, self.units_out)
-        mask = a > 0
-        u, ln_norm = E._normalize(torch.relu_(a), inplace=True)
-        return u, m + ln_norm, mask
-
-    def _forward(self, u, c, w: Walk, v_out=None):
-        if w.scheme.calibrate is not None:
-            raise ValueError(f"init {w.scheme.name!r} calibrates per unit; a conv layer needs it per channel (not built)")
-        p = w.sample(self.role, 0, v_out)
-        u, c, mask = self._conv(p, u, c)
-        return {"u": u, "c": c, "packed": E.pack_mask(mask), "v": p.v, "g": p.g, "bias": p.bias, "scale": p.scale}
-
-    def _backward(self, d, acc, scale, packed, w: Walk, v=None):
-        if v is None:  # streaming: redraw (the generators were reseeded for this layer)
-            v = w.sample(self.role, 0).v
-        st, (S, N) = self.step, d.shape[:2]
-        C, H, W = st.shape_in
-        co, (Ho, Wo) = self.role.fan_out, st.out_hw()
-        g = (d.reshape(S, N, co, Ho * Wo) * scale[:, None, :, None]).transpose(0, 1).reshape(N, S * co, Ho, Wo)
-        y = torch.nn.grad.conv2d_input((N, S * C, H, W), v.reshape(S * co, C, st.kernel, st.kernel), g, stride=st.stride,
-                                       padding=st.padding, groups=S)
-        y = y.reshape(N, S, self.units_in).transpose(0, 1) * E.unpack_mask(packed, self.units_in)
-        d, ln_norm = E._normalize(y, inplace=True)
-        return {"d": d, "acc": acc + ln_norm}
 
 
 @dataclass
 class KeptBlock:
     params: "E.BlockParams"
-    masks: list
+    masks: dict  # branch layer j -> its packed ReLU mask
 
 
 class ResidualBlock:
-    """h' = S h + alpha F(h) (Arpit et al. 2019, eq. 6): the branch's layers (a ReLU after all
-    but the last) and the skip (identity, or a projection layer) from the same (u, c), summed in
-    log space with the larger exponent factored out (``engine._combine``).  Backward (Arpit et
-    al. 2019, eq. 54-63): d = S^T d' + alpha J_F^T d', J_F^T the branch's layers transposed with
-    their masks."""
+    """h' = S h + alpha F(h) (Arpit et al. 2019, eq. 6): the branch's layers (``ops``: dense or
+    conv, a ReLU after those flagged in ``relus``) and the skip (identity, or a projection layer)
+    from the same (u, c), summed in log space with the larger exponent factored out
+    (``engine._combine``).  Backward (Arpit et al. 2019, eq. 54-63): d = S^T d' + alpha J_F^T d',
+    J_F^T the branch's layers transposed with their masks.  ``layer_ids``: the generator ids of
+    the branch layers and (last) the projection, unique over the net and the same for every init."""
 
     branch = True
     replayable = True
 
-    def __init__(self, block, alpha: float, by_block_index: bool) -> None:
-        self.block, self.alpha = block, float(alpha)
-        roles = block.branch_roles()
-        self.k = len(roles)
-        self.roles = roles + [block.projection_role()] if block.projection else roles
-        self.layer_ids = block.layer_ids()
+    def __init__(self, ops: Sequence[DenseOp], relus: Sequence[bool], projection: DenseOp | None, alpha: float, layer_ids,
+                 by_block_index: bool) -> None:
+        self.alpha = float(alpha)
+        self.k = len(ops)
+        self.ops = list(ops) + ([projection] if projection is not None else [])
+        self.relus = list(relus)
+        self.has_projection = projection is not None
+        self.roles = [op.role for op in self.ops]
+        self.layer_ids = list(layer_ids)
         # layer j draws from slot j; the projection from the block's last generator id
         self.slot_ids = [j if j < self.k else len(self.layer_ids) - 1 for j in range(len(self.roles))]
         self.weight_count = sum(r.fan_in * r.fan_out for r in self.roles)
-        self.mask_bytes = sum((r.fan_out + 7) // 8 for r in roles[:-1])
+        self.mask_bytes = sum((op.units_out + 7) // 8 for op, relu in zip(self.ops, self.relus) if relu)
         self.row_widths = [r.fan_out for r in self.roles]
-        key_roles = tuple(r if by_block_index else replace(r, block_index=0) for r in self.roles)
-        self.key = (key_roles, self.alpha)
+        self.key = (tuple(op.key(by_block_index) for op in self.ops), tuple(self.relus), self.alpha)
+
+    @classmethod
+    def of_block(cls, block, alpha: float, by_block_index: bool) -> "ResidualBlock":
+        """A block of the fully connected ResNet (``nets.Block``): a ReLU after all but the last layer."""
+        roles = block.branch_roles()
+        proj = block.projection_role()
+        return cls([DenseOp(r) for r in roles], [j < len(roles) - 1 for j in range(len(roles))],
+                   None if proj is None else DenseOp(proj), alpha, block.layer_ids(), by_block_index)
 
     def _forward(self, u, c, w: Walk, v_outs=None):
         out, bu, bc, su, sc = {}, u, c, u, c
-        for j, role in enumerate(self.roles):
-            p = w.sample(role, self.slot_ids[j], None if v_outs is None else v_outs[j])
+        for j, op in enumerate(self.ops):
+            p = w.sample(op.role, self.slot_ids[j], None if v_outs is None else v_outs[j])
             if j < self.k:
-                bu, bc, mask, p = E._linear(p, bu, bc, relu=j < self.k - 1, calibrate=w.scheme.calibrate)
+                bu, bc, mask, p = op.forward(p, bu, bc, self.relus[j], w.scheme.calibrate)
                 if mask is not None:
                     out[f"packed{j}"] = E.pack_mask(mask)
             else:
-                su, sc, _, p = E._linear(p, u, c, relu=False, calibrate=w.scheme.calibrate)
+                su, sc, _, p = op.forward(p, u, c, False, w.scheme.calibrate)
             out.update({f"v{j}": p.v, f"g{j}": p.g, f"bias{j}": p.bias, f"scale{j}": p.scale})
         fb = bc + (math.log(self.alpha) if self.alpha > 0 else -math.inf)
         out["branch"] = fb - c
@@ -552,12 +599,12 @@ class ResidualBlock:
             return LayerParams(v=v, g=None, bias=None, scale=t[f"scale{j}"])
 
         k = self.k
-        y = d if len(self.roles) == k else E._vjp(layer(k), d)
+        y = d if not self.has_projection else self.ops[k].vjp(layer(k), d)
         if self.alpha != 0.0:
             z = d
             for j in range(k - 1, -1, -1):
-                z = E._vjp(layer(j), z)
-                if j > 0:
+                z = self.ops[j].vjp(layer(j), z)
+                if j > 0 and self.relus[j - 1]:
                     z = z * E.unpack_mask(t[f"packed{j - 1}"], z.shape[-1])
             y = y + self.alpha * z
         d, ln_norm = E._normalize(y)
@@ -570,8 +617,8 @@ class ResidualBlock:
         kept = None
         if w.keep:
             params = [w.kept_params(out, None if v_outs is None else v_outs[j], str(j)) for j in range(len(self.roles))]
-            kept = KeptBlock(E.BlockParams(params[:self.k], params[self.k] if self.block.projection else None, self.alpha),
-                             [w.masks.take(out[f"packed{j}"]) for j in range(self.k - 1)])
+            kept = KeptBlock(E.BlockParams(params[:self.k], params[self.k] if self.has_projection else None, self.alpha),
+                             {j: w.masks.take(out[f"packed{j}"]) for j in range(self.k) if self.relus[j]})
         return {"u": out["u"], "c": out["c"]}, out, kept
 
     def backward(self, w: Walk, index: int, grad: dict, kept: KeptBlock, below):
@@ -584,7 +631,7 @@ class ResidualBlock:
                 if not w.stream:
                     inputs[f"v{j}"] = p.v
         if self.alpha != 0.0:
-            inputs.update({f"packed{j}": m for j, m in enumerate(kept.masks)})
+            inputs.update({f"packed{j}": m for j, m in kept.masks.items()})
         return w.runner.run(("bwd", *self.key), partial(self._backward, w=w), inputs, w.reseeder(self) if w.stream else _no_reseed)
 
 
@@ -655,12 +702,14 @@ def compile_plan(steps: Sequence, scheme: InitScheme, blocks=None) -> tuple[list
 
     [Linear(relu), Record(pre_activation)] -> ``DenseLayer`` (generator = its position, 1-based);
     [Open, Linear..., Close, Record] -> ``ResidualBlock`` (``blocks``: the ``nets.Block`` of each,
-    for its generator ids and roles); [BatchNorm, Linear, Record] and [Open, BatchNorm, Linear,
+    for its generator ids and roles); [Conv, Record] -> ``ConvLayer``; [Open, Conv..., Close,
+    Record] -> a ``ResidualBlock`` of ``ConvOp``s (generator ids from its place among the blocks); [BatchNorm, Linear, Record] and [Open, BatchNorm, Linear,
     Close, Record] -> ``BNLayer`` (stem and blocks, generator = entry index)."""
     units: list = []
     record_input = bool(steps) and isinstance(steps[0], plans.Record)
     i = 1 if record_input else 0
     block_iter = iter(blocks or ())
+    residual = 0
     while i < len(steps):
         s = steps[i]
         if isinstance(s, plans.Linear):
@@ -676,9 +725,17 @@ def compile_plan(steps: Sequence, scheme: InitScheme, blocks=None) -> tuple[list
             j = next(k for k in range(i, len(steps)) if isinstance(steps[k], plans.Close))
             if isinstance(steps[i + 1], plans.BatchNorm):
                 units.append(BNLayer(steps[i + 2].role, len(units), residual=True, eps=steps[i + 1].eps))
+            elif isinstance(steps[i + 1], plans.Conv):  # a conv block: its ops from the steps
+                close, inner = steps[j], steps[i + 1:j]
+                residual += 1
+                base = 1 + residual * (len(inner) + 1)  # unit 0 (the stem) is generator 1
+                proj = None if close.projection is None else ConvOp(close.projection)
+                units.append(ResidualBlock([ConvOp(c) for c in inner], [c.relu for c in inner], proj,
+                                           scheme.alpha(close.blocks_in_stage), range(base, base + len(inner) + 1),
+                                           scheme.by_block_index))
             else:
                 close = steps[j]
-                units.append(ResidualBlock(next(block_iter), scheme.alpha(close.blocks_in_stage), scheme.by_block_index))
+                units.append(ResidualBlock.of_block(next(block_iter), scheme.alpha(close.blocks_in_stage), scheme.by_block_index))
             i = j + 2
         else:
             raise ValueError(f"cannot compile step {s!r} at position {i}")
@@ -726,6 +783,7 @@ register(NetKind("mlp", plans.mlp_steps, lambda: [ForwardRatio(), BackwardRatio(
 register(NetKind("resnet", plans.resnet_steps, lambda: [ForwardRatio(), BackwardRatio(), BranchRatio()],
                  lambda plan, samples, itemsize: E.estimate_resnet_bytes(plan, samples, itemsize, bn=False)))
 register(NetKind("cnn", lambda steps: steps, lambda: [ForwardRatio(), BackwardRatio()], E.estimate_cnn_bytes))
+register(NetKind("wrn", lambda steps: steps, lambda: [ForwardRatio(), BackwardRatio(), BranchRatio()], E.estimate_cnn_bytes))
 register(NetKind("bn-resnet", lambda plan: plans.bn_resnet_steps(plan, theory.BN_EPS),
                  lambda: [ForwardRatio(), BackwardRatio(), BranchRatio(), BNStatistics()],
                  lambda plan, samples, itemsize: E.estimate_resnet_bytes(plan, samples, itemsize, bn=True), PlainSpace,

@@ -30,6 +30,8 @@ def flag(field: str) -> str:
 InitName = enum.Enum("InitName", {name: name for name in inits.names("mlp")}, type=str)
 ResNetInitName = enum.Enum("ResNetInitName", {name: name for name in inits.names("resnet")}, type=str)
 CNNInitName = enum.Enum("CNNInitName", {name: name for name in inits.names("cnn")}, type=str)
+WRNInitName = enum.Enum("WRNInitName", {name: name for name in inits.names("wrn")}, type=str)
+WRNPreset = enum.Enum("WRNPreset", {name: name for name in specs.WRN_PRESETS}, type=str)
 
 
 class Norm(str, enum.Enum):

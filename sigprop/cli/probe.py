@@ -1,4 +1,4 @@
-"""``sigprop mlp``, ``sigprop resnet`` and ``sigprop cnn``: build the specs, run the core with a progress bar,
+"""``sigprop mlp``, ``sigprop resnet``, ``sigprop cnn`` and ``sigprop wrn``: build the specs, run the core with a progress bar,
 render, plot, apply --check."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import typer
 from sigprop import report, specs
 from sigprop.errors import SigpropError
 from sigprop.cli._app import app
-from sigprop.cli.options import FIGURE1_INITS, CNNInitName, InitName, Norm, ProbeOptions, ResNetInitName, probe_options
+from sigprop.cli.options import (FIGURE1_INITS, CNNInitName, InitName, Norm, ProbeOptions, ResNetInitName, WRNInitName, WRNPreset,
+                                 probe_options)
 from sigprop.cli.output import _check_output_target, _progress_callback, _say, render
 
 
@@ -115,3 +116,41 @@ def cnn(
     spec = specs.CNNSpec(depth=depth, channels=channels, image=specs.parse_image(image), strided=strided, inits=tuple(names))
     _run_probe(spec, opts, lambda env: f"sigprop cnn: device {env['device']} ({env['device_name']}), {env['dtype']}, depth {depth}, "
                f"{channels} channels, image {image}, {strided} strided (seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")
+
+
+@app.command()
+@probe_options
+def wrn(
+    blocks: Annotated[Optional[int], typer.Option(min=1, help="Residual blocks per group N (the paper's 1, 16, 166, 1666). [default: 16]")] = None,
+    widen: Annotated[Optional[int], typer.Option(min=1, help="Widening factor k: groups of 16k, 32k, 64k channels. [default: 1]")] = None,
+    bottleneck: Annotated[
+        Optional[bool], typer.Option("--bottleneck/--basic", help="ResNet-164's bottleneck blocks [1x1, 3x3, 1x1], 4x expansion. [default: basic]")
+    ] = None,
+    preset: Annotated[Optional[WRNPreset], typer.Option(help="A named net of Arpit et al. 2019, Table 1 (sets N, k and the block type).")] = None,
+    image: Annotated[str, typer.Option(help="Input shape CxHxW.")] = "3x32x32",
+    norm: Annotated[Norm, typer.Option(help="wn (weight-normalized convs) or none (plain convs: he, skipinit, skipinit-sqrt).")] = Norm.wn,
+    init: Annotated[
+        Optional[list[WRNInitName]],
+        typer.Option(help="Init scheme (repeatable). Default: proposed, pytorch, datadep, stage-hanin (Figure 3 right); he with --norm none."),
+    ] = None,
+    opts: ProbeOptions = None,
+) -> None:
+    """Probe the wide residual network of Arpit et al. 2019, supplementary Figure 5 (conv1, three groups of N blocks [WN conv 3x3 -> ReLU -> WN conv 3x3], stride 2 and a 1x1 projection opening groups 2 and 3) state by state."""
+    if init:
+        names = [i.value for i in init]
+    else:
+        names = list(specs.WRN_DEFAULT_INITS) if norm is Norm.wn else ["he"]
+    given = {k: v for k, v in (("blocks", blocks), ("widen", widen), ("bottleneck", bottleneck)) if v is not None}
+    if preset is not None:
+        clash = [f"--{k}" for k, v in given.items() if v != specs.WRN_PRESETS[preset.value][k]]
+        if clash:
+            raise SigpropError(f"preset {preset.value!r} sets {', '.join(k.lstrip('-') for k in clash)}; drop {' '.join(clash)} or the preset",
+                               field="preset")
+        spec = specs.WRNSpec.of_preset(preset.value, image=specs.parse_image(image), norm=norm.value, inits=tuple(names))
+    else:
+        spec = specs.WRNSpec(image=specs.parse_image(image), norm=norm.value, inits=tuple(names), **given)
+    kind = preset.value if preset is not None else f"WRN N = {spec.blocks}, k = {spec.widen}"
+    layers = 1 + 3 * spec.blocks * (3 if spec.bottleneck else 2) + (3 if spec.bottleneck else 2)
+    _run_probe(spec, opts, lambda env: f"sigprop wrn: device {env['device']} ({env['device_name']}), {env['dtype']}, {kind} "
+               f"({'bottleneck' if spec.bottleneck else 'basic'} blocks, {layers} conv layers), image {image}, norm {norm.value} "
+               f"(seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")

@@ -40,7 +40,7 @@ def test_replayed_steps_equal_eager_mlp(name, stream):
     replayed = _mlp(name, runner, stream)
     _same_mlp(replayed, eager)
     if inits.get(name).calibrate is None:
-        assert set(runner.steps) == {("fwd", LayerRole(17, 17)), ("bwd", LayerRole(17, 17))}
+        assert set(runner.steps) == {("fwd", LayerRole(17, 17), True), ("bwd", LayerRole(17, 17), True)}
         assert runner.status == "on"
     else:  # a data-dependent init synchronises with the host every layer: always eager
         assert not runner.steps

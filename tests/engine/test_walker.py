@@ -60,7 +60,7 @@ def test_plans_compile_to_units():
     plan = nets.resnet_plan(8, 2, 2, 2, [5, 6, 7, 8, 9, 10, 11, 12])
     units, rec = walker.NET_KINDS["resnet"].units(plan, inits.get("proposed"))
     assert rec and [type(u) for u in units] == [walker.ResidualBlock] * 4
-    assert [u.block.projection for u in units] == [False, False, True, False]
+    assert [u.has_projection for u in units] == [False, False, True, False]
     units, rec = walker.NET_KINDS["mlp"].units([4, 5, 6], inits.get("he"))
     assert not rec and [u.layer for u in units] == [1, 2]
     bn = nets.resnet_plan(6, 1, 3, 0, [], stem=True)

@@ -1,0 +1,113 @@
+"""The walker's residual conv blocks (the WRN of Arpit et al. 2019, supplementary Figure 5, and
+ResNet-164's bottlenecks) against the torch.autograd oracle: every init, stride 2, the 1 x 1
+projection, bottlenecks; batched and streamed draws equal one by one."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sigprop import engine, inits, plans, walker
+
+WRN_INITS = ["proposed", "proposed-gaussian", "he", "pytorch", "datadep", "stage-hanin", "skipinit", "skipinit-sqrt", "unnormalized-he",
+             "delta-orthogonal"]
+
+
+def _walk(name, steps, x, e, draws, stream=False):
+    return walker.NET_KINDS["wrn"].walk(steps, inits.get(name), x, e, 3, draws, stream=stream)
+
+
+def _conv(p, st, h):
+    v = p.v.detach()
+    wmat = p.g.detach().unsqueeze(1) * v / torch.linalg.vector_norm(v, dim=1, keepdim=True) if p.g is not None else v
+    wk = wmat.reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
+    return F.conv2d(h, wk, None if p.bias is None else p.bias.detach(), stride=st.stride, padding=st.padding)
+
+
+def oracle(kept, steps, x, e):
+    """Explicit WN convs w = g v/||v|| (v unnormalized), h' = S h + alpha F(h) by autograd:
+    forward ||h||/||x|| and backward ||dl/dh||/||e|| at the input, conv1's output and every
+    block's output, with dl/dh^B = e."""
+    x = x.detach().clone().requires_grad_(True)
+    stem = steps[1]
+    h = _conv(kept[0].params, stem, x.reshape(x.shape[0], *stem.shape_in))
+    states = [x, h]
+    h.retain_grad()
+    tree = plans._blocks(steps[3:])
+    blocks = [it for it in tree if isinstance(it, tuple)]
+    for kb, (inner, close) in zip(kept[1:], blocks):
+        bp = kb.params
+        z = h
+        for p, st in zip(bp.branch, inner):
+            z = _conv(p, st, z)
+            if st.relu:
+                z = torch.relu(z)
+        skip = h if close.projection is None else _conv(bp.projection, close.projection, h)
+        h = skip + bp.alpha * z
+        h.retain_grad()
+        states.append(h)
+    h.backward(e.reshape(h.shape))
+    xn, en = x.norm(dim=1), e.norm(dim=1)
+    fwd = torch.stack([s.flatten(1).norm(dim=1) / xn for s in states])
+    bwd = torch.stack([s.grad.flatten(1).norm(dim=1) / en for s in states])
+    return fwd.detach(), bwd.detach()
+
+
+def _check(name, steps, draws=(0,), stream=False):
+    out = plans.convs(steps)[-1].shape_out
+    x, e = engine.probe_inputs(2, 5, math.prod(steps[1].shape_in), math.prod(out), torch.device("cpu"), torch.float64)
+    r = _walk(name, steps, x, e, list(draws), stream=stream)
+    for s in range(len(draws)):
+        kept = [k if not hasattr(k.params, "branch") else k for k in r.kept]
+        one = [walker.KeptLayer(engine.unstack(kept[0].params, s), None)]
+        for k in kept[1:]:
+            bp = k.params
+            one.append(walker.KeptBlock(engine.BlockParams([engine.unstack(p, s) for p in bp.branch], engine.unstack(bp.projection, s),
+                                                           bp.alpha), k.masks))
+        fwd, bwd = oracle(one, steps, x, e)
+        np.testing.assert_allclose(torch.exp(r.observed["fwd"][s]).numpy(), fwd.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(torch.exp(r.observed["bwd"][s]).numpy(), bwd.numpy(), rtol=1e-10)
+    return r
+
+
+@pytest.mark.parametrize("name", WRN_INITS)
+def test_wrn_walk_matches_autograd(name):
+    """Three groups, stride 2 and the 1 x 1 stride-2 projection at groups 2 and 3."""
+    r = _check(name, plans.wrn_steps((3, 8, 7), blocks=2, widen=1))
+    assert r.observed["fwd"].shape == (1, 2 + 3 * 2, 5)
+
+
+@pytest.mark.parametrize("name", ["proposed", "pytorch", "datadep", "skipinit-sqrt"])
+def test_bottleneck_walk_matches_autograd(name):
+    """ResNet-164's blocks: 1 x 1 -> 3 x 3 (stride 2 opening groups 2, 3) -> 1 x 1, 4x expansion,
+    a projection on every group's first block (also the first: 16 -> 64 channels)."""
+    steps = plans.wrn_steps((2, 6, 6), blocks=2, bottleneck=True)
+    closes = [s for s in steps if isinstance(s, plans.Close)]
+    assert [c.projection is not None for c in closes] == [True, False, True, False, True, False]
+    _check(name, steps)
+
+
+def test_wrn_plan_follows_figure_5():
+    steps = plans.wrn_steps((3, 32, 32), blocks=4, widen=2)
+    convs = plans.convs(steps)
+    assert convs[0].shape_out == (32, 32, 32) and not convs[0].relu
+    assert len(convs) == 1 + 3 * 4 * 2 + 2  # conv1, two convs per block, two projections
+    assert convs[-1].shape_out == (128, 8, 8)
+    strided = [c for c in convs if c.stride == 2]
+    assert [(c.kernel, c.shape_in) for c in strided] == [(3, (32, 32, 32)), (1, (32, 32, 32)), (3, (64, 16, 16)), (1, (64, 16, 16))]
+    gains = [inits.proposed_gain_sq(c.role) for c in convs[:3]]
+    assert gains == pytest.approx([3 / 32, 2.0, 1 / 4])  # conv1 gamma 1, ReLU conv 2, last conv 1/B_k
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_wrn_draws_batched_and_streamed_equal_one_by_one(stream):
+    steps = plans.wrn_steps((3, 6, 6), blocks=2)
+    out = plans.convs(steps)[-1].shape_out
+    x, e = engine.probe_inputs(1, 4, 108, math.prod(out), torch.device("cpu"), torch.float64)
+    batched = _walk("proposed", steps, x, e, [2, 0, 1], stream=stream).observed
+    for s, draw in enumerate([2, 0, 1]):
+        one = _walk("proposed", steps, x, e, [draw]).observed
+        for key in ("fwd", "bwd", "branch"):
+            np.testing.assert_allclose(batched[key][s].numpy(), one[key][0].numpy(), rtol=1e-12, atol=1e-12)
