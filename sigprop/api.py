@@ -88,7 +88,7 @@ def _probe_cnn(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
     for name in spec.inits:
         scheme, a = inits.get(name), arrays[name]
         run = stats.cnn_run(scheme, steps, a["fwd"], a["bwd"], band=gate.band, gate=gate.gate)
-        stats.attach_correlations(run, stats.NO_PREDICTION, None, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
+        stats.attach_correlations(run, scheme, steps, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
                                   gate.max_correlation, probe_spec.dtype)
         runs.append(run)
     config = probe_config("cnn", spec, probe_spec, gate, units=runs[0].widths)
@@ -102,7 +102,7 @@ def _probe_wrn(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
     for name in spec.resolved_inits():
         scheme, a = inits.get(name), arrays[name]
         run = stats.wrn_run(scheme, steps, spec.blocks, a, band=gate.band, gate=gate.gate)
-        stats.attach_correlations(run, stats.NO_PREDICTION, None, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
+        stats.attach_correlations(run, scheme, steps, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
                                   gate.max_correlation, probe_spec.dtype)
         runs.append(run)
     config = probe_config("wrn", spec, probe_spec, gate, units=runs[0].widths)

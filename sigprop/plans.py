@@ -417,3 +417,58 @@ def predict_conv(steps: Sequence[Step], moments: ConvMomentsOf, alpha: Callable[
     bwd = [v - top_ln for v in bwd]
     out_fwd = None if any(not math.isfinite(v) for v in fwd) else fwd
     return out_fwd, bwd, branch
+
+
+def predict_conv_correlation(steps: Sequence[Step], moments: ConvMomentsOf, alpha: Callable[[int], float], c0: float) -> list[float]:
+    """The infinite-width cosine of two inputs' states at every Record of a conv net, for inputs
+    x_a, x_b ~ N(0, I) of cosine c0 (docs/theory.md §11, "Correlations"): the per-position
+    kernels K_aa(p), K_bb(p), K_ab(p) (E sum_c h_{c,p}^a h_{c,p}^b) go through a conv as the
+    energy map does (each channel's pre-activations have second moments r/(c_in k^2) times the
+    window sums, plus the bias variance), through a ReLU by the arc-cosine map per position
+    (``theory._kernel_layer``'s law, Cho & Saul 2009), and a block adds the skip's kernels and
+    alpha^2 times the branch's.  The cosine at a Record is sum_p K_ab / sqrt(sum_p K_aa sum_p K_bb)."""
+    import numpy as np
+
+    C, H, W = convs(steps)[0].shape_in
+    ones = np.ones((H, W)) * C
+
+    def conv(k, st: Conv, relu: bool):
+        m = moments(st)
+        per_tap = m.row_sq / (m.c_in * (1 if m.taps == "centre" else m.kernel**2))
+        kaa, kbb, kab, ln_s = k
+        b = m.bias_var * math.exp(-ln_s) if m.bias_var else 0.0
+        s = [per_tap * theory._box(v, m) + b for v in (kaa, kbb, kab)]
+        if relu:
+            root = np.sqrt(s[0] * s[1])
+            rho = np.clip(np.where(root > 0, s[2] / np.where(root > 0, root, 1.0), 0.0), -1.0, 1.0)
+            j = (np.sqrt(1.0 - rho * rho) + (np.pi - np.arccos(rho)) * rho) / np.pi
+            s = [0.5 * s[0], 0.5 * s[1], 0.5 * root * j]
+        s = [m.c_out * v for v in s]
+        top = float(max(s[0].max(), s[1].max()))
+        scale = top if top > 0 else 1.0
+        return s[0] / scale, s[1] / scale, s[2] / scale, ln_s + math.log(scale)
+
+    out: list[float] = []
+
+    def cosine(k) -> float:
+        aa, bb = float(k[0].sum()), float(k[1].sum())
+        return float(k[2].sum()) / math.sqrt(aa * bb) if aa > 0 and bb > 0 else math.nan
+
+    def forward(items, k):
+        for it in items:
+            if isinstance(it, Conv):
+                k = conv(k, it, it.relu)
+            elif isinstance(it, Record):
+                out.append(cosine(k))
+            else:
+                inner, close = it
+                f = forward(inner, k)
+                s = k if close.projection is None else conv(k, close.projection, relu=False)
+                a2 = alpha(close.blocks_in_stage) ** 2
+                M = max(s[3], f[3] if a2 > 0 else -math.inf)
+                ws, wf = math.exp(s[3] - M), (a2 * math.exp(f[3] - M) if a2 > 0 else 0.0)
+                k = tuple(ws * x + wf * y for x, y in zip(s[:3], f[:3])) + (M,)
+        return k
+
+    forward(_blocks(steps), (ones, ones, c0 * ones, 0.0))
+    return out

@@ -127,13 +127,19 @@ def _draw(ax, result, runs, direction: str, staged: bool, yspace: str, seeds: in
                 ax.plot([t[0] for t in th], [conv(t[1]) for t in th], color=col, ls="--", lw=1.0,
                         label="theory (dashed): predicted typical ratio" if first_panel and not theory_labelled else None)
                 theory_labelled = True
-    if result.command == "cnn":  # no typical prediction for convs yet: the energy-map RMS, dotted
-        for k, run in enumerate(runs):
-            pts = [(r.index, getattr(r, direction).log10_predicted) for r in run.layers if getattr(r, direction).log10_predicted is not None]
-            if pts:
-                ax.plot([p[0] for p in pts], [conv(p[1]) for p in pts], color=colours[run.init][0], ls=":", lw=1.2,
-                        label="theory (dotted): energy-map RMS ratio" if first_panel and k == 0 else None)
-    if result.command == "resnet":
+    if result.command in ("cnn", "wrn"):  # no typical prediction for convs yet: the energy-map RMS, dotted
+        labelled = False
+        for run in runs:
+            spans = [(st.first, st.last) for st in run.stages] if staged else [(0, len(run.layers) - 1)]
+            for first, last in spans:
+                p0 = getattr(run.layers[first if direction == "forward" else last], direction).log10_predicted if staged else 0.0
+                pts = [(r.index, getattr(r, direction).log10_predicted) for r in run.layers[first:last + 1]]
+                pts = [(x, v - p0) for x, v in pts if v is not None and p0 is not None]
+                if pts:
+                    ax.plot([p[0] for p in pts], [conv(p[1]) for p in pts], color=colours[run.init][0], ls=":", lw=1.2,
+                            label="theory (dotted): energy-map RMS ratio" if first_panel and not labelled else None)
+                    labelled = True
+    if result.command in ("resnet", "wrn"):
         import math
 
         stages = result.runs[0].stages or []
@@ -171,7 +177,7 @@ def build_probe_figure(result):
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
-    resnet = result.command == "resnet"
+    resnet = result.command in ("resnet", "wrn")
     staged = resnet and len(result.runs[0].stages or []) > 1
     extreme = _extreme(result, staged)
     top = "log10" if extreme > FLOAT_LOG10_LIMIT else ("log" if extreme > LOG_SPAN_DECADES / 2 else "linear")
@@ -192,6 +198,9 @@ def build_probe_figure(result):
         else:
             ylab = (r"$\|h^b\| \,/\, \|h^0\|$", r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$")
         shape = f"{cfg.get('stages', 1)} stage(s) × {cfg.get('blocks')} blocks, d = {cfg.get('dim')}, norm {cfg.get('norm')}"
+        if result.command == "wrn":
+            shape = (f"WRN{' ' + cfg['preset'] if cfg.get('preset') else ''} N = {cfg.get('blocks')}, k = {cfg.get('widen')}"
+                     f"{', bottleneck' if cfg.get('bottleneck') else ''}, image {cfg.get('image')}, norm {cfg.get('norm')}")
     else:
         xlabel = r"layer $l$"
         ylab = (r"$\|h^l\| \,/\, \|x\|$", r"$\|\partial\ell/\partial a^l\| \,/\, \|\partial\ell/\partial a^L\|$")
@@ -316,7 +325,7 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward")
         ax.set_title(f"sigprop sweep: cosine of two inputs at the last state vs {x} (dashed: theory)", fontsize=10)
         fig.tight_layout()
         return fig
-    theory_drawn = False
+    theory_drawn = rms_drawn = False
     for (init, other), pts in sorted(groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))):
         pts = sorted(pts, key=lambda r: r["config"][x])
         xs = [p["config"][x] for p in pts]
@@ -331,9 +340,13 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward")
         if any(dsd):
             ax.errorbar(xs, ys, yerr=dsd, fmt="none", ecolor=c, elinewidth=1.2, capsize=3)
         typ = [e.get("log10_predicted_typical") for e in e2e]
+        rms = [e.get("log10_predicted") for e in e2e]
         if all(t is not None for t in typ):
             ax.plot(xs, typ, ls="--", lw=1, color=c)
             theory_drawn = True
+        elif all(t is not None for t in rms):  # conv nets: the energy-map RMS (no typical prediction yet)
+            ax.plot(xs, rms, ls=":", lw=1.2, color=c)
+            rms_drawn = True
     ax.axhline(0.0, color="0.4", lw=0.8, ls=":")
     ax.set_xlabel(x)
     ax.set_ylabel(f"log10 typical end-to-end {direction} ratio")
@@ -344,6 +357,11 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward")
 
         handles.append(Line2D([], [], color="0.3", ls="--", lw=1))
         labels.append("theory (typical)")
+    if rms_drawn:
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], color="0.3", ls=":", lw=1.2))
+        labels.append("theory (energy-map RMS)")
     handles.append(plt.Rectangle((0, 0), 1, 1, color="0.5", alpha=0.2))
     labels.append("±1 sd across samples (bars: across draws)")
     ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)

@@ -362,6 +362,10 @@ def wrn_run(scheme: InitScheme, steps, blocks: int, arrays: dict[str, np.ndarray
     pf = pb = pbr = None
     if scheme.moments is not None:
         pf, pb, pbr = plans.predict_conv(steps, lambda st: conv_moment(scheme, st), scheme.alpha)
+    elif scheme.calibrate is not None:  # data-dependent: forward only, approximate (docs/theory.md §7, §11)
+        closes = [s for s in steps if isinstance(s, plans.Close)]
+        fwd, _ = theory.datadep_resnet_ln_forward(widths[0], widths[2:], [c.projection is not None for c in closes], start=widths[1])
+        pf = None if fwd is None else [0.0] + fwd
     ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
     layers = []
     for i in range(E):
@@ -535,19 +539,21 @@ def resnet_run(
 NO_CORRELATION_MAP = "no second-moment map for this init"
 
 
-#: ``correlation_prediction``'s scheme for nets without a correlation map (conv nets, for now)
-NO_PREDICTION = "no correlation map for conv nets yet (issue 18)"
+def _conv_plan(net) -> bool:
+    return isinstance(net, tuple) and bool(net) and isinstance(net[0], (plans.Conv, plans.Record))
 
 
 def correlation_prediction(scheme: InitScheme | None, net, c0: float, batch: int) -> tuple[list[float] | None, str]:
     """The infinite-width cosine at every entry (an MLP's widths: layers 1..L; a ResNet plan:
-    h^0..h^B; ``scheme`` None: the BN net, x^0..x^{B+1}) for inputs of cosine c0, and the reason
-    when there is none.  Batch-coupled layers (BN, the data-dependent init) use the batch of 2P
-    pair inputs (``batch``).  ``scheme`` a string: no prediction, that string the reason."""
-    if isinstance(scheme, str):
-        return None, scheme
+    h^0..h^B; ``scheme`` None: the BN net, x^0..x^{B+1}; a conv net's plan steps: its Records)
+    for inputs of cosine c0, and the reason when there is none.  Batch-coupled layers (BN, the
+    data-dependent init) use the batch of 2P pair inputs (``batch``)."""
     if scheme is None:
         return theory.bn_resnet_correlation(c0, len(net.blocks), batch), ""
+    if _conv_plan(net):  # a conv net's steps: the per-position kernel map (docs/theory.md §11)
+        if scheme.moments is None:
+            return None, NO_CORRELATION_MAP
+        return plans.predict_conv_correlation(net, lambda st: conv_moment(scheme, st), scheme.alpha, c0), ""
     if isinstance(net, (list, tuple)):
         if scheme.calibrate is not None:
             return theory.datadep_mlp_correlation(c0, len(net) - 1, batch), ""
@@ -595,6 +601,7 @@ def attach_correlations(run: RunResult, scheme: InitScheme | None, net, arr: np.
     if arr is None:
         return
     slack = 2.0 * rounding_ln(dtype, arr.shape[2])
+    conv = _conv_plan(net)  # no finite-width band for conv nets: the prediction is shown, not tested
     collapse = theory.correlation_collapse_sd([r.width for r in run.layers])
     for k, c0 in enumerate(c0s):
         a = arr[:, k]
@@ -604,9 +611,10 @@ def attach_correlations(run: RunResult, scheme: InitScheme | None, net, arr: np.
         pred, reason = correlation_prediction(scheme, net, c0, 2 * pairs)
         for i, rec in enumerate(run.layers):
             p = None if pred is None else pred[i]
-            agrees = cosine_agrees(float(mean[i]), float(sd[i]), p, collapse[i], slack, z)
+            agrees = None if conv else cosine_agrees(float(mean[i]), float(sd[i]), p, collapse[i], slack, z)
             rec.correlation.append(CorrelationStats(c0, float(mean[i]), float(sd[i]), p, agrees))
-        first = 1 if hasattr(net, "blocks") else 0  # a ResNet's entry 0 is the input itself
+        # a ResNet's (and the WRN's) entry 0 is the input itself
+        first = 1 if hasattr(net, "blocks") or (conv and isinstance(net[0], plans.Record)) else 0
         run.correlations.append(CorrelationSummary(
             c0, float(mean[-1]), None if pred is None else pred[-1],
             theory.correlation_depth_scale(c0, [float(v) for v in mean[first:]]),

@@ -1,9 +1,10 @@
 """``sigprop sweep``: a grid of probes, one JSON line per configuration, resumable.  No torch.
 
-The grid is depth (MLP) or blocks (ResNet) x width x init; each point is one probe of one init
-with the shared options (samples, seeds, seed, dtype, device).  For a ResNet the swept width is
-both the residual width d and the hidden width of every block; for an MLP the input dimension
-n_0 is the swept width unless ``--input-dim`` fixes it (docs/cli.md).
+The grid is depth (MLP, CNN) or blocks (ResNet, WRN) x width x init; each point is one probe of
+one init with the shared options (samples, seeds, seed, dtype, device).  For a ResNet the swept
+width is both the residual width d and the hidden width of every block; for an MLP the input
+dimension n_0 is the swept width unless ``--input-dim`` fixes it; for the CNN it is the channels,
+for the WRN the widening factor k; conv nets read 3 x 32 x 32 inputs (docs/cli.md).
 
 Each finished point is appended to the output as one line (one ``write`` of the whole line,
 flushed): an interrupted sweep leaves only whole lines, and a rerun skips the points whose
@@ -22,7 +23,7 @@ from sigprop import inits, specs
 from sigprop.errors import SigpropError
 
 from sigprop.results import SWEEP_SCHEMA  # noqa: E402  (the JSON contract lives in results.py)
-X_AXES = {"mlp": ("depth", "width"), "resnet": ("blocks", "width")}
+X_AXES = {"mlp": ("depth", "width"), "resnet": ("blocks", "width"), "cnn": ("depth", "width"), "wrn": ("blocks", "width")}
 
 
 def parse_ints(text: str, field: str) -> list[int]:
@@ -54,7 +55,7 @@ class Point:
     """One configuration of the grid: what runs, and its resume key."""
 
     arch: str
-    size: int  # depth (MLP) or blocks (ResNet)
+    size: int  # depth (MLP, CNN) or blocks (ResNet, WRN)
     width: int
     init: str
     spec: Any
@@ -62,13 +63,14 @@ class Point:
 
     @property
     def config(self) -> dict[str, Any]:
-        size_key = "depth" if self.arch == "mlp" else "blocks"
-        d = {"command": self.arch, size_key: self.size, "width": self.width, "init": self.init,
+        d = {"command": self.arch, X_AXES[self.arch][0]: self.size, "width": self.width, "init": self.init,
              "samples": self.probe.samples, "seeds": self.probe.seeds, "seed": self.probe.seed, "dtype": self.probe.dtype}
         if self.arch == "mlp":
             d["input_dim"] = self.spec.input_dim
-        else:
+        elif self.arch == "resnet":
             d["dim"] = self.spec.dim
+        else:
+            d["image"] = "x".join(map(str, self.spec.image))
         if self.probe.correlations:  # only then: the keys of rows without cosines stay as they were (resume)
             d["correlations"], d["pairs"] = list(self.probe.correlations), self.probe.pairs
         return d
@@ -78,8 +80,7 @@ class Point:
         return json.dumps(self.config, sort_keys=True)
 
     def label(self) -> str:
-        size_key = "depth" if self.arch == "mlp" else "blocks"
-        return f"{self.arch} {size_key} {self.size} width {self.width} {self.init}"
+        return f"{self.arch} {X_AXES[self.arch][0]} {self.size} width {self.width} {self.init}"
 
 
 def grid(arch: str, sizes: list[int], widths: list[int], names: list[str], probe: specs.ProbeSpec,
@@ -92,6 +93,10 @@ def grid(arch: str, sizes: list[int], widths: list[int], names: list[str], probe
                 w = specs.WidthSpec(width, width)
                 if arch == "mlp":
                     spec = specs.MLPSpec(depth=size, input_dim=input_dim or width, width=w, inits=(name,))
+                elif arch == "cnn":
+                    spec = specs.CNNSpec(depth=size, channels=width, inits=(name,))
+                elif arch == "wrn":
+                    spec = specs.WRNSpec(blocks=size, widen=width, inits=(name,))
                 else:
                     spec = specs.ResNetSpec(blocks=size, dim=width, width=w, inits=(name,))
                 out.append(Point(arch, size, width, name, spec, probe))

@@ -558,18 +558,22 @@ def resnet_rms_prediction(dim: int, blocks: Sequence[BlockMoments]) -> ResNetPre
     return ResNetPrediction(fwd, bwd, branch, g_fwd, g_bwd)
 
 
-def datadep_resnet_ln_forward(dim: int, d_out: Sequence[int], projection: Sequence[bool]) -> tuple[list[float] | None, list[float]]:
+def datadep_resnet_ln_forward(dim: int, d_out: Sequence[int], projection: Sequence[bool], start: float | None = None
+                              ) -> tuple[list[float] | None, list[float]]:
     """Data-dependent init (Salimans & Kingma 2016, eq. 5-6) in a ResNet: every WN layer's pre-activation is
     standardised over the batch, so a branch output (and a projection's output) has
     E||.||^2 = d_out per sample on average, independent of its input.  Hence, with
     E[1/||x||^2] = 1/(d - 2): in stage 1, E[||h^b||^2/||x||^2] = 1 + b d/(d - 2); after a
     projection (stage k > 1), j blocks into the stage, (j + 1) d_k/(d - 2).  Approximate (it
     takes ||x|| independent of the standardised outputs); docs/theory.md §7 shows the check.
+    ``start``: E||h^0||^2 when h^0 is not the input x itself but a standardised layer's output
+    (the WRN's conv1: its units).  Convs standardise per channel over the batch and the
+    positions, so the same holds with units (channels x positions) for widths.
     Returns the ln ratios per entry and the forward branch-to-skip power ratios per block."""
     if dim <= 2:
         return None, [1.0] * len(d_out)
-    s = float(dim)  # E||h||^2 in units where ||x||^2 ~ d
-    out, gains = [0.0], []
+    s = float(dim) if start is None else float(start)  # E||h||^2 in units where ||x||^2 ~ d
+    out, gains = [0.0 if start is None else 0.5 * math.log(s / (dim - 2))], []
     for n, proj in zip(d_out, projection):
         skip = float(n) if proj else s
         gains.append(n / skip)

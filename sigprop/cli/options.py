@@ -116,6 +116,8 @@ AnyInitName = enum.Enum("AnyInitName", {name: name for name in inits.names()}, t
 class Arch(str, enum.Enum):
     mlp = "mlp"
     resnet = "resnet"
+    cnn = "cnn"
+    wrn = "wrn"
 
 
 class CheckFormat(str, enum.Enum):

@@ -42,11 +42,11 @@ def env() -> None:
 
 @app.command()
 def sweep(
-    arch: Annotated[Arch, typer.Argument(help="mlp or resnet.")],
+    arch: Annotated[Arch, typer.Argument(help="mlp, resnet, cnn or wrn.")],
     out: Annotated[Path, typer.Option(help="JSON-lines file: one line per configuration, appended; existing ones are skipped.")],
-    depth: Annotated[Optional[list[str]], typer.Option(help="MLP depths, comma-separated or repeated. [default: 10,20,50]")] = None,
-    blocks: Annotated[Optional[list[str]], typer.Option(help="ResNet blocks, comma-separated or repeated. [default: 10,40,100]")] = None,
-    width: Annotated[Optional[list[str]], typer.Option(help="Widths, comma-separated or repeated (ResNet: residual and hidden width). [default: 128,512]")] = None,
+    depth: Annotated[Optional[list[str]], typer.Option(help="MLP/CNN depths, comma-separated or repeated. [default: 10,20,50]")] = None,
+    blocks: Annotated[Optional[list[str]], typer.Option(help="ResNet/WRN blocks, comma-separated or repeated. [default: 10,40,100; WRN 1,16]")] = None,
+    width: Annotated[Optional[list[str]], typer.Option(help="Widths, comma-separated or repeated (ResNet: residual and hidden width; CNN: channels; WRN: the widening k). [default: 128,512; CNN 32,64; WRN 1]")] = None,
     init: Annotated[Optional[list[str]], typer.Option(help="Inits, comma-separated or repeated. [default: proposed,he]")] = None,
     input_dim: Annotated[Optional[int], typer.Option("--input-dim", min=1, help="MLP input dimension n_0. [default: the swept width]")] = None,
     samples: Annotated[int, typer.Option(min=1, help="Random inputs (and error vectors) N.")] = 1000,
@@ -61,18 +61,20 @@ def sweep(
     from sigprop import sweep as sweep_mod
 
     kind = arch.value
-    wrong = {"mlp": ("blocks", blocks), "resnet": ("depth", depth)}[kind]
+    by_depth = kind in ("mlp", "cnn")
+    wrong = ("blocks", blocks) if by_depth else ("depth", depth)
     if wrong[1] is not None:
-        right = "--depth" if kind == "mlp" else "--blocks"
+        right = "--depth" if by_depth else "--blocks"
         raise SigpropError(f"does not apply to sweep {kind}; use {right}", field=wrong[0])
-    if kind == "resnet" and input_dim is not None:
-        raise SigpropError("--input-dim does not apply to sweep resnet (its input is the swept width)", field="input_dim")
+    if kind != "mlp" and input_dim is not None:
+        raise SigpropError(f"--input-dim does not apply to sweep {kind} (only the MLP's input is set apart from the swept width)",
+                           field="input_dim")
     joined = lambda values, default: ",".join(values) if values else default
-    if kind == "mlp":
+    if by_depth:
         sizes = sweep_mod.parse_ints(joined(depth, "10,20,50"), "depth")
     else:
-        sizes = sweep_mod.parse_ints(joined(blocks, "10,40,100"), "blocks")
-    widths = sweep_mod.parse_ints(joined(width, "128,512"), "width")
+        sizes = sweep_mod.parse_ints(joined(blocks, "1,16" if kind == "wrn" else "10,40,100"), "blocks")
+    widths = sweep_mod.parse_ints(joined(width, {"cnn": "32,64", "wrn": "1"}.get(kind, "128,512")), "width")
     names = sweep_mod.parse_inits(joined(init, "proposed,he"), kind)
     probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value,
                             correlations=specs.parse_cosines(correlation or []), pairs=pairs)

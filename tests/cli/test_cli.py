@@ -385,4 +385,32 @@ def test_cnn_command_runs_and_says_what_it_can_test(capsys):
     delta = doc["runs"][1]
     assert delta["init"] == "delta-orthogonal" and delta["layers"][-1]["forward"]["predicted"] == pytest.approx(0.25)
     assert delta["layers"][0]["forward"]["agreement"]["agrees"] is None and delta["agrees_with_theory"] is False
-    assert main(["cnn", "--depth", "3", "--init", "datadep", "--device", "cpu"]) == 2
+    assert main(["cnn", "--depth", "3", "--init", "stage-hanin", "--device", "cpu"]) == 2  # a ResNet scheme
+
+
+def test_wrn_command_reports_every_state_and_stage(capsys, tmp_path):
+    """sigprop wrn: conv1 and every block's output with the energy-map prediction, a stage
+    check per group, JSON that sigprop rerun reproduces; presets and bad input refused in one line."""
+    import json
+
+    from sigprop.cli import main
+
+    args = ["wrn", "--blocks", "2", "--image", "3x8x8", "--samples", "6", "--device", "cpu", "--init", "proposed", "--init", "he"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "units" in out and "stage 3 (h^5..h^7, 2 blocks" in out and "not testable against finite-width theory" in out
+    path = tmp_path / "wrn.json"
+    assert main(args + ["--format", "json", "--output", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert doc["command"] == "wrn" and doc["config"]["blocks"] == 2 and doc["config"]["units"] == [192, 1024, 1024, 1024, 512, 512, 256, 256]
+    run = doc["runs"][0]
+    assert len(run["layers"]) == 8 and len(run["stages"]) == 3 and run["layers"][2]["branch"]["predicted"] is not None
+    capsys.readouterr()
+    assert main(["rerun", str(path), "--format", "json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert [r["layers"][-1]["forward"]["log10_mean"] for r in again["runs"]] == [r["layers"][-1]["forward"]["log10_mean"] for r in doc["runs"]]
+    for bad, field in ((["--preset", "resnet-110", "--blocks", "3"], "--blocks"), (["--norm", "bn"], "batch norm"),
+                       (["--preset", "resnet-7"], "--preset"), (["--init", "delta"], "--init"), (["--widen", "0"], "--widen")):
+        assert main(["wrn", "--device", "cpu"] + bad) == 2, bad
+        err = capsys.readouterr().err
+        assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

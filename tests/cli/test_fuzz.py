@@ -51,6 +51,10 @@ COMMANDS = {
             "--image": st.sampled_from(["1x4x4", "3x8x8", "3x8", "0x4x4", "axbxc", "3x1x1", ""]),
             "--strided": st.sampled_from(["0", "1", "2", "5", "-1"]),
             "--init": st.sampled_from(["proposed", "delta-orthogonal", "he", "pytorch", "datadep", "nope", "proposed,he"]), **COMMON},
+    "wrn": {"--blocks": st.sampled_from(["1", "2", "0", "x", "1000000000"]), "--widen": st.sampled_from(["1", "2", "0", "y"]),
+            "--image": st.sampled_from(["3x8x8", "3x4x4", "0x4x4", "3x8", ""]), "--bottleneck": st.just(""), "--basic": st.just(""),
+            "--preset": st.sampled_from(["resnet-56", "wrn-40-10", "resnet-7", ""]), "--norm": st.sampled_from(["wn", "bn", "none", "x"]),
+            "--init": st.sampled_from(["proposed", "he", "skipinit", "datadep", "delta-orthogonal", "nope"]), **COMMON},
     "theory": {"--n": st.sampled_from(["2", "1", "1000000000000", "0", "x"]), "--blocks": INT,
                "--format": st.sampled_from(["table", "json", "csv"])},
     "inits": {},
@@ -82,6 +86,8 @@ CHECK_TOML = st.sampled_from([
     '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ncorrelation = "x"\ndevice = "cpu"\n',
     '[checks.a]\ncommand = "cnn"\ndepth = 3\nchannels = 4\nimage = "3x8x8"\nsamples = 4\ndevice = "cpu"\n',
     '[checks.a]\ncommand = "cnn"\ndepth = 3\nchannels = 4\nimage = "3x8"\nsamples = 4\n',
+    '[checks.a]\ncommand = "wrn"\nblocks = 1\nimage = "3x8x8"\nsamples = 4\ndevice = "cpu"\n',
+    '[checks.a]\ncommand = "wrn"\npreset = "resnet-56"\nblocks = 2\n',
     '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ninit = "skipinit"\ndevice = "cpu"\n',
     # a sweep file of both kinds (sigprop plot must refuse it in one line)
     '{"schema": "sigprop.sweep.v1", "config": {"command": "mlp", "depth": 2, "width": 8}, "init": "he", "end_to_end": {}}\n'
@@ -99,7 +105,9 @@ def argv(draw):
     vocab = COMMANDS[cmd]
     args = [cmd]
     if cmd == "sweep":
-        args.append(draw(st.sampled_from(["mlp", "resnet", "cnn", ""])))
+        args.append(draw(st.sampled_from(["mlp", "resnet", "cnn", "wrn", ""])))
+    if cmd == "wrn":  # small maps unless the draw sets --image again (the last one counts): the default net is 4 inits x 100 samples
+        args += ["--image", "3x8x8"]
     if cmd in ("plot", "rerun", "check"):
         args.append(draw(st.sampled_from(["FILE", "missing.txt", "", "∂"])))
     for _ in range(draw(st.integers(0, 5))):

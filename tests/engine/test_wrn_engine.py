@@ -111,3 +111,17 @@ def test_wrn_draws_batched_and_streamed_equal_one_by_one(stream):
         one = _walk("proposed", steps, x, e, [draw]).observed
         for key in ("fwd", "bwd", "branch"):
             np.testing.assert_allclose(batched[key][s].numpy(), one[key][0].numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_datadep_conv_standardises_each_channel_over_batch_and_positions():
+    """Salimans & Kingma 2016, eq. 5-6 for a conv: g and b make every output channel's
+    pre-activation mean 0, variance 1 over the batch and the positions (not per position)."""
+    steps = plans.cnn_steps((3, 9, 9), 6, 2)
+    x, e = engine.probe_inputs(5, 12, 243, math.prod(steps[-2].shape_out), torch.device("cpu"), torch.float64)
+    r = walker.NET_KINDS["cnn"].walk(steps, inits.get("datadep"), x, e, 3, [0])
+    p = engine.unstack(r.kept[0].params, 0)
+    a = _conv(p, steps[0], x.reshape(12, 3, 9, 9))  # [N, c, H, W]
+    per_channel = a.transpose(0, 1).reshape(6, -1)
+    np.testing.assert_allclose(per_channel.mean(dim=1).numpy(), 0.0, atol=1e-12)
+    np.testing.assert_allclose(per_channel.var(dim=1, unbiased=False).numpy(), 1.0, rtol=1e-12)
+    assert a.var(dim=0).std() > 0.01  # the positions differ: not a per-position standardisation
