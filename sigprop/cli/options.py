@@ -168,12 +168,15 @@ PROBE_OPTIONS = (
 )
 
 
-def probe_options(command):
+def probe_options(command=None, **defaults):
     """Give a probe command (``mlp``, ``resnet``) the shared options: its signature gains the
     ``PROBE_OPTIONS`` parameters (typer reads ``__signature__``), and it is called with them
-    gathered into ``opts: ProbeOptions`` -- each option declared once, here."""
+    gathered into ``opts: ProbeOptions`` -- each option declared once, here.  Used as
+    ``@probe_options(samples=100)`` it gives that command its own defaults."""
+    if command is None:
+        return functools.partial(probe_options, **defaults)
     own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "opts"]
-    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=option)
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(name, default), annotation=option)
               for name, option, default in PROBE_OPTIONS]
 
     @functools.wraps(command)

@@ -119,7 +119,7 @@ def cnn(
 
 
 @app.command()
-@probe_options
+@probe_options(samples=100)  # a conv net's per-sample spread is small (its weights are shared by the positions): draws matter more
 def wrn(
     blocks: Annotated[Optional[int], typer.Option(min=1, help="Residual blocks per group N (the paper's 1, 16, 166, 1666). [default: 16]")] = None,
     widen: Annotated[Optional[int], typer.Option(min=1, help="Widening factor k: groups of 16k, 32k, 64k channels. [default: 1]")] = None,
