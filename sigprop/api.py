@@ -65,10 +65,8 @@ def probe(
     probe_spec = gate.probe(probe_spec)
     if isinstance(spec, specs.ResNetSpec):
         return _probe_resnet(spec, probe_spec, progress, on_start, gate)
-    if isinstance(spec, specs.CNNSpec):
-        return _probe_cnn(spec, probe_spec, progress, on_start, gate)
-    if isinstance(spec, specs.WRNSpec):
-        return _probe_wrn(spec, probe_spec, progress, on_start, gate)
+    if isinstance(spec, (specs.CNNSpec, specs.WRNSpec)):
+        return _probe_conv(spec, probe_spec, progress, on_start, gate)
     widths, arrays, env = engine.run_mlp(spec, probe_spec, progress=progress, on_start=on_start)
     runs = []
     for name in spec.inits:
@@ -82,32 +80,25 @@ def probe(
     return ProbeResult(command="mlp", config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=tolerances)
 
 
-def _probe_cnn(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
+def _probe_conv(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
+    """The plain CNN (``specs.CNNSpec``) or the WRN (``specs.WRNSpec``): one engine path
+    (``engine.run_conv``), their own verdicts (``stats.cnn_run``: layers; ``stats.wrn_run``: stages)."""
+    wrn = isinstance(spec, specs.WRNSpec)
     steps, arrays, env = engine.run_conv(spec, probe_spec, progress=progress, on_start=on_start)
     runs = []
-    for name in spec.inits:
+    for name in (spec.resolved_inits() if wrn else spec.inits):
         scheme, a = inits.get(name), arrays[name]
-        run = stats.cnn_run(scheme, steps, a["fwd"], a["bwd"], band=gate.band, gate=gate.gate)
+        if wrn:
+            run = stats.wrn_run(scheme, steps, spec.blocks, a, band=gate.band, gate=gate.gate)
+        else:
+            run = stats.cnn_run(scheme, steps, a["fwd"], a["bwd"], band=gate.band, gate=gate.gate)
         stats.attach_correlations(run, scheme, steps, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
                                   gate.max_correlation, probe_spec.dtype)
         runs.append(run)
-    config = probe_config("cnn", spec, probe_spec, gate, units=runs[0].widths)
-    tolerances = {**TOLERANCES, "band": list(gate.default_band(resnet=False))}
-    return ProbeResult(command="cnn", config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=tolerances)
-
-
-def _probe_wrn(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
-    steps, arrays, env = engine.run_conv(spec, probe_spec, progress=progress, on_start=on_start)
-    runs = []
-    for name in spec.resolved_inits():
-        scheme, a = inits.get(name), arrays[name]
-        run = stats.wrn_run(scheme, steps, spec.blocks, a, band=gate.band, gate=gate.gate)
-        stats.attach_correlations(run, scheme, steps, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
-                                  gate.max_correlation, probe_spec.dtype)
-        runs.append(run)
-    config = probe_config("wrn", spec, probe_spec, gate, units=runs[0].widths)
-    tolerances = {**TOLERANCES, "band": list(gate.default_band(resnet=True))}
-    return ProbeResult(command="wrn", config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=tolerances)
+    command = "wrn" if wrn else "cnn"
+    config = probe_config(command, spec, probe_spec, gate, units=runs[0].widths)
+    tolerances = {**TOLERANCES, "band": list(gate.default_band(resnet=wrn))}
+    return ProbeResult(command=command, config=config, environment={"sigprop": __version__, **env}, runs=runs, tolerances=tolerances)
 
 
 def _probe_resnet(spec, probe_spec, progress, on_start, gate) -> ProbeResult:

@@ -158,3 +158,27 @@ def test_conv_steps_are_graph_safe(name, stream):
         walker.NET_KINDS["cnn"].walk(steps, inits.get(name), x, e, 1, [0, 2], stream=stream, runner=runner)
     assert runner.steps == 2 * 4 - 1
     assert not runner.mode.found, sorted(set(runner.mode.found))
+
+
+@pytest.mark.parametrize("name", ["proposed", "pytorch", "stage-hanin", "skipinit"])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("bottleneck", [False, True])
+def test_wrn_steps_are_graph_safe(name, stream, bottleneck):
+    """The WRN's units (a ConvLayer stem without ReLU, residual blocks of ConvOps with the 1 x 1
+    stride-2 projection, bottlenecks) and the walker loop with every observer: no host traffic."""
+    import math
+
+    from sigprop import plans, walker
+
+    steps = plans.wrn_steps((3, 6, 6), 2, bottleneck=bottleneck)
+    out = plans.convs(steps)[-1].shape_out
+    x, e = engine.probe_inputs(1, 4, 108, math.prod(out), CPU, torch.float32)
+    runner = Guarded()
+    kind = walker.NET_KINDS["wrn"]
+    mode = HostTraffic()
+    with torch.no_grad(), mode:
+        kind.walk(steps, inits.get(name), x, e, 1, [0, 2], observers=kind.observers() + [walker.Correlation()], stream=stream,
+                  runner=runner)
+    assert runner.steps == 14  # 7 units forward, 7 backward (the stem's backward reaches the input)
+    assert not runner.mode.found, sorted(set(runner.mode.found))
+    assert not mode.found, sorted(set(mode.found))

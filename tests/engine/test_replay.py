@@ -258,3 +258,20 @@ def test_a_plan_with_a_unit_that_cannot_be_replayed_runs_eagerly(stream):
     assert runner.steps == {} and not runner.seen  # never used
     for key in eager:
         assert torch.equal(eager[key], replayed[key]), key
+
+
+@needs_cuda
+@pytest.mark.parametrize("stream", [False, True])
+def test_cuda_graphs_run_cnn_and_wrn(stream):
+    """Through run_conv on CUDA (issue 18: written and CPU-tested, the graphs not yet run on a
+    device): graphs on, recorded, and the numbers of --no-graphs, for the plain CNN (two strided
+    convs of one role with different maps: distinct graph keys) and the WRN (projections)."""
+    cnn = specs.CNNSpec(depth=6, channels=16, image=(3, 16, 16), inits=("proposed", "pytorch"))
+    wrn = specs.WRNSpec(blocks=2, image=(3, 16, 16), inits=("proposed", "stage-hanin"))
+    for spec in (cnn, wrn):
+        on = engine.run_conv(spec, specs.ProbeSpec(samples=32, seeds=2, device="cuda", stream=stream))
+        off = engine.run_conv(spec, specs.ProbeSpec(samples=32, seeds=2, device="cuda", stream=stream, graphs=False))
+        assert on[2]["graphs"].startswith("on") and off[2]["graphs"] == "off", on[2]["graphs"]
+        for name in on[1]:
+            for key in on[1][name]:
+                np.testing.assert_allclose(on[1][name][key], off[1][name][key], rtol=1e-5, atol=1e-5)
