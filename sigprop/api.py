@@ -86,10 +86,11 @@ def _probe_conv(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
     wrn = isinstance(spec, specs.WRNSpec)
     steps, arrays, env = engine.run_conv(spec, probe_spec, progress=progress, on_start=on_start)
     runs = []
+    kind = engine._net_kind("wrn-bn" if wrn and spec.norm == "bn" else ("wrn" if wrn else "cnn"))
     for name in (spec.resolved_inits() if wrn else spec.inits):
-        scheme, a = inits.get(name), arrays[name]
+        scheme, a = kind.scheme(name), arrays[name]
         if wrn:
-            run = stats.wrn_run(scheme, steps, spec.blocks, a, band=gate.band, gate=gate.gate)
+            run = stats.wrn_run(scheme, steps, spec.blocks, a, band=gate.band, gate=gate.gate, init=name)
         else:
             run = stats.cnn_run(scheme, steps, a["fwd"], a["bwd"], band=gate.band, gate=gate.gate)
         stats.attach_correlations(run, scheme, steps, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,

@@ -98,6 +98,13 @@ def estimate_cnn_bytes(steps, samples: int, itemsize: int) -> int:
         + 4 * len(convs) * samples * 8
 
 
+def estimate_bn_conv_bytes(steps, samples: int, itemsize: int) -> int:
+    """``estimate_cnn_bytes`` plus what the BN WRN keeps per conv for its backward pass: the BN
+    output of every unit (samples x channels x positions) in the compute dtype."""
+    kept = samples * sum(math.prod(s.shape_out) for s in plans.convs(steps)) * itemsize
+    return estimate_cnn_bytes(steps, samples, itemsize) + kept
+
+
 def check_memory(need: int, device: torch.device, fields: str = "depth/width/samples", hint: str = "") -> None:
     """Refuse, before allocating, a run whose estimate exceeds 80% of the free memory."""
     have = available_bytes(device)
@@ -645,7 +652,9 @@ def run_conv(
     returns the steps, {init: {"fwd", "bwd" [S, E, N], "branch" (WRN), "correlation" with
     cosines}} and the environment.  Memory, streaming, batching and graphs as ``run_mlp``."""
     wrn = isinstance(spec, specs.WRNSpec)
-    kind, names = ("wrn", spec.resolved_inits()) if wrn else ("cnn", spec.inits)
+    kind, names = (("wrn-bn" if spec.norm == "bn" else "wrn"), spec.resolved_inits()) if wrn else ("cnn", spec.inits)
+    if kind == "wrn-bn" and probe.samples < 2:
+        raise SigpropError("batch normalization needs >= 2 samples in the batch", field="samples")
     fields = "blocks/widen/image/samples" if wrn else "depth/channels/image/samples"
     stream = probe.stream
     device = resolve_device(probe.device)
@@ -673,7 +682,7 @@ def run_conv(
     if stream:
         need -= weights - 2 * max(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
     check_memory(need, device, fields, STREAM_HINT if stream is False else "")
-    graphs = use_graphs(probe.graphs, device)
+    graphs = use_graphs(probe.graphs, device) and kind != "wrn-bn"  # the BN net runs eagerly
     if graphs:
         units = max(math.prod(s.shape_in) for s in convs)
         need += graph_pool_bytes(max(s.role.fan_in * s.role.fan_out for s in convs), units, probe.samples, itemsize,

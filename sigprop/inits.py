@@ -180,7 +180,8 @@ def resolve_resnet(name: str, norm: str, arch: str = "resnet") -> str:
     target = name if not scheme.normalized else scheme.unnormalized
     if norm == "bn":
         if target != "unnormalized-he":
-            raise SigpropError(f"the batch-normalized ResNet (De & Smith 2020, appendix C) uses He init; got {name!r}", field="init")
+            net = "ResNet (De & Smith 2020, appendix C)" if arch == "resnet" else "WRN"
+            raise SigpropError(f"the batch-normalized {net} uses He init (--init he); got {name!r}", field="init")
         return "he"
     if target is None:
         valid = [n for n, s in INITS.items() if arch in s.applies_to and (not s.normalized or s.unnormalized)]

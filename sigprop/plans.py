@@ -80,6 +80,9 @@ class Conv:
     stride: int = 1
     padding: int = 0
     relu: bool = True
+    #: training-mode batch norm (gamma = 1, beta = 0) per channel over the batch and the positions
+    #: on its output, before the ReLU (the WRN with ``--norm bn``)
+    bn: bool = False
 
     def out_hw(self) -> tuple[int, int]:
         k, s, p = self.kernel, self.stride, self.padding
@@ -143,8 +146,8 @@ WRN_BASE = 16
 BOTTLENECK_EXPANSION = 4
 
 
-def wrn_steps(image: tuple[int, int, int], blocks: int, widen: int = 1, bottleneck: bool = False, groups: int = 3
-              ) -> tuple[Step, ...]:
+def wrn_steps(image: tuple[int, int, int], blocks: int, widen: int = 1, bottleneck: bool = False, groups: int = 3,
+              bn: bool = False) -> tuple[Step, ...]:
     """The wide residual network of Arpit et al. 2019, supplementary Figure 5: conv1, a 3 x 3 WN
     conv to 16 k channels (no ReLU after it: the blocks carry none after their sum and their
     branch opens with a conv), then ``groups`` groups of ``blocks`` residual blocks at 16 k, 32 k,
@@ -154,7 +157,17 @@ def wrn_steps(image: tuple[int, int, int], blocks: int, widen: int = 1, bottlene
     ``bottleneck``: ResNet-164's blocks [1 x 1 -> ReLU -> 3 x 3 -> ReLU -> 1 x 1] at 16, 32, 64
     inner channels (times k) and ``BOTTLENECK_EXPANSION`` times as many out, the stride on the
     3 x 3 conv, a projection wherever the channels or the size change (also the first block).
-    Recorded: the input, conv1's output, every block's output (the residual stream)."""
+    Recorded: the input, conv1's output, every block's output (the residual stream).
+    ``bn``: every conv (conv1, the branches', the projections) is followed by training-mode batch
+    norm, before its ReLU -- the post-activation placement of He et al. 2016 in the paper's
+    block, no ReLU after the sum (``Conv.bn``)."""
+    from dataclasses import replace as _with
+
+    if bn:
+        return tuple(_with(s, bn=True) if isinstance(s, Conv) else
+                     (_with(s, projection=_with(s.projection, bn=True)) if isinstance(s, Close) and s.projection is not None else s)
+                     for s in wrn_steps(image, blocks, widen, bottleneck, groups))
+    # (without_bn is the converse)
     C = image[0]
     stem_out = WRN_BASE * widen
     stem = Conv(LayerRole(C * 9, stem_out, "linear", taps=9), tuple(image), 3, 1, 1, relu=False)
@@ -179,6 +192,20 @@ def wrn_steps(image: tuple[int, int, int], blocks: int, widen: int = 1, bottlene
             steps += [Open(g + 1, blocks), *branch, Close(blocks, proj), Record()]
             shape = branch[-1].shape_out
     return tuple(steps)
+
+
+def without_bn(steps: Sequence[Step]) -> tuple[Step, ...]:
+    """The same plan with every conv's batch norm removed (its lossless reference is the WN net's)."""
+    from dataclasses import replace as _with
+
+    def strip(s):
+        if isinstance(s, Conv):
+            return _with(s, bn=False)
+        if isinstance(s, Close) and isinstance(s.projection, Conv):
+            return _with(s, projection=_with(s.projection, bn=False))
+        return s
+
+    return tuple(strip(s) for s in steps)
 
 
 def convs(steps: Sequence[Step]) -> list[Conv]:
@@ -339,8 +366,8 @@ def predict_conv(steps: Sequence[Step], moments: ConvMomentsOf, alpha: Callable[
     error (the probe shares them across draws); by default the inputs and errors are N(0, I)."""
     import numpy as np
 
-    if any(isinstance(s, (BatchNorm, Linear)) for s in steps):
-        raise ValueError("predict_conv composes conv steps only")
+    if any(isinstance(s, (BatchNorm, Linear)) or getattr(s, "bn", False) for s in steps):
+        raise ValueError("predict_conv composes conv steps without batch norm only")
     tree = _blocks(steps)
     first = convs(steps)[0]
     C, H, W = first.shape_in

@@ -312,8 +312,9 @@ WRN_DEFAULT_INITS = ("proposed", "pytorch", "datadep", "stage-hanin")
 class WRNSpec:
     """The wide residual network of Arpit et al. 2019, supplementary Figure 5 (``plans.wrn_steps``):
     conv1 to 16 k channels, three groups of ``blocks`` residual blocks at 16 k, 32 k, 64 k
-    channels (``bottleneck``: ResNet-164's blocks), WN convs (``norm="wn"``) or plain ones
-    (``"none"``: the unnormalized schemes; ``he`` means unnormalized He), on ``image``.
+    channels (``bottleneck``: ResNet-164's blocks), WN convs (``norm="wn"``), plain ones
+    (``"none"``: the unnormalized schemes; ``he`` means unnormalized He) or plain He convs each
+    followed by training-mode batch norm (``"bn"``; init ``he`` only), on ``image``.
     ``preset`` names one of ``WRN_PRESETS`` (its blocks, widening and block type)."""
 
     blocks: int = 16
@@ -337,10 +338,8 @@ class WRNSpec:
         object.__setattr__(self, "image", parse_image("x".join(map(str, self.image)) if not isinstance(self.image, str) else self.image))
         for n in self.image:
             check_size(n, "image")
-        if self.norm not in ("wn", "none"):
-            msg = ("batch norm for conv nets is not built yet (sigprop resnet --norm bn probes De & Smith's BN net)"
-                   if self.norm == "bn" else f"expected wn or none, got {self.norm!r}")
-            raise SigpropError(msg, field="norm")
+        if self.norm not in NORMS:
+            raise SigpropError(f"expected one of {', '.join(NORMS)}, got {self.norm!r}", field="norm")
         _init_tuple(self, "wrn", known_only=True)
         resolved = self.resolved_inits()
         if len(set(resolved)) != len(resolved):
@@ -360,7 +359,7 @@ class WRNSpec:
         """The network as plan steps (sigprop.plans.wrn_steps)."""
         from sigprop import plans
 
-        return plans.wrn_steps(self.image, self.blocks, self.widen, self.bottleneck)
+        return plans.wrn_steps(self.image, self.blocks, self.widen, self.bottleneck, bn=self.norm == "bn")
 
     def to_dict(self) -> dict:
         return {"blocks": self.blocks, "widen": self.widen, "image": "x".join(map(str, self.image)), "bottleneck": self.bottleneck,

@@ -300,7 +300,7 @@ def wrn_stage_bands(steps, blocks: int) -> list[tuple[tuple[float, float], tuple
     position's energy) loses to the stride-2 downsampling, its stage ratio divided by its
     branches' (1 + 1/B)^{B/2} (docs/theory.md §11, "Residual conv nets")."""
     _, widths, E = wrn_entries(steps)
-    ref_f, ref_b, _ = plans.predict_conv(steps, lambda st: conv_moment(None, st), lambda B: 1.0)
+    ref_f, ref_b, _ = plans.predict_conv(plans.without_bn(steps), lambda st: conv_moment(None, st), lambda B: 1.0)
     branch = 0.5 * blocks * math.log1p(1.0 / blocks)
     lo, hi = math.log(theory.RESNET_LOWER), math.log(theory.RESNET_UPPER)
     out = []
@@ -349,7 +349,7 @@ def wrn_entries(steps) -> tuple[list, list[int], int]:
 
 
 def wrn_run(scheme: InitScheme, steps, blocks: int, arrays: dict[str, np.ndarray], band: tuple[float, float] | None = None,
-            gate: str = "preserved", z: float = theory.Z_CHECK) -> RunResult:
+            gate: str = "preserved", z: float = theory.Z_CHECK, init: str | None = None) -> RunResult:
     """One init's WRN run: per state (input, conv1, each block) the measured ratios and per
     block the branch ratio, beside the energy-map prediction (``plans.predict_conv``); per
     group (stage) the ``preserved`` check -- the typical stage ratio, forward and backward, in
@@ -360,9 +360,13 @@ def wrn_run(scheme: InitScheme, steps, blocks: int, arrays: dict[str, np.ndarray
 
     shapes, widths, E = wrn_entries(steps)
     pf = pb = pbr = None
-    if scheme.moments is not None:
+    bn = any(getattr(st, "bn", False) for st in plans.convs(steps))
+    description = scheme.description
+    if bn:
+        description = "He convs each followed by training-mode batch norm (gamma = 1, beta = 0), ReLU after BN, no ReLU after the sum"
+    if scheme.moments is not None and not bn:
         pf, pb, pbr = plans.predict_conv(steps, lambda st: conv_moment(scheme, st), scheme.alpha)
-    elif scheme.calibrate is not None:  # data-dependent: forward only, approximate (docs/theory.md §7, §11)
+    elif scheme.calibrate is not None or bn:  # standardised convs: forward only, approximate (docs/theory.md §7, §11)
         closes = [s for s in steps if isinstance(s, plans.Close)]
         fwd, _ = theory.datadep_resnet_ln_forward(widths[0], widths[2:], [c.projection is not None for c in closes], start=widths[1])
         pf = None if fwd is None else [0.0] + fwd
@@ -397,7 +401,7 @@ def wrn_run(scheme: InitScheme, steps, blocks: int, arrays: dict[str, np.ndarray
                     c.note += f"; the theory predicts an RMS stage ratio of {_fmt(math.log10(pred)) if pred > 0 else '0'} for this init"
             checks.append(c)
             untested.append(Check(name, False, c.log10_measured, math.nan, math.nan, "theory", NO_CONV_BAND))
-    return RunResult(init=scheme.name, widths=widths, layers=layers, checks=checks + untested, description=scheme.description,
+    return RunResult(init=init or scheme.name, widths=widths, layers=layers, checks=checks + untested, description=description,
                      stages=infos, gate=gate)
 
 
@@ -551,6 +555,8 @@ def correlation_prediction(scheme: InitScheme | None, net, c0: float, batch: int
     if scheme is None:
         return theory.bn_resnet_correlation(c0, len(net.blocks), batch), ""
     if _conv_plan(net):  # a conv net's steps: the per-position kernel map (docs/theory.md §11)
+        if any(st.bn for st in plans.convs(net)):
+            return None, "no correlation map for batch-normalized conv nets"
         if scheme.moments is None:
             return None, NO_CORRELATION_MAP
         return plans.predict_conv_correlation(net, lambda st: conv_moment(scheme, st), scheme.alpha, c0), ""

@@ -694,6 +694,118 @@ class BNLayer:
                             w.reseeder(self) if w.stream else _no_reseed)
 
 
+@dataclass
+class KeptBNConv:
+    params: list
+    saved: dict  # Y{j}, s{j} (and Yp, sp of the projection): the BN outputs and scales
+
+
+def _bn_channels(A: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training-mode batch norm (gamma = 1, beta = 0) of conv outputs [S, N, c, P] per draw and
+    channel over the batch and the positions: (Y, s = sqrt(var + eps))."""
+    mu = A.mean(dim=(1, 3), keepdim=True)
+    s = torch.sqrt(A.var(dim=(1, 3), unbiased=False, keepdim=True) + eps)
+    return (A - mu) / s, s
+
+
+def _bn_channels_backward(dY: torch.Tensor, Y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The vector-Jacobian product of ``_bn_channels`` (``engine._bn_backward`` over (N, P))."""
+    return (dY - dY.mean(dim=(1, 3), keepdim=True) - Y * (dY * Y).mean(dim=(1, 3), keepdim=True)) / s
+
+
+class BNConvUnit:
+    """The batch-normalized WRN's units, in plain floats (``PlainSpace``, as the BN ResNet of De
+    & Smith 2020: batch statistics couple the samples): convs each followed by training-mode BN
+    per channel over the batch and the positions (``Conv.bn``) and their ReLUs -- conv1 (the
+    stem, ``residual`` False: X' = BN(conv X)) or a block X' = S X + F(X), S the identity or
+    BN(1 x 1 strided conv X).  Backward: BN's vector-Jacobian product (the batch mean and the
+    normalised direction projected out, over (N, P)), the conv input gradients, the masks; the
+    gradient renormalised per draw (``_rescale``).  Not ``replayable``: it keeps its BN outputs
+    by reference."""
+
+    replayable = False
+
+    def __init__(self, convs, projection, residual: bool, layer_ids, eps: float = theory.BN_EPS) -> None:
+        self.convs, self.projection, self.residual, self.eps = list(convs), projection, residual, eps
+        self.branch = residual
+        self.ops = [ConvOp(c) for c in self.convs] + ([ConvOp(projection)] if projection is not None else [])
+        self.layer_ids = list(layer_ids)
+        self.slot_ids = [j if j < len(self.convs) else len(self.layer_ids) - 1 for j in range(len(self.ops))]
+        self.weight_count = sum(op.role.fan_in * op.role.fan_out for op in self.ops)
+        self.mask_bytes = 0  # the masks are read from the kept BN outputs
+        self.row_widths = [op.role.fan_out for op in self.ops]
+
+    def _conv(self, op: ConvOp, v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """op's conv of X [S, N, units_in] with the directions v as weights: [S, N, c_out, P]."""
+        p = LayerParams(v=v, g=None, bias=None, scale=torch.ones(v.shape[0], v.shape[1], device=v.device, dtype=v.dtype))
+        st, (S, N) = op.step, X.shape[:2]
+        C, H, W = st.shape_in
+        x = X.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
+        t = torch.nn.functional.conv2d(x, p.v.reshape(S * op.role.fan_out, C, st.kernel, st.kernel), stride=st.stride,
+                                       padding=st.padding, groups=S)
+        return t.reshape(N, S, op.role.fan_out, -1).transpose(0, 1)
+
+    def _forward(self, X, w: Walk, v_outs=None):
+        out, Z, (S, N) = {}, X, X.shape[:2]
+        for j, op in enumerate(self.ops):
+            p = w.sample(op.role, self.slot_ids[j], None if v_outs is None else v_outs[j])
+            Y, sd = _bn_channels(self._conv(op, p.v, X if j == len(self.convs) else Z), self.eps)
+            out.update({f"Y{j}": Y, f"s{j}": sd, f"v{j}": p.v, f"g{j}": p.g, f"bias{j}": p.bias, f"scale{j}": p.scale})
+            if j < len(self.convs):
+                Z = (torch.relu(Y) if op.step.relu else Y).reshape(S, N, -1)
+        if self.residual:
+            skip = X if self.projection is None else out[f"Y{len(self.convs)}"].reshape(S, N, -1)
+            out["branch"] = E._ln_rows(Z) - E._ln_rows(X)
+            out["X"] = skip + Z
+        else:
+            out["X"] = Z
+        return out
+
+    def _backward(self, G, acc, w: Walk, **t):
+        S, N = G.shape[:2]
+
+        def through(j: int, D: torch.Tensor) -> torch.Tensor:
+            """D at op j's output (after its ReLU) back to its input."""
+            op, Y = self.ops[j], t[f"Y{j}"]
+            v = t.get(f"v{j}")
+            if v is None:  # streaming: redraw (the unit's generators were reseeded)
+                v = w.sample(op.role, self.slot_ids[j]).v
+            dY = D.reshape(Y.shape)
+            if j < len(self.convs) and op.step.relu:
+                dY = dY * (Y > 0)
+            dA = _bn_channels_backward(dY, Y, t[f"s{j}"])
+            st = op.step
+            g = dA.transpose(0, 1).reshape(N, S * op.role.fan_out, *st.out_hw())
+            y = torch.nn.grad.conv2d_input((N, S * st.shape_in[0], *st.shape_in[1:]), v.reshape(S * op.role.fan_out, st.shape_in[0],
+                                           st.kernel, st.kernel), g, stride=st.stride, padding=st.padding, groups=S)
+            return y.reshape(N, S, -1).transpose(0, 1)
+
+        z = G
+        for j in range(len(self.convs) - 1, -1, -1):
+            z = through(j, z)
+        if self.residual:
+            z = z + (G if self.projection is None else through(len(self.convs), G))
+        G, acc = _rescale(z, acc)
+        return {"G": G, "acc": acc}
+
+    def forward(self, w: Walk, index: int, state: dict):
+        v_outs = [w.slot(op.role) for op in self.ops] if w.store else None
+        out = w.runner.run(("bn-conv", tuple(op.key(True) for op in self.ops), self.residual), partial(self._forward, w=w),
+                           {"X": state["X"]}, w.reseeder(self), {"v_outs": v_outs})
+        kept = None
+        if w.keep:
+            params = [w.kept_params(out, None if v_outs is None else v_outs[j], str(j)) for j in range(len(self.ops))]
+            kept = KeptBNConv(params, {k: out[k] for k in out if k[0] in "Ys"})
+        return {"X": out["X"]}, out, kept
+
+    def backward(self, w: Walk, index: int, grad: dict, kept: KeptBNConv, below):
+        inputs = {"G": grad["G"], "acc": grad["acc"], **kept.saved}
+        if not w.stream:
+            inputs.update({f"v{j}": p.v for j, p in enumerate(kept.params)})
+        return w.runner.run(("bn-conv-bwd", tuple(op.key(True) for op in self.ops), self.residual), partial(self._backward, w=w),
+                            inputs, w.reseeder(self) if w.stream else _no_reseed)
+
+
 # --------------------------------------------------------------------------------------------
 # plans -> units
 # --------------------------------------------------------------------------------------------
@@ -715,6 +827,9 @@ def compile_plan(steps: Sequence, scheme: InitScheme, blocks=None) -> tuple[list
         if isinstance(s, plans.Linear):
             units.append(DenseLayer(s.role, len(units) + 1))
             i += 2
+        elif isinstance(s, plans.Conv) and s.bn:  # the BN WRN's conv1
+            units.append(BNConvUnit([s], None, residual=False, layer_ids=[len(units) + 1]))
+            i += 2
         elif isinstance(s, plans.Conv):
             units.append(ConvLayer(s, len(units) + 1))
             i += 2
@@ -729,10 +844,13 @@ def compile_plan(steps: Sequence, scheme: InitScheme, blocks=None) -> tuple[list
                 close, inner = steps[j], steps[i + 1:j]
                 residual += 1
                 base = 1 + residual * (len(inner) + 1)  # unit 0 (the stem) is generator 1
-                proj = None if close.projection is None else ConvOp(close.projection)
-                units.append(ResidualBlock([ConvOp(c) for c in inner], [c.relu for c in inner], proj,
-                                           scheme.alpha(close.blocks_in_stage), range(base, base + len(inner) + 1),
-                                           scheme.by_block_index))
+                if inner[0].bn:
+                    units.append(BNConvUnit(inner, close.projection, residual=True, layer_ids=range(base, base + len(inner) + 1)))
+                else:
+                    proj = None if close.projection is None else ConvOp(close.projection)
+                    units.append(ResidualBlock([ConvOp(c) for c in inner], [c.relu for c in inner], proj,
+                                               scheme.alpha(close.blocks_in_stage), range(base, base + len(inner) + 1),
+                                               scheme.by_block_index))
             else:
                 close = steps[j]
                 units.append(ResidualBlock.of_block(next(block_iter), scheme.alpha(close.blocks_in_stage), scheme.by_block_index))
@@ -784,6 +902,8 @@ register(NetKind("resnet", plans.resnet_steps, lambda: [ForwardRatio(), Backward
                  lambda plan, samples, itemsize: E.estimate_resnet_bytes(plan, samples, itemsize, bn=False)))
 register(NetKind("cnn", lambda steps: steps, lambda: [ForwardRatio(), BackwardRatio()], E.estimate_cnn_bytes))
 register(NetKind("wrn", lambda steps: steps, lambda: [ForwardRatio(), BackwardRatio(), BranchRatio()], E.estimate_cnn_bytes))
+register(NetKind("wrn-bn", lambda steps: steps, lambda: [ForwardRatio(), BackwardRatio(), BranchRatio()], E.estimate_bn_conv_bytes,
+                 PlainSpace, lambda name: inits_mod.get("unnormalized-he")))
 register(NetKind("bn-resnet", lambda plan: plans.bn_resnet_steps(plan, theory.BN_EPS),
                  lambda: [ForwardRatio(), BackwardRatio(), BranchRatio(), BNStatistics()],
                  lambda plan, samples, itemsize: E.estimate_resnet_bytes(plan, samples, itemsize, bn=True), PlainSpace,

@@ -409,7 +409,7 @@ def test_wrn_command_reports_every_state_and_stage(capsys, tmp_path):
     assert main(["rerun", str(path), "--format", "json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert [r["layers"][-1]["forward"]["log10_mean"] for r in again["runs"]] == [r["layers"][-1]["forward"]["log10_mean"] for r in doc["runs"]]
-    for bad, field in ((["--preset", "resnet-110", "--blocks", "3"], "--blocks"), (["--norm", "bn"], "batch norm"),
+    for bad, field in ((["--preset", "resnet-110", "--blocks", "3"], "--blocks"), (["--norm", "bn", "--init", "proposed"], "He init"),
                        (["--preset", "resnet-7"], "--preset"), (["--init", "delta"], "--init"), (["--widen", "0"], "--widen")):
         assert main(["wrn", "--device", "cpu"] + bad) == 2, bad
         err = capsys.readouterr().err

@@ -125,3 +125,51 @@ def test_datadep_conv_standardises_each_channel_over_batch_and_positions():
     np.testing.assert_allclose(per_channel.mean(dim=1).numpy(), 0.0, atol=1e-12)
     np.testing.assert_allclose(per_channel.var(dim=1, unbiased=False).numpy(), 1.0, rtol=1e-12)
     assert a.var(dim=0).std() > 0.01  # the positions differ: not a per-position standardisation
+
+
+def _bn(a):
+    return F.batch_norm(a, None, None, training=True, eps=1e-5)
+
+
+def bn_oracle(kept, steps, x, e, s):
+    """The BN WRN by autograd (draw s): every conv followed by training-mode batch norm over the
+    batch and the positions (F.batch_norm, no affine), its ReLU after the BN."""
+    x = x.detach().clone().requires_grad_(True)
+    w = lambda p, st: p.v[s].detach().reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
+    conv = lambda p, st, h: F.conv2d(h, w(p, st), stride=st.stride, padding=st.padding)
+    stem = steps[1]
+    h = _bn(conv(kept[0].params[0], stem, x.reshape(x.shape[0], *stem.shape_in)))
+    h.retain_grad()
+    states = [x, h]
+    blocks = [it for it in plans._blocks(steps[3:]) if isinstance(it, tuple)]
+    for kb, (inner, close) in zip(kept[1:], blocks):
+        z = h
+        for p, st in zip(kb.params, inner):
+            z = _bn(conv(p, st, z))
+            z = torch.relu(z) if st.relu else z
+        skip = h if close.projection is None else _bn(conv(kb.params[-1], close.projection, h))
+        h = skip + z
+        h.retain_grad()
+        states.append(h)
+    h.backward(e.reshape(h.shape))
+    xn, en = x.norm(dim=1), e.norm(dim=1)
+    fwd = torch.stack([t.flatten(1).norm(dim=1) / xn for t in states])
+    bwd = torch.stack([t.grad.flatten(1).norm(dim=1) / en for t in states])
+    return fwd.detach(), bwd.detach()
+
+
+@pytest.mark.parametrize("bottleneck", [False, True])
+@pytest.mark.parametrize("stream", [False, True])
+def test_bn_wrn_walk_matches_autograd(bottleneck, stream):
+    """--norm bn: He convs + batch norm per channel over batch and positions, plain floats with
+    the gradient renormalised per draw, two draws batched, stored or streamed."""
+    steps = plans.wrn_steps((3, 6, 6), 2, bottleneck=bottleneck, bn=True)
+    out = plans.convs(steps)[-1].shape_out
+    x, e = engine.probe_inputs(2, 5, 108, math.prod(out), torch.device("cpu"), torch.float64)
+    kind = walker.NET_KINDS["wrn-bn"]
+    r = kind.walk(steps, kind.scheme("he"), x, e, 3, [0, 1], stream=False)
+    got = kind.walk(steps, kind.scheme("he"), x, e, 3, [0, 1], stream=stream).observed
+    for s in range(2):
+        fwd, bwd = bn_oracle(r.kept, steps, x, e, s)
+        np.testing.assert_allclose(torch.exp(got["fwd"][s]).numpy(), fwd.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(torch.exp(got["bwd"][s]).numpy(), bwd.numpy(), rtol=1e-10)

@@ -168,18 +168,20 @@ def test_wrn_probe_follows_the_energy_map(bottleneck, names):
             assert np.abs(z).max() < 4.0, (name, key, z)
 
 
-def test_datadep_wrn_forward_follows_the_standardised_energy():
-    """The data-dependent init standardises every conv per channel over the batch and the
+def test_datadep_and_bn_wrn_forward_follow_the_standardised_energy():
+    """The data-dependent init (and training-mode BN) standardises every conv per channel over the batch and the
     positions, so a standardised output has E||.||^2 = its units per sample on average:
     conv1 sqrt(16384/3070), then the ResNet law with units for widths (theory.datadep_resnet_ln_forward).
     Measured RMS within 0.02 decades at every state (seen: 0.008)."""
     from sigprop import api, specs
 
-    run = api.probe(specs.WRNSpec(blocks=3, image=(3, 16, 16), inits=("datadep",)), specs.ProbeSpec(samples=32, seeds=2, device="cpu")).runs[0]
-    for rec in run.layers:
-        assert rec.forward.log10_predicted is not None
-        assert abs(rec.forward.log10_rms - rec.forward.log10_predicted) < 0.02, rec.index
-    assert run.layers[1].forward.log10_predicted == pytest.approx(0.5 * math.log10(16 * 256 / (3 * 256 - 2)))
+    for norm, init in (("wn", "datadep"), ("bn", "he")):  # training-mode BN after every conv: the same forward
+        run = api.probe(specs.WRNSpec(blocks=3, image=(3, 16, 16), norm=norm, inits=(init,)),
+                        specs.ProbeSpec(samples=32, seeds=2, device="cpu")).runs[0]
+        for rec in run.layers:
+            assert rec.forward.log10_predicted is not None
+            assert abs(rec.forward.log10_rms - rec.forward.log10_predicted) < 0.02, (norm, rec.index)
+        assert run.layers[1].forward.log10_predicted == pytest.approx(0.5 * math.log10(16 * 256 / (3 * 256 - 2)))
 
 
 @pytest.mark.parametrize("net", ["cnn", "wrn"])
