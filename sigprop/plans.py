@@ -167,7 +167,6 @@ def wrn_steps(image: tuple[int, int, int], blocks: int, widen: int = 1, bottlene
         return tuple(_with(s, bn=True) if isinstance(s, Conv) else
                      (_with(s, projection=_with(s.projection, bn=True)) if isinstance(s, Close) and s.projection is not None else s)
                      for s in wrn_steps(image, blocks, widen, bottleneck, groups))
-    # (without_bn is the converse)
     C = image[0]
     stem_out = WRN_BASE * widen
     stem = Conv(LayerRole(C * 9, stem_out, "linear", taps=9), tuple(image), 3, 1, 1, relu=False)

@@ -737,11 +737,10 @@ class BNConvUnit:
 
     def _conv(self, op: ConvOp, v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         """op's conv of X [S, N, units_in] with the directions v as weights: [S, N, c_out, P]."""
-        p = LayerParams(v=v, g=None, bias=None, scale=torch.ones(v.shape[0], v.shape[1], device=v.device, dtype=v.dtype))
         st, (S, N) = op.step, X.shape[:2]
         C, H, W = st.shape_in
         x = X.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
-        t = torch.nn.functional.conv2d(x, p.v.reshape(S * op.role.fan_out, C, st.kernel, st.kernel), stride=st.stride,
+        t = torch.nn.functional.conv2d(x, v.reshape(S * op.role.fan_out, C, st.kernel, st.kernel), stride=st.stride,
                                        padding=st.padding, groups=S)
         return t.reshape(N, S, op.role.fan_out, -1).transpose(0, 1)
 
