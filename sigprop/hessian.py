@@ -1,0 +1,290 @@
+"""Curvature at initialization (issue 19; Arpit et al. 2019, section 5.3, Table 2): the Hessian
+of a 10-way cross-entropy loss with respect to every trainable parameter of the net at init.
+
+One source of truth for the network: the net is the probe's plan (``walker.NetKind.units``) and
+its weights are the probe's own draw -- the walker runs the plan once on the data and keeps each
+unit's parameters (a data-dependent init is calibrated on that data, as the paper's is on its
+batch) -- and this module only re-expresses those units as a differentiable function of their
+trainable parameters: per WN layer g, v and b (b = 0 at init; Salimans & Kingma 2016, eq. 2),
+per plain layer W and b, per batch-normalized conv its affine gamma = 1, beta = 0, plus a
+10-way linear head after the last state (conv nets: after global average pooling), drawn by the
+same init scheme with gain 1 (role ``linear``).
+
+The curvature: Hessian-vector products by double backward (the gradient's graph is built once
+and reused), the largest-magnitude eigenvalue by power iteration (stopped when the Rayleigh
+quotient moves by less than ``tol`` relatively, or after ``iters``; its residual ||Hv - lv||/|l|
+reported), the top-k by Lanczos (``scipy.sparse.linalg.eigsh`` on the HVP), the trace by
+Hutchinson's estimator with Rademacher probes (mean and standard error).  A non-finite HVP or a
+power iteration that does not converge is reported as ``diverged`` (Table 2's N/A), not raised.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sigprop import engine as E
+from sigprop import inits as inits_mod
+from sigprop import specs, walker
+from sigprop.errors import SigpropError
+from sigprop.inits import LayerRole
+
+CLASSES = 10
+#: the head's generator id: beyond every plan's layer ids
+HEAD_LAYER = 2**40
+STREAM_LABELS, STREAM_POWER = 5, 6
+
+
+@dataclass
+class Model:
+    """The probe's net at init as a differentiable function: ``params`` (name -> leaf tensor,
+    one draw) and ``loss(params, x, y)``."""
+
+    units: list
+    params: dict
+    conv: bool
+    loss: Callable = field(repr=False)
+
+    @property
+    def size(self) -> int:
+        return sum(p.numel() for p in self.params.values())
+
+
+def _weight(p: dict, key: str) -> torch.Tensor:
+    """A layer's effective weight: g v/||v|| (WN, Salimans & Kingma 2016, eq. 2) or W."""
+    v = p[f"{key}.v"]
+    g = p.get(f"{key}.g")
+    return v if g is None else g.unsqueeze(1) * v / torch.linalg.vector_norm(v, dim=1, keepdim=True)
+
+
+def _apply(op, p: dict, key: str, h: torch.Tensor) -> torch.Tensor:
+    """One layer (``walker.DenseOp``/``ConvOp``) on rows h [N, units_in] -> [N, units_out]."""
+    w, b = _weight(p, key), p[f"{key}.b"]
+    if isinstance(op, walker.ConvOp):
+        st = op.step
+        w = w.reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
+        return F.conv2d(h.reshape(h.shape[0], *st.shape_in), w, b, stride=st.stride, padding=st.padding).flatten(1)
+    return h @ w.T + b
+
+
+def _bn_conv(op, p: dict, key: str, h: torch.Tensor) -> torch.Tensor:
+    st = op.step
+    w = p[f"{key}.v"].reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
+    a = F.conv2d(h.reshape(h.shape[0], *st.shape_in), w, stride=st.stride, padding=st.padding)
+    return F.batch_norm(a, None, None, p[f"{key}.gamma"], p[f"{key}.beta"], training=True, eps=1e-5).flatten(1)
+
+
+def _take(params: dict, key: str, lp, normalized: bool) -> None:
+    params[f"{key}.v"] = lp.v[0].detach().clone()
+    if normalized and lp.g is not None:
+        params[f"{key}.g"] = lp.g[0].detach().clone()
+    params[f"{key}.b"] = (lp.bias[0] if lp.bias is not None else torch.zeros_like(lp.v[0, :, 0])).detach().clone()
+
+
+def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int) -> Model:
+    """The net of ``kind_name`` (a ``walker.NET_KINDS`` name) on its plan ``net`` under ``scheme``,
+    draw ``draw``: the walker draws (and, for a data-dependent init, calibrates on x) the weights
+    exactly as the probe does; the head is drawn from its own generator."""
+    kind = walker.NET_KINDS[kind_name]
+    units, record_input = kind.units(net, scheme)
+    if any(isinstance(u, walker.BNLayer) for u in units):
+        raise SigpropError("the curvature of the batch-normalized ResNet is not built yet", field="norm")
+    with torch.no_grad():  # a walk with an error vector keeps its weights (its ratios are not observed)
+        e = torch.ones(x.shape[0], _out_units(units), device=x.device, dtype=x.dtype)
+        kept = walker.walk(units, scheme, x, e, seed, [draw], [], record_input, space=kind.space()).kept
+    params: dict[str, torch.Tensor] = {}
+    for i, (u, k) in enumerate(zip(units, kept)):
+        if isinstance(u, walker.BNConvUnit):
+            for j, op in enumerate(u.ops):
+                params[f"{i}.{j}.v"] = k.params[j].v[0].detach().clone()
+                params[f"{i}.{j}.gamma"] = torch.ones(op.role.fan_out, device=x.device, dtype=x.dtype)
+                params[f"{i}.{j}.beta"] = torch.zeros(op.role.fan_out, device=x.device, dtype=x.dtype)
+        elif isinstance(u, walker.ResidualBlock):
+            layers = k.params.branch + ([k.params.projection] if k.params.projection is not None else [])
+            for j, lp in enumerate(layers):
+                _take(params, f"{i}.{j}", lp, scheme.normalized)
+        else:
+            _take(params, f"{i}", k.params, scheme.normalized)
+    conv = isinstance(units[0], (walker.ConvLayer, walker.BNConvUnit)) or isinstance(getattr(units[0], "op", None), walker.ConvOp)
+    last = _last_shape(units)
+    features = last[0] if conv else _out_units(units)
+    params.update(_head(scheme, LayerRole(features, CLASSES, "linear"), seed, draw, x.device, x.dtype))
+
+    def forward(p: dict, xb: torch.Tensor) -> torch.Tensor:
+        h = xb
+        for i, u in enumerate(units):
+            if isinstance(u, walker.BNConvUnit):
+                z = h
+                for j, op in enumerate(u.ops[:len(u.convs)]):
+                    z = _bn_conv(op, p, f"{i}.{j}", z)
+                    z = torch.relu(z) if op.step.relu else z
+                if u.residual:
+                    h = (h if u.projection is None else _bn_conv(u.ops[-1], p, f"{i}.{len(u.convs)}", h)) + z
+                else:
+                    h = z
+            elif isinstance(u, walker.ResidualBlock):
+                z = h
+                for j in range(u.k):
+                    z = _apply(u.ops[j], p, f"{i}.{j}", z)
+                    z = torch.relu(z) if u.relus[j] else z
+                h = (h if not u.has_projection else _apply(u.ops[u.k], p, f"{i}.{u.k}", h)) + u.alpha * z
+            else:
+                h = _apply(u.op, p, f"{i}", h)
+                h = torch.relu(h) if u.relu else h
+        if conv:
+            h = h.reshape(h.shape[0], last[0], -1).mean(dim=-1)  # global average pooling
+        return h @ _weight(p, "head").T + p["head.b"]
+
+    def loss(p: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(forward(p, xb), yb)
+
+    if scheme.calibrate is not None:  # the data-dependent head: standardised on the data's features
+        with torch.no_grad():
+            feats = _features(forward, params, x)
+            v = params["head.v"]
+            t = feats @ v.T / torch.linalg.vector_norm(v, dim=1)
+            cal = scheme.calibrate(inits_mod.LayerParams(v=v, g=params["head.g"], bias=params["head.b"], scale=None), t)
+            params["head.g"], params["head.b"] = cal.g, cal.bias
+    return Model(units, params, conv, loss)
+
+
+def _features(forward, params, x):
+    """The head's input: the net's output before its last linear map (recomputed without the head)."""
+    saved_v, saved_g, saved_b = params["head.v"], params.get("head.g"), params["head.b"]
+    n = saved_v.shape[1]
+    eye = {**params, "head.v": torch.eye(n, device=x.device, dtype=x.dtype), "head.b": torch.zeros(n, device=x.device, dtype=x.dtype)}
+    eye.pop("head.g", None)
+    out = forward(eye, x)
+    params["head.v"], params["head.b"] = saved_v, saved_b
+    if saved_g is not None:
+        params["head.g"] = saved_g
+    return out
+
+
+def _head(scheme, role: LayerRole, seed: int, draw: int, device, dtype) -> dict:
+    gen = E.layer_generator(seed, draw, HEAD_LAYER, device)
+    lp = scheme.sample(role, gen, device, dtype)
+    out = {"head.v": lp.v.detach().clone(),
+           "head.b": (lp.bias if lp.bias is not None else torch.zeros(role.fan_out, device=device, dtype=dtype)).detach().clone()}
+    if scheme.normalized and lp.g is not None:
+        out["head.g"] = lp.g.detach().clone()
+    return out
+
+
+def _out_units(units) -> int:
+    u = units[-1]
+    if isinstance(u, walker.BNConvUnit):
+        return u.ops[len(u.convs) - 1].units_out
+    if isinstance(u, walker.ResidualBlock):
+        return u.ops[u.k - 1].units_out
+    return u.op.units_out
+
+
+def _last_shape(units):
+    u = units[-1]
+    op = u.ops[len(u.convs) - 1] if isinstance(u, walker.BNConvUnit) else (u.ops[u.k - 1] if isinstance(u, walker.ResidualBlock) else u.op)
+    return op.step.shape_out if isinstance(op, walker.ConvOp) else (op.units_out,)
+
+
+# --------------------------------------------------------------------------------------------
+# Hessian-vector products and the estimators
+# --------------------------------------------------------------------------------------------
+class HVP:
+    """v -> H v for the loss at the model's parameters, flat vectors [P]: the gradient's graph is
+    built once (create_graph) and each product is one more backward through it."""
+
+    def __init__(self, model: Model, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.names = list(model.params)
+        self.leaves = [model.params[n].detach().clone().requires_grad_(True) for n in self.names]
+        self.shapes = [t.shape for t in self.leaves]
+        loss = model.loss(dict(zip(self.names, self.leaves)), x, y)
+        self.loss = float(loss.detach())
+        self.grads = torch.autograd.grad(loss, self.leaves, create_graph=True)
+        self.size = sum(t.numel() for t in self.leaves)
+        self.calls = 0
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        parts, k = [], 0
+        for sh in self.shapes:
+            n = math.prod(sh)
+            parts.append(v[k:k + n].reshape(sh))
+            k += n
+        hv = torch.autograd.grad(self.grads, self.leaves, grad_outputs=parts, retain_graph=True, allow_unused=True)
+        return torch.cat([(torch.zeros(math.prod(sh), device=v.device, dtype=v.dtype) if h is None else h.reshape(-1))
+                          for h, sh in zip(hv, self.shapes)])
+
+    def dense(self) -> torch.Tensor:
+        """The whole Hessian [P, P] (tests and tiny nets only)."""
+        eye = torch.eye(self.size, dtype=self.leaves[0].dtype, device=self.leaves[0].device)
+        return torch.stack([self(eye[i]) for i in range(self.size)])
+
+
+@dataclass
+class PowerResult:
+    eigenvalue: float | None
+    iterations: int
+    residual: float | None
+    status: str  # "converged", "not converged" or "diverged"
+
+
+def power_iteration(hvp: HVP, gen: torch.Generator, iters: int = 100, tol: float = 1e-3) -> PowerResult:
+    """The largest-magnitude eigenvalue of H: v <- H v/||H v|| from a Gaussian start, the Rayleigh
+    quotient l = v.H v; stops when l moves by less than ``tol`` |l| (converged) or after
+    ``iters`` (not converged: still reported, with its residual ||H v - l v||/|l|); a
+    non-finite product is ``diverged``."""
+    dev, dtype = hvp.leaves[0].device, hvp.leaves[0].dtype
+    v = torch.randn(hvp.size, generator=gen, device=gen.device, dtype=torch.float64).to(device=dev, dtype=dtype)
+    v = v / torch.linalg.vector_norm(v)
+    lam_old = None
+    for it in range(1, iters + 1):
+        hv = hvp(v)
+        if not bool(torch.isfinite(hv).all()):
+            return PowerResult(None, it, None, "diverged")
+        lam = float(torch.dot(v, hv))
+        norm = float(torch.linalg.vector_norm(hv))
+        residual = float(torch.linalg.vector_norm(hv - lam * v)) / abs(lam) if lam != 0 else math.inf
+        if norm == 0.0:
+            return PowerResult(0.0, it, 0.0, "converged")
+        if lam_old is not None and abs(lam - lam_old) <= tol * abs(lam):
+            return PowerResult(lam, it, residual, "converged")
+        lam_old, v = lam, hv / norm
+    return PowerResult(lam, iters, residual, "not converged")
+
+
+def lanczos_top(hvp: HVP, k: int, tol: float = 1e-4, seed: int = 0) -> list[float]:
+    """The k largest-magnitude eigenvalues by implicitly restarted Lanczos (ARPACK through
+    ``scipy.sparse.linalg.eigsh``) on the HVP, in decreasing magnitude."""
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    dev, dtype = hvp.leaves[0].device, hvp.leaves[0].dtype
+    op = LinearOperator((hvp.size, hvp.size), dtype=np.float64,
+                        matvec=lambda v: hvp(torch.as_tensor(np.ravel(v), device=dev, dtype=dtype)).detach().cpu().double().numpy())
+    v0 = np.random.default_rng(seed).standard_normal(hvp.size)
+    vals = eigsh(op, k=min(k, hvp.size - 1), which="LM", tol=tol, v0=v0, return_eigenvectors=False)
+    return sorted((float(v) for v in vals), key=abs, reverse=True)
+
+
+def hutchinson_trace(hvp: HVP, probes: int, gen: torch.Generator) -> tuple[float, float]:
+    """tr H ~ mean of z.H z over Rademacher z (Hutchinson 1989): (estimate, standard error)."""
+    dev, dtype = hvp.leaves[0].device, hvp.leaves[0].dtype
+    vals = []
+    for _ in range(probes):
+        z = (torch.randint(0, 2, (hvp.size,), generator=gen, device=gen.device) * 2 - 1).to(device=dev, dtype=dtype)
+        vals.append(float(torch.dot(z, hvp(z))))
+    arr = np.array(vals)
+    return float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(probes)) if probes > 1 else math.nan
+
+
+def data(seed: int, samples: int, shape, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic data: x ~ N(0, I) (the probe's inputs, ``engine.probe_inputs``) and labels
+    uniform over the 10 classes from their own stream."""
+    x, _ = E.probe_inputs(seed, samples, math.prod(shape), 1, device, dtype)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(specs.derive_seed(seed, STREAM_LABELS))
+    return x, torch.randint(0, CLASSES, (samples,), generator=gen, device=device)
