@@ -9,9 +9,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
-from sigprop import __version__, engine, inits, specs, stats, theory
+from sigprop import __version__, engine, inits, plans, specs, stats, theory
 from sigprop.results import CheckOutcome, CheckReport, ProbeResult, probe_config
 
 
@@ -207,3 +208,107 @@ def rerun(doc: dict, progress: engine.ProgressFn | None = None, on_start=None) -
         return probe(spec, probe_spec, progress=progress, on_start=on_start, gate=gate)
     finally:
         torch.set_num_threads(saved)
+
+
+def _curvature_net(spec, seed: int):
+    """(net kind, plan, init names, input shape) of a probe spec for ``hessian``."""
+    if isinstance(spec, specs.MLPSpec):
+        return "mlp", spec.widths(seed), list(spec.inits), (spec.input_dim,)
+    if isinstance(spec, specs.ResNetSpec):
+        if spec.norm == "bn":
+            from sigprop.errors import SigpropError
+
+            raise SigpropError("the curvature of the batch-normalized ResNet is not built yet (the BN WRN's is: sigprop hessian wrn --norm bn)",
+                               field="norm")
+        return "resnet", spec.plan(seed), list(spec.resolved_inits()), (spec.dim,)
+    if isinstance(spec, specs.CNNSpec):
+        return "cnn", spec.steps(), list(spec.inits), tuple(spec.image)
+    return ("wrn-bn" if spec.norm == "bn" else "wrn"), spec.steps(), list(spec.resolved_inits()), tuple(spec.image)
+
+
+def _hessian_data(hs: specs.HessianSpec, shape, device, dtype):
+    """(x [N, prod(shape)], y [N]): synthetic, or the user's file (``x`` of that shape per
+    sample, integer labels ``y`` in [0, 10))."""
+    import numpy as np
+    import torch
+
+    from sigprop import hessian as H
+    from sigprop.errors import SigpropError
+
+    if hs.data is None:
+        return H.data(hs.seed, hs.samples, shape, device, dtype)
+    path = str(hs.data)
+    try:
+        if path.endswith(".npz"):
+            with np.load(path) as f:
+                x, y = torch.as_tensor(f["x"]), torch.as_tensor(f["y"])
+        else:
+            d = torch.load(path, map_location="cpu", weights_only=True)
+            x, y = torch.as_tensor(d["x"]), torch.as_tensor(d["y"])
+    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
+        raise SigpropError(f"cannot read x and y from {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                           field="data") from None
+    if x.ndim < 2 or math.prod(x.shape[1:]) != math.prod(shape) or y.shape != (x.shape[0],):
+        raise SigpropError(f"{path}: x must be [N, {'x'.join(map(str, shape))}] and y [N], got {list(x.shape)} and {list(y.shape)}", field="data")
+    if y.dtype.is_floating_point or int(y.min()) < 0 or int(y.max()) >= H.CLASSES:
+        raise SigpropError(f"{path}: y must hold integer labels in [0, {H.CLASSES})", field="data")
+    return x.reshape(x.shape[0], -1).to(device=device, dtype=dtype), y.to(device=device, dtype=torch.long)
+
+
+def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
+    """The curvature at init of every init of ``spec`` (any probe spec but the BN ResNet): per
+    weight draw the largest-magnitude Hessian eigenvalue (power iteration), the top-k (Lanczos)
+    and the trace (Hutchinson) as ``hs`` asks; a ``results.HessianResult``."""
+    import time
+
+    import torch
+
+    from sigprop import hessian as H
+    from sigprop import walker
+    from sigprop.results import CurvatureDraw, CurvatureRun, HessianResult
+
+    device = engine.resolve_device(hs.device)
+    dtype = engine.DTYPES[hs.dtype]
+    kind_name, net, names, shape = _curvature_net(spec, hs.seed)
+    x, y = _hessian_data(hs, shape, device, dtype)
+    kind = walker.NET_KINDS[kind_name]
+    # double backward keeps every activation and its graph: ~8 copies of the units of one pass, and the parameters
+    if kind_name == "mlp":
+        units = list(net)
+    elif kind_name == "resnet":
+        units = [net.dim] + [w for b in net.blocks for w in b.widths[1:]]
+    else:
+        units = [math.prod(shape)] + [math.prod(st.shape_out) for st in plans.convs(net)]
+    itemsize = torch.finfo(dtype).bits // 8
+    engine.check_memory(8 * x.shape[0] * sum(units) * itemsize, device, "samples")
+    env = {"torch": torch.__version__, "device": str(device), "device_name": engine.device_name(device), "dtype": hs.dtype,
+           "threads": torch.get_num_threads()}
+    if on_start is not None:
+        on_start(env)
+    runs = []
+    total, done = len(names) * hs.seeds, 0
+    for name in names:
+        scheme = kind.scheme(name)
+        draws = []
+        for draw in range(hs.seeds):
+            t0 = time.perf_counter()
+            m = H.build(kind_name, net, scheme, x, hs.seed, draw)
+            h = H.HVP(m, x, y)
+            gen = torch.Generator(device=device)
+            gen.manual_seed(specs.derive_seed(hs.seed, H.STREAM_POWER, draw))
+            if not math.isfinite(h.loss):
+                d = CurvatureDraw(draw, None, 0, None, "diverged", loss=h.loss, parameters=h.size)
+            else:
+                pr = H.power_iteration(h, gen, hs.iters, hs.tol)
+                top = H.lanczos_top(h, hs.top, seed=draw) if hs.top and pr.status != "diverged" else []
+                tr, se = H.hutchinson_trace(h, hs.trace, gen) if hs.trace and pr.status != "diverged" else (None, None)
+                d = CurvatureDraw(draw, pr.eigenvalue, pr.iterations, pr.residual, pr.status, top, tr, se, h.loss, h.size)
+            d.seconds = time.perf_counter() - t0
+            draws.append(d)
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{name}: draw {draw}")
+        description = "He convs + batch norm" if kind_name == "wrn-bn" else scheme.description
+        runs.append(CurvatureRun(name, description, draws))
+    config = {"command": {"wrn-bn": "wrn"}.get(kind_name, kind_name), **spec.to_dict(), **hs.__dict__}
+    return HessianResult(config["command"], config, {"sigprop": __version__, **env}, runs)

@@ -4,6 +4,7 @@ decides the keys of ``sigprop.result.v1`` and ``sigprop.theory.v1``.  Plain data
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -578,3 +579,75 @@ def sweep_row(config: dict[str, Any], init: str, result: "ProbeResult", seconds:
         "seconds": round(seconds, 3),
         "environment": result.environment,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# the curvature at init (``sigprop hessian``, issue 19)
+# --------------------------------------------------------------------------------------------
+HESSIAN_SCHEMA = "sigprop.hessian.v1"
+
+
+@dataclass
+class CurvatureDraw:
+    """One weight draw: the power iteration's eigenvalue of largest magnitude (None: diverged),
+    its iterations, residual ||Hv - lv||/|l| and status, Lanczos' top eigenvalues, Hutchinson's
+    trace and standard error, the loss at init and the parameter count."""
+
+    draw: int
+    eigenvalue: float | None
+    iterations: int
+    residual: float | None
+    status: str
+    top: list = field(default_factory=list)
+    trace: float | None = None
+    trace_se: float | None = None
+    loss: float | None = None
+    parameters: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        f = lambda v: None if v is None or not math.isfinite(v) else v
+        return {"draw": self.draw, "eigenvalue": f(self.eigenvalue),
+                "log10_spectral_norm": None if not self.eigenvalue else math.log10(abs(self.eigenvalue)),
+                "iterations": self.iterations, "residual": f(self.residual), "status": self.status, "top": [f(v) for v in self.top],
+                "trace": f(self.trace), "trace_se": f(self.trace_se), "loss": f(self.loss), "parameters": self.parameters,
+                "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class CurvatureRun:
+    init: str
+    description: str
+    draws: list[CurvatureDraw]
+
+    @property
+    def log10_norms(self) -> list[float]:
+        return [math.log10(abs(d.eigenvalue)) for d in self.draws if d.status != "diverged" and d.eigenvalue]
+
+    @property
+    def diverged(self) -> bool:
+        return not self.log10_norms
+
+    def summary(self) -> tuple[float | None, float | None]:
+        """log10 spectral norm: mean and sd over the draws that did not diverge (Table 2's form)."""
+        v = self.log10_norms
+        if not v:
+            return None, None
+        return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        m, sd = self.summary()
+        return {"init": self.init, "description": self.description, "log10_spectral_norm_mean": m, "log10_spectral_norm_std": sd,
+                "diverged": self.diverged, "draws": [d.to_dict() for d in self.draws]}
+
+
+@dataclass
+class HessianResult:
+    command: str
+    config: dict
+    environment: dict
+    runs: list[CurvatureRun]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": HESSIAN_SCHEMA, "command": self.command, "config": self.config, "environment": self.environment,
+                "runs": [r.to_dict() for r in self.runs]}

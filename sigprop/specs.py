@@ -366,6 +366,37 @@ class WRNSpec:
                 "norm": self.norm, "preset": self.preset, "inits": list(self.resolved_inits())}
 
 
+@dataclass(frozen=True)
+class HessianSpec:
+    """How to measure the curvature at init (``sigprop hessian``, Arpit et al. 2019, section 5.3):
+    ``samples`` synthetic inputs x ~ N(0, I) with uniform labels over 10 classes (or the user's
+    ``data``: a .pt or .npz file with ``x`` and ``y``), ``seeds`` weight draws, the power
+    iteration's ``iters`` and relative ``tol``, ``top`` eigenvalues by Lanczos (0: none),
+    ``trace`` Hutchinson probes (0: none)."""
+
+    samples: int = 512
+    seed: int = 0
+    seeds: int = 3
+    device: str = "auto"
+    dtype: str = "float32"
+    iters: int = 100
+    tol: float = 1e-3
+    top: int = 0
+    trace: int = 0
+    data: str | None = None
+
+    def __post_init__(self) -> None:
+        ProbeSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype)  # same checks
+        check_size(self.iters, "iters")
+        if not (isinstance(self.tol, (int, float)) and 0 < self.tol < 1):
+            raise SigpropError(f"must be in (0, 1), got {self.tol!r}", field="tol")
+        for field_, v in (("top", self.top), ("trace", self.trace)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise SigpropError(f"must be an integer >= 0, got {v!r}", field=field_)
+        if self.trace == 1:
+            raise SigpropError("Hutchinson's standard error needs >= 2 probes", field="trace")
+
+
 NORMS = ("wn", "bn", "none")
 #: Figure 1 (bottom) of Arpit et al. 2019, appendix A.2: the three schemes compared there
 RESNET_DEFAULT_INITS = ("he", "proposed", "proposed-gaussian")

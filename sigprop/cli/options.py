@@ -168,6 +168,68 @@ PROBE_OPTIONS = (
 )
 
 
+@dataclass(frozen=True)
+class HessianOptions:
+    """The options of every ``sigprop hessian NET`` command, handed to it as one object (the
+    net's own options are the probe command's)."""
+
+    samples: int
+    seed: int
+    seeds: int
+    device: str
+    dtype: DType
+    fmt: Format
+    output: Optional[Path]
+    iters: int
+    tol: float
+    top: int
+    trace: int
+    data: Optional[Path]
+    threads: Optional[int]
+
+    def hessian_spec(self) -> specs.HessianSpec:
+        return specs.HessianSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype.value,
+                                 iters=self.iters, tol=self.tol, top=self.top, trace=self.trace,
+                                 data=None if self.data is None else str(self.data))
+
+
+HESSIAN_OPTIONS = (
+    ("samples", Annotated[int, typer.Option(min=1, help="Data points N (synthetic: x ~ N(0, I), labels uniform over 10 classes).")], 512),
+    ("seed", SeedOpt, 0), ("seeds", Annotated[int, typer.Option(min=1, help="Weight draws; the table gives mean ± sd over them.")], 3),
+    ("device", DeviceOpt, "auto"), ("dtype", DTypeOpt, DType.float32),
+    ("fmt", Annotated[Format, typer.Option("--format", help="Output format (table or json).")], Format.table), ("output", OutputOpt, None),
+    ("iters", Annotated[int, typer.Option(min=1, help="Power iterations at most.")], 100),
+    ("tol", Annotated[float, typer.Option(help="Stop when the Rayleigh quotient moves by less than this, relatively.")], 1e-3),
+    ("top", Annotated[int, typer.Option(min=0, help="Also the K largest-magnitude eigenvalues by Lanczos (0: no).")], 0),
+    ("trace", Annotated[int, typer.Option(min=0, help="Also the trace by Hutchinson's estimator with M Rademacher probes (0: no).")], 0),
+    ("data", Annotated[Optional[Path], typer.Option(help="Your data instead of synthetic: a .pt or .npz with x [N, ...] and integer labels y [N] in 0..9.")], None),
+    ("threads", ThreadsOpt, None),
+)
+
+
+def with_options(command, table, cls, defaults: dict | None = None):
+    """``command``'s own parameters, then the shared ones of ``table`` (typer reads
+    ``__signature__``); called with the shared ones gathered into ``opts: cls``."""
+    defaults = defaults or {}
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "opts"]
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(name, default), annotation=option)
+              for name, option, default in table]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        opts = cls(**{name: kwargs.pop(name) for name, _, _ in table})
+        return command(**kwargs, opts=opts)
+
+    wrapper.__signature__ = inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + shared)
+    wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
+    return wrapper
+
+
+def hessian_options(command):
+    """The ``sigprop hessian NET`` form of a probe command (``with_options`` over ``HESSIAN_OPTIONS``)."""
+    return with_options(getattr(command, "__wrapped__", command), HESSIAN_OPTIONS, HessianOptions)
+
+
 def probe_options(command=None, **defaults):
     """Give a probe command (``mlp``, ``resnet``) the shared options: its signature gains the
     ``PROBE_OPTIONS`` parameters (typer reads ``__signature__``), and it is called with them
@@ -175,15 +237,4 @@ def probe_options(command=None, **defaults):
     ``@probe_options(samples=100)`` it gives that command its own defaults."""
     if command is None:
         return functools.partial(probe_options, **defaults)
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "opts"]
-    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(name, default), annotation=option)
-              for name, option, default in PROBE_OPTIONS]
-
-    @functools.wraps(command)
-    def wrapper(**kwargs):
-        opts = ProbeOptions(**{name: kwargs.pop(name) for name, _, _ in PROBE_OPTIONS})
-        return command(**kwargs, opts=opts)
-
-    wrapper.__signature__ = inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + shared)
-    wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
-    return wrapper
+    return with_options(command, PROBE_OPTIONS, ProbeOptions, defaults)

@@ -10,9 +10,9 @@ import typer
 from sigprop import report, specs
 from sigprop.errors import SigpropError
 from sigprop.cli._app import app
-from sigprop.cli.options import (FIGURE1_INITS, CNNInitName, InitName, Norm, ProbeOptions, ResNetInitName, WRNInitName, WRNPreset,
-                                 probe_options)
-from sigprop.cli.output import _check_output_target, _progress_callback, _say, render
+from sigprop.cli.options import (FIGURE1_INITS, CNNInitName, Format, HessianOptions, InitName, Norm, ProbeOptions, ResNetInitName,
+                                 WRNInitName, WRNPreset, hessian_options, probe_options)
+from sigprop.cli.output import _check_output_target, _progress_callback, _say, render, render_rich, write_output
 
 
 @app.command()
@@ -34,7 +34,10 @@ def mlp(
 
 
 def _run_probe(spec, opts: ProbeOptions, banner) -> None:
-    """Validate the output targets, run the core with a progress bar, render, plot, apply --check."""
+    """Validate the output targets, run the core with a progress bar, render, plot, apply --check
+    (a ``sigprop hessian NET`` command: ``_run_hessian``)."""
+    if isinstance(opts, HessianOptions):
+        return _run_hessian(spec, opts, banner)
     probe, gate, plot = opts.probe_spec(), opts.gate_spec(), opts.plot
     _check_output_target(opts.output)
     if plot is not None:
@@ -154,3 +157,38 @@ def wrn(
     _run_probe(spec, opts, lambda env: f"sigprop wrn: device {env['device']} ({env['device_name']}), {env['dtype']}, {kind} "
                f"({'bottleneck' if spec.bottleneck else 'basic'} blocks, {layers} conv layers), image {image}, norm {norm.value} "
                f"(seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")
+
+
+def _run_hessian(spec, opts: HessianOptions, banner) -> None:
+    """``sigprop hessian NET``: validate, measure the curvature with a progress bar, render."""
+    hs = opts.hessian_spec()
+    _check_output_target(opts.output)
+    if opts.fmt is Format.csv:
+        raise SigpropError("sigprop hessian writes table or json", field="fmt")
+    if opts.data is not None and not opts.data.is_file():
+        raise SigpropError(f"no such file: {opts.data}", field="data")
+    from sigprop import api  # imports torch
+
+    api.set_threads(opts.threads)
+    prog, update = _progress_callback("hessian")
+    if prog is not None:
+        prog.start()
+    try:
+        result = api.hessian(spec, hs, progress=update, on_start=lambda env: _say(banner(env).replace("sigprop ", "sigprop hessian ", 1)))
+    finally:
+        if prog is not None:
+            prog.stop()
+    if opts.fmt is Format.json:
+        write_output(report.to_json(result), opts.output)
+    else:
+        render_rich(lambda console: report.render_hessian(result, console), opts.output)
+
+
+hessian_app = typer.Typer(help="The curvature at init: the largest-magnitude eigenvalue of the loss Hessian (power iteration), "
+                               "and on request its top-k (Lanczos) and trace (Hutchinson), per init (Arpit et al. 2019, section 5.3, Table 2).",
+                          no_args_is_help=True)
+app.add_typer(hessian_app, name="hessian")
+for _cmd in (mlp, resnet, cnn, wrn):
+    hessian_app.command(_cmd.__name__, help=f"Curvature at init of the net of `sigprop {_cmd.__name__}` (same net options), "
+                                            "with a 10-way linear head and cross-entropy; per init, mean ± sd over --seeds draws.")(
+        hessian_options(_cmd))

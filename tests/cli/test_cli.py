@@ -414,3 +414,39 @@ def test_wrn_command_reports_every_state_and_stage(capsys, tmp_path):
         assert main(["wrn", "--device", "cpu"] + bad) == 2, bad
         err = capsys.readouterr().err
         assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_hessian_command(capsys, tmp_path):
+    """sigprop hessian NET: the net's own options, the curvature per init and draw, JSON
+    (sigprop.hessian.v1), the user's data, one-line refusals."""
+    import json
+
+    import numpy as np
+
+    from sigprop.cli import main
+
+    args = ["hessian", "mlp", "--depth", "3", "--width", "8", "--input-dim", "6", "--samples", "16", "--seeds", "2", "--device", "cpu",
+            "--init", "proposed", "--init", "datadep", "--top", "2", "--trace", "3"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "log10 spectral norm" in out and "lowest to highest curvature" in out
+    assert main(args + ["--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "sigprop.hessian.v1" and doc["command"] == "mlp" and [r["init"] for r in doc["runs"]] == ["proposed", "datadep"]
+    d = doc["runs"][0]["draws"][0]
+    assert d["status"] in ("converged", "not converged") and len(d["top"]) == 2 and d["trace_se"] is not None
+    assert d["parameters"] == 3 * (8 + 8) + 6 * 8 + 8 * 8 * 2 + (10 + 10 + 8 * 10)  # g, b, v per layer; the head's g, b, v
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.random.default_rng(0).standard_normal((12, 6)).astype(np.float32), y=np.arange(12) % 10)
+    assert main(["hessian", "mlp", "--depth", "2", "--width", "8", "--input-dim", "6", "--seeds", "1", "--device", "cpu", "--init", "proposed",
+                 "--data", str(data), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["data"] == str(data)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.zeros((12, 5)), y=np.zeros(12, dtype=int))
+    for argv, field in ((["hessian", "mlp", "--input-dim", "6", "--data", str(bad)], "--data"),
+                        (["hessian", "mlp", "--format", "csv"], "--format"),
+                        (["hessian", "resnet", "--norm", "bn"], "--norm"),
+                        (["hessian", "mlp", "--trace", "1"], "--trace")):
+        assert main(argv + ["--device", "cpu"]) == 2, argv
+        err = capsys.readouterr().err
+        assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -55,6 +55,11 @@ COMMANDS = {
             "--image": st.sampled_from(["3x8x8", "3x4x4", "0x4x4", "3x8", ""]), "--bottleneck": st.just(""), "--basic": st.just(""),
             "--preset": st.sampled_from(["resnet-56", "wrn-40-10", "resnet-7", ""]), "--norm": st.sampled_from(["wn", "bn", "none", "x"]),
             "--init": st.sampled_from(["proposed", "he", "skipinit", "datadep", "delta-orthogonal", "nope"]), **COMMON},
+    "hessian": {"--samples": st.sampled_from(["4", "0", "x"]), "--seeds": st.sampled_from(["1", "0"]), "--iters": st.sampled_from(["2", "0"]),
+                "--tol": st.sampled_from(["0.1", "0", "2", "x"]), "--top": st.sampled_from(["0", "2", "-1"]),
+                "--trace": st.sampled_from(["0", "1", "2"]), "--data": st.sampled_from(["FILE", "missing.npz"]),
+                "--depth": st.sampled_from(["2", "0"]), "--width": st.sampled_from(["4", "0"]), "--blocks": st.sampled_from(["1", "0"]),
+                "--format": st.sampled_from(["table", "json", "csv"]), "--init": st.sampled_from(["proposed", "he", "datadep", "nope"])},
     "theory": {"--n": st.sampled_from(["2", "1", "1000000000000", "0", "x"]), "--blocks": INT,
                "--format": st.sampled_from(["table", "json", "csv"])},
     "inits": {},
@@ -108,6 +113,12 @@ def argv(draw):
         args.append(draw(st.sampled_from(["mlp", "resnet", "cnn", "wrn", ""])))
     if cmd == "wrn":  # small maps unless the draw sets --image again (the last one counts): the default net is 4 inits x 100 samples
         args += ["--image", "3x8x8"]
+    if cmd == "hessian":  # a net and small defaults (later draws may override them)
+        args += [draw(st.sampled_from(["mlp", "resnet", "cnn", "wrn", "", "nope"])), "--samples", "4", "--seeds", "1", "--iters", "3"]
+        if args[1] in ("cnn", "wrn"):
+            args += ["--image", "3x4x4"] + (["--channels", "2", "--depth", "2"] if args[1] == "cnn" else ["--blocks", "1"])
+        elif args[1] in ("mlp", "resnet"):
+            args += ["--width", "4"] + (["--depth", "2", "--input-dim", "4"] if args[1] == "mlp" else ["--blocks", "1", "--dim", "4"])
     if cmd in ("plot", "rerun", "check"):
         args.append(draw(st.sampled_from(["FILE", "missing.txt", "", "∂"])))
     for _ in range(draw(st.integers(0, 5))):
