@@ -126,8 +126,8 @@ class CheckFormat(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class ProbeOptions:
-    """The options every probe command takes, handed to the command as one object."""
+class RunOptions:
+    """What a probe command and its ``sigprop hessian`` form both take."""
 
     samples: int
     seed: int
@@ -136,13 +136,19 @@ class ProbeOptions:
     dtype: DType
     fmt: Format
     output: Optional[Path]
+    threads: Optional[int]
+
+
+@dataclass(frozen=True)
+class ProbeOptions(RunOptions):
+    """The options every probe command takes, handed to the command as one object."""
+
     check: bool
     gate: Gate
     band: Optional[str]
     stream: Optional[bool]
     precision: Precision
     graphs: Optional[bool]
-    threads: Optional[int]
     plot: Optional[Path]
     correlation: Optional[list[str]]
     pairs: int
@@ -169,23 +175,15 @@ PROBE_OPTIONS = (
 
 
 @dataclass(frozen=True)
-class HessianOptions:
+class HessianOptions(RunOptions):
     """The options of every ``sigprop hessian NET`` command, handed to it as one object (the
     net's own options are the probe command's)."""
 
-    samples: int
-    seed: int
-    seeds: int
-    device: str
-    dtype: DType
-    fmt: Format
-    output: Optional[Path]
     iters: int
     tol: float
     top: int
     trace: int
     data: Optional[Path]
-    threads: Optional[int]
 
     def hessian_spec(self) -> specs.HessianSpec:
         return specs.HessianSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype.value,

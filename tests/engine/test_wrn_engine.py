@@ -48,6 +48,11 @@ def oracle(kept, steps, x, e):
         h = skip + bp.alpha * z
         h.retain_grad()
         states.append(h)
+    return _ratios(states, h, x, e)
+
+
+def _ratios(states, h, x, e):
+    """Backward from dl/dh = e at the top state h: forward ||s||/||x|| and backward ||dl/ds||/||e||."""
     h.backward(e.reshape(h.shape))
     xn, en = x.norm(dim=1), e.norm(dim=1)
     fwd = torch.stack([s.flatten(1).norm(dim=1) / xn for s in states])
@@ -151,11 +156,7 @@ def bn_oracle(kept, steps, x, e, s):
         h = skip + z
         h.retain_grad()
         states.append(h)
-    h.backward(e.reshape(h.shape))
-    xn, en = x.norm(dim=1), e.norm(dim=1)
-    fwd = torch.stack([t.flatten(1).norm(dim=1) / xn for t in states])
-    bwd = torch.stack([t.grad.flatten(1).norm(dim=1) / en for t in states])
-    return fwd.detach(), bwd.detach()
+    return _ratios(states, h, x, e)
 
 
 @pytest.mark.parametrize("bottleneck", [False, True])
