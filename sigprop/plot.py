@@ -368,3 +368,33 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward")
     ax.set_title(f"sigprop sweep: typical end-to-end {direction} ratio vs {x}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def hessian_figure(result, path: Path) -> None:
+    """Saved to ``path``: see :func:`build_hessian_figure`."""
+    save(build_hessian_figure(result), path)
+
+
+def build_hessian_figure(result):
+    """The curvature at init per init (Arpit et al. 2019, Table 2's quantity): a bar of the mean
+    log10 spectral norm over the weight draws with its sd, each draw a point; an init whose every
+    draw diverged is named on the axis with no bar."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(result.runs) + 2), 4.0))
+    for k, run in enumerate(result.runs):
+        m, sd = run.summary()
+        if m is not None:
+            ax.bar(k, m, color=f"C{k % 10}", alpha=0.6, yerr=sd, capsize=4)
+            pts = run.log10_norms
+            ax.plot([k + 0.12 * (j - (len(pts) - 1) / 2) / max(1, len(pts)) for j in range(len(pts))], pts, "o", color="0.15", ms=4)
+        else:
+            ax.text(k, 0, "diverged", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(result.runs)), [r.init for r in result.runs])
+    ax.axhline(0.0, color="0.4", lw=0.8)
+    ax.set_ylabel("log10 spectral norm of the loss Hessian")
+    cfg = result.config
+    ax.set_title(f"sigprop hessian {result.command}: curvature at init, {cfg.get('samples')} samples, "
+                 f"{cfg.get('seeds')} draw(s)\nbar: mean ± sd over draws; points: each draw", fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig

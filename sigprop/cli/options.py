@@ -184,6 +184,7 @@ class HessianOptions(RunOptions):
     top: int
     trace: int
     data: Optional[Path]
+    plot: Optional[Path]
 
     def hessian_spec(self) -> specs.HessianSpec:
         return specs.HessianSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype.value,
@@ -202,6 +203,7 @@ HESSIAN_OPTIONS = (
     ("trace", Annotated[int, typer.Option(min=0, help="Also the trace by Hutchinson's estimator with M Rademacher probes (0: no).")], 0),
     ("data", Annotated[Optional[Path], typer.Option(help="Your data instead of synthetic: a .pt or .npz with x [N, ...] and integer labels y [N] in 0..9.")], None),
     ("threads", ThreadsOpt, None),
+    ("plot", Annotated[Optional[Path], typer.Option(help="Also draw the curvature per init (bar: mean ± sd, points: draws) to this .png/.svg/.pdf.")], None),
 )
 
 

@@ -167,6 +167,10 @@ def _run_hessian(spec, opts: HessianOptions, banner) -> None:
         raise SigpropError("sigprop hessian writes table or json", field="fmt")
     if opts.data is not None and not opts.data.is_file():
         raise SigpropError(f"no such file: {opts.data}", field="data")
+    if opts.plot is not None:
+        from sigprop import plot as plot_mod
+
+        plot_mod.check_target(opts.plot)
     from sigprop import api  # imports torch
 
     api.set_threads(opts.threads)
@@ -182,6 +186,9 @@ def _run_hessian(spec, opts: HessianOptions, banner) -> None:
         write_output(report.to_json(result), opts.output)
     else:
         render_rich(lambda console: report.render_hessian(result, console), opts.output)
+    if opts.plot is not None:
+        plot_mod.hessian_figure(result, opts.plot)
+        _say(f"sigprop: wrote {opts.plot}")
 
 
 hessian_app = typer.Typer(help="The curvature at init: the largest-magnitude eigenvalue of the loss Hessian (power iteration), "

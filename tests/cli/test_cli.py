@@ -427,9 +427,9 @@ def test_hessian_command(capsys, tmp_path):
 
     args = ["hessian", "mlp", "--depth", "3", "--width", "8", "--input-dim", "6", "--samples", "16", "--seeds", "2", "--device", "cpu",
             "--init", "proposed", "--init", "datadep", "--top", "2", "--trace", "3"]
-    assert main(args) == 0
+    assert main(args + ["--plot", str(tmp_path / "h.png")]) == 0
     out = capsys.readouterr().out
-    assert "log10 spectral norm" in out and "lowest to highest curvature" in out
+    assert "log10 spectral norm" in out and "lowest to highest curvature" in out and (tmp_path / "h.png").stat().st_size > 0
     assert main(args + ["--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "sigprop.hessian.v1" and doc["command"] == "mlp" and [r["init"] for r in doc["runs"]] == ["proposed", "datadep"]
