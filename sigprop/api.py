@@ -274,13 +274,17 @@ def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
     kind = walker.NET_KINDS[kind_name]
     # double backward keeps every activation and its graph: ~8 copies of the units of one pass, and the parameters
     if kind_name == "mlp":
-        units = list(net)
+        units, weights, fields = list(net), engine.mlp_weight_bytes(net, 1), "depth/width/samples"
     elif kind_name == "resnet":
-        units = [net.dim] + [w for b in net.blocks for w in b.widths[1:]]
+        units, weights = [net.dim] + [w for b in net.blocks for w in b.widths[1:]], engine.resnet_weight_count(net)
+        fields = "blocks/stages/dim/width/samples"
     else:
         units = [math.prod(shape)] + [math.prod(st.shape_out) for st in plans.convs(net)]
+        weights = sum(st.role.fan_in * st.role.fan_out for st in plans.convs(net))
+        fields = "depth/channels/image/samples" if kind_name == "cnn" else "blocks/widen/image/samples"
     itemsize = torch.finfo(dtype).bits // 8
-    engine.check_memory(8 * x.shape[0] * sum(units) * itemsize, device, "samples")
+    # the graph of the gradient keeps ~8 copies of every activation; parameters, gradient, product
+    engine.check_memory((8 * x.shape[0] * sum(units) + 6 * weights) * itemsize, device, fields)
     env = {"torch": torch.__version__, "device": str(device), "device_name": engine.device_name(device), "dtype": hs.dtype,
            "threads": torch.get_num_threads()}
     if on_start is not None:

@@ -526,7 +526,8 @@ def render_hessian(result, console: Console) -> None:
     for run in result.runs:
         m, sd = run.summary()
         text = "diverged in every draw" if m is None else f"{m:.2f}" + ("" if sd is None else f" ± {sd:.2f}")
-        console.print(f"{run.init}: log10 spectral norm {text} (mean ± sd over {len(run.draws)} draws)", highlight=False)
+        over = "one draw: --seeds S gives the spread" if len(run.draws) == 1 else f"mean ± sd over {len(run.draws)} draws"
+        console.print(f"{run.init}: log10 spectral norm {text} ({over})", highlight=False)
     done = [r for r in result.runs if not r.diverged]
     order = sorted(done, key=lambda r: r.summary()[0])
     if order:
