@@ -139,19 +139,42 @@ def run_checks(checks, source: str = "", on_outcome: Callable[[CheckOutcome], No
     for c in checks:
         t0 = time.perf_counter()
         try:
-            result = probe(c.spec, c.probe, gate=c.gate)
+            result = probe(c.spec, c.probe, gate=c.gate) if c.curvature is None else hessian(c.spec, c.curvature)
         except Exception as exc:
             if on_error is not None:
                 on_error(c, exc)
             raise
         seconds = (time.perf_counter() - t0) / max(len(result.runs), 1)
         results[c.name] = result.to_dict()
+        if c.curvature is not None:
+            o = CheckOutcome(c.name, c.command, c.lowest, c.expect, [_lowest_curvature(result, c.lowest)], seconds * len(result.runs),
+                             c.description, "curvature")
+            outcomes.append(o)
+            if on_outcome is not None:
+                on_outcome(o)
+            continue
         for run in result.runs:
             o = CheckOutcome(c.name, c.command, run.init, c.expect, run.gate_checks(), seconds, c.description, run.gate)
             outcomes.append(o)
             if on_outcome is not None:
                 on_outcome(o)
     return CheckReport(source, outcomes, time.perf_counter() - t_all, results)
+
+
+def _lowest_curvature(result, lowest: str):
+    """The gate of a ``lowest_curvature`` check: ``lowest``'s spectral norm (10^ mean log10 over
+    its draws) below every other listed init's; an init that diverged in every draw counts as
+    highest."""
+    from sigprop.results import Check
+
+    runs = {r.init: r for r in result.runs}
+    m = runs[lowest].summary()[0]
+    others = [r.summary()[0] for name, r in runs.items() if name != lowest]
+    top = min((v for v in others if v is not None), default=math.inf)
+    passed = m is not None and m < top
+    names = ", ".join(n for n in runs if n != lowest)
+    note = "" if passed else ("it diverged in every draw" if m is None else "another init's curvature is lower")
+    return Check(f"spectral norm of the loss Hessian (below {names})", passed, m, -math.inf, top, "curvature", note)
 
 
 def rerun_specs(doc: dict) -> tuple[specs.MLPSpec | specs.ResNetSpec, specs.ProbeSpec, specs.GateSpec, int | None]:

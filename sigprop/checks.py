@@ -15,6 +15,9 @@ A check is a TOML table under ``[tool.sigprop.checks]`` in pyproject.toml, or un
                                          # "fail": every init must fail it (a known-bad init)
     gate = "preserved"                   # or "theory" (--gate); band = [0.1, 10] (--band)
     max_correlation = 0.9                # also fail when inputs of cosine 0 end above 0.9
+    lowest_curvature = "proposed"        # instead of a probe: the curvature at init (sigprop
+                                         # hessian) of the inits listed; passes when this one's
+                                         # mean log10 spectral norm is the lowest (keys iters, tol)
 
 Every option of ``sigprop mlp`` / ``sigprop resnet`` is a key (dashes or underscores):
 docs/ci.md lists them.
@@ -42,7 +45,8 @@ CNN_KEYS = {"depth": int, "channels": int, "image": str, "strided": int}
 WRN_KEYS = {"blocks": int, "widen": int, "image": str, "bottleneck": bool, "preset": str, "norm": str}
 RESNET_KEYS = {"blocks": int, "stages": int, "dim": int, "width": (str, int), "block_depth": int, "norm": str}
 META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str, "gate": str, "band": list,
-             "correlation": (list, int, float), "max_correlation": (int, float)}
+             "correlation": (list, int, float), "max_correlation": (int, float), "lowest_curvature": str, "iters": int,
+             "tol": (int, float)}
 EXPECT = ("pass", "fail")
 
 
@@ -65,6 +69,9 @@ class CheckSpec:
     where: str = ""
     raw: dict = field(default_factory=dict)
     gate: specs.GateSpec = specs.GateSpec()
+    #: a curvature check (``lowest_curvature``): the Hessian spec and the init that must be lowest
+    curvature: specs.HessianSpec | None = None
+    lowest: str | None = None
 
 
 def find_config(path: Path | None, cwd: Path) -> tuple[Path, tuple[str, ...]]:
@@ -201,12 +208,23 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
                 inits=tuple(names or ("proposed",)), **kw,
             )
             spec.resolved_inits()
+        curvature, lowest = None, opts.get("lowest_curvature")
+        if lowest is None:
+            for key in ("iters", "tol"):
+                if key in opts:
+                    raise ConfigError(where(key), f"check {name!r}: {original[key]} applies to a lowest_curvature check only")
+        else:
+            listed = spec.resolved_inits() if hasattr(spec, "resolved_inits") else spec.inits
+            if lowest not in listed or len(listed) < 2:
+                raise ConfigError(where("lowest_curvature"),
+                                  f"check {name!r}: lowest_curvature must name one of two or more inits listed in init, got {lowest!r}")
+            curvature = specs.HessianSpec(**{k: opts[k] for k in ("samples", "seed", "seeds", "device", "dtype", "iters", "tol") if k in opts})
     except ConfigError:
         raise
     except SigpropError as exc:
         key = (exc.field or "").split("/")[0]  # library fields are the TOML keys (with underscores)
         raise ConfigError(where(key if key in opts else None), f"check {name!r}: {key or 'value'}: {exc.args[0]}") from None
-    return CheckSpec(name, command, spec, probe, expect, str(opts.get("description", "")), where(), dict(raw), gate)
+    return CheckSpec(name, command, spec, probe, expect, str(opts.get("description", "")), where(), dict(raw), gate, curvature, lowest)
 
 
 def _type_name(want) -> str:

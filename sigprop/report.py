@@ -233,7 +233,7 @@ def stage_lines(run: RunResult) -> list[str]:
 #: how each verdict reads (one meaning per word and colour: green/red are the 'preserved' verdict
 #: only; agreement with theory is cyan '=' / yellow '≠')
 VERDICT_WORDS = {"preserved": "signal preserved", "theory": "agrees with finite-width theory",
-                 "correlation": "inputs kept apart (--max-correlation)"}
+                 "correlation": "inputs kept apart (--max-correlation)", "curvature": "lowest curvature of the inits listed"}
 
 
 def _verdict_line(run: RunResult, verdict: str) -> str:
@@ -435,6 +435,10 @@ def gate_text(c) -> str:
     if c.verdict == "correlation":
         word = "<=" if c.passed else ">"
         return f"{c.name} {c.cosine:.4f} {word} {c.high:g}"
+    if c.verdict == "curvature":
+        other = "none" if not math.isfinite(c.log10_high) else fmt_log10(c.log10_high)
+        return (f"{c.name}: {'diverged' if c.log10_measured is None else fmt_log10(c.log10_measured)} "
+                f"{'<' if c.passed else '>='} {other} (the lowest other, mean over draws)")
     if not c.has_band:
         return f"typical {c.name} {fmt_log10(c.log10_measured)}: {c.note}"
     word = "in" if c.passed else "outside"

@@ -133,3 +133,51 @@ def test_no_config_anywhere_exits_2(capsys, monkeypatch, tmp_path):
 def test_junit_target_is_validated_before_running(capsys, monkeypatch, tmp_path):
     code, out, err = run(capsys, monkeypatch, tmp_path, GOOD, "--junit", "/nonexistent-dir/r.xml")
     assert code == 2 and out == "" and "--junit" in err
+
+
+CURVATURE = """
+[checks.lowest]
+command = "mlp"
+depth = 4
+width = "32"
+input-dim = 32
+init = ["proposed", "datadep"]
+lowest_curvature = "proposed"
+samples = 32
+seeds = 2
+device = "cpu"
+
+[checks.datadep-is-not-lowest]
+command = "mlp"
+depth = 4
+width = "32"
+input-dim = 32
+init = ["proposed", "datadep"]
+lowest_curvature = "datadep"
+expect = "fail"
+samples = 32
+seeds = 2
+iters = 50
+device = "cpu"
+"""
+
+
+def test_lowest_curvature_check(capsys, monkeypatch, tmp_path):
+    """A curvature gate (issue 19): the named init's mean log10 spectral norm below the others';
+    a canary that the gate can fail; JUnit and JSON carry it."""
+    import json
+
+    code, out, err = run(capsys, monkeypatch, tmp_path, CURVATURE, "--junit", "report.xml")
+    assert code == 0, out + err
+    lines = [ln for ln in out.splitlines() if ln.startswith(("PASS", "FAIL"))]
+    assert len(lines) == 2 and all(ln.startswith("PASS") for ln in lines), out
+    assert "spectral norm of the loss Hessian (below datadep)" in out
+    code, out, _ = run(capsys, monkeypatch, tmp_path, CURVATURE, "--format", "json")
+    doc = json.loads(out)
+    gates = [g for o in doc["checks"] for g in o["gates"]]
+    assert [g["verdict"] for g in gates] == ["curvature", "curvature"] and [g["passed"] for g in gates] == [True, False]
+    assert doc["results"]["lowest"]["schema"] == "sigprop.hessian.v1"
+    for bad, words in (('lowest_curvature = "he"', "lowest_curvature must name one of"), ("iters = 5", "applies to a lowest_curvature check only")):
+        text = '[checks.a]\ncommand = "mlp"\ndepth = 2\ninit = ["proposed", "datadep"]\n' + bad + "\n"
+        code, out, err = run(capsys, monkeypatch, tmp_path, text)
+        assert code == 2 and words in err and "sigprop.toml:" in err, err
