@@ -317,6 +317,21 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward")
     other_keys = sorted({g[1] for g in groups}, key=lambda t: [v if isinstance(v, (int, float)) else 0 for _, v in t])
     markers = {o: ["o", "s", "^", "D", "v", "P"][i % 6] for i, o in enumerate(other_keys)}
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    if direction == "curvature":
+        for (init, other), pts in sorted(groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))):
+            pts = [p for p in sorted(pts, key=lambda r: r["config"][x]) if p["curvature"]["log10_spectral_norm_mean"] is not None]
+            xs = [p["config"][x] for p in pts]
+            ys = [p["curvature"]["log10_spectral_norm_mean"] for p in pts]
+            err = [p["curvature"]["log10_spectral_norm_std"] or 0.0 for p in pts]
+            label = init + "".join(f", {k} {v}" for k, v in other if k in varying)
+            ax.errorbar(xs, ys, yerr=err, marker=markers[other], ms=4, color=colours[init], capsize=3, label=label)
+        ax.set_xlabel(x)
+        ax.set_ylabel("log10 spectral norm of the loss Hessian at init")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        ax.set_title(f"sigprop sweep --curvature: curvature at init vs {x} (bars: sd over draws; diverged points left out)", fontsize=9)
+        fig.tight_layout()
+        return fig
     if direction == "correlation":
         _sweep_cosines(ax, groups, inits_seen, other_keys, colours, markers, varying, x)
         ax.set_xlabel(x)

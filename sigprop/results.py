@@ -651,3 +651,14 @@ class HessianResult:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": HESSIAN_SCHEMA, "command": self.command, "config": self.config, "environment": self.environment,
                 "runs": [r.to_dict() for r in self.runs]}
+
+
+def curvature_row(config: dict[str, Any], init: str, result: "HessianResult", seconds: float) -> dict[str, Any]:
+    """One line of ``sigprop sweep --curvature`` (``sigprop.sweep.v1`` with ``curvature`` in
+    place of the end-to-end ratios): the init's log10 spectral norm over its draws."""
+    run = result.runs[0]
+    m, sd = run.summary()
+    return {"schema": SWEEP_SCHEMA, "config": config, "init": init,
+            "curvature": {"log10_spectral_norm_mean": m, "log10_spectral_norm_std": sd, "diverged": run.diverged,
+                          "draws": [d.to_dict() for d in run.draws]},
+            "seconds": round(seconds, 3), "environment": result.environment}

@@ -60,6 +60,8 @@ class Point:
     init: str
     spec: Any
     probe: specs.ProbeSpec
+    #: measure the curvature at init (``sigprop hessian``) instead of probing
+    curvature: specs.HessianSpec | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -73,6 +75,8 @@ class Point:
             d["image"] = "x".join(map(str, self.spec.image))
         if self.probe.correlations:  # only then: the keys of rows without cosines stay as they were (resume)
             d["correlations"], d["pairs"] = list(self.probe.correlations), self.probe.pairs
+        if self.curvature is not None:
+            d["curvature"] = {"iters": self.curvature.iters, "tol": self.curvature.tol}
         return d
 
     @property
@@ -84,7 +88,7 @@ class Point:
 
 
 def grid(arch: str, sizes: list[int], widths: list[int], names: list[str], probe: specs.ProbeSpec,
-         input_dim: int | None = None) -> list[Point]:
+         input_dim: int | None = None, curvature: specs.HessianSpec | None = None) -> list[Point]:
     """Every point, validated up front (a bad point fails before anything runs)."""
     out = []
     for size in sizes:
@@ -99,7 +103,7 @@ def grid(arch: str, sizes: list[int], widths: list[int], names: list[str], probe
                     spec = specs.WRNSpec(blocks=size, widen=width, inits=(name,))
                 else:
                     spec = specs.ResNetSpec(blocks=size, dim=width, width=w, inits=(name,))
-                out.append(Point(arch, size, width, name, spec, probe))
+                out.append(Point(arch, size, width, name, spec, probe, curvature))
     return out
 
 
@@ -121,8 +125,10 @@ def done_keys(path: Path) -> set[str]:
 
 def row(point: Point, result, seconds: float) -> dict[str, Any]:
     """The JSON line of one finished point (its keys are written by results.py)."""
-    from sigprop.results import sweep_row
+    from sigprop.results import curvature_row, sweep_row
 
+    if point.curvature is not None:
+        return curvature_row(point.config, point.init, result, seconds)
     return sweep_row(point.config, point.init, result, seconds)
 
 

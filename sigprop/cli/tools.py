@@ -56,6 +56,8 @@ def sweep(
     dtype: Annotated[DType, typer.Option(help="Floating-point type of the probe.")] = DType.float32,
     correlation: CorrelationOpt = None,
     pairs: PairsOpt = 256,
+    curvature: Annotated[bool, typer.Option("--curvature", help="Measure the curvature at init (sigprop hessian: log10 spectral norm "
+                                                               "of the loss Hessian per point, --seeds draws) instead of probing.")] = False,
 ) -> None:
     """Run a grid of probes (depth or blocks x width x init), appending one JSON line per configuration; resumes."""
     from sigprop import sweep as sweep_mod
@@ -78,7 +80,12 @@ def sweep(
     names = sweep_mod.parse_inits(joined(init, "proposed,he"), kind)
     probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value,
                             correlations=specs.parse_cosines(correlation or []), pairs=pairs)
-    points = sweep_mod.grid(kind, sizes, widths, names, probe, input_dim)
+    hs = None
+    if curvature:
+        if probe.correlations:
+            raise SigpropError("--curvature measures no cosine; drop --correlation", field="correlation")
+        hs = specs.HessianSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
+    points = sweep_mod.grid(kind, sizes, widths, names, probe, input_dim, hs)
     target = _check_output_target(out)
     if target is not None and target.exists() and not target.is_file():
         raise SigpropError(f"{out} is not a regular file", field="out")
@@ -103,12 +110,17 @@ def sweep(
             if prog is not None:
                 prog.update(task, description=point.label())
             t0 = time.perf_counter()
-            result = api.probe(point.spec, point.probe)
+            result = api.probe(point.spec, point.probe) if hs is None else api.hessian(point.spec, hs)
             row = sweep_mod.row(point, result, time.perf_counter() - t0)
             sweep_mod.append(out, row)
-            fwd = row["end_to_end"]["forward"]["log10_mean"]
-            cos = "".join(f", cosine {c['c0']:g} -> {c['end_mean']:.3f}" for c in row.get("correlation", []))
-            line = f"sweep [{i}/{len(todo)}] {point.label()}: forward {report.fmt_log10(fwd)}{cos} ({row['seconds']:.1f} s)"
+            if hs is None:
+                fwd = row["end_to_end"]["forward"]["log10_mean"]
+                cos = "".join(f", cosine {c['c0']:g} -> {c['end_mean']:.3f}" for c in row.get("correlation", []))
+                what = f"forward {report.fmt_log10(fwd)}{cos}"
+            else:
+                m = row["curvature"]["log10_spectral_norm_mean"]
+                what = "curvature diverged" if m is None else f"log10 spectral norm {m:.2f}"
+            line = f"sweep [{i}/{len(todo)}] {point.label()}: {what} ({row['seconds']:.1f} s)"
             if prog is not None:
                 prog.advance(task)
                 prog.console.print(line, markup=False, highlight=False)
@@ -125,18 +137,22 @@ def plot_cmd(
     out: Annotated[Path, typer.Option(help="The figure: .png, .svg or .pdf.")],
     x: Annotated[str, typer.Option(help="x axis: depth, blocks or width.")] = "depth",
     direction: Annotated[str, typer.Option(help="forward or backward end-to-end ratio, or correlation: the last state's mean cosine "
-                                                "of input pairs (a sweep run with --correlation).")] = "forward",
+                                                "of input pairs (a sweep run with --correlation), or curvature: the log10 spectral "
+                                                "norm of the loss Hessian (a sweep run with --curvature).")] = "forward",
 ) -> None:
     """Draw a sweep: end-to-end ratio (or cosine) against depth (or width), one line per init (needs the plot extra: pip install sigprop\\[plot])."""
     from sigprop import plot as plot_mod
     from sigprop import sweep as sweep_mod
 
-    if direction not in ("forward", "backward", "correlation"):
-        raise SigpropError(f"expected forward, backward or correlation, got {direction!r}", field="direction")
+    if direction not in ("forward", "backward", "correlation", "curvature"):
+        raise SigpropError(f"expected forward, backward, correlation or curvature, got {direction!r}", field="direction")
     plot_mod.check_target(out, "out")
     rows = sweep_mod.read_rows(results)
     if direction == "correlation" and not any(r.get("correlation") for r in rows):
         raise SigpropError("these rows measured no cosine; run the sweep with --correlation C0", field="direction")
+    if (direction == "curvature") != all("curvature" in r for r in rows):
+        raise SigpropError("a --curvature sweep plots with --direction curvature, and only it" if direction != "curvature" else
+                           "these rows measured no curvature; run the sweep with --curvature", field="direction")
     if x not in ("depth", "blocks", "width") or not sweep_mod.axis_values(rows, x):
         keys = [k for k in ("depth", "blocks", "width") if sweep_mod.axis_values(rows, k)]
         raise SigpropError(f"no {x!r} in these rows; choose from {', '.join(keys)}", field="x")

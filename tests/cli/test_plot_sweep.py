@@ -249,3 +249,24 @@ def test_written_files_get_the_usual_permissions(capsys, tmp_path):
     assert code == 0
     for p in (out, fig):
         assert (p.stat().st_mode & 0o777) == (0o666 & ~mask)
+
+
+def test_sweep_curvature_resumes_and_plots(tmp_path, capsys):
+    """sweep --curvature (issue 19): one line per point with the log10 spectral norm over the
+    draws, resumed by its key; plot --direction curvature draws it, the other directions refuse."""
+    import json
+
+    from sigprop.cli import main
+
+    out = tmp_path / "c.jsonl"
+    args = ["sweep", "mlp", "--curvature", "--out", str(out), "--depth", "2,3", "--width", "8", "--init", "proposed,datadep",
+            "--samples", "16", "--seeds", "2", "--device", "cpu"]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4 and all(r["curvature"]["log10_spectral_norm_mean"] is not None for r in rows)
+    assert all(len(r["curvature"]["draws"]) == 2 and r["config"]["curvature"] == {"iters": 100, "tol": 1e-3} for r in rows)
+    assert main(args) == 0 and len(out.read_text().splitlines()) == 4  # resumed: nothing ran again
+    assert main(["plot", str(out), "--direction", "curvature", "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 0
+    assert main(["plot", str(out), "--out", str(tmp_path / "f.png")]) == 2
+    assert "--direction" in capsys.readouterr().err

@@ -1,0 +1,54 @@
+"""Arpit et al. 2019, Table 2 -- the curvature at init -- as sigprop measures it (issue 19):
+log10 spectral norm of the loss Hessian (mean +- sd over draws) per init, with time and peak
+memory, beside the paper's numbers.  Prints; never asserts.
+
+  python benchmarks/table2.py                 # the paper's nets (WRN-40-10, ResNet-164): a GPU
+  python benchmarks/table2.py --quick         # reduced for a CPU: WRN-40-1 and ResNet-56, 16 x 16
+  options: --device cuda|cpu  --samples N  --seeds S
+
+Synthetic data (Gaussian inputs, uniform labels) unless the paper's CIFAR subset is given with
+sigprop hessian --data; docs/reproducing-the-paper.md says which differences that brings.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+
+from sigprop import api, specs
+
+PAPER = {  # Table 2: log10 spectral norm, mean +- sd over runs (CIFAR-10 WRN-40-10, CIFAR-100 ResNet-164)
+    "wrn-40-10": {"pytorch": (4.68, 0.60), "datadep": (3.01, 0.02), "stage-hanin": (7.14, 0.72), "proposed": (1.31, 0.12)},
+    "resnet-164": {"pytorch": (9.56, 0.54), "datadep": (2.68, 0.09), "stage-hanin": None, "proposed": (1.56, 0.18)},
+}
+INITS = ("pytorch", "datadep", "stage-hanin", "proposed")
+
+
+def main() -> None:
+    arg = lambda name, default: type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+    quick = "--quick" in sys.argv
+    device = arg("--device", "cpu" if quick else "cuda")
+    samples = arg("--samples", 128 if quick else 5000)
+    seeds = arg("--seeds", 3)
+    nets = ([("wrn-40-10", specs.WRNSpec(blocks=6, widen=1, image=(3, 16, 16), inits=INITS), "WRN-40-1, 16 x 16"),
+             ("resnet-164", specs.WRNSpec.of_preset("resnet-56", image=(3, 16, 16), inits=INITS), "ResNet-56, 16 x 16")] if quick else
+            [("wrn-40-10", specs.WRNSpec.of_preset("wrn-40-10", inits=INITS), "WRN-40-10"),
+             ("resnet-164", specs.WRNSpec.of_preset("resnet-164", inits=INITS), "ResNet-164")])
+    print(f"device {device}, {samples} synthetic samples, {seeds} draws")
+    for paper_net, spec, label in nets:
+        t0 = time.perf_counter()
+        result = api.hessian(spec, specs.HessianSpec(samples=samples, seeds=seeds, device=device))
+        dt = time.perf_counter() - t0
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"\n{label} (paper: {paper_net}) -- {dt:.0f} s, peak RSS {rss:.2f} GiB so far")
+        for run in result.runs:
+            m, sd = run.summary()
+            p = PAPER[paper_net].get(run.init)
+            ours = "diverged" if m is None else f"{m:.2f}" + ("" if sd is None else f" +- {sd:.2f}")
+            theirs = "N/A (diverged)" if p is None else f"{p[0]:.2f} +- {p[1]:.2f}"
+            print(f"  {run.init:12s} sigprop {ours:>16s}   paper {theirs}")
+
+
+if __name__ == "__main__":
+    main()
