@@ -819,7 +819,7 @@ def datadep_resnet_correlation(c0: float, blocks: Sequence[tuple[int, bool, floa
 
 
 # --------------------------------------------------------------------------------------------
-# Convolutions: the per-position energy map (docs/theory.md §11; issue 18 groundwork)
+# Convolutions: the per-position energy map (docs/theory.md §11; issue 18)
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ConvMoments:

@@ -1,4 +1,4 @@
-"""The walker's conv unit (issue 18 groundwork) against the torch.autograd oracle, batched draws
+"""The walker's conv unit (issue 18) against the torch.autograd oracle, batched draws
 and streaming, and the probe's measured RMS ratios against the energy-map theory
 (docs/theory.md §11)."""
 

@@ -146,7 +146,7 @@ def test_whole_walks_with_every_observer_move_nothing_between_host_and_device(ki
 @pytest.mark.parametrize("name", ["proposed", "he", "pytorch"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_conv_steps_are_graph_safe(name, stream):
-    """The conv unit (issue 18 groundwork) will run on CUDA with graphs like the dense one."""
+    """The conv unit (issue 18) runs on CUDA with graphs like the dense one."""
     import math
 
     from sigprop import plans, walker

@@ -1,6 +1,6 @@
 """The conv energy-map theory (docs/theory.md §11) against Monte Carlo on explicit torch conv
 nets: zero padding at the borders, stride-2 downsampling, isotropic and centre-tap kernels,
-biases.  Issue 18 groundwork: the probe does not build conv nets yet."""
+biases; the residual conv nets (the WRN) through plans.predict_conv; the conv correlation map."""
 
 import math
 
