@@ -238,12 +238,7 @@ def _curvature_net(spec, seed: int):
     if isinstance(spec, specs.MLPSpec):
         return "mlp", spec.widths(seed), list(spec.inits), (spec.input_dim,)
     if isinstance(spec, specs.ResNetSpec):
-        if spec.norm == "bn":
-            from sigprop.errors import SigpropError
-
-            raise SigpropError("the curvature of the batch-normalized ResNet is not built yet (the BN WRN's is: sigprop hessian wrn --norm bn)",
-                               field="norm")
-        return "resnet", spec.plan(seed), list(spec.resolved_inits()), (spec.dim,)
+        return ("bn-resnet" if spec.norm == "bn" else "resnet"), spec.plan(seed), list(spec.resolved_inits()), (spec.dim,)
     if isinstance(spec, specs.CNNSpec):
         return "cnn", spec.steps(), list(spec.inits), tuple(spec.image)
     return ("wrn-bn" if spec.norm == "bn" else "wrn"), spec.steps(), list(spec.resolved_inits()), tuple(spec.image)
@@ -298,8 +293,9 @@ def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
     # double backward keeps every activation and its graph: ~8 copies of the units of one pass, and the parameters
     if kind_name == "mlp":
         units, weights, fields = list(net), engine.mlp_weight_bytes(net, 1), "depth/width/samples"
-    elif kind_name == "resnet":
-        units, weights = [net.dim] + [w for b in net.blocks for w in b.widths[1:]], engine.resnet_weight_count(net)
+    elif kind_name in ("resnet", "bn-resnet"):
+        units = [net.dim] * (1 + net.stem) + [w for b in net.blocks for w in b.widths[1:]]
+        weights = engine.resnet_weight_count(net) + net.dim**2 * (len(net.blocks) + 1) * net.stem
         fields = "blocks/stages/dim/width/samples"
     else:
         units = [math.prod(shape)] + [math.prod(st.shape_out) for st in plans.convs(net)]
@@ -335,7 +331,8 @@ def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
             done += 1
             if progress is not None:
                 progress(done, total, f"{name}: draw {draw}")
-        description = "He convs + batch norm" if kind_name == "wrn-bn" else scheme.description
+        description = {"wrn-bn": "He convs + batch norm", "bn-resnet": "x + W BN(x)^+, He W (De & Smith 2020, appendix C)"}.get(
+            kind_name, scheme.description)
         runs.append(CurvatureRun(name, description, draws))
-    config = {"command": {"wrn-bn": "wrn"}.get(kind_name, kind_name), **spec.to_dict(), **hs.__dict__}
+    config = {"command": {"wrn-bn": "wrn", "bn-resnet": "resnet"}.get(kind_name, kind_name), **spec.to_dict(), **hs.__dict__}
     return HessianResult(config["command"], config, {"sigprop": __version__, **env}, runs)

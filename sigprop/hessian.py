@@ -6,7 +6,7 @@ its weights are the probe's own draw -- the walker runs the plan once on the dat
 unit's parameters (a data-dependent init is calibrated on that data, as the paper's is on its
 batch) -- and this module only re-expresses those units as a differentiable function of their
 trainable parameters: per WN layer g, v and b (b = 0 at init; Salimans & Kingma 2016, eq. 2),
-per plain layer W and b, per batch-normalized conv its affine gamma = 1, beta = 0, plus a
+per plain layer W and b, per batch norm (the BN ResNet's, the BN WRN's convs) its affine gamma = 1, beta = 0, plus a
 10-way linear head after the last state (conv nets: after global average pooling), drawn by the
 same init scheme with gain 1 (role ``linear``).
 
@@ -92,14 +92,16 @@ def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int) ->
     exactly as the probe does; the head is drawn from its own generator."""
     kind = walker.NET_KINDS[kind_name]
     units, record_input = kind.units(net, scheme)
-    if any(isinstance(u, walker.BNLayer) for u in units):
-        raise SigpropError("the curvature of the batch-normalized ResNet is not built yet", field="norm")
     with torch.no_grad():  # a walk with an error vector keeps its weights (its ratios are not observed)
         e = torch.ones(x.shape[0], _out_units(units), device=x.device, dtype=x.dtype)
         kept = walker.walk(units, scheme, x, e, seed, [draw], [], record_input, space=kind.space()).kept
     params: dict[str, torch.Tensor] = {}
     for i, (u, k) in enumerate(zip(units, kept)):
-        if isinstance(u, walker.BNConvUnit):
+        if isinstance(u, walker.BNLayer):  # De & Smith's BN ResNet: BN's affine and the plain W
+            params[f"{i}.v"] = k.params.v[0].detach().clone()
+            params[f"{i}.gamma"] = torch.ones(u.role.fan_in, device=x.device, dtype=x.dtype)
+            params[f"{i}.beta"] = torch.zeros(u.role.fan_in, device=x.device, dtype=x.dtype)
+        elif isinstance(u, walker.BNConvUnit):
             for j, op in enumerate(u.ops):
                 params[f"{i}.{j}.v"] = k.params[j].v[0].detach().clone()
                 params[f"{i}.{j}.gamma"] = torch.ones(op.role.fan_out, device=x.device, dtype=x.dtype)
@@ -118,7 +120,10 @@ def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int) ->
     def forward(p: dict, xb: torch.Tensor) -> torch.Tensor:
         h = xb
         for i, u in enumerate(units):
-            if isinstance(u, walker.BNConvUnit):
+            if isinstance(u, walker.BNLayer):  # x' = [x +] W BN(x)^+ (De & Smith 2020, appendix C)
+                z = torch.relu(F.batch_norm(h, None, None, p[f"{i}.gamma"], p[f"{i}.beta"], training=True, eps=u.eps)) @ p[f"{i}.v"].T
+                h = h + z if u.residual else z
+            elif isinstance(u, walker.BNConvUnit):
                 z = h
                 for j, op in enumerate(u.ops[:len(u.convs)]):
                     z = _bn_conv(op, p, f"{i}.{j}", z)
@@ -178,6 +183,8 @@ def _head(scheme, role: LayerRole, seed: int, draw: int, device, dtype) -> dict:
 
 def _out_units(units) -> int:
     u = units[-1]
+    if isinstance(u, walker.BNLayer):
+        return u.role.fan_out
     if isinstance(u, walker.BNConvUnit):
         return u.ops[len(u.convs) - 1].units_out
     if isinstance(u, walker.ResidualBlock):
@@ -187,6 +194,8 @@ def _out_units(units) -> int:
 
 def _last_shape(units):
     u = units[-1]
+    if isinstance(u, walker.BNLayer):
+        return (u.role.fan_out,)
     op = u.ops[len(u.convs) - 1] if isinstance(u, walker.BNConvUnit) else (u.ops[u.k - 1] if isinstance(u, walker.ResidualBlock) else u.op)
     return op.step.shape_out if isinstance(op, walker.ConvOp) else (op.units_out,)
 

@@ -445,7 +445,7 @@ def test_hessian_command(capsys, tmp_path):
     np.savez(bad, x=np.zeros((12, 5)), y=np.zeros(12, dtype=int))
     for argv, field in ((["hessian", "mlp", "--input-dim", "6", "--data", str(bad)], "--data"),
                         (["hessian", "mlp", "--format", "csv"], "--format"),
-                        (["hessian", "resnet", "--norm", "bn"], "--norm"),
+                        (["hessian", "resnet", "--tol", "2"], "--tol"),
                         (["hessian", "mlp", "--trace", "1"], "--trace")):
         assert main(argv + ["--device", "cpu"]) == 2, argv
         err = capsys.readouterr().err

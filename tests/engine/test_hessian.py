@@ -30,10 +30,12 @@ NETS = {
     "mlp": ([6, 5, 4], (6,)),
     "resnet": (nets.resnet_plan(4, 2, 1, 1, [3, 3]), (4,)),
     "cnn": (plans.cnn_steps((2, 5, 5), 3, 2), (2, 5, 5)),
+    "bn-resnet": (nets.resnet_plan(4, 1, 2, 0, [], stem=True), (4,)),  # De & Smith's BN net: gamma, beta and W
 }
 
 
-@pytest.mark.parametrize("kind, name", [(k, n) for k in NETS for n in inits.names(k) if inits.get(n).normalized or k != "cnn"])
+@pytest.mark.parametrize("kind, name", [(k, n) for k in NETS if k != "bn-resnet" for n in inits.names(k)
+                                        if inits.get(n).normalized or k != "cnn"] + [("bn-resnet", "he")])
 def test_hvp_is_the_dense_hessian(kind, name):
     net, shape = NETS[kind]
     x, y = hessian.data(0, 8, shape, CPU, torch.float64)
