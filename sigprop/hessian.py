@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from sigprop import engine as E
 from sigprop import inits as inits_mod
 from sigprop import specs, walker
-from sigprop.errors import SigpropError
 from sigprop.inits import LayerRole
 
 CLASSES = 10
@@ -112,12 +111,13 @@ def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int) ->
                 _take(params, f"{i}.{j}", lp, scheme.normalized)
         else:
             _take(params, f"{i}", k.params, scheme.normalized)
-    conv = isinstance(units[0], (walker.ConvLayer, walker.BNConvUnit)) or isinstance(getattr(units[0], "op", None), walker.ConvOp)
+    conv = isinstance(units[0], walker.BNConvUnit) or isinstance(getattr(units[0], "op", None), walker.ConvOp)
     last = _last_shape(units)
     features = last[0] if conv else _out_units(units)
     params.update(_head(scheme, LayerRole(features, CLASSES, "linear"), seed, draw, x.device, x.dtype))
 
-    def forward(p: dict, xb: torch.Tensor) -> torch.Tensor:
+    def features(p: dict, xb: torch.Tensor) -> torch.Tensor:
+        """The net's last state (conv nets: globally average-pooled): the head's input."""
         h = xb
         for i, u in enumerate(units):
             if isinstance(u, walker.BNLayer):  # x' = [x +] W BN(x)^+ (De & Smith 2020, appendix C)
@@ -141,34 +141,19 @@ def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int) ->
             else:
                 h = _apply(u.op, p, f"{i}", h)
                 h = torch.relu(h) if u.relu else h
-        if conv:
-            h = h.reshape(h.shape[0], last[0], -1).mean(dim=-1)  # global average pooling
-        return h @ _weight(p, "head").T + p["head.b"]
+        return h.reshape(h.shape[0], last[0], -1).mean(dim=-1) if conv else h
 
     def loss(p: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(forward(p, xb), yb)
+        return F.cross_entropy(features(p, xb) @ _weight(p, "head").T + p["head.b"], yb)
 
     if scheme.calibrate is not None:  # the data-dependent head: standardised on the data's features
         with torch.no_grad():
-            feats = _features(forward, params, x)
+            feats = features(params, x)
             v = params["head.v"]
             t = feats @ v.T / torch.linalg.vector_norm(v, dim=1)
             cal = scheme.calibrate(inits_mod.LayerParams(v=v, g=params["head.g"], bias=params["head.b"], scale=None), t)
             params["head.g"], params["head.b"] = cal.g, cal.bias
     return Model(units, params, conv, loss)
-
-
-def _features(forward, params, x):
-    """The head's input: the net's output before its last linear map (recomputed without the head)."""
-    saved_v, saved_g, saved_b = params["head.v"], params.get("head.g"), params["head.b"]
-    n = saved_v.shape[1]
-    eye = {**params, "head.v": torch.eye(n, device=x.device, dtype=x.dtype), "head.b": torch.zeros(n, device=x.device, dtype=x.dtype)}
-    eye.pop("head.g", None)
-    out = forward(eye, x)
-    params["head.v"], params["head.b"] = saved_v, saved_b
-    if saved_g is not None:
-        params["head.g"] = saved_g
-    return out
 
 
 def _head(scheme, role: LayerRole, seed: int, draw: int, device, dtype) -> dict:
