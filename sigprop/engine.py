@@ -765,18 +765,19 @@ def resnet_weight_count(plan: nets.ResNetPlan) -> int:
 # --------------------------------------------------------------------------------------------
 # the batch-normalized ReLU ResNet of De & Smith 2020, appendix C
 # --------------------------------------------------------------------------------------------
-def _bn(X: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bn(X: torch.Tensor, eps: float, dims=-2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Training-mode batch norm with gamma = 1, beta = 0 (De & Smith 2020, appendix A): per channel over the
-    batch (dim -2), biased variance.  Returns (Y, s = sqrt(var + eps), mean, var)."""
-    mu = X.mean(dim=-2, keepdim=True)
-    var = X.var(dim=-2, unbiased=False, keepdim=True)
+    batch (``dims``: -2, or for conv outputs [S, N, c, P] the batch and the positions, (1, 3)),
+    biased variance.  Returns (Y, s = sqrt(var + eps), mean, var)."""
+    mu = X.mean(dim=dims, keepdim=True)
+    var = X.var(dim=dims, unbiased=False, keepdim=True)
     s = torch.sqrt(var + eps)
     return (X - mu) / s, s, mu, var
 
 
-def _bn_backward(dY: torch.Tensor, Y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+def _bn_backward(dY: torch.Tensor, Y: torch.Tensor, s: torch.Tensor, dims=-2) -> torch.Tensor:
     """Vector-Jacobian product of ``_bn``: dX = (dY - mean(dY) - Y mean(dY * Y)) / s."""
-    return (dY - dY.mean(dim=-2, keepdim=True) - Y * (dY * Y).mean(dim=-2, keepdim=True)) / s
+    return (dY - dY.mean(dim=dims, keepdim=True) - Y * (dY * Y).mean(dim=dims, keepdim=True)) / s
 
 
 def _ln_rows(X: torch.Tensor) -> torch.Tensor:

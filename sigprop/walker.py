@@ -352,16 +352,32 @@ class ConvOp(DenseOp):
     def key(self, by_block_index: bool):
         return replace(self.step, role=super().key(by_block_index))
 
-    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None):
-        st, (S, N) = self.step, u.shape[:2]
+    def conv(self, v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """The conv of rows X [S, N, units_in] with the directions v [S, c_out, c_in k^2] as
+        kernels, one grouped conv for the S draws: [S, N, c_out, H' W']."""
+        st, (S, N) = self.step, X.shape[:2]
         C, H, W = st.shape_in
-        co, (Ho, Wo) = self.role.fan_out, st.out_hw()
-        x = u.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
-        t = torch.nn.functional.conv2d(x, p.v.reshape(S * co, C, st.kernel, st.kernel), stride=st.stride, padding=st.padding,
-                                       groups=S).reshape(N, S, co, Ho * Wo).transpose(0, 1)
-        if calibrate is not None:  # per channel over the batch and the positions: [S, N Ho Wo, co]
+        co = self.role.fan_out
+        x = X.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
+        t = torch.nn.functional.conv2d(x, v.reshape(S * co, C, st.kernel, st.kernel), stride=st.stride, padding=st.padding, groups=S)
+        return t.reshape(N, S, co, -1).transpose(0, 1)
+
+    def conv_t(self, v: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+        """The transpose of ``conv`` (its input gradient) applied to G [S, N, c_out, H' W']: [S, N, units_in]."""
+        st, (S, N) = self.step, G.shape[:2]
+        C, H, W = st.shape_in
+        co = self.role.fan_out
+        g = G.transpose(0, 1).reshape(N, S * co, *st.out_hw())
+        y = torch.nn.grad.conv2d_input((N, S * C, H, W), v.reshape(S * co, C, st.kernel, st.kernel), g, stride=st.stride,
+                                       padding=st.padding, groups=S)
+        return y.reshape(N, S, self.units_in).transpose(0, 1)
+
+    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None):
+        S, N = u.shape[:2]
+        t = self.conv(p.v, u)
+        if calibrate is not None:  # per channel over the batch and the positions: [S, N H' W', c_out]
             vnorm = torch.linalg.vector_norm(p.v, dim=-1)
-            t_true = (E._col(c, t.dtype)[..., None] * t / vnorm[:, None, :, None]).transpose(-1, -2).reshape(S, N * Ho * Wo, co)
+            t_true = (E._col(c, t.dtype)[..., None] * t / vnorm[:, None, :, None]).transpose(-1, -2).reshape(S, -1, self.role.fan_out)
             p = E._calibrate_batch(calibrate, p, t_true)
         a = t * p.scale[:, None, :, None]
         if p.bias is not None:  # as engine._linear: exp(m) (exp(c - m) scale t + exp(-m) b), m = max(c, 0)
@@ -375,13 +391,8 @@ class ConvOp(DenseOp):
         return u, m + ln_norm, mask, p
 
     def vjp(self, p: LayerParams, d: torch.Tensor) -> torch.Tensor:
-        st, (S, N) = self.step, d.shape[:2]
-        C, H, W = st.shape_in
-        co, (Ho, Wo) = self.role.fan_out, st.out_hw()
-        g = (d.reshape(S, N, co, Ho * Wo) * p.scale[:, None, :, None]).transpose(0, 1).reshape(N, S * co, Ho, Wo)
-        y = torch.nn.grad.conv2d_input((N, S * C, H, W), p.v.reshape(S * co, C, st.kernel, st.kernel), g, stride=st.stride,
-                                       padding=st.padding, groups=S)
-        return y.reshape(N, S, self.units_in).transpose(0, 1)
+        S, N = d.shape[:2]
+        return self.conv_t(p.v, d.reshape(S, N, self.role.fan_out, -1) * p.scale[:, None, :, None])
 
 
 def _masked(y: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
@@ -697,20 +708,7 @@ class BNLayer:
 @dataclass
 class KeptBNConv:
     params: list
-    saved: dict  # Y{j}, s{j} (and Yp, sp of the projection): the BN outputs and scales
-
-
-def _bn_channels(A: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training-mode batch norm (gamma = 1, beta = 0) of conv outputs [S, N, c, P] per draw and
-    channel over the batch and the positions: (Y, s = sqrt(var + eps))."""
-    mu = A.mean(dim=(1, 3), keepdim=True)
-    s = torch.sqrt(A.var(dim=(1, 3), unbiased=False, keepdim=True) + eps)
-    return (A - mu) / s, s
-
-
-def _bn_channels_backward(dY: torch.Tensor, Y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """The vector-Jacobian product of ``_bn_channels`` (``engine._bn_backward`` over (N, P))."""
-    return (dY - dY.mean(dim=(1, 3), keepdim=True) - Y * (dY * Y).mean(dim=(1, 3), keepdim=True)) / s
+    saved: dict  # Y{j}, s{j} of every conv (the projection's last): the BN outputs and scales
 
 
 class BNConvUnit:
@@ -735,20 +733,11 @@ class BNConvUnit:
         self.mask_bytes = 0  # the masks are read from the kept BN outputs
         self.row_widths = [op.role.fan_out for op in self.ops]
 
-    def _conv(self, op: ConvOp, v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        """op's conv of X [S, N, units_in] with the directions v as weights: [S, N, c_out, P]."""
-        st, (S, N) = op.step, X.shape[:2]
-        C, H, W = st.shape_in
-        x = X.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
-        t = torch.nn.functional.conv2d(x, v.reshape(S * op.role.fan_out, C, st.kernel, st.kernel), stride=st.stride,
-                                       padding=st.padding, groups=S)
-        return t.reshape(N, S, op.role.fan_out, -1).transpose(0, 1)
-
     def _forward(self, X, w: Walk, v_outs=None):
         out, Z, (S, N) = {}, X, X.shape[:2]
         for j, op in enumerate(self.ops):
             p = w.sample(op.role, self.slot_ids[j], None if v_outs is None else v_outs[j])
-            Y, sd = _bn_channels(self._conv(op, p.v, X if j == len(self.convs) else Z), self.eps)
+            Y, sd, _, _ = E._bn(op.conv(p.v, X if j == len(self.convs) else Z), self.eps, dims=(1, 3))
             out.update({f"Y{j}": Y, f"s{j}": sd, f"v{j}": p.v, f"g{j}": p.g, f"bias{j}": p.bias, f"scale{j}": p.scale})
             if j < len(self.convs):
                 Z = (torch.relu(Y) if op.step.relu else Y).reshape(S, N, -1)
@@ -761,8 +750,6 @@ class BNConvUnit:
         return out
 
     def _backward(self, G, acc, w: Walk, **t):
-        S, N = G.shape[:2]
-
         def through(j: int, D: torch.Tensor) -> torch.Tensor:
             """D at op j's output (after its ReLU) back to its input."""
             op, Y = self.ops[j], t[f"Y{j}"]
@@ -772,12 +759,7 @@ class BNConvUnit:
             dY = D.reshape(Y.shape)
             if j < len(self.convs) and op.step.relu:
                 dY = dY * (Y > 0)
-            dA = _bn_channels_backward(dY, Y, t[f"s{j}"])
-            st = op.step
-            g = dA.transpose(0, 1).reshape(N, S * op.role.fan_out, *st.out_hw())
-            y = torch.nn.grad.conv2d_input((N, S * st.shape_in[0], *st.shape_in[1:]), v.reshape(S * op.role.fan_out, st.shape_in[0],
-                                           st.kernel, st.kernel), g, stride=st.stride, padding=st.padding, groups=S)
-            return y.reshape(N, S, -1).transpose(0, 1)
+            return op.conv_t(v, E._bn_backward(dY, Y, t[f"s{j}"], dims=(1, 3)))
 
         z = G
         for j in range(len(self.convs) - 1, -1, -1):
@@ -794,7 +776,7 @@ class BNConvUnit:
         kept = None
         if w.keep:
             params = [w.kept_params(out, None if v_outs is None else v_outs[j], str(j)) for j in range(len(self.ops))]
-            kept = KeptBNConv(params, {k: out[k] for k in out if k[0] in "Ys"})
+            kept = KeptBNConv(params, {k: out[k] for j in range(len(self.ops)) for k in (f"Y{j}", f"s{j}")})
         return {"X": out["X"]}, out, kept
 
     def backward(self, w: Walk, index: int, grad: dict, kept: KeptBNConv, below):
