@@ -161,12 +161,8 @@ def wrn_steps(image: tuple[int, int, int], blocks: int, widen: int = 1, bottlene
     ``bn``: every conv (conv1, the branches', the projections) is followed by training-mode batch
     norm, before its ReLU -- the post-activation placement of He et al. 2016 in the paper's
     block, no ReLU after the sum (``Conv.bn``)."""
-    from dataclasses import replace as _with
-
     if bn:
-        return tuple(_with(s, bn=True) if isinstance(s, Conv) else
-                     (_with(s, projection=_with(s.projection, bn=True)) if isinstance(s, Close) and s.projection is not None else s)
-                     for s in wrn_steps(image, blocks, widen, bottleneck, groups))
+        return with_bn(wrn_steps(image, blocks, widen, bottleneck, groups), True)
     C = image[0]
     stem_out = WRN_BASE * widen
     stem = Conv(LayerRole(C * 9, stem_out, "linear", taps=9), tuple(image), 3, 1, 1, relu=False)
@@ -193,18 +189,19 @@ def wrn_steps(image: tuple[int, int, int], blocks: int, widen: int = 1, bottlene
     return tuple(steps)
 
 
-def without_bn(steps: Sequence[Step]) -> tuple[Step, ...]:
-    """The same plan with every conv's batch norm removed (its lossless reference is the WN net's)."""
-    from dataclasses import replace as _with
+def with_bn(steps: Sequence[Step], bn: bool) -> tuple[Step, ...]:
+    """The same plan with batch norm after every conv, projections included (``bn`` True), or
+    with none (False: e.g. the BN net's lossless reference is the WN net's)."""
+    from dataclasses import replace
 
-    def strip(s):
+    def set_bn(s):
         if isinstance(s, Conv):
-            return _with(s, bn=False)
+            return replace(s, bn=bn)
         if isinstance(s, Close) and isinstance(s.projection, Conv):
-            return _with(s, projection=_with(s.projection, bn=False))
+            return replace(s, projection=replace(s.projection, bn=bn))
         return s
 
-    return tuple(strip(s) for s in steps)
+    return tuple(set_bn(s) for s in steps)
 
 
 def convs(steps: Sequence[Step]) -> list[Conv]:

@@ -300,7 +300,7 @@ def wrn_stage_bands(steps, blocks: int) -> list[tuple[tuple[float, float], tuple
     position's energy) loses to the stride-2 downsampling, its stage ratio divided by its
     branches' (1 + 1/B)^{B/2} (docs/theory.md §11, "Residual conv nets")."""
     _, widths, E = wrn_entries(steps)
-    ref_f, ref_b, _ = plans.predict_conv(plans.without_bn(steps), lambda st: conv_moment(None, st), lambda B: 1.0)
+    ref_f, ref_b, _ = plans.predict_conv(plans.with_bn(steps, False), lambda st: conv_moment(None, st), lambda B: 1.0)
     branch = 0.5 * blocks * math.log1p(1.0 / blocks)
     lo, hi = math.log(theory.RESNET_LOWER), math.log(theory.RESNET_UPPER)
     out = []
