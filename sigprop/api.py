@@ -87,8 +87,9 @@ def _probe_conv(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
     wrn = isinstance(spec, specs.WRNSpec)
     steps, arrays, env = engine.run_conv(spec, probe_spec, progress=progress, on_start=on_start)
     runs = []
-    kind = engine._net_kind("wrn-bn" if wrn and spec.norm == "bn" else ("wrn" if wrn else "cnn"))
-    for name in (spec.resolved_inits() if wrn else spec.inits):
+    kind_name, names = engine.kind_of(spec)
+    kind = engine._net_kind(kind_name)
+    for name in names:
         scheme, a = kind.scheme(name), arrays[name]
         if wrn:
             run = stats.wrn_run(scheme, steps, spec.blocks, a, band=gate.band, gate=gate.gate, init=name)
@@ -235,13 +236,12 @@ def rerun(doc: dict, progress: engine.ProgressFn | None = None, on_start=None) -
 
 def _curvature_net(spec, seed: int):
     """(net kind, plan, init names, input shape) of a probe spec for ``hessian``."""
+    kind, names = engine.kind_of(spec)
     if isinstance(spec, specs.MLPSpec):
-        return "mlp", spec.widths(seed), list(spec.inits), (spec.input_dim,)
+        return kind, spec.widths(seed), list(names), (spec.input_dim,)
     if isinstance(spec, specs.ResNetSpec):
-        return ("bn-resnet" if spec.norm == "bn" else "resnet"), spec.plan(seed), list(spec.resolved_inits()), (spec.dim,)
-    if isinstance(spec, specs.CNNSpec):
-        return "cnn", spec.steps(), list(spec.inits), tuple(spec.image)
-    return ("wrn-bn" if spec.norm == "bn" else "wrn"), spec.steps(), list(spec.resolved_inits()), tuple(spec.image)
+        return kind, spec.plan(seed), list(names), (spec.dim,)
+    return kind, spec.steps(), list(names), tuple(spec.image)
 
 
 def _hessian_data(hs: specs.HessianSpec, shape, device, dtype):
@@ -274,8 +274,7 @@ def _hessian_data(hs: specs.HessianSpec, shape, device, dtype):
 
 
 def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
-    """The curvature at init of every init of ``spec`` (any probe spec but the BN ResNet): per
-    weight draw the largest-magnitude Hessian eigenvalue (power iteration), the top-k (Lanczos)
+    """The curvature at init of every init of ``spec`` (any probe spec): per weight draw the largest-magnitude Hessian eigenvalue (power iteration), the top-k (Lanczos)
     and the trace (Hutchinson) as ``hs`` asks; a ``results.HessianResult``."""
     import time
 

@@ -539,6 +539,18 @@ def _net_kind(name: str):
     return walker.NET_KINDS[name]
 
 
+def kind_of(spec) -> tuple[str, tuple[str, ...]]:
+    """The registered net kind (``walker.NET_KINDS``) a spec runs as, and the init names that run
+    (a ResNet's and the WRN's resolved for their --norm)."""
+    if isinstance(spec, specs.MLPSpec):
+        return "mlp", tuple(spec.inits)
+    if isinstance(spec, specs.CNNSpec):
+        return "cnn", tuple(spec.inits)
+    if isinstance(spec, specs.ResNetSpec):
+        return ("bn-resnet" if spec.norm == "bn" else "resnet"), spec.resolved_inits()
+    return ("wrn-bn" if spec.norm == "bn" else "wrn"), spec.resolved_inits()
+
+
 def _drive(kind: str, net, names, probe: specs.ProbeSpec, dims: tuple[int, int], need: int, fields: str, stream: bool,
            graphs: bool, device: torch.device, precision: "matmul_precision", progress: ProgressFn | None,
            on_start: Callable[[dict], None] | None) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
@@ -652,7 +664,7 @@ def run_conv(
     returns the steps, {init: {"fwd", "bwd" [S, E, N], "branch" (WRN), "correlation" with
     cosines}} and the environment.  Memory, streaming, batching and graphs as ``run_mlp``."""
     wrn = isinstance(spec, specs.WRNSpec)
-    kind, names = (("wrn-bn" if spec.norm == "bn" else "wrn"), spec.resolved_inits()) if wrn else ("cnn", spec.inits)
+    kind, names = kind_of(spec)
     if kind == "wrn-bn" and probe.samples < 2:
         raise SigpropError("batch normalization needs >= 2 samples in the batch", field="samples")
     fields = "blocks/widen/image/samples" if wrn else "depth/channels/image/samples"
@@ -864,7 +876,7 @@ def run_resnet(
     precision = matmul_precision(probe.precision, device)
     dtype = DTYPES[probe.dtype]
     itemsize = torch.finfo(dtype).bits // 8
-    names = spec.resolved_inits()
+    kind, names = kind_of(spec)
     bn = spec.norm == "bn"
     # a lower bound that needs no plan (a plan of 10^9 blocks would itself exhaust memory): the
     # bit-packed masks, BN's saved inputs and the float64 ln-ratio buffers, with widths at LO
@@ -878,7 +890,7 @@ def run_resnet(
     fields = "blocks/stages/dim/width/samples"
     stream = probe.stream
     weights_hi = itemsize * (resnet_weight_count(hi) + (len(hi.blocks) + 1) * hi.dim**2 * bn)
-    estimate = _net_kind("bn-resnet" if bn else "resnet").estimate
+    estimate = _net_kind(kind).estimate
     bound = estimate(hi, probe.samples, itemsize)
     if stream is None and bound > 0.8 * available_bytes(device):
         stream = True
@@ -903,6 +915,6 @@ def run_resnet(
     check_pairs(probe, plan.dim)
     need += correlation_bytes(probe, max(max(b.widths) for b in plan.blocks), itemsize)
     dims = plan.entry_dims()
-    out, env = _drive("bn-resnet" if bn else "resnet", plan, names, probe, (dims[0], dims[-1]), need, fields, stream, graphs,
+    out, env = _drive(kind, plan, names, probe, (dims[0], dims[-1]), need, fields, stream, graphs,
                       device, precision, progress, on_start)
     return plan, out, env

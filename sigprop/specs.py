@@ -256,6 +256,14 @@ def parse_image(text) -> tuple[int, int, int]:
     return shape
 
 
+def _image(image) -> tuple[int, int, int]:
+    """A spec's ``image``: a CxHxW string or a (C, H, W) tuple, each size within bounds."""
+    shape = parse_image(image if isinstance(image, str) else "x".join(map(str, image)))
+    for n in shape:
+        check_size(n, "image")
+    return shape
+
+
 #: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
 #: Xiao et al. 2018 (whose architecture it is) use for deep CNNs
 CNN_DEFAULT_INITS = ("proposed", "delta-orthogonal")
@@ -276,9 +284,7 @@ class CNNSpec:
     def __post_init__(self) -> None:
         check_size(self.depth, "depth")
         check_size(self.channels, "channels")
-        object.__setattr__(self, "image", parse_image("x".join(map(str, self.image)) if not isinstance(self.image, str) else self.image))
-        for n in self.image:
-            check_size(n, "image")
+        object.__setattr__(self, "image", _image(self.image))
         if not 0 <= self.strided <= self.depth:
             raise SigpropError(f"must be in [0, depth = {self.depth}], got {self.strided}", field="strided")
         _init_tuple(self, "cnn")
@@ -335,9 +341,7 @@ class WRNSpec:
                                        field="preset")
         check_size(self.blocks, "blocks")
         check_size(self.widen, "widen")
-        object.__setattr__(self, "image", parse_image("x".join(map(str, self.image)) if not isinstance(self.image, str) else self.image))
-        for n in self.image:
-            check_size(n, "image")
+        object.__setattr__(self, "image", _image(self.image))
         if self.norm not in NORMS:
             raise SigpropError(f"expected one of {', '.join(NORMS)}, got {self.norm!r}", field="norm")
         _init_tuple(self, "wrn", known_only=True)
@@ -347,10 +351,9 @@ class WRNSpec:
 
     @classmethod
     def of_preset(cls, preset: str, **kw) -> "WRNSpec":
-        """The preset's net; ``kw`` may repeat its blocks/widen/bottleneck (the same values) and set the rest."""
-        if preset not in WRN_PRESETS:
-            raise SigpropError(f"unknown preset {preset!r}; choose from {', '.join(WRN_PRESETS)}", field="preset")
-        return cls(preset=preset, **{**WRN_PRESETS[preset], **kw})
+        """The preset's net; ``kw`` may repeat its blocks/widen/bottleneck (the same values) and set
+        the rest (an unknown preset is refused by ``__post_init__``)."""
+        return cls(preset=preset, **{**WRN_PRESETS.get(preset, {}), **kw})
 
     def resolved_inits(self) -> tuple[str, ...]:
         return tuple(inits.resolve_resnet(name, self.norm, "wrn") for name in self.inits)

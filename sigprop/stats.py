@@ -257,10 +257,8 @@ def cnn_run(scheme: InitScheme, steps, ln_fwd: np.ndarray, ln_bwd: np.ndarray, b
     layers = []
     for l, st in enumerate(convs, 1):
         f, b = ratio_stats(ln_fwd[:, l - 1, :]), ratio_stats(ln_bwd[:, l - 1, :])
-        for rs, ln_pred in ((f, None if pred is None or pred.ln_forward is None else pred.ln_forward[l - 1]),
-                            (b, None if pred is None else pred.ln_backward[l - 1])):
-            if ln_pred is not None:
-                rs.predicted, rs.log10_predicted = _exp_or_none(ln_pred), ln_pred / LN10
+        _rms_only(f, None if pred is None or pred.ln_forward is None else pred.ln_forward[l - 1])
+        _rms_only(b, None if pred is None else pred.ln_backward[l - 1])
         layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
     band = band or MLP_BAND
     L = len(convs)
@@ -360,7 +358,7 @@ def wrn_run(scheme: InitScheme, steps, blocks: int, arrays: dict[str, np.ndarray
 
     shapes, widths, E = wrn_entries(steps)
     pf = pb = pbr = None
-    bn = any(getattr(st, "bn", False) for st in plans.convs(steps))
+    bn = any(st.bn for st in plans.convs(steps))
     description = scheme.description
     if bn:
         description = "He convs each followed by training-mode batch norm (gamma = 1, beta = 0), ReLU after BN, no ReLU after the sum"
