@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from sigprop import report, specs
+from sigprop import plans, report, specs
 from sigprop.errors import SigpropError
 from sigprop.cli._app import app
 from sigprop.cli.options import (FIGURE1_INITS, CNNInitName, Format, HessianOptions, InitName, Norm, ProbeOptions, ResNetInitName,
@@ -144,19 +144,13 @@ def wrn(
     else:
         names = list(specs.WRN_DEFAULT_INITS) if norm is Norm.wn else ["he"]
     given = {k: v for k, v in (("blocks", blocks), ("widen", widen), ("bottleneck", bottleneck)) if v is not None}
-    if preset is not None:
-        clash = [f"--{k}" for k, v in given.items() if v != specs.WRN_PRESETS[preset.value][k]]
-        if clash:
-            raise SigpropError(f"preset {preset.value!r} sets {', '.join(k.lstrip('-') for k in clash)}; drop {' '.join(clash)} or the preset",
-                               field="preset")
-        spec = specs.WRNSpec.of_preset(preset.value, image=specs.parse_image(image), norm=norm.value, inits=tuple(names))
-    else:
-        spec = specs.WRNSpec(image=specs.parse_image(image), norm=norm.value, inits=tuple(names), **given)
+    kw = {"image": specs.parse_image(image), "norm": norm.value, "inits": tuple(names), **given}
+    # a --blocks/--widen/--bottleneck that contradicts the preset is refused by the spec
+    spec = specs.WRNSpec(**kw) if preset is None else specs.WRNSpec.of_preset(preset.value, **kw)
     kind = preset.value if preset is not None else f"WRN N = {spec.blocks}, k = {spec.widen}"
-    layers = 1 + 3 * spec.blocks * (3 if spec.bottleneck else 2) + (3 if spec.bottleneck else 2)
     _run_probe(spec, opts, lambda env: f"sigprop wrn: device {env['device']} ({env['device_name']}), {env['dtype']}, {kind} "
-               f"({'bottleneck' if spec.bottleneck else 'basic'} blocks, {layers} conv layers), image {image}, norm {norm.value} "
-               f"(seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")
+               f"({'bottleneck' if spec.bottleneck else 'basic'} blocks, {len(plans.convs(spec.steps()))} conv layers), image {image}, "
+               f"norm {norm.value} (seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")
 
 
 def _run_hessian(spec, opts: HessianOptions, banner) -> None:
