@@ -317,7 +317,7 @@ def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
             m = H.build(kind_name, net, scheme, x, hs.seed, draw)
             h = H.HVP(m, x, y)
             gen = torch.Generator(device=device)
-            gen.manual_seed(specs.derive_seed(hs.seed, H.STREAM_POWER, draw))
+            gen.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_POWER, draw))
             if not math.isfinite(h.loss):
                 d = CurvatureDraw(draw, None, 0, None, "diverged", loss=h.loss, parameters=h.size)
             else:

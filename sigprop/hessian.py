@@ -36,7 +36,6 @@ from sigprop.inits import LayerRole
 CLASSES = 10
 #: the head's generator id: beyond every plan's layer ids
 HEAD_LAYER = 2**40
-STREAM_LABELS, STREAM_POWER = 5, 6
 
 
 @dataclass
@@ -46,12 +45,7 @@ class Model:
 
     units: list
     params: dict
-    conv: bool
     loss: Callable = field(repr=False)
-
-    @property
-    def size(self) -> int:
-        return sum(p.numel() for p in self.params.values())
 
 
 def _weight(p: dict, key: str) -> torch.Tensor:
@@ -153,7 +147,7 @@ def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int) ->
             t = feats @ v.T / torch.linalg.vector_norm(v, dim=1)
             cal = scheme.calibrate(inits_mod.LayerParams(v=v, g=params["head.g"], bias=params["head.b"], scale=None), t)
             params["head.g"], params["head.b"] = cal.g, cal.bias
-    return Model(units, params, conv, loss)
+    return Model(units, params, loss)
 
 
 def _head(scheme, role: LayerRole, seed: int, draw: int, device, dtype) -> dict:
@@ -280,5 +274,5 @@ def data(seed: int, samples: int, shape, device, dtype) -> tuple[torch.Tensor, t
     uniform over the 10 classes from their own stream."""
     x, _ = E.probe_inputs(seed, samples, math.prod(shape), 1, device, dtype)
     gen = torch.Generator(device=device)
-    gen.manual_seed(specs.derive_seed(seed, STREAM_LABELS))
+    gen.manual_seed(specs.derive_seed(seed, specs.STREAM_LABELS))
     return x, torch.randint(0, CLASSES, (samples,), generator=gen, device=device)

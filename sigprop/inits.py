@@ -142,7 +142,7 @@ def register(scheme: InitScheme) -> InitScheme:
 
 
 def get(name: str, arch: str | None = None) -> InitScheme:
-    """The scheme ``name``; with ``arch`` ("mlp", "resnet", "cnn") it must be defined for that net.
+    """The scheme ``name``; with ``arch`` ("mlp", "resnet", "cnn", "wrn") it must be defined for that net.
     Unknown names raise a SigpropError with the closest valid name and the full list."""
     valid = names(arch)
     if name in valid:
@@ -159,7 +159,7 @@ def get(name: str, arch: str | None = None) -> InitScheme:
 
 
 def names(arch: str | None = None) -> list[str]:
-    """Registry names, optionally only those defined for ``arch`` ("mlp", "resnet" or "cnn")."""
+    """Registry names, optionally only those defined for ``arch`` ("mlp", "resnet", "cnn" or "wrn")."""
     return [n for n, s in INITS.items() if arch is None or arch in s.applies_to]
 
 

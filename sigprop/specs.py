@@ -33,6 +33,8 @@ def check_size(value: int, field: str) -> None:
 
 #: spawn keys of the independent random streams derived from one --seed
 STREAM_WIDTHS, STREAM_INPUTS, STREAM_ERRORS, STREAM_WEIGHTS, STREAM_PAIRS = 0, 1, 2, 3, 4
+#: ``sigprop hessian``: the synthetic labels and the power iteration's start vectors
+STREAM_LABELS, STREAM_POWER = 5, 6
 
 
 def derive_seed(seed: int, *keys: int) -> int:
