@@ -314,7 +314,7 @@ def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
         draws = []
         for draw in range(hs.seeds):
             t0 = time.perf_counter()
-            m = H.build(kind_name, net, scheme, x, hs.seed, draw)
+            m = H.build(kind_name, net, scheme, x, hs.seed, draw, hs.head)
             h = H.HVP(m, x, y)
             gen = torch.Generator(device=device)
             gen.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_POWER, draw))

@@ -7,8 +7,12 @@ unit's parameters (a data-dependent init is calibrated on that data, as the pape
 batch) -- and this module only re-expresses those units as a differentiable function of their
 trainable parameters: per WN layer g, v and b (b = 0 at init; Salimans & Kingma 2016, eq. 2),
 per plain layer W and b, per batch norm (the BN ResNet's, the BN WRN's convs) its affine gamma = 1, beta = 0, plus a
-10-way linear head after the last state (conv nets: after global average pooling), drawn by the
-same init scheme with gain 1 (role ``linear``).
+10-way linear head after the last state (conv nets: after global average pooling).  The head is, by
+default, the paper's: a plain nn.Linear at PyTorch's default init (W, b ~ U(+-1/sqrt(n_in))), the
+same for every init under test, as in the authors' code (Arpit et al. 2019, section 5); with
+``head="init"`` it is drawn by the init under test with gain 1 (role ``linear``; a data-dependent
+head standardised on the features), which docs/theory.md section 12 uses to show how much of
+the curvature the head sets.
 
 The curvature: Hessian-vector products by double backward (the gradient's graph is built once
 and reused), the largest-magnitude eigenvalue by power iteration (stopped when the Rayleigh
@@ -79,10 +83,10 @@ def _take(params: dict, key: str, lp, normalized: bool) -> None:
     params[f"{key}.b"] = (lp.bias[0] if lp.bias is not None else torch.zeros_like(lp.v[0, :, 0])).detach().clone()
 
 
-def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int) -> Model:
+def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int, head: str = "pytorch") -> Model:
     """The net of ``kind_name`` (a ``walker.NET_KINDS`` name) on its plan ``net`` under ``scheme``,
     draw ``draw``: the walker draws (and, for a data-dependent init, calibrates on x) the weights
-    exactly as the probe does; the head is drawn from its own generator."""
+    exactly as the probe does; the head (``specs.HEADS``) is drawn from its own generator."""
     kind = walker.NET_KINDS[kind_name]
     units, record_input = kind.units(net, scheme)
     with torch.no_grad():  # a walk with an error vector keeps its weights (its ratios are not observed)
@@ -108,7 +112,9 @@ def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int) ->
     conv = isinstance(units[0], walker.BNConvUnit) or isinstance(getattr(units[0], "op", None), walker.ConvOp)
     last = _last_shape(units)
     features = last[0] if conv else _out_units(units)
-    params.update(_head(scheme, LayerRole(features, CLASSES, "linear"), seed, draw, x.device, x.dtype))
+    head_scheme = scheme if head == "init" else inits_mod.get("pytorch")
+    params.update(_head(head_scheme, head == "init" and scheme.normalized, LayerRole(features, CLASSES, "linear"), seed, draw,
+                        x.device, x.dtype))
 
     def features(p: dict, xb: torch.Tensor) -> torch.Tensor:
         """The net's last state (conv nets: globally average-pooled): the head's input."""
@@ -140,7 +146,7 @@ def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int) ->
     def loss(p: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(features(p, xb) @ _weight(p, "head").T + p["head.b"], yb)
 
-    if scheme.calibrate is not None:  # the data-dependent head: standardised on the data's features
+    if head == "init" and scheme.calibrate is not None:  # the data-dependent head: standardised on the data's features
         with torch.no_grad():
             feats = features(params, x)
             v = params["head.v"]
@@ -150,12 +156,14 @@ def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int) ->
     return Model(units, params, loss)
 
 
-def _head(scheme, role: LayerRole, seed: int, draw: int, device, dtype) -> dict:
+def _head(scheme, normalized: bool, role: LayerRole, seed: int, draw: int, device, dtype) -> dict:
+    """The head's parameters drawn by ``scheme``: WN (g, v, b) when ``normalized``, else plain W = v, b
+    (``pytorch``'s g = ||v|| makes its effective weight v itself: nn.Linear's default)."""
     gen = E.layer_generator(seed, draw, HEAD_LAYER, device)
     lp = scheme.sample(role, gen, device, dtype)
     out = {"head.v": lp.v.detach().clone(),
            "head.b": (lp.bias if lp.bias is not None else torch.zeros(role.fan_out, device=device, dtype=dtype)).detach().clone()}
-    if scheme.normalized and lp.g is not None:
+    if normalized and lp.g is not None:
         out["head.g"] = lp.g.detach().clone()
     return out
 

@@ -216,6 +216,15 @@ def _wn(v, g, bias=None) -> LayerParams:
     return LayerParams(v=v, g=g, bias=bias, scale=g / norms)
 
 
+def _weight_norm_default(v, bias=None) -> LayerParams:
+    """torch.nn.utils.weight_norm's initial g = ||v|| (per row): w = v exactly; bias None = 0."""
+    import torch
+
+    if bias is None:
+        bias = torch.zeros(v.shape[0], device=v.device, dtype=v.dtype)
+    return _wn(v, torch.linalg.vector_norm(v, dim=1), bias)
+
+
 def _const_gain(v, value: float) -> LayerParams:
     import torch
 
@@ -254,8 +263,27 @@ def _sample_pytorch(role, gen, device, dtype):
     bound = pytorch_linear_bound(role.fan_in)
     v = (torch.rand(role.fan_out, role.fan_in, generator=gen, device=device, dtype=dtype) * 2 - 1) * bound
     b = (torch.rand(role.fan_out, generator=gen, device=device, dtype=dtype) * 2 - 1) * bound
-    g = torch.linalg.vector_norm(v, dim=1)  # weight_norm's initial g = ||v||: w = v exactly
-    return _wn(v, g, b)
+    return _weight_norm_default(v, b)
+
+
+def _sample_pytorch_he(role, gen, device, dtype):
+    """weight_norm's default g = ||v|| over He directions v ~ N(0, 2/fan_in), b = 0: the PyTorch-default
+    baseline of Arpit et al. 2019, section 5.1 ("initializes g_i = ||W_i||") as the authors' released code
+    builds it (kaiming_normal_ weights, zero biases, then weight_norm).  w = v exactly: a He net at init,
+    parameterized by g, v, b (which the curvature sees)."""
+    return _weight_norm_default(gaussian(role, gen, device, dtype) * math.sqrt(2.0 / role.fan_in))
+
+
+def _sample_pytorch_orthogonal(role, gen, device, dtype):
+    """weight_norm's default g = ||v|| over orthogonal_ directions (orthonormal rows when fan_out <= fan_in,
+    orthonormal columns otherwise), b = 0: the authors' code's other PyTorch-default variant
+    ("orthogonal"); w = v, so row norms are 1 except in expanding layers."""
+    return _weight_norm_default(orthogonalize(gaussian(role, gen, device, dtype)))
+
+
+def pytorch_orthogonal_row_sq(role: LayerRole) -> float:
+    """E||w_i||^2 of an orthogonal_ matrix [fan_out, fan_in]: 1 with orthonormal rows, fan_in/fan_out with orthonormal columns."""
+    return min(1.0, role.fan_in / role.fan_out)
 
 
 def _sample_datadep(role, gen, device, dtype):
@@ -365,11 +393,35 @@ register(
     InitScheme(
         name="pytorch",
         cites=("arpit2019initialize", "paszke2019pytorch"),
-        description="weight_norm(nn.Linear) defaults: v, b ~ U(+-1/sqrt(n_in)), g = ||v||",
-        paper=f"{P001} section 5 (PyTorch default baseline)",
+        description="weight_norm(nn.Linear) defaults: v, b ~ U(+-1/sqrt(n_in)), g = ||v|| (PyTorch's own; the paper's code redraws W: pytorch-he)",
+        paper="PyTorch's nn.Linear/nn.Conv2d defaults (the PyTorch default of Arpit et al. 2019 draws W otherwise: pytorch-he, pytorch-orthogonal)",
         direction="uniform",
         sample=_sample_pytorch,
         moments=lambda r: theory.LayerMoments(row_sq=1.0 / 3.0, bias_var=1.0 / (3.0 * r.fan_in)),
+        applies_to=frozenset({"mlp", "resnet", "cnn", "wrn"}),
+    )
+)
+register(
+    InitScheme(
+        name="pytorch-he",
+        cites=("arpit2019initialize", "he2015delving"),
+        description="weight_norm default g = ||v|| over He v ~ N(0, 2/n_in), b = 0 (the paper's code's PyTorch default)",
+        paper=f"{P001} section 5.1 (PyTorch default g_i = ||W_i||, W drawn He as in the authors' code)",
+        direction="gaussian",
+        sample=_sample_pytorch_he,
+        moments=lambda r: theory.LayerMoments(row_sq=2.0),
+        applies_to=frozenset({"mlp", "resnet", "cnn", "wrn"}),
+    )
+)
+register(
+    InitScheme(
+        name="pytorch-orthogonal",
+        cites=("arpit2019initialize", "paszke2019pytorch"),
+        description="weight_norm default g = ||v|| over orthogonal v, b = 0 (the paper's code's other PyTorch default)",
+        paper=f"{P001} section 5.1 (PyTorch default g_i = ||W_i||, W drawn orthogonal as in the authors' code)",
+        direction="orthogonal",
+        sample=_sample_pytorch_orthogonal,
+        moments=lambda r: theory.LayerMoments(row_sq=pytorch_orthogonal_row_sq(r)),
         applies_to=frozenset({"mlp", "resnet", "cnn", "wrn"}),
     )
 )

@@ -408,8 +408,9 @@ def build_hessian_figure(result):
     ax.axhline(0.0, color="0.4", lw=0.8)
     ax.set_ylabel("log10 spectral norm of the loss Hessian")
     cfg = result.config
+    head = f", --head {cfg['head']}" if cfg.get("head") else ""
     ax.set_title(f"sigprop hessian {result.command}: curvature at init, {cfg.get('samples')} samples, "
-                 f"{cfg.get('seeds')} draw(s)\nbar: mean ± sd over draws; points: each draw", fontsize=9)
+                 f"{cfg.get('seeds')} draw(s){head}\nbar: mean ± sd over draws; points: each draw", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from sigprop import specs
 from sigprop.results import ProbeResult, RatioStats, RunResult, TheoryResult
 
 #: the table shows at most this many rows (41: a 40-block ResNet's states h^0..h^40) (first, last, evenly spaced); JSON/CSV have all
@@ -531,7 +532,7 @@ def render_hessian(result, console: Console) -> None:
         m, sd = run.summary()
         text = "diverged in every draw" if m is None else f"{m:.2f}" + ("" if sd is None else f" ± {sd:.2f}")
         over = "one draw: --seeds S gives the spread" if len(run.draws) == 1 else f"mean ± sd over {len(run.draws)} draws"
-        console.print(f"{run.init}: log10 spectral norm {text} ({over})", highlight=False)
+        console.print(f"{run.init}: log10 spectral norm {text} ({over}) [dim]— {escape(run.description)}[/dim]", highlight=False)
     done = [r for r in result.runs if not r.diverged]
     order = sorted(done, key=lambda r: r.summary()[0])
     if order:
@@ -539,7 +540,8 @@ def render_hessian(result, console: Console) -> None:
                       + " < ".join(f"{r.init} {r.summary()[0]:.2f}" for r in order)
                       + ("" if len(done) == len(result.runs) else "; diverged: " + ", ".join(r.init for r in result.runs if r.diverged)),
                       highlight=False)
+    head = specs.HEADS.get(result.config.get("head", "pytorch"), "the head")
     console.print("[dim]power iteration on Hessian-vector products (double backward) of the 10-way cross-entropy at init, "
-                  "every trainable parameter (WN g, v, b; BN gamma, beta; the head); 'not converged': still the last Rayleigh "
+                  f"every trainable parameter (WN g, v, b; BN gamma, beta; {head}); 'not converged': still the last Rayleigh "
                   "quotient, with its residual ||Hv - λv||/|λ|; synthetic data unless --data (docs/cli.md, sigprop hessian)[/dim]",
                   soft_wrap=True)

@@ -371,13 +371,21 @@ class WRNSpec:
                 "norm": self.norm, "preset": self.preset, "inits": list(self.resolved_inits())}
 
 
+#: the 10-way linear head of ``sigprop hessian`` -> how the output names it: "pytorch" -- the paper's
+#: nets' plain nn.Linear at PyTorch's default init, the same for every init under test (the authors'
+#: code, Arpit et al. 2019, section 5); "init" -- drawn by the init under test with gain 1 (WN where
+#: the init is)
+HEADS = {"pytorch": "the paper's head (plain nn.Linear, PyTorch's default init, the same for every init)",
+         "init": "each init's own head (gain 1)"}
+
+
 @dataclass(frozen=True)
 class HessianSpec:
     """How to measure the curvature at init (``sigprop hessian``, Arpit et al. 2019, section 5.3):
     ``samples`` synthetic inputs x ~ N(0, I) with uniform labels over 10 classes (or the user's
     ``data``: a .pt or .npz file with ``x`` and ``y``), ``seeds`` weight draws, the power
     iteration's ``iters`` and relative ``tol``, ``top`` eigenvalues by Lanczos (0: none),
-    ``trace`` Hutchinson probes (0: none)."""
+    ``trace`` Hutchinson probes (0: none), and the 10-way ``head`` (``HEADS``)."""
 
     samples: int = 512
     seed: int = 0
@@ -389,8 +397,11 @@ class HessianSpec:
     top: int = 0
     trace: int = 0
     data: str | None = None
+    head: str = "pytorch"
 
     def __post_init__(self) -> None:
+        if self.head not in HEADS:
+            raise SigpropError(f"expected one of {', '.join(HEADS)}, got {self.head!r}", field="head")
         ProbeSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype)  # same checks
         check_size(self.iters, "iters")
         if not (isinstance(self.tol, (int, float)) and 0 < self.tol < 1):

@@ -76,7 +76,8 @@ class Point:
         if self.probe.correlations:  # only then: the keys of rows without cosines stay as they were (resume)
             d["correlations"], d["pairs"] = list(self.probe.correlations), self.probe.pairs
         if self.curvature is not None:
-            d["curvature"] = {"iters": self.curvature.iters, "tol": self.curvature.tol}
+            # the head is part of the key: a 0.6.0 row (each init's own head) is re-measured, not resumed
+            d["curvature"] = {"iters": self.curvature.iters, "tol": self.curvature.tol, "head": self.curvature.head}
         return d
 
     @property

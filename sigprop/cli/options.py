@@ -52,6 +52,7 @@ class DType(str, enum.Enum):
 
 
 Precision = enum.Enum("Precision", {p: p for p in specs.PRECISIONS}, type=str)
+Head = enum.Enum("Head", {h: h for h in specs.HEADS}, type=str)
 
 StreamOpt = Annotated[
     Optional[bool],
@@ -184,12 +185,13 @@ class HessianOptions(RunOptions):
     top: int
     trace: int
     data: Optional[Path]
+    head: Head
     plot: Optional[Path]
 
     def hessian_spec(self) -> specs.HessianSpec:
         return specs.HessianSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype.value,
                                  iters=self.iters, tol=self.tol, top=self.top, trace=self.trace,
-                                 data=None if self.data is None else str(self.data))
+                                 data=None if self.data is None else str(self.data), head=self.head.value)
 
 
 HESSIAN_OPTIONS = (
@@ -202,6 +204,9 @@ HESSIAN_OPTIONS = (
     ("top", Annotated[int, typer.Option(min=0, help="Also the K largest-magnitude eigenvalues by Lanczos (0: no).")], 0),
     ("trace", Annotated[int, typer.Option(min=0, help="Also the trace by Hutchinson's estimator with M Rademacher probes (0: no).")], 0),
     ("data", Annotated[Optional[Path], typer.Option(help="Your data instead of synthetic: a .pt or .npz with x [N, ...] and integer labels y [N] in 0..9.")], None),
+    ("head", Annotated[Head, typer.Option(help="The 10-way head: pytorch (the paper's nets: plain nn.Linear at PyTorch's default init, "
+                                                "the same for every init) or init (drawn by the init under test, gain 1; docs/theory.md section 12).")],
+     Head.pytorch),
     ("threads", ThreadsOpt, None),
     ("plot", Annotated[Optional[Path], typer.Option(help="Also draw the curvature per init (bar: mean ± sd, points: draws) to this .png/.svg/.pdf.")], None),
 )

@@ -176,8 +176,10 @@ def test_lowest_curvature_check(capsys, monkeypatch, tmp_path):
     doc = json.loads(out)
     gates = [g for o in doc["checks"] for g in o["gates"]]
     assert [g["verdict"] for g in gates] == ["curvature", "curvature"] and [g["passed"] for g in gates] == [True, False]
-    assert doc["results"]["lowest"]["schema"] == "sigprop.hessian.v1"
-    for bad, words in (('lowest_curvature = "he"', "lowest_curvature must name one of"), ("iters = 5", "applies to a lowest_curvature check only")):
+    assert doc["results"]["lowest"]["schema"] == "sigprop.hessian.v1" and doc["results"]["lowest"]["config"]["head"] == "pytorch"
+    for bad, words in (('lowest_curvature = "he"', "lowest_curvature must name one of"), ("iters = 5", "applies to a lowest_curvature check only"),
+                       ('head = "init"', "applies to a lowest_curvature check only"),
+                       ('lowest_curvature = "proposed"\nhead = "wn"', "expected one of pytorch, init")):
         text = '[checks.a]\ncommand = "mlp"\ndepth = 2\ninit = ["proposed", "datadep"]\n' + bad + "\n"
         code, out, err = run(capsys, monkeypatch, tmp_path, text)
         assert code == 2 and words in err and "sigprop.toml:" in err, err

@@ -435,7 +435,11 @@ def test_hessian_command(capsys, tmp_path):
     assert doc["schema"] == "sigprop.hessian.v1" and doc["command"] == "mlp" and [r["init"] for r in doc["runs"]] == ["proposed", "datadep"]
     d = doc["runs"][0]["draws"][0]
     assert d["status"] in ("converged", "not converged") and len(d["top"]) == 2 and d["trace_se"] is not None
-    assert d["parameters"] == 3 * (8 + 8) + 6 * 8 + 8 * 8 * 2 + (10 + 10 + 8 * 10)  # g, b, v per layer; the head's g, b, v
+    assert d["parameters"] == 3 * (8 + 8) + 6 * 8 + 8 * 8 * 2 + (10 + 8 * 10)  # g, b, v per layer; the paper's plain head: b, W
+    assert doc["config"]["head"] == "pytorch"
+    assert main(args[:-4] + ["--head", "init", "--format", "json"]) == 0  # the init's own WN head: g, b, v
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["config"]["head"] == "init" and doc["runs"][0]["draws"][0]["parameters"] == d["parameters"] + 10
     data = tmp_path / "d.npz"
     np.savez(data, x=np.random.default_rng(0).standard_normal((12, 6)).astype(np.float32), y=np.arange(12) % 10)
     assert main(["hessian", "mlp", "--depth", "2", "--width", "8", "--input-dim", "6", "--seeds", "1", "--device", "cpu", "--init", "proposed",
@@ -446,7 +450,8 @@ def test_hessian_command(capsys, tmp_path):
     for argv, field in ((["hessian", "mlp", "--input-dim", "6", "--data", str(bad)], "--data"),
                         (["hessian", "mlp", "--format", "csv"], "--format"),
                         (["hessian", "resnet", "--tol", "2"], "--tol"),
-                        (["hessian", "mlp", "--trace", "1"], "--trace")):
+                        (["hessian", "mlp", "--trace", "1"], "--trace"),
+                        (["hessian", "mlp", "--head", "wn"], "--head")):
         assert main(argv + ["--device", "cpu"]) == 2, argv
         err = capsys.readouterr().err
         assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -264,7 +264,7 @@ def test_sweep_curvature_resumes_and_plots(tmp_path, capsys):
     assert main(args) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 4 and all(r["curvature"]["log10_spectral_norm_mean"] is not None for r in rows)
-    assert all(len(r["curvature"]["draws"]) == 2 and r["config"]["curvature"] == {"iters": 100, "tol": 1e-3} for r in rows)
+    assert all(len(r["curvature"]["draws"]) == 2 and r["config"]["curvature"] == {"iters": 100, "tol": 1e-3, "head": "pytorch"} for r in rows)
     assert main(args) == 0 and len(out.read_text().splitlines()) == 4  # resumed: nothing ran again
     assert main(["plot", str(out), "--direction", "curvature", "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").stat().st_size > 0

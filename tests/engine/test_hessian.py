@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from sigprop import engine, hessian, inits, nets, plans, walker
+from sigprop import hessian, inits, nets, plans, walker
 
 CPU = torch.device("cpu")
 
@@ -120,3 +120,74 @@ def test_power_iteration_is_deterministic_and_reports_divergence():
     assert runs[0] == runs[1]
     m.params["0.v"] = m.params["0.v"] * math.inf  # a non-finite net: the power iteration says so
     assert hessian.power_iteration(hessian.HVP(m, x, y), torch.Generator().manual_seed(9)).status == "diverged"
+
+
+def test_the_default_head_is_the_papers_pytorch_linear_for_every_init():
+    """The authors' nets end in a plain nn.Linear at PyTorch's default init whatever the init under
+    test (Arpit et al. 2019, section 5, their code): no g, W and b in U(+-1/sqrt(n_in)), the same
+    draw for every init; head="init" draws it by the init (WN g where the init has one)."""
+    net, shape = NETS["mlp"]
+    x, _ = hessian.data(0, 8, shape, CPU, torch.float64)
+    heads = {}
+    for name in ("proposed", "pytorch-he", "datadep", "he"):
+        p = hessian.build("mlp", net, inits.get(name), x, 3, 1).params
+        assert "head.g" not in p and p["head.v"].shape == (hessian.CLASSES, net[-1])
+        bound = 1 / math.sqrt(net[-1])
+        assert p["head.v"].abs().max() <= bound and p["head.b"].abs().max() <= bound and p["head.b"].abs().min() > 0
+        heads[name] = (p["head.v"], p["head.b"])
+    first = next(iter(heads.values()))
+    assert all(torch.equal(v, first[0]) and torch.equal(b, first[1]) for v, b in heads.values())
+    own = hessian.build("mlp", net, inits.get("proposed"), x, 3, 1, head="init").params
+    np.testing.assert_allclose(own["head.g"].numpy(), math.sqrt(net[-1] / hessian.CLASSES), rtol=1e-12)  # role linear, gain 1
+
+
+@pytest.mark.parametrize("name", ["proposed", "pytorch", "datadep"])
+def test_hvp_with_the_inits_own_head_is_the_dense_hessian(name):
+    net, shape = NETS["mlp"]
+    x, y = hessian.data(2, 8, shape, CPU, torch.float64)
+    m = hessian.build("mlp", net, inits.get(name), x, 1, 0, head="init")
+    assert ("head.g" in m.params) == inits.get(name).normalized
+    h, full = _dense(m, x, y)
+    np.testing.assert_allclose(h.dense().numpy(), full, rtol=1e-9, atol=1e-9)
+
+
+def test_pytorch_he_is_weight_norm_default_over_he_weights():
+    """The authors' code's PyTorch default: kaiming_normal_ W, zero b, then weight_norm (g = ||W||),
+    so w = v exactly and E||w_i||^2 = 2."""
+    role = inits.LayerRole(400, 300, "relu")
+    lp = inits.get("pytorch-he").sample(role, torch.Generator().manual_seed(0), CPU, torch.float64)
+    np.testing.assert_allclose(lp.g.numpy(), torch.linalg.vector_norm(lp.v, dim=1).numpy(), rtol=1e-14)
+    np.testing.assert_allclose(lp.scale.numpy(), 1.0, rtol=1e-14)
+    assert not lp.bias.any()
+    row_sq = (lp.g**2).numpy()  # mean 2, sd 2 sqrt(2/400) per row: the mean of 300 within 4 se
+    assert abs(row_sq.mean() - 2) <= 4 * 2 * math.sqrt(2 / 400) / math.sqrt(300)
+
+
+@pytest.mark.parametrize("fan_in, fan_out", [(400, 300), (300, 400)])
+def test_pytorch_orthogonal_is_weight_norm_default_over_orthogonal_weights(fan_in, fan_out):
+    """The authors' code's other PyTorch default: orthogonal_ W (orthonormal rows, or columns when
+    the layer expands), zero b, then weight_norm: w = v, row norms 1 (or fan_in/fan_out on average)."""
+    role = inits.LayerRole(fan_in, fan_out, "relu")
+    lp = inits.get("pytorch-orthogonal").sample(role, torch.Generator().manual_seed(1), CPU, torch.float64)
+    np.testing.assert_allclose(lp.g.numpy(), torch.linalg.vector_norm(lp.v, dim=1).numpy(), rtol=1e-14)
+    assert not lp.bias.any()
+    gram = lp.v @ lp.v.T if fan_out <= fan_in else lp.v.T @ lp.v
+    np.testing.assert_allclose(gram.numpy(), np.eye(min(fan_in, fan_out)), atol=1e-12)
+    assert (lp.g**2).mean().item() == pytest.approx(inits.pytorch_orthogonal_row_sq(role), rel=1e-12)
+
+
+def test_scaling_v_leaves_the_net_and_rescales_its_curvature():
+    """w = g v/||v|| is unchanged by v -> c v, so the loss is, but the Hessian is not: its v rows and
+    columns scale by 1/c (H' = D H D, D = 1/c on v's entries) -- the curvature of a WN net depends on
+    ||v||, which no forward measurement sees (docs/theory.md section 12)."""
+    net, shape = NETS["mlp"]
+    x, y = hessian.data(3, 8, shape, CPU, torch.float64)
+    m = hessian.build("mlp", net, inits.get("proposed"), x, 0, 0)
+    h, full = _dense(m, x, y)
+    c = 3.0
+    for k in [k for k in m.params if k.endswith(".v") and k != "head.v"]:  # the head is plain: its v is W
+        m.params[k] = m.params[k] * c
+    h2, full2 = _dense(m, x, y)
+    assert h2.loss == pytest.approx(h.loss, rel=1e-12)
+    d = np.concatenate([np.full(t.numel(), 1 / c if n.endswith(".v") and n != "head.v" else 1.0) for n, t in zip(h.names, h.leaves)])
+    np.testing.assert_allclose(full2, d[:, None] * full * d[None, :], rtol=1e-9, atol=1e-12)
