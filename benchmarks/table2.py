@@ -2,9 +2,10 @@
 log10 spectral norm of the loss Hessian (mean +- sd over draws) per init, with time and peak
 memory, beside the paper's numbers.  Prints; never asserts.
 
-  python benchmarks/table2.py                 # the paper's nets (WRN-40-10, ResNet-164): a GPU
+  python benchmarks/table2.py                 # the paper's nets (WRN-40-10, ResNet-164): a GPU;
+                                              # 5000 samples in minibatches of 128 (~15 GiB for WRN-40-10)
   python benchmarks/table2.py --quick         # reduced for a CPU: WRN-40-1 and ResNet-56, 16 x 16
-  options: --device cuda|cpu  --samples N  --seeds S
+  options: --device cuda|cpu  --samples N  --seeds S  --batch-size B (0: all samples at once)
 
 A 10-way head throughout (the paper's ResNet-164 row is CIFAR-100: 100 classes).  Synthetic data (Gaussian
 inputs, uniform labels) unless the paper's CIFAR subset is given with
@@ -37,14 +38,15 @@ def main() -> None:
     device = arg("--device", "cpu" if quick else "cuda")
     samples = arg("--samples", 128 if quick else 5000)
     seeds = arg("--seeds", 3)
+    batch = arg("--batch-size", 0 if quick else 128) or None  # the paper's minibatches (its code: batches of 128)
     nets = ([("wrn-40-10", specs.WRNSpec(blocks=6, widen=1, image=(3, 16, 16), inits=INITS), "WRN-40-1, 16 x 16"),
              ("resnet-164", specs.WRNSpec.of_preset("resnet-56", image=(3, 16, 16), inits=INITS), "ResNet-56, 16 x 16")] if quick else
             [("wrn-40-10", specs.WRNSpec.of_preset("wrn-40-10", inits=INITS), "WRN-40-10"),
              ("resnet-164", specs.WRNSpec.of_preset("resnet-164", inits=INITS), "ResNet-164")])
-    print(f"device {device}, {samples} synthetic samples, {seeds} draws")
+    print(f"device {device}, {samples} synthetic samples{'' if batch is None else f' in minibatches of {batch}'}, {seeds} draws")
     for paper_net, spec, label in nets:
         t0 = time.perf_counter()
-        result = api.hessian(spec, specs.HessianSpec(samples=samples, seeds=seeds, device=device))
+        result = api.hessian(spec, specs.HessianSpec(samples=samples, seeds=seeds, device=device, batch_size=batch))
         dt = time.perf_counter() - t0
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         print(f"\n{label} (paper: {paper_net}) -- {dt:.0f} s, peak RSS {rss:.2f} GiB so far")

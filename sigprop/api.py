@@ -301,8 +301,14 @@ def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
         weights = sum(st.role.fan_in * st.role.fan_out for st in plans.convs(net))
         fields = "depth/channels/image/samples" if kind_name == "cnn" else "blocks/widen/image/samples"
     itemsize = torch.finfo(dtype).bits // 8
-    # the graph of the gradient keeps ~8 copies of every activation; parameters, gradient, product
-    engine.check_memory((8 * x.shape[0] * sum(units) + 6 * weights) * itemsize, device, fields)
+    # the graph of the gradient keeps ~8 copies of every activation (of one minibatch with
+    # --batch-size); parameters, gradient, product
+    rows = min(x.shape[0], hs.batch_size or x.shape[0])
+    if hs.batch_size is None:
+        engine.check_memory((8 * rows * sum(units) + 6 * weights) * itemsize, device, fields,
+                            hint="; or take the data in minibatches with --batch-size")
+    else:
+        engine.check_memory((8 * rows * sum(units) + 6 * weights) * itemsize, device, fields.replace("samples", "batch_size"))
     env = {"torch": torch.__version__, "device": str(device), "device_name": engine.device_name(device), "dtype": hs.dtype,
            "threads": torch.get_num_threads()}
     if on_start is not None:
@@ -314,8 +320,10 @@ def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
         draws = []
         for draw in range(hs.seeds):
             t0 = time.perf_counter()
-            m = H.build(kind_name, net, scheme, x, hs.seed, draw, hs.head)
-            h = H.HVP(m, x, y)
+            # the weights: drawn as the probe draws them; a data-dependent init calibrated on the
+            # first minibatch with --batch-size (the authors' code calibrates on one training batch)
+            m = H.build(kind_name, net, scheme, x[:rows], hs.seed, draw, hs.head)
+            h = H.HVP(m, x, y, hs.batch_size)
             gen = torch.Generator(device=device)
             gen.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_POWER, draw))
             if not math.isfinite(h.loss):

@@ -17,7 +17,7 @@ A check is a TOML table under ``[tool.sigprop.checks]`` in pyproject.toml, or un
     max_correlation = 0.9                # also fail when inputs of cosine 0 end above 0.9
     lowest_curvature = "proposed"        # instead of a probe: the curvature at init (sigprop
                                          # hessian) of the inits listed; passes when this one's
-                                         # mean log10 spectral norm is the lowest (keys iters, tol, head)
+                                         # mean log10 spectral norm is the lowest (keys iters, tol, head, batch_size)
 
 Every option of ``sigprop mlp`` / ``sigprop resnet`` is a key (dashes or underscores):
 docs/ci.md lists them.
@@ -46,7 +46,7 @@ WRN_KEYS = {"blocks": int, "widen": int, "image": str, "bottleneck": bool, "pres
 RESNET_KEYS = {"blocks": int, "stages": int, "dim": int, "width": (str, int), "block_depth": int, "norm": str}
 META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str, "gate": str, "band": list,
              "correlation": (list, int, float), "max_correlation": (int, float), "lowest_curvature": str, "iters": int,
-             "tol": (int, float), "head": str}
+             "tol": (int, float), "head": str, "batch_size": int}
 EXPECT = ("pass", "fail")
 
 
@@ -210,7 +210,7 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
             spec.resolved_inits()
         curvature, lowest = None, opts.get("lowest_curvature")
         if lowest is None:
-            for key in ("iters", "tol", "head"):
+            for key in ("iters", "tol", "head", "batch_size"):
                 if key in opts:
                     raise ConfigError(where(key), f"check {name!r}: {original[key]} applies to a lowest_curvature check only")
         else:
@@ -218,7 +218,7 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
             if lowest not in listed or len(listed) < 2:
                 raise ConfigError(where("lowest_curvature"),
                                   f"check {name!r}: lowest_curvature must name one of two or more inits listed in init, got {lowest!r}")
-            curvature = specs.HessianSpec(**{k: opts[k] for k in ("samples", "seed", "seeds", "device", "dtype", "iters", "tol", "head") if k in opts})
+            curvature = specs.HessianSpec(**{k: opts[k] for k in ("samples", "seed", "seeds", "device", "dtype", "iters", "tol", "head", "batch_size") if k in opts})
     except ConfigError:
         raise
     except SigpropError as exc:

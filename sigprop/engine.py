@@ -110,7 +110,7 @@ def check_memory(need: int, device: torch.device, fields: str = "depth/width/sam
     have = available_bytes(device)
     if need > 0.8 * have:
         gib = 2**30
-        names = fields.split("/")
+        names = [n.replace("_", " ") for n in fields.split("/")]  # block_depth -> block depth
         raise SigpropError(
             f"this run needs about {need / gib:.1f} GiB on {device} but {have / gib:.1f} GiB is free; "
             f"reduce {', '.join(names[:-1])} or {names[-1]}{hint}",

@@ -191,18 +191,33 @@ def _last_shape(units):
 # Hessian-vector products and the estimators
 # --------------------------------------------------------------------------------------------
 class HVP:
-    """v -> H v for the loss at the model's parameters, flat vectors [P]: the gradient's graph is
-    built once (create_graph) and each product is one more backward through it."""
+    """v -> H v for the loss at the model's parameters, flat vectors [P].  Whole data
+    (``batch_size`` None or >= N): the gradient's graph is built once (create_graph) and each
+    product is one more backward through it.  Minibatches of ``batch_size``: the loss is the
+    sample-weighted mean of the minibatches' mean losses, and each product sums their products,
+    rebuilding one minibatch's graph at a time (the authors' code does the same; memory of one
+    minibatch)."""
 
-    def __init__(self, model: Model, x: torch.Tensor, y: torch.Tensor) -> None:
+    def __init__(self, model: Model, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> None:
         self.names = list(model.params)
         self.leaves = [model.params[n].detach().clone().requires_grad_(True) for n in self.names]
         self.shapes = [t.shape for t in self.leaves]
-        loss = model.loss(dict(zip(self.names, self.leaves)), x, y)
-        self.loss = float(loss.detach())
-        self.grads = torch.autograd.grad(loss, self.leaves, create_graph=True)
         self.size = sum(t.numel() for t in self.leaves)
         self.calls = 0
+        self._loss = model.loss
+        n = x.shape[0]
+        if batch_size is None or batch_size >= n:
+            loss = self._loss(self._params(), x, y)
+            self.loss = float(loss.detach())
+            self.grads = torch.autograd.grad(loss, self.leaves, create_graph=True)
+            self.batches = None
+        else:
+            self.batches = [(x[i:i + batch_size], y[i:i + batch_size], min(batch_size, n - i) / n) for i in range(0, n, batch_size)]
+            with torch.no_grad():
+                self.loss = float(sum(w * self._loss(self._params(), xb, yb) for xb, yb, w in self.batches))
+
+    def _params(self) -> dict:
+        return dict(zip(self.names, self.leaves))
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         self.calls += 1
@@ -211,7 +226,15 @@ class HVP:
             n = math.prod(sh)
             parts.append(v[k:k + n].reshape(sh))
             k += n
-        hv = torch.autograd.grad(self.grads, self.leaves, grad_outputs=parts, retain_graph=True, allow_unused=True)
+        if self.batches is None:
+            return self._flat(torch.autograd.grad(self.grads, self.leaves, grad_outputs=parts, retain_graph=True, allow_unused=True), v)
+        total = torch.zeros_like(v)
+        for xb, yb, w in self.batches:
+            grads = torch.autograd.grad(w * self._loss(self._params(), xb, yb), self.leaves, create_graph=True)
+            total += self._flat(torch.autograd.grad(grads, self.leaves, grad_outputs=parts, allow_unused=True), v)
+        return total
+
+    def _flat(self, hv, v: torch.Tensor) -> torch.Tensor:
         return torch.cat([(torch.zeros(math.prod(sh), device=v.device, dtype=v.dtype) if h is None else h.reshape(-1))
                           for h, sh in zip(hv, self.shapes)])
 

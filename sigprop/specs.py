@@ -385,7 +385,11 @@ class HessianSpec:
     ``samples`` synthetic inputs x ~ N(0, I) with uniform labels over 10 classes (or the user's
     ``data``: a .pt or .npz file with ``x`` and ``y``), ``seeds`` weight draws, the power
     iteration's ``iters`` and relative ``tol``, ``top`` eigenvalues by Lanczos (0: none),
-    ``trace`` Hutchinson probes (0: none), and the 10-way ``head`` (``HEADS``)."""
+    ``trace`` Hutchinson probes (0: none), the 10-way ``head`` (``HEADS``), and ``batch_size``: None
+    takes the whole data at once (the gradient's graph kept, one backward per product); B
+    accumulates each product over minibatches of B (the paper's way: memory of one minibatch,
+    each product a forward and two backwards per minibatch; a data-dependent init calibrated on
+    the first minibatch, as the authors' code does; a BN net's statistics per minibatch)."""
 
     samples: int = 512
     seed: int = 0
@@ -398,10 +402,13 @@ class HessianSpec:
     trace: int = 0
     data: str | None = None
     head: str = "pytorch"
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
             raise SigpropError(f"expected one of {', '.join(HEADS)}, got {self.head!r}", field="head")
+        if self.batch_size is not None:
+            check_size(self.batch_size, "batch_size")
         ProbeSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype)  # same checks
         check_size(self.iters, "iters")
         if not (isinstance(self.tol, (int, float)) and 0 < self.tol < 1):

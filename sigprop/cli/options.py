@@ -186,12 +186,14 @@ class HessianOptions(RunOptions):
     trace: int
     data: Optional[Path]
     head: Head
+    batch_size: Optional[int]
     plot: Optional[Path]
 
     def hessian_spec(self) -> specs.HessianSpec:
         return specs.HessianSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype.value,
                                  iters=self.iters, tol=self.tol, top=self.top, trace=self.trace,
-                                 data=None if self.data is None else str(self.data), head=self.head.value)
+                                 data=None if self.data is None else str(self.data), head=self.head.value,
+                                 batch_size=self.batch_size)
 
 
 HESSIAN_OPTIONS = (
@@ -207,6 +209,9 @@ HESSIAN_OPTIONS = (
     ("head", Annotated[Head, typer.Option(help="The 10-way head: pytorch (the paper's nets: plain nn.Linear at PyTorch's default init, "
                                                 "the same for every init) or init (drawn by the init under test, gain 1; docs/theory.md section 12).")],
      Head.pytorch),
+    ("batch_size", Annotated[Optional[int], typer.Option(min=1, help="Accumulate each Hessian-vector product over minibatches of B samples "
+                                                                    "(memory of one minibatch; a data-dependent init calibrated on the first, "
+                                                                    "as the paper's code does). [default: all samples at once]")], None),
     ("threads", ThreadsOpt, None),
     ("plot", Annotated[Optional[Path], typer.Option(help="Also draw the curvature per init (bar: mean ± sd, points: draws) to this .png/.svg/.pdf.")], None),
 )

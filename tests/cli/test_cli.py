@@ -440,6 +440,9 @@ def test_hessian_command(capsys, tmp_path):
     assert main(args[:-4] + ["--head", "init", "--format", "json"]) == 0  # the init's own WN head: g, b, v
     doc = json.loads(capsys.readouterr().out)
     assert doc["config"]["head"] == "init" and doc["runs"][0]["draws"][0]["parameters"] == d["parameters"] + 10
+    assert main(args[:-4] + ["--batch-size", "5", "--format", "json"]) == 0  # minibatches of 5, 5, 5, 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["config"]["batch_size"] == 5 and all(dr["status"] != "diverged" for r in doc["runs"] for dr in r["draws"])
     data = tmp_path / "d.npz"
     np.savez(data, x=np.random.default_rng(0).standard_normal((12, 6)).astype(np.float32), y=np.arange(12) % 10)
     assert main(["hessian", "mlp", "--depth", "2", "--width", "8", "--input-dim", "6", "--seeds", "1", "--device", "cpu", "--init", "proposed",
@@ -451,7 +454,8 @@ def test_hessian_command(capsys, tmp_path):
                         (["hessian", "mlp", "--format", "csv"], "--format"),
                         (["hessian", "resnet", "--tol", "2"], "--tol"),
                         (["hessian", "mlp", "--trace", "1"], "--trace"),
-                        (["hessian", "mlp", "--head", "wn"], "--head")):
+                        (["hessian", "mlp", "--head", "wn"], "--head"),
+                        (["hessian", "mlp", "--batch-size", "0"], "--batch-size")):
         assert main(argv + ["--device", "cpu"]) == 2, argv
         err = capsys.readouterr().err
         assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -191,3 +191,47 @@ def test_scaling_v_leaves_the_net_and_rescales_its_curvature():
     assert h2.loss == pytest.approx(h.loss, rel=1e-12)
     d = np.concatenate([np.full(t.numel(), 1 / c if n.endswith(".v") and n != "head.v" else 1.0) for n, t in zip(h.names, h.leaves)])
     np.testing.assert_allclose(full2, d[:, None] * full * d[None, :], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind, name", [("mlp", "proposed"), ("mlp", "pytorch-he"), ("cnn", "proposed"), ("resnet", "stage-hanin")])
+def test_minibatched_products_equal_the_whole_datas(kind, name):
+    """--batch-size: the loss is the sample-weighted mean of the minibatches' means (uneven last
+    minibatch included) and each product sums theirs -- the whole data's H v, to rounding."""
+    net, shape = NETS[kind]
+    x, y = hessian.data(5, 11, shape, CPU, torch.float64)
+    m = hessian.build(kind, net, walker.NET_KINDS[kind].scheme(name), x, 2, 0)
+    whole, parts = hessian.HVP(m, x, y), hessian.HVP(m, x, y, batch_size=4)
+    assert parts.batches is not None and [xb.shape[0] for xb, _, _ in parts.batches] == [4, 4, 3]
+    assert parts.loss == pytest.approx(whole.loss, rel=1e-12)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        v = torch.randn(whole.size, generator=gen, dtype=torch.float64)
+        np.testing.assert_allclose(parts(v).numpy(), whole(v).numpy(), rtol=1e-10, atol=1e-12)
+    assert hessian.HVP(m, x, y, batch_size=11).batches is None  # one minibatch holding everything: the kept graph
+
+
+def test_minibatched_bn_products_use_each_minibatchs_statistics():
+    """A BN net in minibatches: each minibatch normalises by its own statistics (as in training),
+    so H is the weighted sum of the minibatches' own Hessians, not the whole batch's."""
+    net, shape = NETS["bn-resnet"]
+    x, y = hessian.data(6, 12, shape, CPU, torch.float64)
+    m = hessian.build("bn-resnet", net, walker.NET_KINDS["bn-resnet"].scheme("he"), x, 0, 0)
+    h = hessian.HVP(m, x, y, batch_size=6)
+    expected = sum(0.5 * _dense(m, x[i:i + 6], y[i:i + 6])[1] for i in (0, 6))
+    np.testing.assert_allclose(h.dense().numpy(), expected, rtol=1e-9, atol=1e-9)
+    assert not np.allclose(expected, _dense(m, x, y)[1], rtol=1e-3)
+
+
+def test_a_data_dependent_init_in_minibatches_is_calibrated_on_the_first():
+    """api.hessian with batch_size: the weights as the probe draws them, datadep calibrated on the
+    first minibatch (the authors' code calibrates on one training batch), the loss over all data."""
+    from sigprop import api, specs
+
+    spec = specs.MLPSpec(depth=3, width=specs.WidthSpec(8, 8), input_dim=6, inits=("datadep",))
+    hs = specs.HessianSpec(samples=12, seeds=1, device="cpu", dtype="float64", batch_size=5, iters=5)
+    draw = api.hessian(spec, hs).runs[0].draws[0]
+    kind, net, _, shape = api._curvature_net(spec, 0)
+    x, y = api._hessian_data(hs, shape, CPU, torch.float64)
+    first = hessian.build(kind, net, inits.get("datadep"), x[:5], 0, 0)
+    assert draw.loss == pytest.approx(hessian.HVP(first, x, y, 5).loss, rel=1e-12)
+    assert draw.loss != pytest.approx(hessian.HVP(hessian.build(kind, net, inits.get("datadep"), x, 0, 0), x, y).loss, rel=1e-6)
