@@ -304,11 +304,9 @@ def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
     # the graph of the gradient keeps ~8 copies of every activation (of one minibatch with
     # --batch-size); parameters, gradient, product
     rows = min(x.shape[0], hs.batch_size or x.shape[0])
-    if hs.batch_size is None:
-        engine.check_memory((8 * rows * sum(units) + 6 * weights) * itemsize, device, fields,
-                            hint="; or take the data in minibatches with --batch-size")
-    else:
-        engine.check_memory((8 * rows * sum(units) + 6 * weights) * itemsize, device, fields.replace("samples", "batch_size"))
+    whole = hs.batch_size is None
+    engine.check_memory((8 * rows * sum(units) + 6 * weights) * itemsize, device, fields if whole else fields.replace("samples", "batch_size"),
+                        hint="; or take the data in minibatches with --batch-size" if whole else "")
     env = {"torch": torch.__version__, "device": str(device), "device_name": engine.device_name(device), "dtype": hs.dtype,
            "threads": torch.get_num_threads()}
     if on_start is not None:
