@@ -44,9 +44,10 @@ MLP_KEYS = {"depth": int, "input_dim": int, "width": (str, int)}
 CNN_KEYS = {"depth": int, "channels": int, "image": str, "strided": int}
 WRN_KEYS = {"blocks": int, "widen": int, "image": str, "bottleneck": bool, "preset": str, "norm": str}
 RESNET_KEYS = {"blocks": int, "stages": int, "dim": int, "width": (str, int), "block_depth": int, "norm": str}
+#: the keys of a ``lowest_curvature`` check alone (``specs.HessianSpec`` fields beside the probe's)
+CURVATURE_KEYS = {"iters": int, "tol": (int, float), "head": str, "batch_size": int}
 META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str, "gate": str, "band": list,
-             "correlation": (list, int, float), "max_correlation": (int, float), "lowest_curvature": str, "iters": int,
-             "tol": (int, float), "head": str, "batch_size": int}
+             "correlation": (list, int, float), "max_correlation": (int, float), "lowest_curvature": str, **CURVATURE_KEYS}
 EXPECT = ("pass", "fail")
 
 
@@ -210,7 +211,7 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
             spec.resolved_inits()
         curvature, lowest = None, opts.get("lowest_curvature")
         if lowest is None:
-            for key in ("iters", "tol", "head", "batch_size"):
+            for key in CURVATURE_KEYS:
                 if key in opts:
                     raise ConfigError(where(key), f"check {name!r}: {original[key]} applies to a lowest_curvature check only")
         else:
@@ -218,7 +219,7 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
             if lowest not in listed or len(listed) < 2:
                 raise ConfigError(where("lowest_curvature"),
                                   f"check {name!r}: lowest_curvature must name one of two or more inits listed in init, got {lowest!r}")
-            curvature = specs.HessianSpec(**{k: opts[k] for k in ("samples", "seed", "seeds", "device", "dtype", "iters", "tol", "head", "batch_size") if k in opts})
+            curvature = specs.HessianSpec(**{k: opts[k] for k in ("samples", "seed", "seeds", "device", "dtype", *CURVATURE_KEYS) if k in opts})
     except ConfigError:
         raise
     except SigpropError as exc:
