@@ -13,6 +13,7 @@ import math
 from typing import Callable
 
 from sigprop import __version__, engine, inits, plans, specs, stats, theory
+from sigprop.errors import SigpropError
 from sigprop.results import CheckOutcome, CheckReport, ProbeResult, probe_config
 
 
@@ -245,36 +246,22 @@ def _curvature_net(spec, seed: int):
 
 
 def _hessian_data(hs: specs.HessianSpec, shape, device, dtype):
-    """(x [N, prod(shape)], y [N]): synthetic, or the user's file (``x`` of that shape per
-    sample, integer labels ``y`` in [0, 10))."""
-    import numpy as np
+    """(x [N, prod(shape)], y [N]): synthetic (``hs.samples`` or ``specs.HESSIAN_SAMPLES`` points), or the
+    first ``hs.samples`` of the user's file (all of it when None; ``sigprop.data`` checks it)."""
     import torch
 
+    from sigprop import data as data_mod
     from sigprop import hessian as H
-    from sigprop.errors import SigpropError
 
     if hs.data is None:
-        return H.data(hs.seed, hs.samples, shape, device, dtype)
-    path = str(hs.data)
-    try:
-        if path.endswith(".npz"):
-            with np.load(path) as f:
-                x, y = torch.as_tensor(f["x"]), torch.as_tensor(f["y"])
-        else:
-            d = torch.load(path, map_location="cpu", weights_only=True)
-            x, y = torch.as_tensor(d["x"]), torch.as_tensor(d["y"])
-    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
-        raise SigpropError(f"cannot read x and y from {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-                           field="data") from None
-    if x.ndim < 2 or math.prod(x.shape[1:]) != math.prod(shape) or y.shape != (x.shape[0],):
-        raise SigpropError(f"{path}: x must be [N, {'x'.join(map(str, shape))}] and y [N], got {list(x.shape)} and {list(y.shape)}", field="data")
-    if y.dtype.is_floating_point or int(y.min()) < 0 or int(y.max()) >= H.CLASSES:
-        raise SigpropError(f"{path}: y must hold integer labels in [0, {H.CLASSES})", field="data")
-    return x.reshape(x.shape[0], -1).to(device=device, dtype=dtype), y.to(device=device, dtype=torch.long)
+        n = specs.HESSIAN_SAMPLES if hs.samples is None else hs.samples
+        return H.data(hs.seed, n, shape, device, dtype)
+    d = data_mod.take(data_mod.load(hs.data, shape, H.CLASSES), hs.samples)
+    return torch.as_tensor(d.x, device=device, dtype=dtype), torch.as_tensor(d.y, device=device, dtype=torch.long)
 
 
 def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
-    """The curvature at init of every init of ``spec`` (any probe spec): per weight draw the largest-magnitude Hessian eigenvalue (power iteration), the top-k (Lanczos)
+    """The curvature at init of every init of ``spec`` (any probe spec): per weight draw the largest-magnitude Hessian eigenvalue (restarted Lanczos, ``hessian.largest_eigenvalue``), the top-k (ARPACK's Lanczos)
     and the trace (Hutchinson) as ``hs`` asks; a ``results.HessianResult``."""
     import time
 
@@ -301,14 +288,30 @@ def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
         weights = sum(st.role.fan_in * st.role.fan_out for st in plans.convs(net))
         fields = "depth/channels/image/samples" if kind_name == "cnn" else "blocks/widen/image/samples"
     itemsize = torch.finfo(dtype).bits // 8
+    # --top K: Lanczos needs K below the parameter count, which the plan gives before any draw
+    counts = {name: H.parameter_count(kind_name, net, kind.scheme(name), hs.head) for name in names}
+    params = max(counts.values())
+    fewest = min(names, key=counts.get)
+    if hs.top >= counts[fewest]:
+        raise SigpropError(f"at most {counts[fewest] - 1}: the net has {counts[fewest]} trainable parameters under init "
+                           f"{fewest!r} (Lanczos finds fewer eigenvalues than the dimension)", field="top")
     # the graph of the gradient keeps ~8 copies of every activation (of one minibatch with
-    # --batch-size); parameters, gradient, product
+    # --batch-size); parameters, gradient, product; the largest-eigenvalue search's Lanczos
+    # basis (hessian.LANCZOS_BASIS parameter vectors); --top's ARPACK basis of max(2K + 1, 20)
+    # float64 vectors (on the host)
     rows = min(x.shape[0], hs.batch_size or x.shape[0])
     whole = hs.batch_size is None
-    engine.check_memory((8 * rows * sum(units) + 6 * weights) * itemsize, device, fields if whole else fields.replace("samples", "batch_size"),
+    need = (8 * rows * sum(units) + 6 * weights + H.LANCZOS_BASIS * params) * itemsize
+    top_basis = H.arpack_basis(hs.top, params) if hs.top else 0
+    host = top_basis * params * 8
+    engine.check_memory(need + (host if device.type == "cpu" else 0), device,
+                        fields if whole else fields.replace("samples", "batch_size"),
                         hint="; or take the data in minibatches with --batch-size" if whole else "")
+    if host and device.type != "cpu":
+        engine.check_memory(host, torch.device("cpu"), "top")
     env = {"torch": torch.__version__, "device": str(device), "device_name": engine.device_name(device), "dtype": hs.dtype,
-           "threads": torch.get_num_threads()}
+           "threads": torch.get_num_threads(), "samples": int(x.shape[0]), "parameters": params,
+           "top_products": top_basis}
     if on_start is not None:
         on_start(env)
     runs = []
@@ -327,7 +330,7 @@ def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
             if not math.isfinite(h.loss):
                 d = CurvatureDraw(draw, None, 0, None, "diverged", loss=h.loss, parameters=h.size)
             else:
-                pr = H.power_iteration(h, gen, hs.iters, hs.tol)
+                pr = H.largest_eigenvalue(h, gen, hs.iters, hs.tol)
                 top = H.lanczos_top(h, hs.top, seed=draw) if hs.top and pr.status != "diverged" else []
                 tr, se = H.hutchinson_trace(h, hs.trace, gen) if hs.trace and pr.status != "diverged" else (None, None)
                 d = CurvatureDraw(draw, pr.eigenvalue, pr.iterations, pr.residual, pr.status, top, tr, se, h.loss, h.size)
@@ -339,5 +342,7 @@ def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
         description = {"wrn-bn": "He convs + batch norm", "bn-resnet": "x + W BN(x)^+, He W (De & Smith 2020, appendix C)"}.get(
             kind_name, scheme.description)
         runs.append(CurvatureRun(name, description, draws))
-    config = {"command": {"wrn-bn": "wrn", "bn-resnet": "resnet"}.get(kind_name, kind_name), **spec.to_dict(), **hs.__dict__}
+    # the data actually measured: a file's own count (or the first --samples of it)
+    config = {"command": {"wrn-bn": "wrn", "bn-resnet": "resnet"}.get(kind_name, kind_name), **spec.to_dict(), **hs.__dict__,
+              "samples": int(x.shape[0])}
     return HessianResult(config["command"], config, {"sigprop": __version__, **env}, runs)

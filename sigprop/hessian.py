@@ -15,11 +15,12 @@ head standardised on the features), which docs/theory.md section 12 uses to show
 the curvature the head sets.
 
 The curvature: Hessian-vector products by double backward (the gradient's graph is built once
-and reused), the largest-magnitude eigenvalue by power iteration (stopped when the Rayleigh
-quotient moves by less than ``tol`` relatively, or after ``iters``; its residual ||Hv - lv||/|l|
-reported), the top-k by Lanczos (``scipy.sparse.linalg.eigsh`` on the HVP), the trace by
-Hutchinson's estimator with Rademacher probes (mean and standard error).  A non-finite HVP or a
-power iteration that does not converge is reported as ``diverged`` (Table 2's N/A), not raised.
+and reused), the largest-magnitude eigenvalue by restarted Lanczos (``largest_eigenvalue``:
+stopped when its residual ||Hy - ly||/|l| is at most ``tol``, or after ``iters`` products, the
+residual reported either way), the top-k by Lanczos (``scipy.sparse.linalg.eigsh`` on the HVP), the trace by
+Hutchinson's estimator with Rademacher probes (mean and standard error).  A non-finite HVP is
+reported as ``diverged`` (Table 2's N/A), not raised; a search that does not converge within its
+budget as ``not converged``, with its residual.
 """
 
 from __future__ import annotations
@@ -168,6 +169,27 @@ def _head(scheme, normalized: bool, role: LayerRole, seed: int, draw: int, devic
     return out
 
 
+def parameter_count(kind_name: str, net, scheme, head: str = "pytorch") -> int:
+    """The trainable parameters ``build`` gives the net under ``scheme`` (WN g, v, b per layer; plain
+    W and b; BN's gamma and beta; the 10-way head), counted from the plan without drawing them:
+    what ``--top`` is bounded by and the Lanczos memory is estimated from."""
+    units, _ = walker.NET_KINDS[kind_name].units(net, scheme)
+    layer = lambda role: role.fan_in * role.fan_out + role.fan_out * (1 + bool(scheme.normalized))  # v, b (and g)
+    total = 0
+    for u in units:
+        if isinstance(u, walker.BNLayer):
+            total += u.role.fan_in * u.role.fan_out + 2 * u.role.fan_in
+        elif isinstance(u, walker.BNConvUnit):
+            total += sum(op.role.fan_in * op.role.fan_out + 2 * op.role.fan_out for op in u.ops)
+        elif isinstance(u, walker.ResidualBlock):
+            total += sum(layer(r) for r in u.roles)
+        else:
+            total += layer(u.role)
+    conv = isinstance(units[0], walker.BNConvUnit) or isinstance(getattr(units[0], "op", None), walker.ConvOp)
+    features = _last_shape(units)[0] if conv else _out_units(units)
+    return total + features * CLASSES + CLASSES * (1 + (head == "init" and bool(scheme.normalized)))
+
+
 def _out_units(units) -> int:
     u = units[-1]
     if isinstance(u, walker.BNLayer):
@@ -219,6 +241,14 @@ class HVP:
     def _params(self) -> dict:
         return dict(zip(self.names, self.leaves))
 
+    @property
+    def device(self) -> torch.device:
+        return self.leaves[0].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.leaves[0].dtype
+
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         parts, k = [], 0
@@ -240,58 +270,109 @@ class HVP:
 
     def dense(self) -> torch.Tensor:
         """The whole Hessian [P, P] (tests and tiny nets only)."""
-        eye = torch.eye(self.size, dtype=self.leaves[0].dtype, device=self.leaves[0].device)
+        eye = torch.eye(self.size, dtype=self.dtype, device=self.device)
         return torch.stack([self(eye[i]) for i in range(self.size)])
 
 
 @dataclass
-class PowerResult:
+class EigenResult:
+    """The largest-magnitude eigenvalue: its value (None: diverged), the Hessian-vector products
+    spent, the relative residual ||H y - l y||/|l| of its unit Ritz vector y (computed with one
+    more product, not estimated), and the status: "converged" (residual <= tol), "not converged"
+    (the budget ran out: still the best Ritz value, with its residual) or "diverged"."""
+
     eigenvalue: float | None
     iterations: int
     residual: float | None
-    status: str  # "converged", "not converged" or "diverged"
+    status: str
 
 
-def power_iteration(hvp: HVP, gen: torch.Generator, iters: int = 100, tol: float = 1e-3) -> PowerResult:
-    """The largest-magnitude eigenvalue of H: v <- H v/||H v|| from a Gaussian start, the Rayleigh
-    quotient l = v.H v; stops when l moves by less than ``tol`` |l| (converged) or after
-    ``iters`` (not converged: still reported, with its residual ||H v - l v||/|l|); a
-    non-finite product is ``diverged``."""
-    dev, dtype = hvp.leaves[0].device, hvp.leaves[0].dtype
+#: Lanczos basis size before a restart: memory of ``LANCZOS_BASIS`` parameter vectors
+LANCZOS_BASIS = 20
+
+
+def largest_eigenvalue(hvp, gen: torch.Generator, iters: int = 100, tol: float = 1e-3, basis: int = LANCZOS_BASIS) -> EigenResult:
+    """The largest-magnitude eigenvalue of the symmetric operator ``hvp`` (``HVP``, or any object
+    with ``size``, ``device``, ``dtype`` and ``__call__``) by explicitly restarted Lanczos with full
+    reorthogonalisation (Golub & Van Loan 2013, section 10.1).
+
+    From a Gaussian start v: H v gives the Rayleigh quotient l = v.Hv and the relative residual
+    r = ||Hv - l v||/|l|; stop when r <= tol -- an eigenvalue of H then lies within tol |l| of l
+    (Bauer-Fike for a symmetric matrix), so a close second eigenvalue (lambda2/lambda1 = 0.999)
+    cannot end the search early the way a test on the change of the Rayleigh quotient did
+    (sigprop 0.7.0's power iteration: 4.895 reported "converged" where the top eigenvalue was
+    5.068).  Otherwise a Lanczos cycle from v (its first product is the one just made) of at most
+    ``basis`` vectors, ended early when the Lanczos estimate |beta_k s_k| of the largest-magnitude
+    Ritz pair's residual meets the tolerance; its Ritz vector becomes v, whose product is the next
+    check.  ``iters`` caps the products (the checks included): when it is spent the last checked
+    Ritz pair is reported "not converged" with its residual.  A non-finite product: "diverged"."""
+    dev, dtype = hvp.device, hvp.dtype
     v = torch.randn(hvp.size, generator=gen, device=gen.device, dtype=torch.float64).to(device=dev, dtype=dtype)
     v = v / torch.linalg.vector_norm(v)
-    lam_old = None
-    for it in range(1, iters + 1):
-        hv = hvp(v)
-        if not bool(torch.isfinite(hv).all()):
-            return PowerResult(None, it, None, "diverged")
+    calls = 0
+
+    def product(u: torch.Tensor) -> torch.Tensor | None:
+        nonlocal calls
+        calls += 1
+        out = hvp(u)
+        return out if bool(torch.isfinite(out).all()) else None
+
+    while True:
+        hv = product(v)
+        if hv is None:
+            return EigenResult(None, calls, None, "diverged")
         lam = float(torch.dot(v, hv))
-        norm = float(torch.linalg.vector_norm(hv))
-        residual = float(torch.linalg.vector_norm(hv - lam * v)) / abs(lam) if lam != 0 else math.inf
-        if norm == 0.0:
-            return PowerResult(0.0, it, 0.0, "converged")
-        if lam_old is not None and abs(lam - lam_old) <= tol * abs(lam):
-            return PowerResult(lam, it, residual, "converged")
-        lam_old, v = lam, hv / norm
-    return PowerResult(lam, iters, residual, "not converged")
+        miss = float(torch.linalg.vector_norm(hv - lam * v))
+        if miss == 0.0:  # v is an eigenvector (H v = 0 included)
+            return EigenResult(lam, calls, 0.0, "converged")
+        residual = miss / abs(lam) if lam != 0.0 else math.inf
+        if residual <= tol or calls >= iters:
+            return EigenResult(lam, calls, residual, "converged" if residual <= tol else "not converged")
+        V, alpha, beta, w = [v], [], [], hv
+        for j in range(basis):
+            if j > 0:
+                w = product(V[j])
+                if w is None:
+                    return EigenResult(None, calls, None, "diverged")
+            alpha.append(float(torch.dot(w, V[j])))
+            Q = torch.stack(V)
+            for _ in range(2):  # full reorthogonalisation, twice ("twice is enough")
+                w = w - Q.T @ (Q @ w)
+            b = float(torch.linalg.vector_norm(w))
+            vals, vecs = np.linalg.eigh(np.diag(alpha) + np.diag(beta, 1) + np.diag(beta, -1))
+            i = int(np.argmax(np.abs(vals)))
+            theta, s = float(vals[i]), vecs[:, i]
+            if abs(b * s[-1]) <= tol * abs(theta) or b <= 1e-12 * abs(theta) or calls >= iters - 1 or j == basis - 1:
+                break
+            beta.append(b)
+            V.append(w / b)
+        v = torch.as_tensor(s, device=dev, dtype=dtype) @ torch.stack(V)
+        v = v / torch.linalg.vector_norm(v)
 
 
-def lanczos_top(hvp: HVP, k: int, tol: float = 1e-4, seed: int = 0) -> list[float]:
+def arpack_basis(k: int, size: int) -> int:
+    """The Lanczos basis ``eigsh`` keeps for the top k of a [size, size] operator (its default ncv):
+    the float64 vectors it holds, and the fewest Hessian-vector products it can take."""
+    return min(size, max(2 * k + 1, 20))
+
+
+def lanczos_top(hvp, k: int, tol: float = 1e-4, seed: int = 0) -> list[float]:
     """The k largest-magnitude eigenvalues by implicitly restarted Lanczos (ARPACK through
-    ``scipy.sparse.linalg.eigsh``) on the HVP, in decreasing magnitude."""
+    ``scipy.sparse.linalg.eigsh``, basis ``arpack_basis``) on the HVP, in decreasing magnitude;
+    k < size (the caller refuses more)."""
     from scipy.sparse.linalg import LinearOperator, eigsh
 
-    dev, dtype = hvp.leaves[0].device, hvp.leaves[0].dtype
+    dev, dtype = hvp.device, hvp.dtype
     op = LinearOperator((hvp.size, hvp.size), dtype=np.float64,
                         matvec=lambda v: hvp(torch.as_tensor(np.ravel(v), device=dev, dtype=dtype)).detach().cpu().double().numpy())
     v0 = np.random.default_rng(seed).standard_normal(hvp.size)
-    vals = eigsh(op, k=min(k, hvp.size - 1), which="LM", tol=tol, v0=v0, return_eigenvectors=False)
+    vals = eigsh(op, k=k, which="LM", tol=tol, v0=v0, ncv=arpack_basis(k, hvp.size), return_eigenvectors=False)
     return sorted((float(v) for v in vals), key=abs, reverse=True)
 
 
-def hutchinson_trace(hvp: HVP, probes: int, gen: torch.Generator) -> tuple[float, float]:
+def hutchinson_trace(hvp, probes: int, gen: torch.Generator) -> tuple[float, float]:
     """tr H ~ mean of z.H z over Rademacher z (Hutchinson 1989): (estimate, standard error)."""
-    dev, dtype = hvp.leaves[0].device, hvp.leaves[0].dtype
+    dev, dtype = hvp.device, hvp.dtype
     vals = []
     for _ in range(probes):
         z = (torch.randint(0, 2, (hvp.size,), generator=gen, device=gen.device) * 2 - 1).to(device=dev, dtype=dtype)

@@ -344,12 +344,24 @@ def render_table(result: ProbeResult, console: Console) -> None:
         )
     for run in result.runs:
         console.print(run_summary(run, int(result.config.get("seeds", 1))), soft_wrap=True)
+    console.print(preserved_line(result), highlight=False)
+
+
+def count(n: int, word: str) -> str:
+    """``1 thread``, ``2 threads``."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def preserved_line(result: ProbeResult) -> str:
+    """The closing line: which inits preserve the signal, in words that read right when all or
+    none of them do."""
     kept = [r.init for r in result.runs if r.preserved]
     lost = [r.init for r in result.runs if not r.preserved]
-    console.print(
-        f"signal preserved (typical ratio in the band) by: {', '.join(kept) or 'none'}; not preserved by: {', '.join(lost) or 'none'}",
-        highlight=False,
-    )
+    if not lost:
+        return f"signal preserved (typical ratio in the band) by {'the only init' if len(kept) == 1 else 'every init'}: {', '.join(kept)}"
+    if not kept:
+        return f"signal NOT preserved (typical ratio outside the band) by {'the only init' if len(lost) == 1 else 'any init'}: {', '.join(lost)}"
+    return f"signal preserved (typical ratio in the band) by: {', '.join(kept)}; not preserved by: {', '.join(lost)}"
 
 
 def to_json(obj: Any) -> str:
@@ -498,16 +510,29 @@ def junit_xml(report_obj) -> str:
 # --------------------------------------------------------------------------------------------
 # the curvature at init (``sigprop hessian``)
 # --------------------------------------------------------------------------------------------
+#: Lanczos' top eigenvalues the table shows per draw (JSON has all of them)
+TOP_SHOWN = 5
+
+
+def hessian_banner(probe_banner: str, env: dict, hs) -> str:
+    """The probe command's banner as ``sigprop hessian``'s, with what the search costs: the
+    parameters, and the fewest Hessian-vector products --top's Lanczos takes per draw."""
+    line = probe_banner.replace("sigprop ", "sigprop hessian ", 1) + f", {env['parameters']} parameters"
+    if hs.top:
+        line += f"; --top {hs.top}: at least {env['top_products']} Hessian-vector products per draw"
+    return line
+
+
 def hessian_table(result) -> Table:
-    """One row per init and weight draw: the power iteration's eigenvalue of largest magnitude,
+    """One row per init and weight draw: the eigenvalue of largest magnitude (restarted Lanczos),
     log10 of its magnitude (the spectral norm, Arpit et al. 2019, Table 2), iterations, residual,
     status; Lanczos' top eigenvalues and Hutchinson's trace when asked.  A rule closes each init."""
     cfg = result.config
     t = _table(f"[bold]curvature at init[/bold] — the loss Hessian's largest-magnitude eigenvalue λ, "
                f"{cfg.get('samples')} samples, {cfg.get('seeds')} draw(s)")
-    for name in ("init", "draw", "λ", "log10 |λ|", "iterations", "residual", "status"):
+    for name in ("init", "draw", "λ", "log10 |λ|", "products", "residual", "status"):
         t.add_column(name, justify="left" if name in ("init", "status") else "right", no_wrap=True)
-    top = any(d.top for r in result.runs for d in r.draws)
+    top = max((len(d.top) for r in result.runs for d in r.draws), default=0)
     trace = any(d.trace is not None for r in result.runs for d in r.draws)
     if top:
         t.add_column("top eigenvalues (Lanczos)", no_wrap=True)
@@ -519,7 +544,8 @@ def hessian_table(result) -> Table:
                    "—" if not d.eigenvalue else f"{math.log10(abs(d.eigenvalue)):.2f}", str(d.iterations),
                    "—" if d.residual is None else f"{d.residual:.1e}", d.status]
             if top:
-                row.append(", ".join(fmt_num(v) for v in d.top))
+                more = f", … ({len(d.top)} in --format json)" if len(d.top) > TOP_SHOWN else ""
+                row.append(", ".join(fmt_num(v) for v in d.top[:TOP_SHOWN]) + more)
             if trace:
                 row.append("—" if d.trace is None else f"{fmt_num(d.trace)} ± {fmt_num(d.trace_se)}")
             t.add_row(*row, end_section=j == len(run.draws) - 1 and k < len(result.runs) - 1)
@@ -541,7 +567,8 @@ def render_hessian(result, console: Console) -> None:
                       + ("" if len(done) == len(result.runs) else "; diverged: " + ", ".join(r.init for r in result.runs if r.diverged)),
                       highlight=False)
     head = specs.HEADS.get(result.config.get("head", "pytorch"), "the head")
-    console.print("[dim]power iteration on Hessian-vector products (double backward) of the 10-way cross-entropy at init, "
-                  f"every trainable parameter (WN g, v, b; BN gamma, beta; {head}); 'not converged': still the last Rayleigh "
-                  "quotient, with its residual ||Hv - λv||/|λ|; synthetic data unless --data (docs/cli.md, sigprop hessian)[/dim]",
+    console.print("[dim]λ by restarted Lanczos on Hessian-vector products (double backward) of the 10-way cross-entropy at "
+                  f"init, every trainable parameter (WN g, v, b; BN gamma, beta; {escape(head)}); converged: its residual "
+                  "||Hy - λy||/|λ| is within --tol (an eigenvalue lies that close); 'not converged': --iters products ran out, "
+                  "λ is the best Ritz value with its residual; synthetic data unless --data (docs/cli.md, sigprop hessian)[/dim]",
                   soft_wrap=True)

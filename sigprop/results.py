@@ -589,8 +589,9 @@ HESSIAN_SCHEMA = "sigprop.hessian.v1"
 
 @dataclass
 class CurvatureDraw:
-    """One weight draw: the power iteration's eigenvalue of largest magnitude (None: diverged),
-    its iterations, residual ||Hv - lv||/|l| and status, Lanczos' top eigenvalues, Hutchinson's
+    """One weight draw: the eigenvalue of largest magnitude (restarted Lanczos; None: diverged),
+    the Hessian-vector products it took (``iterations``), the residual ||Hy - ly||/|l| of its Ritz
+    vector and its status, Lanczos' top eigenvalues (``--top``), Hutchinson's
     trace and standard error, the loss at init and the parameter count."""
 
     draw: int

@@ -33,7 +33,7 @@ def check_size(value: int, field: str) -> None:
 
 #: spawn keys of the independent random streams derived from one --seed
 STREAM_WIDTHS, STREAM_INPUTS, STREAM_ERRORS, STREAM_WEIGHTS, STREAM_PAIRS = 0, 1, 2, 3, 4
-#: ``sigprop hessian``: the synthetic labels and the power iteration's start vectors
+#: ``sigprop hessian``: the synthetic labels and the eigenvalue search's start vectors
 STREAM_LABELS, STREAM_POWER = 5, 6
 
 
@@ -379,11 +379,17 @@ HEADS = {"pytorch": "the paper's head (plain nn.Linear, PyTorch's default init, 
          "init": "each init's own head (gain 1)"}
 
 
+#: synthetic data points of ``sigprop hessian`` when --samples is not given
+HESSIAN_SAMPLES = 512
+
+
 @dataclass(frozen=True)
 class HessianSpec:
     """How to measure the curvature at init (``sigprop hessian``, Arpit et al. 2019, section 5.3):
-    ``samples`` synthetic inputs x ~ N(0, I) with uniform labels over 10 classes (or the user's
-    ``data``: a .pt or .npz file with ``x`` and ``y``), ``seeds`` weight draws, the power
+    ``samples`` synthetic inputs x ~ N(0, I) with uniform labels over 10 classes (None:
+    ``HESSIAN_SAMPLES``), or the user's ``data`` (a .pt or .npz file with ``x`` and ``y``,
+    ``sigprop.data``), of which ``samples`` takes the first N (None: all of them; the result
+    records the count measured), ``seeds`` weight draws, the power
     iteration's ``iters`` and relative ``tol``, ``top`` eigenvalues by Lanczos (0: none),
     ``trace`` Hutchinson probes (0: none), the 10-way ``head`` (``HEADS``), and ``batch_size``: None
     takes the whole data at once (the gradient's graph kept, one backward per product); B
@@ -391,7 +397,7 @@ class HessianSpec:
     each product a forward and two backwards per minibatch; a data-dependent init calibrated on
     the first minibatch, as the authors' code does; a BN net's statistics per minibatch)."""
 
-    samples: int = 512
+    samples: int | None = None
     seed: int = 0
     seeds: int = 3
     device: str = "auto"
@@ -409,7 +415,8 @@ class HessianSpec:
             raise SigpropError(f"expected one of {', '.join(HEADS)}, got {self.head!r}", field="head")
         if self.batch_size is not None:
             check_size(self.batch_size, "batch_size")
-        ProbeSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype)  # same checks
+        ProbeSpec(samples=HESSIAN_SAMPLES if self.samples is None else self.samples, seed=self.seed, seeds=self.seeds, device=self.device,
+                  dtype=self.dtype)  # same checks
         check_size(self.iters, "iters")
         if not (isinstance(self.tol, (int, float)) and 0 < self.tol < 1):
             raise SigpropError(f"must be in (0, 1), got {self.tol!r}", field="tol")

@@ -109,19 +109,30 @@ def grid(arch: str, sizes: list[int], widths: list[int], names: list[str], probe
 
 
 def done_keys(path: Path) -> set[str]:
-    """Keys of the points already in the file (lines that do not parse are ignored)."""
+    """Keys of the points already in the file (lines that do not parse are ignored; a file that
+    is not text is refused: appending to it would corrupt it further)."""
     if not path.exists():
         return set()
     keys = set()
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and row.get("schema") == SWEEP_SCHEMA and "config" in row:
-                keys.add(json.dumps(row["config"], sort_keys=True))
+    for line in _text(path, "out").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("schema") == SWEEP_SCHEMA and "config" in row:
+            keys.add(json.dumps(row["config"], sort_keys=True))
     return keys
+
+
+def _text(path: Path, field: str) -> str:
+    """A JSON-lines file's text, or one SigpropError naming ``field``."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SigpropError(f"cannot read {path}: {exc.strerror or exc}", field=field) from None
+    except UnicodeDecodeError as exc:
+        raise SigpropError(f"{path} is not a JSON-lines file (not UTF-8 text: {exc.reason} at byte {exc.start})",
+                           field=field) from None
 
 
 def row(point: Point, result, seconds: float) -> dict[str, Any]:
@@ -149,16 +160,15 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise SigpropError(f"no such file: {path}", field="results")
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                raise SigpropError(f"{path}:{i}: not a JSON line", field="results") from None
-            if isinstance(r, dict) and r.get("schema") == SWEEP_SCHEMA:
-                rows.append(r)
+    for i, line in enumerate(_text(path, "results").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            raise SigpropError(f"{path}:{i}: not a JSON line", field="results") from None
+        if isinstance(r, dict) and r.get("schema") == SWEEP_SCHEMA:
+            rows.append(r)
     if not rows:
         raise SigpropError(f"{path} holds no sweep rows ({SWEEP_SCHEMA})", field="results")
     commands = sorted({str(r.get("config", {}).get("command")) for r in rows})

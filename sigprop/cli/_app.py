@@ -11,7 +11,10 @@ from sigprop import __version__
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     name="sigprop",
-    help="Signal propagation at initialization in weight-normalized MLPs and ResNets, measured beside the theory.",
+    help="Signal propagation at initialization, measured beside the theory: norm ratios of activations and gradients, layer by "
+         "layer, in weight-normalized MLPs, ResNets (with the batch-normalized and SkipInit baselines), plain CNNs and wide "
+         "residual conv nets (mlp, resnet, cnn, wrn), the cosine of two inputs (--correlation), and the loss Hessian's "
+         "curvature at init (hessian).",
     context_settings=CONTEXT,
     no_args_is_help=True,
     add_completion=True,
@@ -32,4 +35,4 @@ def root(
         bool, typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True)
     ] = False,
 ) -> None:
-    """Signal propagation at initialization, measured beside the theory."""
+    """Signal propagation at initialization, measured beside the theory (Arpit et al. 2019)."""

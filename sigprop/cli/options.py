@@ -13,12 +13,24 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from sigprop import inits, specs
 
 #: the flag (or argument) of each library field whose name is not "--" + field with dashes
 FLAGS = {"fmt": "--format", "inits": "--init", "result": "RESULT", "results": "RESULTS", "file": "FILE",
          "batch": "batch (recorded in the result)"}
+
+
+def Option(*param_decls, help: str | None = None, **kw):
+    """``typer.Option`` with its help text escaped for rich: a bracket in it ("[sqrt 2, sqrt e]",
+    "[default: 16]") is shown, not read as markup and dropped (tests/cli/test_help.py)."""
+    return typer.Option(*param_decls, help=None if help is None else escape(help), **kw)
+
+
+def Argument(*param_decls, help: str | None = None, **kw):
+    """``typer.Argument`` with its help text escaped for rich (as ``Option``)."""
+    return typer.Argument(*param_decls, help=None if help is None else escape(help), **kw)
 
 
 def flag(field: str) -> str:
@@ -46,6 +58,13 @@ class Format(str, enum.Enum):
     csv = "csv"
 
 
+class TableFormat(str, enum.Enum):
+    """The formats of a command whose record has no per-layer rows to put in CSV (hessian, theory)."""
+
+    table = "table"
+    json = "json"
+
+
 class DType(str, enum.Enum):
     float32 = "float32"
     float64 = "float64"
@@ -56,46 +75,48 @@ Head = enum.Enum("Head", {h: h for h in specs.HEADS}, type=str)
 
 StreamOpt = Annotated[
     Optional[bool],
-    typer.Option("--stream/--no-stream", help="Redraw the weights in the backward pass instead of storing them. [default: only when they would not fit]"),
+    Option("--stream/--no-stream", help="Redraw the weights in the backward pass instead of storing them. [default: only when they would not fit]"),
 ]
 GraphsOpt = Annotated[
     Optional[bool],
-    typer.Option("--graphs/--no-graphs", help="Capture each layer's kernels once as a CUDA graph and replay it (CUDA only; checked against the eager step). [default: on with CUDA]"),
+    Option("--graphs/--no-graphs", help="Capture each layer's kernels once as a CUDA graph and replay it (CUDA only; checked against the eager step). [default: on with CUDA]"),
 ]
 PlotOpt = Annotated[
-    Optional[Path], typer.Option(help="Also draw the Figure-1-style plot to this .png/.svg/.pdf (needs the plot extra: pip install sigprop\\[plot]).")
+    Optional[Path], Option(help="Also draw the Figure-1-style plot to this .png/.svg/.pdf (needs the plot extra: pip install sigprop[plot]).")
 ]
 PrecisionOpt = Annotated[
-    Precision, typer.Option(help="float32 matmuls on CUDA: fp32 (IEEE) or tf32 (tensor cores; docs/theory.md for its bias).")
+    Precision, Option(help="float32 matmuls on CUDA: fp32 (IEEE) or tf32 (tensor cores; docs/theory.md for its bias).")
 ]
 
 
 Gate = enum.Enum("Gate", {g: g for g in specs.GATES}, type=str)
-CheckOpt = Annotated[bool, typer.Option("--check", help="Exit 1 unless every init passes the --gate verdict (default: the signal is preserved).")]
+CheckOpt = Annotated[bool, Option("--check", help="Exit 1 unless every init passes the --gate verdict (default: the signal is preserved).")]
 GateOpt = Annotated[
     Gate,
-    typer.Option(help="What --check asks: preserved (the typical end-to-end ratio lies in --band: the signal survives) "
+    Option(help="What --check asks: preserved (the typical end-to-end ratio lies in --band: the signal survives) "
                       "or theory (it agrees with the init's own finite-width prediction)."),
 ]
 BandOpt = Annotated[
     Optional[str],
-    typer.Option(help="LO:HI factors around norm preservation for the 'preserved' verdict; must contain 1. "
-                      "[default: 0.1:10 for mlp; 1:1 for resnet, i.e. Theorem 3's [sqrt 2, sqrt e] per stage with its finite-width allowance]"),
+    Option(help="LO:HI factors around the reference for the 'preserved' verdict; must contain 1. [default: 0.1:10 for mlp "
+                "(around norm preservation) and cnn (around the lossless reference); 1:1 for resnet, i.e. Theorem 3's "
+                "[sqrt 2, sqrt e] per stage, and for wrn, the same band times each group's stride-2 transition, each with its "
+                "finite-width allowance]"),
 ]
 CorrelationOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--correlation", help="Also measure how the cosine of two inputs propagates, from input pairs of cosine C0 in [-1, 1], "
+    Option("--correlation", help="Also measure how the cosine of two inputs propagates, from input pairs of cosine C0 in [-1, 1], "
                                        "beside the infinite-width prediction (repeatable or comma-separated; docs/theory.md section 10)."),
 ]
-PairsOpt = Annotated[int, typer.Option(min=1, help="Input pairs per --correlation cosine.")]
+PairsOpt = Annotated[int, Option(min=1, help="Input pairs per --correlation cosine.")]
 MaxCorrelationOpt = Annotated[
     Optional[float],
-    typer.Option(help="Also fail --check when the last state's mean cosine of input pairs with cosine 0 exceeds X "
+    Option(help="Also fail --check when the last state's mean cosine of input pairs with cosine 0 exceeds X "
                       "(inputs mapped to one direction; measures C0 = 0; docs/ci.md)."),
 ]
 ThreadsOpt = Annotated[
     Optional[int],
-    typer.Option(min=1, help="CPU threads torch may use (recorded in the result). [default: half the cores this process may run on; OMP_NUM_THREADS where set]"),
+    Option(min=1, help="CPU threads torch may use (recorded in the result). [default: half the cores this process may run on; OMP_NUM_THREADS where set]"),
 ]
 
 
@@ -104,13 +125,13 @@ FIGURE1_INITS = ["he", "proposed", "proposed-gaussian"]
 
 
 #: the probe options shared by ``mlp`` and ``resnet`` (``sweep`` has its own help texts)
-SamplesOpt = Annotated[int, typer.Option(min=1, help="Random inputs (and error vectors) N.")]
-SeedOpt = Annotated[int, typer.Option(min=0, help="Base seed of widths, inputs, errors and weights.")]
-SeedsOpt = Annotated[int, typer.Option(min=1, help="Independent weight draws S.")]
-DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:K (auto = CUDA when available).")]
-DTypeOpt = Annotated[DType, typer.Option(help="Floating-point type of the probe.")]
-FormatOpt = Annotated[Format, typer.Option("--format", help="Output format.")]
-OutputOpt = Annotated[Optional[Path], typer.Option(help="Write the output to this file (whole, never half).")]
+SamplesOpt = Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")]
+SeedOpt = Annotated[int, Option(min=0, help="Base seed of widths, inputs, errors and weights.")]
+SeedsOpt = Annotated[int, Option(min=1, help="Independent weight draws S.")]
+DeviceOpt = Annotated[str, Option(help="auto, cpu, cuda or cuda:K (auto = CUDA when available).")]
+DTypeOpt = Annotated[DType, Option(help="Floating-point type of the probe.")]
+FormatOpt = Annotated[Format, Option("--format", help="Output format.")]
+OutputOpt = Annotated[Optional[Path], Option(help="Write the output to this file (whole, never half).")]
 AnyInitName = enum.Enum("AnyInitName", {name: name for name in inits.names()}, type=str)
 
 
@@ -130,12 +151,12 @@ class CheckFormat(str, enum.Enum):
 class RunOptions:
     """What a probe command and its ``sigprop hessian`` form both take."""
 
-    samples: int
+    samples: Optional[int]
     seed: int
     seeds: int
     device: str
     dtype: DType
-    fmt: Format
+    fmt: "Format | TableFormat"
     output: Optional[Path]
     threads: Optional[int]
 
@@ -197,23 +218,27 @@ class HessianOptions(RunOptions):
 
 
 HESSIAN_OPTIONS = (
-    ("samples", Annotated[int, typer.Option(min=1, help="Data points N (synthetic: x ~ N(0, I), labels uniform over 10 classes).")], 512),
-    ("seed", SeedOpt, 0), ("seeds", Annotated[int, typer.Option(min=1, help="Weight draws; the table gives mean ± sd over them.")], 3),
+    ("samples", Annotated[Optional[int], Option(min=1, help="Data points N: synthetic x ~ N(0, I) with labels uniform over 10 classes, "
+                                                                 "or with --data the first N of the file. [default: 512 synthetic; all of --data]")],
+     None),
+    ("seed", SeedOpt, 0), ("seeds", Annotated[int, Option(min=1, help="Weight draws; the table gives mean ± sd over them.")], 3),
     ("device", DeviceOpt, "auto"), ("dtype", DTypeOpt, DType.float32),
-    ("fmt", Annotated[Format, typer.Option("--format", help="Output format (table or json).")], Format.table), ("output", OutputOpt, None),
-    ("iters", Annotated[int, typer.Option(min=1, help="Power iterations at most.")], 100),
-    ("tol", Annotated[float, typer.Option(help="Stop when the Rayleigh quotient moves by less than this, relatively.")], 1e-3),
-    ("top", Annotated[int, typer.Option(min=0, help="Also the K largest-magnitude eigenvalues by Lanczos (0: no).")], 0),
-    ("trace", Annotated[int, typer.Option(min=0, help="Also the trace by Hutchinson's estimator with M Rademacher probes (0: no).")], 0),
-    ("data", Annotated[Optional[Path], typer.Option(help="Your data instead of synthetic: a .pt or .npz with x [N, ...] and integer labels y [N] in 0..9.")], None),
-    ("head", Annotated[Head, typer.Option(help="The 10-way head: pytorch (the paper's nets: plain nn.Linear at PyTorch's default init, "
+    ("fmt", Annotated[TableFormat, Option("--format", help="Output format.")], TableFormat.table), ("output", OutputOpt, None),
+    ("iters", Annotated[int, Option(min=1, help="Hessian-vector products at most for the largest-magnitude eigenvalue "
+                                                      "(restarted Lanczos).")], 100),
+    ("tol", Annotated[float, Option(help="Converged when the relative residual ||Hy - λy||/|λ| is at most this "
+                                               "(an eigenvalue then lies within tol |λ| of λ).")], 1e-3),
+    ("top", Annotated[int, Option(min=0, help="Also the K largest-magnitude eigenvalues by Lanczos (0: no).")], 0),
+    ("trace", Annotated[int, Option(min=0, help="Also the trace by Hutchinson's estimator with M Rademacher probes (0: no).")], 0),
+    ("data", Annotated[Optional[Path], Option(help="Your data instead of synthetic: a .pt or .npz with x [N, ...] and integer labels y [N] in 0..9.")], None),
+    ("head", Annotated[Head, Option(help="The 10-way head: pytorch (the paper's nets: plain nn.Linear at PyTorch's default init, "
                                                 "the same for every init) or init (drawn by the init under test, gain 1; docs/theory.md section 12).")],
      Head.pytorch),
-    ("batch_size", Annotated[Optional[int], typer.Option(min=1, help="Accumulate each Hessian-vector product over minibatches of B samples "
+    ("batch_size", Annotated[Optional[int], Option(min=1, help="Accumulate each Hessian-vector product over minibatches of B samples "
                                                                     "(memory of one minibatch; a data-dependent init calibrated on the first, "
                                                                     "as the paper's code does). [default: all samples at once]")], None),
     ("threads", ThreadsOpt, None),
-    ("plot", Annotated[Optional[Path], typer.Option(help="Also draw the curvature per init (bar: mean ± sd, points: draws) to this .png/.svg/.pdf.")], None),
+    ("plot", Annotated[Optional[Path], Option(help="Also draw the curvature per init (bar: mean ± sd, points: draws) to this .png/.svg/.pdf.")], None),
 )
 
 

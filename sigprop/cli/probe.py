@@ -10,7 +10,7 @@ import typer
 from sigprop import plans, report, specs
 from sigprop.errors import SigpropError
 from sigprop.cli._app import app
-from sigprop.cli.options import (FIGURE1_INITS, CNNInitName, Format, HessianOptions, InitName, Norm, ProbeOptions, ResNetInitName,
+from sigprop.cli.options import (Argument, Option, FIGURE1_INITS, CNNInitName, Format, HessianOptions, InitName, Norm, ProbeOptions, ResNetInitName,
                                  WRNInitName, WRNPreset, hessian_options, probe_options)
 from sigprop.cli.output import _check_output_target, _progress_callback, _say, render, render_rich, write_output
 
@@ -18,11 +18,11 @@ from sigprop.cli.output import _check_output_target, _progress_callback, _say, r
 @app.command()
 @probe_options
 def mlp(
-    depth: Annotated[int, typer.Option(min=1, help="Number of layers L.")] = 20,
-    input_dim: Annotated[int, typer.Option("--input-dim", min=1, help="Input dimension n_0.")] = 500,
-    width: Annotated[str, typer.Option(help="Layer width: N, or LO:HI to draw each layer's width uniformly from LO..HI (once per run).")] = "150:250",
+    depth: Annotated[int, Option(min=1, help="Number of layers L.")] = 20,
+    input_dim: Annotated[int, Option("--input-dim", min=1, help="Input dimension n_0.")] = 500,
+    width: Annotated[str, Option(help="Layer width: N, or LO:HI to draw each layer's width uniformly from LO..HI (once per run).")] = "150:250",
     init: Annotated[
-        Optional[list[InitName]], typer.Option(help="Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 top).")
+        Optional[list[InitName]], Option(help="Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 top).")
     ] = None,
     opts: ProbeOptions = None,
 ) -> None:
@@ -30,7 +30,7 @@ def mlp(
     names = [i.value for i in init] if init else list(FIGURE1_INITS)
     spec = specs.MLPSpec(depth=depth, input_dim=input_dim, width=specs.WidthSpec.parse(width), inits=tuple(names))
     _run_probe(spec, opts, lambda env: f"sigprop mlp: device {env['device']} ({env['device_name']}), {env['dtype']}, "
-               f"depth {depth}, widths {spec.width} (seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")
+               f"depth {depth}, widths {spec.width} (seed {opts.seed}), {env.get('samples', opts.samples)} samples x {opts.seeds} draw(s)")
 
 
 def _run_probe(spec, opts: ProbeOptions, banner) -> None:
@@ -71,17 +71,17 @@ def _run_probe(spec, opts: ProbeOptions, banner) -> None:
 @app.command()
 @probe_options
 def resnet(
-    blocks: Annotated[int, typer.Option(min=1, help="Residual blocks per stage B.")] = 40,
-    stages: Annotated[int, typer.Option(min=1, help="Stages K; stage k > 1 opens with a WN projection that doubles the width.")] = 1,
-    dim: Annotated[int, typer.Option(min=1, help="Residual-stream width of stage 1 (the input dimension) d.")] = 500,
+    blocks: Annotated[int, Option(min=1, help="Residual blocks per stage B.")] = 40,
+    stages: Annotated[int, Option(min=1, help="Stages K; stage k > 1 opens with a WN projection that doubles the width.")] = 1,
+    dim: Annotated[int, Option(min=1, help="Residual-stream width of stage 1 (the input dimension) d.")] = 500,
     width: Annotated[
-        Optional[str], typer.Option(help="Hidden width inside each block: N, or LO:HI drawn per hidden layer (once per run). [default: 150:250]")
+        Optional[str], Option(help="Hidden width inside each block: N, or LO:HI drawn per hidden layer (once per run). [default: 150:250]")
     ] = None,
-    block_depth: Annotated[int, typer.Option("--block-depth", min=1, help="D: a block is D x [WN-FC -> ReLU ->] WN-FC.")] = 1,
-    norm: Annotated[Norm, typer.Option(help="wn (weight norm), bn (the BN ResNet of De & Smith, appendix C) or none.")] = Norm.wn,
+    block_depth: Annotated[int, Option("--block-depth", min=1, help="D: a block is D x [WN-FC -> ReLU ->] WN-FC.")] = 1,
+    norm: Annotated[Norm, Option(help="wn (weight norm), bn (the BN ResNet of De & Smith, appendix C) or none.")] = Norm.wn,
     init: Annotated[
         Optional[list[ResNetInitName]],
-        typer.Option(help="Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 bottom); he with --norm none/bn."),
+        Option(help="Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 bottom); he with --norm none/bn."),
     ] = None,
     opts: ProbeOptions = None,
 ) -> None:
@@ -99,18 +99,18 @@ def resnet(
     shape = f"{stages} stage(s) x {blocks} blocks, d {dim}"
     shape += ", batch norm" if norm is Norm.bn else f", hidden {spec.width} x {block_depth}, norm {norm.value}"
     _run_probe(spec, opts, lambda env: f"sigprop resnet: device {env['device']} ({env['device_name']}), {env['dtype']}, "
-               f"{shape} (seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")
+               f"{shape} (seed {opts.seed}), {env.get('samples', opts.samples)} samples x {opts.seeds} draw(s)")
 
 
 @app.command()
 @probe_options
 def cnn(
-    depth: Annotated[int, typer.Option(min=1, help="Number of 3x3 conv layers L.")] = 20,
-    channels: Annotated[int, typer.Option(min=1, help="Channels of every conv (the fixed width; the paper's CNN has 512).")] = 64,
-    image: Annotated[str, typer.Option(help="Input shape CxHxW.")] = "3x32x32",
-    strided: Annotated[int, typer.Option(min=0, help="How many of the first layers have stride 2.")] = 2,
+    depth: Annotated[int, Option(min=1, help="Number of 3x3 conv layers L.")] = 20,
+    channels: Annotated[int, Option(min=1, help="Channels of every conv (the fixed width; the paper's CNN has 512).")] = 64,
+    image: Annotated[str, Option(help="Input shape CxHxW.")] = "3x32x32",
+    strided: Annotated[int, Option(min=0, help="How many of the first layers have stride 2.")] = 2,
     init: Annotated[
-        Optional[list[CNNInitName]], typer.Option(help="Init scheme (repeatable). Default: proposed, delta-orthogonal.")
+        Optional[list[CNNInitName]], Option(help="Init scheme (repeatable). Default: proposed, delta-orthogonal.")
     ] = None,
     opts: ProbeOptions = None,
 ) -> None:
@@ -118,23 +118,24 @@ def cnn(
     names = [i.value for i in init] if init else list(specs.CNN_DEFAULT_INITS)
     spec = specs.CNNSpec(depth=depth, channels=channels, image=specs.parse_image(image), strided=strided, inits=tuple(names))
     _run_probe(spec, opts, lambda env: f"sigprop cnn: device {env['device']} ({env['device_name']}), {env['dtype']}, depth {depth}, "
-               f"{channels} channels, image {image}, {strided} strided (seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")
+               f"{channels} channels, image {image}, {strided} strided (seed {opts.seed}), {env.get('samples', opts.samples)} samples x {opts.seeds} draw(s)")
 
 
 @app.command()
 @probe_options(samples=100)  # a conv net's per-sample spread is small (its weights are shared by the positions): draws matter more
 def wrn(
-    blocks: Annotated[Optional[int], typer.Option(min=1, help="Residual blocks per group N (the paper's 1, 16, 166, 1666). [default: 16]")] = None,
-    widen: Annotated[Optional[int], typer.Option(min=1, help="Widening factor k: groups of 16k, 32k, 64k channels. [default: 1]")] = None,
+    blocks: Annotated[Optional[int], Option(min=1, help="Residual blocks per group N (the paper's 1, 16, 166, 1666). [default: 16]")] = None,
+    widen: Annotated[Optional[int], Option(min=1, help="Widening factor k: groups of 16k, 32k, 64k channels. [default: 1]")] = None,
     bottleneck: Annotated[
-        Optional[bool], typer.Option("--bottleneck/--basic", help="ResNet-164's bottleneck blocks [1x1, 3x3, 1x1], 4x expansion. [default: basic]")
+        Optional[bool], Option("--bottleneck/--basic", help="ResNet-164's bottleneck blocks [1x1, 3x3, 1x1], 4x expansion. [default: basic]")
     ] = None,
-    preset: Annotated[Optional[WRNPreset], typer.Option(help="A named net of Arpit et al. 2019, Table 1 (sets N, k and the block type).")] = None,
-    image: Annotated[str, typer.Option(help="Input shape CxHxW.")] = "3x32x32",
-    norm: Annotated[Norm, typer.Option(help="wn (weight-normalized convs) or none (plain convs: he, skipinit, skipinit-sqrt).")] = Norm.wn,
+    preset: Annotated[Optional[WRNPreset], Option(help="A named net of Arpit et al. 2019, Table 1 (sets N, k and the block type).")] = None,
+    image: Annotated[str, Option(help="Input shape CxHxW.")] = "3x32x32",
+    norm: Annotated[Norm, Option(help="wn (weight-normalized convs), none (plain convs: he, skipinit, skipinit-sqrt) or bn (plain He "
+                                      "convs, each followed by training-mode batch norm; init he).")] = Norm.wn,
     init: Annotated[
         Optional[list[WRNInitName]],
-        typer.Option(help="Init scheme (repeatable). Default: proposed, pytorch, datadep, stage-hanin (Figure 3 right); he with --norm none."),
+        Option(help="Init scheme (repeatable). Default: proposed, pytorch, datadep, stage-hanin (Figure 3 right); he with --norm none."),
     ] = None,
     opts: ProbeOptions = None,
 ) -> None:
@@ -150,17 +151,13 @@ def wrn(
     kind = preset.value if preset is not None else f"WRN N = {spec.blocks}, k = {spec.widen}"
     _run_probe(spec, opts, lambda env: f"sigprop wrn: device {env['device']} ({env['device_name']}), {env['dtype']}, {kind} "
                f"({'bottleneck' if spec.bottleneck else 'basic'} blocks, {len(plans.convs(spec.steps()))} conv layers), image {image}, "
-               f"norm {norm.value} (seed {opts.seed}), {opts.samples} samples x {opts.seeds} draw(s)")
+               f"norm {norm.value} (seed {opts.seed}), {env.get('samples', opts.samples)} samples x {opts.seeds} draw(s)")
 
 
 def _run_hessian(spec, opts: HessianOptions, banner) -> None:
     """``sigprop hessian NET``: validate, measure the curvature with a progress bar, render."""
     hs = opts.hessian_spec()
     _check_output_target(opts.output)
-    if opts.fmt is Format.csv:
-        raise SigpropError("sigprop hessian writes table or json", field="fmt")
-    if opts.data is not None and not opts.data.is_file():
-        raise SigpropError(f"no such file: {opts.data}", field="data")
     if opts.plot is not None:
         from sigprop import plot as plot_mod
 
@@ -172,11 +169,11 @@ def _run_hessian(spec, opts: HessianOptions, banner) -> None:
     if prog is not None:
         prog.start()
     try:
-        result = api.hessian(spec, hs, progress=update, on_start=lambda env: _say(banner(env).replace("sigprop ", "sigprop hessian ", 1)))
+        result = api.hessian(spec, hs, progress=update, on_start=lambda env: _say(report.hessian_banner(banner(env), env, hs)))
     finally:
         if prog is not None:
             prog.stop()
-    if opts.fmt is Format.json:
+    if opts.fmt.value == "json":
         write_output(report.to_json(result), opts.output)
     else:
         render_rich(lambda console: report.render_hessian(result, console), opts.output)
@@ -185,7 +182,7 @@ def _run_hessian(spec, opts: HessianOptions, banner) -> None:
         _say(f"sigprop: wrote {opts.plot}")
 
 
-hessian_app = typer.Typer(help="The curvature at init: the largest-magnitude eigenvalue of the loss Hessian (power iteration), "
+hessian_app = typer.Typer(help="The curvature at init: the largest-magnitude eigenvalue of the loss Hessian (restarted Lanczos), "
                                "and on request its top-k (Lanczos) and trace (Hutchinson), per init (Arpit et al. 2019, section 5.3, Table 2).",
                           no_args_is_help=True)
 app.add_typer(hessian_app, name="hessian")

@@ -13,13 +13,13 @@ from rich.console import Console
 from sigprop import inits, report, specs
 from sigprop.errors import SigpropError
 from sigprop.cli._app import app
-from sigprop.cli.options import AnyInitName, Arch, CheckFormat, CorrelationOpt, DType, Format, PairsOpt
+from sigprop.cli.options import Argument, Option, AnyInitName, Arch, CheckFormat, CorrelationOpt, DType, Format, PairsOpt, TableFormat
 from sigprop.cli.output import _check_output_target, _say, _stderr, render, render_rich, write_output
 
 
 @app.command()
 def cite(
-    init: Annotated[Optional[list[AnyInitName]], typer.Option(help="Only the papers behind this init (repeatable). [default: every init]")] = None,
+    init: Annotated[Optional[list[AnyInitName]], Option(help="Only the papers behind this init (repeatable). [default: every init]")] = None,
 ) -> None:
     """Print BibTeX of the papers behind sigprop and its init schemes."""
     from sigprop import citations
@@ -42,21 +42,21 @@ def env() -> None:
 
 @app.command()
 def sweep(
-    arch: Annotated[Arch, typer.Argument(help="mlp, resnet, cnn or wrn.")],
-    out: Annotated[Path, typer.Option(help="JSON-lines file: one line per configuration, appended; existing ones are skipped.")],
-    depth: Annotated[Optional[list[str]], typer.Option(help="MLP/CNN depths, comma-separated or repeated. [default: 10,20,50]")] = None,
-    blocks: Annotated[Optional[list[str]], typer.Option(help="ResNet/WRN blocks, comma-separated or repeated. [default: 10,40,100; WRN 1,16]")] = None,
-    width: Annotated[Optional[list[str]], typer.Option(help="Widths, comma-separated or repeated (ResNet: residual and hidden width; CNN: channels; WRN: the widening k). [default: 128,512; CNN 32,64; WRN 1]")] = None,
-    init: Annotated[Optional[list[str]], typer.Option(help="Inits, comma-separated or repeated. [default: proposed,he]")] = None,
-    input_dim: Annotated[Optional[int], typer.Option("--input-dim", min=1, help="MLP input dimension n_0. [default: the swept width]")] = None,
-    samples: Annotated[int, typer.Option(min=1, help="Random inputs (and error vectors) N.")] = 1000,
-    seed: Annotated[int, typer.Option(min=0, help="Base seed.")] = 0,
-    seeds: Annotated[int, typer.Option(min=1, help="Independent weight draws S per configuration.")] = 1,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:K.")] = "auto",
-    dtype: Annotated[DType, typer.Option(help="Floating-point type of the probe.")] = DType.float32,
+    arch: Annotated[Arch, Argument(help="mlp, resnet, cnn or wrn.")],
+    out: Annotated[Path, Option(help="JSON-lines file: one line per configuration, appended; existing ones are skipped.")],
+    depth: Annotated[Optional[list[str]], Option(help="MLP/CNN depths, comma-separated or repeated. [default: 10,20,50]")] = None,
+    blocks: Annotated[Optional[list[str]], Option(help="ResNet/WRN blocks, comma-separated or repeated. [default: 10,40,100; WRN 1,16]")] = None,
+    width: Annotated[Optional[list[str]], Option(help="Widths, comma-separated or repeated (ResNet: residual and hidden width; CNN: channels; WRN: the widening k). [default: 128,512; CNN 32,64; WRN 1]")] = None,
+    init: Annotated[Optional[list[str]], Option(help="Inits, comma-separated or repeated. [default: proposed,he]")] = None,
+    input_dim: Annotated[Optional[int], Option("--input-dim", min=1, help="MLP input dimension n_0. [default: the swept width]")] = None,
+    samples: Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")] = 1000,
+    seed: Annotated[int, Option(min=0, help="Base seed.")] = 0,
+    seeds: Annotated[int, Option(min=1, help="Independent weight draws S per configuration.")] = 1,
+    device: Annotated[str, Option(help="auto, cpu, cuda or cuda:K.")] = "auto",
+    dtype: Annotated[DType, Option(help="Floating-point type of the probe.")] = DType.float32,
     correlation: CorrelationOpt = None,
     pairs: PairsOpt = 256,
-    curvature: Annotated[bool, typer.Option("--curvature", help="Measure the curvature at init (sigprop hessian: log10 spectral norm "
+    curvature: Annotated[bool, Option("--curvature", help="Measure the curvature at init (sigprop hessian: log10 spectral norm "
                                                                "of the loss Hessian per point, --seeds draws) instead of probing.")] = False,
 ) -> None:
     """Run a grid of probes (depth or blocks x width x init), appending one JSON line per configuration; resumes."""
@@ -133,14 +133,14 @@ def sweep(
 
 @app.command("plot")
 def plot_cmd(
-    results: Annotated[Path, typer.Argument(help="A sweep's JSON-lines file.", metavar="RESULTS")],
-    out: Annotated[Path, typer.Option(help="The figure: .png, .svg or .pdf.")],
-    x: Annotated[str, typer.Option(help="x axis: depth, blocks or width.")] = "depth",
-    direction: Annotated[str, typer.Option(help="forward or backward end-to-end ratio, or correlation: the last state's mean cosine "
+    results: Annotated[Path, Argument(help="A sweep's JSON-lines file.", metavar="RESULTS")],
+    out: Annotated[Path, Option(help="The figure: .png, .svg or .pdf.")],
+    x: Annotated[str, Option(help="x axis: depth, blocks or width.")] = "depth",
+    direction: Annotated[str, Option(help="forward or backward end-to-end ratio, or correlation: the last state's mean cosine "
                                                 "of input pairs (a sweep run with --correlation), or curvature: the log10 spectral "
                                                 "norm of the loss Hessian (a sweep run with --curvature).")] = "forward",
 ) -> None:
-    """Draw a sweep: end-to-end ratio (or cosine) against depth (or width), one line per init (needs the plot extra: pip install sigprop\\[plot])."""
+    """Draw a sweep: end-to-end ratio (or cosine) against depth (or width), one line per init (needs the plot extra: pip install sigprop[plot])."""
     from sigprop import plot as plot_mod
     from sigprop import sweep as sweep_mod
 
@@ -162,9 +162,9 @@ def plot_cmd(
 
 @app.command()
 def rerun(
-    result: Annotated[Path, typer.Argument(help="A result of sigprop mlp/resnet --format json.", metavar="RESULT")],
-    fmt: Annotated[Format, typer.Option("--format", help="Output format of the new run.")] = Format.table,
-    output: Annotated[Optional[Path], typer.Option(help="Write the new run's output to this file (whole, never half).")] = None,
+    result: Annotated[Path, Argument(help="A result of sigprop mlp/resnet --format json.", metavar="RESULT")],
+    fmt: Annotated[Format, Option("--format", help="Output format of the new run.")] = Format.table,
+    output: Annotated[Optional[Path], Option(help="Write the new run's output to this file (whole, never half).")] = None,
 ) -> None:
     """Run a recorded result again (its config, seed, device, threads) and compare: exit 0 identical, 1 different."""
     import json
@@ -182,7 +182,7 @@ def rerun(
     from sigprop import api  # imports torch
 
     new = api.rerun(doc, on_start=lambda env: _say(
-        f"sigprop rerun: {doc.get('command')} from {result} on {env['device']} ({env['threads']} threads)"))
+        f"sigprop rerun: {doc.get('command')} from {result} on {env['device']} ({report.count(env['threads'], 'thread')})"))
     render(new, fmt, output)
     count, diffs, moved = rerun_differences(doc, new)
     if moved:
@@ -200,11 +200,11 @@ def rerun(
 def check(
     file: Annotated[
         Optional[Path],
-        typer.Argument(help="TOML file of \\[checks.NAME] (or \\[tool.sigprop.checks.NAME]) tables. [default: ./pyproject.toml, else ./sigprop.toml]"),
+        Argument(help="TOML file of [checks.NAME] (or [tool.sigprop.checks.NAME]) tables. [default: ./pyproject.toml, else ./sigprop.toml]"),
     ] = None,
-    fmt: Annotated[CheckFormat, typer.Option("--format", help="text: one line per check and init, then a summary; json: one document.")] = CheckFormat.text,
-    output: Annotated[Optional[Path], typer.Option(help="Write the report to this file (whole, never half).")] = None,
-    junit: Annotated[Optional[Path], typer.Option(help="Also write a JUnit XML report here (for CI test panels).")] = None,
+    fmt: Annotated[CheckFormat, Option("--format", help="text: one line per check and init, then a summary; json: one document.")] = CheckFormat.text,
+    output: Annotated[Optional[Path], Option(help="Write the report to this file (whole, never half).")] = None,
+    junit: Annotated[Optional[Path], Option(help="Also write a JUnit XML report here (for CI test panels).")] = None,
 ) -> None:
     """Run named probe configurations with expectations from TOML: exit 0 all met, 1 one not met, 2 bad config."""
     from sigprop import checks as checks_mod
@@ -252,18 +252,16 @@ def check(
 
 @app.command()
 def theory(
-    n: Annotated[Optional[list[int]], typer.Option("--n", min=2, help="n for K_n (repeatable). Default: 2, 3, 10, 100, 1000, 10^6, 10^7.")] = None,
-    blocks: Annotated[Optional[list[int]], typer.Option("--blocks", min=1, help="Residual blocks B (repeatable). Default: 1, 2, 10, 40, 100, 1000.")] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="table or json.")] = Format.table,
-    output: Annotated[Optional[Path], typer.Option(help="Write the output to this file.")] = None,
+    n: Annotated[Optional[list[int]], Option("--n", min=2, help="n for K_n (repeatable). Default: 2, 3, 10, 100, 1000, 10^6, 10^7.")] = None,
+    blocks: Annotated[Optional[list[int]], Option("--blocks", min=1, help="Residual blocks B (repeatable). Default: 1, 2, 10, 40, 100, 1000.")] = None,
+    fmt: Annotated[TableFormat, Option("--format", help="Output format.")] = TableFormat.table,
+    output: Annotated[Optional[Path], Option(help="Write the output to this file.")] = None,
 ) -> None:
     """K_n of Theorem 1 (closed form and quadrature) and the ResNet ratio (1 + 1/B)^{B/2}."""
     from sigprop.front import theory_table
 
-    if fmt is Format.csv:
-        raise SigpropError("theory supports table or json", field="format")
     result = theory_table(n, blocks)
-    if fmt is Format.json:
+    if fmt is TableFormat.json:
         write_output(report.to_json(result), output)
     else:
         render_rich(lambda console: report.render_theory(result, console), output)

@@ -128,3 +128,16 @@ def test_library_errors_name_the_field_and_the_cli_its_flag(capsys):
     assert code == 2 and err_text.startswith("sigprop: error: ") and "--input-dim" in err_text
     code, _, err_text = _run(capsys, ["mlp", "--depth", "400000", "--width", "4096", "--no-stream", "--device", "cpu"])
     assert code == 2 and "--depth/--width/--samples: this run needs" in err_text
+
+
+@pytest.mark.parametrize("command", [["plot", "{f}", "--out", "{png}"], ["rerun", "{f}"], ["sweep", "mlp", "--out", "{f}"]])
+def test_a_binary_file_is_refused_alike_by_plot_rerun_and_sweep(capsys, tmp_path, command):
+    """0.7.0: `sigprop plot` on a binary file was an internal UnicodeDecodeError (exit 1) while
+    `sigprop rerun` refused it (exit 2): now one line, exit 2, for every command that reads one."""
+    pytest.importorskip("matplotlib")
+    f = tmp_path / "bin.jsonl"
+    f.write_bytes(bytes(range(128, 256)))
+    args = [a.format(f=f, png=tmp_path / "x.png") for a in command]
+    code, _, err = _run(capsys, args)
+    assert code == 2 and err.count("\n") == 1 and "internal error" not in err and "not" in err
+    assert f.read_bytes() == bytes(range(128, 256))

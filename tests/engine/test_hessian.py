@@ -51,7 +51,7 @@ def test_hvp_is_the_dense_hessian(kind, name):
 
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
-def test_power_iteration_finds_the_largest_magnitude_eigenvalue(kind):
+def test_lanczos_finds_the_largest_magnitude_eigenvalue(kind):
     net, shape = NETS[kind]
     x, y = hessian.data(1, 8, shape, CPU, torch.float64)
     for name in ("proposed", "pytorch"):
@@ -59,8 +59,46 @@ def test_power_iteration_finds_the_largest_magnitude_eigenvalue(kind):
         h, full = _dense(m, x, y)
         ev = np.linalg.eigvalsh((full + full.T) / 2)
         lam = ev[np.argmax(abs(ev))]
-        r = hessian.power_iteration(h, torch.Generator().manual_seed(0), iters=2000, tol=1e-12)
-        assert r.status == "converged" and r.eigenvalue == pytest.approx(lam, rel=1e-6)
+        r = hessian.largest_eigenvalue(h, torch.Generator().manual_seed(0), iters=2000, tol=1e-9)
+        assert r.status == "converged" and r.eigenvalue == pytest.approx(lam, rel=1e-8)
+
+
+class _Matrix:
+    """A symmetric matrix as the operator ``largest_eigenvalue`` reads (size, device, dtype, product)."""
+
+    def __init__(self, eigenvalues, seed=0):
+        rng = np.random.default_rng(seed)
+        q, _ = np.linalg.qr(rng.standard_normal((len(eigenvalues), len(eigenvalues))))
+        self.a = torch.as_tensor(q @ np.diag(eigenvalues) @ q.T)
+        self.size, self.device, self.dtype, self.calls = len(eigenvalues), CPU, torch.float64, 0
+
+    def __call__(self, v):
+        self.calls += 1
+        return self.a @ v
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_close_second_eigenvalue_does_not_stop_the_search_early(sign, seed):
+    """Issue 27: with lambda2/lambda1 = 0.999 (and the rest of the spectrum up to 0.95) the reported
+    eigenvalue is within tol of lambda1 and its residual, recomputed here, meets tol: 0.7.0's
+    power iteration stopped when the Rayleigh quotient moved by less than tol per step, and
+    called 4.895 "converged" where the top eigenvalue was 5.068."""
+    rest = np.random.default_rng(seed).uniform(-0.8, 0.95, 298)
+    op = _Matrix(sign * np.concatenate([[1.0, 0.999], rest]), seed)
+    tol = 1e-3
+    r = hessian.largest_eigenvalue(op, torch.Generator().manual_seed(seed), iters=500, tol=tol)
+    assert r.status == "converged" and r.iterations == op.calls <= 500
+    assert abs(r.eigenvalue - sign) <= tol and np.sign(r.eigenvalue) == sign
+    # the residual it reports is the residual of a unit vector whose Rayleigh quotient it reports
+    assert r.residual <= tol
+
+
+def test_an_exhausted_budget_is_not_converged_with_its_residual():
+    op = _Matrix(np.concatenate([[1.0, 0.999], np.linspace(-0.99, 0.99, 198)]))
+    r = hessian.largest_eigenvalue(op, torch.Generator().manual_seed(0), iters=6, tol=1e-9)
+    assert r.status == "not converged" and r.iterations == op.calls == 6 and r.residual > 1e-9
+    assert 0.9 < r.eigenvalue <= 1.0 + 1e-12
 
 
 @pytest.mark.parametrize("bn", [False, True])
@@ -113,13 +151,13 @@ def test_the_model_is_the_probes_net(kind):
     np.testing.assert_allclose((h.norm(dim=1) / x.norm(dim=1)).numpy(), torch.exp(probe).numpy(), rtol=1e-10)
 
 
-def test_power_iteration_is_deterministic_and_reports_divergence():
+def test_the_eigenvalue_search_is_deterministic_and_reports_divergence():
     x, y = hessian.data(0, 8, (6,), CPU, torch.float64)
     m = hessian.build("mlp", [6, 5, 4], inits.get("proposed"), x, 0, 0)
-    runs = [hessian.power_iteration(hessian.HVP(m, x, y), torch.Generator().manual_seed(9), iters=30) for _ in range(2)]
+    runs = [hessian.largest_eigenvalue(hessian.HVP(m, x, y), torch.Generator().manual_seed(9), iters=30) for _ in range(2)]
     assert runs[0] == runs[1]
-    m.params["0.v"] = m.params["0.v"] * math.inf  # a non-finite net: the power iteration says so
-    assert hessian.power_iteration(hessian.HVP(m, x, y), torch.Generator().manual_seed(9)).status == "diverged"
+    m.params["0.v"] = m.params["0.v"] * math.inf  # a non-finite net: the search says so
+    assert hessian.largest_eigenvalue(hessian.HVP(m, x, y), torch.Generator().manual_seed(9)).status == "diverged"
 
 
 def test_the_default_head_is_the_papers_pytorch_linear_for_every_init():
@@ -235,3 +273,56 @@ def test_a_data_dependent_init_in_minibatches_is_calibrated_on_the_first():
     first = hessian.build(kind, net, inits.get("datadep"), x[:5], 0, 0)
     assert draw.loss == pytest.approx(hessian.HVP(first, x, y, 5).loss, rel=1e-12)
     assert draw.loss != pytest.approx(hessian.HVP(hessian.build(kind, net, inits.get("datadep"), x, 0, 0), x, y).loss, rel=1e-6)
+
+
+@pytest.mark.parametrize("kind, name", [("mlp", "proposed"), ("mlp", "pytorch-he"), ("resnet", "proposed"), ("cnn", "he"),
+                                        ("bn-resnet", "he")])
+def test_hvp_equals_central_differences_of_gradients(kind, name):
+    """The curvature path's Hessian-vector products (its hand-written weight normalisation
+    g v/||v||, double backward) against central differences of the gradient, in float64:
+    (grad(theta + eps u) - grad(theta - eps u)) / (2 eps) = H u + O(eps^2 |third derivative|)
+    + O(macheps |grad| / eps); with eps = 1e-5 both are below 1e-9 of ||H u|| here."""
+    net, shape = NETS[kind]
+    x, y = hessian.data(2, 8, shape, CPU, torch.float64)
+    m = hessian.build(kind, net, walker.NET_KINDS[kind].scheme(name), x, 1, 0)
+    h = hessian.HVP(m, x, y)
+    u = torch.randn(h.size, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+
+    def grad(theta):
+        leaves, k = {}, 0
+        for n, t in zip(h.names, h.leaves):
+            leaves[n] = theta[k:k + t.numel()].reshape(t.shape).clone().requires_grad_(True)
+            k += t.numel()
+        g = torch.autograd.grad(m.loss(leaves, x, y), list(leaves.values()), allow_unused=True)
+        return torch.cat([torch.zeros(t.numel(), dtype=torch.float64) if d is None else d.reshape(-1) for d, t in zip(g, h.leaves)])
+
+    theta = torch.cat([t.detach().reshape(-1) for t in h.leaves])
+    eps = 1e-5
+    fd = (grad(theta + eps * u) - grad(theta - eps * u)) / (2 * eps)
+    hu = h(u)
+    assert float(torch.linalg.vector_norm(fd - hu)) <= 1e-7 * float(torch.linalg.vector_norm(hu))
+
+
+def test_torchs_fused_weight_norm_gives_an_asymmetric_hessian():
+    """Why the curvature path keeps its hand-written g v/||v|| (hessian._weight): with torch 2.13 the
+    fused kernel torch._weight_norm has a wrong second derivative -- the Hessian of a loss through
+    it is not symmetric (here about 60% of its norm; the v-v block off by about 0.24 of 0.28).
+    The hand-written form is symmetric to rounding.  If this test fails, torch has fixed the
+    kernel: only then may the curvature path use it (and this test goes)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 5, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 4, (7,), generator=gen)
+    v0 = torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    g0 = torch.rand(4, generator=gen, dtype=torch.float64) + 0.5
+
+    def asymmetry(fused: bool) -> float:
+        v, g = v0.clone().requires_grad_(True), g0.clone().requires_grad_(True)
+        w = torch._weight_norm(v, g.unsqueeze(1), 0) if fused else hessian._weight({"l.v": v, "l.g": g}, "l")
+        grads = torch.autograd.grad(torch.nn.functional.cross_entropy(x @ w.T, y), (v, g), create_graph=True)
+        flat = torch.cat([t.reshape(-1) for t in grads])
+        H = torch.stack([torch.cat([t.reshape(-1) for t in torch.autograd.grad(flat[i], (v, g), retain_graph=True)])
+                         for i in range(flat.numel())])
+        return float(torch.linalg.matrix_norm(H - H.T) / torch.linalg.matrix_norm(H))
+
+    assert asymmetry(fused=False) < 1e-14
+    assert asymmetry(fused=True) > 0.1, "torch._weight_norm's second derivative is symmetric now: see the docstring"
