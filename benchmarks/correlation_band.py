@@ -39,7 +39,7 @@ def main() -> None:
         for c0 in (0.0, 0.5):
             outside, total, worst = 0, 0, 0.0
             for seed in range(args.seeds):
-                r = api.probe(spec, specs.ProbeSpec(samples=8, seed=seed, device="cpu", correlations=(c0,)))
+                r = api.probe(spec, specs.ProbeSpec(samples=8, seed=seed, device="cpu", correlations=(c0,), threads=1))
                 for rec in r.runs[0].layers:
                     c = rec.correlation[0]
                     if c.agrees is None or c.std == 0:

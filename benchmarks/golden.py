@@ -28,7 +28,7 @@ def grid():
     for stream in (False, True):
         for seeds in (1, 3):
             for dtype in ("float64", "float32"):
-                probe = specs.ProbeSpec(samples=16, seed=7, seeds=seeds, device="cpu", dtype=dtype, stream=stream)
+                probe = specs.ProbeSpec(samples=16, seed=7, seeds=seeds, device="cpu", dtype=dtype, stream=stream, threads=1)
                 yield f"mlp fixed {dtype} stream={stream} seeds={seeds}", specs.MLPSpec(
                     depth=6, input_dim=20, width=specs.WidthSpec(24, 24), inits=tuple(inits.names("mlp"))), probe
                 yield f"mlp random {dtype} stream={stream} seeds={seeds}", specs.MLPSpec(

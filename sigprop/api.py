@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable
 
 from sigprop import __version__, engine, inits, plans, specs, stats, theory
@@ -25,34 +26,6 @@ TOLERANCES = {
 }
 
 
-def default_threads() -> int:
-    """Half the cores this process may run on (at least 1).  Measured on a 2-core x86-64 AMD
-    EPYC (docs/cli.md): unloaded, 1 vs 2 threads cost 3.3 vs 3.7 s (mlp defaults) and 5.1 vs
-    4.4 s (resnet --blocks 40); with another process busy, 2 threads took 45.6 s against 6.2 s
-    for one -- oversubscription costs far more than an idle core."""
-    import os
-
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // 2)
-
-
-def set_threads(threads: int | None) -> int:
-    """``--threads``: torch's CPU threads for this process; None keeps OMP_NUM_THREADS where it
-    is set, else ``default_threads()``.  Returns the number in force (recorded in the result)."""
-    import os
-
-    import torch
-
-    if threads is not None:
-        torch.set_num_threads(int(threads))
-    elif "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(default_threads())
-    return torch.get_num_threads()
-
-
 def probe(
     spec: specs.MLPSpec | specs.ResNetSpec,
     probe_spec: specs.ProbeSpec,
@@ -65,10 +38,15 @@ def probe(
     one ``passed`` reports and the band of ``preserved``."""
     gate = gate or specs.GateSpec()
     probe_spec = gate.probe(probe_spec)
-    if isinstance(spec, specs.ResNetSpec):
-        return _probe_resnet(spec, probe_spec, progress, on_start, gate)
-    if isinstance(spec, (specs.CNNSpec, specs.WRNSpec)):
-        return _probe_conv(spec, probe_spec, progress, on_start, gate)
+    with engine.using_threads(probe_spec.threads):
+        if isinstance(spec, specs.ResNetSpec):
+            return _probe_resnet(spec, probe_spec, progress, on_start, gate)
+        if isinstance(spec, (specs.CNNSpec, specs.WRNSpec)):
+            return _probe_conv(spec, probe_spec, progress, on_start, gate)
+        return _probe_mlp(spec, probe_spec, progress, on_start, gate)
+
+
+def _probe_mlp(spec, probe_spec, progress, on_start, gate) -> ProbeResult:
     widths, arrays, env = engine.run_mlp(spec, probe_spec, progress=progress, on_start=on_start)
     runs = []
     for name in spec.inits:
@@ -223,16 +201,10 @@ def rerun_specs(doc: dict) -> tuple[specs.MLPSpec | specs.ResNetSpec, specs.Prob
 
 def rerun(doc: dict, progress: engine.ProgressFn | None = None, on_start=None) -> ProbeResult:
     """Run again what a result document records (same config, seed, device, thread count)."""
-    import torch
-
     spec, probe_spec, gate, threads = rerun_specs(doc)
-    saved = torch.get_num_threads()
     if threads:
-        torch.set_num_threads(int(threads))
-    try:
-        return probe(spec, probe_spec, progress=progress, on_start=on_start, gate=gate)
-    finally:
-        torch.set_num_threads(saved)
+        probe_spec = replace(probe_spec, threads=int(threads))
+    return probe(spec, probe_spec, progress=progress, on_start=on_start, gate=gate)
 
 
 def _curvature_net(spec, seed: int):
@@ -262,7 +234,12 @@ def _hessian_data(hs: specs.HessianSpec, shape, device, dtype):
 
 def hessian(spec, hs: specs.HessianSpec, progress=None, on_start=None):
     """The curvature at init of every init of ``spec`` (any probe spec): per weight draw the largest-magnitude Hessian eigenvalue (restarted Lanczos, ``hessian.largest_eigenvalue``), the top-k (ARPACK's Lanczos)
-    and the trace (Hutchinson) as ``hs`` asks; a ``results.HessianResult``."""
+    and the trace (Hutchinson) as ``hs`` asks; a ``results.HessianResult``, on ``hs.threads`` CPU threads."""
+    with engine.using_threads(hs.threads):
+        return _hessian(spec, hs, progress, on_start)
+
+
+def _hessian(spec, hs: specs.HessianSpec, progress, on_start):
     import time
 
     import torch

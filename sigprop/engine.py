@@ -458,6 +458,25 @@ def graphs_status(runners) -> str:
     return f"on ({sum(r.captured for r in runners)} captured steps)"
 
 
+class using_threads:
+    """Context: torch's CPU threads for one run -- ``requested``, else the one default
+    (``environment.probe_threads``) -- restored afterwards, so that a library call leaves the
+    caller's setting as it found it."""
+
+    def __init__(self, requested: int | None) -> None:
+        from sigprop import environment
+
+        self.threads, self.why = environment.probe_threads(requested)
+
+    def __enter__(self):
+        self.saved = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.set_num_threads(self.saved)
+
+
 class matmul_precision:
     """Context: TF32 tensor-core matmuls for ``--precision tf32`` (CUDA, float32 only)."""
 

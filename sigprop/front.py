@@ -18,7 +18,8 @@ from sigprop.results import ProbeResult
 PROBE_KEYWORDS = (
     ("samples", int, 1000), ("seed", int, 0), ("seeds", int, 1), ("device", str, "auto"), ("dtype", str, "float32"),
     ("stream", "bool | None", None), ("precision", str, "fp32"), ("graphs", "bool | None", None),
-    ("gate", str, "preserved"), ("band", "tuple[float, float] | None", None),
+    ("gate", str, "preserved"), ("band", "tuple[float, float] | None", None), ("threads", "int | None", None),
+    ("correlations", "tuple[float, ...]", ()), ("pairs", int, 256), ("max_correlation", "float | None", None),
 )
 
 
@@ -31,7 +32,7 @@ def _probe_keywords(build):
         from sigprop.api import probe
 
         kw = {name: kwargs.pop(name, default) for name, _, default in PROBE_KEYWORDS}
-        gate = specs.GateSpec(kw.pop("gate"), kw.pop("band"))
+        gate = specs.GateSpec(kw.pop("gate"), kw.pop("band"), kw.pop("max_correlation"))
         return probe(build(*args, **kwargs), specs.ProbeSpec(**kw), gate=gate)
 
     own = list(inspect.signature(build).parameters.values())

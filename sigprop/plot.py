@@ -4,7 +4,8 @@ every number drawn is read from the result records (STYLE.md layers); nothing is
 ``probe_figure``: the paper's Figure 1 layout (Arpit et al. 2019, Figure 1) -- a forward and a
 backward panel, one line and marker per init (the typical, geometric-mean ratio; +-1 sd of the
 log ratio across samples shaded and, with several draws, across draws darker), the predicted
-typical ratio dashed (docs/theory.md §4), the ResNet band [sqrt 2, sqrt e] dotted per stage, a
+typical ratio dashed (docs/theory.md §4), the ResNet band [sqrt 2, sqrt e] as a bar where it applies
+(at each stage's end: it bounds the stage's end-to-end ratio, not the states inside it), a
 log axis when the values span more than a decade and then a linear zoom row for the inits that
 stay near 1.
 ``sweep_figure``: end-to-end ratio against depth or width, one line per init, from a sweep's
@@ -140,22 +141,34 @@ def _draw(ax, result, runs, direction: str, staged: bool, yspace: str, seeds: in
                             label="theory (dotted): energy-map RMS ratio" if first_panel and not labelled else None)
                     labelled = True
     if result.command in ("resnet", "wrn"):
-        import math
-
-        stages = result.runs[0].stages or []
-        for k, st in enumerate(stages):
-            lo, hi = st.forward_band if direction == "forward" else st.backward_band
-            if yspace == "log10":
-                lo, hi = math.log10(lo), math.log10(hi)
-            a, b = (st.first, st.last) if staged else (0, len(result.runs[0].layers) - 1)
-            label = "[√2, √e]: band of a stage's end-to-end ratio" if k == 0 else None
-            ax.fill_between([a, b], [lo, lo], [hi, hi], color="0.5", alpha=0.12, lw=0)
-            ax.plot([a, b], [lo, lo], color="0.3", ls=":", lw=1.1, label=label)
-            ax.plot([a, b], [hi, hi], color="0.3", ls=":", lw=1.1)
-            if staged and k > 0:
-                ax.axvline(st.first, color="0.55", lw=0.9, ls="-.")
+        _draw_stage_bands(ax, result, direction, staged, yspace)
     if yspace == "log":
         ax.set_yscale("log")
+
+
+def _draw_stage_bands(ax, result, direction: str, staged: bool, yspace: str) -> None:
+    """Theorem 3's band [sqrt 2, sqrt e] (Arpit et al. 2019; per stage, with its projection's hull)
+    bounds a stage's end-to-end ratio only -- ||h^last||/||h^first|| forward,
+    ||dl/dh^first||/||dl/dh^last|| backward -- not the states inside it (the proposed init's
+    ratio after b of B blocks is (1 + 1/B)^{b/2}, below sqrt 2 until the stage ends: the dashed
+    theory curves).  So it is drawn where it applies: a bar at the stage's last state (forward)
+    or first state (backward), where the curve -- relative to the stage's other end (one stage:
+    h^0 or h^B; several: each stage from its own first or last state) -- reads that ratio."""
+    import math
+
+    stages = result.runs[0].stages or []
+    for k, st in enumerate(stages):
+        lo, hi = st.forward_band if direction == "forward" else st.backward_band
+        if yspace == "log10":
+            lo, hi = math.log10(lo), math.log10(hi)
+        x = st.last if direction == "forward" else st.first
+        label = "[√2, √e]: band of a stage's end-to-end ratio (at its end)" if k == 0 else None
+        ax.plot([x, x], [lo, hi], color="0.3", lw=5, alpha=0.35, solid_capstyle="butt", label=label)
+        ax.plot([x, x], [lo, lo], color="0.3", ls="none", marker="_", ms=14, mew=1.4)
+        ax.plot([x, x], [hi, hi], color="0.3", ls="none", marker="_", ms=14, mew=1.4)
+    if staged:
+        for st in stages[1:]:
+            ax.axvline(st.first, color="0.55", lw=0.9, ls="-.")
 
 
 def probe_figure(result, path: Path) -> None:
@@ -229,7 +242,8 @@ def build_probe_figure(result):
     return fig
 
 
-COSINE_STYLES = ("-", "--", "-.", ":")
+#: one line style per input cosine c0 in the correlation row (never "--": that is the theory's)
+COSINE_STYLES = ("-", ":", "-.", (0, (6, 2, 1, 2, 1, 2)))
 
 
 def _draw_cosines(row, result, colours: dict, xlabel: str) -> None:
@@ -240,24 +254,24 @@ def _draw_cosines(row, result, colours: dict, xlabel: str) -> None:
     left, right = row
     c0s = [c.c0 for c in result.runs[0].correlations]
     for run in result.runs:
-        col, _ = colours[run.init]
+        col, mk = colours[run.init]  # the init's colour and marker, as in the rows above
         for k, c0 in enumerate(c0s):
             recs = [(r.index, r.correlation[k]) for r in run.layers if len(r.correlation) > k]
             xs = [i for i, c in recs if c.mean == c.mean]
             ms = [c.mean for _, c in recs if c.mean == c.mean]
             sd = [c.std for _, c in recs if c.mean == c.mean]
-            mk = MARKERS[k % len(MARKERS)]
+            ls = COSINE_STYLES[k % len(COSINE_STYLES)]
             label = f"{run.init}, c0 = {c0:g}"
-            left.plot(xs, ms, color=col, marker=mk, ms=4, markevery=max(1, len(xs) // 8), lw=1.4, label=label)
+            left.plot(xs, ms, color=col, marker=mk, ms=4, markevery=max(1, len(xs) // 8), lw=1.4, ls=ls, label=label)
             left.fill_between(xs, [m - s for m, s in zip(ms, sd)], [m + s for m, s in zip(ms, sd)], color=col, alpha=0.12, lw=0)
             one = [(x, 1.0 - m) for x, m in zip(xs, ms) if 1.0 - m > 0]
             right.plot([p[0] for p in one], [p[1] for p in one], color=col, marker=mk, ms=4, markevery=max(1, len(one) // 8), lw=1.4,
-                       label=label)
+                       ls=ls, label=label)
             th = [(i, c.predicted) for i, c in recs if c.predicted is not None]
-            if th:
-                left.plot([t[0] for t in th], [t[1] for t in th], color=col, ls="--", lw=1.0)
+            if th:  # theory: thin, dashed, unmarked (as in the rows above)
+                left.plot([t[0] for t in th], [t[1] for t in th], color=col, ls="--", lw=0.9)
                 th1 = [(x, 1.0 - p) for x, p in th if 1.0 - p > 0]
-                right.plot([t[0] for t in th1], [t[1] for t in th1], color=col, ls="--", lw=1.0)
+                right.plot([t[0] for t in th1], [t[1] for t in th1], color=col, ls="--", lw=0.9)
     left.set_ylabel("cosine of the two forward states")
     left.set_title("correlation: mean over input pairs (dashed: infinite-width theory)", fontsize=10)
     right.set_ylabel("1 − cosine")

@@ -458,21 +458,36 @@ def gate_text(c) -> str:
     return f"typical {c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, {fmt_log10(c.log10_high)}]"
 
 
-def _asked(outcome) -> str:
-    """What an outcome's gates ask together: the verdict, and the correlation bound when set."""
-    words = VERDICT_WORDS[outcome.verdict]
+def _gate_verdicts(outcome) -> list[str]:
+    """The questions an outcome's gates ask, in words: its verdict, and the correlation bound when set."""
+    words = [VERDICT_WORDS[outcome.verdict]]
     if any(c.verdict == "correlation" for c in outcome.gates):
-        words += " and " + VERDICT_WORDS["correlation"]
+        words.append(VERDICT_WORDS["correlation"])
     return words
 
 
+def _failed(outcome) -> list[str]:
+    """The questions whose gates failed, in words."""
+    return list(dict.fromkeys(VERDICT_WORDS[c.verdict] for c in outcome.gates if not c.passed))
+
+
+def expectation(outcome) -> str:
+    """What the check expected and what happened, in words that cannot be read the other way: an
+    ``expect = "fail"`` check passes when at least one of its gates fails, and the line says which."""
+    asked, failed = _gate_verdicts(outcome), _failed(outcome)
+    if outcome.expect == "pass":
+        text = "expected to hold: " + " and ".join(asked)
+        return text + ("" if not failed else "; failed: " + ", ".join(failed))
+    one = asked[0] if len(asked) == 1 else "one of " + ", ".join(asked)
+    return f"expected to fail: {one}; " + ("failed: " + ", ".join(failed) if failed else "none failed")
+
+
 def check_line(outcome) -> str:
-    """One line: verdict, check name, init, what was expected and every gate measured vs band."""
+    """One line: verdict, check name, init, what was expected and what happened, and every gate
+    measured vs band."""
     verdict = "PASS" if outcome.ok else "FAIL"
-    asked = _asked(outcome)
-    expect = f" (expected: {asked})" if outcome.expect == "pass" else f" (expected: not {asked})"
     gates = "; ".join(gate_text(c) for c in outcome.gates) or "no gate"
-    return f"{verdict}  {outcome.name} [{outcome.init}]{expect}: {gates}"
+    return f"{verdict}  {outcome.name} [{outcome.init}] ({expectation(outcome)}): {gates}"
 
 
 def check_summary(outcomes, seconds: float) -> str:
@@ -497,9 +512,7 @@ def junit_xml(report_obj) -> str:
         case = ET.SubElement(suite, "testcase", classname=f"sigprop.{o.name}", name=o.init, time=f"{o.seconds:.3f}")
         text = "\n".join(gate_text(c) for c in o.gates)
         if not o.ok:
-            asked = _asked(o)
-            why = f"expected not '{asked}' but it held" if o.expect == "fail" else f"not '{asked}'"
-            fail = ET.SubElement(case, "failure", message=f"{why}: {check_line(o)}", type="SignalCheck")
+            fail = ET.SubElement(case, "failure", message=check_line(o), type="SignalCheck")
             fail.text = text
         else:
             ET.SubElement(case, "system-out").text = text
@@ -535,7 +548,7 @@ def hessian_table(result) -> Table:
     top = max((len(d.top) for r in result.runs for d in r.draws), default=0)
     trace = any(d.trace is not None for r in result.runs for d in r.draws)
     if top:
-        t.add_column("top eigenvalues (Lanczos)", no_wrap=True)
+        t.add_column("top eigenvalues (Lanczos)", ratio=1)  # wraps: the other columns keep their width
     if trace:
         t.add_column("trace ± se (Hutchinson)", justify="right", no_wrap=True)
     for k, run in enumerate(result.runs):
@@ -544,7 +557,7 @@ def hessian_table(result) -> Table:
                    "—" if not d.eigenvalue else f"{math.log10(abs(d.eigenvalue)):.2f}", str(d.iterations),
                    "—" if d.residual is None else f"{d.residual:.1e}", d.status]
             if top:
-                more = f", … ({len(d.top)} in --format json)" if len(d.top) > TOP_SHOWN else ""
+                more = f", … (all {len(d.top)}: --format json)" if len(d.top) > TOP_SHOWN else ""
                 row.append(", ".join(fmt_num(v) for v in d.top[:TOP_SHOWN]) + more)
             if trace:
                 row.append("—" if d.trace is None else f"{fmt_num(d.trace)} ± {fmt_num(d.trace_se)}")

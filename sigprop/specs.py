@@ -95,9 +95,14 @@ class ProbeSpec:
     #: none) and the input pairs per cosine (``--pairs``); docs/theory.md section 10
     correlations: tuple[float, ...] = ()
     pairs: int = 256
+    #: CPU threads of the run (None: ``environment.probe_threads``: OMP_NUM_THREADS where set,
+    #: else half the cores); the number used is recorded in the result's environment
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         check_size(self.samples, "samples")
+        if self.threads is not None:
+            check_size(self.threads, "threads")
         check_size(self.pairs, "pairs")
         cs = (self.correlations,) if isinstance(self.correlations, (int, float)) else tuple(self.correlations)
         for c in cs:
@@ -409,8 +414,12 @@ class HessianSpec:
     data: str | None = None
     head: str = "pytorch"
     batch_size: int | None = None
+    #: CPU threads (None: ``environment.probe_threads``), as ``ProbeSpec.threads``
+    threads: int | None = None
 
     def __post_init__(self) -> None:
+        if self.threads is not None:
+            check_size(self.threads, "threads")
         if self.head not in HEADS:
             raise SigpropError(f"expected one of {', '.join(HEADS)}, got {self.head!r}", field="head")
         if self.batch_size is not None:

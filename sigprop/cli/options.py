@@ -179,7 +179,7 @@ class ProbeOptions(RunOptions):
     def probe_spec(self) -> specs.ProbeSpec:
         return specs.ProbeSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype.value,
                                stream=self.stream, precision=self.precision.value, graphs=self.graphs,
-                               correlations=specs.parse_cosines(self.correlation or []), pairs=self.pairs)
+                               correlations=specs.parse_cosines(self.correlation or []), pairs=self.pairs, threads=self.threads)
 
     def gate_spec(self) -> specs.GateSpec:
         return specs.GateSpec(self.gate.value, None if self.band is None else specs.parse_band(self.band), self.max_correlation)
@@ -214,7 +214,7 @@ class HessianOptions(RunOptions):
         return specs.HessianSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype.value,
                                  iters=self.iters, tol=self.tol, top=self.top, trace=self.trace,
                                  data=None if self.data is None else str(self.data), head=self.head.value,
-                                 batch_size=self.batch_size)
+                                 batch_size=self.batch_size, threads=self.threads)
 
 
 HESSIAN_OPTIONS = (

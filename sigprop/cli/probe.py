@@ -47,7 +47,6 @@ def _run_probe(spec, opts: ProbeOptions, banner) -> None:
 
     from sigprop import api  # imports torch
 
-    api.set_threads(opts.threads)
     prog, update = _progress_callback("probing")
     if prog is not None:
         prog.start()
@@ -164,7 +163,6 @@ def _run_hessian(spec, opts: HessianOptions, banner) -> None:
         plot_mod.check_target(opts.plot)
     from sigprop import api  # imports torch
 
-    api.set_threads(opts.threads)
     prog, update = _progress_callback("hessian")
     if prog is not None:
         prog.start()

@@ -35,7 +35,8 @@ def env() -> None:
     from sigprop import environment  # imports torch: it reports on it
 
     rows = environment.gather()
-    write_output("\n".join(f"{k:12s} {v}" if k else v for k, v in rows) + "\n", None)
+    width = max(len(k) for k, _ in rows)
+    write_output("\n".join(f"{k:{width}s} {v}" if k else v for k, v in rows) + "\n", None)
 
 
 

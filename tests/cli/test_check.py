@@ -42,8 +42,8 @@ def test_passing_config_exits_0_with_one_line_per_check_and_junit(capsys, monkey
     assert code == 0, err
     lines = out.strip().splitlines()
     assert len(lines) == 5  # 2 + 1 + 1 (check, init) lines and the summary
-    assert lines[0].startswith("PASS  mlp-proposed [proposed] (expected: signal preserved): typical forward ratio at layer 6")
-    assert "(expected: not signal preserved)" in lines[2] and "outside" in lines[2]
+    assert lines[0].startswith("PASS  mlp-proposed [proposed] (expected to hold: signal preserved): typical forward ratio at layer 6")
+    assert "(expected to fail: signal preserved; failed: signal preserved)" in lines[2] and "outside" in lines[2]
     assert lines[-1].startswith("4 passed, 0 failed")
     suite = ET.parse(tmp_path / "report.xml").getroot()
     assert suite.tag == "testsuite" and suite.get("tests") == "4" and suite.get("failures") == "0"
@@ -64,13 +64,27 @@ def test_a_broken_expectation_exits_1_and_junit_shows_the_failure(capsys, monkey
     assert suite.get("failures") == "1"
     failure = [c for c in suite.findall("testcase") if c.find("failure") is not None]
     assert [c.get("classname") for c in failure] == ["sigprop.mlp-he-breaks"]
-    assert "not 'signal preserved'" in failure[0].find("failure").get("message")
+    assert "(expected to hold: signal preserved; failed: signal preserved)" in failure[0].find("failure").get("message")
 
 
 def test_a_good_init_expected_to_fail_is_a_failure(capsys, monkeypatch, tmp_path):
     text = GOOD.replace('depth = 6\ninit = ["proposed", "proposed-gaussian"]', 'depth = 6\ninit = "proposed"\nexpect = "fail"')
     code, out, _ = run(capsys, monkeypatch, tmp_path, text)
-    assert code == 1 and "FAIL  mlp-proposed [proposed] (expected: not signal preserved)" in out
+    assert code == 1 and "FAIL  mlp-proposed [proposed] (expected to fail: signal preserved; none failed)" in out
+
+
+def test_a_check_expected_to_fail_says_which_gate_failed(capsys, monkeypatch, tmp_path):
+    """Issue 27, item 6: 0.7.0 printed "(expected: not signal preserved and inputs kept apart)" for a
+    run whose signal was preserved and whose correlation gate failed -- it read as the opposite of
+    what happened.  Now the line names the gates that could fail and the one that did."""
+    text = ('[checks.collapse]\ncommand = "mlp"\ndepth = 30\nwidth = "64"\ninput-dim = 64\ninit = "proposed"\nsamples = 50\n'
+            'max_correlation = 0.9\nexpect = "fail"\ndevice = "cpu"\n')
+    code, out, err = run(capsys, monkeypatch, tmp_path, text)
+    assert code == 0, err
+    line = out.splitlines()[0]
+    assert line.startswith("PASS  collapse [proposed] (expected to fail: one of signal preserved, inputs kept apart "
+                           "(--max-correlation); failed: inputs kept apart (--max-correlation)): ")
+    assert " in [" in line and "> 0.9" in line
 
 
 def test_json_format(capsys, monkeypatch, tmp_path):

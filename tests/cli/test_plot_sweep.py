@@ -67,9 +67,29 @@ def test_figure_axes_read_back_resnet_band():
 
     r = api.probe_resnet(blocks=6, dim=32, width=16, samples=40, inits=["proposed"], device="cpu")
     fig = plot.build_probe_figure(r)
-    ys = sorted({round(l.get_ydata()[0], 12) for l in fig.axes[0].get_lines() if l.get_linestyle() == ":"})
-    assert ys == [round(theory.RESNET_LOWER, 12), round(theory.RESNET_UPPER, 12)]
+    for ax, at in zip(fig.axes[:2], (6, 0)):  # forward: at h^B; backward: at h^0 -- where the band applies
+        bars = [l for l in ax.get_lines() if l.get_linewidth() == 5]
+        assert len(bars) == 1 and list(bars[0].get_xdata()) == [at, at]
+        assert list(bars[0].get_ydata()) == pytest.approx([theory.RESNET_LOWER, theory.RESNET_UPPER], rel=1e-12)
+        # issue 27: 0.7.0 drew the band across every block, where it bounds nothing
+        assert not any(len(set(l.get_xdata())) > 1 and min(l.get_ydata()) == pytest.approx(theory.RESNET_LOWER)
+                       and max(l.get_ydata()) == pytest.approx(theory.RESNET_LOWER) for l in ax.get_lines())
     assert "h^b" in fig.axes[0].get_ylabel() and fig.axes[0].get_yscale() == "linear"  # in band: readable
+    mpl.pyplot.close(fig)
+
+
+def test_the_correlation_row_marks_each_init_as_the_rows_above():
+    """Issue 27: 0.7.0's correlation row gave the second init's marker to the second input cosine."""
+    from sigprop import plot
+
+    r = api.probe_mlp(depth=4, width=16, input_dim=16, samples=20, inits=["proposed", "he"], correlations=(0.0, 0.5), device="cpu")
+    fig = plot.build_probe_figure(r)
+    markers = {l.get_label(): l.get_marker() for l in fig.axes[0].get_lines() if l.get_label() in ("proposed", "he")}
+    for ax in fig.axes[-2:]:
+        for line in ax.get_lines():
+            label = line.get_label()
+            if "c0 =" in label:
+                assert line.get_marker() == markers[label.split(",")[0]] and line.get_linestyle() != "--"
     mpl.pyplot.close(fig)
 
 
@@ -85,8 +105,9 @@ def test_multi_stage_figure_draws_each_stage_against_its_own_band():
     lines = [l for l in ax.get_lines() if l.get_color() != "0.3" and l.get_linestyle() == "-" and len(l.get_xdata()) > 2]
     assert [list(l.get_xdata())[0] for l in lines[:2]] == [stages[0].first, stages[1].first]
     assert all(l.get_ydata()[0] == pytest.approx(1.0) for l in lines[:2])
-    bands = sorted({round(l.get_ydata()[0], 9) for l in ax.get_lines() if l.get_linestyle() == ":"})
-    assert bands == sorted({round(v, 9) for st in stages for v in st.forward_band})
+    bars = [l for l in ax.get_lines() if l.get_linewidth() == 5]
+    assert [l.get_xdata()[0] for l in bars] == [st.last for st in stages]
+    assert [tuple(l.get_ydata()) for l in bars] == [pytest.approx(st.forward_band) for st in stages]
     assert any(l.get_linestyle() == "-." for l in ax.get_lines())  # the boundary between the stages
     mpl.pyplot.close(fig)
 

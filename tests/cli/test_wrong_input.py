@@ -141,3 +141,31 @@ def test_a_binary_file_is_refused_alike_by_plot_rerun_and_sweep(capsys, tmp_path
     code, _, err = _run(capsys, args)
     assert code == 2 and err.count("\n") == 1 and "internal error" not in err and "not" in err
     assert f.read_bytes() == bytes(range(128, 256))
+
+
+def test_top_is_refused_at_or_above_the_parameter_count(capsys):
+    """0.7.0: --top 100000 on a 4-layer width-32 net ran for minutes; --top 1000 on a 40-parameter
+    net silently returned 39 values.  Now refused before anything is drawn, naming the count."""
+    import time
+
+    t0 = time.perf_counter()
+    code, _, err = _run(capsys, ["hessian", "mlp", "--depth", "4", "--width", "32", "--top", "100000", "--device", "cpu"])
+    assert code == 2 and err.startswith("sigprop: error: --top: at most ") and "trainable parameters" in err
+    assert time.perf_counter() - t0 < 60  # refused up front (generous: a slow machine), not after Lanczos ran
+    code, _, err = _run(capsys, ["hessian", "mlp", "--depth", "1", "--width", "3", "--input-dim", "3", "--top", "55",
+                                 "--device", "cpu", "--init", "proposed"])
+    assert code == 2 and "at most 54: the net has 55 trainable parameters" in err
+
+
+def test_a_long_top_list_keeps_the_table_readable_and_the_json_whole(capsys, tmp_path):
+    args = ["hessian", "mlp", "--depth", "1", "--width", "3", "--input-dim", "3", "--top", "30", "--seeds", "1",
+            "--samples", "16", "--device", "cpu", "--init", "proposed"]
+    code, out, err = _run(capsys, args)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "… (all 30: --format json)" in flat and "at least 55 Hessian-vector products per draw" in err
+    assert "init draw λ log10 |λ| products residual status" in flat  # no column cut to "…"
+    row = flat[flat.index("converged"):flat.index("(all 30")]
+    assert row.count(",") == 5  # five values, then the pointer to the JSON
+    code, out, _ = _run(capsys, args + ["--format", "json"])
+    assert len(json.loads(out)["runs"][0]["draws"][0]["top"]) == 30
