@@ -343,8 +343,8 @@ class _Energy:
 ConvMomentsOf = Callable[[Conv], theory.ConvMoments]
 
 
-def predict_conv(steps: Sequence[Step], moments: ConvMomentsOf, alpha: Callable[[int], float], x_energy=None, e_energy=None
-                 ) -> tuple[list[float] | None, list[float], list[float]]:
+def predict_conv(steps: Sequence[Step], moments: ConvMomentsOf, alpha: Callable[[int], float], x_energy=None, e_energy=None,
+                 gains: list | None = None) -> tuple[list[float] | None, list[float], list[float]]:
     """ln RMS ratios of a conv net (plain or residual) at every Record -- forward ||h||/||x||,
     backward relative to the top Record -- and the ln RMS branch ratio ||alpha F(h)||/||h|| of
     every residual block, by composing the per-position energy maps of docs/theory.md §11 (the
@@ -359,7 +359,10 @@ def predict_conv(steps: Sequence[Step], moments: ConvMomentsOf, alpha: Callable[
     scattered back through each conv's transposed window (times row_sq / k^2), halved where the
     walk passes a ReLU, and a block sums the skip's and alpha^2 times the branch's maps.
     ``x_energy`` [H, W] / ``e_energy``: the prediction conditional on one given input / top
-    error (the probe shares them across draws); by default the inputs and errors are N(0, I)."""
+    error (the probe shares them across draws); by default the inputs and errors are N(0, I).
+    ``gains``: a list to receive, per block, (forward, backward) branch-to-skip power ratios --
+    alpha^2 E||F||^2 / E||S h||^2 and the same of the gradients through the two paths -- the input
+    of the finite-width spread (``stats.wrn_variances``)."""
     import numpy as np
 
     if any(isinstance(s, (BatchNorm, Linear)) or getattr(s, "bn", False) for s in steps):
@@ -387,6 +390,8 @@ def predict_conv(steps: Sequence[Step], moments: ConvMomentsOf, alpha: Callable[
     total = lambda s: lae(s[0].ln, s[1].ln + log_inv_x2)
     fwd: list[float] = []
     branch: list[float] = []
+    fwd_gains: list[float] = []
+    bwd_gains: list[float] = []
 
     def forward(items, state):
         for it in items:
@@ -400,6 +405,7 @@ def predict_conv(steps: Sequence[Step], moments: ConvMomentsOf, alpha: Callable[
                 s = state if close.projection is None else conv(state, close.projection, relu=False)
                 a2 = ln(alpha(close.blocks_in_stage) ** 2)
                 branch.append(0.5 * (a2 + total(f) - total(state)))
+                fwd_gains.append(math.exp(min(a2 + total(f) - total(s), 700.0)))
                 state = (s[0].plus(f[0], a2), s[1].plus(f[1], a2))
         return state
 
@@ -434,8 +440,12 @@ def predict_conv(steps: Sequence[Step], moments: ConvMomentsOf, alpha: Callable[
                 if st.relu:
                     f = _Energy(f.m, f.ln + ln(0.5))
                 f = back(f, st)
-            d, mask_done = s.plus(f, ln(alpha(close.blocks_in_stage) ** 2)), False
+            a2 = ln(alpha(close.blocks_in_stage) ** 2)
+            bwd_gains.append(math.exp(min(a2 + f.ln - s.ln, 700.0)))
+            d, mask_done = s.plus(f, a2), False
     bwd.reverse()
+    if gains is not None:
+        gains[:] = list(zip(fwd_gains, reversed(bwd_gains)))
     top_ln = bwd and bwd[-1]
     bwd = [v - top_ln for v in bwd]
     out_fwd = None if any(not math.isfinite(v) for v in fwd) else fwd

@@ -315,8 +315,9 @@ def render_table(result: ProbeResult, console: Console) -> None:
             "[dim]b = state (0: the input, 1: conv1's output, then each block's); mean ± std over samples of ||h^b||/||x|| "
             "(forward) and ||dl/dh^b||/||dl/dh^end|| (backward) over all units (channels × positions); branch = rms of "
             "||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = the energy-map rms (zero padding, strides, projections: "
-            "docs/theory.md §11), · = no finite-width band to test it against yet; band = [√2, √e] per stage (Arpit et al. "
-            "2019, Theorems 3-4) times what a stride-2 group opening costs a lossless net[/dim]",
+            "docs/theory.md §11); =/≠ = measured rms within/outside its finite-width band (channels as the width; an "
+            "envelope of the measured spread, it errs wide; ~ over 2 decades wide: no test); band = [√2, √e] per stage "
+            "(Arpit et al. 2019, Theorems 3-4) times what a stride-2 group opening costs a lossless net[/dim]",
             soft_wrap=True,
         )
     elif resnet:
@@ -330,9 +331,10 @@ def render_table(result: ProbeResult, console: Console) -> None:
     elif result.command == "cnn":
         console.print(
             "[dim]mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward) over all units "
-            "(channels × positions); theory = the energy-map rms (zero padding and strides, docs/theory.md §11), "
-            "· = no finite-width band to test it against yet; preserved = within --band of the lossless reference "
-            "(1/2 per stride-2 layer forward: a quarter of the positions)[/dim]",
+            "(channels × positions); theory = the energy-map rms (zero padding and strides, docs/theory.md §11); =/≠ = "
+            "measured rms within/outside its finite-width band (channels as the width; an envelope of the measured "
+            "spread, it errs wide; ~ within a band over 2 decades wide: no test); preserved = within --band of the "
+            "lossless reference (1/2 per stride-2 layer forward: a quarter of the positions)[/dim]",
             soft_wrap=True,
         )
     else:

@@ -218,8 +218,6 @@ def mlp_run(scheme: InitScheme, widths: list[int], ln_fwd: np.ndarray, ln_bwd: n
 # --------------------------------------------------------------------------------------------
 # conv nets (docs/theory.md §11)
 # --------------------------------------------------------------------------------------------
-#: why a conv net's ``theory`` verdict cannot be tested yet
-NO_CONV_BAND = "no finite-width band for conv nets yet (docs/theory.md §11)"
 
 
 def conv_moment(scheme: InitScheme | None, st) -> theory.ConvMoments:
@@ -237,16 +235,18 @@ def conv_moments(scheme: InitScheme | None, steps) -> list[theory.ConvMoments]:
 
 
 def cnn_run(scheme: InitScheme, steps, ln_fwd: np.ndarray, ln_bwd: np.ndarray, band: tuple[float, float] | None = None,
-            gate: str = "preserved") -> RunResult:
+            gate: str = "preserved", z: float = theory.Z_CHECK) -> RunResult:
     """One init's conv-net run.  Per layer the measured ratios beside the energy-map prediction
-    (``theory.cnn_rms_prediction``; no agreement band: ``agrees`` None).  Verdicts:
+    (``theory.cnn_rms_prediction``) with its finite-width band (``theory.conv_log_ratio_variance``:
+    the RMS prediction, the typical ratio var below it, +- z sd).  Verdicts:
 
     * ``preserved``: the typical forward ratio at layer L and backward ratio at layer 1 inside
       ``band`` (default specs.MLP_BAND) times the lossless reference --
       the prediction of centre-tap rows with the proposed gain, which keep every position's
       energy: a stride-2 layer then halves the norm over all units (a quarter of the positions),
       so the reference is 1/2 per strided layer forward and 1 backward;
-    * ``theory``: not testable yet (``NO_CONV_BAND``)."""
+    * ``theory``: the same typical ratios inside the init's own band, [pred - var - z sd,
+      pred - var + z sd] (``theory.log_band``); not testable for an init without a prediction."""
     from sigprop.specs import MLP_BAND
 
     convs = plans.convs(steps)
@@ -254,18 +254,22 @@ def cnn_run(scheme: InitScheme, steps, ln_fwd: np.ndarray, ln_bwd: np.ndarray, b
     pred = theory.cnn_rms_prediction(image, conv_moments(scheme, steps)) if scheme.moments is not None else None
     ref = theory.cnn_rms_prediction(image, conv_moments(None, steps))
     widths = [math.prod(image)] + [math.prod(st.shape_out) for st in convs]
+    var_f, var_b = theory.conv_log_ratio_variance([image[0]] + [st.role.fan_out for st in convs])
+    pf = None if pred is None or pred.ln_forward is None else pred.ln_forward
+    pb = None if pred is None else pred.ln_backward
+    L = len(convs)
+    rounding = rounding_ln("float32", L)  # the backward ratio at layer L is exactly 1: a float meets it to rounding
     layers = []
     for l, st in enumerate(convs, 1):
         f, b = ratio_stats(ln_fwd[:, l - 1, :]), ratio_stats(ln_bwd[:, l - 1, :])
-        _rms_only(f, None if pred is None or pred.ln_forward is None else pred.ln_forward[l - 1])
-        _rms_only(b, None if pred is None else pred.ln_backward[l - 1])
+        attach_prediction(f, None if pf is None else pf[l - 1], float(var_f[l - 1]), rounding=rounding)
+        attach_prediction(b, None if pb is None else pb[l - 1], float(var_b[l - 1]), rounding=rounding)
         layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
     band = band or MLP_BAND
-    L = len(convs)
-    checks, untested = [], []
-    named = ((f"forward ratio at layer {L}", layers[-1].forward, ref.ln_forward[-1], None if pred is None or pred.ln_forward is None else pred.ln_forward[-1]),
-             ("backward ratio at layer 1", layers[0].backward, ref.ln_backward[0], None if pred is None else pred.ln_backward[0]))
-    for name, st, r, p in named:
+    checks, own = [], []
+    named = ((f"forward ratio at layer {L}", layers[-1].forward, ref.ln_forward[-1], None if pf is None else pf[-1], float(var_f[-1])),
+             ("backward ratio at layer 1", layers[0].backward, ref.ln_backward[0], None if pb is None else pb[0], float(var_b[0])))
+    for name, st, r, p, var in named:
         c = _gate(name, "preserved", st, r + math.log(band[0]), r + math.log(band[1]))
         if not c.passed:
             if st.dead_fraction > 0:
@@ -276,19 +280,18 @@ def cnn_run(scheme: InitScheme, steps, ln_fwd: np.ndarray, ln_bwd: np.ndarray, b
                 c.note = (f"the theory predicts an RMS ratio of {_fmt(p / LN10)} against the lossless {_fmt(r / LN10)}: "
                           f"zero padding loses energy at the borders every layer (docs/theory.md §11)")
             else:
-                c.note = (f"the theory's RMS ratio {_fmt(p / LN10)} is inside the band: the typical ratio drifts below the "
-                          f"RMS at finite width ({convs[0].role.fan_out} channels over {L} layers; not modelled for conv nets "
-                          f"yet); more channels or fewer layers move it")
+                c.note = (f"the theory's RMS ratio {_fmt(p / LN10)} is inside the band but its typical ratio, "
+                          f"{_fmt((p - var) / LN10)}, is not: finite-width drift ({convs[0].role.fan_out} channels over {L} layers); "
+                          f"more channels or fewer layers move it")
         checks.append(c)
-        untested.append(Check(name, False, st.log10_mean, math.nan, math.nan, "theory", NO_CONV_BAND))
-    return RunResult(init=scheme.name, widths=widths, layers=layers, checks=checks + untested, description=scheme.description, gate=gate)
-
-
-def _rms_only(rs: RatioStats, ln_pred: float | None) -> None:
-    """A prediction shown beside the measurement without an agreement band (conv nets: no
-    finite-width spread model yet, ``NO_CONV_BAND``; ``agrees`` stays None)."""
-    if ln_pred is not None and math.isfinite(ln_pred):
-        rs.predicted, rs.log10_predicted = _exp_or_none(ln_pred), ln_pred / LN10
+        if p is None:
+            own.append(Check(name, False, st.log10_mean, math.nan, math.nan, "theory", "no closed-form prediction for this init"))
+            continue
+        t = _gate(name, "theory", st, *theory.log_band(p, var, z))
+        if not t.passed:
+            t.note = f"the theory predicts a typical ratio of {_fmt((p - var) / LN10)}"
+        own.append(t)
+    return RunResult(init=scheme.name, widths=widths, layers=layers, checks=checks + own, description=scheme.description, gate=gate)
 
 
 def wrn_stage_bands(steps, blocks: int) -> list[tuple[tuple[float, float], tuple[float, float]]]:
@@ -333,6 +336,32 @@ def wrn_stage_variances(steps, blocks: int) -> list[tuple[float, float]]:
     return [(sum(v[0::2]), sum(v[1::2])) for v in per_group]
 
 
+def wrn_variances(steps, gains: Sequence[tuple[float, float]] | None) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """Per-sample variance of ln(ratio) at every recorded state of a WRN plan, forward (from the
+    input) and backward (from the top), and the branch ratio's per block: conv1 adds the conv
+    law's step (``theory.conv_log_ratio_variance``: c = 5 over its channels), each block the
+    ResNet's (``theory.resnet_step_variance``, docs/theory.md §7) with its channels as the width
+    of the branch's power fluctuation and its units as the dimension of the skip-branch cross
+    term, at the init's own branch-to-skip power ratios ``gains`` [(forward, backward)] per block
+    (None: forward and backward 1/B_k, the proposed init's).  The same upper envelope of the
+    measured spread as the CNN's (benchmarks/conv_spread.py; docs/theory.md §11)."""
+    stem = plans.convs(steps)[0]
+    v_stem = theory.SPREAD_C_GAUSSIAN / (4.0 * stem.role.fan_out)
+    f_steps, b_steps, branch = [v_stem], [v_stem], []
+    items = [it for it in plans._blocks(steps) if isinstance(it, tuple)]
+    for k, (inner, close) in enumerate(items):
+        chans = [inner[0].shape_in[0]] + [c.role.fan_out for c in inner]
+        v_s = 2.0 / chans[-1] if close.projection is not None else 0.0
+        g_f, g_b = (1.0 / close.blocks_in_stage,) * 2 if gains is None else gains[k]
+        v_f = theory.branch_variance(chans, False)
+        f_steps.append(theory.resnet_step_variance(g_f, v_f, v_s, math.prod(inner[-1].shape_out)))
+        b_steps.append(theory.resnet_step_variance(g_b, theory.branch_variance(chans[::-1], False), v_s, math.prod(inner[0].shape_in)))
+        branch.append(v_f / 4.0)
+    var_f = np.concatenate([[0.0], np.cumsum(f_steps)])
+    var_b = np.concatenate([np.cumsum(np.array(b_steps)[::-1])[::-1], [0.0]])
+    return var_f, var_b, branch
+
+
 def wrn_entries(steps) -> tuple[list, list[int], int]:
     """The recorded states of a WRN plan (the input, conv1's output, every block's output):
     their shapes, units and count."""
@@ -349,35 +378,40 @@ def wrn_entries(steps) -> tuple[list, list[int], int]:
 def wrn_run(scheme: InitScheme, steps, blocks: int, arrays: dict[str, np.ndarray], band: tuple[float, float] | None = None,
             gate: str = "preserved", z: float = theory.Z_CHECK, init: str | None = None) -> RunResult:
     """One init's WRN run: per state (input, conv1, each block) the measured ratios and per
-    block the branch ratio, beside the energy-map prediction (``plans.predict_conv``); per
-    group (stage) the ``preserved`` check -- the typical stage ratio, forward and backward, in
-    ``wrn_stage_bands`` widened by ``band`` and by z sd of ``wrn_stage_variances`` -- and the
-    ``theory`` verdict, not testable yet
-    (``NO_CONV_BAND``)."""
+    block the branch ratio, beside the energy-map prediction (``plans.predict_conv``) with its
+    finite-width band (``wrn_variances``); per group (stage) the ``preserved`` check -- the
+    typical stage ratio, forward and backward, in ``wrn_stage_bands`` widened by ``band`` and by
+    z sd of ``wrn_stage_variances`` -- and the ``theory`` check: the same typical stage ratio
+    within z sd of the init's own prediction (its typical value, var below the RMS)."""
     from sigprop.results import StageInfo
 
     shapes, widths, E = wrn_entries(steps)
     pf = pb = pbr = None
+    gains: list | None = None
     bn = any(st.bn for st in plans.convs(steps))
     description = scheme.description
     if bn:
         description = "He convs each followed by training-mode batch norm (gamma = 1, beta = 0), ReLU after BN, no ReLU after the sum"
     if scheme.moments is not None and not bn:
-        pf, pb, pbr = plans.predict_conv(steps, lambda st: conv_moment(scheme, st), scheme.alpha)
+        gains = []
+        pf, pb, pbr = plans.predict_conv(steps, lambda st: conv_moment(scheme, st), scheme.alpha, gains=gains)
     elif scheme.calibrate is not None or bn:  # standardised convs: forward only, approximate (docs/theory.md §7, §11)
         closes = [s for s in steps if isinstance(s, plans.Close)]
-        fwd, _ = theory.datadep_resnet_ln_forward(widths[0], widths[2:], [c.projection is not None for c in closes], start=widths[1])
+        fwd, g = theory.datadep_resnet_ln_forward(widths[0], widths[2:], [c.projection is not None for c in closes], start=widths[1])
         pf = None if fwd is None else [0.0] + fwd
+        gains = [(v, v) for v in g]
+    var_f, var_b, var_br = wrn_variances(steps, gains)
+    rounding = rounding_ln("float32", E)
     ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
     layers = []
     for i in range(E):
         f, b = ratio_stats(ln_f[:, i, :]), ratio_stats(ln_b[:, i, :])
-        _rms_only(f, None if pf is None else pf[i])
-        _rms_only(b, None if pb is None else pb[i])
+        attach_prediction(f, None if pf is None else pf[i], float(var_f[i]), rounding=rounding)
+        attach_prediction(b, None if pb is None else pb[i], float(var_b[i]), rounding=rounding)
         br = None
         if i >= 2:
             br = ratio_stats(ln_br[:, i - 2, :])
-            _rms_only(br, None if pbr is None else pbr[i - 2])
+            attach_prediction(br, None if pbr is None else pbr[i - 2], var_br[i - 2], rounding=rounding)
         stage = 0 if i < 2 else 1 + (i - 2) // blocks
         layers.append(LayerRecord(index=i, width=widths[i], forward=f, backward=b, stage=stage, branch=br, resnet=True))
     widen = (0.0, 0.0) if band is None else (math.log(band[0]), math.log(band[1]))
@@ -391,14 +425,22 @@ def wrn_run(scheme: InitScheme, steps, blocks: int, arrays: dict[str, np.ndarray
                                (math.exp(bb[0]), math.exp(bb[1])), sf, sb))
         names = (f"stage {k} forward ||h^{last}||/||h^{first}||", f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||")
         measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
-        for name, ln, bnd, pred, var in zip(names, measured, (fb, bb), (sf, sb), variances[k - 1]):
+        own = ((pf, var_f, last, first), (pb, var_b, first, last))
+        for name, ln, bnd, pred, var, (lnp, v, a, e) in zip(names, measured, (fb, bb), (sf, sb), variances[k - 1], own):
             c = _stage_check(name, ln, (bnd[0] + widen[0], bnd[1] + widen[1]), var, z)
             if not c.passed:
                 c.note = "outside Theorem 3's band [sqrt 2, sqrt e] times the stride-2 transition, with its finite-width allowance"
                 if pred is not None:
                     c.note += f"; the theory predicts an RMS stage ratio of {_fmt(math.log10(pred)) if pred > 0 else '0'} for this init"
             checks.append(c)
-            untested.append(Check(name, False, c.log10_measured, math.nan, math.nan, "theory", NO_CONV_BAND))
+            if lnp is None:
+                untested.append(Check(name, False, c.log10_measured, math.nan, math.nan, "theory", "no closed-form prediction for this init"))
+                continue
+            centre, own_var = lnp[a] - lnp[e], abs(float(v[a] - v[e]))
+            t = _stage_check(name, ln, (centre, centre), own_var, z, verdict="theory")
+            if not t.passed:
+                t.note = f"the theory predicts an RMS stage ratio of {_fmt(centre / LN10)}"
+            untested.append(t)
     return RunResult(init=init or scheme.name, widths=widths, layers=layers, checks=checks + untested, description=description,
                      stages=infos, gate=gate)
 

@@ -291,6 +291,21 @@ def log_ratio_variance(widths: Sequence[int], orthogonal: bool) -> tuple[np.ndar
     return fwd, bwd
 
 
+def conv_log_ratio_variance(channels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample variance of ln(ratio) at each conv layer of a plain CNN, forward and backward
+    (index l-1; ``channels`` = [C_in, c_1, ..., c_L]): the MLP's law (``log_ratio_variance``) with
+    each conv's output channels as its width and the constant of i.i.d. rows, c = 5, whatever the
+    directions.  A conv's c_out kernels are c_out random rows shared by every position, so its
+    power fluctuates at most as an MLP layer of c_out units does (the positions average the
+    input's side of the fluctuation, not the weights'); the constant is an upper envelope of the
+    measured one, not a derivation: benchmarks/conv_spread.py measures 1.6-3.5 forward and
+    0.3-1.8 backward for every init at 16-64 channels and 10-30 layers (128 draws; pytorch's
+    biases pin its forward ratio: 0.1-0.5), and up to 4.8 and 3.7 for delta-orthogonal at 16
+    channels and 100 layers (docs/theory.md §11, "Finite-width spread").  The band built on it
+    errs wide, by about 2x in variance for the isotropic inits."""
+    return log_ratio_variance(channels, orthogonal=False)
+
+
 def relu_layer_log_cumulants(n: int, m: int, orthogonal: bool) -> tuple[float, float, float]:
     """Exact first three cumulants of X = ln(ratio step) - ln(RMS step) for one WN ReLU layer
     with n units and fan-in m: X = (1/2) [ln f - ln E f], f = ||ReLU(a)||^2 / ||h||^2 (any

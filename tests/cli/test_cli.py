@@ -370,8 +370,8 @@ def test_every_cli_option_is_in_docs_cli_md():
 
 
 def test_cnn_command_runs_and_says_what_it_can_test(capsys):
-    """sigprop cnn: proposed beside delta-orthogonal, the lossless reference, 'not testable'
-    (no finite-width band for convs), JSON with the energy-map prediction per layer."""
+    """sigprop cnn: proposed beside delta-orthogonal, the lossless reference, both verdicts (the
+    finite-width band of conv nets, issue 27), JSON with the energy-map prediction per layer."""
     import json
 
     from sigprop.cli import main
@@ -379,13 +379,13 @@ def test_cnn_command_runs_and_says_what_it_can_test(capsys):
     args = ["cnn", "--depth", "6", "--channels", "8", "--image", "3x12x12", "--samples", "16", "--device", "cpu"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "delta-orthogonal" in out and "not testable against finite-width theory" in out and "units" in out
+    assert "delta-orthogonal" in out and "agrees with finite-width theory" in out and "units" in out
     assert main(args + ["--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["command"] == "cnn" and doc["config"]["image"] == "3x12x12" and doc["config"]["units"][0] == 3 * 12 * 12
     delta = doc["runs"][1]
     assert delta["init"] == "delta-orthogonal" and delta["layers"][-1]["forward"]["predicted"] == pytest.approx(0.25)
-    assert delta["layers"][0]["forward"]["agreement"]["agrees"] is None and delta["agrees_with_theory"] is False
+    assert delta["layers"][0]["forward"]["agreement"]["agrees"] is True and delta["agrees_with_theory"] is True
     assert main(["cnn", "--depth", "3", "--init", "stage-hanin", "--device", "cpu"]) == 2  # a ResNet scheme
 
 
@@ -399,7 +399,7 @@ def test_wrn_command_reports_every_state_and_stage(capsys, tmp_path):
     args = ["wrn", "--blocks", "2", "--image", "3x8x8", "--samples", "6", "--device", "cpu", "--init", "proposed", "--init", "he"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "units" in out and "stage 3 (h^5..h^7, 2 blocks" in out and "not testable against finite-width theory" in out
+    assert "units" in out and "stage 3 (h^5..h^7, 2 blocks" in out and "agrees with finite-width theory" in out
     path = tmp_path / "wrn.json"
     assert main(args + ["--format", "json", "--output", str(path)]) == 0
     doc = json.loads(path.read_text())
