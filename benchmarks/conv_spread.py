@@ -6,8 +6,10 @@ variance of the per-draw mean ln ratio at the end of the net divided by the mode
 sum_j 1/(4 c_j) over the layers that add spread -- forward: every conv after the first (the first
 reads the i.i.d. input, whose patches are isotropic: its spread is ~0); backward: every mask step
 from the top down to layer 1 -- i.e. the fitted per-layer constant of ``theory.conv_log_ratio_variance``.
-The constants sigprop uses (``theory.CONV_SPREAD``) are upper envelopes of these numbers.
-Usage: python benchmarks/conv_spread.py [--draws S] [--samples N]
+sigprop's constant (``theory.conv_log_ratio_variance``: 5, the MLP's for i.i.d. rows) is an upper
+envelope of these numbers.  ``--verdicts``: instead, the false alarms of the conv nets' ``theory``
+verdict over 12 seeds (docs/reliability.md §1e).
+Usage: python benchmarks/conv_spread.py [--draws S] [--samples N] [--verdicts]
 """
 
 from __future__ import annotations
@@ -17,16 +19,39 @@ import time
 
 import numpy as np
 
-from sigprop import engine, specs
+from sigprop import api, engine, specs
 
 INITS = ("proposed", "proposed-gaussian", "delta-orthogonal", "he", "pytorch", "pytorch-he")
+
+
+def verdicts(seeds: int = 12) -> None:
+    """Per cell and init: runs whose theory verdict failed, layers marked disagreeing."""
+    cells = [
+        ("CNN 64 x 20", specs.CNNSpec(inits=("proposed", "delta-orthogonal", "he", "pytorch", "pytorch-he", "proposed-gaussian")), 100),
+        ("CNN 16 x 40", specs.CNNSpec(depth=40, channels=16, inits=("proposed", "delta-orthogonal", "he", "pytorch")), 100),
+        ("WRN N = 8", specs.WRNSpec(blocks=8, inits=("proposed", "pytorch", "stage-hanin", "he", "pytorch-he", "proposed-gaussian")), 32),
+    ]
+    for label, spec, samples in cells:
+        failed, layers, compared, runs = 0, 0, 0, 0
+        for seed in range(seeds):
+            for run in api.probe(spec, specs.ProbeSpec(samples=samples, seed=seed, device="cpu")).runs:
+                runs += 1
+                failed += any(c.has_band and not c.passed for c in run.verdict_checks("theory"))
+                for v in run.agreement().values():
+                    layers += v["layers_compared"] - v["layers_agreeing"]
+                    compared += v["layers_compared"]
+        print(f"{label}: theory verdict failed in {failed}/{runs} runs; layers marked disagreeing {layers}/{compared}", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draws", type=int, default=32)
     ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--verdicts", action="store_true")
     args = ap.parse_args()
+    if args.verdicts:
+        verdicts()
+        return
     print(f"{'channels':>8s} {'depth':>5s} {'init':18s} {'fwd c':>7s} {'bwd c':>7s}   (variance of the per-draw mean ln ratio "
           f"x 4c / layers; {args.draws} draws x {args.samples} samples)")
     for channels in (16, 32, 64):

@@ -5,7 +5,7 @@
     >>> r.run("proposed").preserved, r.run("proposed").agrees_with_theory  # doctest: +SKIP
 """
 
-__version__ = "0.7.0"
+__version__ = "0.7.1"
 
 from sigprop.front import probe_mlp, probe_resnet  # noqa: E402  (torch-free; the engine loads on call)
 

@@ -1,4 +1,6 @@
-"""The probe engine (torch): hand-written forward and backward through the synthetic nets.
+"""The probe engine (torch): the kernels the walker's units use (sigprop/walker.py) and the
+drivers that plan memory and run every init of a spec through the walker (``run_mlp``,
+``run_resnet``, ``run_conv``: forward and backward written out, no autograd).
 
 No autograd graph is built.  The forward pass keeps each sample's activation renormalised to
 unit norm and accumulates the log of the norm it removed, so ratios stay representable at any

@@ -393,8 +393,7 @@ register(
     InitScheme(
         name="pytorch",
         cites=("arpit2019initialize", "paszke2019pytorch"),
-        description="weight_norm over PyTorch's nn.Linear/nn.Conv2d defaults: v, b ~ U(+-1/sqrt(fan_in)), g = ||v|| "
-                    "(the paper's code redraws W: pytorch-he)",
+        description="weight_norm over nn.Linear/nn.Conv2d defaults: v, b ~ U(+-1/sqrt(fan_in)), g = ||v|| (the paper's code: pytorch-he)",
         paper="PyTorch's nn.Linear/nn.Conv2d defaults (the PyTorch default of Arpit et al. 2019 draws W otherwise: pytorch-he, pytorch-orthogonal)",
         direction="uniform",
         sample=_sample_pytorch,

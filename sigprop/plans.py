@@ -50,9 +50,11 @@ class Close:
 
 @dataclass(frozen=True)
 class Record:
-    """The state here is measured (a row of the probe's table).  ``pre_activation``: the
-    backward quantity is the gradient at the pre-activation of the ReLU layer just before (the
-    MLP's dl/da^l, Arpit et al. 2019, eq. 5), not at its output (a ResNet's dl/dh^b)."""
+    """The state here is measured (a row of the probe's table): forward, the state the step
+    before produced (after its ReLU, if any: the MLP's h^l = ReLU(a^l), Arpit et al. 2019, eq.
+    1-3; a ResNet's h^b).  ``pre_activation``: the backward quantity is the gradient at the
+    pre-activation of the ReLU layer just before (the MLP's dl/da^l, Arpit et al. 2019, eq. 5),
+    not at its output (a ResNet's dl/dh^b)."""
 
     pre_activation: bool = False
 
@@ -129,7 +131,8 @@ def bn_resnet_steps(plan, eps: float) -> tuple[Step, ...]:
 def cnn_steps(image: tuple[int, int, int], channels: int, depth: int, strided: int = 2, kernel: int = 3) -> tuple[Step, ...]:
     """The plain CNN of Arpit et al. 2019, section 5.1 (after Xiao et al. 2018): ``depth`` k x k
     convolutions of ``channels`` channels, padding (k - 1)/2, the first ``strided`` with stride 2,
-    a ReLU after each, each recorded at its pre-activation (as the MLP's layers)."""
+    a ReLU after each, each recorded as the MLP's layers: forward after its ReLU, backward at
+    its pre-activation."""
     steps: list[Step] = []
     shape = tuple(image)
     for l in range(depth):

@@ -81,9 +81,24 @@ def table_rows(n_layers: int, limit: int = MAX_TABLE_ROWS, keep: Sequence[int] =
     return sorted({round(i * step) for i in range(limit)} | {k for k in keep if 0 <= k < n_layers})
 
 
-def _table(title: str) -> Table:
-    """The probe tables' one style: left title, bold header, a rule under it, no outer padding."""
-    return Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+class _Titled:
+    """A table under its title line: the title is printed at the console's width, not wrapped to
+    the table's (a long init description folded into the table's width read as two lines)."""
+
+    def __init__(self, title: str, table: Table) -> None:
+        self.title, self.table = title, table
+
+    def __rich_console__(self, console, options):
+        yield Text.from_markup(self.title)
+        yield self.table
+
+    def __getattr__(self, name):  # add_column, add_row, columns, ... are the table's
+        return getattr(self.table, name)
+
+
+def _table(title: str) -> "_Titled":
+    """The probe tables' one style: a title line, bold header, a rule under it, no outer padding."""
+    return _Titled(title, Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1)))
 
 
 def run_table(run: RunResult, units: str = "n_l") -> Table:

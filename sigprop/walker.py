@@ -1,14 +1,21 @@
 """One walker over plans, with measurements as observers (issue 17).
 
 A plan (``sigprop.plans``: a flat sequence of steps) is compiled into *units*: the steps between
-two ``Record``s.  Three unit kinds exist today --
+two ``Record``s.  Five unit kinds exist today --
 
-* ``DenseLayer``: a linear (WN or plain) layer and its ReLU, recorded at its pre-activation (a
-  layer of the MLP, Arpit et al. 2019, eq. 1-5);
+* ``DenseLayer``: a linear (WN or plain) layer and its ReLU (a layer of the MLP, Arpit et al.
+  2019, eq. 1-5), recorded forward at its output h^l = ReLU(a^l) and backward at its
+  pre-activation, delta^l = dl/da^l (eq. 4-5);
 * ``ResidualBlock``: Open, the branch's layers, Close (identity or projection skip, alpha),
-  recorded at the block output (Arpit et al. 2019, eq. 6);
+  recorded at the block output h^b both ways (h^b and dl/dh^b; Arpit et al. 2019, eq. 6);
+* ``ConvLayer``: a ``DenseLayer`` whose matmul is a k x k convolution (the plain CNN's layers,
+  the WRN's conv1), recorded as the dense layer is; a ``ResidualBlock`` of conv ops is the WRN's
+  block;
 * ``BNLayer``: BatchNorm -> ReLU -> linear, as the stem (x^1 = W^0 BN(x^0)^+) or as a residual
-  block (x^{l+1} = x^l + W^l BN(x^l)^+) of the BN ResNet of De & Smith 2020, appendix C --
+  block (x^{l+1} = x^l + W^l BN(x^l)^+) of the BN ResNet of De & Smith 2020, appendix C,
+  recorded at its output x^{l+1} both ways;
+* ``BNConvUnit``: the batch-normalized WRN's conv1 and blocks (convs each followed by
+  training-mode BN), recorded at their outputs both ways --
 
 and ``walk`` runs any sequence of them: forward unit by unit, then backward from the top Record
 to the first recorded one, each unit (each way) one step of a ``replay`` runner (eager, or a
@@ -410,7 +417,8 @@ class KeptLayer:
 
 
 class DenseLayer:
-    """Linear(role) -> ReLU, recorded at the pre-activation: one MLP layer, generator ``layer``.
+    """Linear(role) -> ReLU: one MLP layer, generator ``layer``; recorded forward at its output
+    h = ReLU(a), backward at its pre-activation (dl/da).
     Backward (Arpit et al. 2019, eq. 5): delta^{l-1} = 1(a^{l-1} > 0) * (v^T (scale * delta^l)),
     the mask being the layer below's (none below the first layer).  ``op``: the layer's map
     (``DenseOp``; ``ConvLayer`` a ``ConvOp``); ``relu`` False: no ReLU (a conv net's stem)."""
@@ -537,8 +545,9 @@ class HaarChunks:
 
 
 class ConvLayer(DenseLayer):
-    """A k x k convolution (``plans.Conv``) and its ReLU (or none: ``Conv.relu``), recorded at
-    the pre-activation: the dense layer's walk with the matmul a ``ConvOp``."""
+    """A k x k convolution (``plans.Conv``) and its ReLU (or none: ``Conv.relu``), recorded as
+    the dense layer is (forward after the ReLU, backward at the pre-activation): the dense
+    layer's walk with the matmul a ``ConvOp``."""
 
     def __init__(self, step, layer: int) -> None:
         super().__init__(step.role, layer, ConvOp(step), relu=step.relu)

@@ -81,3 +81,16 @@ def test_a_net_kind_is_one_registration():
         assert set(r.observed) == {"fwd"} and r.observed["fwd"].shape == (1, 2, 5)
     finally:
         del walker.NET_KINDS["test-mlp"]
+
+
+def test_the_docstrings_say_what_is_recorded_where():
+    """Issue 27, item 10: the forward ratio is read after a layer's ReLU (h = ReLU(a), Arpit et al.
+    2019, eq. 1-3) and the backward one at its pre-activation (dl/da, eq. 4-5) -- what the
+    autograd oracle of tests/engine/test_engine.py checks -- and the docstrings say so (0.7.0's
+    said "recorded at its pre-activation")."""
+    import sigprop.walker as walker
+
+    for doc in (walker.__doc__, walker.DenseLayer.__doc__, walker.ConvLayer.__doc__):
+        flat = " ".join(doc.split())
+        assert "recorded at its pre-activation" not in flat and "recorded at the pre-activation" not in flat
+    assert "forward at its output h = ReLU(a), backward at its pre-activation" in " ".join(walker.DenseLayer.__doc__.split())
