@@ -7,8 +7,11 @@ comparison, ``results.compare_documents``; the environment record and timings ar
 keys the old documents lack -- a new option's default -- are listed as additions, not failures).
 Bit-identity is only promised on one machine: other CPUs may sum in another order.
 The grid covers the MLP (fixed and random widths, every MLP init), the ResNet (stages, block
-depth, projection, every ResNet init), the BN ResNet and ``--norm none``, each stored and
-streamed, with one draw and with three batched draws; float64 and float32.
+depth, projection, every ResNet init), the BN ResNet and ``--norm none``, the CNN and the WRN
+(basic, bottleneck, ``--norm none`` and ``bn``), each stored and streamed, with one draw and
+with three batched draws; float64 and float32; input pairs of two cosines through every net
+kind; the curvature (largest eigenvalue, top 2, trace) of every net kind, whole and in
+minibatches, with either head.
 Usage: python benchmarks/golden.py --out FILE | --compare FILE
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -40,6 +44,52 @@ def grid():
                     blocks=3, dim=10, width=specs.WidthSpec(8, 8), norm="none", inits=("he", "skipinit")), probe
                 yield f"cnn {dtype} stream={stream} seeds={seeds}", specs.CNNSpec(
                     depth=4, channels=5, image=(2, 7, 6), strided=2, inits=tuple(inits.names("cnn"))), probe
+                yield f"wrn {dtype} stream={stream} seeds={seeds}", specs.WRNSpec(
+                    blocks=2, image=(2, 8, 8), inits=tuple(n for n in inits.names("wrn") if inits.get(n).normalized)), probe
+                yield f"wrn none {dtype} stream={stream} seeds={seeds}", specs.WRNSpec(
+                    blocks=1, image=(2, 6, 6), norm="none", inits=("he", "skipinit-sqrt")), probe
+                yield f"wrn bottleneck {dtype} stream={stream} seeds={seeds}", specs.WRNSpec(
+                    blocks=1, image=(2, 8, 8), bottleneck=True, inits=("proposed", "datadep")), probe
+                yield f"wrn bn {dtype} stream={stream} seeds={seeds}", specs.WRNSpec(blocks=1, image=(2, 6, 6), norm="bn", inits=("he",)), probe
+
+
+def correlation_grid():
+    """Every net kind with input pairs of two cosines (the correlation observer and its theory)."""
+    for dtype in ("float64", "float32"):
+        probe = specs.ProbeSpec(samples=8, seed=5, seeds=2, device="cpu", dtype=dtype, correlations=(0.0, 0.5), pairs=6, threads=1)
+        yield f"corr mlp {dtype}", specs.MLPSpec(depth=5, input_dim=12, width=specs.WidthSpec(10, 14),
+                                                  inits=("proposed", "pytorch", "datadep")), probe
+        yield f"corr resnet {dtype}", specs.ResNetSpec(blocks=3, dim=12, width=specs.WidthSpec(8, 8),
+                                                        inits=("proposed", "he", "datadep")), probe
+        yield f"corr resnet bn {dtype}", specs.ResNetSpec(blocks=3, dim=10, norm="bn", inits=("he",)), probe
+        yield f"corr cnn {dtype}", specs.CNNSpec(depth=3, channels=4, image=(2, 6, 6), strided=1,
+                                                  inits=("proposed", "delta-orthogonal", "pytorch")), probe
+        yield f"corr wrn {dtype}", specs.WRNSpec(blocks=1, image=(2, 8, 8), inits=("proposed", "stage-hanin")), probe
+
+
+def hessian_grid():
+    """The curvature of every net kind: the largest eigenvalue, Lanczos' top 2 and Hutchinson's trace."""
+    for dtype in ("float64", "float32"):
+        hs = specs.HessianSpec(samples=12, seeds=2, device="cpu", dtype=dtype, iters=40, top=2, trace=3, threads=1)
+        yield f"hessian mlp {dtype}", specs.MLPSpec(depth=3, input_dim=6, width=specs.WidthSpec(5, 7),
+                                                     inits=("proposed", "pytorch-he", "datadep")), hs
+        yield f"hessian resnet {dtype}", specs.ResNetSpec(blocks=2, dim=6, width=specs.WidthSpec(5, 5), inits=("proposed", "skipinit-sqrt")), hs
+        yield f"hessian resnet bn {dtype}", specs.ResNetSpec(blocks=2, dim=6, norm="bn", inits=("he",)), hs
+        yield f"hessian cnn {dtype}", specs.CNNSpec(depth=2, channels=3, image=(2, 5, 5), strided=1, inits=("proposed", "pytorch")), hs
+        yield f"hessian wrn {dtype}", specs.WRNSpec(blocks=1, image=(2, 4, 4), inits=("proposed", "stage-hanin")), hs
+        yield f"hessian wrn bn {dtype}", specs.WRNSpec(blocks=1, image=(2, 4, 4), norm="bn", inits=("he",)), hs
+        yield f"hessian mlp head-init {dtype}", specs.MLPSpec(depth=2, input_dim=5, width=specs.WidthSpec(4, 4),
+                                                                inits=("proposed", "datadep")), replace(hs, head="init", batch_size=5)
+
+
+def _strip(doc):
+    """A document without what may differ between two runs of the same numbers: the environment
+    record and timings."""
+    if isinstance(doc, dict):
+        return {k: _strip(v) for k, v in doc.items() if k not in ("environment", "seconds")}
+    if isinstance(doc, list):
+        return [_strip(v) for v in doc]
+    return doc
 
 
 def engine_arrays() -> dict:
@@ -73,10 +123,10 @@ def engine_arrays() -> dict:
 def documents() -> dict:
     torch.set_num_threads(1)
     out = {}
-    for name, spec, probe in grid():
-        doc = api.probe(spec, probe).to_dict()
-        doc.pop("environment")
-        out[name] = doc
+    for name, spec, probe in [*grid(), *correlation_grid()]:
+        out[name] = _strip(api.probe(spec, probe).to_dict())
+    for name, spec, hs in hessian_grid():
+        out[name] = _strip(api.hessian(spec, hs).to_dict())
     out["engine"] = engine_arrays()
     return out
 
