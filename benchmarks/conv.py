@@ -38,7 +38,7 @@ def floor(N: int, k: int, samples: int) -> float:
     import torch.nn.functional as F
 
     from sigprop import inits, plans
-    from sigprop.haar import orthogonalize
+    from sigprop.kernels.haar import orthogonalize
 
     t0 = time.perf_counter()
     torch.manual_seed(0)

@@ -5,8 +5,8 @@ For every cell (channels c, depth L, init) it probes S weight draws and prints, 
 variance of the per-draw mean ln ratio at the end of the net divided by the model's
 sum_j 1/(4 c_j) over the layers that add spread -- forward: every conv after the first (the first
 reads the i.i.d. input, whose patches are isotropic: its spread is ~0); backward: every mask step
-from the top down to layer 1 -- i.e. the fitted per-layer constant of ``theory.conv_log_ratio_variance``.
-sigprop's constant (``theory.conv_log_ratio_variance``: 5, the MLP's for i.i.d. rows) is an upper
+from the top down to layer 1 -- i.e. the fitted per-layer constant of ``closed_forms.conv_log_ratio_variance``.
+sigprop's constant (``closed_forms.conv_log_ratio_variance``: 5, the MLP's for i.i.d. rows) is an upper
 envelope of these numbers.  ``--verdicts``: instead, the false alarms of the conv nets' ``theory``
 verdict over 12 seeds (docs/reliability.md §1e).
 Usage: python benchmarks/conv_spread.py [--draws S] [--samples N] [--verdicts]
@@ -27,9 +27,9 @@ INITS = ("proposed", "proposed-gaussian", "delta-orthogonal", "he", "pytorch", "
 def verdicts(seeds: int = 12) -> None:
     """Per cell and init: runs whose theory verdict failed, layers marked disagreeing."""
     cells = [
-        ("CNN 64 x 20", specs.CNNSpec(inits=("proposed", "delta-orthogonal", "he", "pytorch", "pytorch-he", "proposed-gaussian")), 100),
-        ("CNN 16 x 40", specs.CNNSpec(depth=40, channels=16, inits=("proposed", "delta-orthogonal", "he", "pytorch")), 100),
-        ("WRN N = 8", specs.WRNSpec(blocks=8, inits=("proposed", "pytorch", "stage-hanin", "he", "pytorch-he", "proposed-gaussian")), 32),
+        ("CNN 64 x 20", CNNSpec(inits=("proposed", "delta-orthogonal", "he", "pytorch", "pytorch-he", "proposed-gaussian")), 100),
+        ("CNN 16 x 40", CNNSpec(depth=40, channels=16, inits=("proposed", "delta-orthogonal", "he", "pytorch")), 100),
+        ("WRN N = 8", WRNSpec(blocks=8, inits=("proposed", "pytorch", "stage-hanin", "he", "pytorch-he", "proposed-gaussian")), 32),
     ]
     for label, spec, samples in cells:
         failed, layers, compared, runs = 0, 0, 0, 0
@@ -57,9 +57,9 @@ def main() -> None:
     for channels in (16, 32, 64):
         for depth in (10, 30):
             t0 = time.perf_counter()
-            spec = specs.CNNSpec(depth=depth, channels=channels, image=(3, 32, 32), strided=2, inits=INITS)
+            spec = CNNSpec(depth=depth, channels=channels, image=(3, 32, 32), strided=2, inits=INITS)
             probe = specs.ProbeSpec(samples=args.samples, seeds=args.draws, device="cpu", threads=1)
-            _, out, _ = engine.run_conv(spec, probe)
+            _, out, _ = walks.measure(spec, probe)
             for name in INITS:
                 f = out[name]["fwd"].mean(axis=2)  # [S, L]: per-draw mean ln ratio
                 b = out[name]["bwd"].mean(axis=2)

@@ -20,12 +20,12 @@ from sigprop import api, specs
 def cells():
     for width in (64, 256):
         for init in ("proposed", "he", "pytorch", "datadep"):
-            yield f"mlp {init} width {width} depth 50", specs.MLPSpec(depth=50, input_dim=width, width=specs.WidthSpec(width, width),
+            yield f"mlp {init} width {width} depth 50", MLPSpec(depth=50, input_dim=width, width=specs.WidthSpec(width, width),
                                                                     inits=(init,))
         for init in ("proposed", "he", "datadep"):
-            yield f"resnet {init} width {width} 30 blocks", specs.ResNetSpec(blocks=30, dim=width, width=specs.WidthSpec(width, width),
+            yield f"resnet {init} width {width} 30 blocks", ResNetSpec(blocks=30, dim=width, width=specs.WidthSpec(width, width),
                                                                            inits=(init,))
-        yield f"bn-resnet width {width} 30 blocks", specs.ResNetSpec(blocks=30, dim=width, norm="bn", inits=("he",))
+        yield f"bn-resnet width {width} 30 blocks", ResNetSpec(blocks=30, dim=width, norm="bn", inits=("he",))
 
 
 def main() -> None:

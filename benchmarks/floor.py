@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from sigprop.haar import orthogonalize  # imports torch only
+from sigprop.kernels.haar import orthogonalize  # imports torch only
 
 
 def _run(L: int, n: int, N: int, dev, weights_of) -> None:
@@ -58,7 +58,7 @@ def limit(L: int, n: int, N: int, device: str = "cpu", chunk: int = 32) -> float
     """The limit line of issue 16: the same work with Haar weights generated ``chunk`` layers at a
     time by the batched UT transform (sigprop/haar.py, GEMM speed on a GPU) and bare matmuls:
     no bookkeeping, no log-space, masks as bool, weights kept.  Returns compute seconds."""
-    from sigprop.haar import orthogonalize_batched
+    from sigprop.kernels.haar import orthogonalize_batched
 
     dev = torch.device(device)
     t0 = time.perf_counter()

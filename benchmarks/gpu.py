@@ -50,9 +50,9 @@ def peak(device: str) -> float:
 
 
 def probe(L: int, n: int, N: int, device: str, stream: bool | None, graphs: bool | None = None, seeds: int = 1) -> tuple[float, dict]:
-    spec = specs.MLPSpec(depth=L, input_dim=n, width=specs.WidthSpec(n, n), inits=("proposed",))
+    spec = MLPSpec(depth=L, input_dim=n, width=specs.WidthSpec(n, n), inits=("proposed",))
     t0 = time.perf_counter()
-    _, _, env = engine.run_mlp(spec, specs.ProbeSpec(samples=N, device=device, stream=stream, graphs=graphs, seeds=seeds))
+    _, _, env = walks.measure(spec, specs.ProbeSpec(samples=N, device=device, stream=stream, graphs=graphs, seeds=seeds))
     sync(device)
     return time.perf_counter() - t0, env
 
@@ -70,7 +70,7 @@ def main() -> None:
     quick = "--quick" in sys.argv
     only = {int(x) for x in sys.argv[sys.argv.index("--only") + 1].split(",")} if "--only" in sys.argv else {1, 2, 3, 4, 5}
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-    print(f"device {device} ({name}), torch {torch.__version__}, sigprop chunk {engine.CHUNK_MAX}, batched Haar {engine.BATCHED_HAAR}", flush=True)
+    print(f"device {device} ({name}), torch {torch.__version__}, sigprop chunk {sampling.CHUNK_MAX}, batched Haar {sampling.BATCHED_HAAR}", flush=True)
     probe(10, 64, 16, device, None)  # warm-up: CUDA context, cuBLAS/cuSOLVER handles
     floor(3, 64, 16, 1, device)
     limit(3, 64, 16, device)

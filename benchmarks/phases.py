@@ -24,9 +24,9 @@ def phases(kind: str, device: str) -> dict[str, float]:
 
     marks = {"start": time.perf_counter()}
     if kind == "mlp":
-        spec = specs.MLPSpec(inits=("he", "proposed", "proposed-gaussian"))
+        spec = MLPSpec(inits=("he", "proposed", "proposed-gaussian"))
     else:
-        spec = specs.ResNetSpec()
+        spec = ResNetSpec()
     probe = specs.ProbeSpec(device=device)
     run = engine.run_mlp if kind == "mlp" else engine.run_resnet
     out = run(spec, probe, on_start=lambda env: marks.setdefault("setup", time.perf_counter()))
@@ -35,7 +35,7 @@ def phases(kind: str, device: str) -> dict[str, float]:
     marks["compute"] = time.perf_counter()
     if kind == "mlp":
         widths, arrays, env = out
-        runs = [stats.mlp_run(inits.get(n), widths, *arrays[n]) for n in spec.inits]
+        runs = [walks.mlp_run(inits.get(n), widths, *arrays[n]) for n in spec.inits]
     else:
         plan, arrays, env = out
         runs = [stats.resnet_run(inits.get(n), plan, arrays[n], probe.samples, probe.dtype) for n in spec.resolved_inits()]

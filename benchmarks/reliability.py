@@ -51,9 +51,9 @@ def run_cell(arch: str, width: int, size: int, seeds: int, samples: int, seed_st
     t0 = time.perf_counter()
     for seed in range(seed_start, seed_start + seeds):
         if arch == "mlp":
-            spec = specs.MLPSpec(depth=size, input_dim=width, width=specs.WidthSpec(width, width), inits=INITS)
+            spec = MLPSpec(depth=size, input_dim=width, width=specs.WidthSpec(width, width), inits=INITS)
         else:
-            spec = specs.ResNetSpec(blocks=size, dim=width, width=specs.WidthSpec(width, width), inits=INITS)
+            spec = ResNetSpec(blocks=size, dim=width, width=specs.WidthSpec(width, width), inits=INITS)
         result = api.probe(spec, specs.ProbeSpec(samples=samples, seed=seed, device="cpu"))
         for run in result.runs:
             fails[run.init] += 0 if run.preserved else 1

@@ -5,7 +5,7 @@ inputs, N samples each) and compares, with bootstrap standard errors over the se
 
 * the per-sample ln(ratio) at the checked layers (forward at layer L, backward at layer 1),
   pooled over seeds: its mean (below ln RMS: the drift) and variance against the exact model
-  ``theory.log_ratio_cumulants`` (drift, sigma^2, skewness);
+  ``closed_forms.log_ratio_cumulants`` (drift, sigma^2, skewness);
 * how that variance splits: across draws (the variance of each draw's sample mean -- this is
   the spread of the ``--check`` statistic) and within a draw (between samples);
 * the check statistic's measured sd against sigma (the band's width is z sigma).
@@ -44,36 +44,36 @@ def main() -> None:
     n, L, N = args.width, args.depth, args.samples
     scheme = inits.get(args.init)
     if args.arch == "mlp":
-        spec = specs.MLPSpec(depth=L, input_dim=n, width=specs.WidthSpec(n, n), inits=(args.init,))
+        spec = MLPSpec(depth=L, input_dim=n, width=specs.WidthSpec(n, n), inits=(args.init,))
     else:
-        spec = specs.ResNetSpec(blocks=L, dim=n, width=specs.WidthSpec(n, n), inits=(args.init,))
+        spec = ResNetSpec(blocks=L, dim=n, width=specs.WidthSpec(n, n), inits=(args.init,))
     fwd, bwd = [], []  # [K, N] per-sample ln ratio at the checked layer (forward, backward)
     t0 = time.perf_counter()
     for seed in range(args.seed_start, args.seed_start + args.seeds):
         probe = specs.ProbeSpec(samples=N, seed=seed, device="cpu")
         if args.arch == "mlp":
-            widths, arrays, _ = engine.run_mlp(spec, probe)
+            widths, arrays, _ = walks.measure(spec, probe)
             f, b = arrays[args.init]
             fwd.append(f[0, L - 1])
             bwd.append(b[0, 0])
         else:
-            plan, arrays, _ = engine.run_resnet(spec, probe)
+            plan, arrays, _ = walks.measure(spec, probe)
             a = arrays[args.init]
             fwd.append(a["fwd"][0, -1] - a["fwd"][0, 0])
             bwd.append(a["bwd"][0, 0] - a["bwd"][0, -1])
     seconds = time.perf_counter() - t0
     if args.arch == "mlp":
         widths = [n] * (L + 1)
-        pred = scheme.predict_mlp(widths)
-        cum_f, cum_b = theory.log_ratio_cumulants(widths, scheme.orthogonal)
+        pred = plans.predict(mlp.steps(widths), scheme)
+        cum_f, cum_b = closed_forms.log_ratio_cumulants(widths, scheme.orthogonal)
         models = (("forward, layer L", np.array(fwd), pred.ln_forward[L - 1], cum_f[L - 1]),
                   ("backward, layer 1", np.array(bwd), pred.ln_backward[0], cum_b[0]))
-        what = "exact cumulants (theory.log_ratio_cumulants)"
+        what = "exact cumulants (closed_forms.log_ratio_cumulants)"
     else:
-        pred = scheme.predict_resnet(plan)
+        pred = resnet.prediction(scheme, plan)
         var_f, var_b, _, _ = stats.resnet_variances(scheme, plan, pred)
         ref = inits.get("proposed-gaussian")
-        ref_f, ref_b, _, _ = stats.resnet_variances(ref, plan, ref.predict_resnet(plan))
+        ref_f, ref_b, _, _ = stats.resnet_variances(ref, plan, resnet.prediction(ref, plan))
         vf, vb = float(var_f[-1] - var_f[0]), float(var_b[0] - var_b[-1])
         models = (("forward, ||h^B||/||h^0||", np.array(fwd), pred.ln_forward[-1] - pred.ln_forward[0], (-vf, vf, 0.0)),
                   ("backward, ||dl/dh^0||/||dl/dh^B||", np.array(bwd), pred.ln_backward[0] - pred.ln_backward[-1], (-vb, vb, 0.0)))

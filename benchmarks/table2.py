@@ -39,7 +39,7 @@ def main() -> None:
     samples = arg("--samples", 128 if quick else 5000)
     seeds = arg("--seeds", 3)
     batch = arg("--batch-size", 0 if quick else 128) or None  # the paper's minibatches (its code: batches of 128)
-    nets = ([("wrn-40-10", specs.WRNSpec(blocks=6, widen=1, image=(3, 16, 16), inits=INITS), "WRN-40-1, 16 x 16"),
+    nets = ([("wrn-40-10", WRNSpec(blocks=6, widen=1, image=(3, 16, 16), inits=INITS), "WRN-40-1, 16 x 16"),
              ("resnet-164", specs.WRNSpec.of_preset("resnet-56", image=(3, 16, 16), inits=INITS), "ResNet-56, 16 x 16")] if quick else
             [("wrn-40-10", specs.WRNSpec.of_preset("wrn-40-10", inits=INITS), "WRN-40-10"),
              ("resnet-164", specs.WRNSpec.of_preset("resnet-164", inits=INITS), "ResNet-164")])

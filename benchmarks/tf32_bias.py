@@ -44,13 +44,13 @@ def round_fp16(x: torch.Tensor) -> torch.Tensor:
 
 
 def run(widths, samples, rounding):
-    x, e = engine.probe_inputs(0, samples, widths[0], widths[-1], torch.device("cpu"), torch.float64)
+    x, e = sampling.probe_inputs(0, samples, widths[0], widths[-1], torch.device("cpu"), torch.float64)
     saved = engine._mm
     if rounding is not None:
         engine._mm = lambda a, b: torch.matmul(rounding(a), rounding(b))
     try:
         with torch.no_grad():
-            f, b, _ = engine.mlp_batch(inits.get("proposed"), widths, x, e, seed=0, draws=[0])
+            f, b, _ = walks.mlp(inits.get("proposed"), widths, x, e, seed=0, draws=[0])
     finally:
         engine._mm = saved
     return f[0], b[0]

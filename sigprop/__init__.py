@@ -3,10 +3,29 @@
     >>> import sigprop
     >>> r = sigprop.probe_mlp(depth=20, width=256, inits="proposed", device="cpu")  # doctest: +SKIP
     >>> r.run("proposed").preserved, r.run("proposed").agrees_with_theory  # doctest: +SKIP
+
+``import sigprop`` loads no torch: the API (sigprop/api.py: ``probe``, ``hessian``, ``rerun``,
+``run_checks``, ``theory_table`` and one ``probe_<kind>`` per registered net kind) is loaded on
+first use.
 """
 
-__version__ = "0.7.1"
+from sigprop.version import __version__
 
-from sigprop.front import probe_mlp, probe_resnet  # noqa: E402  (torch-free; the engine loads on call)
 
-__all__ = ["__version__", "probe_mlp", "probe_resnet"]
+#: what ``sigprop.NAME`` reaches in sigprop/api.py (``probe_<kind>`` besides: one per net kind)
+API = ("probe", "hessian", "spec", "keywords", "run_checks", "rerun", "rerun_specs", "theory_table")
+
+
+def __getattr__(name: str):
+    if name not in API and not name.startswith("probe_"):  # submodules load by the import system
+        raise AttributeError(f"module 'sigprop' has no attribute {name!r}")
+    # the lazy edge of the package: the API imports torch, so it loads when first asked for
+    from sigprop import api
+
+    return getattr(api, name)
+
+
+def __dir__() -> list[str]:
+    from sigprop import api  # as __getattr__: the API's names, loaded on demand
+
+    return sorted({"__version__", *api.__all__})

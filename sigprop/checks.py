@@ -8,7 +8,7 @@ A check is a TOML table under ``[tool.sigprop.checks]`` in pyproject.toml, or un
 ``[checks]`` in sigprop.toml (or any file given on the command line)::
 
     [checks.figure1-top]
-    command = "mlp"                      # or "resnet", "cnn", "wrn"
+    command = "mlp"                      # the net kind: any probe command (sigprop -h)
     depth = 20
     init = ["proposed", "proposed-gaussian"]
     expect = "pass"                      # "pass": every init must pass the gate;
@@ -19,8 +19,9 @@ A check is a TOML table under ``[tool.sigprop.checks]`` in pyproject.toml, or un
                                          # hessian) of the inits listed; passes when this one's
                                          # mean log10 spectral norm is the lowest (keys iters, tol, head, batch_size)
 
-Every option of ``sigprop mlp`` / ``sigprop resnet`` is a key (dashes or underscores):
-docs/ci.md lists them.
+Every option of the kind's command is a key (dashes or underscores), read from the kind's
+declaration (sigprop/kinds/); a check without ``init`` runs the command's default inits.
+docs/ci.md lists the keys.
 """
 
 from __future__ import annotations
@@ -35,15 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sigprop import specs
+from sigprop import kinds, specs
 from sigprop.errors import SigpropError
 
 PROBE_KEYS = {"samples": int, "seed": int, "seeds": int, "device": str, "dtype": str, "stream": bool, "precision": str, "graphs": bool,
               "pairs": int}
-MLP_KEYS = {"depth": int, "input_dim": int, "width": (str, int)}
-CNN_KEYS = {"depth": int, "channels": int, "image": str, "strided": int}
-WRN_KEYS = {"blocks": int, "widen": int, "image": str, "bottleneck": bool, "preset": str, "norm": str}
-RESNET_KEYS = {"blocks": int, "stages": int, "dim": int, "width": (str, int), "block_depth": int, "norm": str}
 #: the keys of a ``lowest_curvature`` check alone (``specs.HessianSpec`` fields beside the probe's)
 CURVATURE_KEYS = {"iters": int, "tol": (int, float), "head": str, "batch_size": int}
 META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str, "gate": str, "band": list,
@@ -62,8 +59,8 @@ class ConfigError(SigpropError):
 @dataclass(frozen=True)
 class CheckSpec:
     name: str
-    command: str  # "mlp" or "resnet"
-    spec: Any  # specs.MLPSpec | specs.ResNetSpec
+    command: str  # the net kind's name
+    spec: Any  # the kind's spec
     probe: specs.ProbeSpec
     expect: str = "pass"
     description: str = ""
@@ -160,10 +157,12 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
     original = {str(k).replace("-", "_"): str(k) for k in raw}
     where = lambda key=None: lines.where(name, original.get(key, key) if key else None)
     command = opts.get("command")
-    if command not in ("mlp", "resnet", "cnn", "wrn"):
+    if command not in kinds.KINDS:
         raise ConfigError(where("command" if "command" in opts else None),
-                          f"check {name!r}: command must be \"mlp\", \"resnet\", \"cnn\" or \"wrn\", got {command!r}")
-    allowed = {**META_KEYS, **PROBE_KEYS, **{"mlp": MLP_KEYS, "resnet": RESNET_KEYS, "cnn": CNN_KEYS, "wrn": WRN_KEYS}[command]}
+                          f"check {name!r}: command must be one of {', '.join(map(repr, kinds.names()))}, got {command!r}")
+    kind = kinds.get(command)
+    own = {o.name: (o.toml or o.type) for o in kind.options}
+    allowed = {**META_KEYS, **PROBE_KEYS, **own}
     for key, value in opts.items():
         if key not in allowed:
             close = difflib.get_close_matches(key, list(allowed), n=1)
@@ -188,34 +187,16 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
             raise SigpropError(f"expected two numbers [LO, HI], got {band!r}", field="band")
         gate = specs.GateSpec(opts.get("gate", "preserved"), None if band is None else tuple(band), opts.get("max_correlation"))
         cos = opts.get("correlation", [])
-        probe = specs.ProbeSpec(**{k: opts[k] for k in PROBE_KEYS if k in opts}, correlations=cos if isinstance(cos, list) else [cos])
-        if command == "mlp":
-            kw = {k: opts[k] for k in ("depth", "input_dim") if k in opts}
-            spec = specs.MLPSpec(
-                width=specs.WidthSpec.parse(str(opts.get("width", "150:250"))),
-                inits=tuple(names or ("proposed",)), **kw,
-            )
-        elif command == "cnn":
-            kw = {k: opts[k] for k in ("depth", "channels", "strided") if k in opts}
-            spec = specs.CNNSpec(image=specs.parse_image(opts.get("image", "3x32x32")), inits=tuple(names or specs.CNN_DEFAULT_INITS), **kw)
-        elif command == "wrn":
-            kw = {k: opts[k] for k in ("blocks", "widen", "bottleneck", "norm") if k in opts}
-            kw.update(image=specs.parse_image(opts.get("image", "3x32x32")), inits=tuple(names or specs.WRN_DEFAULT_INITS))
-            spec = specs.WRNSpec.of_preset(opts["preset"], **kw) if "preset" in opts else specs.WRNSpec(**kw)
-        else:
-            kw = {k: opts[k] for k in ("blocks", "stages", "dim", "block_depth", "norm") if k in opts}
-            spec = specs.ResNetSpec(
-                width=specs.WidthSpec.parse(str(opts.get("width", "150:250"))),
-                inits=tuple(names or ("proposed",)), **kw,
-            )
-            spec.resolved_inits()
+        given = {k: opts[k] for k in PROBE_KEYS if k in opts}
+        probe = specs.ProbeSpec(**{**kind.probe_defaults, **given}, correlations=cos if isinstance(cos, list) else [cos])
+        spec = kind.make({k: opts[k] for k in own if k in opts}, None if names is None else tuple(names))
         curvature, lowest = None, opts.get("lowest_curvature")
         if lowest is None:
             for key in CURVATURE_KEYS:
                 if key in opts:
                     raise ConfigError(where(key), f"check {name!r}: {original[key]} applies to a lowest_curvature check only")
         else:
-            listed = spec.resolved_inits() if hasattr(spec, "resolved_inits") else spec.inits
+            listed = kind.inits(spec)
             if lowest not in listed or len(listed) < 2:
                 raise ConfigError(where("lowest_curvature"),
                                   f"check {name!r}: lowest_curvature must name one of two or more inits listed in init, got {lowest!r}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from sigprop.errors import SigpropError
 
@@ -61,8 +62,6 @@ def _read_npz(path: Path) -> tuple[object, object]:
 
 
 def _read_pt(path: Path) -> tuple[object, object]:
-    import torch
-
     try:
         with warnings.catch_warnings():  # torch's own warnings name torch's lines, not the user's file
             warnings.simplefilter("ignore")

@@ -10,7 +10,9 @@ import os
 import platform
 import sys
 
-from sigprop import __version__
+import torch
+
+from sigprop.version import __version__
 
 
 def default_threads() -> int:
@@ -45,8 +47,6 @@ def _version(pkg: str) -> str:
 
 def gather() -> list[tuple[str, str]]:
     """(label, value) rows; an empty label marks a continuation line (one CUDA device)."""
-    import torch
-
     rows = [
         ("sigprop", __version__),
         ("python", f"{platform.python_version()} ({platform.python_implementation()}, {sys.executable})"),

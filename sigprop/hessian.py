@@ -1,11 +1,11 @@
 """Curvature at initialization (issue 19; Arpit et al. 2019, section 5.3, Table 2): the Hessian
 of a 10-way cross-entropy loss with respect to every trainable parameter of the net at init.
 
-One source of truth for the network: the net is the probe's plan (``walker.NetKind.units``) and
-its weights are the probe's own draw -- the walker runs the plan once on the data and keeps each
-unit's parameters (a data-dependent init is calibrated on that data, as the paper's is on its
-batch) -- and this module only re-expresses those units as a differentiable function of their
-trainable parameters: per WN layer g, v and b (b = 0 at init; Salimans & Kingma 2016, eq. 2),
+One source of truth for the network: the net is the probe's plan, compiled into the walker's units,
+and its weights are the probe's own draw -- the walker runs the plan once on the data and keeps
+each unit's parameters (a data-dependent init is calibrated on that data, as the paper's is on its
+batch) -- and each unit is itself a differentiable function of its trainable parameters
+(``unit.apply``, no ladder here): per WN layer g, v and b (b = 0 at init; Salimans & Kingma 2016, eq. 2),
 per plain layer W and b, per batch norm (the BN ResNet's, the BN WRN's convs) its affine gamma = 1, beta = 0, plus a
 10-way linear head after the last state (conv nets: after global average pooling).  The head is, by
 default, the paper's: a plain nn.Linear at PyTorch's default init (W, b ~ U(+-1/sqrt(n_in))), the
@@ -31,12 +31,13 @@ from typing import Callable
 
 import numpy as np
 import torch
+from scipy.sparse.linalg import LinearOperator, eigsh
 import torch.nn.functional as F
 
-from sigprop import engine as E
-from sigprop import inits as inits_mod
-from sigprop import specs, walker
+from sigprop import inits, walker
 from sigprop.inits import LayerRole
+from sigprop.kernels import ops, sampling
+from sigprop.kernels.logspace import LayerParams
 
 CLASSES = 10
 #: the head's generator id: beyond every plan's layer ids
@@ -53,106 +54,44 @@ class Model:
     loss: Callable = field(repr=False)
 
 
-def _weight(p: dict, key: str) -> torch.Tensor:
-    """A layer's effective weight: g v/||v|| (WN, Salimans & Kingma 2016, eq. 2) or W."""
-    v = p[f"{key}.v"]
-    g = p.get(f"{key}.g")
-    return v if g is None else g.unsqueeze(1) * v / torch.linalg.vector_norm(v, dim=1, keepdim=True)
-
-
-def _apply(op, p: dict, key: str, h: torch.Tensor) -> torch.Tensor:
-    """One layer (``walker.DenseOp``/``ConvOp``) on rows h [N, units_in] -> [N, units_out]."""
-    w, b = _weight(p, key), p[f"{key}.b"]
-    if isinstance(op, walker.ConvOp):
-        st = op.step
-        w = w.reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
-        return F.conv2d(h.reshape(h.shape[0], *st.shape_in), w, b, stride=st.stride, padding=st.padding).flatten(1)
-    return h @ w.T + b
-
-
-def _bn_conv(op, p: dict, key: str, h: torch.Tensor) -> torch.Tensor:
-    st = op.step
-    w = p[f"{key}.v"].reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
-    a = F.conv2d(h.reshape(h.shape[0], *st.shape_in), w, stride=st.stride, padding=st.padding)
-    return F.batch_norm(a, None, None, p[f"{key}.gamma"], p[f"{key}.beta"], training=True, eps=1e-5).flatten(1)
-
-
-def _take(params: dict, key: str, lp, normalized: bool) -> None:
-    params[f"{key}.v"] = lp.v[0].detach().clone()
-    if normalized and lp.g is not None:
-        params[f"{key}.g"] = lp.g[0].detach().clone()
-    params[f"{key}.b"] = (lp.bias[0] if lp.bias is not None else torch.zeros_like(lp.v[0, :, 0])).detach().clone()
-
-
-def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int, head: str = "pytorch") -> Model:
-    """The net of ``kind_name`` (a ``walker.NET_KINDS`` name) on its plan ``net`` under ``scheme``,
-    draw ``draw``: the walker draws (and, for a data-dependent init, calibrates on x) the weights
-    exactly as the probe does; the head (``specs.HEADS``) is drawn from its own generator."""
-    kind = walker.NET_KINDS[kind_name]
-    units, record_input = kind.units(net, scheme)
+def build(steps, scheme, space: str, x: torch.Tensor, seed: int, draw: int, head: str = "pytorch") -> Model:
+    """The net of the plan ``steps`` under ``scheme``, draw ``draw``: the walker draws (and, for a
+    data-dependent init, calibrates on x) the weights exactly as the probe does, and the units it
+    walked are the function -- each unit's ``apply`` over its ``parameters`` (sigprop/walker.py),
+    ``u_i.apply(p_i, h)`` composed; the head (``specs.HEADS``) is drawn from its own generator."""
+    units, record_input = walker.compile_plan(steps, scheme)
+    last = units[-1].shape_out
     with torch.no_grad():  # a walk with an error vector keeps its weights (its ratios are not observed)
-        e = torch.ones(x.shape[0], _out_units(units), device=x.device, dtype=x.dtype)
-        kept = walker.walk(units, scheme, x, e, seed, [draw], [], record_input, space=kind.space()).kept
+        e = torch.ones(x.shape[0], math.prod(last), device=x.device, dtype=x.dtype)
+        kept = walker.walk(units, scheme, x, e, seed, [draw], [], record_input, space=walker.SPACES[space]()).kept
     params: dict[str, torch.Tensor] = {}
+    keys: list[list[tuple[str, str]]] = []
     for i, (u, k) in enumerate(zip(units, kept)):
-        if isinstance(u, walker.BNLayer):  # De & Smith's BN ResNet: BN's affine and the plain W
-            params[f"{i}.v"] = k.params.v[0].detach().clone()
-            params[f"{i}.gamma"] = torch.ones(u.role.fan_in, device=x.device, dtype=x.dtype)
-            params[f"{i}.beta"] = torch.zeros(u.role.fan_in, device=x.device, dtype=x.dtype)
-        elif isinstance(u, walker.BNConvUnit):
-            for j, op in enumerate(u.ops):
-                params[f"{i}.{j}.v"] = k.params[j].v[0].detach().clone()
-                params[f"{i}.{j}.gamma"] = torch.ones(op.role.fan_out, device=x.device, dtype=x.dtype)
-                params[f"{i}.{j}.beta"] = torch.zeros(op.role.fan_out, device=x.device, dtype=x.dtype)
-        elif isinstance(u, walker.ResidualBlock):
-            layers = k.params.branch + ([k.params.projection] if k.params.projection is not None else [])
-            for j, lp in enumerate(layers):
-                _take(params, f"{i}.{j}", lp, scheme.normalized)
-        else:
-            _take(params, f"{i}", k.params, scheme.normalized)
-    conv = isinstance(units[0], walker.BNConvUnit) or isinstance(getattr(units[0], "op", None), walker.ConvOp)
-    last = _last_shape(units)
-    features = last[0] if conv else _out_units(units)
-    head_scheme = scheme if head == "init" else inits_mod.get("pytorch")
-    params.update(_head(head_scheme, head == "init" and scheme.normalized, LayerRole(features, CLASSES, "linear"), seed, draw,
+        own = u.parameters(k, scheme.normalized, x.device, x.dtype)
+        keys.append([(name, f"{i}.{name}") for name, _ in own])
+        params.update({f"{i}.{name}": t for name, t in own})
+    conv = len(last) == 3  # a conv net's last state is globally average-pooled into the head
+    head_scheme = scheme if head == "init" else inits.INITS["pytorch"]
+    params.update(_head(head_scheme, head == "init" and scheme.normalized, LayerRole(last[0], CLASSES, "linear"), seed, draw,
                         x.device, x.dtype))
 
     def features(p: dict, xb: torch.Tensor) -> torch.Tensor:
         """The net's last state (conv nets: globally average-pooled): the head's input."""
         h = xb
-        for i, u in enumerate(units):
-            if isinstance(u, walker.BNLayer):  # x' = [x +] W BN(x)^+ (De & Smith 2020, appendix C)
-                z = torch.relu(F.batch_norm(h, None, None, p[f"{i}.gamma"], p[f"{i}.beta"], training=True, eps=u.eps)) @ p[f"{i}.v"].T
-                h = h + z if u.residual else z
-            elif isinstance(u, walker.BNConvUnit):
-                z = h
-                for j, op in enumerate(u.ops[:len(u.convs)]):
-                    z = _bn_conv(op, p, f"{i}.{j}", z)
-                    z = torch.relu(z) if op.step.relu else z
-                if u.residual:
-                    h = (h if u.projection is None else _bn_conv(u.ops[-1], p, f"{i}.{len(u.convs)}", h)) + z
-                else:
-                    h = z
-            elif isinstance(u, walker.ResidualBlock):
-                z = h
-                for j in range(u.k):
-                    z = _apply(u.ops[j], p, f"{i}.{j}", z)
-                    z = torch.relu(z) if u.relus[j] else z
-                h = (h if not u.has_projection else _apply(u.ops[u.k], p, f"{i}.{u.k}", h)) + u.alpha * z
-            else:
-                h = _apply(u.op, p, f"{i}", h)
-                h = torch.relu(h) if u.relu else h
+        for u, names in zip(units, keys):
+            h = u.apply({name: p[full] for name, full in names}, h)
         return h.reshape(h.shape[0], last[0], -1).mean(dim=-1) if conv else h
 
     def loss(p: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(features(p, xb) @ _weight(p, "head").T + p["head.b"], yb)
+        return F.cross_entropy(features(p, xb) @ ops.weight(p["head.v"], p.get("head.g")).T + p["head.b"], yb)
 
-    if head == "init" and scheme.calibrate is not None:  # the data-dependent head: standardised on the data's features
+    calibrate = sampling.calibration(scheme)
+    if head == "init" and calibrate is not None:  # the data-dependent head: standardised on the data's features
         with torch.no_grad():
             feats = features(params, x)
             v = params["head.v"]
             t = feats @ v.T / torch.linalg.vector_norm(v, dim=1)
-            cal = scheme.calibrate(inits_mod.LayerParams(v=v, g=params["head.g"], bias=params["head.b"], scale=None), t)
+            cal = calibrate(LayerParams(v=v, g=params["head.g"], bias=params["head.b"], scale=None), t)
             params["head.g"], params["head.b"] = cal.g, cal.bias
     return Model(units, params, loss)
 
@@ -160,8 +99,8 @@ def build(kind_name: str, net, scheme, x: torch.Tensor, seed: int, draw: int, he
 def _head(scheme, normalized: bool, role: LayerRole, seed: int, draw: int, device, dtype) -> dict:
     """The head's parameters drawn by ``scheme``: WN (g, v, b) when ``normalized``, else plain W = v, b
     (``pytorch``'s g = ||v|| makes its effective weight v itself: nn.Linear's default)."""
-    gen = E.layer_generator(seed, draw, HEAD_LAYER, device)
-    lp = scheme.sample(role, gen, device, dtype)
+    gen = sampling.layer_generator(seed, draw, HEAD_LAYER, device)
+    lp = sampling.sample(scheme, role, gen, device, dtype)
     out = {"head.v": lp.v.detach().clone(),
            "head.b": (lp.bias if lp.bias is not None else torch.zeros(role.fan_out, device=device, dtype=dtype)).detach().clone()}
     if normalized and lp.g is not None:
@@ -169,44 +108,14 @@ def _head(scheme, normalized: bool, role: LayerRole, seed: int, draw: int, devic
     return out
 
 
-def parameter_count(kind_name: str, net, scheme, head: str = "pytorch") -> int:
+def parameter_count(steps, scheme, head: str = "pytorch") -> int:
     """The trainable parameters ``build`` gives the net under ``scheme`` (WN g, v, b per layer; plain
     W and b; BN's gamma and beta; the 10-way head), counted from the plan without drawing them:
     what ``--top`` is bounded by and the Lanczos memory is estimated from."""
-    units, _ = walker.NET_KINDS[kind_name].units(net, scheme)
-    layer = lambda role: role.fan_in * role.fan_out + role.fan_out * (1 + bool(scheme.normalized))  # v, b (and g)
-    total = 0
-    for u in units:
-        if isinstance(u, walker.BNLayer):
-            total += u.role.fan_in * u.role.fan_out + 2 * u.role.fan_in
-        elif isinstance(u, walker.BNConvUnit):
-            total += sum(op.role.fan_in * op.role.fan_out + 2 * op.role.fan_out for op in u.ops)
-        elif isinstance(u, walker.ResidualBlock):
-            total += sum(layer(r) for r in u.roles)
-        else:
-            total += layer(u.role)
-    conv = isinstance(units[0], walker.BNConvUnit) or isinstance(getattr(units[0], "op", None), walker.ConvOp)
-    features = _last_shape(units)[0] if conv else _out_units(units)
+    units, _ = walker.compile_plan(steps, scheme)
+    features = units[-1].shape_out[0]
+    total = sum(u.parameter_count(scheme.normalized) for u in units)
     return total + features * CLASSES + CLASSES * (1 + (head == "init" and bool(scheme.normalized)))
-
-
-def _out_units(units) -> int:
-    u = units[-1]
-    if isinstance(u, walker.BNLayer):
-        return u.role.fan_out
-    if isinstance(u, walker.BNConvUnit):
-        return u.ops[len(u.convs) - 1].units_out
-    if isinstance(u, walker.ResidualBlock):
-        return u.ops[u.k - 1].units_out
-    return u.op.units_out
-
-
-def _last_shape(units):
-    u = units[-1]
-    if isinstance(u, walker.BNLayer):
-        return (u.role.fan_out,)
-    op = u.ops[len(u.convs) - 1] if isinstance(u, walker.BNConvUnit) else (u.ops[u.k - 1] if isinstance(u, walker.ResidualBlock) else u.op)
-    return op.step.shape_out if isinstance(op, walker.ConvOp) else (op.units_out,)
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,8 +269,6 @@ def lanczos_top(hvp, k: int, tol: float = 1e-4, seed: int = 0) -> list[float]:
     """The k largest-magnitude eigenvalues by implicitly restarted Lanczos (ARPACK through
     ``scipy.sparse.linalg.eigsh``, basis ``arpack_basis``) on the HVP, in decreasing magnitude;
     k < size (the caller refuses more)."""
-    from scipy.sparse.linalg import LinearOperator, eigsh
-
     dev, dtype = hvp.device, hvp.dtype
     op = LinearOperator((hvp.size, hvp.size), dtype=np.float64,
                         matvec=lambda v: hvp(torch.as_tensor(np.ravel(v), device=dev, dtype=dtype)).detach().cpu().double().numpy())
@@ -382,9 +289,7 @@ def hutchinson_trace(hvp, probes: int, gen: torch.Generator) -> tuple[float, flo
 
 
 def data(seed: int, samples: int, shape, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Synthetic data: x ~ N(0, I) (the probe's inputs, ``engine.probe_inputs``) and labels
+    """Synthetic data: x ~ N(0, I) (the probe's inputs, ``sampling.probe_inputs``) and labels
     uniform over the 10 classes from their own stream."""
-    x, _ = E.probe_inputs(seed, samples, math.prod(shape), 1, device, dtype)
-    gen = torch.Generator(device=device)
-    gen.manual_seed(specs.derive_seed(seed, specs.STREAM_LABELS))
-    return x, torch.randint(0, CLASSES, (samples,), generator=gen, device=device)
+    x, _ = sampling.probe_inputs(seed, samples, math.prod(shape), 1, device, dtype)
+    return x, sampling.labels(seed, samples, CLASSES, device)

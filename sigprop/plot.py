@@ -14,9 +14,11 @@ JSON lines.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from sigprop import files, kinds
 from sigprop.errors import SigpropError
 
 FORMATS = ("png", "svg", "pdf")
@@ -24,6 +26,9 @@ FORMATS = ("png", "svg", "pdf")
 LOG_SPAN_DECADES = 2.0
 #: beyond 10^+-300 a float cannot be drawn: the axis shows log10 of the ratio instead
 FLOAT_LOG10_LIMIT = 300.0
+#: the axis labels of a residual net with several stages: each stage relative to its own ends
+STAGED_LABELS = (r"$\|h^b\| \,/\, \|h^{\mathrm{stage\ start}}\|$",
+                 r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^{\mathrm{stage\ end}}\|$")
 
 
 def check_target(path: Path, field: str = "plot") -> Path:
@@ -35,25 +40,23 @@ def check_target(path: Path, field: str = "plot") -> Path:
     if target.is_dir() or not target.parent.is_dir():
         raise SigpropError(f"cannot write {path}: {'is a directory' if target.is_dir() else 'no such directory'}", field=field)
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  (the plot extra: is it installed?)
     except ImportError:
         raise SigpropError("plotting needs matplotlib: pip install 'sigprop[plot]'", field=field) from None
     return target
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # the plot extra (optional): imported when a figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     return plt
 
 
 def save(fig, path: Path) -> None:
     """Write the figure whole (temp file + rename), never half."""
-    from sigprop import files
-
     ext = path.suffix.lower().lstrip(".")
     try:
         files.atomic_write(path, lambda tmp: fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight"), suffix=f".{ext}")
@@ -128,7 +131,7 @@ def _draw(ax, result, runs, direction: str, staged: bool, yspace: str, seeds: in
                 ax.plot([t[0] for t in th], [conv(t[1]) for t in th], color=col, ls="--", lw=1.0,
                         label="theory (dashed): predicted typical ratio" if first_panel and not theory_labelled else None)
                 theory_labelled = True
-    if result.command in ("cnn", "wrn"):  # no typical prediction for convs yet: the energy-map RMS, dotted
+    if kinds.get(result.command, field="result").hints.energy:  # no typical prediction for convs yet: the energy-map RMS, dotted
         labelled = False
         for run in runs:
             spans = [(st.first, st.last) for st in run.stages] if staged else [(0, len(run.layers) - 1)]
@@ -140,7 +143,7 @@ def _draw(ax, result, runs, direction: str, staged: bool, yspace: str, seeds: in
                     ax.plot([p[0] for p in pts], [conv(p[1]) for p in pts], color=colours[run.init][0], ls=":", lw=1.2,
                             label="theory (dotted): energy-map RMS ratio" if first_panel and not labelled else None)
                     labelled = True
-    if result.command in ("resnet", "wrn"):
+    if kinds.get(result.command, field="result").hints.residual:
         _draw_stage_bands(ax, result, direction, staged, yspace)
     if yspace == "log":
         ax.set_yscale("log")
@@ -154,8 +157,6 @@ def _draw_stage_bands(ax, result, direction: str, staged: bool, yspace: str) -> 
     theory curves).  So it is drawn where it applies: a bar at the stage's last state (forward)
     or first state (backward), where the curve -- relative to the stage's other end (one stage:
     h^0 or h^B; several: each stage from its own first or last state) -- reads that ratio."""
-    import math
-
     stages = result.runs[0].stages or []
     for k, st in enumerate(stages):
         lo, hi = st.forward_band if direction == "forward" else st.backward_band
@@ -188,9 +189,11 @@ def build_probe_figure(result):
     or last (backward) state, so that the per-stage band applies where it is drawn; stage
     boundaries dash-dotted."""
     plt = _pyplot()
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # the plot extra, loaded by _pyplot above
 
-    resnet = result.command in ("resnet", "wrn")
+    kind = kinds.get(result.command, field="result")
+    hints = kind.hints
+    resnet = hints.residual
     staged = resnet and len(result.runs[0].stages or []) > 1
     extreme = _extreme(result, staged)
     top = "log10" if extreme > FLOAT_LOG10_LIMIT else ("log" if extreme > LOG_SPAN_DECADES / 2 else "linear")
@@ -200,27 +203,14 @@ def build_probe_figure(result):
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colours = {run.init: (cycle[k % len(cycle)], MARKERS[k % len(MARKERS)]) for k, run in enumerate(result.runs)}
     cosines = any(run.correlations for run in result.runs)
-    rows = (2 if zoom else 1) + cosines
+    measured = [m.name for m in result.runs[0].measurements][:2]  # plug-in measurements: one panel each
+    rows = (2 if zoom else 1) + cosines + bool(measured)
     fig, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), squeeze=False)
     panels = [(axes[0], result.runs, top)] + ([(axes[1], near, "linear")] if zoom else [])
     cfg = result.config
-    if resnet:
-        xlabel = r"block $b$ (state $h^b$)"
-        if staged:
-            ylab = (r"$\|h^b\| \,/\, \|h^{\mathrm{stage\ start}}\|$", r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^{\mathrm{stage\ end}}\|$")
-        else:
-            ylab = (r"$\|h^b\| \,/\, \|h^0\|$", r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$")
-        shape = f"{cfg.get('stages', 1)} stage(s) × {cfg.get('blocks')} blocks, d = {cfg.get('dim')}, norm {cfg.get('norm')}"
-        if result.command == "wrn":
-            shape = (f"WRN{' ' + cfg['preset'] if cfg.get('preset') else ''} N = {cfg.get('blocks')}, k = {cfg.get('widen')}"
-                     f"{', bottleneck' if cfg.get('bottleneck') else ''}, image {cfg.get('image')}, norm {cfg.get('norm')}")
-    else:
-        xlabel = r"layer $l$"
-        ylab = (r"$\|h^l\| \,/\, \|x\|$", r"$\|\partial\ell/\partial a^l\| \,/\, \|\partial\ell/\partial a^L\|$")
-        if result.command == "cnn":
-            shape = f"CNN depth {cfg.get('depth')}, {cfg.get('channels')} channels, image {cfg.get('image')}, {cfg.get('strided')} strided"
-        else:
-            shape = f"depth {cfg.get('depth')}, widths {_width_text(cfg.get('width'))}, n_0 = {cfg.get('input_dim')}"
+    xlabel, ylab, shape = hints.x, (hints.forward, hints.backward), kind.describe(cfg)
+    if staged:  # each stage's ratios relative to its own first (forward) or last (backward) state
+        ylab = STAGED_LABELS
     for r, (row, runs, yspace) in enumerate(panels):
         for c, (ax, direction, title, yl) in enumerate(zip(row, ("forward", "backward"), ("forward: activations", "backward: gradients"), ylab)):
             _draw(ax, result, runs, direction, staged, yspace, seeds, colours, first_panel=(c == 1))
@@ -231,7 +221,9 @@ def build_probe_figure(result):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         row[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     if cosines:
-        _draw_cosines(axes[-1], result, colours, xlabel)
+        _draw_cosines(axes[-1 - bool(measured)], result, colours, xlabel)
+    if measured:
+        _draw_measurements(axes[-1], result, measured, colours, xlabel)
     spread = "shaded: ± 1 sd of the log ratio across samples" + (
         f", darker: across {seeds} draws" if seeds > 1 else " (one draw: the across-draw spread is not shown)")
     if staged:
@@ -283,11 +275,26 @@ def _draw_cosines(row, result, colours: dict, xlabel: str) -> None:
     right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
-def _width_text(width: Any) -> str:
-    if isinstance(width, dict):
-        lo, hi = width.get("lo"), width.get("hi")
-        return str(lo) if lo == hi else f"{lo}:{hi}"
-    return str(width)
+def _draw_measurements(row, result, names: list[str], colours: dict, xlabel: str) -> None:
+    """The plug-in measurements' row (sigprop/observers/): per measurement a panel of its first
+    column against the row index, one line per init (a log axis when the observer asks)."""
+    for ax, name in zip(row, names):
+        m = None
+        for run in result.runs:
+            m = next(x for x in run.measurements if x.name == name)
+            pts = [(r.index, v[0]) for r, v in zip(run.layers, m.rows) if v and v[0] is not None]
+            col, mk = colours[run.init]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=col, marker=mk, ms=4,
+                    markevery=max(1, len(pts) // 8), lw=1.4, label=run.init)
+        if m.log:
+            ax.set_yscale("log")
+        ax.set_title(f"{m.title} ({m.name}, plug-in)", fontsize=10)
+        ax.set_ylabel(m.columns[0])
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in row[len(names):]:
+        ax.set_visible(False)
 
 
 def sweep_figure(rows: Sequence[dict], x: str, path: Path, direction: str = "forward") -> None:
@@ -382,12 +389,12 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward")
     ax.grid(True, alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     if theory_drawn:
-        from matplotlib.lines import Line2D
+        from matplotlib.lines import Line2D  # the plot extra, loaded by _pyplot above
 
         handles.append(Line2D([], [], color="0.3", ls="--", lw=1))
         labels.append("theory (typical)")
     if rms_drawn:
-        from matplotlib.lines import Line2D
+        from matplotlib.lines import Line2D  # the plot extra, loaded by _pyplot above
 
         handles.append(Line2D([], [], color="0.3", ls=":", lw=1.2))
         labels.append("theory (energy-map RMS)")

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import math
+import xml.etree.ElementTree as ET
 from typing import Any, Sequence
 
 from rich import box
@@ -15,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from sigprop import specs
+from sigprop import kinds, specs
 from sigprop.results import ProbeResult, RatioStats, RunResult, TheoryResult
 
 #: the table shows at most this many rows (41: a 40-block ResNet's states h^0..h^40) (first, last, evenly spaced); JSON/CSV have all
@@ -215,6 +216,24 @@ def correlation_table(run: RunResult, resnet: bool) -> Table:
     return t
 
 
+def measurement_table(run: RunResult, m, row_label: str) -> Table:
+    """A plug-in measurement (sigprop/observers/): per row its columns, as the observer summarized them."""
+    t = _table(f"[bold]{escape(run.init)}[/bold] — {escape(m.title)}")
+    t.add_column(row_label, justify="right", no_wrap=True)
+    for c in m.columns:
+        t.add_column(escape(c), justify="right", no_wrap=True)
+    keep = _stage_bounds(run) if run.stages is not None else ()
+    for i in table_rows(len(run.layers), keep=keep):
+        t.add_row(str(run.layers[i].index), *(fmt_num(v) for v in m.rows[i]))
+    return t
+
+
+def measurement_lines(run: RunResult) -> list[str]:
+    """The gates of plug-in measurements, one line each, named by their verdict."""
+    return [f"  {'[green]' if c.passed else '[red]'}{escape(verdict_words(c.verdict))}[/]: {escape(gate_text(c))}"
+            for m in run.measurements for c in m.checks]
+
+
 def correlation_lines(run: RunResult) -> list[str]:
     """Per input cosine: where it ends, and the depth scale (layers until 1 - c falls by e)."""
     out = []
@@ -250,6 +269,11 @@ def stage_lines(run: RunResult) -> list[str]:
 #: only; agreement with theory is cyan '=' / yellow '≠')
 VERDICT_WORDS = {"preserved": "signal preserved", "theory": "agrees with finite-width theory",
                  "correlation": "inputs kept apart (--max-correlation)", "curvature": "lowest curvature of the inits listed"}
+
+
+def verdict_words(verdict: str) -> str:
+    """How a verdict reads; a plug-in measurement's gate reads as its name."""
+    return VERDICT_WORDS.get(verdict, verdict)
 
 
 def _verdict_line(run: RunResult, verdict: str) -> str:
@@ -308,13 +332,16 @@ def spread_line(run: RunResult, draws: int) -> str:
 
 
 def render_table(result: ProbeResult, console: Console) -> None:
+    """Every init's table (rows as the net kind's hints name them), its extra tables (BN
+    statistics, cosines, plug-in measurements), its verdict lines, then the kind's footer."""
+    hints = kinds.get(result.command, field="result").hints
     resnet = any(run.stages is not None for run in result.runs)
     for run in result.runs:
         if run.stages is not None:
-            console.print(resnet_table(run, "units" if result.command == "wrn" else "d"))
+            console.print(resnet_table(run, hints.width))
             shown = len(table_rows(len(run.layers), keep=_stage_bounds(run)))
         else:
-            console.print(run_table(run, "units" if result.command == "cnn" else "n_l"))
+            console.print(run_table(run, hints.width))
             shown = len(table_rows(len(run.layers)))
         n = len(run.layers)
         if shown < n:
@@ -323,42 +350,13 @@ def render_table(result: ProbeResult, console: Console) -> None:
             console.print(bn_table(run))
         if run.correlations:
             console.print(correlation_table(run, run.stages is not None))
+        for m in run.measurements:
+            console.print(measurement_table(run, m, hints.row))
         for line in stage_lines(run) + correlation_lines(run):
             console.print(line, highlight=False, soft_wrap=True)
-    if result.command == "wrn":
-        console.print(
-            "[dim]b = state (0: the input, 1: conv1's output, then each block's); mean ± std over samples of ||h^b||/||x|| "
-            "(forward) and ||dl/dh^b||/||dl/dh^end|| (backward) over all units (channels × positions); branch = rms of "
-            "||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = the energy-map rms (zero padding, strides, projections: "
-            "docs/theory.md §11); =/≠ = measured rms within/outside its finite-width band (channels as the width; an "
-            "envelope of the measured spread, it errs wide; ~ over 2 decades wide: no test); band = [√2, √e] per stage "
-            "(Arpit et al. 2019, Theorems 3-4) times what a stride-2 group opening costs a lossless net[/dim]",
-            soft_wrap=True,
-        )
-    elif resnet:
-        console.print(
-            "[dim]mean ± std over samples of ||h^b||/||x|| (forward) and ||dl/dh^b||/||dl/dh^end|| (backward); "
-            "branch = rms of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside "
-            "the finite-width band of the theory (~ within a band over 2 decades wide: no test); band [√2, √e] = [1.414, 1.649] "
-            "per stage (Arpit et al. 2019, Theorems 3-4)[/dim]",
-            soft_wrap=True,
-        )
-    elif result.command == "cnn":
-        console.print(
-            "[dim]mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward) over all units "
-            "(channels × positions); theory = the energy-map rms (zero padding and strides, docs/theory.md §11); =/≠ = "
-            "measured rms within/outside its finite-width band (channels as the width; an envelope of the measured "
-            "spread, it errs wide; ~ within a band over 2 decades wide: no test); preserved = within --band of the "
-            "lossless reference (1/2 per stride-2 layer forward: a quarter of the positions)[/dim]",
-            soft_wrap=True,
-        )
-    else:
-        console.print(
-            "[dim]mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward); "
-            "theory = closed-form rms; =/≠ = measured rms within/outside the finite-width band of the theory "
-            "(~ within a band over 2 decades wide: no test)[/dim]",
-            soft_wrap=True,
-        )
+        for line in measurement_lines(run):
+            console.print(line, highlight=False, soft_wrap=True)
+    console.print(f"[dim]{escape(hints.footer)}[/dim]", soft_wrap=True)
     for run in result.runs:
         console.print(run_summary(run, int(result.config.get("seeds", 1))), soft_wrap=True)
     console.print(preserved_line(result), highlight=False)
@@ -410,9 +408,11 @@ def to_csv(result: ProbeResult) -> str:
         header += [f"bn_{k}{suffix}" for k in ("skip_variance", "moving_variance", "moving_squared_mean") for suffix in ("", "_predicted")]
     c0s = [c.c0 for c in result.runs[0].correlations] if result.runs else []
     header += [f"cos_{c0:g}_{k}" for c0 in c0s for k in ("mean", "std", "predicted", "agrees")]
+    measured = result.runs[0].measurements if result.runs else []
+    header += [f"{m.name}_{c}" for m in measured for c in m.columns]
     w.writerow(header)
     for run in result.runs:
-        for r in run.layers:
+        for r_i, r in enumerate(run.layers):
             row: list[Any] = [run.init, r.index] + ([r.stage] if resnet else []) + [r.width]
             row += _csv_cells(r.forward) + _csv_cells(r.backward)
             if resnet:
@@ -423,6 +423,8 @@ def to_csv(result: ProbeResult) -> str:
                     row += ["", ""] if b is None else [getattr(b, k), getattr(b, f"predicted_{k}")]
             for c in r.correlation:
                 row += ["" if v is None else v for v in (c.mean, c.std, c.predicted, c.agrees)]
+            for m in run.measurements:
+                row += ["" if v is None else v for v in m.rows[r_i]]
             w.writerow(row)
     return buf.getvalue()
 
@@ -477,15 +479,12 @@ def gate_text(c) -> str:
 
 def _gate_verdicts(outcome) -> list[str]:
     """The questions an outcome's gates ask, in words: its verdict, and the correlation bound when set."""
-    words = [VERDICT_WORDS[outcome.verdict]]
-    if any(c.verdict == "correlation" for c in outcome.gates):
-        words.append(VERDICT_WORDS["correlation"])
-    return words
+    return list(dict.fromkeys([verdict_words(outcome.verdict)] + [verdict_words(c.verdict) for c in outcome.gates]))
 
 
 def _failed(outcome) -> list[str]:
     """The questions whose gates failed, in words."""
-    return list(dict.fromkeys(VERDICT_WORDS[c.verdict] for c in outcome.gates if not c.passed))
+    return list(dict.fromkeys(verdict_words(c.verdict) for c in outcome.gates if not c.passed))
 
 
 def expectation(outcome) -> str:
@@ -518,8 +517,6 @@ def check_json(report_obj) -> str:
 
 def junit_xml(report_obj) -> str:
     """JUnit XML (one testsuite, one testcase per check and init) for CI systems to display."""
-    import xml.etree.ElementTree as ET
-
     outcomes = report_obj.outcomes
     suite = ET.Element(
         "testsuite", name="sigprop", tests=str(len(outcomes)), failures=str(sum(not o.ok for o in outcomes)),

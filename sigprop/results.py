@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 RESULT_SCHEMA = "sigprop.result.v1"
@@ -303,6 +303,8 @@ class RunResult:
     gate: str = "preserved"
     #: one per input cosine of ``--correlation``
     correlations: list[CorrelationSummary] = field(default_factory=list)
+    #: one per plug-in observer (``--observe``; sigprop/observers/)
+    measurements: list["Measurement"] = field(default_factory=list)
 
     def verdict_checks(self, verdict: str) -> list[Check]:
         return [c for c in self.checks if c.verdict == verdict]
@@ -322,9 +324,14 @@ class RunResult:
         """The typical ratios agree with this init's own finite-width prediction."""
         return self.verdict("theory")
 
+    def extra_checks(self) -> list:
+        """The gates beside the two verdicts: the ``--max-correlation`` bound, a plug-in
+        observer's; each is ANDed into ``passed`` whatever the gate."""
+        return [c for c in self.checks if c.verdict not in VERDICTS]
+
     def gate_checks(self) -> list:
-        """What ``--check`` gates on: the gate's checks and any ``--max-correlation`` bound."""
-        return self.verdict_checks(self.gate) + self.verdict_checks("correlation")
+        """What ``--check`` gates on: the gate's checks and the extra gates (``extra_checks``)."""
+        return self.verdict_checks(self.gate) + self.extra_checks()
 
     @property
     def untestable(self) -> bool:
@@ -337,7 +344,7 @@ class RunResult:
     @property
     def passed(self) -> bool:
         """The verdict of the gate (``gate``), and the correlation bound when one was asked."""
-        return self.verdict(self.gate) and all(c.passed for c in self.verdict_checks("correlation"))
+        return self.verdict(self.gate) and all(c.passed for c in self.extra_checks())
 
     def __repr__(self) -> str:
         end = self.layers[-1].forward if self.layers else None
@@ -368,7 +375,27 @@ class RunResult:
             "agreement": self.agreement(),
             **({} if self.stages is None else {"stages": [st.to_dict() for st in self.stages]}),
             **({"correlation": [c.to_dict() for c in self.correlations]} if self.correlations else {}),
+            **({"measurements": [m.to_dict() for m in self.measurements]} if self.measurements else {}),
         }
+
+
+@dataclass
+class Measurement:
+    """A plug-in observer's record of one init's run (sigprop/observers/): per row (aligned with
+    ``RunResult.layers``) the values of its ``columns`` -- None where it has none -- a title for
+    its table, whether the figure draws it on a log axis, and the gates it adds (``checks``,
+    their verdict the observer's ``name``; ANDed into ``passed``)."""
+
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[list[float | None]]
+    checks: list = field(default_factory=list)
+    log: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "columns": list(self.columns),
+                "rows": [[_num(v) for v in row] for row in self.rows], "checks": [c.to_dict() for c in self.checks]}
 
 
 def probe_config(command: str, spec, probe, gate, **net: Any) -> dict[str, Any]:
@@ -442,14 +469,8 @@ class TheoryResult:
     resnet: list[ResnetRow]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": THEORY_SCHEMA,
-            "kn": [{"n": r.n, "closed_form": r.closed_form, "quadrature": r.quadrature} for r in self.kn],
-            "resnet": [
-                {"blocks": r.blocks, "ratio": r.ratio, "lower": r.lower, "upper": r.upper, "inside": r.inside}
-                for r in self.resnet
-            ],
-        }
+        """``sigprop.theory.v1``: a list of rows per table, each keyed by the record's fields."""
+        return {"schema": THEORY_SCHEMA, **{f.name: [asdict(row) for row in getattr(self, f.name)] for f in fields(self)}}
 
 
 CHECK_SCHEMA = "sigprop.check.v1"

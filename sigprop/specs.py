@@ -1,7 +1,9 @@
-"""Frozen descriptions of a network and of a probe (STYLE.md layers).  No torch here.
+"""Frozen descriptions of a probe (``ProbeSpec``), a verdict (``GateSpec``) and a curvature run
+(``HessianSpec``), and the pieces the net kinds' specs share (sizes, widths, images, seeds).  No
+torch here; each net kind's own spec lives in its file (sigprop/kinds/).
 
-Everything random that is decided before the engine runs (the per-layer widths) is resolved
-here from the seed with numpy, so the CLI can print and record it without touching tensors.
+Everything random that is decided before the walker runs (the per-layer widths) is resolved
+from the seed with numpy, so the CLI can print and record it without touching tensors.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from sigprop import inits
 from sigprop.errors import SigpropError
 
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -98,9 +99,12 @@ class ProbeSpec:
     #: CPU threads of the run (None: ``environment.probe_threads``: OMP_NUM_THREADS where set,
     #: else half the cores); the number used is recorded in the result's environment
     threads: int | None = None
+    #: plug-in measurements (sigprop/observers/) run beside the net kind's (``--observe NAME``)
+    observe: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_size(self.samples, "samples")
+        object.__setattr__(self, "observe", (self.observe,) if isinstance(self.observe, str) else tuple(self.observe))
         if self.threads is not None:
             check_size(self.threads, "threads")
         check_size(self.pairs, "pairs")
@@ -140,28 +144,37 @@ def parse_cosines(texts) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _init_tuple(spec, arch: str, known_only: bool = False) -> None:
-    """``inits`` as a tuple of registry names: a single string is one name (not its
-    characters); every name must be defined for ``arch`` -- or, with ``known_only``, merely be
-    registered (a ResNet resolves names per --norm later); unknown names get a did-you-mean."""
-    names = (spec.inits,) if isinstance(spec.inits, str) else tuple(spec.inits)
-    object.__setattr__(spec, "inits", names)
-    if not names:
-        raise SigpropError("give at least one init", field="init")
-    for name in names:
-        if not (known_only and name in inits.INITS):
-            inits.get(name, arch)
+def parse_image(text) -> tuple[int, int, int]:
+    """``--image CxHxW`` (e.g. 3x32x32) as three positive integers."""
+    parts = str(text).lower().replace("×", "x").split("x")
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise SigpropError(f"expected CxHxW with three positive integers (e.g. 3x32x32), got {text!r}", field="image")
+    return shape
+
+
+def image(value) -> tuple[int, int, int]:
+    """A spec's ``image``: a CxHxW string or a (C, H, W) tuple, each size within bounds."""
+    shape = parse_image(value if isinstance(value, str) else "x".join(map(str, value)))
+    for n in shape:
+        check_size(n, "image")
+    return shape
+
+
+def image_text(shape) -> str:
+    return "x".join(map(str, shape))
 
 
 #: what ``--check`` gates on (docs/cli.md, "Two verdicts"):
 #: preserved -- the typical end-to-end ratio lies in an absolute band (the signal survives);
 #: theory -- the typical ratio agrees with this init's own finite-width prediction
 GATES = ("preserved", "theory")
-#: default ``--band`` of the MLP: the typical ratio within a decade of norm-preserving (docs/cli.md)
-MLP_BAND = (0.1, 10.0)
-#: under the default band no typical ratio outside [1e-2, 1e2] passes, however much the widths
-#: change (the width factor sqrt(n_L/n_0) of the reference is honoured up to these limits)
-MLP_BAND_LIMITS = (1e-2, 1e2)
+#: the default ``--band`` of the nets without stages (mlp, cnn): the typical ratio within a decade
+#: of the reference (docs/cli.md); the staged nets default to (1, 1) around their stage band
+DECADE_BAND = (0.1, 10.0)
 
 
 def parse_band(text: str, field: str = "band") -> tuple[float, float]:
@@ -189,8 +202,9 @@ def check_band(band, field: str = "band") -> tuple[float, float]:
 @dataclass(frozen=True)
 class GateSpec:
     """What ``--check`` asks (``gate``) and the band of the ``preserved`` verdict, as factors
-    around the norm-preserving reference (None: ``MLP_BAND`` for an MLP; for a ResNet stage
-    [sqrt 2, sqrt e] with its finite-width allowance, docs/theory.md §7)."""
+    around the norm-preserving reference (None: the net kind's default, e.g. ``DECADE_BAND`` for
+    an MLP; for a ResNet stage (1, 1) around [sqrt 2, sqrt e] with its finite-width allowance,
+    docs/theory.md §7)."""
 
     gate: str = "preserved"
     band: tuple[float, float] | None = None
@@ -207,13 +221,6 @@ class GateSpec:
         if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not -1.0 <= float(x) <= 1.0):
             raise SigpropError(f"a cosine bound must be a number in [-1, 1], got {x!r}", field="max_correlation")
 
-    def default_band(self, resnet: bool) -> tuple[float, float]:
-        """The ``preserved`` band's factors as used: ``band``, else MLP_BAND (MLP) or (1, 1) around
-        the ResNet stage band."""
-        if self.band is not None:
-            return self.band
-        return (1.0, 1.0) if resnet else MLP_BAND
-
     def probe(self, probe: "ProbeSpec") -> "ProbeSpec":
         """The probe with c0 = 0 measured when a correlation bound is asked."""
         if self.max_correlation is None or 0.0 in probe.correlations:
@@ -222,158 +229,6 @@ class GateSpec:
 
     def to_dict(self) -> dict:
         return {"gate": self.gate, "band": None if self.band is None else list(self.band), "max_correlation": self.max_correlation}
-
-
-@dataclass(frozen=True)
-class MLPSpec:
-    """The WN MLP of Arpit et al. 2019, eq. 1-2: L layers a^l = g^l * W^l h^{l-1} / ||W^l_i|| + b^l, h^l = ReLU(a^l)."""
-
-    depth: int = 20
-    input_dim: int = 500
-    width: WidthSpec = WidthSpec(150, 250)
-    inits: tuple[str, ...] = ("proposed",)
-
-    def __post_init__(self) -> None:
-        check_size(self.depth, "depth")
-        check_size(self.input_dim, "input_dim")
-        _init_tuple(self, "mlp")
-        if len(set(self.inits)) != len(self.inits):
-            raise SigpropError("an init is named twice", field="init")
-
-    def widths(self, seed: int) -> list[int]:
-        """[n_0, n_1, ..., n_L]: drawn once per run, shared by every init of the run."""
-        return [self.input_dim] + self.width.draw(self.depth, seed)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["width"] = str(self.width)
-        d["inits"] = list(self.inits)
-        return d
-
-
-def parse_image(text) -> tuple[int, int, int]:
-    """``--image CxHxW`` (e.g. 3x32x32) as three positive integers."""
-    parts = str(text).lower().replace("×", "x").split("x")
-    try:
-        shape = tuple(int(p) for p in parts)
-    except ValueError:
-        shape = ()
-    if len(shape) != 3 or min(shape) < 1:
-        raise SigpropError(f"expected CxHxW with three positive integers (e.g. 3x32x32), got {text!r}", field="image")
-    return shape
-
-
-def _image(image) -> tuple[int, int, int]:
-    """A spec's ``image``: a CxHxW string or a (C, H, W) tuple, each size within bounds."""
-    shape = parse_image(image if isinstance(image, str) else "x".join(map(str, image)))
-    for n in shape:
-        check_size(n, "image")
-    return shape
-
-
-#: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
-#: Xiao et al. 2018 (whose architecture it is) use for deep CNNs
-CNN_DEFAULT_INITS = ("proposed", "delta-orthogonal")
-
-
-@dataclass(frozen=True)
-class CNNSpec:
-    """The plain CNN of Arpit et al. 2019, section 5.1 (after Xiao et al. 2018): ``depth`` 3 x 3
-    WN convs of ``channels`` channels with zero padding 1, the first ``strided`` with stride 2,
-    a ReLU after each, on inputs of shape ``image`` (C, H, W); measured up to the last conv."""
-
-    depth: int = 20
-    channels: int = 64
-    image: tuple[int, int, int] = (3, 32, 32)
-    strided: int = 2
-    inits: tuple[str, ...] = CNN_DEFAULT_INITS
-
-    def __post_init__(self) -> None:
-        check_size(self.depth, "depth")
-        check_size(self.channels, "channels")
-        object.__setattr__(self, "image", _image(self.image))
-        if not 0 <= self.strided <= self.depth:
-            raise SigpropError(f"must be in [0, depth = {self.depth}], got {self.strided}", field="strided")
-        _init_tuple(self, "cnn")
-        if len(set(self.inits)) != len(self.inits):
-            raise SigpropError("an init is named twice", field="init")
-
-    def steps(self):
-        """The network as plan steps (sigprop.plans.cnn_steps)."""
-        from sigprop import plans
-
-        return plans.cnn_steps(self.image, self.channels, self.depth, self.strided)
-
-    def to_dict(self) -> dict:
-        return {"depth": self.depth, "channels": self.channels, "image": "x".join(map(str, self.image)), "strided": self.strided,
-                "inits": list(self.inits)}
-
-
-#: named architectures of Arpit et al. 2019, Table 1 (N blocks per group, widening k, bottleneck):
-#: WRN-d-k has d = 6 N + 4 layers; ResNet-d with basic blocks d = 6 N + 2, with bottlenecks d = 9 N + 2
-WRN_PRESETS = {
-    "wrn-40-10": {"blocks": 6, "widen": 10, "bottleneck": False},
-    "resnet-56": {"blocks": 9, "widen": 1, "bottleneck": False},
-    "resnet-110": {"blocks": 18, "widen": 1, "bottleneck": False},
-    "resnet-164": {"blocks": 18, "widen": 1, "bottleneck": True},
-}
-#: the inits of Arpit et al. 2019, Figure 3 (right) and Table 2, on the WRN
-WRN_DEFAULT_INITS = ("proposed", "pytorch", "datadep", "stage-hanin")
-
-
-@dataclass(frozen=True)
-class WRNSpec:
-    """The wide residual network of Arpit et al. 2019, supplementary Figure 5 (``plans.wrn_steps``):
-    conv1 to 16 k channels, three groups of ``blocks`` residual blocks at 16 k, 32 k, 64 k
-    channels (``bottleneck``: ResNet-164's blocks), WN convs (``norm="wn"``), plain ones
-    (``"none"``: the unnormalized schemes; ``he`` means unnormalized He) or plain He convs each
-    followed by training-mode batch norm (``"bn"``; init ``he`` only), on ``image``.
-    ``preset`` names one of ``WRN_PRESETS`` (its blocks, widening and block type)."""
-
-    blocks: int = 16
-    widen: int = 1
-    image: tuple[int, int, int] = (3, 32, 32)
-    bottleneck: bool = False
-    norm: str = "wn"
-    preset: str | None = None
-    inits: tuple[str, ...] = WRN_DEFAULT_INITS
-
-    def __post_init__(self) -> None:
-        if self.preset is not None:
-            if self.preset not in WRN_PRESETS:
-                raise SigpropError(f"unknown preset {self.preset!r}; choose from {', '.join(WRN_PRESETS)}", field="preset")
-            for key, value in WRN_PRESETS[self.preset].items():
-                if getattr(self, key) != value:
-                    raise SigpropError(f"preset {self.preset!r} has {key} = {value}; drop --{key.replace('_', '-')} or the preset",
-                                       field="preset")
-        check_size(self.blocks, "blocks")
-        check_size(self.widen, "widen")
-        object.__setattr__(self, "image", _image(self.image))
-        if self.norm not in NORMS:
-            raise SigpropError(f"expected one of {', '.join(NORMS)}, got {self.norm!r}", field="norm")
-        _init_tuple(self, "wrn", known_only=True)
-        resolved = self.resolved_inits()
-        if len(set(resolved)) != len(resolved):
-            raise SigpropError("an init is named twice (with --norm none, he is unnormalized-he)", field="init")
-
-    @classmethod
-    def of_preset(cls, preset: str, **kw) -> "WRNSpec":
-        """The preset's net; ``kw`` may repeat its blocks/widen/bottleneck (the same values) and set
-        the rest (an unknown preset is refused by ``__post_init__``)."""
-        return cls(preset=preset, **{**WRN_PRESETS.get(preset, {}), **kw})
-
-    def resolved_inits(self) -> tuple[str, ...]:
-        return tuple(inits.resolve_resnet(name, self.norm, "wrn") for name in self.inits)
-
-    def steps(self):
-        """The network as plan steps (sigprop.plans.wrn_steps)."""
-        from sigprop import plans
-
-        return plans.wrn_steps(self.image, self.blocks, self.widen, self.bottleneck, bn=self.norm == "bn")
-
-    def to_dict(self) -> dict:
-        return {"blocks": self.blocks, "widen": self.widen, "image": "x".join(map(str, self.image)), "bottleneck": self.bottleneck,
-                "norm": self.norm, "preset": self.preset, "inits": list(self.resolved_inits())}
 
 
 #: the 10-way linear head of ``sigprop hessian`` -> how the output names it: "pytorch" -- the paper's
@@ -436,58 +291,3 @@ class HessianSpec:
             raise SigpropError("Hutchinson's standard error needs >= 2 probes", field="trace")
 
 
-NORMS = ("wn", "bn", "none")
-#: Figure 1 (bottom) of Arpit et al. 2019, appendix A.2: the three schemes compared there
-RESNET_DEFAULT_INITS = ("he", "proposed", "proposed-gaussian")
-
-
-@dataclass(frozen=True)
-class ResNetSpec:
-    """A residual network: Arpit et al. 2019, eq. 6 with K stages of B blocks (``norm="wn"`` or ``"none"``), or
-    the batch-normalized ReLU ResNet of De & Smith 2020, appendix C (``norm="bn"``: one stage, a stem and B
-    blocks x + W BN(x)^+ of width ``dim``)."""
-
-    blocks: int = 40
-    stages: int = 1
-    dim: int = 500
-    width: WidthSpec = WidthSpec(150, 250)
-    block_depth: int = 1
-    norm: str = "wn"
-    inits: tuple[str, ...] = RESNET_DEFAULT_INITS
-
-    def __post_init__(self) -> None:
-        for field, value in (("blocks", self.blocks), ("stages", self.stages), ("dim", self.dim), ("block_depth", self.block_depth)):
-            check_size(value, field)
-        if self.norm not in NORMS:
-            raise SigpropError(f"expected one of {', '.join(NORMS)}, got {self.norm!r}", field="norm")
-        if self.norm == "bn":
-            if self.stages != 1:
-                raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has one stage", field="stages")
-            if self.block_depth != 1:
-                raise SigpropError("the batch-normalized ResNet (De & Smith 2020, appendix C) has one layer per block", field="block_depth")
-        if self.stages > 16:
-            raise SigpropError(f"each stage doubles the width; {self.stages} stages is beyond any memory", field="stages")
-        _init_tuple(self, "resnet", known_only=True)
-        resolved = self.resolved_inits()
-        if len(set(resolved)) != len(resolved):
-            raise SigpropError("an init is named twice (with --norm none, he is unnormalized-he)", field="init")
-
-    def resolved_inits(self) -> tuple[str, ...]:
-        """The registry names that actually run under ``norm`` (``he`` means unnormalized He
-        weights with ``--norm none`` or ``bn``)."""
-        return tuple(inits.resolve_resnet(name, self.norm) for name in self.inits)
-
-    def plan(self, seed: int):
-        """The network as data (sigprop.nets); hidden widths drawn once per run from the seed."""
-        from sigprop import nets
-
-        if self.norm == "bn":
-            return nets.resnet_plan(self.dim, 1, self.blocks, 0, [], stem=True)
-        hidden = self.width.draw(self.stages * self.blocks * self.block_depth, seed)
-        return nets.resnet_plan(self.dim, self.stages, self.blocks, self.block_depth, hidden)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["width"] = None if self.norm == "bn" else str(self.width)
-        d["inits"] = list(self.resolved_inits())
-        return d

@@ -1,10 +1,10 @@
 """``sigprop sweep``: a grid of probes, one JSON line per configuration, resumable.  No torch.
 
-The grid is depth (MLP, CNN) or blocks (ResNet, WRN) x width x init; each point is one probe of
-one init with the shared options (samples, seeds, seed, dtype, device).  For a ResNet the swept
-width is both the residual width d and the hidden width of every block; for an MLP the input
-dimension n_0 is the swept width unless ``--input-dim`` fixes it; for the CNN it is the channels,
-for the WRN the widening factor k; conv nets read 3 x 32 x 32 inputs (docs/cli.md).
+The grid is size x width x init, each axis as the net kind declares it (sigprop/kinds/:
+``sweep_size`` -- depth or blocks --, ``sweep_spec`` -- what the width means for the net, e.g. a
+ResNet's residual and hidden width, a CNN's channels, a WRN's widening factor --,
+``sweep_config`` -- what the kind adds to a point's key); each point is one probe of one init
+with the shared options (samples, seeds, seed, dtype, device; docs/cli.md).
 
 Each finished point is appended to the output as one line (one ``write`` of the whole line,
 flushed): an interrupted sweep leaves only whole lines, and a rerun skips the points whose
@@ -19,11 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from sigprop import inits, specs
+from sigprop import inits, kinds, specs
 from sigprop.errors import SigpropError
-
-from sigprop.results import SWEEP_SCHEMA  # noqa: E402  (the JSON contract lives in results.py)
-X_AXES = {"mlp": ("depth", "width"), "resnet": ("blocks", "width"), "cnn": ("depth", "width"), "wrn": ("blocks", "width")}
+from sigprop.results import SWEEP_SCHEMA, curvature_row, sweep_row
 
 
 def parse_ints(text: str, field: str) -> list[int]:
@@ -39,12 +37,13 @@ def parse_ints(text: str, field: str) -> list[int]:
     return values
 
 
-def parse_inits(text: str, arch: str) -> list[str]:
+def parse_inits(text: str, kind: kinds.Kind) -> list[str]:
+    """``proposed,he`` -> the names, each defined for the kind's net, none twice."""
     names = [p.strip() for p in str(text).split(",") if p.strip()]
     if not names:
         raise SigpropError("give at least one init", field="init")
     for n in names:
-        inits.get(n, arch)  # defined for this net, or a one-line error with a did-you-mean
+        inits.get(n, kind.provides, kind.noun)  # defined for this net, or a one-line error with a did-you-mean
     if len(set(names)) != len(names):
         raise SigpropError("an init is named twice", field="init")
     return names
@@ -54,8 +53,8 @@ def parse_inits(text: str, arch: str) -> list[str]:
 class Point:
     """One configuration of the grid: what runs, and its resume key."""
 
-    arch: str
-    size: int  # depth (MLP, CNN) or blocks (ResNet, WRN)
+    kind: kinds.Kind
+    size: int  # the kind's size axis (depth or blocks)
     width: int
     init: str
     spec: Any
@@ -65,14 +64,9 @@ class Point:
 
     @property
     def config(self) -> dict[str, Any]:
-        d = {"command": self.arch, X_AXES[self.arch][0]: self.size, "width": self.width, "init": self.init,
-             "samples": self.probe.samples, "seeds": self.probe.seeds, "seed": self.probe.seed, "dtype": self.probe.dtype}
-        if self.arch == "mlp":
-            d["input_dim"] = self.spec.input_dim
-        elif self.arch == "resnet":
-            d["dim"] = self.spec.dim
-        else:
-            d["image"] = "x".join(map(str, self.spec.image))
+        d = {"command": self.kind.name, self.kind.sweep_size: self.size, "width": self.width, "init": self.init,
+             "samples": self.probe.samples, "seeds": self.probe.seeds, "seed": self.probe.seed, "dtype": self.probe.dtype,
+             **self.kind.sweep_config(self.spec)}
         if self.probe.correlations:  # only then: the keys of rows without cosines stay as they were (resume)
             d["correlations"], d["pairs"] = list(self.probe.correlations), self.probe.pairs
         if self.curvature is not None:
@@ -85,27 +79,14 @@ class Point:
         return json.dumps(self.config, sort_keys=True)
 
     def label(self) -> str:
-        return f"{self.arch} {X_AXES[self.arch][0]} {self.size} width {self.width} {self.init}"
+        return f"{self.kind.name} {self.kind.sweep_size} {self.size} width {self.width} {self.init}"
 
 
-def grid(arch: str, sizes: list[int], widths: list[int], names: list[str], probe: specs.ProbeSpec,
+def grid(kind: kinds.Kind, sizes: list[int], widths: list[int], names: list[str], probe: specs.ProbeSpec,
          input_dim: int | None = None, curvature: specs.HessianSpec | None = None) -> list[Point]:
     """Every point, validated up front (a bad point fails before anything runs)."""
-    out = []
-    for size in sizes:
-        for width in widths:
-            for name in names:
-                w = specs.WidthSpec(width, width)
-                if arch == "mlp":
-                    spec = specs.MLPSpec(depth=size, input_dim=input_dim or width, width=w, inits=(name,))
-                elif arch == "cnn":
-                    spec = specs.CNNSpec(depth=size, channels=width, inits=(name,))
-                elif arch == "wrn":
-                    spec = specs.WRNSpec(blocks=size, widen=width, inits=(name,))
-                else:
-                    spec = specs.ResNetSpec(blocks=size, dim=width, width=w, inits=(name,))
-                out.append(Point(arch, size, width, name, spec, probe, curvature))
-    return out
+    return [Point(kind, size, width, name, kind.sweep_spec(size, width, name, input_dim), probe, curvature)
+            for size in sizes for width in widths for name in names]
 
 
 def done_keys(path: Path) -> set[str]:
@@ -137,8 +118,6 @@ def _text(path: Path, field: str) -> str:
 
 def row(point: Point, result, seconds: float) -> dict[str, Any]:
     """The JSON line of one finished point (its keys are written by results.py)."""
-    from sigprop.results import curvature_row, sweep_row
-
     if point.curvature is not None:
         return curvature_row(point.config, point.init, result, seconds)
     return sweep_row(point.config, point.init, result, seconds)

@@ -1,25 +1,30 @@
 """The ``sigprop`` command line (typer only: parse, build specs, call the core, render).
 
-No tensors here: the engine is imported inside the commands that need it, so ``sigprop --help``,
-``sigprop inits`` and ``sigprop theory`` never import torch.  Errors become one line on stderr:
-exit 2 for bad input, 1 for a failed ``--check``, 130 for Ctrl-C (see :func:`main`).
+No tensors here: the core (sigprop/api.py, which loads torch) is imported inside the commands
+that run it, so ``sigprop --help``, ``sigprop inits`` and ``sigprop theory`` never import torch.
+Errors become one line on stderr: exit 2 for bad input, 1 for a failed ``--check``, 130 for
+Ctrl-C (see :func:`main`).
 
-A package: ``_app`` (the typer app), ``options`` (every shared option declared once),
-``output`` (where output goes), ``probe`` (mlp, resnet), ``tools`` (the other commands).
+A package: ``_app`` (the typer app and its root options), ``options`` (every shared option
+declared once; a net kind's options as typer parameters), ``output`` (where output goes),
+``probe`` (one command per net kind and its ``hessian`` form), ``tools`` (the other commands).
+The application is built by ``main`` when it runs, from the registries as they are then: a net
+kind registered by a user's code before ``main`` gets its command.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 import sys
 from typing import Optional
 
 import typer
 
-from sigprop.cli import probe as _probe  # noqa: F401  (registers mlp, resnet)
-from sigprop.cli import tools as _tools  # noqa: F401  (registers the other commands)
-from sigprop.cli._app import app
-from sigprop.cli.options import AnyInitName, InitName, ResNetInitName, flag  # noqa: F401  (re-exported)
-from sigprop.cli.output import _say, write_output  # noqa: F401
+from sigprop.cli import probe, tools
+from sigprop.cli._app import new_app
+from sigprop.cli.options import flag
+from sigprop.cli.output import _say
 from sigprop.errors import SigpropError
 
 try:  # recent typer vendors click as typer._click; older typer uses click itself
@@ -31,9 +36,6 @@ except ImportError:  # pragma: no cover
 def _usage_hint(msg: str) -> str:
     """typer's words for a bad choice or number, without its validator's prefix, with a
     did-you-mean and the way to give several values."""
-    import difflib
-    import re
-
     msg = msg.replace("Value error, ", "")
     m = re.match(r"Invalid value for '(--[\w-]+)': '([^']*)' is not one of (.*?)\.?$", msg)
     if m:
@@ -49,9 +51,18 @@ def _usage_hint(msg: str) -> str:
     return msg
 
 
+def build() -> typer.Typer:
+    """The application: the probe command of every registered net kind, ``sigprop hessian KIND``,
+    and the other commands."""
+    app = new_app()
+    probe.register(app)
+    tools.register(app)
+    return app
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(build())
     try:
         rv = command.main(args=argv, prog_name="sigprop", standalone_mode=False)
     except SigpropError as exc:

@@ -1,6 +1,9 @@
-"""Every option and choice the commands share, declared once (typer ``Annotated`` aliases).
+"""Every option and choice the commands share, declared once (typer ``Annotated`` aliases), and
+the typer parameters of a net kind's own options (``kind_parameters``: read from its
+declaration in sigprop/kinds/).
 
-Choices come from the registries (``inits``, ``specs``); a test runs the parser on every name.
+Choices come from the registries (``kinds``, ``inits``, ``specs``); tests/cli/test_cli.py checks
+them against the registries and runs the parser on every name.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from sigprop import inits, specs
+from sigprop import inits, kinds, specs
 
-#: the flag (or argument) of each library field whose name is not "--" + field with dashes
+#: the flag (or argument) of each library field whose name is not "--" + field with dashes (the
+#: net kinds' own flags are read from their options: ``flag``)
 FLAGS = {"fmt": "--format", "inits": "--init", "result": "RESULT", "results": "RESULTS", "file": "FILE",
          "batch": "batch (recorded in the result)"}
 
@@ -35,21 +39,8 @@ def Argument(*param_decls, help: str | None = None, **kw):
 
 def flag(field: str) -> str:
     """The CLI's name for a library field (``input_dim`` -> ``--input-dim``); several, joined by /."""
-    return "/".join(FLAGS.get(f, "--" + f.replace("_", "-")) for f in field.split("/"))
-
-
-#: CLI choices come from the registry (tests/cli/test_cli.py runs the parser on every name)
-InitName = enum.Enum("InitName", {name: name for name in inits.names("mlp")}, type=str)
-ResNetInitName = enum.Enum("ResNetInitName", {name: name for name in inits.names("resnet")}, type=str)
-CNNInitName = enum.Enum("CNNInitName", {name: name for name in inits.names("cnn")}, type=str)
-WRNInitName = enum.Enum("WRNInitName", {name: name for name in inits.names("wrn")}, type=str)
-WRNPreset = enum.Enum("WRNPreset", {name: name for name in specs.WRN_PRESETS}, type=str)
-
-
-class Norm(str, enum.Enum):
-    wn = "wn"
-    bn = "bn"
-    none = "none"
+    own = {o.name: o.cli_flag for k in kinds.KINDS.values() for o in k.options}
+    return "/".join(FLAGS.get(f) or own.get(f) or "--" + f.replace("_", "-") for f in field.split("/"))
 
 
 class Format(str, enum.Enum):
@@ -96,13 +87,7 @@ GateOpt = Annotated[
     Option(help="What --check asks: preserved (the typical end-to-end ratio lies in --band: the signal survives) "
                       "or theory (it agrees with the init's own finite-width prediction)."),
 ]
-BandOpt = Annotated[
-    Optional[str],
-    Option(help="LO:HI factors around the reference for the 'preserved' verdict; must contain 1. [default: 0.1:10 for mlp "
-                "(around norm preservation) and cnn (around the lossless reference); 1:1 for resnet, i.e. Theorem 3's "
-                "[sqrt 2, sqrt e] per stage, and for wrn, the same band times each group's stride-2 transition, each with its "
-                "finite-width allowance]"),
-]
+BAND_HELP = "LO:HI factors around the reference for the 'preserved' verdict; must contain 1."
 CorrelationOpt = Annotated[
     Optional[list[str]],
     Option("--correlation", help="Also measure how the cosine of two inputs propagates, from input pairs of cosine C0 in [-1, 1], "
@@ -120,10 +105,6 @@ ThreadsOpt = Annotated[
 ]
 
 
-#: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
-FIGURE1_INITS = ["he", "proposed", "proposed-gaussian"]
-
-
 #: the probe options shared by ``mlp`` and ``resnet`` (``sweep`` has its own help texts)
 SamplesOpt = Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")]
 SeedOpt = Annotated[int, Option(min=0, help="Base seed of widths, inputs, errors and weights.")]
@@ -133,13 +114,6 @@ DTypeOpt = Annotated[DType, Option(help="Floating-point type of the probe.")]
 FormatOpt = Annotated[Format, Option("--format", help="Output format.")]
 OutputOpt = Annotated[Optional[Path], Option(help="Write the output to this file (whole, never half).")]
 AnyInitName = enum.Enum("AnyInitName", {name: name for name in inits.names()}, type=str)
-
-
-class Arch(str, enum.Enum):
-    mlp = "mlp"
-    resnet = "resnet"
-    cnn = "cnn"
-    wrn = "wrn"
 
 
 class CheckFormat(str, enum.Enum):
@@ -189,7 +163,7 @@ class ProbeOptions(RunOptions):
 PROBE_OPTIONS = (
     ("samples", SamplesOpt, 1000), ("seed", SeedOpt, 0), ("seeds", SeedsOpt, 1), ("device", DeviceOpt, "auto"),
     ("dtype", DTypeOpt, DType.float32), ("fmt", FormatOpt, Format.table), ("output", OutputOpt, None),
-    ("check", CheckOpt, False), ("gate", GateOpt, Gate.preserved), ("band", BandOpt, None), ("stream", StreamOpt, None),
+    ("check", CheckOpt, False), ("gate", GateOpt, Gate.preserved), ("band", None, None), ("stream", StreamOpt, None),
     ("precision", PrecisionOpt, Precision.fp32), ("graphs", GraphsOpt, None), ("threads", ThreadsOpt, None),
     ("plot", PlotOpt, None), ("correlation", CorrelationOpt, None), ("pairs", PairsOpt, 256),
     ("max_correlation", MaxCorrelationOpt, None),
@@ -242,34 +216,72 @@ HESSIAN_OPTIONS = (
 )
 
 
-def with_options(command, table, cls, defaults: dict | None = None):
-    """``command``'s own parameters, then the shared ones of ``table`` (typer reads
-    ``__signature__``); called with the shared ones gathered into ``opts: cls``."""
-    defaults = defaults or {}
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "opts"]
-    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(name, default), annotation=option)
+def _annotated(o: kinds.Opt, prefix: str):
+    """The typer annotation of a net kind's option: its type (an enum of its choices), optional
+    when its default is None, the flag (``--on/--off`` for a bool with ``off``), its bound and
+    help (with the default it states when the value is optional)."""
+    base = o.type
+    if o.choices:
+        base = enum.Enum(f"{prefix}_{o.name}", {str(c): str(c) for c in o.choices}, type=str)
+    decl = f"{o.cli_flag}/{o.off}" if o.type is bool and o.off else o.cli_flag
+    help_ = o.help + (f" [default: {o.shown}]" if o.shown else "")
+    extra = {"min": o.min} if o.min is not None else {}
+    annotation = Optional[base] if o.default is None else base
+    default = base(o.default) if o.choices and o.default is not None else o.default
+    return Annotated[annotation, Option(decl, help=help_, **extra)], default
+
+
+def init_choices(kind: kinds.Kind):
+    """The ``--init`` choices of a kind: the registry's inits defined for what the net provides."""
+    return enum.Enum(f"{kind.name}_init", {n: n for n in inits.names(kind.provides)}, type=str)
+
+
+def kind_parameters(kind: kinds.Kind) -> list[inspect.Parameter]:
+    """A kind's own options (sigprop/kinds/: ``Kind.options``) and its ``--init`` as typer
+    parameters, in the order the kind declares them."""
+    out = []
+    for o in kind.options:
+        annotation, default = _annotated(o, kind.name)
+        out.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
+    init = Annotated[Optional[list[init_choices(kind)]], Option("--init", help=kind.init_help)]
+    out.append(inspect.Parameter("init", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=init))
+    return out
+
+
+def kind_values(kind: kinds.Kind, kw: dict) -> tuple[dict, tuple[str, ...] | None]:
+    """The option values a command got (the ones given or defaulted; enum members as their
+    values) and the init names (None: the kind's defaults), taken out of ``kw``."""
+    values = {}
+    for o in kind.options:
+        v = kw.pop(o.name)
+        if v is not None:
+            values[o.name] = v.value if isinstance(v, enum.Enum) else v
+    init = kw.pop("init")
+    return values, (tuple(i.value for i in init) if init else None)
+
+
+def probe_table(kind: kinds.Kind):
+    """``PROBE_OPTIONS`` for a kind's command: its ``--band`` help states the kind's default band,
+    and its defaults (``Kind.probe_defaults``) replace the shared ones."""
+    band = Annotated[Optional[str], Option(help=f"{BAND_HELP} [default: {kind.band_help}]")]
+    return tuple((name, band if name == "band" else opt, kind.probe_defaults.get(name, default))
+                 for name, opt, default in PROBE_OPTIONS)
+
+
+def command(kind: kinds.Kind, table, cls, body):
+    """A typer command for ``kind``: its own parameters, then the shared ones of ``table``
+    (typer reads ``__signature__``); called as ``body(kind, spec, opts)`` with the spec the kind
+    makes of its values and the shared options gathered into ``opts: cls``."""
+    own = kind_parameters(kind)
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=option)
               for name, option, default in table]
 
-    @functools.wraps(command)
-    def wrapper(**kwargs):
-        opts = cls(**{name: kwargs.pop(name) for name, _, _ in table})
-        return command(**kwargs, opts=opts)
+    def run_command(**kw):
+        opts = cls(**{name: kw.pop(name) for name, _, _ in table})
+        values, names = kind_values(kind, kw)
+        return body(kind, kind.make(values, names), opts)
 
-    wrapper.__signature__ = inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + shared)
-    wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
-    return wrapper
-
-
-def hessian_options(command):
-    """The ``sigprop hessian NET`` form of a probe command (``with_options`` over ``HESSIAN_OPTIONS``)."""
-    return with_options(getattr(command, "__wrapped__", command), HESSIAN_OPTIONS, HessianOptions)
-
-
-def probe_options(command=None, **defaults):
-    """Give a probe command (``mlp``, ``resnet``) the shared options: its signature gains the
-    ``PROBE_OPTIONS`` parameters (typer reads ``__signature__``), and it is called with them
-    gathered into ``opts: ProbeOptions`` -- each option declared once, here.  Used as
-    ``@probe_options(samples=100)`` it gives that command its own defaults."""
-    if command is None:
-        return functools.partial(probe_options, **defaults)
-    return with_options(command, PROBE_OPTIONS, ProbeOptions, defaults)
+    run_command.__signature__ = inspect.Signature(own + shared)
+    run_command.__annotations__ = {p.name: p.annotation for p in run_command.__signature__.parameters.values()}
+    run_command.__name__ = kind.name
+    return run_command

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Optional
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from sigprop import report
+from sigprop import files, report
 from sigprop.cli.options import Format
 from sigprop.errors import SigpropError
 
@@ -43,8 +44,6 @@ def write_output(text: str, output: Optional[Path]) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    from sigprop import files
-
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -81,8 +80,6 @@ def _progress_callback(total_label: str):
     the steps are done (the first layers include one-time setup: an early estimate misleads)."""
     if not sys.stderr.isatty():
         return None, None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     class _Remaining(TimeRemainingColumn):
         def render(self, task):
             if task.total and task.completed < 0.1 * task.total:

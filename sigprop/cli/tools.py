@@ -3,36 +3,42 @@
 
 from __future__ import annotations
 
+import enum
+import inspect
+import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sigprop import inits, report, specs
+from sigprop import checks as checks_mod
+from sigprop import citations, inits, kinds, report, specs
+from sigprop import sweep as sweep_mod
+from sigprop import theory as theory_mod
+from sigprop.cli.options import Argument, CheckFormat, CorrelationOpt, DType, Format, Option, PairsOpt, TableFormat
 from sigprop.errors import SigpropError
-from sigprop.cli._app import app
-from sigprop.cli.options import Argument, Option, AnyInitName, Arch, CheckFormat, CorrelationOpt, DType, Format, PairsOpt, TableFormat
+from sigprop.results import rerun_differences
 from sigprop.cli.output import _check_output_target, _say, _stderr, render, render_rich, write_output
 
 
-@app.command()
 def cite(
-    init: Annotated[Optional[list[AnyInitName]], Option(help="Only the papers behind this init (repeatable). [default: every init]")] = None,
+    init: Annotated[Optional[list[str]], Option(help="Only the papers behind this init (repeatable). [default: every init]")] = None,
 ) -> None:
     """Print BibTeX of the papers behind sigprop and its init schemes."""
-    from sigprop import citations
-
-    names = [i.value for i in init] if init else None
-    keys = citations.keys_for({n: s.cites for n, s in inits.INITS.items()}, names)
+    for name in init or ():
+        inits.get(name)  # a known init, or one line with a did-you-mean
+    keys = citations.keys_for({n: s.cites for n, s in inits.INITS.items()}, init or None)
     write_output("\n\n".join(citations.BIBTEX[k] for k in keys) + "\n", None)
 
 
-@app.command()
 def env() -> None:
     """Versions, device, dtype and thread counts: paste this into a bug report."""
-    from sigprop import environment  # imports torch: it reports on it
+    from sigprop import environment  # the lazy torch import at the CLI's edge: it reports on torch
 
     rows = environment.gather()
     width = max(len(k) for k, _ in rows)
@@ -41,43 +47,58 @@ def env() -> None:
 
 
 
-@app.command()
-def sweep(
-    arch: Annotated[Arch, Argument(help="mlp, resnet, cnn or wrn.")],
-    out: Annotated[Path, Option(help="JSON-lines file: one line per configuration, appended; existing ones are skipped.")],
-    depth: Annotated[Optional[list[str]], Option(help="MLP/CNN depths, comma-separated or repeated. [default: 10,20,50]")] = None,
-    blocks: Annotated[Optional[list[str]], Option(help="ResNet/WRN blocks, comma-separated or repeated. [default: 10,40,100; WRN 1,16]")] = None,
-    width: Annotated[Optional[list[str]], Option(help="Widths, comma-separated or repeated (ResNet: residual and hidden width; CNN: channels; WRN: the widening k). [default: 128,512; CNN 32,64; WRN 1]")] = None,
-    init: Annotated[Optional[list[str]], Option(help="Inits, comma-separated or repeated. [default: proposed,he]")] = None,
-    input_dim: Annotated[Optional[int], Option("--input-dim", min=1, help="MLP input dimension n_0. [default: the swept width]")] = None,
-    samples: Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")] = 1000,
-    seed: Annotated[int, Option(min=0, help="Base seed.")] = 0,
-    seeds: Annotated[int, Option(min=1, help="Independent weight draws S per configuration.")] = 1,
-    device: Annotated[str, Option(help="auto, cpu, cuda or cuda:K.")] = "auto",
-    dtype: Annotated[DType, Option(help="Floating-point type of the probe.")] = DType.float32,
-    correlation: CorrelationOpt = None,
-    pairs: PairsOpt = 256,
-    curvature: Annotated[bool, Option("--curvature", help="Measure the curvature at init (sigprop hessian: log10 spectral norm "
-                                                               "of the loss Hessian per point, --seeds draws) instead of probing.")] = False,
-) -> None:
-    """Run a grid of probes (depth or blocks x width x init), appending one JSON line per configuration; resumes."""
-    from sigprop import sweep as sweep_mod
+def _sweep_parameters() -> list[inspect.Parameter]:
+    """``sigprop sweep``'s options: the kind (an argument), the size axis of every kind
+    (``Kind.sweep_size``: --depth, --blocks), the widths, the inits and the probe's options."""
+    arch = enum.Enum("sweep_kind", {n: n for n in kinds.names()}, type=str)
+    P = lambda name, annotation, default: inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                                            annotation=annotation)
+    out = [inspect.Parameter("arch", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                             annotation=Annotated[arch, Argument(help=f"The net kind: {', '.join(kinds.names())}.")]),
+           P("out", Annotated[Path, Option(help="JSON-lines file: one line per configuration, appended; existing ones are "
+                                                "skipped.")], inspect.Parameter.empty)]
+    for size in dict.fromkeys(k.sweep_size for k in kinds.KINDS.values()):
+        which = [k for k in kinds.KINDS.values() if k.sweep_size == size]
+        defaults = "; ".join(f"{k.name} {k.sweep_sizes}" for k in which)
+        out.append(P(size, Annotated[Optional[list[str]], Option(
+            help=f"The {size} of {', '.join(k.name for k in which)}, comma-separated or repeated. [default: {defaults}]")], None))
+    widths = "; ".join(f"{k.name}: {k.sweep_width_help}" for k in kinds.KINDS.values())
+    defaults = "; ".join(f"{k.name} {k.sweep_widths}" for k in kinds.KINDS.values())
+    with_input = [k.name for k in kinds.KINDS.values() if k.sweep_input_dim]
+    out += [
+        P("width", Annotated[Optional[list[str]], Option(help=f"Widths, comma-separated or repeated ({widths}). "
+                                                              f"[default: {defaults}]")], None),
+        P("init", Annotated[Optional[list[str]], Option(help="Inits, comma-separated or repeated. [default: proposed,he]")],
+          None),
+        P("input_dim", Annotated[Optional[int], Option("--input-dim", min=1, help=f"The input dimension n_0 of "
+                                                       f"{', '.join(with_input) or 'no kind'}. [default: the swept width]")], None),
+        P("samples", Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")], specs.ProbeSpec.samples),
+        P("seed", Annotated[int, Option(min=0, help="Base seed.")], 0),
+        P("seeds", Annotated[int, Option(min=1, help="Independent weight draws S per configuration.")], 1),
+        P("device", Annotated[str, Option(help="auto, cpu, cuda or cuda:K.")], "auto"),
+        P("dtype", Annotated[DType, Option(help="Floating-point type of the probe.")], DType.float32),
+        P("correlation", CorrelationOpt, None),
+        P("pairs", PairsOpt, 256),
+        P("curvature", Annotated[bool, Option("--curvature", help="Measure the curvature at init (sigprop hessian: log10 "
+                                                                     "spectral norm of the loss Hessian per point, --seeds "
+                                                                     "draws) instead of probing.")], False),
+    ]
+    return out
 
-    kind = arch.value
-    by_depth = kind in ("mlp", "cnn")
-    wrong = ("blocks", blocks) if by_depth else ("depth", depth)
-    if wrong[1] is not None:
-        right = "--depth" if by_depth else "--blocks"
-        raise SigpropError(f"does not apply to sweep {kind}; use {right}", field=wrong[0])
-    if kind != "mlp" and input_dim is not None:
-        raise SigpropError(f"--input-dim does not apply to sweep {kind} (only the MLP's input is set apart from the swept width)",
+
+def sweep(arch, out: Path, width=None, init=None, input_dim=None, samples=1000, seed=0, seeds=1, device="auto",
+          dtype=DType.float32, correlation=None, pairs=256, curvature=False, **sizes) -> None:
+    """Run a grid of probes (size x width x init; the size is depth or blocks, as the kind grows), one JSON line per configuration; resumes."""
+    kind = kinds.get(arch.value)
+    for axis, given in sizes.items():
+        if given is not None and axis != kind.sweep_size:
+            raise SigpropError(f"does not apply to sweep {kind.name}; use --{kind.sweep_size}", field=axis)
+    if not kind.sweep_input_dim and input_dim is not None:
+        raise SigpropError(f"does not apply to sweep {kind.name} (its input is not set apart from the swept width)",
                            field="input_dim")
     joined = lambda values, default: ",".join(values) if values else default
-    if by_depth:
-        sizes = sweep_mod.parse_ints(joined(depth, "10,20,50"), "depth")
-    else:
-        sizes = sweep_mod.parse_ints(joined(blocks, "1,16" if kind == "wrn" else "10,40,100"), "blocks")
-    widths = sweep_mod.parse_ints(joined(width, {"cnn": "32,64", "wrn": "1"}.get(kind, "128,512")), "width")
+    size_values = sweep_mod.parse_ints(joined(sizes.get(kind.sweep_size), kind.sweep_sizes), kind.sweep_size)
+    widths = sweep_mod.parse_ints(joined(width, kind.sweep_widths), "width")
     names = sweep_mod.parse_inits(joined(init, "proposed,he"), kind)
     probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value,
                             correlations=specs.parse_cosines(correlation or []), pairs=pairs)
@@ -86,7 +107,7 @@ def sweep(
         if probe.correlations:
             raise SigpropError("--curvature measures no cosine; drop --correlation", field="correlation")
         hs = specs.HessianSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
-    points = sweep_mod.grid(kind, sizes, widths, names, probe, input_dim, hs)
+    points = sweep_mod.grid(kind, size_values, widths, names, probe, input_dim, hs)
     target = _check_output_target(out)
     if target is not None and target.exists() and not target.is_file():
         raise SigpropError(f"{out} is not a regular file", field="out")
@@ -94,14 +115,10 @@ def sweep(
     todo = [p for p in points if p.key not in done]
     _say(f"sigprop sweep: {len(points)} configuration(s), {len(points) - len(todo)} already in {out}, {len(todo)} to run")
 
-    import time
-
-    from sigprop import api  # imports torch
+    from sigprop import api  # the lazy torch import at the CLI's edge
 
     prog = None
     if sys.stderr.isatty() and todo:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=_stderr(), transient=True)
         task = prog.add_task("sweep", total=len(todo))
@@ -132,18 +149,16 @@ def sweep(
             prog.stop()
 
 
-@app.command("plot")
 def plot_cmd(
     results: Annotated[Path, Argument(help="A sweep's JSON-lines file.", metavar="RESULTS")],
     out: Annotated[Path, Option(help="The figure: .png, .svg or .pdf.")],
-    x: Annotated[str, Option(help="x axis: depth, blocks or width.")] = "depth",
+    x: Annotated[str, Option(help="x axis: the sweep's size (depth or blocks) or width.")] = "depth",
     direction: Annotated[str, Option(help="forward or backward end-to-end ratio, or correlation: the last state's mean cosine "
                                                 "of input pairs (a sweep run with --correlation), or curvature: the log10 spectral "
                                                 "norm of the loss Hessian (a sweep run with --curvature).")] = "forward",
 ) -> None:
     """Draw a sweep: end-to-end ratio (or cosine) against depth (or width), one line per init (needs the plot extra: pip install sigprop[plot])."""
-    from sigprop import plot as plot_mod
-    from sigprop import sweep as sweep_mod
+    from sigprop import plot as plot_mod  # optional extra (matplotlib)
 
     if direction not in ("forward", "backward", "correlation", "curvature"):
         raise SigpropError(f"expected forward, backward, correlation or curvature, got {direction!r}", field="direction")
@@ -154,24 +169,20 @@ def plot_cmd(
     if (direction == "curvature") != all("curvature" in r for r in rows):
         raise SigpropError("a --curvature sweep plots with --direction curvature, and only it" if direction != "curvature" else
                            "these rows measured no curvature; run the sweep with --curvature", field="direction")
-    if x not in ("depth", "blocks", "width") or not sweep_mod.axis_values(rows, x):
-        keys = [k for k in ("depth", "blocks", "width") if sweep_mod.axis_values(rows, k)]
+    axes = [*dict.fromkeys(k.sweep_size for k in kinds.KINDS.values()), "width"]
+    if x not in axes or not sweep_mod.axis_values(rows, x):
+        keys = [k for k in axes if sweep_mod.axis_values(rows, k)]
         raise SigpropError(f"no {x!r} in these rows; choose from {', '.join(keys)}", field="x")
     plot_mod.sweep_figure(rows, x, out, direction)
     _say(f"sigprop: wrote {out}")
 
 
-@app.command()
 def rerun(
-    result: Annotated[Path, Argument(help="A result of sigprop mlp/resnet --format json.", metavar="RESULT")],
+    result: Annotated[Path, Argument(help="A result of a probe command's --format json.", metavar="RESULT")],
     fmt: Annotated[Format, Option("--format", help="Output format of the new run.")] = Format.table,
     output: Annotated[Optional[Path], Option(help="Write the new run's output to this file (whole, never half).")] = None,
 ) -> None:
     """Run a recorded result again (its config, seed, device, threads) and compare: exit 0 identical, 1 different."""
-    import json
-
-    from sigprop.results import rerun_differences
-
     _check_output_target(output)
     try:
         doc = json.loads(result.read_text(encoding="utf-8"))
@@ -180,7 +191,7 @@ def rerun(
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SigpropError(f"{result} is not JSON: {exc}", field="result") from None
 
-    from sigprop import api  # imports torch
+    from sigprop import api  # the lazy torch import at the CLI's edge
 
     new = api.rerun(doc, on_start=lambda env: _say(
         f"sigprop rerun: {doc.get('command')} from {result} on {env['device']} ({report.count(env['threads'], 'thread')})"))
@@ -197,7 +208,6 @@ def rerun(
 
 
 
-@app.command()
 def check(
     file: Annotated[
         Optional[Path],
@@ -208,8 +218,6 @@ def check(
     junit: Annotated[Optional[Path], Option(help="Also write a JUnit XML report here (for CI test panels).")] = None,
 ) -> None:
     """Run named probe configurations with expectations from TOML: exit 0 all met, 1 one not met, 2 bad config."""
-    from sigprop import checks as checks_mod
-
     _check_output_target(output)
     if junit is not None:
         try:
@@ -220,7 +228,7 @@ def check(
     entries = checks_mod.load(path, table)
     _say(f"sigprop check: {len(entries)} check(s) from {path}")
 
-    from sigprop import api  # imports torch
+    from sigprop import api  # the lazy torch import at the CLI's edge
 
     console = Console(highlight=False, soft_wrap=True)
     lines: list[str] = []
@@ -251,7 +259,6 @@ def check(
         raise typer.Exit(1)
 
 
-@app.command()
 def theory(
     n: Annotated[Optional[list[int]], Option("--n", min=2, help="n for K_n (repeatable). Default: 2, 3, 10, 100, 1000, 10^6, 10^7.")] = None,
     blocks: Annotated[Optional[list[int]], Option("--blocks", min=1, help="Residual blocks B (repeatable). Default: 1, 2, 10, 40, 100, 1000.")] = None,
@@ -259,17 +266,23 @@ def theory(
     output: Annotated[Optional[Path], Option(help="Write the output to this file.")] = None,
 ) -> None:
     """K_n of Theorem 1 (closed form and quadrature) and the ResNet ratio (1 + 1/B)^{B/2}."""
-    from sigprop.front import theory_table
-
-    result = theory_table(n, blocks)
+    result = theory_mod.table(n, blocks)
     if fmt is TableFormat.json:
         write_output(report.to_json(result), output)
     else:
         render_rich(lambda console: report.render_theory(result, console), output)
 
 
-@app.command("inits")
 def list_inits() -> None:
     """List the init schemes with a one-line description and the paper they come from."""
     rows = [(s.name, s.description, s.paper) for s in inits.INITS.values()]
     report.render_inits(rows, Console())
+
+
+def register(app: typer.Typer) -> None:
+    """The commands besides the probes, in the order ``sigprop -h`` lists them."""
+    sweep.__signature__ = inspect.Signature(_sweep_parameters())
+    sweep.__annotations__ = {p.name: p.annotation for p in sweep.__signature__.parameters.values()}
+    for name, fn in (("sweep", sweep), ("plot", plot_cmd), ("rerun", rerun), ("check", check), ("theory", theory),
+                     ("inits", list_inits), ("cite", cite), ("env", env)):
+        app.command(name, help=escape(inspect.getdoc(fn)))(fn)  # a bracket in the help is shown, not read as markup

@@ -26,6 +26,7 @@ expect = "fail"
 command = "resnet"
 blocks = 8
 dim = 64
+init = "proposed"
 {SMALL}"""
 
 

@@ -181,7 +181,9 @@ def test_fuzz_examples_cover_every_command():
     new command without fuzz cases fails here); ``env`` takes no options."""
     import typer
 
-    from sigprop.cli import app
+    from sigprop.cli import build
+
+    app = build()
 
     commands = set(typer.main.get_command(app).commands)
     assert set(COMMANDS) | {"env"} == commands, commands ^ (set(COMMANDS) | {"env"})

@@ -8,10 +8,13 @@ import typing
 
 import pytest
 import typer
+
+from sigprop import kinds
 from typer.testing import CliRunner
 
-from sigprop.cli import app
+from sigprop.cli import build
 
+app = build()
 runner = CliRunner()
 COMMAND = typer.main.get_command(app)
 
@@ -84,9 +87,13 @@ def test_every_listed_format_is_accepted(path):
         assert res.exit_code == 0, (choice, res.output)
 
 
-def test_the_band_help_keeps_its_brackets_and_names_every_default():
-    shown = _render(("wrn",))
-    assert "[sqrt 2, sqrt e]" in shown and "0.1:10 for mlp" in shown and "cnn" in shown and "for wrn" in shown
+@pytest.mark.parametrize("name", list(kinds.KINDS))
+def test_the_band_help_keeps_its_brackets_and_names_the_kinds_default(name):
+    """Each probe command's --band help states its own default band (``Kind.band_help``), brackets kept."""
+    shown = _render((name,))
+    assert f"[default: {kinds.KINDS[name].band_help}]" in shown
+    if kinds.KINDS[name].hints.residual:
+        assert "[sqrt 2, sqrt e]" in shown
 
 
 def test_the_wrn_help_names_bn_and_the_defaults_of_its_optional_sizes():
@@ -97,7 +104,7 @@ def test_the_wrn_help_names_bn_and_the_defaults_of_its_optional_sizes():
 
 def test_the_top_level_help_names_every_net_and_the_curvature():
     shown = _render(())
-    for word in ("MLPs", "ResNets", "CNNs", "wide residual conv nets", "hessian"):
+    for word in [*kinds.KINDS, "hessian", "--correlation"]:
         assert word in shown
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import sigprop
-from sigprop import api, inits, specs
+from sigprop import api, inits, kinds, specs
 from sigprop.cli import main
 
 mpl = pytest.importorskip("matplotlib")  # the plot extra; CI installs it with [test]
@@ -166,7 +166,7 @@ def test_sweep_figure_axes():
         r = api.probe_mlp(depth=d, width=16, input_dim=16, samples=30, inits=["he"], device="cpu")
         from sigprop import sweep
 
-        point = sweep.grid("mlp", [d], [16], ["he"], specs.ProbeSpec(samples=30, device="cpu"))[0]
+        point = sweep.grid(kinds.KINDS["mlp"], [d], [16], ["he"], specs.ProbeSpec(samples=30, device="cpu"))[0]
         rows.append(sweep.row(point, r, 0.0))
     fig = plot.build_sweep_figure(rows, "depth")
     ax = fig.axes[0]
@@ -188,7 +188,7 @@ def test_sweep_rows_with_other_samples_are_separate_lines_in_numeric_order():
     rows = []
     for samples in (100, 20, 10):
         for d in (2, 3):
-            point = sweep.grid("mlp", [d], [16], ["he"], specs.ProbeSpec(samples=samples, device="cpu"))[0]
+            point = sweep.grid(kinds.KINDS["mlp"], [d], [16], ["he"], specs.ProbeSpec(samples=samples, device="cpu"))[0]
             r = api.probe_mlp(depth=d, width=16, input_dim=16, samples=samples, inits=["he"], device="cpu")
             rows.append(sweep.row(point, r, 0.0))
     fig = plot.build_sweep_figure(rows, "depth")

@@ -9,6 +9,8 @@ import sigprop
 import sigprop.specs
 from sigprop import api
 from sigprop.cli import main
+from sigprop.kinds.mlp import MLPSpec
+from sigprop.kinds.resnet import ResNetSpec
 
 
 def _run(capsys, args):
@@ -105,7 +107,7 @@ def test_print_result_is_readable():
 def test_progress_names_the_init_and_the_pass():
     seen = []
     api.probe(
-        sigprop.specs.MLPSpec(depth=3, input_dim=8, width=sigprop.specs.WidthSpec(8, 8), inits=("he", "proposed")),
+        MLPSpec(depth=3, input_dim=8, width=sigprop.specs.WidthSpec(8, 8), inits=("he", "proposed")),
         sigprop.specs.ProbeSpec(samples=4, device="cpu"), progress=lambda d, t, label: seen.append((d, t, label)))
     assert seen[-1][0] == seen[-1][1] == 10  # 3 forward + 2 backward steps per init: the bar ends full
     assert [s[2] for s in seen] == ["he: forward"] * 3 + ["he: backward"] * 2 + ["proposed: forward"] * 3 + ["proposed: backward"] * 2
@@ -114,7 +116,7 @@ def test_progress_names_the_init_and_the_pass():
 @pytest.mark.parametrize("norm", ["wn", "bn"])
 def test_resnet_progress_ends_at_its_total(norm):
     seen = []
-    spec = sigprop.specs.ResNetSpec(blocks=3, dim=8, width=sigprop.specs.WidthSpec(8, 8), norm=norm, inits=("he",))
+    spec = ResNetSpec(blocks=3, dim=8, width=sigprop.specs.WidthSpec(8, 8), norm=norm, inits=("he",))
     api.probe(spec, sigprop.specs.ProbeSpec(samples=4, device="cpu"), progress=lambda d, t, label: seen.append((d, t, label)))
     assert seen[-1][0] == seen[-1][1] and seen[0][2] == "he: forward" and seen[-1][2] == "he: backward"
 

@@ -1,6 +1,7 @@
 """The conv energy-map theory (docs/theory.md §11) against Monte Carlo on explicit torch conv
 nets: zero padding at the borders, stride-2 downsampling, isotropic and centre-tap kernels,
-biases; the residual conv nets (the WRN) through plans.predict_conv; the conv correlation map."""
+biases; the composed map (plans.predict) against the conv energy recursion written out
+(tests/closed_forms.py); the residual conv nets (the WRN); the conv correlation map."""
 
 import math
 
@@ -9,7 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sigprop import theory
+from sigprop import inits, plans, specs, theory
+from sigprop.kernels import sampling
+from sigprop.kinds import cnn, wrn
+from sigprop.kinds.cnn import CNNSpec
+from sigprop.kinds.wrn import WRNSpec
+
+import closed_forms
+import walks
 
 
 def _rows(kind, c_in, c_out, k, gen):
@@ -75,7 +83,7 @@ def test_cnn_energy_map_matches_monte_carlo(kind, seed=SEED):
         en = e.flatten(1).pow(2).sum(1)
         fwd.append([(torch.relu(a).detach().flatten(1).pow(2).sum(1) / xn).mean().item() for a in pre])
         bwd.append([(a.grad.flatten(1).pow(2).sum(1) / en).mean().item() for a in pre])
-    pred = theory.cnn_rms_prediction((3, 16, 16), moments)
+    pred = closed_forms.cnn_rms_prediction((3, 16, 16), moments)
     for measured, ln_pred in ((np.array(fwd), pred.ln_forward), (np.array(bwd), pred.ln_backward)):
         m, se = measured.mean(0), measured.std(0, ddof=1) / math.sqrt(len(measured))
         want = np.exp(2 * np.array(ln_pred))
@@ -84,8 +92,8 @@ def test_cnn_energy_map_matches_monte_carlo(kind, seed=SEED):
 
 def test_one_by_one_convs_are_the_mlp():
     layers = [theory.ConvMoments(10, 20, 1, row_sq=1.0), theory.ConvMoments(20, 30, 1, row_sq=2.0, bias_var=0.01)]
-    p = theory.cnn_rms_prediction((10, 1, 1), layers)
-    q = theory.mlp_rms_prediction([10, 20, 30], [theory.LayerMoments(1.0), theory.LayerMoments(2.0, 0.01)])
+    p = closed_forms.cnn_rms_prediction((10, 1, 1), layers)
+    q = closed_forms.mlp_rms_prediction([10, 20, 30], [theory.LayerMoments(1.0), theory.LayerMoments(2.0, 0.01)])
     assert p == q
 
 
@@ -94,43 +102,39 @@ def test_border_loss_is_the_box_filter_eigenvalue():
     eigenvalue of the normalised box filter, ((1 + 2 cos(pi/(H+1)))/3)^2 per layer; the centre
     tap (delta-orthogonal) loses nothing."""
     H, C, L = 8, 16, 300
-    iso = theory.cnn_rms_prediction((C, H, H), [theory.ConvMoments(C, C, 3, 1, 1, 2.0)] * L).ln_forward
+    iso = closed_forms.cnn_rms_prediction((C, H, H), [theory.ConvMoments(C, C, 3, 1, 1, 2.0)] * L).ln_forward
     per_layer = 2 * (iso[-1] - iso[-2])
     assert per_layer == pytest.approx(2 * math.log((1 + 2 * math.cos(math.pi / (H + 1))) / 3), rel=1e-9)
-    centre = theory.cnn_rms_prediction((C, H, H), [theory.ConvMoments(C, C, 3, 1, 1, 2.0, taps="centre")] * L)
+    centre = closed_forms.cnn_rms_prediction((C, H, H), [theory.ConvMoments(C, C, 3, 1, 1, 2.0, taps="centre")] * L)
     assert max(abs(v) for v in centre.ln_forward + centre.ln_backward) < 1e-12
 
 
 def test_ten_thousand_layers_stay_finite():
-    p = theory.cnn_rms_prediction((16, 8, 8), [theory.ConvMoments(16, 16, 3, 1, 1, 2.0)] * 10000)
+    p = closed_forms.cnn_rms_prediction((16, 8, 8), [theory.ConvMoments(16, 16, 3, 1, 1, 2.0)] * 10000)
     assert all(math.isfinite(v) for v in p.ln_forward + p.ln_backward)
     assert p.ln_forward[-1] / math.log(10) == pytest.approx(10000 * math.log10((1 + 2 * math.cos(math.pi / 9)) / 3), rel=1e-3)
 
 
 # --------------------------------------------------------------------------------------------
-# residual conv nets: plans.predict_conv (docs/theory.md §11, "Residual conv nets")
+# the composed map on conv nets (docs/theory.md §11, "Residual conv nets")
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["proposed", "pytorch", "he", "delta-orthogonal"])
-def test_predict_conv_on_the_plain_cnn_is_the_energy_map(name):
-    from sigprop import inits, plans, stats
-
-    steps = plans.cnn_steps((3, 16, 16), 32, 8)
+def test_the_composed_map_on_the_plain_cnn_is_the_energy_recursion(name):
+    steps = cnn.steps((3, 16, 16), 32, 8)
     scheme = inits.get(name)
-    ref = theory.cnn_rms_prediction((3, 16, 16), stats.conv_moments(scheme, steps))
-    fwd, bwd, branch = plans.predict_conv(steps, lambda st: stats.conv_moment(scheme, st), scheme.alpha)
-    np.testing.assert_allclose(fwd, ref.ln_forward, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(bwd, ref.ln_backward, rtol=0, atol=1e-12)
-    assert branch == []
+    ref = closed_forms.cnn_rms_prediction((3, 16, 16), [st.moments(scheme) for st in plans.layers(steps)])
+    got = plans.predict(steps, scheme)
+    np.testing.assert_allclose(got.ln_forward, ref.ln_forward, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.ln_backward, ref.ln_backward, rtol=0, atol=1e-12)
+    assert got.ln_branch == []
 
 
 def test_wrn_stage_bands_are_theorem_3_times_the_opening():
     """Group 1: [sqrt 2, sqrt e]; groups 2, 3 open with stride 2 and doubled channels: the
     lossless reference halves the forward norm (a quarter of the positions) and scales the
     backward one by 1/sqrt 2 (c_in/c_out)."""
-    from sigprop import plans, stats
-
     for blocks in (1, 5):
-        bands = stats.wrn_stage_bands(plans.wrn_steps((3, 32, 32), blocks), blocks)
+        bands = wrn.stage_bands(wrn.steps((3, 32, 32), blocks), blocks)
         lo, hi = math.log(theory.RESNET_LOWER), math.log(theory.RESNET_UPPER)
         assert bands[0] == (pytest.approx((lo, hi)), pytest.approx((lo, hi)))
         for f, b in bands[1:]:
@@ -143,25 +147,21 @@ def test_wrn_stage_bands_are_theorem_3_times_the_opening():
 def test_wrn_probe_follows_the_energy_map(bottleneck, names):
     """The walker's mean squared ratios of the WRN (three groups, both stride-2 projections, 4 x 4
     maps at the end where the borders cost most; bottlenecks with their 1 x 1 convs) over 24
-    draws against ``plans.predict_conv`` conditional on the probe's shared inputs and errors:
+    draws against the composed map (``plans.predict``) conditional on the probe's shared inputs and errors:
     within 4 standard errors (across draws) at every state, both ways (largest |z| seen: 2.2)."""
-    import torch
-
-    from sigprop import engine, inits, plans, stats, walker
-
     image = (3, 12, 12)
-    steps = plans.wrn_steps(image, 2, bottleneck=bottleneck)
-    out = plans.convs(steps)[-1].shape_out
+    steps = wrn.steps(image, 2, bottleneck=bottleneck)
+    out = plans.layers(steps)[-1].shape_out
     N, S = 16, 24
-    x, e = engine.probe_inputs(4, N, math.prod(image), math.prod(out), torch.device("cpu"), torch.float64)
+    x, e = sampling.probe_inputs(4, N, math.prod(image), math.prod(out), torch.device("cpu"), torch.float64)
     xe = (x.reshape(N, *image) ** 2).sum(1).numpy()
     ee = (e.reshape(N, *out) ** 2).sum(1).numpy()
     for name in names:
         scheme = inits.get(name)
-        r = walker.NET_KINDS["wrn"].walk(steps, scheme, x, e, 3, list(range(S))).observed
-        preds = [plans.predict_conv(steps, lambda st: stats.conv_moment(scheme, st), scheme.alpha, xe[i], ee[i]) for i in range(N)]
-        for key, k in (("fwd", 0), ("bwd", 1)):
-            p = np.mean([np.exp(2 * np.array(q[k])) for q in preds], axis=0)
+        r = walks.walk(steps, scheme, x, e, 3, range(S)).observed
+        preds = [plans.predict(steps, scheme, xe[i], ee[i]) for i in range(N)]
+        for key, attr in (("fwd", "ln_forward"), ("bwd", "ln_backward")):
+            p = np.mean([np.exp(2 * np.array(getattr(q, attr))) for q in preds], axis=0)
             per_draw = torch.exp(2 * r[key]).numpy().mean(axis=2)  # [S, E]
             se = per_draw.std(axis=0, ddof=1) / math.sqrt(S)
             z = (per_draw.mean(axis=0) - p) / np.where(se > 0, se, 1.0)
@@ -171,12 +171,12 @@ def test_wrn_probe_follows_the_energy_map(bottleneck, names):
 def test_datadep_and_bn_wrn_forward_follow_the_standardised_energy():
     """The data-dependent init (and training-mode BN) standardises every conv per channel over the batch and the
     positions, so a standardised output has E||.||^2 = its units per sample on average:
-    conv1 sqrt(16384/3070), then the ResNet law with units for widths (theory.datadep_resnet_ln_forward).
+    conv1 sqrt(16384/3070), then the ResNet law with units for widths (closed_forms.datadep_resnet_ln_forward).
     Measured RMS within 0.02 decades at every state (seen: 0.008)."""
-    from sigprop import api, specs
+    from sigprop import api
 
     for norm, init in (("wn", "datadep"), ("bn", "he")):  # training-mode BN after every conv: the same forward
-        run = api.probe(specs.WRNSpec(blocks=3, image=(3, 16, 16), norm=norm, inits=(init,)),
+        run = api.probe(WRNSpec(blocks=3, image=(3, 16, 16), norm=norm, inits=(init,)),
                         specs.ProbeSpec(samples=32, seeds=2, device="cpu")).runs[0]
         for rec in run.layers:
             assert rec.forward.log10_predicted is not None
@@ -186,18 +186,18 @@ def test_datadep_and_bn_wrn_forward_follow_the_standardised_energy():
 
 @pytest.mark.parametrize("net", ["cnn", "wrn"])
 def test_conv_correlation_map_follows_the_probe(net):
-    """The per-position kernel map (plans.predict_conv_correlation, mean field: infinite
+    """The per-position kernel map (plans.predict_correlation on conv steps, mean field: infinite
     channels, every position carrying the inputs' cosine) against the probe's mean cosine of 64
     pairs x 4 draws, from c0 = 0 and 0.6: within 1.75 sd of one pair's cosine at every state for
     the isotropic inits (seen over seeds 0, 1: 1.29 sd at most).  Delta-orthogonal kernels never
     mix positions, and a 3-channel input's positions scatter around c0: the map overstates its
     cosines by 2.2-2.5 sd (docs/theory.md §11) -- checked to fail here, so the test can."""
-    from sigprop import api, specs
+    from sigprop import api
 
     if net == "cnn":
-        spec = specs.CNNSpec(depth=10, channels=64, image=(3, 16, 16), inits=("proposed", "pytorch", "delta-orthogonal"))
+        spec = CNNSpec(depth=10, channels=64, image=(3, 16, 16), inits=("proposed", "pytorch", "delta-orthogonal"))
     else:
-        spec = specs.WRNSpec(blocks=4, image=(3, 16, 16), inits=("proposed", "pytorch", "he", "stage-hanin"))
+        spec = WRNSpec(blocks=4, image=(3, 16, 16), inits=("proposed", "pytorch", "he", "stage-hanin"))
     result = api.probe(spec, specs.ProbeSpec(samples=4, seeds=4, device="cpu", correlations=(0.0, 0.6), pairs=64))
     for run in result.runs:
         worst = max(abs(c.mean - c.predicted) / max(c.std, 1e-3) for rec in run.layers for c in rec.correlation)

@@ -1,14 +1,19 @@
-"""Correlation propagation at infinite width (theory.py, docs/theory.md §10), against Monte
-Carlo at width 1000 on weight-normalized nets built in numpy (the theory side only: the
-measurement in the probe is issue 17's correlation observer)."""
+"""Correlation propagation at infinite width (docs/theory.md §10): the composed kernel map
+(plans.predict_correlation) against Monte Carlo at width 1000 on weight-normalized nets built in
+numpy, and against the per-net recursions written out (tests/closed_forms.py) for every net and
+init the product predicts (the measurement in the probe is the correlation observer's)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from sigprop import inits, theory
+from sigprop import inits, plans, theory
 from sigprop.inits import LayerRole
+from sigprop.kernels import sampling
+from sigprop.kinds import mlp, resnet
+
+import closed_forms
 
 
 def test_relu_cosine_map_fixed_points_and_known_values():
@@ -33,7 +38,7 @@ def _layer(rng, n_in, n_out, name, role=None):
     import torch
 
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)))
-    p = inits.get(name).sample(role or LayerRole(n_in, n_out), gen, "cpu", torch.float64)
+    p = sampling.sample(inits.get(name), role or LayerRole(n_in, n_out), gen, "cpu", torch.float64)
     w = (p.v * p.scale.unsqueeze(1)).numpy()
     b = None if p.bias is None else p.bias.numpy()
     return w, b
@@ -58,10 +63,8 @@ def test_mlp_cosine_against_width_1000(name):
     averaged over pairs and checked at three layers).  pytorch has biases: its own map."""
     rng = np.random.default_rng(1)
     n, depth = 1000, 20
-    scheme = inits.get(name)
-    moments = [theory.LinearMoments(n, n, scheme.moments(LayerRole(n, n)).row_sq, scheme.moments(LayerRole(n, n)).bias_var)] * depth
     # the theory's inputs: per-unit second moment 1 (x ~ N(0, I))
-    want = theory.mlp_correlation(0.0, moments, q0=1.0)
+    want = plans.predict_correlation(mlp.steps([n] * (depth + 1)), inits.get(name), 0.0, 512)
     layers = [_layer(rng, n, n, name) for _ in range(depth)]
     got = np.zeros(depth)
     for _ in range(8):
@@ -81,12 +84,8 @@ def test_resnet_cosine_against_width_1000():
     h' = h + W2 ReLU(W1 h) with the branch-to-skip power 1/B."""
     rng = np.random.default_rng(2)
     n, B = 1000, 40
-    scheme = inits.get("proposed")
     r1, r2 = LayerRole(n, n, "relu", B, 0), LayerRole(n, n, "block_last", B, 0)
-    blk = theory.BlockMoments(
-        branch=(theory.LinearMoments(n, n, scheme.moments(r1).row_sq), theory.LinearMoments(n, n, scheme.moments(r2).row_sq)),
-        skip=None, alpha_sq=scheme.alpha(B) ** 2)
-    want = theory.resnet_correlation(0.0, [blk] * B)
+    want = plans.predict_correlation(resnet.resnet_plan(n, 1, B, 1, [n] * B).steps, inits.get("proposed"), 0.0, 512)[1:]
     weights = [(_layer(rng, n, n, "proposed", r1)[0], _layer(rng, n, n, "proposed", r2)[0]) for _ in range(B)]
     got = np.zeros(B)
     for _ in range(8):
@@ -106,7 +105,43 @@ def test_resnet_cosine_against_width_1000():
 
 def test_depth_scale():
     assert theory.correlation_depth_scale(0.0, [theory.relu_cosine_map(0.0)]) is None  # 1 - 1/pi = 0.68 > 1/e
-    cos = theory.mlp_correlation(0.0, [theory.LinearMoments(10, 10, 2.0)] * 50)
+    cos = closed_forms.mlp_correlation(0.0, [closed_forms.LinearMoments(10, 10, 2.0)] * 50)
     k = theory.correlation_depth_scale(0.0, cos)
     assert k is not None and 1 - cos[k - 1] <= 1 / math.e and (k == 1 or 1 - cos[k - 2] > 1 / math.e)
     assert theory.correlation_depth_scale(1.0, cos) is None
+
+
+@pytest.mark.parametrize("name", ["proposed", "he", "pytorch", "datadep", "proposed-gaussian", "unnormalized-he"])
+@pytest.mark.parametrize("c0", [0.0, 0.5, -0.4])
+def test_the_composed_kernel_map_equals_the_mlp_recursion(name, c0):
+    """plans.predict_correlation on an MLP's steps against Theorem-1-style kernel recursion (or,
+    for the data-dependent init, the standardized-layer triple map), to rounding."""
+    widths, batch = [30, 20, 40, 25, 25], 64
+    scheme = inits.get(name)
+    got = plans.predict_correlation(mlp.steps(widths), scheme, c0, batch)
+    if scheme.standardizes:
+        want = closed_forms.datadep_mlp_correlation(c0, len(widths) - 1, batch)
+    else:
+        roles = [LayerRole(widths[i - 1], widths[i]) for i in range(1, len(widths))]
+        want = closed_forms.mlp_correlation(c0, [closed_forms.LinearMoments(r.fan_in, r.fan_out, scheme.moments(r).row_sq,
+                                                                            scheme.moments(r).bias_var) for r in roles])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["proposed", "he", "pytorch", "datadep", "skipinit-sqrt", "stage-hanin"])
+@pytest.mark.parametrize("stages, depth", [(1, 1), (2, 2)])
+def test_the_composed_kernel_map_equals_the_resnet_recursion(name, stages, depth):
+    """The same for residual plans (projections, D > 1), and the BN ResNet's (De & Smith 2020,
+    appendix C) against its batch-coupled recursion."""
+    plan = resnet.resnet_plan(12, stages, 3, depth, [9] * (stages * 3 * depth))
+    scheme, batch = inits.get(name), 48
+    got = plans.predict_correlation(plan.steps, scheme, 0.3, batch)
+    if scheme.standardizes:
+        blocks = [(len(b.widths) - 1, b.projection, scheme.alpha(b.blocks_in_stage) ** 2) for b in plan.blocks]
+        want = closed_forms.datadep_resnet_correlation(0.3, blocks, batch)
+    else:
+        want = [0.3] + closed_forms.resnet_correlation(0.3, [closed_forms.block_moments(scheme, b) for b in plan.blocks])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    bn = resnet.resnet_plan(12, 1, 4, 0, [], stem=True)
+    np.testing.assert_allclose(plans.predict_correlation(bn.steps, inits.get("unnormalized-he"), 0.3, batch),
+                               closed_forms.bn_resnet_correlation(0.3, 4, batch), rtol=1e-12, atol=1e-12)

@@ -1,18 +1,30 @@
-"""ResNet theory: golden closed forms, and measured against predicted with the tolerances of
-theory.py (STYLE.md habits 9, 11)."""
+"""ResNet theory: the kind's composed predictions against golden closed forms (Theorems 3-4),
+and measured against predicted with the tolerances of theory.py (../shared/STYLE.md habits 9, 11)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from sigprop import engine, inits, specs, stats, theory
+from sigprop import inits, kinds, specs, theory
+from sigprop.kinds import resnet
+from sigprop.kinds.resnet import ResNetSpec
+
+import walks
 
 CPU = specs.ProbeSpec(samples=200, device="cpu")
 
 
+KIND = kinds.KINDS["resnet"]
+
+
 def _plan(**kw):
-    return specs.ResNetSpec(**{"inits": ("proposed",), **kw}).plan(0)
+    return KIND.plan(ResNetSpec(**{"inits": ("proposed",), **kw}), 0)
+
+
+def _run(spec, name, plan, arrays, samples):
+    """The run the kind assembles from the arrays, as the driver does."""
+    return walks.assemble("resnet", KIND.scheme(spec, name), plan, arrays, spec, specs.ProbeSpec(samples=samples))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -21,7 +33,7 @@ def _plan(**kw):
 @pytest.mark.parametrize("blocks", [1, 2, 40, 400])
 def test_proposed_prediction_is_theorem_3_and_4(blocks):
     plan = _plan(blocks=blocks)
-    pred = inits.get("proposed").predict_resnet(plan)
+    pred = resnet.prediction(inits.get("proposed"), plan)
     for b in range(blocks + 1):
         assert pred.ln_forward[b] == pytest.approx(0.5 * b * math.log1p(1 / blocks), abs=1e-12)
         assert pred.ln_backward[b] == pytest.approx(0.5 * (blocks - b) * math.log1p(1 / blocks), abs=1e-12)
@@ -33,7 +45,7 @@ def test_proposed_prediction_is_theorem_3_and_4(blocks):
 @pytest.mark.parametrize("depth, base", [(1, 1.5), (2, 1.25), (3, 1.125)])
 def test_he_prediction_is_one_plus_two_to_minus_d(depth, base):
     plan = _plan(blocks=30, block_depth=depth, width=specs.WidthSpec(50, 300))
-    pred = inits.get("he").predict_resnet(plan)
+    pred = resnet.prediction(inits.get("he"), plan)
     for b in range(31):
         assert pred.ln_forward[b] == pytest.approx(0.5 * b * math.log(base), abs=1e-12)
         assert pred.ln_backward[b] == pytest.approx(0.5 * (30 - b) * math.log(base), abs=1e-12)
@@ -41,20 +53,20 @@ def test_he_prediction_is_one_plus_two_to_minus_d(depth, base):
 
 def test_other_closed_forms():
     plan = _plan(blocks=40)
-    sk = inits.get("skipinit-sqrt").predict_resnet(plan)
+    sk = resnet.prediction(inits.get("skipinit-sqrt"), plan)
     assert sk.ln_forward[-1] == pytest.approx(20 * math.log1p(2 / 40), abs=1e-12)  # He branch: E||F||^2 = 2||h||^2
-    un = inits.get("unnormalized-he").predict_resnet(plan)
+    un = resnet.prediction(inits.get("unnormalized-he"), plan)
     assert un.ln_forward[-1] == pytest.approx(20 * math.log(3.0), abs=1e-12)  # exponential, not linear
-    z = inits.get("skipinit").predict_resnet(plan)
+    z = resnet.prediction(inits.get("skipinit"), plan)
     assert z.ln_forward[-1] == 0.0 and z.ln_backward[0] == 0.0
-    sh = inits.get("stage-hanin").predict_resnet(plan)
+    sh = resnet.prediction(inits.get("stage-hanin"), plan)
     assert sh.ln_forward[-1] == pytest.approx(0.5 * sum(math.log1p(0.81**b) for b in range(1, 41)), abs=1e-12)
     assert sh.ln_backward[0] == pytest.approx(sh.ln_forward[-1], abs=1e-12)
 
 
 def test_multi_stage_proposed_and_projection_band():
     plan = _plan(blocks=10, stages=3, dim=100)
-    pred = inits.get("proposed").predict_resnet(plan)
+    pred = resnet.prediction(inits.get("proposed"), plan)
     r = 0.5 * 10 * math.log1p(1 / 10)
     assert pred.ln_forward[-1] == pytest.approx(3 * r, abs=1e-12)  # projections preserve the norm
     assert pred.ln_backward[0] == pytest.approx(3 * r - 2 * 0.5 * math.log(2), abs=1e-12)  # P^T halves ||d||^2
@@ -79,10 +91,10 @@ def test_bn_predictions():
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("blocks", [40, 400])
 def test_proposed_inside_the_band(blocks):
-    spec = specs.ResNetSpec(blocks=blocks, inits=("proposed", "proposed-gaussian"))
-    plan, out, _ = engine.run_resnet(spec, CPU)
+    spec = ResNetSpec(blocks=blocks, inits=("proposed", "proposed-gaussian"))
+    plan, out, _ = walks.measure(spec, CPU)
     for name in spec.inits:
-        run = stats.resnet_run(inits.get(name), plan, out[name], CPU.samples)
+        run = _run(spec, name, plan, out[name], CPU.samples)
         assert run.passed, [(c.name, c.log10_measured, c.log10_low, c.log10_high) for c in run.checks]
         for c in run.verdict_checks("preserved"):  # the measured geometric mean itself, not only the widened band
             assert theory.RESNET_LOWER * 0.9 < 10**c.log10_measured < theory.RESNET_UPPER * 1.05
@@ -92,9 +104,9 @@ def test_proposed_inside_the_band(blocks):
 
 
 def test_he_matches_three_halves():
-    spec = specs.ResNetSpec(blocks=40, inits=("he",))
-    plan, out, _ = engine.run_resnet(spec, specs.ProbeSpec(samples=200, seeds=3, device="cpu"))
-    run = stats.resnet_run(inits.get("he"), plan, out["he"], 200)
+    spec = ResNetSpec(blocks=40, inits=("he",))
+    plan, out, _ = walks.measure(spec, specs.ProbeSpec(samples=200, seeds=3, device="cpu"))
+    run = _run(spec, "he", plan, out["he"], 200)
     for r in run.layers:
         assert r.forward.predicted == pytest.approx(1.5 ** (r.index / 2), rel=1e-12)
         assert r.forward.agrees and r.backward.agrees
@@ -103,9 +115,9 @@ def test_he_matches_three_halves():
 
 
 def test_bn_statistics_within_20_percent_at_width_1000():
-    spec = specs.ResNetSpec(blocks=20, dim=1000, norm="bn", inits=("he",))
-    plan, out, _ = engine.run_resnet(spec, specs.ProbeSpec(samples=1000, device="cpu"))
-    run = stats.resnet_run(inits.get("he"), plan, out["he"], 1000)
+    spec = ResNetSpec(blocks=20, dim=1000, norm="bn", inits=("he",))
+    plan, out, _ = walks.measure(spec, specs.ProbeSpec(samples=1000, device="cpu"))
+    run = _run(spec, "he", plan, out["he"], 1000)
     for r in run.layers[1:]:
         l = r.index
         assert r.bn.skip_variance == pytest.approx(l, rel=0.2)
@@ -115,9 +127,9 @@ def test_bn_statistics_within_20_percent_at_width_1000():
 
 
 def test_skipinit_ratio_is_exactly_one_and_fails_the_band():
-    spec = specs.ResNetSpec(blocks=40, dim=500, width=specs.WidthSpec(200, 200), inits=("skipinit",))
-    plan, out, _ = engine.run_resnet(spec, specs.ProbeSpec(samples=50, device="cpu"))
-    run = stats.resnet_run(inits.get("skipinit"), plan, out["skipinit"], 50)
+    spec = ResNetSpec(blocks=40, dim=500, width=specs.WidthSpec(200, 200), inits=("skipinit",))
+    plan, out, _ = walks.measure(spec, specs.ProbeSpec(samples=50, device="cpu"))
+    run = _run(spec, "skipinit", plan, out["skipinit"], 50)
     for r in run.layers:
         assert abs(r.forward.rms - 1.0) < 1e-5 and abs(r.backward.rms - 1.0) < 1e-5
         assert r.forward.agrees and r.backward.agrees
@@ -127,13 +139,13 @@ def test_skipinit_ratio_is_exactly_one_and_fails_the_band():
 
 
 def test_multi_stage_proposed_passes_and_he_fails():
-    spec = specs.ResNetSpec(blocks=15, stages=3, dim=128, width=specs.WidthSpec(64, 96), block_depth=2, inits=("proposed", "he"))
-    plan, out, _ = engine.run_resnet(spec, CPU)
-    prop = stats.resnet_run(inits.get("proposed"), plan, out["proposed"], CPU.samples)
+    spec = ResNetSpec(blocks=15, stages=3, dim=128, width=specs.WidthSpec(64, 96), block_depth=2, inits=("proposed", "he"))
+    plan, out, _ = walks.measure(spec, CPU)
+    prop = _run(spec, "proposed", plan, out["proposed"], CPU.samples)
     assert len(prop.verdict_checks("preserved")) == 6 and prop.passed, [(c.name, c.log10_measured, c.log10_low, c.log10_high) for c in prop.checks]
     assert prop.agrees_with_theory, [(c.name, c.log10_measured, c.log10_low, c.log10_high) for c in prop.verdict_checks("theory")]
     assert all(r.forward.agrees and r.backward.agrees for r in prop.layers)
-    he = stats.resnet_run(inits.get("he"), plan, out["he"], CPU.samples)
+    he = _run(spec, "he", plan, out["he"], CPU.samples)
     assert all(r.forward.agrees and r.backward.agrees for r in he.layers)
 
 
@@ -141,11 +153,11 @@ def test_multi_stage_proposed_passes_and_he_fails():
 def test_resnet_spread_model_across_seeds(name):
     """theory.resnet_step_variance against 30 independent draws (docs/theory.md §7)."""
     draws = 30
-    spec = specs.ResNetSpec(blocks=20, dim=128, width=specs.WidthSpec(64, 64), inits=(name,))
-    plan, out, _ = engine.run_resnet(spec, specs.ProbeSpec(samples=100, seeds=draws, seed=5, device="cpu"))
+    spec = ResNetSpec(blocks=20, dim=128, width=specs.WidthSpec(64, 64), inits=(name,))
+    plan, out, _ = walks.measure(spec, specs.ProbeSpec(samples=100, seeds=draws, seed=5, device="cpu"))
     scheme = inits.get(name)
-    pred = scheme.predict_resnet(plan)
-    var_f, var_b, _, _ = stats.resnet_variances(scheme, plan, pred)
+    pred = resnet.prediction(scheme, plan)
+    var_f, var_b, _, _ = resnet.variances(scheme.orthogonal, plan, pred.gains)
     for arr, var, ln_pred in ((out[name]["fwd"][:, -1, :], var_f[-1], pred.ln_forward[-1]), (out[name]["bwd"][:, 0, :], var_b[0], pred.ln_backward[0])):
         sd = math.sqrt(var)
         assert np.std(arr) == pytest.approx(sd, rel=0.25)
@@ -153,8 +165,8 @@ def test_resnet_spread_model_across_seeds(name):
 
 
 def test_datadep_forward_approximation():
-    spec = specs.ResNetSpec(blocks=20, stages=2, dim=200, width=specs.WidthSpec(100, 150), inits=("datadep",))
-    plan, out, _ = engine.run_resnet(spec, CPU)
-    run = stats.resnet_run(inits.get("datadep"), plan, out["datadep"], CPU.samples)
+    spec = ResNetSpec(blocks=20, stages=2, dim=200, width=specs.WidthSpec(100, 150), inits=("datadep",))
+    plan, out, _ = walks.measure(spec, CPU)
+    run = _run(spec, "datadep", plan, out["datadep"], CPU.samples)
     assert all(r.forward.agrees for r in run.layers)
     assert all(r.backward.predicted is None for r in run.layers)

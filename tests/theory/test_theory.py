@@ -7,7 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from sigprop import inits, theory
+from sigprop import inits, plans, theory
+from sigprop.kinds import mlp
+
+import closed_forms
 from sigprop.errors import SigpropError
 
 SMALL_N = [2, 3, 4, 5, 6, 7, 10, 11, 50, 101, 500]
@@ -55,7 +58,7 @@ def test_resnet_ratio_band_and_golden():
 
 def test_he_prediction_closed_form():
     widths = [500, 180, 220, 200, 240]
-    pred = inits.get("he").predict_mlp(widths)
+    pred = plans.predict(mlp.steps(widths), inits.get("he"))
     for l in range(1, 5):
         assert math.exp(pred.ln_forward[l - 1]) == pytest.approx(math.sqrt(widths[l] / (500 * 2**l)), rel=1e-12)
         assert math.exp(pred.ln_backward[l - 1]) == pytest.approx(2 ** (-(4 - l) / 2), rel=1e-12)
@@ -63,23 +66,23 @@ def test_he_prediction_closed_form():
 
 def test_proposed_prediction_closed_form():
     widths = [500, 180, 220, 200, 240]
-    pred = inits.get("proposed").predict_mlp(widths)
+    pred = plans.predict(mlp.steps(widths), inits.get("proposed"))
     assert [math.exp(v) for v in pred.ln_forward] == pytest.approx([1.0] * 4, rel=1e-12)
     assert [math.exp(v) for v in pred.ln_backward] == pytest.approx([math.sqrt(n / 240) for n in widths[1:]], rel=1e-12)
 
 
 def test_prediction_representable_at_depth_3000():
     widths = [64] * 3001
-    pred = inits.get("he").predict_mlp(widths)
+    pred = plans.predict(mlp.steps(widths), inits.get("he"))
     assert pred.ln_forward[-1] == pytest.approx(-1500 * math.log(2))
-    pt = inits.get("pytorch").predict_mlp(widths)
+    pt = plans.predict(mlp.steps(widths), inits.get("pytorch"))
     assert all(math.isfinite(v) for v in pt.ln_forward + pt.ln_backward)
 
 
 def test_every_init_has_prediction_or_declares_none():
     widths = [100, 80, 120, 90]
     for scheme in inits.INITS.values():
-        pred = scheme.predict_mlp(widths)
+        pred = plans.predict(mlp.steps(widths), scheme)
         if scheme.moments is not None:
             assert pred.ln_forward is not None and pred.ln_backward is not None
         else:
@@ -88,10 +91,10 @@ def test_every_init_has_prediction_or_declares_none():
 
 def test_spread_model_shape():
     widths = [100, 100, 100, 100]
-    vf, vb = theory.log_ratio_variance(widths, orthogonal=False)
+    vf, vb = closed_forms.log_ratio_variance(widths, orthogonal=False)
     assert list(vf) == pytest.approx([5 / 400, 10 / 400, 15 / 400])
     assert list(vb) == pytest.approx([10 / 400, 5 / 400, 0.0])
-    vf_o, _ = theory.log_ratio_variance(widths, orthogonal=True)
+    vf_o, _ = closed_forms.log_ratio_variance(widths, orthogonal=True)
     assert list(vf_o) == pytest.approx([3 / 400, 6 / 400, 9 / 400])
 
 
@@ -131,7 +134,7 @@ def test_exact_cumulants_approach_the_leading_order_model():
         assert 4 * n * theory.relu_layer_log_cumulants(n, n, True)[1] == pytest.approx(3.0, rel=tol)
         assert 4 * n * theory.relu_layer_log_cumulants(n, n, False)[1] == pytest.approx(5.0, rel=tol)
     assert 4 * 64 * theory.relu_layer_log_cumulants(64, 64, True)[1] == pytest.approx(3.28, abs=0.01)
-    f, b = theory.log_ratio_cumulants([64] * 201, True)
+    f, b = closed_forms.log_ratio_cumulants([64] * 201, True)
     assert f[-1, 1] == pytest.approx(200 * theory.relu_layer_log_cumulants(64, 64, True)[1])
     assert b[-1].tolist() == [0.0, 0.0, 0.0] and b[0, 1] == pytest.approx(199 * theory.relu_layer_log_cumulants(64, 64, True)[1])
     lo, hi = theory.cornish_fisher_band(0.0, 0.0, f[-1], 3.0)

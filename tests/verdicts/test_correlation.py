@@ -5,8 +5,12 @@ every derivation checked against the probe at width ~1000, the agreement marks, 
 import json
 
 import pytest
-from sigprop import api, specs
+
+from sigprop import api, inits, plans, specs, stats, theory
 from sigprop.cli import main
+from sigprop.kinds import mlp
+from sigprop.kinds.mlp import MLPSpec
+from sigprop.kinds.resnet import ResNetSpec
 
 
 def _run(capsys, args):
@@ -36,18 +40,18 @@ def _worst(result):
 
 @pytest.mark.parametrize("name", ["proposed", "pytorch", "datadep"])
 def test_mlp_cosines_follow_their_maps_at_width_1000(name):
-    r = api.probe(specs.MLPSpec(depth=15, input_dim=1000, width=specs.WidthSpec(1000, 1000), inits=(name,)), specs.ProbeSpec(**PROBE))
+    r = api.probe(MLPSpec(depth=15, input_dim=1000, width=specs.WidthSpec(1000, 1000), inits=(name,)), specs.ProbeSpec(**PROBE))
     assert _worst(r) < TOL
 
 
 @pytest.mark.parametrize("name", ["proposed", "he", "datadep"])
 def test_resnet_cosines_follow_the_block_recursion_with_stages_and_block_depth(name):
-    spec = specs.ResNetSpec(blocks=4, stages=2, dim=600, width=specs.WidthSpec(1000, 1000), block_depth=2, inits=(name,))
+    spec = ResNetSpec(blocks=4, stages=2, dim=600, width=specs.WidthSpec(1000, 1000), block_depth=2, inits=(name,))
     assert _worst(api.probe(spec, specs.ProbeSpec(**PROBE))) < TOL
 
 
 def test_bn_resnet_cosines_follow_the_batch_centred_recursion():
-    r = api.probe(specs.ResNetSpec(blocks=10, dim=1000, norm="bn", inits=("he",)), specs.ProbeSpec(**PROBE))
+    r = api.probe(ResNetSpec(blocks=10, dim=1000, norm="bn", inits=("he",)), specs.ProbeSpec(**PROBE))
     assert _worst(r) < TOL
     # batch centring keeps unrelated inputs apart: the cosine settles near 1/pi, it does not go to 1
     assert r.runs[0].correlations[0].end_mean < 0.4
@@ -58,21 +62,19 @@ def test_proposed_mlp_collapses_and_proposed_resnet_does_not():
     the proposed ResNet stays near 0.25 at block 40 (width 256 here; the theory's values are
     0.948, 0.988 and 0.25)."""
     p = specs.ProbeSpec(samples=4, device="cpu", correlations=(0.0,))
-    mlp = api.probe(specs.MLPSpec(depth=50, input_dim=256, width=specs.WidthSpec(256, 256)), p).runs[0]
-    res = api.probe(specs.ResNetSpec(blocks=40, dim=256, width=specs.WidthSpec(256, 256), inits=("proposed",)), p).runs[0]
-    assert 0.90 < mlp.layers[19].correlation[0].mean < 0.99 and mlp.layers[49].correlation[0].mean > 0.97
+    mlp_run = api.probe(MLPSpec(depth=50, input_dim=256, width=specs.WidthSpec(256, 256)), p).runs[0]
+    res = api.probe(ResNetSpec(blocks=40, dim=256, width=specs.WidthSpec(256, 256), inits=("proposed",)), p).runs[0]
+    assert 0.90 < mlp_run.layers[19].correlation[0].mean < 0.99 and mlp_run.layers[49].correlation[0].mean > 0.97
     assert 0.15 < res.layers[40].correlation[0].mean < 0.35
-    assert all(c.agrees for r in (mlp, res) for rec in r.layers for c in rec.correlation)
+    assert all(c.agrees for r in (mlp_run, res) for rec in r.layers for c in rec.correlation)
 
 
 def test_a_wrong_map_is_marked():
     """The marks can fail: the pytorch init's biases push the cosine to 1 within a few layers;
     measured against the zero-bias map it disagrees."""
-    from sigprop import inits, stats, theory
-
-    r = api.probe(specs.MLPSpec(depth=8, input_dim=500, width=specs.WidthSpec(500, 500), inits=("pytorch",)),
+    r = api.probe(MLPSpec(depth=8, input_dim=500, width=specs.WidthSpec(500, 500), inits=("pytorch",)),
                   specs.ProbeSpec(samples=4, device="cpu", correlations=(0.0,))).runs[0]
-    zero_bias, _ = stats.correlation_prediction(inits.get("he"), [500] * 9, 0.0, 512)
+    zero_bias = plans.predict_correlation(mlp.steps([500] * 9), inits.get("he"), 0.0, 512)
     collapse = theory.correlation_collapse_sd([500] * 8)
     marks = [stats.cosine_agrees(rec.correlation[0].mean, rec.correlation[0].std, p, k)
              for rec, p, k in zip(r.layers, zero_bias, collapse)]

@@ -1,26 +1,31 @@
-"""Measured against predicted, with the tolerances of theory.py (STYLE.md habit 9, 11)."""
+"""Measured against predicted, with the tolerances of theory.py (../shared/STYLE.md habits 9, 11)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from sigprop import engine, inits, specs, stats, theory
+from sigprop import inits, kinds, plans, specs
+from sigprop.kinds import mlp
+from sigprop.kinds.mlp import MLPSpec
 
-CLOSED_FORM = [s.name for s in inits.INITS.values() if s.moments is not None and "mlp" in s.applies_to]
+import closed_forms
+import walks
+
+CLOSED_FORM = [s.name for s in inits.INITS.values() if s.moments is not None and s.defined_for(kinds.KINDS["mlp"].provides)]
 
 
 @pytest.fixture(scope="module")
 def wide_run():
-    spec = specs.MLPSpec(depth=10, input_dim=1000, width=specs.WidthSpec(950, 1050), inits=tuple(inits.names("mlp")))
-    widths, out, _ = engine.run_mlp(spec, specs.ProbeSpec(samples=256, seed=1, device="cpu"))
-    return widths, out
+    spec = MLPSpec(depth=10, input_dim=1000, width=specs.WidthSpec(950, 1050), inits=tuple(inits.names(kinds.KINDS["mlp"].provides)))
+    plan, out, _ = walks.measure(spec, specs.ProbeSpec(samples=256, seed=1, device="cpu"))
+    return plan.widths, out
 
 
 @pytest.mark.parametrize("name", CLOSED_FORM)
 def test_every_closed_form_agrees_at_width_1000(wide_run, name):
     widths, out = wide_run
-    run = stats.mlp_run(inits.get(name), widths, out[name]["fwd"], out[name]["bwd"])
+    run = walks.mlp_run(inits.get(name), widths, out[name]["fwd"], out[name]["bwd"])
     for r in run.layers:
         for direction, s in (("forward", r.forward), ("backward", r.backward)):
             assert s.agrees, (name, direction, r.index, s.log10_rms, s.log10_low, s.log10_high)
@@ -30,16 +35,17 @@ def test_every_closed_form_agrees_at_width_1000(wide_run, name):
 
 def test_datadep_forward_approximation_at_width_1000(wide_run):
     widths, out = wide_run
-    run = stats.mlp_run(inits.get("datadep"), widths, out["datadep"]["fwd"], out["datadep"]["bwd"])
+    run = walks.mlp_run(inits.get("datadep"), widths, out["datadep"]["fwd"], out["datadep"]["bwd"])
     for r in run.layers:
         assert r.forward.agrees
         assert r.backward.predicted is None and r.backward.agrees is None
 
 
 def test_figure1_top_proposed_preserves_he_vanishes():
-    spec = specs.MLPSpec(depth=20, inits=("proposed", "proposed-gaussian", "he"))
-    widths, out, _ = engine.run_mlp(spec, specs.ProbeSpec(samples=300, device="cpu"))
-    runs = {n: stats.mlp_run(inits.get(n), widths, out[n]["fwd"], out[n]["bwd"]) for n in spec.inits}
+    spec = MLPSpec(depth=20, inits=("proposed", "proposed-gaussian", "he"))
+    plan, out, _ = walks.measure(spec, specs.ProbeSpec(samples=300, device="cpu"))
+    widths = plan.widths
+    runs = {n: walks.mlp_run(inits.get(n), widths, out[n]["fwd"], out[n]["bwd"]) for n in spec.inits}
     assert runs["proposed"].passed and runs["proposed-gaussian"].passed
     assert not runs["he"].passed
     # he: forward ~ sqrt(n_L / (n_0 2^20)) ~ 7e-4, backward at layer 1 ~ 2^{-9.5} ~ 1.4e-3
@@ -52,13 +58,14 @@ def test_figure1_top_proposed_preserves_he_vanishes():
 @pytest.mark.parametrize("name", ["proposed", "proposed-gaussian"])
 @pytest.mark.parametrize("width", [64, 256])
 def test_finite_width_spread_model_across_seeds(name, width):
-    """The spread model of theory.log_ratio_variance against 30 independent draws."""
+    """The spread model of closed_forms.log_ratio_variance against 30 independent draws."""
     draws = 30
-    spec = specs.MLPSpec(depth=20, input_dim=width, width=specs.WidthSpec(width, width), inits=(name,))
-    widths, out, _ = engine.run_mlp(spec, specs.ProbeSpec(samples=100, seeds=draws, seed=5, device="cpu"))
+    spec = MLPSpec(depth=20, input_dim=width, width=specs.WidthSpec(width, width), inits=(name,))
+    plan, out, _ = walks.measure(spec, specs.ProbeSpec(samples=100, seeds=draws, seed=5, device="cpu"))
+    widths = plan.widths
     f, b = out[name]["fwd"], out[name]["bwd"]
-    var_f, var_b = theory.log_ratio_variance(widths, inits.get(name).orthogonal)
-    pred = inits.get(name).predict_mlp(widths)
+    var_f, var_b = closed_forms.log_ratio_variance(widths, inits.get(name).orthogonal)
+    pred = plans.predict(mlp.steps(widths), inits.get(name))
     for arr, var, ln_pred in ((f[:, -1, :], var_f[-1], pred.ln_forward[-1]), (b[:, 0, :], var_b[0], pred.ln_backward[0])):
         sd = math.sqrt(var)
         assert np.std(arr) == pytest.approx(sd, rel=0.25)

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from sigprop import engine, inits, specs
+from sigprop import inits, specs
+from sigprop import run as driver
+from sigprop.kernels import logspace as ls
+from sigprop.kernels import sampling
+from sigprop.kinds.mlp import MLPSpec
+from sigprop.kinds.resnet import ResNetSpec
+
+import walks
 from sigprop.cli import main
 
 SMALL = ["--samples", "40", "--device", "cpu"]
@@ -90,13 +97,11 @@ def test_too_big_is_refused_before_allocating(capsys, monkeypatch, args):
     """Refused from the estimate, not after trying: no probe input, arena or weight is ever
     allocated (each would raise here).  How long a refusal takes is a benchmark
     (benchmarks/refusal.py), not an assertion."""
-    from sigprop import engine
-
     def never(*a, **k):
         raise AssertionError("allocated before refusing")
 
-    monkeypatch.setattr(engine, "probe_inputs", never)
-    monkeypatch.setattr(engine, "Arena", never)
+    monkeypatch.setattr(sampling, "probe_inputs", never)
+    monkeypatch.setattr(ls, "Arena", never)
     code, out, err = run(capsys, [*args, "--device", "cpu"])
     assert code == 2 and out == "" and "GiB" in err and "reduce" in err and "allocated" not in err
     if "--no-stream" in args:
@@ -146,14 +151,14 @@ def test_ctrl_c_during_a_sweep_leaves_whole_lines(tmp_path):
 
 
 def test_no_nan_or_inf_reaches_the_output():
-    """The engine refuses non-finite ln-ratios (asserted in run_mlp/run_resnet); dead ReLUs are
-    -inf (ratio exactly 0), counted, never nan."""
-    spec = specs.MLPSpec(depth=40, input_dim=2, width=specs.WidthSpec(1, 2), inits=("he", "pytorch"))
-    _, out, _ = engine.run_mlp(spec, specs.ProbeSpec(samples=30, device="cpu"))
+    """The driver refuses non-finite ln-ratios (sigprop/run.py); dead ReLUs are -inf (ratio
+    exactly 0), counted, never nan."""
+    spec = MLPSpec(depth=40, input_dim=2, width=specs.WidthSpec(1, 2), inits=("he", "pytorch"))
+    _, out, _ = walks.measure(spec, specs.ProbeSpec(samples=30, device="cpu"))
     for f, b in ((a["fwd"], a["bwd"]) for a in out.values()):
         assert not np.isnan(f).any() and not np.isposinf(f).any()
     with pytest.raises(Exception, match="non-finite"):
-        engine._check_finite("x", [np.array([0.0, np.nan])])
+        driver.check_finite("x", {"fwd": np.array([0.0, np.nan]), "bwd": np.zeros(2)})
 
 
 def test_float32_and_float64_agree_at_depth_1000():
@@ -163,16 +168,16 @@ def test_float32_and_float64_agree_at_depth_1000():
     forward and 1e-2 backward (13 standard errors of the backward mean).  At width 64 a single
     sample whose masks flip can move the backward mean by 1e-2: the tolerance is for width 256."""
     widths = [256] * 1001
-    x, e = engine.probe_inputs(0, 256, 256, 256, torch.device("cpu"), torch.float64)
+    x, e = sampling.probe_inputs(0, 256, 256, 256, torch.device("cpu"), torch.float64)
     scheme = inits.get("proposed")
     with torch.no_grad():
-        f64, b64, _ = engine.mlp_batch(scheme, widths, x, e, 0, [0])
-        saved = engine._mm
-        engine._mm = lambda a, b: torch.matmul(a.float().double(), b.float().double())
+        f64, b64, _ = walks.mlp(scheme, widths, x, e, 0, [0])
+        saved = ls.mm
+        ls.mm = lambda a, b: torch.matmul(a.float().double(), b.float().double())
         try:
-            f32, b32, _ = engine.mlp_batch(scheme, widths, x, e, 0, [0])
+            f32, b32, _ = walks.mlp(scheme, widths, x, e, 0, [0])
         finally:
-            engine._mm = saved
+            ls.mm = saved
     assert abs(float((f32 - f64)[0, -1].mean())) < 1e-5
     assert abs(float((b32 - b64)[0, 0].mean())) < 1e-2
     assert float((f32 - f64)[0, -1].mean()) != 0.0  # the emulation did round
@@ -194,9 +199,9 @@ def test_check_neither_cries_wolf_nor_misses_reduced(arch, width, size):
     fails = {n: 0 for n in names}
     for seed in range(12):
         if arch == "mlp":
-            spec = specs.MLPSpec(depth=size, input_dim=width, width=specs.WidthSpec(width, width), inits=names)
+            spec = MLPSpec(depth=size, input_dim=width, width=specs.WidthSpec(width, width), inits=names)
         else:
-            spec = specs.ResNetSpec(blocks=size, dim=width, width=specs.WidthSpec(width, width), inits=names)
+            spec = ResNetSpec(blocks=size, dim=width, width=specs.WidthSpec(width, width), inits=names)
         for r in api.probe(spec, specs.ProbeSpec(samples=64, seed=seed, device="cpu")).runs:
             fails[r.init] += not r.passed
     assert fails == {"proposed": 0, "he": 12, "pytorch": 12, "datadep": 12}

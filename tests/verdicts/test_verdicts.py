@@ -10,7 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sigprop import api, inits, specs, stats
+from sigprop import api, inits, specs
+from sigprop.kinds import cnn
+from sigprop.kinds.cnn import CNNSpec
+from sigprop.kinds.mlp import MLPSpec
+
+import walks
 from sigprop.cli import main
 from sigprop.errors import SigpropError
 
@@ -47,7 +52,7 @@ def test_no_default_band_excludes_1_and_none_passes_beyond_1e2(widths, log10_rat
     and a typical ratio below 1e-2 or above 1e2 never passes it."""
     L = len(widths) - 1
     ln = np.full((1, L, 3), log10_ratio * math.log(10))
-    run = stats.mlp_run(inits.get("proposed"), widths, ln, ln)
+    run = walks.mlp_run(inits.get("proposed"), widths, ln, ln)
     for c in run.verdict_checks("preserved"):
         assert c.log10_low <= 0.0 <= c.log10_high
         assert -2.0 <= c.log10_low and c.log10_high <= 2.0
@@ -151,7 +156,7 @@ def test_no_prediction_reads_not_testable_not_disagrees():
 
     from sigprop import api, report, specs
 
-    r = api.probe(specs.MLPSpec(depth=6, input_dim=64, width=specs.WidthSpec(64, 64), inits=("datadep", "he")),
+    r = api.probe(MLPSpec(depth=6, input_dim=64, width=specs.WidthSpec(64, 64), inits=("datadep", "he")),
                   specs.ProbeSpec(samples=64, device="cpu"), gate=specs.GateSpec(band=(0.5, 2.0)))
     datadep, he = r.run("datadep"), r.run("he")
     assert not datadep.agrees_with_theory and datadep.untestable and "not testable" in repr(datadep)
@@ -166,16 +171,15 @@ def test_no_prediction_reads_not_testable_not_disagrees():
 
 def test_conv_nets_have_a_theory_verdict_that_can_fail():
     """Issue 27, item 8: a conv net's theory verdict is tested against its finite-width band
-    (theory.conv_log_ratio_variance) -- it agrees for the init that ran, and fails when the same
+    (kinds/cnn.py ``variances``) -- it agrees for the init that ran, and fails when the same
     measurement is held against another init's prediction (he's g = 1 loses 2^-1/2 per layer)."""
-    from sigprop import engine, inits, specs, stats
-
-    spec = specs.CNNSpec(depth=12, channels=32, image=(3, 16, 16), inits=("proposed", "he"))
-    steps, out, _ = engine.run_conv(spec, specs.ProbeSpec(samples=32, seeds=2, device="cpu"))
+    spec = CNNSpec(depth=12, channels=32, image=(3, 16, 16), inits=("proposed", "he"))
+    probe = specs.ProbeSpec(samples=32, seeds=2, device="cpu")
+    plan, out, _ = walks.measure(spec, probe)
     for name in ("proposed", "he"):
-        run = stats.cnn_run(inits.get(name), steps, out[name]["fwd"], out[name]["bwd"])
+        run = walks.assemble("cnn", inits.get(name), plan, out[name], spec, probe)
         assert run.agrees_with_theory and all(r.forward.agrees and r.backward.agrees for r in run.layers)
-    wrong = stats.cnn_run(inits.get("proposed"), steps, out["he"]["fwd"], out["he"]["bwd"])
+    wrong = walks.assemble("cnn", inits.get("proposed"), plan, out["he"], spec, probe)
     assert not wrong.agrees_with_theory and not wrong.untestable
     assert not wrong.layers[-1].forward.agrees
 
@@ -187,12 +191,10 @@ def test_the_conv_band_bounds_the_measured_spread_at_two_widths_and_depths():
     (chi-square, 47 degrees of freedom), and benchmarks/conv_spread.py measures the constant at
     1.6-3.5 forward, 0.3-1.8 backward -- so the ratio measured/model must lie in
     [0.3 x 0.55, 1.55] forward and [0.06 x 0.55, 1.55] backward."""
-    from sigprop import engine, specs, theory
-
     for channels, depth in ((16, 10), (32, 24)):
-        spec = specs.CNNSpec(depth=depth, channels=channels, image=(3, 16, 16), inits=("proposed", "delta-orthogonal"))
-        _, out, _ = engine.run_conv(spec, specs.ProbeSpec(samples=8, seeds=48, device="cpu"))
-        var_f, var_b = theory.conv_log_ratio_variance([3] + [channels] * depth)
+        spec = CNNSpec(depth=depth, channels=channels, image=(3, 16, 16), inits=("proposed", "delta-orthogonal"))
+        _, out, _ = walks.measure(spec, specs.ProbeSpec(samples=8, seeds=48, device="cpu"))
+        var_f, var_b = cnn.variances([3] + [channels] * depth)
         for name, a in out.items():
             f = a["fwd"].mean(axis=2)[:, -1].var(ddof=1) / var_f[-1]
             b = a["bwd"].mean(axis=2)[:, 0].var(ddof=1) / var_b[0]

@@ -9,14 +9,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sigprop import engine, inits, plans, walker
+from sigprop import inits, plans, walker
+from sigprop.kernels import logspace as ls
+from sigprop.kernels import sampling
+from sigprop.kinds import cnn, wrn
+
+import walks
 
 WRN_INITS = ["proposed", "proposed-gaussian", "he", "pytorch", "datadep", "stage-hanin", "skipinit", "skipinit-sqrt", "unnormalized-he",
              "delta-orthogonal"]
 
 
 def _walk(name, steps, x, e, draws, stream=False):
-    return walker.NET_KINDS["wrn"].walk(steps, inits.get(name), x, e, 3, draws, stream=stream)
+    return walks.walk(steps, inits.get(name), x, e, 3, draws, ("fwd", "bwd", "branch"), stream=stream)
 
 
 def _conv(p, st, h):
@@ -35,7 +40,7 @@ def oracle(kept, steps, x, e):
     h = _conv(kept[0].params, stem, x.reshape(x.shape[0], *stem.shape_in))
     states = [x, h]
     h.retain_grad()
-    tree = plans._blocks(steps[3:])
+    tree = plans.nest(steps[3:])
     blocks = [it for it in tree if isinstance(it, tuple)]
     for kb, (inner, close) in zip(kept[1:], blocks):
         bp = kb.params
@@ -61,15 +66,15 @@ def _ratios(states, h, x, e):
 
 
 def _check(name, steps, draws=(0,), stream=False):
-    out = plans.convs(steps)[-1].shape_out
-    x, e = engine.probe_inputs(2, 5, math.prod(steps[1].shape_in), math.prod(out), torch.device("cpu"), torch.float64)
+    out = plans.layers(steps)[-1].shape_out
+    x, e = sampling.probe_inputs(2, 5, math.prod(steps[1].shape_in), math.prod(out), torch.device("cpu"), torch.float64)
     r = _walk(name, steps, x, e, list(draws), stream=stream)
     for s in range(len(draws)):
         kept = [k if not hasattr(k.params, "branch") else k for k in r.kept]
-        one = [walker.KeptLayer(engine.unstack(kept[0].params, s), None)]
+        one = [walker.KeptLayer(ls.unstack(kept[0].params, s), None)]
         for k in kept[1:]:
             bp = k.params
-            one.append(walker.KeptBlock(engine.BlockParams([engine.unstack(p, s) for p in bp.branch], engine.unstack(bp.projection, s),
+            one.append(walker.KeptBlock(walker.BlockParams([ls.unstack(p, s) for p in bp.branch], ls.unstack(bp.projection, s),
                                                            bp.alpha), k.masks))
         fwd, bwd = oracle(one, steps, x, e)
         np.testing.assert_allclose(torch.exp(r.observed["fwd"][s]).numpy(), fwd.numpy(), rtol=1e-10)
@@ -80,7 +85,7 @@ def _check(name, steps, draws=(0,), stream=False):
 @pytest.mark.parametrize("name", WRN_INITS)
 def test_wrn_walk_matches_autograd(name):
     """Three groups, stride 2 and the 1 x 1 stride-2 projection at groups 2 and 3."""
-    r = _check(name, plans.wrn_steps((3, 8, 7), blocks=2, widen=1))
+    r = _check(name, wrn.steps((3, 8, 7), blocks=2, widen=1))
     assert r.observed["fwd"].shape == (1, 2 + 3 * 2, 5)
 
 
@@ -88,15 +93,15 @@ def test_wrn_walk_matches_autograd(name):
 def test_bottleneck_walk_matches_autograd(name):
     """ResNet-164's blocks: 1 x 1 -> 3 x 3 (stride 2 opening groups 2, 3) -> 1 x 1, 4x expansion,
     a projection on every group's first block (also the first: 16 -> 64 channels)."""
-    steps = plans.wrn_steps((2, 6, 6), blocks=2, bottleneck=True)
+    steps = wrn.steps((2, 6, 6), blocks=2, bottleneck=True)
     closes = [s for s in steps if isinstance(s, plans.Close)]
     assert [c.projection is not None for c in closes] == [True, False, True, False, True, False]
     _check(name, steps)
 
 
 def test_wrn_plan_follows_figure_5():
-    steps = plans.wrn_steps((3, 32, 32), blocks=4, widen=2)
-    convs = plans.convs(steps)
+    steps = wrn.steps((3, 32, 32), blocks=4, widen=2)
+    convs = plans.layers(steps)
     assert convs[0].shape_out == (32, 32, 32) and not convs[0].relu
     assert len(convs) == 1 + 3 * 4 * 2 + 2  # conv1, two convs per block, two projections
     assert convs[-1].shape_out == (128, 8, 8)
@@ -108,9 +113,9 @@ def test_wrn_plan_follows_figure_5():
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_wrn_draws_batched_and_streamed_equal_one_by_one(stream):
-    steps = plans.wrn_steps((3, 6, 6), blocks=2)
-    out = plans.convs(steps)[-1].shape_out
-    x, e = engine.probe_inputs(1, 4, 108, math.prod(out), torch.device("cpu"), torch.float64)
+    steps = wrn.steps((3, 6, 6), blocks=2)
+    out = plans.layers(steps)[-1].shape_out
+    x, e = sampling.probe_inputs(1, 4, 108, math.prod(out), torch.device("cpu"), torch.float64)
     batched = _walk("proposed", steps, x, e, [2, 0, 1], stream=stream).observed
     for s, draw in enumerate([2, 0, 1]):
         one = _walk("proposed", steps, x, e, [draw]).observed
@@ -121,10 +126,10 @@ def test_wrn_draws_batched_and_streamed_equal_one_by_one(stream):
 def test_datadep_conv_standardises_each_channel_over_batch_and_positions():
     """Salimans & Kingma 2016, eq. 5-6 for a conv: g and b make every output channel's
     pre-activation mean 0, variance 1 over the batch and the positions (not per position)."""
-    steps = plans.cnn_steps((3, 9, 9), 6, 2)
-    x, e = engine.probe_inputs(5, 12, 243, math.prod(steps[-2].shape_out), torch.device("cpu"), torch.float64)
-    r = walker.NET_KINDS["cnn"].walk(steps, inits.get("datadep"), x, e, 3, [0])
-    p = engine.unstack(r.kept[0].params, 0)
+    steps = cnn.steps((3, 9, 9), 6, 2)
+    x, e = sampling.probe_inputs(5, 12, 243, math.prod(steps[-2].shape_out), torch.device("cpu"), torch.float64)
+    r = walks.walk(steps, inits.get("datadep"), x, e, 3, [0])
+    p = ls.unstack(r.kept[0].params, 0)
     a = _conv(p, steps[0], x.reshape(12, 3, 9, 9))  # [N, c, H, W]
     per_channel = a.transpose(0, 1).reshape(6, -1)
     np.testing.assert_allclose(per_channel.mean(dim=1).numpy(), 0.0, atol=1e-12)
@@ -146,7 +151,7 @@ def bn_oracle(kept, steps, x, e, s):
     h = _bn(conv(kept[0].params[0], stem, x.reshape(x.shape[0], *stem.shape_in)))
     h.retain_grad()
     states = [x, h]
-    blocks = [it for it in plans._blocks(steps[3:]) if isinstance(it, tuple)]
+    blocks = [it for it in plans.nest(steps[3:]) if isinstance(it, tuple)]
     for kb, (inner, close) in zip(kept[1:], blocks):
         z = h
         for p, st in zip(kb.params, inner):
@@ -164,12 +169,12 @@ def bn_oracle(kept, steps, x, e, s):
 def test_bn_wrn_walk_matches_autograd(bottleneck, stream):
     """--norm bn: He convs + batch norm per channel over batch and positions, plain floats with
     the gradient renormalised per draw, two draws batched, stored or streamed."""
-    steps = plans.wrn_steps((3, 6, 6), 2, bottleneck=bottleneck, bn=True)
-    out = plans.convs(steps)[-1].shape_out
-    x, e = engine.probe_inputs(2, 5, 108, math.prod(out), torch.device("cpu"), torch.float64)
-    kind = walker.NET_KINDS["wrn-bn"]
-    r = kind.walk(steps, kind.scheme("he"), x, e, 3, [0, 1], stream=False)
-    got = kind.walk(steps, kind.scheme("he"), x, e, 3, [0, 1], stream=stream).observed
+    steps = wrn.steps((3, 6, 6), 2, bottleneck=bottleneck, bn=True)
+    out = plans.layers(steps)[-1].shape_out
+    x, e = sampling.probe_inputs(2, 5, 108, math.prod(out), torch.device("cpu"), torch.float64)
+    he = inits.get("unnormalized-he")  # --norm bn runs plain He convs (sigprop/kinds/wrn.py)
+    r = walks.walk(steps, he, x, e, 3, [0, 1], ("fwd", "bwd", "branch"), space="plain", stream=False)
+    got = walks.walk(steps, he, x, e, 3, [0, 1], ("fwd", "bwd", "branch"), space="plain", stream=stream).observed
     for s in range(2):
         fwd, bwd = bn_oracle(r.kept, steps, x, e, s)
         np.testing.assert_allclose(torch.exp(got["fwd"][s]).numpy(), fwd.numpy(), rtol=1e-10)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sigprop.haar import orthogonalize
+from sigprop.kernels.haar import orthogonalize
 
 
 def _transformed_columns(g: torch.Tensor) -> torch.Tensor:
@@ -70,7 +70,7 @@ def test_haar_first_entry_is_beta_distributed():
 # ------------------------------------------------------------------------------------------
 # the batched UT transform (haar.orthogonalize_batched): the CUDA path, checked on the CPU
 # ------------------------------------------------------------------------------------------
-from sigprop.haar import orthogonalize_batched  # noqa: E402
+from sigprop.kernels.haar import orthogonalize_batched  # noqa: E402
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (2, 2), (5, 5), (64, 64), (3, 7), (7, 3), (100, 37), (37, 100)])

@@ -24,7 +24,14 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from sigprop import engine, inits, replay, specs
+import math
+
+from sigprop import inits, kinds, plans, specs
+from sigprop.kernels import replay, sampling
+from sigprop.kinds import cnn, mlp, resnet, wrn
+from sigprop.kinds.resnet import ResNetSpec
+
+import walks
 
 FORBIDDEN = {
     "aten::lift_fresh", "aten::lift_fresh_copy", "aten::_local_scalar_dense", "aten::item",
@@ -66,34 +73,34 @@ class Guarded(replay.Eager):
             return body(**inputs, **(direct or {}))
 
 
-CAPTURED = [n for n in inits.names("mlp") if inits.get(n).calibrate is None]
+CAPTURED = [n for n in inits.names(kinds.KINDS["mlp"].provides) if not inits.get(n).standardizes]
 
 
 @pytest.mark.parametrize("name", CAPTURED)
 @pytest.mark.parametrize("stream", [False, True])
 def test_mlp_steps_are_graph_safe(name, stream):
     widths = [12, 9, 16, 16, 16, 8]
-    x, e = engine.probe_inputs(1, 6, widths[0], widths[-1], CPU, torch.float32)
+    x, e = sampling.probe_inputs(1, 6, widths[0], widths[-1], CPU, torch.float32)
     runner = Guarded()
     with torch.no_grad():
-        engine.mlp_batch(inits.get(name), widths, x, e, 1, [0, 2], stream=stream, runner=runner)
+        walks.mlp(inits.get(name), widths, x, e, 1, [0, 2], stream=stream, runner=runner)
     assert runner.steps == 2 * (len(widths) - 1) - 1
     assert not runner.mode.found, sorted(set(runner.mode.found))
 
 
-RESNET_CAPTURED = [n for n in inits.names("resnet") if inits.get(n).calibrate is None]
+RESNET_CAPTURED = [n for n in inits.names(kinds.KINDS["resnet"].provides) if not inits.get(n).standardizes]
 
 
 @pytest.mark.parametrize("name", RESNET_CAPTURED)
 @pytest.mark.parametrize("stream", [False, True])
 def test_resnet_steps_are_graph_safe(name, stream):
-    spec = specs.ResNetSpec(blocks=4, stages=2, dim=10, width=specs.WidthSpec(8, 8), block_depth=2, inits=(name,))
-    plan = spec.plan(3)
-    dims = plan.entry_dims()
-    x, e = engine.probe_inputs(3, 5, dims[0], dims[-1], CPU, torch.float32)
+    spec = ResNetSpec(blocks=4, stages=2, dim=10, width=specs.WidthSpec(8, 8), block_depth=2, inits=(name,))
+    plan = kinds.of(spec).plan(spec, 3)
+    dims = plan.entries
+    x, e = sampling.probe_inputs(3, 5, dims[0], dims[-1], CPU, torch.float32)
     runner = Guarded()
     with torch.no_grad():
-        engine.resnet_batch(inits.get(name), plan, x, e, 3, [0, 2], stream=stream, runner=runner)
+        walks.resnet(inits.get(name), plan, x, e, 3, [0, 2], stream=stream, runner=runner)
     assert runner.steps >= 2 * len(plan.blocks)
     assert not runner.mode.found, sorted(set(runner.mode.found))
 
@@ -113,13 +120,13 @@ def test_the_watch_catches_the_h100_bug():
 def test_chunked_haar_steps_are_graph_safe(monkeypatch, stream):
     """The CUDA default for Haar directions: chunks of layers drawn and orthogonalized in one
     batched call (haar.orthogonalize_batched), forced here on the CPU."""
-    monkeypatch.setattr(engine, "BATCHED_HAAR", "always")
-    monkeypatch.setattr(engine, "CHUNK_MAX", 3)
+    monkeypatch.setattr(sampling, "BATCHED_HAAR", "always")
+    monkeypatch.setattr(sampling, "CHUNK_MAX", 3)
     widths = [12] + [16] * 8
-    x, e = engine.probe_inputs(1, 6, widths[0], widths[-1], CPU, torch.float32)
+    x, e = sampling.probe_inputs(1, 6, widths[0], widths[-1], CPU, torch.float32)
     runner = Guarded()
     with torch.no_grad():
-        engine.mlp_batch(inits.get("proposed"), widths, x, e, 1, [0, 2], stream=stream, runner=runner)
+        walks.mlp(inits.get("proposed"), widths, x, e, 1, [0, 2], stream=stream, runner=runner)
     assert not runner.mode.found, sorted(set(runner.mode.found))
 
 
@@ -128,17 +135,16 @@ def test_whole_walks_with_every_observer_move_nothing_between_host_and_device(ki
     """Not only the captured steps: the walker's own loop and every observer (ratios, branch,
     BN statistics, the correlation cosines) run without a host read or a lifted scalar, so a
     GPU walk never synchronises between steps."""
-    from sigprop import nets, walker
-
-    net = {"mlp": [12, 9, 16, 8], "resnet": nets.resnet_plan(12, 2, 2, 1, [7, 8, 9, 6]),
-           "bn-resnet": nets.resnet_plan(12, 1, 3, 0, [], stem=True)}[kind]
+    steps = {"mlp": mlp.steps([12, 9, 16, 8]), "resnet": resnet.resnet_plan(12, 2, 2, 1, [7, 8, 9, 6]).steps,
+             "bn-resnet": resnet.resnet_plan(12, 1, 3, 0, [], stem=True).steps}[kind]
     top = {"mlp": 8, "resnet": 24, "bn-resnet": 12}[kind]
-    k = walker.NET_KINDS[kind]
-    x = engine.pair_inputs(1, 6, 12, 0.3, CPU, torch.float32)
+    bn = kind == "bn-resnet"
+    observe = ("fwd", "bwd", "branch", "correlation") + (("bn",) if bn else ()) if kind != "mlp" else ("fwd", "bwd", "correlation")
+    x = sampling.pair_inputs(1, 6, 12, 0.3, CPU, torch.float32)
     e = torch.randn(12, top, generator=torch.Generator().manual_seed(0))
     mode = HostTraffic()
     with torch.no_grad(), mode:
-        r = k.walk(net, k.scheme(name), x, e, 1, [0, 2], observers=k.observers() + [walker.Correlation()])
+        r = walks.walk(steps, inits.get("unnormalized-he" if bn else name), x, e, 1, [0, 2], observe, space="plain" if bn else "log")
     assert set(r.observed) >= {"fwd", "bwd", "correlation"}
     assert not mode.found, sorted(set(mode.found))
 
@@ -147,15 +153,11 @@ def test_whole_walks_with_every_observer_move_nothing_between_host_and_device(ki
 @pytest.mark.parametrize("stream", [False, True])
 def test_conv_steps_are_graph_safe(name, stream):
     """The conv unit (issue 18) runs on CUDA with graphs like the dense one."""
-    import math
-
-    from sigprop import plans, walker
-
-    steps = plans.cnn_steps((3, 9, 9), 6, 4)
-    x, e = engine.probe_inputs(1, 5, 243, math.prod(steps[-2].shape_out), CPU, torch.float32)
+    steps = cnn.steps((3, 9, 9), 6, 4)
+    x, e = sampling.probe_inputs(1, 5, 243, math.prod(steps[-2].shape_out), CPU, torch.float32)
     runner = Guarded()
     with torch.no_grad():
-        walker.NET_KINDS["cnn"].walk(steps, inits.get(name), x, e, 1, [0, 2], stream=stream, runner=runner)
+        walks.walk(steps, inits.get(name), x, e, 1, [0, 2], stream=stream, runner=runner)
     assert runner.steps == 2 * 4 - 1
     assert not runner.mode.found, sorted(set(runner.mode.found))
 
@@ -166,19 +168,13 @@ def test_conv_steps_are_graph_safe(name, stream):
 def test_wrn_steps_are_graph_safe(name, stream, bottleneck):
     """The WRN's units (a ConvLayer stem without ReLU, residual blocks of ConvOps with the 1 x 1
     stride-2 projection, bottlenecks) and the walker loop with every observer: no host traffic."""
-    import math
-
-    from sigprop import plans, walker
-
-    steps = plans.wrn_steps((3, 6, 6), 2, bottleneck=bottleneck)
-    out = plans.convs(steps)[-1].shape_out
-    x, e = engine.probe_inputs(1, 4, 108, math.prod(out), CPU, torch.float32)
+    steps = wrn.steps((3, 6, 6), 2, bottleneck=bottleneck)
+    out = plans.layers(steps)[-1].shape_out
+    x, e = sampling.probe_inputs(1, 4, 108, math.prod(out), CPU, torch.float32)
     runner = Guarded()
-    kind = walker.NET_KINDS["wrn"]
     mode = HostTraffic()
-    with torch.no_grad(), mode:
-        kind.walk(steps, inits.get(name), x, e, 1, [0, 2], observers=kind.observers() + [walker.Correlation()], stream=stream,
-                  runner=runner)
+    with mode:
+        walks.walk(steps, inits.get(name), x, e, 1, [0, 2], ("fwd", "bwd", "branch", "correlation"), stream=stream, runner=runner)
     assert runner.steps == 14  # 7 units forward, 7 backward (the stem's backward reaches the input)
     assert not runner.mode.found, sorted(set(runner.mode.found))
     assert not mode.found, sorted(set(mode.found))

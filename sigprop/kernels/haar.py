@@ -1,4 +1,4 @@
-"""Haar-distributed (semi-)orthogonal matrices without a QR factorization (imports torch only).
+"""Haar-distributed (semi-)orthogonal matrices without a QR factorization (torch).
 
 ``torch.linalg.qr`` of a Gaussian matrix (with the sign fix Q diag(sign R_jj), Mezzadri 2007)
 is Haar, and it costs a Householder factorization (geqrf, 4/3 n^3 flops, poorly parallel) plus
@@ -21,11 +21,12 @@ of k rank-1 updates (orgqr), so a batch of layers (or of draws) runs at GEMM spe
 
 from __future__ import annotations
 
+import torch
+
 
 def _reflectors(h):
     """The reflectors of ``orthogonalize`` for rows h [..., k, m] (k <= m): (tau, beta, denom) in
     float64, shape [..., k].  Graph-safe: masks, never a host scalar written into a tensor."""
-    import torch
 
     k, m = h.shape[-2], h.shape[-1]
     i = torch.arange(k, device=h.device)
@@ -53,7 +54,6 @@ def orthogonalize_batched(g):
     ``orthogonalize`` to rounding (tests/engine/test_haar.py); the products run in g's dtype, the
     reflector scalars in float64 as there.  Never TF32: the caller's matmul precision is
     switched off for the two GEMMs (orthogonality would fall to ~1e-3)."""
-    import torch
 
     rows, cols = g.shape[-2:]
     h = g if rows <= cols else g.transpose(-1, -2)
@@ -93,7 +93,6 @@ def orthogonalize(g):
     When k = m the last reflector acts on R^1: H = I (tau = 0) and beta = alpha, as in dlarfg.
     The tail norms ||x_j||^2 are one reversed cumulative sum, accumulated in float64.
     """
-    import torch
 
     rows, cols = g.shape
     h = g if rows <= cols else g.T

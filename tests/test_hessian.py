@@ -1,6 +1,6 @@
 """The curvature at init (issue 19, sigprop/hessian.py): Hessian-vector products against the dense
-Hessian (torch.autograd.functional.hessian) on tiny nets for every init, power iteration and
-Lanczos against numpy's eigvalsh, Hutchinson against the exact trace, the WRN's products against
+Hessian (torch.autograd.functional.hessian) on tiny nets for every init, the restarted Lanczos
+search and ARPACK's Lanczos against numpy's eigvalsh, Hutchinson against the exact trace, the WRN's products against
 autograd's hvp, the model against the probe's own weights, determinism per seed."""
 
 import math
@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from sigprop import hessian, inits, nets, plans, walker
+from sigprop import hessian, inits, kinds
+from sigprop.kernels import ops, sampling
+from sigprop.kinds import cnn, mlp, resnet, wrn
+from sigprop.kinds.mlp import MLPSpec
+
+import walks
 
 CPU = torch.device("cpu")
 
@@ -26,20 +31,29 @@ def _dense(m, x, y):
     return h, full
 
 
+#: (steps, input shape, space, the structures the net provides) of each tiny net
 NETS = {
-    "mlp": ([6, 5, 4], (6,)),
-    "resnet": (nets.resnet_plan(4, 2, 1, 1, [3, 3]), (4,)),
-    "cnn": (plans.cnn_steps((2, 5, 5), 3, 2), (2, 5, 5)),
-    "bn-resnet": (nets.resnet_plan(4, 1, 2, 0, [], stem=True), (4,)),  # De & Smith's BN net: gamma, beta and W
+    "mlp": (mlp.steps([6, 5, 4]), (6,), "log", kinds.KINDS["mlp"].provides),
+    "resnet": (resnet.resnet_plan(4, 2, 1, 1, [3, 3]).steps, (4,), "log", kinds.KINDS["resnet"].provides),
+    "cnn": (cnn.steps((2, 5, 5), 3, 2), (2, 5, 5), "log", kinds.KINDS["cnn"].provides),
+    # De & Smith's BN net: gamma, beta and W (plain He weights, batch-coupled: plain floats)
+    "bn-resnet": (resnet.resnet_plan(4, 1, 2, 0, [], stem=True).steps, (4,), "plain", None),
 }
 
 
-@pytest.mark.parametrize("kind, name", [(k, n) for k in NETS if k != "bn-resnet" for n in inits.names(k)
+def _build(kind, name, x, seed, draw, head="pytorch", steps=None):
+    """The curvature model of a tiny net (``hessian.build``); the BN net runs plain He weights."""
+    net, _, space, _ = NETS[kind]
+    scheme = inits.get("unnormalized-he" if space == "plain" else name)
+    return hessian.build(net if steps is None else steps, scheme, space, x, seed, draw, head)
+
+
+@pytest.mark.parametrize("kind, name", [(k, n) for k in NETS if k != "bn-resnet" for n in inits.names(NETS[k][3])
                                         if inits.get(n).normalized or k != "cnn"] + [("bn-resnet", "he")])
 def test_hvp_is_the_dense_hessian(kind, name):
-    net, shape = NETS[kind]
+    _, shape, _, _ = NETS[kind]
     x, y = hessian.data(0, 8, shape, CPU, torch.float64)
-    m = hessian.build(kind, net, walker.NET_KINDS[kind].scheme(name), x, 3, 1)
+    m = _build(kind, name, x, 3, 1)
     h, full = _dense(m, x, y)
     np.testing.assert_allclose(h.dense().numpy(), full, rtol=1e-9, atol=1e-9)
     ev = np.linalg.eigvalsh((full + full.T) / 2)
@@ -52,10 +66,10 @@ def test_hvp_is_the_dense_hessian(kind, name):
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 def test_lanczos_finds_the_largest_magnitude_eigenvalue(kind):
-    net, shape = NETS[kind]
+    _, shape, _, _ = NETS[kind]
     x, y = hessian.data(1, 8, shape, CPU, torch.float64)
     for name in ("proposed", "pytorch"):
-        m = hessian.build(kind, net, inits.get(name), x, 0, 0)
+        m = _build(kind, name, x, 0, 0)
         h, full = _dense(m, x, y)
         ev = np.linalg.eigvalsh((full + full.T) / 2)
         lam = ev[np.argmax(abs(ev))]
@@ -105,11 +119,10 @@ def test_an_exhausted_budget_is_not_converged_with_its_residual():
 def test_wrn_hvp_equals_autograd(bn):
     """The WRN (conv1, projections, every init's weights) and the BN WRN (affine gamma, beta):
     too many parameters for a dense Hessian; its products against torch.autograd.functional.hvp."""
-    steps = plans.wrn_steps((2, 4, 4), 1, bn=bn)
-    kind = "wrn-bn" if bn else "wrn"
+    steps = wrn.steps((2, 4, 4), 1, bn=bn)
     x, y = hessian.data(0, 6, (2, 4, 4), CPU, torch.float64)
-    for name in (["he"] if bn else ["proposed", "pytorch", "datadep", "stage-hanin"]):
-        m = hessian.build(kind, steps, walker.NET_KINDS[kind].scheme(name), x, 0, 0)
+    for name in (["unnormalized-he"] if bn else ["proposed", "pytorch", "datadep", "stage-hanin"]):
+        m = hessian.build(steps, inits.get(name), "plain" if bn else "log", x, 0, 0)
         h = hessian.HVP(m, x, y)
         leaves = tuple(t.detach() for t in h.leaves)
         gen = torch.Generator().manual_seed(5)
@@ -129,31 +142,22 @@ def test_wrn_hvp_equals_autograd(bn):
 def test_the_model_is_the_probes_net(kind):
     """One source of truth: the model's hidden state at the head has the norm ratio the probe
     measures for the same seed and draw (same plan, same weights)."""
-    net = [12, 9, 7] if kind == "mlp" else plans.wrn_steps((3, 6, 6), 1)
+    steps = mlp.steps([12, 9, 7]) if kind == "mlp" else wrn.steps((3, 6, 6), 1)
     shape = (12,) if kind == "mlp" else (3, 6, 6)
     x, y = hessian.data(4, 5, shape, CPU, torch.float64)
     scheme = inits.get("proposed")
-    m = hessian.build(kind, net, scheme, x, 7, 2)
-    probe = walker.NET_KINDS[kind].walk(net, scheme, x, torch.ones(5, math.prod(plans.convs(net)[-1].shape_out) if kind == "wrn" else 7,
-                                                                   dtype=torch.float64), 7, [2]).observed["fwd"][0, -1]
+    m = hessian.build(steps, scheme, "log", x, 7, 2)
+    top = math.prod(m.units[-1].shape_out)
+    probe = walks.walk(steps, scheme, x, torch.ones(5, top, dtype=torch.float64), 7, [2]).observed["fwd"][0, -1]
     h = x
-    p = m.params
-    for i, u in enumerate(m.units):
-        if isinstance(u, walker.ResidualBlock):
-            z = h
-            for j in range(u.k):
-                z = hessian._apply(u.ops[j], p, f"{i}.{j}", z)
-                z = torch.relu(z) if u.relus[j] else z
-            h = (h if not u.has_projection else hessian._apply(u.ops[u.k], p, f"{i}.{u.k}", h)) + u.alpha * z
-        else:
-            h = hessian._apply(u.op, p, f"{i}", h)
-            h = torch.relu(h) if u.relu else h
+    for i, u in enumerate(m.units):  # each unit's own apply over the model's parameters
+        h = u.apply({k.split(".", 1)[1]: t for k, t in m.params.items() if k.split(".", 1)[0] == str(i)}, h)
     np.testing.assert_allclose((h.norm(dim=1) / x.norm(dim=1)).numpy(), torch.exp(probe).numpy(), rtol=1e-10)
 
 
 def test_the_eigenvalue_search_is_deterministic_and_reports_divergence():
     x, y = hessian.data(0, 8, (6,), CPU, torch.float64)
-    m = hessian.build("mlp", [6, 5, 4], inits.get("proposed"), x, 0, 0)
+    m = _build("mlp", "proposed", x, 0, 0)
     runs = [hessian.largest_eigenvalue(hessian.HVP(m, x, y), torch.Generator().manual_seed(9), iters=30) for _ in range(2)]
     assert runs[0] == runs[1]
     m.params["0.v"] = m.params["0.v"] * math.inf  # a non-finite net: the search says so
@@ -164,26 +168,27 @@ def test_the_default_head_is_the_papers_pytorch_linear_for_every_init():
     """The authors' nets end in a plain nn.Linear at PyTorch's default init whatever the init under
     test (Arpit et al. 2019, section 5, their code): no g, W and b in U(+-1/sqrt(n_in)), the same
     draw for every init; head="init" draws it by the init (WN g where the init has one)."""
-    net, shape = NETS["mlp"]
+    _, shape, _, _ = NETS["mlp"]
+    last = 4  # the tiny MLP's last width
     x, _ = hessian.data(0, 8, shape, CPU, torch.float64)
     heads = {}
     for name in ("proposed", "pytorch-he", "datadep", "he"):
-        p = hessian.build("mlp", net, inits.get(name), x, 3, 1).params
-        assert "head.g" not in p and p["head.v"].shape == (hessian.CLASSES, net[-1])
-        bound = 1 / math.sqrt(net[-1])
+        p = _build("mlp", name, x, 3, 1).params
+        assert "head.g" not in p and p["head.v"].shape == (hessian.CLASSES, last)
+        bound = 1 / math.sqrt(last)
         assert p["head.v"].abs().max() <= bound and p["head.b"].abs().max() <= bound and p["head.b"].abs().min() > 0
         heads[name] = (p["head.v"], p["head.b"])
     first = next(iter(heads.values()))
     assert all(torch.equal(v, first[0]) and torch.equal(b, first[1]) for v, b in heads.values())
-    own = hessian.build("mlp", net, inits.get("proposed"), x, 3, 1, head="init").params
-    np.testing.assert_allclose(own["head.g"].numpy(), math.sqrt(net[-1] / hessian.CLASSES), rtol=1e-12)  # role linear, gain 1
+    own = _build("mlp", "proposed", x, 3, 1, head="init").params
+    np.testing.assert_allclose(own["head.g"].numpy(), math.sqrt(last / hessian.CLASSES), rtol=1e-12)  # role linear, gain 1
 
 
 @pytest.mark.parametrize("name", ["proposed", "pytorch", "datadep"])
 def test_hvp_with_the_inits_own_head_is_the_dense_hessian(name):
-    net, shape = NETS["mlp"]
+    _, shape, _, _ = NETS["mlp"]
     x, y = hessian.data(2, 8, shape, CPU, torch.float64)
-    m = hessian.build("mlp", net, inits.get(name), x, 1, 0, head="init")
+    m = _build("mlp", name, x, 1, 0, head="init")
     assert ("head.g" in m.params) == inits.get(name).normalized
     h, full = _dense(m, x, y)
     np.testing.assert_allclose(h.dense().numpy(), full, rtol=1e-9, atol=1e-9)
@@ -193,7 +198,7 @@ def test_pytorch_he_is_weight_norm_default_over_he_weights():
     """The authors' code's PyTorch default: kaiming_normal_ W, zero b, then weight_norm (g = ||W||),
     so w = v exactly and E||w_i||^2 = 2."""
     role = inits.LayerRole(400, 300, "relu")
-    lp = inits.get("pytorch-he").sample(role, torch.Generator().manual_seed(0), CPU, torch.float64)
+    lp = sampling.sample(inits.get("pytorch-he"), role, torch.Generator().manual_seed(0), CPU, torch.float64)
     np.testing.assert_allclose(lp.g.numpy(), torch.linalg.vector_norm(lp.v, dim=1).numpy(), rtol=1e-14)
     np.testing.assert_allclose(lp.scale.numpy(), 1.0, rtol=1e-14)
     assert not lp.bias.any()
@@ -206,7 +211,7 @@ def test_pytorch_orthogonal_is_weight_norm_default_over_orthogonal_weights(fan_i
     """The authors' code's other PyTorch default: orthogonal_ W (orthonormal rows, or columns when
     the layer expands), zero b, then weight_norm: w = v, row norms 1 (or fan_in/fan_out on average)."""
     role = inits.LayerRole(fan_in, fan_out, "relu")
-    lp = inits.get("pytorch-orthogonal").sample(role, torch.Generator().manual_seed(1), CPU, torch.float64)
+    lp = sampling.sample(inits.get("pytorch-orthogonal"), role, torch.Generator().manual_seed(1), CPU, torch.float64)
     np.testing.assert_allclose(lp.g.numpy(), torch.linalg.vector_norm(lp.v, dim=1).numpy(), rtol=1e-14)
     assert not lp.bias.any()
     gram = lp.v @ lp.v.T if fan_out <= fan_in else lp.v.T @ lp.v
@@ -218,9 +223,9 @@ def test_scaling_v_leaves_the_net_and_rescales_its_curvature():
     """w = g v/||v|| is unchanged by v -> c v, so the loss is, but the Hessian is not: its v rows and
     columns scale by 1/c (H' = D H D, D = 1/c on v's entries) -- the curvature of a WN net depends on
     ||v||, which no forward measurement sees (docs/theory.md section 12)."""
-    net, shape = NETS["mlp"]
+    _, shape, _, _ = NETS["mlp"]
     x, y = hessian.data(3, 8, shape, CPU, torch.float64)
-    m = hessian.build("mlp", net, inits.get("proposed"), x, 0, 0)
+    m = _build("mlp", "proposed", x, 0, 0)
     h, full = _dense(m, x, y)
     c = 3.0
     for k in [k for k in m.params if k.endswith(".v") and k != "head.v"]:  # the head is plain: its v is W
@@ -235,9 +240,9 @@ def test_scaling_v_leaves_the_net_and_rescales_its_curvature():
 def test_minibatched_products_equal_the_whole_datas(kind, name):
     """--batch-size: the loss is the sample-weighted mean of the minibatches' means (uneven last
     minibatch included) and each product sums theirs -- the whole data's H v, to rounding."""
-    net, shape = NETS[kind]
+    _, shape, _, _ = NETS[kind]
     x, y = hessian.data(5, 11, shape, CPU, torch.float64)
-    m = hessian.build(kind, net, walker.NET_KINDS[kind].scheme(name), x, 2, 0)
+    m = _build(kind, name, x, 2, 0)
     whole, parts = hessian.HVP(m, x, y), hessian.HVP(m, x, y, batch_size=4)
     assert parts.batches is not None and [xb.shape[0] for xb, _, _ in parts.batches] == [4, 4, 3]
     assert parts.loss == pytest.approx(whole.loss, rel=1e-12)
@@ -251,9 +256,9 @@ def test_minibatched_products_equal_the_whole_datas(kind, name):
 def test_minibatched_bn_products_use_each_minibatchs_statistics():
     """A BN net in minibatches: each minibatch normalises by its own statistics (as in training),
     so H is the weighted sum of the minibatches' own Hessians, not the whole batch's."""
-    net, shape = NETS["bn-resnet"]
+    _, shape, _, _ = NETS["bn-resnet"]
     x, y = hessian.data(6, 12, shape, CPU, torch.float64)
-    m = hessian.build("bn-resnet", net, walker.NET_KINDS["bn-resnet"].scheme("he"), x, 0, 0)
+    m = _build("bn-resnet", "he", x, 0, 0)
     h = hessian.HVP(m, x, y, batch_size=6)
     expected = sum(0.5 * _dense(m, x[i:i + 6], y[i:i + 6])[1] for i in (0, 6))
     np.testing.assert_allclose(h.dense().numpy(), expected, rtol=1e-9, atol=1e-9)
@@ -261,18 +266,18 @@ def test_minibatched_bn_products_use_each_minibatchs_statistics():
 
 
 def test_a_data_dependent_init_in_minibatches_is_calibrated_on_the_first():
-    """api.hessian with batch_size: the weights as the probe draws them, datadep calibrated on the
-    first minibatch (the authors' code calibrates on one training batch), the loss over all data."""
+    """The curvature run with batch_size: the weights as the probe draws them, datadep calibrated
+    on the first minibatch (the authors' code calibrates on one training batch), the loss over all data."""
     from sigprop import api, specs
 
-    spec = specs.MLPSpec(depth=3, width=specs.WidthSpec(8, 8), input_dim=6, inits=("datadep",))
+    spec = MLPSpec(depth=3, width=specs.WidthSpec(8, 8), input_dim=6, inits=("datadep",))
     hs = specs.HessianSpec(samples=12, seeds=1, device="cpu", dtype="float64", batch_size=5, iters=5)
     draw = api.hessian(spec, hs).runs[0].draws[0]
-    kind, net, _, shape = api._curvature_net(spec, 0)
-    x, y = api._hessian_data(hs, shape, CPU, torch.float64)
-    first = hessian.build(kind, net, inits.get("datadep"), x[:5], 0, 0)
+    steps = kinds.of(spec).plan(spec, 0).steps
+    x, y = hessian.data(0, 12, (6,), CPU, torch.float64)
+    first = hessian.build(steps, inits.get("datadep"), "log", x[:5], 0, 0)
     assert draw.loss == pytest.approx(hessian.HVP(first, x, y, 5).loss, rel=1e-12)
-    assert draw.loss != pytest.approx(hessian.HVP(hessian.build(kind, net, inits.get("datadep"), x, 0, 0), x, y).loss, rel=1e-6)
+    assert draw.loss != pytest.approx(hessian.HVP(hessian.build(steps, inits.get("datadep"), "log", x, 0, 0), x, y).loss, rel=1e-6)
 
 
 @pytest.mark.parametrize("kind, name", [("mlp", "proposed"), ("mlp", "pytorch-he"), ("resnet", "proposed"), ("cnn", "he"),
@@ -282,9 +287,9 @@ def test_hvp_equals_central_differences_of_gradients(kind, name):
     g v/||v||, double backward) against central differences of the gradient, in float64:
     (grad(theta + eps u) - grad(theta - eps u)) / (2 eps) = H u + O(eps^2 |third derivative|)
     + O(macheps |grad| / eps); with eps = 1e-5 both are below 1e-9 of ||H u|| here."""
-    net, shape = NETS[kind]
+    _, shape, _, _ = NETS[kind]
     x, y = hessian.data(2, 8, shape, CPU, torch.float64)
-    m = hessian.build(kind, net, walker.NET_KINDS[kind].scheme(name), x, 1, 0)
+    m = _build(kind, name, x, 1, 0)
     h = hessian.HVP(m, x, y)
     u = torch.randn(h.size, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
 
@@ -304,7 +309,7 @@ def test_hvp_equals_central_differences_of_gradients(kind, name):
 
 
 def test_torchs_fused_weight_norm_gives_an_asymmetric_hessian():
-    """Why the curvature path keeps its hand-written g v/||v|| (hessian._weight): with torch 2.13 the
+    """Why the curvature path keeps its hand-written g v/||v|| (kernels/ops.weight): with torch 2.13 the
     fused kernel torch._weight_norm has a wrong second derivative -- the Hessian of a loss through
     it is not symmetric (here about 60% of its norm; the v-v block off by about 0.24 of 0.28).
     The hand-written form is symmetric to rounding.  If this test fails, torch has fixed the
@@ -317,7 +322,7 @@ def test_torchs_fused_weight_norm_gives_an_asymmetric_hessian():
 
     def asymmetry(fused: bool) -> float:
         v, g = v0.clone().requires_grad_(True), g0.clone().requires_grad_(True)
-        w = torch._weight_norm(v, g.unsqueeze(1), 0) if fused else hessian._weight({"l.v": v, "l.g": g}, "l")
+        w = torch._weight_norm(v, g.unsqueeze(1), 0) if fused else ops.weight(v, g)
         grads = torch.autograd.grad(torch.nn.functional.cross_entropy(x @ w.T, y), (v, g), create_graph=True)
         flat = torch.cat([t.reshape(-1) for t in grads])
         H = torch.stack([torch.cat([t.reshape(-1) for t in torch.autograd.grad(flat[i], (v, g), retain_graph=True)])

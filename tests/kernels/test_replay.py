@@ -1,4 +1,4 @@
-"""Layer steps captured once and replayed (sigprop/replay.py): the static-buffer plumbing is
+"""Layer steps captured once and replayed (sigprop/kernels/replay.py): the static-buffer plumbing is
 checked on any device with ``replay.Emulated`` (the same code path as CUDA graphs but for the
 capture itself), the fallbacks on a CPU, and the CUDA graphs themselves where CUDA is present."""
 
@@ -8,26 +8,34 @@ import numpy as np
 import pytest
 import torch
 
-from sigprop import engine, inits, replay, specs
+from sigprop import inits, run, specs
+from sigprop.kernels import replay, sampling
+from sigprop.kinds import resnet
+from sigprop.kinds.cnn import CNNSpec
+from sigprop.kinds.mlp import MLPSpec
+from sigprop.kinds.resnet import ResNetSpec
+from sigprop.kinds.wrn import WRNSpec
+
+import walks
 from sigprop.inits import LayerRole
 from arith import assert_same_up_to_order
-from test_engine import oracle_ratios
+from oracle import oracle_ratios
 
 CPU = torch.device("cpu")
 MLP_WIDTHS = [12, 9, 17, 17, 17, 17, 8, 11]  # (17, 17) repeats: one step each way is captured
 
 
 def _same_mlp(got, want, widths=MLP_WIDTHS):
-    """The ln ratios of two MLP runs, within the reduction-order bound (tests/engine/arith.py): 2L steps
+    """The ln ratios of two MLP runs, within the reduction-order bound (tests/arith.py): 2L steps
     of width at most max(widths)."""
     for a, b in zip(got[:2], want[:2]):
         assert_same_up_to_order(a, b, max(widths), 2 * len(widths))
 
 
 def _mlp(name, runner, stream, device=CPU, widths=MLP_WIDTHS, dtype=torch.float64):
-    x, e = engine.probe_inputs(5, 6, widths[0], widths[-1], device, dtype)
+    x, e = sampling.probe_inputs(5, 6, widths[0], widths[-1], device, dtype)
     with torch.no_grad():
-        return engine.mlp_batch(inits.get(name), widths, x, e, 5, [0, 3, 4], stream=stream, runner=runner)
+        return walks.mlp(inits.get(name), widths, x, e, 5, [0, 3, 4], stream=stream, runner=runner)
 
 
 @pytest.mark.parametrize("name", inits.names("mlp"))
@@ -39,7 +47,7 @@ def test_replayed_steps_equal_eager_mlp(name, stream):
     runner = replay.Emulated()
     replayed = _mlp(name, runner, stream)
     _same_mlp(replayed, eager)
-    if inits.get(name).calibrate is None:
+    if not inits.get(name).standardizes:
         assert set(runner.steps) == {("fwd", LayerRole(17, 17), True), ("bwd", LayerRole(17, 17), True)}
         assert runner.status == "on"
     else:  # a data-dependent init synchronises with the host every layer: always eager
@@ -48,8 +56,8 @@ def test_replayed_steps_equal_eager_mlp(name, stream):
         for pe, pr in zip(eager[2], replayed[2]):
             assert_same_up_to_order(pe.v, pr.v, max(MLP_WIDTHS), 1)
             assert_same_up_to_order(pe.scale, pr.scale, max(MLP_WIDTHS), 1)
-    x, e = engine.probe_inputs(5, 6, MLP_WIDTHS[0], MLP_WIDTHS[-1], CPU, torch.float64)
-    _, _, p1 = engine.mlp_forward_backward(inits.get(name), MLP_WIDTHS, x, e, seed=5, draw=3)
+    x, e = sampling.probe_inputs(5, 6, MLP_WIDTHS[0], MLP_WIDTHS[-1], CPU, torch.float64)
+    _, _, p1 = walks.mlp_draw(inits.get(name), MLP_WIDTHS, x, e, seed=5, draw=3)
     fwd, bwd, _ = oracle_ratios(p1, x, e)
     np.testing.assert_allclose(torch.exp(replayed[0][1]).numpy(), fwd.detach().numpy(), rtol=1e-10)
     np.testing.assert_allclose(torch.exp(replayed[1][1]).numpy(), bwd.detach().numpy(), rtol=1e-10)
@@ -61,18 +69,18 @@ def test_replayed_steps_equal_eager_mlp(name, stream):
 def test_replayed_steps_equal_eager_resnet(name, width, stream):
     """Two stages (a projection block), two hidden layers per branch; fixed widths reuse the
     block steps, random widths exercise the cap."""
-    spec = specs.ResNetSpec(blocks=4, stages=2, dim=10, width=specs.WidthSpec.parse(width), block_depth=2, inits=(name,))
-    plan = spec.plan(3)
-    dims = plan.entry_dims()
-    x, e = engine.probe_inputs(3, 5, dims[0], dims[-1], CPU, torch.float64)
+    spec = ResNetSpec(blocks=4, stages=2, dim=10, width=specs.WidthSpec.parse(width), block_depth=2, inits=(name,))
+    plan = resnet.ResNet().plan(spec, 3)
+    dims = plan.entries
+    x, e = sampling.probe_inputs(3, 5, dims[0], dims[-1], CPU, torch.float64)
     scheme = inits.get(name)
     with torch.no_grad():
-        eager, pe = engine.resnet_batch(scheme, plan, x, e, 3, [0, 2], stream=stream)
+        eager, pe = walks.resnet(scheme, plan, x, e, 3, [0, 2], stream=stream)
         runner = replay.Emulated()
-        replayed, pr = engine.resnet_batch(scheme, plan, x, e, 3, [0, 2], stream=stream, runner=runner)
+        replayed, pr = walks.resnet(scheme, plan, x, e, 3, [0, 2], stream=stream, runner=runner)
     for k in ("ln_fwd", "ln_bwd", "ln_branch"):
         assert_same_up_to_order(getattr(eager, k), getattr(replayed, k), max(dims + [14]), 4 * len(dims))
-    if scheme.calibrate is None and not scheme.by_block_index and width == "7":
+    if not scheme.standardizes and not scheme.by_block_index and width == "7":
         # each way: the blocks of stage 1 and blocks 2-4 of stage 2 (its first has the
         # projection, seen once: eager)
         assert len(runner.steps) == 4
@@ -118,7 +126,7 @@ def test_cuda_graphs_without_cuda_fall_back_to_eager():
     want = _mlp("proposed", None, True)
     assert runner.status.startswith("fell back to eager: ")
     _same_mlp(got, want)
-    assert engine.graphs_status([replay.Eager(), runner]) == runner.status
+    assert run.graphs_status([replay.Eager(), runner]) == runner.status
 
 
 def test_a_runner_serves_one_call():
@@ -149,7 +157,7 @@ def test_by_block_index_flag_matches_the_sampler(name):
         draws = []
         for index in (0, 3):
             gen = torch.Generator().manual_seed(1)
-            p = scheme.sample(LayerRole(6, 5, kind, 4, index), gen, CPU, torch.float64)
+            p = sampling.sample(scheme, LayerRole(6, 5, kind, 4, index), gen, CPU, torch.float64)
             draws.append(p)
         a, b = (dataclasses.asdict(p) for p in draws)
         differs |= any(not (x is None and y is None) and (x is None or y is None or not torch.equal(x, y))
@@ -160,11 +168,11 @@ def test_by_block_index_flag_matches_the_sampler(name):
 def test_graphs_are_refused_off_cuda_and_recorded_off():
     from sigprop.errors import SigpropError
 
-    spec = specs.MLPSpec(depth=2, input_dim=4, width=specs.WidthSpec(4, 4), inits=("proposed",))
+    spec = MLPSpec(depth=2, input_dim=4, width=specs.WidthSpec(4, 4), inits=("proposed",))
     with pytest.raises(SigpropError) as err:
-        engine.run_mlp(spec, specs.ProbeSpec(samples=4, device="cpu", graphs=True))
+        walks.measure(spec, specs.ProbeSpec(samples=4, device="cpu", graphs=True))
     assert err.value.field == "graphs"
-    assert engine.run_mlp(spec, specs.ProbeSpec(samples=4, device="cpu"))[2]["graphs"] == "off"
+    assert walks.measure(spec, specs.ProbeSpec(samples=4, device="cpu"))[2]["graphs"] == "off"
 
 
 # ------------------------------------------------------------------------------------------
@@ -184,8 +192,8 @@ def test_cuda_graphs_equal_eager_mlp(name, stream):
     assert runner.status == "on" and len(runner.steps) == 2, runner.status
     np.testing.assert_allclose(replayed[0].cpu().numpy(), eager[0].cpu().numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(replayed[1].cpu().numpy(), eager[1].cpu().numpy(), rtol=1e-12, atol=1e-12)
-    x, e = engine.probe_inputs(5, 6, MLP_WIDTHS[0], MLP_WIDTHS[-1], dev, torch.float64)
-    _, _, p1 = engine.mlp_forward_backward(inits.get(name), MLP_WIDTHS, x, e, seed=5, draw=0)
+    x, e = sampling.probe_inputs(5, 6, MLP_WIDTHS[0], MLP_WIDTHS[-1], dev, torch.float64)
+    _, _, p1 = walks.mlp_draw(inits.get(name), MLP_WIDTHS, x, e, seed=5, draw=0)
     fwd, bwd, _ = oracle_ratios(p1, x, e)
     np.testing.assert_allclose(torch.exp(replayed[0][0]).cpu().numpy(), fwd.detach().cpu().numpy(), rtol=1e-10)
     np.testing.assert_allclose(torch.exp(replayed[1][0]).cpu().numpy(), bwd.detach().cpu().numpy(), rtol=1e-10)
@@ -194,13 +202,13 @@ def test_cuda_graphs_equal_eager_mlp(name, stream):
 @needs_cuda
 @pytest.mark.parametrize("stream", [False, True])
 def test_cuda_graphs_run_mlp_and_resnet_float32(stream):
-    """Through run_mlp / run_resnet at float32 (the default path on a GPU): graphs on, recorded,
+    """Through the driver (run.measure) at float32 (the default path on a GPU): graphs on, recorded,
     and the numbers of --no-graphs."""
-    mlp = specs.MLPSpec(depth=30, input_dim=64, width=specs.WidthSpec(64, 64), inits=("proposed", "he", "datadep"))
-    res = specs.ResNetSpec(blocks=6, stages=2, dim=32, width=specs.WidthSpec(32, 32), block_depth=1, inits=("proposed", "he"))
-    for run, spec in ((engine.run_mlp, mlp), (engine.run_resnet, res)):
-        on = run(spec, specs.ProbeSpec(samples=64, seeds=2, device="cuda", stream=stream))
-        off = run(spec, specs.ProbeSpec(samples=64, seeds=2, device="cuda", stream=stream, graphs=False))
+    mlp = MLPSpec(depth=30, input_dim=64, width=specs.WidthSpec(64, 64), inits=("proposed", "he", "datadep"))
+    res = ResNetSpec(blocks=6, stages=2, dim=32, width=specs.WidthSpec(32, 32), block_depth=1, inits=("proposed", "he"))
+    for spec in (mlp, res):
+        on = walks.measure(spec, specs.ProbeSpec(samples=64, seeds=2, device="cuda", stream=stream))
+        off = walks.measure(spec, specs.ProbeSpec(samples=64, seeds=2, device="cuda", stream=stream, graphs=False))
         assert on[2]["graphs"].startswith("on") and off[2]["graphs"] == "off", on[2]["graphs"]
         for name in on[1]:
             a, b = on[1][name], off[1][name]
@@ -236,25 +244,22 @@ def test_a_replay_that_raises_later_falls_back_and_redoes_the_layer():
 def test_graphs_status_line():
     captured, idle = replay.Emulated(), replay.Emulated()
     _mlp("he", captured, False)
-    assert engine.graphs_status([captured, idle]) == "on (2 captured steps)"
-    assert engine.graphs_status([idle]) == "on (0 captured steps)"  # no shape repeated
-    assert engine.graphs_status([replay.Eager()]) == "off"
+    assert run.graphs_status([captured, idle]) == "on (2 captured steps)"
+    assert run.graphs_status([idle]) == "on (0 captured steps)"  # no shape repeated
+    assert run.graphs_status([replay.Eager()]) == "off"
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_plan_with_a_unit_that_cannot_be_replayed_runs_eagerly(stream):
     """The BN layer keeps its BN output by reference, which a replayed step's static buffers
     would overwrite: handed a replaying runner, the walk runs eagerly and gives the eager numbers."""
-    from sigprop import nets, walker
-
-    plan = nets.resnet_plan(8, 1, 4, 0, [], stem=True)
-    x, e = engine.probe_inputs(2, 6, 8, 8, CPU, torch.float64)
-    kind = walker.NET_KINDS["bn-resnet"]
-    scheme = kind.scheme("he")
-    with torch.no_grad():
-        eager = kind.walk(plan, scheme, x, e, 2, [0, 1], stream=stream).observed
-        runner = replay.Emulated()
-        replayed = kind.walk(plan, scheme, x, e, 2, [0, 1], stream=stream, runner=runner).observed
+    plan = resnet.resnet_plan(8, 1, 4, 0, [], stem=True)
+    x, e = sampling.probe_inputs(2, 6, 8, 8, CPU, torch.float64)
+    scheme = inits.get("unnormalized-he")
+    observe = ("fwd", "bwd", "branch", "bn")
+    eager = walks.walk(plan.steps, scheme, x, e, 2, [0, 1], observe, space="plain", stream=stream).observed
+    runner = replay.Emulated()
+    replayed = walks.walk(plan.steps, scheme, x, e, 2, [0, 1], observe, space="plain", stream=stream, runner=runner).observed
     assert runner.steps == {} and not runner.seen  # never used
     for key in eager:
         assert torch.equal(eager[key], replayed[key]), key
@@ -263,14 +268,14 @@ def test_a_plan_with_a_unit_that_cannot_be_replayed_runs_eagerly(stream):
 @needs_cuda
 @pytest.mark.parametrize("stream", [False, True])
 def test_cuda_graphs_run_cnn_and_wrn(stream):
-    """Through run_conv on CUDA (issue 18: written and CPU-tested, the graphs not yet run on a
+    """Through the driver on CUDA (issue 18: written and CPU-tested, the graphs not yet run on a
     device): graphs on, recorded, and the numbers of --no-graphs, for the plain CNN (two strided
     convs of one role with different maps: distinct graph keys) and the WRN (projections)."""
-    cnn = specs.CNNSpec(depth=6, channels=16, image=(3, 16, 16), inits=("proposed", "pytorch"))
-    wrn = specs.WRNSpec(blocks=2, image=(3, 16, 16), inits=("proposed", "stage-hanin"))
+    cnn = CNNSpec(depth=6, channels=16, image=(3, 16, 16), inits=("proposed", "pytorch"))
+    wrn = WRNSpec(blocks=2, image=(3, 16, 16), inits=("proposed", "stage-hanin"))
     for spec in (cnn, wrn):
-        on = engine.run_conv(spec, specs.ProbeSpec(samples=32, seeds=2, device="cuda", stream=stream))
-        off = engine.run_conv(spec, specs.ProbeSpec(samples=32, seeds=2, device="cuda", stream=stream, graphs=False))
+        on = walks.measure(spec, specs.ProbeSpec(samples=32, seeds=2, device="cuda", stream=stream))
+        off = walks.measure(spec, specs.ProbeSpec(samples=32, seeds=2, device="cuda", stream=stream, graphs=False))
         assert on[2]["graphs"].startswith("on") and off[2]["graphs"] == "off", on[2]["graphs"]
         for name in on[1]:
             for key in on[1][name]:

@@ -1,0 +1,194 @@
+"""The walker's arithmetic (torch): states held in log space, the affine map of a layer and its
+transpose, bit-packed ReLU masks, batch norm and its vector-Jacobian product, arenas.
+
+A state is unit rows u and float64 ln-norms c, h = exp(c) u, so that nothing under- or overflows
+at any depth (an init that vanishes over 3000 layers reports ln-ratios of -1000, never 0 or nan);
+the backward pass is linear in the error vector and renormalised the same way.  Weight
+normalisation is a per-row scale of the matmul output (``LayerParams.scale``), never a
+materialised g v/||v||.  No autograd graph is built.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LayerParams:
+    """One layer's parameters as the walker uses them: a = scale * (v @ h) + bias.
+
+    For a WN layer scale = g / ||v_i|| (Arpit et al. 2019, eq. 1-2; Salimans & Kingma 2016,
+    eq. 2): the normalisation is a per-row scale of the matmul output.  ``g`` is kept for the
+    oracle and the curvature (which differentiate g v/||v||); None for an unnormalised layer.
+    Every tensor may carry a leading draw dim [S, ...]."""
+
+    v: torch.Tensor | None  # [fan_out, fan_in]; None once streamed away
+    g: torch.Tensor | None  # [fan_out] WN gains, None for an unnormalised layer
+    bias: torch.Tensor | None  # [fan_out] or None (zero)
+    scale: torch.Tensor  # [fan_out]
+
+
+def wn(v: torch.Tensor, g: torch.Tensor, bias: torch.Tensor | None = None) -> LayerParams:
+    """A WN layer from its directions and gains: scale = g / ||v_i||."""
+    norms = torch.linalg.vector_norm(v, dim=-1)
+    return LayerParams(v=v, g=g, bias=bias, scale=g / norms)
+
+
+def unstack(p: LayerParams | None, s: int) -> LayerParams | None:
+    """Draw ``s`` of stacked parameters."""
+    if p is None:
+        return None
+    pick = lambda t: None if t is None else t[s]
+    return LayerParams(v=pick(p.v), g=pick(p.g), bias=pick(p.bias), scale=pick(p.scale))
+
+
+# --------------------------------------------------------------------------------------------
+# masks and arenas
+# --------------------------------------------------------------------------------------------
+_BITS: dict = {}
+#: x * _GATHER >> 56 collects the low bit of each of the 8 bytes of x (little-endian: byte k
+#: holds unit k) into one byte with unit k at bit k -- the layout of the fallback below
+_GATHER = 0x0102040810204080
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Bit-pack a bool mask [..., n] into uint8 [..., ceil(n/8)]: 8 ReLU units per byte, unit k
+    of a group at bit k.  One int64 multiply per 8 units (6x faster than a weighted sum)."""
+    n = mask.shape[-1]
+    pad = (-n) % 8
+    if pad:
+        mask = torch.nn.functional.pad(mask, (0, pad))
+    mask = mask.contiguous()
+    if sys.byteorder == "little":
+        words = mask.view(torch.uint8).view(torch.int64)
+        return ((words * _GATHER) >> 56).to(torch.uint8)
+    bits = _BITS.get(mask.device)
+    if bits is None:
+        bits = _BITS[mask.device] = 2 ** torch.arange(8, dtype=torch.uint8, device=mask.device)
+    return (mask.reshape(*mask.shape[:-1], -1, 8).to(torch.uint8) * bits).sum(dim=-1, dtype=torch.uint8)
+
+
+def unpack_mask(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of :func:`pack_mask`: the bool mask [..., n]."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = (packed.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(*packed.shape[:-1], -1)[..., :n].bool()
+
+
+def masked(y: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """y times the unpacked ReLU mask (none: no ReLU there, or the net's input)."""
+    return y if packed is None else y.mul_(unpack_mask(packed, y.shape[-1]))
+
+
+class Arena:
+    """One flat preallocated buffer handed out as views.  Storing thousands of per-layer weights
+    (or masks) as separate allocations fragments the host heap around the draw temporaries: 2000
+    stored 256 x 256 weights cost 846 MiB of RSS for 500 MiB of data; in one arena, 515 MiB."""
+
+    def __init__(self, numel: int, device, dtype) -> None:
+        self.buf = torch.empty(numel, device=device, dtype=dtype)
+        self.used = 0
+
+    def alloc(self, *shape: int) -> torch.Tensor:
+        """An uninitialised view of the given shape."""
+        k = math.prod(shape)
+        view = self.buf[self.used:self.used + k].view(shape)
+        self.used += k
+        return view
+
+    def take(self, src: torch.Tensor) -> torch.Tensor:
+        """A copy of ``src`` living in the arena."""
+        return self.alloc(*src.shape).copy_(src)
+
+
+def rows_arena(S: int, row_widths, device, dtype) -> Arena:
+    """Room for every layer's per-row gains, biases and scales of S draws."""
+    return Arena(3 * S * sum(row_widths), device, dtype)
+
+
+def keep(p: LayerParams, rows: Arena, stream: bool) -> LayerParams:
+    """What a layer keeps for the backward pass: its directions unless streaming, and its
+    per-row gains, biases and scales copied into the ``rows`` arena (thousands of small tensors
+    scattered between the per-layer temporaries pin heap pages: streaming 2000 layers of width
+    256 kept 721 MiB of RSS that way, 358 MiB with the arena)."""
+    take = lambda t: None if t is None else rows.take(t)
+    return LayerParams(v=None if stream else p.v, g=take(p.g), bias=take(p.bias), scale=take(p.scale))
+
+
+# --------------------------------------------------------------------------------------------
+# log space
+# --------------------------------------------------------------------------------------------
+def normalize(y: torch.Tensor, inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row unit normalisation over the last dim: returns (y / ||y||, ln ||y|| in float64);
+    zero rows stay zero with ln-norm -inf.  ``inplace``: y is a temporary and is overwritten."""
+    norm = torch.linalg.vector_norm(y, dim=-1)
+    safe = torch.where(norm > 0, norm, torch.ones_like(norm)).unsqueeze(-1)
+    return (y.div_(safe) if inplace else y / safe), torch.log(norm.to(torch.float64))
+
+
+def col(c: torch.Tensor, dtype) -> torch.Tensor:
+    """exp of per-row log factors [..., N] as a column [..., N, 1] in the compute dtype."""
+    return torch.exp(c).to(dtype).unsqueeze(-1)
+
+
+def transpose(v: torch.Tensor) -> torch.Tensor:
+    return v.transpose(-1, -2)
+
+
+#: the matmul of every dense layer, forward and backward: one seam, so that
+#: benchmarks/tf32_bias.py can emulate reduced-precision operands on a CPU
+mm = torch.matmul
+
+
+def combine(sc, su, fb, fu):
+    """exp(sc) su + exp(fb) fu in log space: (unit rows, ln-norms).  Either term may be -inf."""
+    M = torch.maximum(sc, fb)
+    M = torch.where(torch.isfinite(M), M, torch.zeros_like(M))
+    y = col(sc - M, su.dtype) * su + col(fb - M, su.dtype) * fu
+    u, ln_norm = normalize(y)
+    return u, M + ln_norm
+
+
+def rescale(G: torch.Tensor, acc: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """G divided by its RMS row norm per draw, the log of that scale accumulated in ``acc``
+    (plain-float states: the batch-normalized nets)."""
+    S, n = G.shape[0], G.shape[-2]
+    scale = torch.linalg.vector_norm(G, dim=(-2, -1), keepdim=True) / math.sqrt(n)
+    ln = torch.log(scale.to(torch.float64)).reshape(S, 1)
+    return G / scale, ln if acc is None else acc + ln
+
+
+def ln_rows(X: torch.Tensor) -> torch.Tensor:
+    return torch.log(torch.linalg.vector_norm(X, dim=-1).to(torch.float64))
+
+
+# --------------------------------------------------------------------------------------------
+# batch norm (De & Smith 2020, appendix A): training mode, gamma = 1, beta = 0
+# --------------------------------------------------------------------------------------------
+def bn(X: torch.Tensor, eps: float, dims=-2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per channel over the batch (``dims``: -2, or for conv outputs [S, N, c, P] the batch and
+    the positions, (1, 3)), biased variance.  Returns (Y, s = sqrt(var + eps), mean, var)."""
+    mu = X.mean(dim=dims, keepdim=True)
+    var = X.var(dim=dims, unbiased=False, keepdim=True)
+    s = torch.sqrt(var + eps)
+    return (X - mu) / s, s, mu, var
+
+
+def bn_backward(dY: torch.Tensor, Y: torch.Tensor, s: torch.Tensor, dims=-2) -> torch.Tensor:
+    """Vector-Jacobian product of ``bn``: dX = (dY - mean(dY) - Y mean(dY * Y)) / s."""
+    return (dY - dY.mean(dim=dims, keepdim=True) - Y * (dY * Y).mean(dim=dims, keepdim=True)) / s
+
+
+def bn_record(X, mu, var) -> torch.Tensor:
+    """Per draw: variance of x over channels and examples, mean per-channel batch variance, mean
+    squared per-channel batch mean -> [S, 3]."""
+    X64 = X.to(torch.float64)
+    return torch.stack([
+        X64.reshape(X.shape[0], -1).var(dim=1, unbiased=False),
+        var.to(torch.float64).mean(dim=(-2, -1)),
+        (mu.to(torch.float64) ** 2).mean(dim=(-2, -1)),
+    ], dim=1)

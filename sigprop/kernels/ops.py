@@ -1,0 +1,161 @@
+"""A layer's map in torch, three ways (sigprop/plans.py holds the steps as data; each weighted step
+has an op here):
+
+* ``directions(v, X)`` / ``transpose(v, G)``: the product with the directions v and its
+  transpose, what the walker uses in log space (forward a = scale * directions + b, backward
+  the transpose of scale * directions), for S draws at once;
+* ``forward`` / ``vjp``: that layer in log space (kernels/logspace.py), with the ReLU mask and a
+  data-dependent scheme's calibration;
+* ``apply(params, h)``: the layer as an ordinary differentiable function of its parameters,
+  a = (g v/||v||) h + b with the weight normalisation written out (Salimans & Kingma 2016,
+  eq. 2; torch 2.13's fused ``torch._weight_norm`` has a wrong second derivative,
+  tests/engine/test_hessian.py), what the autograd oracle and the curvature differentiate.
+
+Tests hold the walker's log-space layers equal to autograd through ``apply``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+from sigprop.kernels import logspace, sampling
+from sigprop.kernels.logspace import LayerParams, col, normalize, transpose
+
+
+def weight(v: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+    """A layer's effective weight from its rows v [out, in]: g v/||v|| per row (WN) or v (plain)."""
+    if g is None:
+        return v
+    return g.unsqueeze(1) * v / torch.linalg.vector_norm(v, dim=1, keepdim=True)
+
+
+class DenseOp:
+    """The affine map of a dense layer (``plans.Linear``)."""
+
+    def __init__(self, step) -> None:
+        self.step = step
+        self.role = step.role
+        self.units_in, self.units_out = self.role.fan_in, self.role.fan_out
+        self.shape_out = (self.units_out,)
+
+    def key(self, by_block_index: bool):
+        """What a replayed step's identity depends on (kernels/replay.py)."""
+        return self.role if by_block_index else replace(self.role, block_index=0)
+
+    def directions(self, v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        return logspace.mm(X, transpose(v))  # the module's seam: benchmarks/tf32_bias.py replaces it
+
+    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None):
+        """One layer for a batch of draws in log space: input h = exp(c) * u (unit rows u [S, N,
+        in], ln-norms c [S, N] in float64), params stacked [S, ...]; output (u', c', ReLU mask or
+        None, params -- calibrated for a data-dependent scheme).
+
+        t = u @ v^T (one batched matmul);  a = exp(c) * scale * t + b.  Splitting m = max(c, 0):
+        a = exp(m) * (exp(c - m) * scale * t + exp(-m) * b), and ReLU is positively homogeneous,
+        so the output is exp(m) * ReLU(a') with both exponents <= 0: nothing overflows, and a
+        vanishing signal beside a bias correctly reads as a ~= b."""
+        dtype = u.dtype
+        t = self.directions(p.v, u)
+        if calibrate is not None:
+            vnorm = torch.linalg.vector_norm(p.v, dim=-1)
+            p = sampling.calibrate_batch(calibrate, p, col(c, dtype) * t / vnorm.unsqueeze(-2))
+        a = t.mul_(p.scale.unsqueeze(-2))  # t is this layer's own temporary: in place from here on
+        if p.bias is not None:
+            m = torch.clamp(c, min=0.0)
+            a = a.mul_(col(c - m, dtype)).add_(col(-m, dtype) * p.bias.unsqueeze(-2))
+        else:
+            m = c
+        mask = a > 0 if relu else None
+        u, ln_norm = normalize(torch.relu_(a) if relu else a, inplace=True)
+        return u, m + ln_norm, mask, p
+
+    def vjp(self, p: LayerParams, d: torch.Tensor) -> torch.Tensor:
+        """d (scale * v): the layer's transpose applied to error rows d [S, N, out]."""
+        return logspace.mm(d * p.scale.unsqueeze(-2), p.v)
+
+    def apply(self, v, g, b, h: torch.Tensor) -> torch.Tensor:
+        """Rows h [N, in] -> [N, out], differentiable in v, g, b."""
+        return h @ weight(v, g).T + b
+
+
+class ConvOp(DenseOp):
+    """A k x k convolution (``plans.Conv``: zero padding, stride) in the same log space: the
+    state rows are the C x H x W units flattened; the S draws run as S groups of one grouped conv
+    (input [N, S C, H, W], weights [S c_out, C, k, k]), so one kernel serves every draw.  WN is
+    the per-row scale (a row: one output channel's c_in k^2 kernel entries); a data-dependent
+    init standardises each channel over the batch and the positions.  The transpose is the
+    conv's input gradient (``torch.nn.grad.conv2d_input``)."""
+
+    def __init__(self, step) -> None:
+        super().__init__(step)
+        self.units_in, self.units_out = math.prod(step.shape_in), math.prod(step.shape_out)
+        self.shape_out = step.shape_out
+
+    def key(self, by_block_index: bool):
+        return replace(self.step, role=super().key(by_block_index))
+
+    def conv(self, v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """The conv of rows X [S, N, units_in] with the directions v [S, c_out, c_in k^2] as
+        kernels, one grouped conv for the S draws: [S, N, c_out, H' W']."""
+        st, (S, N) = self.step, X.shape[:2]
+        C, H, W = st.shape_in
+        co = self.role.fan_out
+        x = X.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
+        t = F.conv2d(x, v.reshape(S * co, C, st.kernel, st.kernel), stride=st.stride, padding=st.padding, groups=S)
+        return t.reshape(N, S, co, -1).transpose(0, 1)
+
+    directions = conv
+
+    def conv_t(self, v: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+        """The transpose of ``conv`` (its input gradient) applied to G [S, N, c_out, H' W']: [S, N, units_in]."""
+        st, (S, N) = self.step, G.shape[:2]
+        C, H, W = st.shape_in
+        co = self.role.fan_out
+        g = G.transpose(0, 1).reshape(N, S * co, *st.out_hw())
+        y = torch.nn.grad.conv2d_input((N, S * C, H, W), v.reshape(S * co, C, st.kernel, st.kernel), g, stride=st.stride,
+                                       padding=st.padding, groups=S)
+        return y.reshape(N, S, self.units_in).transpose(0, 1)
+
+    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None):
+        S, N = u.shape[:2]
+        t = self.conv(p.v, u)
+        if calibrate is not None:  # per channel over the batch and the positions: [S, N H' W', c_out]
+            vnorm = torch.linalg.vector_norm(p.v, dim=-1)
+            t_true = (col(c, t.dtype)[..., None] * t / vnorm[:, None, :, None]).transpose(-1, -2).reshape(S, -1, self.role.fan_out)
+            p = sampling.calibrate_batch(calibrate, p, t_true)
+        a = t * p.scale[:, None, :, None]
+        if p.bias is not None:  # as the dense layer: exp(m) (exp(c - m) scale t + exp(-m) b), m = max(c, 0)
+            m = torch.clamp(c, min=0.0)
+            a = a * torch.exp(c - m).to(a.dtype)[..., None, None] + torch.exp(-m).to(a.dtype)[..., None, None] * p.bias[:, None, :, None]
+        else:
+            m = c
+        a = a.reshape(S, N, self.units_out)
+        mask = a > 0 if relu else None
+        u, ln_norm = normalize(torch.relu_(a) if relu else a, inplace=True)
+        return u, m + ln_norm, mask, p
+
+    def vjp(self, p: LayerParams, d: torch.Tensor) -> torch.Tensor:
+        S, N = d.shape[:2]
+        return self.conv_t(p.v, d.reshape(S, N, self.role.fan_out, -1) * p.scale[:, None, :, None])
+
+    def kernel(self, w: torch.Tensor) -> torch.Tensor:
+        """Rows [c_out, c_in k^2] as conv2d's kernel [c_out, c_in, k, k]."""
+        st = self.step
+        return w.reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
+
+    def apply(self, v, g, b, h: torch.Tensor) -> torch.Tensor:
+        """Rows h [N, C H W] -> [N, c_out H' W'], differentiable in v, g, b."""
+        st = self.step
+        return F.conv2d(h.reshape(h.shape[0], *st.shape_in), self.kernel(weight(v, g)), b, stride=st.stride,
+                        padding=st.padding).flatten(1)
+
+    def apply_bn(self, v, gamma, beta, h: torch.Tensor, eps: float) -> torch.Tensor:
+        """The plain conv followed by training-mode batch norm with affine gamma, beta (the BN
+        WRN's convs), differentiable in v, gamma, beta."""
+        st = self.step
+        a = F.conv2d(h.reshape(h.shape[0], *st.shape_in), self.kernel(v), stride=st.stride, padding=st.padding)
+        return F.batch_norm(a, None, None, gamma, beta, training=True, eps=eps).flatten(1)

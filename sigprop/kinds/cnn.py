@@ -1,0 +1,254 @@
+"""The plain CNN of Arpit et al. 2019, section 5.1, after Xiao et al. 2018 (``sigprop cnn``):
+``depth`` 3 x 3 WN convs of ``channels`` channels with zero padding 1, the first ``strided`` with
+stride 2, a ReLU after each, on inputs of shape ``image``; measured up to the last conv over all
+units (channels x positions).  Rows: layers 1..L as the MLP's (forward after the ReLU, backward
+at the pre-activation).  Also the conv pieces the WRN shares: the memory plan of a conv net, the
+lossless reference, the finite-width spread of conv layers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from sigprop import inits, kinds, plans, specs, stats, theory
+from sigprop.inits import LayerRole
+from sigprop.kinds import Hints, Kind, Memory, Opt
+from sigprop.results import Check, LayerRecord, RunResult
+
+#: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
+#: Xiao et al. 2018 (whose architecture it is) use for deep CNNs
+DEFAULT_INITS = ("proposed", "delta-orthogonal")
+
+
+@dataclass(frozen=True)
+class CNNSpec:
+    """The plain CNN of Arpit et al. 2019, section 5.1 (after Xiao et al. 2018): ``depth`` 3 x 3
+    WN convs of ``channels`` channels with zero padding 1, the first ``strided`` with stride 2,
+    a ReLU after each, on inputs of shape ``image`` (C, H, W); measured up to the last conv."""
+
+    depth: int = 20
+    channels: int = 64
+    image: tuple[int, int, int] = (3, 32, 32)
+    strided: int = 2
+    inits: tuple[str, ...] = DEFAULT_INITS
+
+    def __post_init__(self) -> None:
+        specs.check_size(self.depth, "depth")
+        specs.check_size(self.channels, "channels")
+        object.__setattr__(self, "image", specs.image(self.image))
+        if not 0 <= self.strided <= self.depth:
+            raise specs.SigpropError(f"must be in [0, depth = {self.depth}], got {self.strided}", field="strided")
+        kinds.init_tuple(self, CNN.provides, CNN.noun)
+
+    def to_dict(self) -> dict:
+        return {"depth": self.depth, "channels": self.channels, "image": specs.image_text(self.image), "strided": self.strided,
+                "inits": list(self.inits)}
+
+
+def steps(image: tuple[int, int, int], channels: int, depth: int, strided: int = 2, kernel: int = 3) -> tuple:
+    """``depth`` k x k convolutions of ``channels`` channels, padding (k - 1)/2, the first
+    ``strided`` with stride 2, a ReLU after each, each recorded as the MLP's layers: forward
+    after its ReLU, backward at its pre-activation."""
+    out: list = []
+    shape = tuple(image)
+    for l in range(depth):
+        role = LayerRole(shape[0] * kernel * kernel, channels, taps=kernel * kernel)
+        conv = plans.Conv(role, shape, kernel, 2 if l < strided else 1, (kernel - 1) // 2)
+        out += [conv, plans.Record(pre_activation=True)]
+        shape = conv.shape_out
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """A conv net's plan: its steps and the units (channels x positions) of each recorded state."""
+
+    steps: tuple
+    entries: list[int]
+
+    @property
+    def config(self) -> dict:
+        return {"units": self.entries}
+
+
+#: the lossless reference of a conv net: centre-tap rows with the proposed gains keep every
+#: position's energy (docs/theory.md §11)
+LOSSLESS = replace(inits.INITS["proposed"], name="lossless reference", taps="centre")
+
+
+def estimate_bytes(steps_, samples: int, itemsize: int) -> int:
+    """Peak memory of one draw of a conv net: stored kernels, one layer's draw temporaries (4 of
+    the largest, kernels/sampling.HAAR_TEMPORARIES), bit-packed masks of the units of every
+    conv with a ReLU, a few activation buffers of the widest layer (the grouped conv's input,
+    output and gradient; a residual block's skip and branch), the float64 log-norm buffers; with
+    batch norm also the BN output of every unit, kept for the backward pass."""
+    convs = plans.layers(steps_)
+    kernels = [s.role.fan_in * s.role.fan_out for s in convs]
+    units = [math.prod(s.shape_in) for s in convs] + [math.prod(convs[-1].shape_out)]
+    masks = samples * sum((math.prod(s.shape_out) + 7) // 8 for s in convs if s.relu)
+    total = (sum(kernels) + 4 * max(kernels)) * itemsize + masks + 8 * samples * max(units) * itemsize + 4 * len(convs) * samples * 8
+    if any(s.bn for s in convs):
+        total += samples * sum(math.prod(s.shape_out) for s in convs) * itemsize
+    return total
+
+
+def memory(plan_of, lower: int, fields: str, probe, itemsize: int, free: int, check, graph_layers: int) -> Memory:
+    """The memory plan of a conv net (the CNN's and the WRN's): a lower bound that needs no plan
+    (``lower`` bytes: the bit-packed masks of the layers at the smallest map and the float64
+    ln-ratio buffers; 10^9 layers of steps would themselves exhaust memory), then the plan
+    (``plan_of()``) and its estimate, streaming when storing the kernels would not fit."""
+    check(lower, fields)
+    plan = plan_of()
+    convs = plans.layers(plan.steps)
+    need = estimate_bytes(plan.steps, probe.samples, itemsize)
+    weights = sum(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
+    stream = probe.stream
+    if stream is None:
+        stream = need > 0.8 * free
+    if stream:
+        need -= weights - 2 * max(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
+    check(need, fields, stream is False)
+    graph_args = (max(s.role.fan_in * s.role.fan_out for s in convs), max(math.prod(s.shape_in) for s in convs), graph_layers)
+    return Memory(plan, need, stream, fields, graph_args)
+
+
+def variances(channels) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample variance of ln(ratio) at each conv layer of a plain CNN, forward and backward
+    (index l-1; ``channels`` = [C_in, c_1, ..., c_L]): the MLP's law (docs/theory.md §4) with each
+    conv's output channels as its width and the constant of i.i.d. rows, c = 5
+    (``theory.SPREAD_C_GAUSSIAN``), whatever the directions -- summed over layers 1..l forward
+    and over the mask steps from the top backward.  A conv's c_out kernels are c_out random rows
+    shared by every position, so its power fluctuates at most as an MLP layer of c_out units
+    does; the constant is an upper envelope of the measured one, not a derivation
+    (benchmarks/conv_spread.py; docs/theory.md §11, "Finite-width spread of conv nets")."""
+    per_layer = np.array([theory.SPREAD_C_GAUSSIAN / (4.0 * c) for c in channels[1:]])
+    fwd = np.cumsum(per_layer)
+    bwd = np.cumsum(np.append(per_layer[:-1], 0.0)[::-1])[::-1]
+    return fwd, bwd
+
+
+@kinds.register
+class CNN(Kind):
+    name = "cnn"
+    summary = ("Probe the plain CNN of Arpit et al. 2019, section 5.1 (3x3 WN convs + ReLU, zero padding, the first two with "
+               "stride 2) layer by layer.")
+    fields = "depth/channels/image/samples"
+    spec = CNNSpec
+    noun = "the CNN"
+    provides = frozenset({inits.TAPS})
+    options = (
+        Opt("depth", int, 20, "Number of 3x3 conv layers L.", min=1),
+        Opt("channels", int, 64, "Channels of every conv (the fixed width; the paper's CNN has 512).", min=1),
+        Opt("image", str, "3x32x32", "Input shape CxHxW."),
+        Opt("strided", int, 2, "How many of the first layers have stride 2.", min=0),
+    )
+    default_inits = DEFAULT_INITS
+    init_help = "Init scheme (repeatable). Default: proposed, delta-orthogonal."
+    hints = Hints(width="units", energy=True,
+                  footer="mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward) over all units "
+                         "(channels × positions); theory = the energy-map rms (zero padding and strides, docs/theory.md §11); =/≠ = "
+                         "measured rms within/outside its finite-width band (channels as the width; an envelope of the measured "
+                         "spread, it errs wide; ~ within a band over 2 decades wide: no test); preserved = within --band of the "
+                         "lossless reference (1/2 per stride-2 layer forward: a quarter of the positions)")
+    sweep_widths = "32,64"
+    sweep_width_help = "the channels (3 x 32 x 32 inputs)"
+    band_help = "0.1:10 around the lossless reference"
+    correlation_band = False
+
+    def make(self, values: dict, inits_) -> CNNSpec:
+        v = dict(values)
+        if "image" in v:
+            v["image"] = specs.parse_image(v["image"]) if isinstance(v["image"], str) else v["image"]
+        return CNNSpec(**v, inits=DEFAULT_INITS if inits_ is None else inits_)
+
+    def sweep_spec(self, size, width, init, input_dim):
+        return CNNSpec(depth=size, channels=width, inits=(init,))
+
+    def sweep_config(self, spec) -> dict:
+        return {"image": specs.image_text(spec.image)}
+
+    def banner(self, spec) -> str:
+        return f"depth {spec.depth}, {spec.channels} channels, image {specs.image_text(spec.image)}, {spec.strided} strided"
+
+    def describe(self, config: dict) -> str:
+        return f"CNN depth {config.get('depth')}, {config.get('channels')} channels, image {config.get('image')}, {config.get('strided')} strided"
+
+    def plan(self, spec, seed: int) -> ConvPlan:
+        s = steps(spec.image, spec.channels, spec.depth, spec.strided)
+        return ConvPlan(s, [math.prod(spec.image)] + [st.units_out for st in plans.layers(s)])
+
+    def memory(self, spec, probe, itemsize, free, check) -> Memory:
+        C, H, W = spec.image
+        small = spec.channels * max(1, H >> spec.strided) * max(1, W >> spec.strided)
+        lower = spec.depth * probe.samples * ((small + 7) // 8 + 16)
+        return memory(lambda: self.plan(spec, probe.seed), lower, self.fields, probe, itemsize, free, check, 1)
+
+    def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
+        """Per layer the measured ratios beside the energy-map prediction (``plans.predict``) with
+        its finite-width band (``variances``: the RMS prediction, the typical ratio var below it,
+        +- z sd).  Verdicts:
+
+        * ``preserved``: the typical forward ratio at layer L and backward ratio at layer 1 inside
+          ``gate.band`` (default specs.DECADE_BAND) times the lossless reference -- the prediction
+          of centre-tap rows with the proposed gain (``LOSSLESS``), which keep every position's
+          energy: a stride-2 layer then halves the norm over all units (a quarter of the
+          positions), so the reference is 1/2 per strided layer forward and 1 backward;
+        * ``theory``: the same typical ratios inside the init's own band, [pred - var - z sd,
+          pred - var + z sd] (``theory.log_band``); not testable for an init without a prediction."""
+        convs = plans.layers(plan.steps)
+        pred = plans.predict(plan.steps, scheme) if scheme.moments is not None else None
+        ref = plans.predict(plan.steps, LOSSLESS)
+        widths = plan.entries
+        var_f, var_b = variances([spec.image[0]] + [st.role.fan_out for st in convs])
+        pf = None if pred is None else pred.ln_forward
+        pb = None if pred is None else pred.ln_backward
+        L = len(convs)
+        rounding = stats.rounding_ln("float32", L)  # the backward ratio at layer L is exactly 1: a float meets it to rounding
+        layers = []
+        for l in range(1, L + 1):
+            f, b = stats.ratio_stats(arrays["fwd"][:, l - 1, :]), stats.ratio_stats(arrays["bwd"][:, l - 1, :])
+            stats.attach_prediction(f, None if pf is None else pf[l - 1], float(var_f[l - 1]), rounding=rounding)
+            stats.attach_prediction(b, None if pb is None else pb[l - 1], float(var_b[l - 1]), rounding=rounding)
+            layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
+        band = gate.band or specs.DECADE_BAND
+        checks, own = [], []
+        named = ((f"forward ratio at layer {L}", layers[-1].forward, ref.ln_forward[-1], None if pf is None else pf[-1], float(var_f[-1])),
+                 ("backward ratio at layer 1", layers[0].backward, ref.ln_backward[0], None if pb is None else pb[0], float(var_b[0])))
+        for cname, st, r, p, var in named:
+            c = stats.gate(cname, "preserved", st, r + math.log(band[0]), r + math.log(band[1]))
+            if not c.passed:
+                if st.dead_fraction > 0:
+                    c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
+                elif p is None:
+                    c.note = f"outside the band around the lossless reference {stats.fmt(r / stats.LN10)}; no prediction for this init"
+                elif not c.log10_low <= p / stats.LN10 <= c.log10_high:
+                    c.note = (f"the theory predicts an RMS ratio of {stats.fmt(p / stats.LN10)} against the lossless "
+                              f"{stats.fmt(r / stats.LN10)}: zero padding loses energy at the borders every layer (docs/theory.md §11)")
+                else:
+                    c.note = (f"the theory's RMS ratio {stats.fmt(p / stats.LN10)} is inside the band but its typical ratio, "
+                              f"{stats.fmt((p - var) / stats.LN10)}, is not: finite-width drift ({convs[0].role.fan_out} channels "
+                              f"over {L} layers); more channels or fewer layers move it")
+            checks.append(c)
+            if p is None:
+                own.append(Check(cname, False, st.log10_mean, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM))
+                continue
+            t = stats.gate(cname, "theory", st, *theory.log_band(p, var, z))
+            if not t.passed:
+                t.note = f"the theory predicts a typical ratio of {stats.fmt((p - var) / stats.LN10)}"
+            own.append(t)
+        return RunResult(init=name, widths=widths, layers=layers, checks=checks + own, description=scheme.description, gate=gate.gate)
+
+    def correlation(self, scheme, spec, plan, c0, batch):
+        return correlation(scheme, plan, c0, batch)
+
+
+def correlation(scheme, plan, c0: float, batch: int):
+    """A conv net's cosines (the per-position kernel map, docs/theory.md §11), shown without a
+    band; none for standardised convs (a data-dependent init, batch norm)."""
+    if any(st.bn for st in plans.layers(plan.steps)):
+        return None, "no correlation map for batch-normalized conv nets"
+    if scheme.moments is None:
+        return None, stats.NO_CORRELATION_MAP
+    return plans.predict_correlation(plan.steps, scheme, c0, batch), ""

@@ -1,0 +1,229 @@
+"""The WN MLP of Arpit et al. 2019, eq. 1-2 (``sigprop mlp``): L layers a^l = g^l * W^l h^{l-1} /
+||W^l_i|| + b^l, h^l = ReLU(a^l), widths drawn per layer from a range once per run (the paper's
+Figure 1, top: U(150, 250) or U(950, 1050) on inputs in R^500).  Rows: layers 1..L, forward
+||h^l||/||x|| after the ReLU, backward ||dl/da^l||/||e|| at the pre-activation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import ClassVar, Sequence
+
+import numpy as np
+
+from sigprop import kinds, plans, specs, stats, theory
+from sigprop.inits import LayerRole
+from sigprop.kinds import Hints, Kind, Memory, Opt
+from sigprop.results import Check, LayerRecord, RatioStats, RunResult
+
+#: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
+DEFAULT_INITS = ("he", "proposed", "proposed-gaussian")
+#: the default width range (the paper's Figure 1 solid lines)
+DEFAULT_WIDTH = "150:250"
+#: under the default band no typical ratio outside [1e-2, 1e2] passes, however much the widths
+#: change (the width factor sqrt(n_L/n_0) of the reference is honoured up to these limits)
+BAND_LIMITS = (1e-2, 1e2)
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """The WN MLP of Arpit et al. 2019, eq. 1-2: L layers a^l = g^l * W^l h^{l-1} / ||W^l_i|| + b^l, h^l = ReLU(a^l)."""
+
+    depth: int = 20
+    input_dim: int = 500
+    width: specs.WidthSpec = specs.WidthSpec(150, 250)
+    inits: tuple[str, ...] = ("proposed",)
+
+    def __post_init__(self) -> None:
+        specs.check_size(self.depth, "depth")
+        specs.check_size(self.input_dim, "input_dim")
+        kinds.init_tuple(self, MLP.provides, MLP.noun)
+
+    def widths(self, seed: int) -> list[int]:
+        """[n_0, n_1, ..., n_L]: drawn once per run, shared by every init of the run."""
+        return [self.input_dim] + self.width.draw(self.depth, seed)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["width"] = str(self.width)
+        d["inits"] = list(self.inits)
+        return d
+
+
+@dataclass(frozen=True)
+class MLPPlan:
+    widths: list[int]
+    steps: tuple
+
+    @property
+    def entries(self) -> list[int]:
+        return self.widths[1:]
+
+    @property
+    def config(self) -> dict:
+        return {"widths": self.widths}
+
+
+def steps(widths: Sequence[int]) -> tuple:
+    """Layer l: Linear(n_{l-1} -> n_l) + ReLU, recorded after each (Arpit et al. 2019, eq. 1-2)."""
+    out: list = []
+    for l in range(1, len(widths)):
+        out += [plans.Linear(LayerRole(widths[l - 1], widths[l]), relu=True), plans.Record(pre_activation=True)]
+    return tuple(out)
+
+
+def estimate_bytes(widths: list[int], samples: int, itemsize: int) -> int:
+    """Peak memory of one draw: stored weights, the temporaries of one layer's draw (G and, for
+    Haar directions, a flipped copy and a float64 cumulative sum, then v, Q and Q diag(sign):
+    4 of the largest layer, kernels/sampling.HAAR_TEMPORARIES), bit-packed masks, a few
+    activation buffers, and the float64 log-norm buffers."""
+    weights = sum(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
+    qr_tmp = 4 * max(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
+    masks = samples * sum((w + 7) // 8 for w in widths[1:])  # bit-packed
+    acts = 6 * samples * max(widths) * itemsize
+    logs = 4 * len(widths) * samples * 8
+    return weights + qr_tmp + masks + acts + logs
+
+
+def cumulants(widths: Sequence[int], orthogonal: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative (drift below ln RMS, variance, third cumulant) of the per-sample ln(ratio) at
+    each layer, forward [L, 3] and backward [L, 3] (index l-1), summing the independent layer
+    factors of ``theory.relu_layer_log_cumulants`` (forward layer j: n_j units, fan-in n_{j-1};
+    backward step j: the mask of n_j units after W^{j+1}^T from R^{n_{j+1}}; docs/theory.md §4)."""
+    widths = [int(w) for w in widths]
+    L = len(widths) - 1
+    step = theory.relu_layer_log_cumulants
+    fwd = np.cumsum(np.array([step(widths[j], widths[j - 1], orthogonal) for j in range(1, L + 1)]), axis=0)
+    bsteps = np.array([step(widths[j], widths[j + 1], orthogonal) for j in range(1, L)] + [(0.0, 0.0, 0.0)])
+    bwd = np.cumsum(bsteps[::-1], axis=0)[::-1]
+    return fwd, bwd
+
+
+def checks(widths: Sequence[int], fwd: RatioStats, bwd: RatioStats, cum_f, cum_b, pred_f: float | None,
+           pred_b: float | None, band: tuple[float, float] | None = None, z: float = theory.Z_CHECK) -> list[Check]:
+    """The two verdicts on the forward ratio at layer L and the backward ratio at layer 1, each
+    judged on the typical (geometric-mean) ratio over samples and draws:
+
+    * ``preserved``: inside the norm-preserving reference hull (theory.check_reference_ln)
+      widened by the factors ``band`` (default specs.DECADE_BAND) -- an absolute band that always
+      contains 1, whatever the depth or width;
+    * ``theory``: inside the band of this init's own prediction (``pred_*``, ln RMS) moved by
+      the exact finite-width drift and widened by z sd with the Cornish-Fisher skew correction
+      (theory.cornish_fisher_band; ``cum_*`` = (drift, variance, third cumulant)).
+    """
+    default = band is None
+    band = band or specs.DECADE_BAND
+    refs = theory.check_reference_ln(widths)
+    limits = (math.log(BAND_LIMITS[0]), math.log(BAND_LIMITS[1])) if default else (-math.inf, math.inf)
+    L = len(widths) - 1
+    width = str(widths[1]) if len(set(widths[1:])) == 1 else f"{min(widths[1:])}..{max(widths[1:])}"
+    preserved, agrees = [], []
+    named = ((f"forward ratio at layer {L}", fwd, refs[0], cum_f, pred_f), ("backward ratio at layer 1", bwd, refs[1], cum_b, pred_b))
+    for name, st, (lo, hi), cum, pred in named:
+        c = stats.gate(name, "preserved", st, max(lo + math.log(band[0]), limits[0]), min(hi + math.log(band[1]), limits[1]))
+        typical = None if pred is None else pred + float(cum[0])
+        c.note = stats.explain_preserved(c, st, pred, typical, L, width)
+        preserved.append(c)
+        if pred is None:
+            agrees.append(Check(name, False, st.log10_mean, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM))
+            continue
+        c = stats.gate(name, "theory", st, *theory.cornish_fisher_band(pred, pred, cum, z))
+        if not c.passed:
+            c.note = f"the theory predicts a typical ratio of {stats.fmt(typical / stats.LN10)}"
+        agrees.append(c)
+    return preserved + agrees
+
+
+@kinds.register
+class MLP(Kind):
+    name = "mlp"
+    summary = "Probe a weight-normalized ReLU MLP (Arpit et al. 2019, eq. 1-2): forward and backward norm ratios per layer."
+    fields = "depth/width/samples"
+    spec = MLPSpec
+    noun = "the MLP"
+    options = (
+        Opt("depth", int, 20, "Number of layers L.", min=1),
+        Opt("input_dim", int, 500, "Input dimension n_0.", min=1),
+        Opt("width", str, DEFAULT_WIDTH, "Layer width: N, or LO:HI to draw each layer's width uniformly from LO..HI (once per run).",
+            toml=(str, int)),
+    )
+    default_inits = DEFAULT_INITS
+    init_help = "Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 top)."
+    hints = Hints(footer="mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward); theory = closed-form "
+                         "rms; =/≠ = measured rms within/outside the finite-width band of the theory (~ within a band over 2 "
+                         "decades wide: no test)")
+    sweep_width_help = "every layer's width (and n_0 unless --input-dim)"
+    sweep_input_dim = True
+    band_help = "0.1:10 around norm preservation"
+
+    def make(self, values: dict, inits_) -> MLPSpec:
+        v = dict(values)
+        if "width" in v:
+            v["width"] = specs.WidthSpec.parse(str(v["width"]))
+        return MLPSpec(**v, inits=DEFAULT_INITS if inits_ is None else inits_)
+
+    def sweep_spec(self, size, width, init, input_dim):
+        return MLPSpec(depth=size, input_dim=input_dim or width, width=specs.WidthSpec(width, width), inits=(init,))
+
+    def sweep_config(self, spec) -> dict:
+        return {"input_dim": spec.input_dim}
+
+    def banner(self, spec) -> str:
+        return f"depth {spec.depth}, widths {spec.width}"
+
+    def describe(self, config: dict) -> str:
+        return f"depth {config.get('depth')}, widths {config.get('width')}, n_0 = {config.get('input_dim')}"
+
+    def plan(self, spec, seed: int) -> MLPPlan:
+        widths = spec.widths(seed)
+        return MLPPlan(widths, steps(widths))
+
+    def memory(self, spec, probe, itemsize, free, check) -> Memory:
+        stream = probe.stream
+        # upper bound from the widest possible layers, before anything is drawn or allocated
+        widest = [spec.input_dim] + [spec.width.hi] * min(spec.depth, 2)
+        bound = estimate_bytes(widest, probe.samples, itemsize)
+        per_layer = probe.samples * ((spec.width.hi + 7) // 8) + 4 * probe.samples * 8
+        weights_hi = (spec.depth - 1) * spec.width.hi**2 * itemsize
+        bound += (spec.depth - 1) * per_layer + (0 if stream else weights_hi)
+        if stream is not False and bound > 0.8 * free:
+            bound -= 0 if stream else weights_hi  # streaming does not keep the weights
+            stream = True
+        fields = self.fields
+        check(bound, fields, stream is False)
+        plan = self.plan(spec, probe.seed)
+        widths = plan.widths
+        need = estimate_bytes(widths, probe.samples, itemsize)
+        if stream is None:  # automatic: stream when the stored weights would not fit
+            stream = need > 0.8 * free
+        if stream:
+            need -= sum(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize - 2 * max(widths) ** 2 * itemsize
+        biggest = max(widths[i] * widths[i - 1] for i in range(1, len(widths)))
+        return Memory(plan, need, stream, fields, (biggest, max(widths), 1))
+
+    def assemble(self, name, scheme, spec, plan, arrays, probe, gate) -> RunResult:
+        """Per layer the measured ratios beside the composed prediction (plans.predict) with its
+        exact finite-width band (``cumulants``), and both verdicts (``checks``)."""
+        widths, L = plan.widths, len(plan.widths) - 1
+        pred = plans.predict(plan.steps, scheme)
+        cum_f, cum_b = cumulants(widths, scheme.orthogonal)
+        ln_fwd, ln_bwd = arrays["fwd"], arrays["bwd"]
+        layers = []
+        for l in range(1, L + 1):
+            f = stats.ratio_stats(ln_fwd[:, l - 1, :])
+            b = stats.ratio_stats(ln_bwd[:, l - 1, :])
+            stats.attach_prediction(f, pred.ln_forward[l - 1] if pred.ln_forward else None, float(cum_f[l - 1, 1]),
+                                    drift=float(cum_f[l - 1, 0]))
+            stats.attach_prediction(b, pred.ln_backward[l - 1] if pred.ln_backward else None, float(cum_b[l - 1, 1]),
+                                    drift=float(cum_b[l - 1, 0]))
+            layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
+        gates = checks(widths, layers[-1].forward, layers[0].backward, cum_f[-1], cum_b[0],
+                       pred.ln_forward[-1] if pred.ln_forward else None, pred.ln_backward[0] if pred.ln_backward else None,
+                       gate.band)
+        return RunResult(init=name, widths=list(widths), layers=layers, checks=gates, description=scheme.description,
+                         gate=gate.gate)
+
+    def correlation(self, scheme, spec, plan, c0, batch):
+        if scheme.moments is None and not scheme.standardizes:
+            return None, stats.NO_CORRELATION_MAP
+        return plans.predict_correlation(plan.steps, scheme, c0, batch), ""

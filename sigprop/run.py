@@ -1,0 +1,331 @@
+"""The one driver (torch): a spec -> its kind's plan -> walks with observers -> a result.  The API,
+the CLI, ``sigprop sweep``, ``sigprop check``, ``sigprop rerun`` and the curvature all run here.
+
+``probe``: the kind plans the memory (sigprop/kinds/), then every init is walked batch of draws by
+batch -- the probe's observers on the inputs and error vectors, then for each input cosine a
+forward walk of its pairs with the correlation observer -- and the kind assembles each init's
+record from the arrays (statistics beside predictions, verdicts).  ``curvature``: the same plan,
+its weights as the probe draws them, the units as a differentiable function
+(sigprop/hessian.py), the loss Hessian's largest eigenvalue (and on request its top-k and trace)
+per init and draw.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from sigprop import kinds, observers, plans, specs, theory, walker
+from sigprop import data as data_mod
+from sigprop import hessian as H
+from sigprop.errors import SigpropError
+from sigprop.version import __version__
+from sigprop.kernels import device as dev
+from sigprop.kernels import replay, sampling
+from sigprop.observers import bn as _bn, correlation, ratios as _ratios  # noqa: F401  (register the built-in collectors)
+from sigprop.results import CurvatureDraw, CurvatureRun, HessianResult, ProbeResult
+
+#: progress(done, total, label): steps done of the run's total, and what runs now ("he: forward")
+ProgressFn = Callable[[int, int, str], None]
+STREAM_HINT = ", or stream the weights (--stream; stream=True in the API: redrawn, not stored)"
+#: the tolerances a result records (docs/theory.md §4; the band is the kind's)
+TOLERANCES = {
+    "z_agreement": theory.Z_AGREEMENT,
+    "z_check": theory.Z_CHECK,
+    "spread_c_gaussian": theory.SPREAD_C_GAUSSIAN,
+    "spread_c_orthogonal_base": theory.SPREAD_C_ORTHOGONAL_BASE,
+}
+
+
+class Ticker:
+    """The walks' progress: called once per step of every pass (one init, one batch of draws),
+    it reports ``progress(done, total, "init: phase")``; a pass is its phases in order, each
+    (name, steps): forward, backward, then one forward walk per input cosine ("correlation")."""
+
+    def __init__(self, progress: ProgressFn | None, passes: int, phases: list[tuple[str, int]]) -> None:
+        self.progress, self.phases = progress, [p for p in phases if p[1] > 0]
+        self.per_pass = sum(n for _, n in self.phases)
+        self.total, self.done, self.name = passes * self.per_pass, 0, ""
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            at, phase = (self.done - 1) % self.per_pass, self.phases[-1][0]
+            for name, n in self.phases:
+                if at < n:
+                    phase = name
+                    break
+                at -= n
+            self.progress(self.done, self.total, f"{self.name}: {phase}")
+
+
+def graph_pool_bytes(biggest: int, widest: int, samples: int, itemsize: int, layers: int = 1) -> int:
+    """What the captured steps of one draw keep in their private memory pools: per step (at most
+    ``replay.MAX_GRAPHS``) one layer's draw temporaries, the step's ``layers`` static weight
+    buffers and a few activation buffers."""
+    return replay.MAX_GRAPHS * ((sampling.HAAR_TEMPORARIES + layers) * biggest + 6 * samples * widest) * itemsize
+
+
+def graphs_status(runners) -> str:
+    """One line for the environment record: ``off`` (eager runners only), the first fallback's
+    reason, or ``on (K captured steps)`` -- K = 0 when no step shape repeated (random widths)."""
+    runners = [r for r in runners if isinstance(r, replay.Replayed)]
+    if not runners:
+        return "off"
+    for r in runners:
+        if r.status.startswith("fell back"):
+            return r.status
+    return f"on ({sum(r.captured for r in runners)} captured steps)"
+
+
+def _checker(device: torch.device):
+    """The ``check`` a kind's memory plan calls: refuse a need beyond 80% of the free memory."""
+    def check(need: int, fields: str, offer_stream: bool = False) -> None:
+        dev.check_memory(need, device, fields, STREAM_HINT if offer_stream else "")
+    return check
+
+
+def _inputs_units(plan) -> tuple[int, int]:
+    """The units of the input and of the top state (where the error vectors are given)."""
+    return math.prod(plans.input_shape(plan.steps)), plan.entries[-1]
+
+
+@dataclass
+class Measured:
+    """What the walks of a probe measured, before any statistic: the kind and its plan, the init
+    names and the schemes that ran, per init {observer: float64 array, draws first} ("fwd",
+    "bwd" [S, E, N], "branch", "bn", "correlation" [S, C, E, P], plug-ins'), and the
+    environment record."""
+
+    kind: kinds.Kind
+    plan: object
+    names: tuple[str, ...]
+    schemes: list
+    arrays: dict[str, dict[str, np.ndarray]]
+    environment: dict
+
+
+def measure(spec, probe_spec: specs.ProbeSpec, progress: ProgressFn | None = None,
+            on_start: Callable[[dict], None] | None = None, observe=()) -> Measured:
+    """Walk every init of ``spec`` (any registered kind's) as ``probe_spec`` says, and keep only
+    the observations: the kind plans the memory, then ``_walk_all``.  ``observe``: plug-in
+    observers (instances) run beside the kind's and ``probe_spec.observe``'s (by name)."""
+    kind = kinds.of(spec)
+    extra = [observers.make(n) for n in probe_spec.observe] + list(observe)
+    with dev.using_threads(probe_spec.threads):
+        device = dev.resolve_device(probe_spec.device)
+        precision = dev.matmul_precision(probe_spec.precision, device)
+        itemsize = dev.itemsize(probe_spec.dtype)
+        mem = kind.memory(spec, probe_spec, itemsize, dev.available_bytes(device), _checker(device))
+        plan = mem.plan
+        names = kind.inits(spec)
+        schemes = [kind.scheme(spec, n) for n in names]
+        kinds.need_two_samples(schemes, probe_spec, bn=kind.space(spec) == "plain")
+        need = mem.need
+        graphs = dev.use_graphs(probe_spec.graphs, device) and kind.graphs(spec)
+        if graphs:
+            need += graph_pool_bytes(*mem.graph_args[:2], probe_spec.samples, itemsize, layers=mem.graph_args[2])
+        n_in, n_out = _inputs_units(plan)
+        for c0 in probe_spec.correlations:
+            if n_in < 2 and abs(c0) < 1:
+                raise SigpropError(f"an input cosine of {c0:g} needs inputs of dimension >= 2 (the input has {n_in})",
+                                   field="correlation")
+        if probe_spec.correlations:  # the pair walks: forward only, nothing stored; 2P rows
+            need += 8 * 2 * probe_spec.pairs * max(mem.graph_args[1], max(plan.entries)) * itemsize
+        arrays, env = _walk_all(kind, spec, plan, names, schemes, probe_spec, need, mem.fields, mem.stream, graphs, device,
+                                precision, progress, on_start, extra)
+    return Measured(kind, plan, names, schemes, arrays, env)
+
+
+def probe(spec, probe_spec: specs.ProbeSpec, progress: ProgressFn | None = None, on_start: Callable[[dict], None] | None = None,
+          gate: specs.GateSpec | None = None, observe=()) -> ProbeResult:
+    """Run the probe of ``spec`` (any registered kind's) for each of its inits and pair every
+    measurement with its theory.  Every run carries both verdicts (``preserved``, ``theory``);
+    ``gate`` says which one ``passed`` reports, the band of ``preserved`` and the correlation
+    bound.  ``observe``: plug-in observers (sigprop/observers/) to run beside the kind's; with
+    ``probe_spec.observe`` they are named in the config (``sigprop rerun`` runs them again).
+    ``on_start(env)`` sees the environment record once every input has been validated, before
+    any allocation."""
+    gate = gate or specs.GateSpec()
+    probe_spec = gate.probe(probe_spec)
+    m = measure(spec, probe_spec, progress, on_start, observe)
+    kind, plan = m.kind, m.plan
+    extra = [observers.make(n) for n in probe_spec.observe] + list(observe)
+    runs = []
+    for name, scheme in zip(m.names, m.schemes):
+        a = m.arrays[name]
+        run = kind.assemble(name, scheme, spec, plan, a, probe_spec, gate)
+        correlation.attach(run, kind, scheme, spec, plan, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
+                           gate.max_correlation, probe_spec.dtype)
+        for obs in extra:
+            record = obs.summarize(a[obs.name], run)
+            run.measurements.append(record)
+            run.checks.extend(record.checks)
+        runs.append(run)
+    config = {"command": kind.name, **spec.to_dict(), **probe_spec.__dict__, **gate.to_dict(), **plan.config}
+    tolerances = {**TOLERANCES, "band": kind.band(gate)}
+    return ProbeResult(command=kind.name, config=config, environment={"sigprop": __version__, **m.environment}, runs=runs,
+                       tolerances=tolerances)
+
+
+def _walk_all(kind, spec, plan, names, schemes, probe_spec, need: int, fields: str, stream: bool, graphs: bool, device, precision,
+              progress, on_start, extra) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
+    """How many draws run at once (all when they fit in half the free memory, else as many as do,
+    at least one, which must fit in 80%), the environment record (``on_start`` sees it before
+    anything is drawn), the inputs x and errors e, then every init walked batch of draws by
+    batch: {init: {observer: float64 array with the draws first}}.  Per batch, the probe's
+    observers on (x, e), then for each input cosine a forward walk of its pairs with the
+    correlation observer: "correlation" [S, C, E, P].  Only the observations are kept: each
+    walk's weights are freed before the next one allocates its own (holding them doubled the
+    peak memory)."""
+    dev.check_memory(need, device, fields)
+    batch = max(1, min(probe_spec.seeds, int(0.5 * dev.available_bytes(device) // max(need, 1))))
+    if probe_spec.batch is not None:
+        batch = min(probe_spec.batch, probe_spec.seeds)
+    env = {"torch": torch.__version__, "device": str(device), "device_name": dev.device_name(device), "dtype": probe_spec.dtype,
+           "precision": probe_spec.precision, "threads": torch.get_num_threads(), "stream": bool(stream), "batch": batch,
+           "graphs": "off"}
+    if on_start is not None:
+        on_start(env)
+    dtype = dev.DTYPES[probe_spec.dtype]
+    n_in, n_out = _inputs_units(plan)
+    x, e = sampling.probe_inputs(probe_spec.seed, probe_spec.samples, n_in, n_out, device, dtype)
+    space = walker.SPACES[kind.space(spec)]
+    with torch.no_grad(), precision:
+        pairs = [sampling.pair_inputs(probe_spec.seed, probe_spec.pairs, n_in, c0, device, dtype) for c0 in probe_spec.correlations]
+        chunks = [list(range(s, min(s + batch, probe_spec.seeds))) for s in range(0, probe_spec.seeds, batch)]
+        runners: list[replay.Eager] = []
+        out: dict[str, dict[str, np.ndarray]] = {}
+        tick = None
+        for name, scheme in zip(names, schemes):
+            units, record_input = walker.compile_plan(plan.steps, scheme)
+            if tick is None:
+                steps = len(units)
+                tick = Ticker(progress, len(names) * len(chunks), [("forward", steps), ("backward", steps - 1 + record_input),
+                                                                 ("correlation", steps * len(pairs))])
+            tick.name = name
+
+            def run(inputs, errors, obs, draws):
+                runners.append(replay.CudaGraphs() if graphs else replay.Eager())
+                r = walker.walk(units, scheme, inputs, errors, probe_spec.seed, draws, obs, record_input, space=space(),
+                                progress=tick, stream=stream, runner=runners[-1])
+                runners[-1].release()
+                return {k: v.cpu().numpy() for k, v in r.observed.items()}
+
+            parts = []
+            for draws in chunks:
+                got = run(x, e, [observers.make(o) for o in kind.observers(spec)] + [type(o)() for o in extra], draws)
+                if pairs:
+                    got["correlation"] = np.stack([run(xp, None, [correlation.Correlation()], draws)["correlation"] for xp in pairs],
+                                                  axis=1)
+                parts.append(got)
+            out[name] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            check_finite(name, out[name])
+    env["graphs"] = graphs_status(runners)
+    return out, env
+
+
+def check_finite(name: str, arrays: dict) -> None:
+    """The ratios' ln are finite or -inf (a dead ReLU: ratio exactly 0), never nan or +inf: an
+    internal error otherwise (no nan reaches the output)."""
+    for arr in (arrays["fwd"], arrays["bwd"]):
+        if np.isnan(arr).any() or np.isposinf(arr).any():
+            raise SigpropError(f"internal error: init {name!r} produced a non-finite log ratio")
+
+
+# --------------------------------------------------------------------------------------------
+# the curvature at init
+# --------------------------------------------------------------------------------------------
+def _curvature_data(hs: specs.HessianSpec, shape, device, dtype):
+    """(x [N, prod(shape)], y [N]): synthetic (``hs.samples`` or ``specs.HESSIAN_SAMPLES`` points), or the
+    first ``hs.samples`` of the user's file (all of it when None; ``sigprop.data`` checks it)."""
+    if hs.data is None:
+        n = specs.HESSIAN_SAMPLES if hs.samples is None else hs.samples
+        return H.data(hs.seed, n, shape, device, dtype)
+    d = data_mod.take(data_mod.load(hs.data, shape, H.CLASSES), hs.samples)
+    return torch.as_tensor(d.x, device=device, dtype=dtype), torch.as_tensor(d.y, device=device, dtype=torch.long)
+
+
+def curvature(spec, hs: specs.HessianSpec, progress: ProgressFn | None = None, on_start=None) -> HessianResult:
+    """The curvature at init of every init of ``spec`` (any registered kind's): per weight draw the
+    largest-magnitude Hessian eigenvalue (restarted Lanczos, ``hessian.largest_eigenvalue``),
+    the top-k (ARPACK's Lanczos) and the trace (Hutchinson) as ``hs`` asks; on ``hs.threads``
+    CPU threads."""
+    with dev.using_threads(hs.threads):
+        return _curvature(spec, hs, progress, on_start)
+
+
+def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult:
+    kind = kinds.of(spec)
+    device = dev.resolve_device(hs.device)
+    dtype = dev.DTYPES[hs.dtype]
+    plan = kind.plan(spec, hs.seed)
+    shape = plans.input_shape(plan.steps)
+    shape = shape if shape[1:] != (1, 1) else (shape[0],)
+    x, y = _curvature_data(hs, shape, device, dtype)
+    names = kind.inits(spec)
+    schemes = {n: kind.scheme(spec, n) for n in names}
+    itemsize = dev.itemsize(hs.dtype)
+    # --top K: Lanczos needs K below the parameter count, which the plan gives before any draw
+    counts = {n: H.parameter_count(plan.steps, schemes[n], hs.head) for n in names}
+    params = max(counts.values())
+    fewest = min(names, key=counts.get)
+    if hs.top >= counts[fewest]:
+        raise SigpropError(f"at most {counts[fewest] - 1}: the net has {counts[fewest]} trainable parameters under init "
+                           f"{fewest!r} (Lanczos finds fewer eigenvalues than the dimension)", field="top")
+    # the graph of the gradient keeps ~8 copies of every activation (of one minibatch with
+    # --batch-size); parameters, gradient, product; the largest-eigenvalue search's Lanczos
+    # basis (hessian.LANCZOS_BASIS parameter vectors); --top's ARPACK basis of max(2K + 1, 20)
+    # float64 vectors (on the host)
+    layers = plans.layers(plan.steps)
+    units = [math.prod(shape)] + [st.units_out for st in layers]
+    weights = sum(st.role.fan_in * st.role.fan_out for st in layers)
+    fields = kind.fields
+    rows = min(x.shape[0], hs.batch_size or x.shape[0])
+    whole = hs.batch_size is None
+    need = (8 * rows * sum(units) + 6 * weights + H.LANCZOS_BASIS * params) * itemsize
+    top_basis = H.arpack_basis(hs.top, params) if hs.top else 0
+    host = top_basis * params * 8
+    dev.check_memory(need + (host if device.type == "cpu" else 0), device, fields if whole else fields.replace("samples", "batch_size"),
+                     hint="; or take the data in minibatches with --batch-size" if whole else "")
+    if host and device.type != "cpu":
+        dev.check_memory(host, torch.device("cpu"), "top")
+    env = {"torch": torch.__version__, "device": str(device), "device_name": dev.device_name(device), "dtype": hs.dtype,
+           "threads": torch.get_num_threads(), "samples": int(x.shape[0]), "parameters": params, "top_products": top_basis}
+    if on_start is not None:
+        on_start(env)
+    runs = []
+    total, done = len(names) * hs.seeds, 0
+    for name in names:
+        scheme = schemes[name]
+        draws = []
+        for draw in range(hs.seeds):
+            t0 = time.perf_counter()
+            # the weights: drawn as the probe draws them; a data-dependent init calibrated on the
+            # first minibatch with --batch-size (the authors' code calibrates on one training batch)
+            m = H.build(plan.steps, scheme, kind.space(spec), x[:rows], hs.seed, draw, hs.head)
+            h = H.HVP(m, x, y, hs.batch_size)
+            gen = torch.Generator(device=device)
+            gen.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_POWER, draw))
+            if not math.isfinite(h.loss):
+                d = CurvatureDraw(draw, None, 0, None, "diverged", loss=h.loss, parameters=h.size)
+            else:
+                pr = H.largest_eigenvalue(h, gen, hs.iters, hs.tol)
+                top = H.lanczos_top(h, hs.top, seed=draw) if hs.top and pr.status != "diverged" else []
+                tr, se = H.hutchinson_trace(h, hs.trace, gen) if hs.trace and pr.status != "diverged" else (None, None)
+                d = CurvatureDraw(draw, pr.eigenvalue, pr.iterations, pr.residual, pr.status, top, tr, se, h.loss, h.size)
+            d.seconds = time.perf_counter() - t0
+            draws.append(d)
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{name}: draw {draw}")
+        description = kind.curvature_description(spec, scheme)
+        runs.append(CurvatureRun(name, description, draws))
+    # the data actually measured: a file's own count (or the first --samples of it)
+    config = {"command": kind.name, **spec.to_dict(), **hs.__dict__, "samples": int(x.shape[0])}
+    return HessianResult(kind.name, config, {"sigprop": __version__, **env}, runs)
