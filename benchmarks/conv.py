@@ -45,7 +45,10 @@ def floor(N: int, k: int, samples: int) -> float:
     steps = _plan(N, k)
 
     def kernel(st):
-        g = orthogonalize(torch.randn(st.role.fan_out, st.role.fan_in)) * inits.proposed_gain_sq(st.role) ** 0.5
+        g = (
+            orthogonalize(torch.randn(st.role.fan_out, st.role.fan_in))
+            * inits.proposed_gain_sq(st.role) ** 0.5
+        )
         return g.reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
 
     def conv(w, st, h):
@@ -74,9 +77,20 @@ def floor(N: int, k: int, samples: int) -> float:
             kept.append((inner, close, ws, wp, mask))
         d = torch.randn_like(h)
         for inner, close, ws, wp, mask in reversed(kept):
-            z = torch.nn.grad.conv2d_input(mask.shape, ws[1], d, stride=inner[1].stride, padding=inner[1].padding) * mask
-            z = torch.nn.grad.conv2d_input((d.shape[0], *inner[0].shape_in), ws[0], z, stride=inner[0].stride, padding=inner[0].padding)
-            s = d if wp is None else torch.nn.grad.conv2d_input((d.shape[0], *close.projection.shape_in), wp, d, stride=2)
+            z = (
+                torch.nn.grad.conv2d_input(
+                    mask.shape, ws[1], d, stride=inner[1].stride, padding=inner[1].padding
+                )
+                * mask
+            )
+            z = torch.nn.grad.conv2d_input(
+                (d.shape[0], *inner[0].shape_in), ws[0], z, stride=inner[0].stride, padding=inner[0].padding
+            )
+            s = (
+                d
+                if wp is None
+                else torch.nn.grad.conv2d_input((d.shape[0], *close.projection.shape_in), wp, d, stride=2)
+            )
             d = s + z
             n = torch.linalg.vector_norm(d.flatten(1), dim=1)
             norms.append(n)
@@ -105,8 +119,11 @@ def peer(N: int, k: int, samples: int) -> float:
 
     tree = plans._blocks(steps)
     stem = layer(tree[1])
-    blocks = [([layer(st) for st in it[0]], None if it[1].projection is None else layer(it[1].projection))
-              for it in tree[3:] if isinstance(it, tuple)]
+    blocks = [
+        ([layer(st) for st in it[0]], None if it[1].projection is None else layer(it[1].projection))
+        for it in tree[3:]
+        if isinstance(it, tuple)
+    ]
     x = torch.randn(samples, 3, 32, 32)
     h = stem(x)
     hs = [h]
@@ -143,13 +160,35 @@ def main() -> None:
 
     quick = "--quick" in sys.argv
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}; {repeat} interleaved rounds")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}; {repeat} interleaved rounds"
+    )
     cases = [(2, 1, 32)] if quick else [(16, 1, 100), (166, 1, 32)]
     for N, k, samples in cases:
         progs = {
-            "sigprop": [PY, "-m", "sigprop", "wrn", "--blocks", str(N), "--widen", str(k), "--samples", str(samples), "--init", "proposed",
-                        "--device", "cpu", "--threads", str(torch.get_num_threads()), "--format", "json", "--output", os.devnull],
+            "sigprop": [
+                PY,
+                "-m",
+                "sigprop",
+                "wrn",
+                "--blocks",
+                str(N),
+                "--widen",
+                str(k),
+                "--samples",
+                str(samples),
+                "--init",
+                "proposed",
+                "--device",
+                "cpu",
+                "--threads",
+                str(torch.get_num_threads()),
+                "--format",
+                "json",
+                "--output",
+                os.devnull,
+            ],
             "floor": [PY, __file__, "floor", str(N), str(k), str(samples)],
             "peer": [PY, __file__, "peer", str(N), str(k), str(samples)],
         }
@@ -158,9 +197,11 @@ def main() -> None:
         m = {key: max(r[key][1] for r in rounds) for key in progs}
         per = lambda a, b: sorted(r[a][0] / r[b][0] for r in rounds)
         fmt = lambda xs: f"{statistics.median(xs):.2f} [{xs[0]:.2f}-{xs[-1]:.2f}]"
-        print(f"WRN N={N} k={k} samples={samples}: sigprop {t['sigprop']:.2f}s {m['sigprop']:.0f} MiB, floor {t['floor']:.2f}s "
-              f"{m['floor']:.0f} MiB, peer {t['peer']:.2f}s {m['peer']:.0f} MiB; sigprop/floor {fmt(per('sigprop', 'floor'))}, "
-              f"sigprop/peer {fmt(per('sigprop', 'peer'))}, RSS/peer {m['sigprop'] / m['peer']:.2f}")
+        print(
+            f"WRN N={N} k={k} samples={samples}: sigprop {t['sigprop']:.2f}s {m['sigprop']:.0f} MiB, floor {t['floor']:.2f}s "
+            f"{m['floor']:.0f} MiB, peer {t['peer']:.2f}s {m['peer']:.0f} MiB; sigprop/floor {fmt(per('sigprop', 'floor'))}, "
+            f"sigprop/peer {fmt(per('sigprop', 'peer'))}, RSS/peer {m['sigprop'] / m['peer']:.2f}"
+        )
 
 
 if __name__ == "__main__":

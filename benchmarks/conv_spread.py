@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from sigprop import api, engine, specs
+from sigprop import api, specs
 
 INITS = ("proposed", "proposed-gaussian", "delta-orthogonal", "he", "pytorch", "pytorch-he")
 
@@ -27,9 +27,26 @@ INITS = ("proposed", "proposed-gaussian", "delta-orthogonal", "he", "pytorch", "
 def verdicts(seeds: int = 12) -> None:
     """Per cell and init: runs whose theory verdict failed, layers marked disagreeing."""
     cells = [
-        ("CNN 64 x 20", CNNSpec(inits=("proposed", "delta-orthogonal", "he", "pytorch", "pytorch-he", "proposed-gaussian")), 100),
-        ("CNN 16 x 40", CNNSpec(depth=40, channels=16, inits=("proposed", "delta-orthogonal", "he", "pytorch")), 100),
-        ("WRN N = 8", WRNSpec(blocks=8, inits=("proposed", "pytorch", "stage-hanin", "he", "pytorch-he", "proposed-gaussian")), 32),
+        (
+            "CNN 64 x 20",
+            CNNSpec(
+                inits=("proposed", "delta-orthogonal", "he", "pytorch", "pytorch-he", "proposed-gaussian")
+            ),
+            100,
+        ),
+        (
+            "CNN 16 x 40",
+            CNNSpec(depth=40, channels=16, inits=("proposed", "delta-orthogonal", "he", "pytorch")),
+            100,
+        ),
+        (
+            "WRN N = 8",
+            WRNSpec(
+                blocks=8,
+                inits=("proposed", "pytorch", "stage-hanin", "he", "pytorch-he", "proposed-gaussian"),
+            ),
+            32,
+        ),
     ]
     for label, spec, samples in cells:
         failed, layers, compared, runs = 0, 0, 0, 0
@@ -40,7 +57,10 @@ def verdicts(seeds: int = 12) -> None:
                 for v in run.agreement().values():
                     layers += v["layers_compared"] - v["layers_agreeing"]
                     compared += v["layers_compared"]
-        print(f"{label}: theory verdict failed in {failed}/{runs} runs; layers marked disagreeing {layers}/{compared}", flush=True)
+        print(
+            f"{label}: theory verdict failed in {failed}/{runs} runs; layers marked disagreeing {layers}/{compared}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -52,8 +72,10 @@ def main() -> None:
     if args.verdicts:
         verdicts()
         return
-    print(f"{'channels':>8s} {'depth':>5s} {'init':18s} {'fwd c':>7s} {'bwd c':>7s}   (variance of the per-draw mean ln ratio "
-          f"x 4c / layers; {args.draws} draws x {args.samples} samples)")
+    print(
+        f"{'channels':>8s} {'depth':>5s} {'init':18s} {'fwd c':>7s} {'bwd c':>7s}   (variance of the per-draw mean ln ratio "
+        f"x 4c / layers; {args.draws} draws x {args.samples} samples)"
+    )
     for channels in (16, 32, 64):
         for depth in (10, 30):
             t0 = time.perf_counter()

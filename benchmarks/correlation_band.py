@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
 import torch
 
 from sigprop import api, specs
@@ -20,11 +19,15 @@ from sigprop import api, specs
 def cells():
     for width in (64, 256):
         for init in ("proposed", "he", "pytorch", "datadep"):
-            yield f"mlp {init} width {width} depth 50", MLPSpec(depth=50, input_dim=width, width=specs.WidthSpec(width, width),
-                                                                    inits=(init,))
+            yield (
+                f"mlp {init} width {width} depth 50",
+                MLPSpec(depth=50, input_dim=width, width=specs.WidthSpec(width, width), inits=(init,)),
+            )
         for init in ("proposed", "he", "datadep"):
-            yield f"resnet {init} width {width} 30 blocks", ResNetSpec(blocks=30, dim=width, width=specs.WidthSpec(width, width),
-                                                                           inits=(init,))
+            yield (
+                f"resnet {init} width {width} 30 blocks",
+                ResNetSpec(blocks=30, dim=width, width=specs.WidthSpec(width, width), inits=(init,)),
+            )
         yield f"bn-resnet width {width} 30 blocks", ResNetSpec(blocks=30, dim=width, norm="bn", inits=("he",))
 
 
@@ -39,7 +42,9 @@ def main() -> None:
         for c0 in (0.0, 0.5):
             outside, total, worst = 0, 0, 0.0
             for seed in range(args.seeds):
-                r = api.probe(spec, specs.ProbeSpec(samples=8, seed=seed, device="cpu", correlations=(c0,), threads=1))
+                r = api.probe(
+                    spec, specs.ProbeSpec(samples=8, seed=seed, device="cpu", correlations=(c0,), threads=1)
+                )
                 for rec in r.runs[0].layers:
                     c = rec.correlation[0]
                     if c.agrees is None or c.std == 0:

@@ -50,7 +50,13 @@ def floor(L: int, n: int, N: int, seeds: int = 1, device: str = "cpu") -> float:
     torch.manual_seed(0)
     with torch.no_grad():
         for _ in range(seeds):
-            _run(L, n, N, dev, lambda: (orthogonalize(torch.randn(n, n, device=dev)) * 2**0.5 for _ in range(L)))
+            _run(
+                L,
+                n,
+                N,
+                dev,
+                lambda: (orthogonalize(torch.randn(n, n, device=dev)) * 2**0.5 for _ in range(L)),
+            )
     return time.perf_counter() - t0
 
 
@@ -64,8 +70,17 @@ def limit(L: int, n: int, N: int, device: str = "cpu", chunk: int = 32) -> float
     t0 = time.perf_counter()
     torch.manual_seed(0)
     with torch.no_grad():
-        _run(L, n, N, dev, lambda: (w for l0 in range(0, L, chunk)
-                                    for w in orthogonalize_batched(torch.randn(min(chunk, L - l0), n, n, device=dev)) * 2**0.5))
+        _run(
+            L,
+            n,
+            N,
+            dev,
+            lambda: (
+                w
+                for l0 in range(0, L, chunk)
+                for w in orthogonalize_batched(torch.randn(min(chunk, L - l0), n, n, device=dev)) * 2**0.5
+            ),
+        )
     return time.perf_counter() - t0
 
 

@@ -37,63 +37,170 @@ from sigprop.kinds.resnet import ResNetSpec
 from sigprop.kinds.wrn import WRNSpec
 from sigprop.results import compare_documents
 
-
 #: the CNN's inits as 0.7's registry listed them (unnormalized-he is defined for the CNN since 0.8)
-CNN_INITS = ("proposed", "proposed-gaussian", "he", "pytorch", "pytorch-he", "pytorch-orthogonal", "datadep", "delta-orthogonal")
+CNN_INITS = (
+    "proposed",
+    "proposed-gaussian",
+    "he",
+    "pytorch",
+    "pytorch-he",
+    "pytorch-orthogonal",
+    "datadep",
+    "delta-orthogonal",
+)
 
 
 def grid():
     for stream in (False, True):
         for seeds in (1, 3):
             for dtype in ("float64", "float32"):
-                probe = specs.ProbeSpec(samples=16, seed=7, seeds=seeds, device="cpu", dtype=dtype, stream=stream, threads=1)
-                yield f"mlp fixed {dtype} stream={stream} seeds={seeds}", MLPSpec(
-                    depth=6, input_dim=20, width=specs.WidthSpec(24, 24), inits=tuple(inits.names(()))), probe
-                yield f"mlp random {dtype} stream={stream} seeds={seeds}", MLPSpec(
-                    depth=5, input_dim=12, width=specs.WidthSpec(8, 30), inits=("proposed", "datadep", "pytorch")), probe
-                yield f"resnet stages {dtype} stream={stream} seeds={seeds}", ResNetSpec(
-                    blocks=3, stages=2, dim=12, width=specs.WidthSpec(6, 14), block_depth=2, inits=tuple(inits.names({"blocks"}))), probe
-                yield f"resnet bn {dtype} stream={stream} seeds={seeds}", ResNetSpec(blocks=4, dim=10, norm="bn", inits=("he",)), probe
-                yield f"resnet none {dtype} stream={stream} seeds={seeds}", ResNetSpec(
-                    blocks=3, dim=10, width=specs.WidthSpec(8, 8), norm="none", inits=("he", "skipinit")), probe
-                yield f"cnn {dtype} stream={stream} seeds={seeds}", CNNSpec(
-                    depth=4, channels=5, image=(2, 7, 6), strided=2, inits=CNN_INITS), probe
-                yield f"wrn {dtype} stream={stream} seeds={seeds}", WRNSpec(
-                    blocks=2, image=(2, 8, 8), inits=tuple(n for n in inits.names({"blocks", "taps"}) if inits.get(n).normalized)), probe
-                yield f"wrn none {dtype} stream={stream} seeds={seeds}", WRNSpec(
-                    blocks=1, image=(2, 6, 6), norm="none", inits=("he", "skipinit-sqrt")), probe
-                yield f"wrn bottleneck {dtype} stream={stream} seeds={seeds}", WRNSpec(
-                    blocks=1, image=(2, 8, 8), bottleneck=True, inits=("proposed", "datadep")), probe
-                yield f"wrn bn {dtype} stream={stream} seeds={seeds}", WRNSpec(blocks=1, image=(2, 6, 6), norm="bn", inits=("he",)), probe
+                probe = specs.ProbeSpec(
+                    samples=16, seed=7, seeds=seeds, device="cpu", dtype=dtype, stream=stream, threads=1
+                )
+                yield (
+                    f"mlp fixed {dtype} stream={stream} seeds={seeds}",
+                    MLPSpec(
+                        depth=6, input_dim=20, width=specs.WidthSpec(24, 24), inits=tuple(inits.names(()))
+                    ),
+                    probe,
+                )
+                yield (
+                    f"mlp random {dtype} stream={stream} seeds={seeds}",
+                    MLPSpec(
+                        depth=5,
+                        input_dim=12,
+                        width=specs.WidthSpec(8, 30),
+                        inits=("proposed", "datadep", "pytorch"),
+                    ),
+                    probe,
+                )
+                yield (
+                    f"resnet stages {dtype} stream={stream} seeds={seeds}",
+                    ResNetSpec(
+                        blocks=3,
+                        stages=2,
+                        dim=12,
+                        width=specs.WidthSpec(6, 14),
+                        block_depth=2,
+                        inits=tuple(inits.names({"blocks"})),
+                    ),
+                    probe,
+                )
+                yield (
+                    f"resnet bn {dtype} stream={stream} seeds={seeds}",
+                    ResNetSpec(blocks=4, dim=10, norm="bn", inits=("he",)),
+                    probe,
+                )
+                yield (
+                    f"resnet none {dtype} stream={stream} seeds={seeds}",
+                    ResNetSpec(
+                        blocks=3, dim=10, width=specs.WidthSpec(8, 8), norm="none", inits=("he", "skipinit")
+                    ),
+                    probe,
+                )
+                yield (
+                    f"cnn {dtype} stream={stream} seeds={seeds}",
+                    CNNSpec(depth=4, channels=5, image=(2, 7, 6), strided=2, inits=CNN_INITS),
+                    probe,
+                )
+                yield (
+                    f"wrn {dtype} stream={stream} seeds={seeds}",
+                    WRNSpec(
+                        blocks=2,
+                        image=(2, 8, 8),
+                        inits=tuple(n for n in inits.names({"blocks", "taps"}) if inits.get(n).normalized),
+                    ),
+                    probe,
+                )
+                yield (
+                    f"wrn none {dtype} stream={stream} seeds={seeds}",
+                    WRNSpec(blocks=1, image=(2, 6, 6), norm="none", inits=("he", "skipinit-sqrt")),
+                    probe,
+                )
+                yield (
+                    f"wrn bottleneck {dtype} stream={stream} seeds={seeds}",
+                    WRNSpec(blocks=1, image=(2, 8, 8), bottleneck=True, inits=("proposed", "datadep")),
+                    probe,
+                )
+                yield (
+                    f"wrn bn {dtype} stream={stream} seeds={seeds}",
+                    WRNSpec(blocks=1, image=(2, 6, 6), norm="bn", inits=("he",)),
+                    probe,
+                )
 
 
 def correlation_grid():
     """Every net kind with input pairs of two cosines (the correlation observer and its theory)."""
     for dtype in ("float64", "float32"):
-        probe = specs.ProbeSpec(samples=8, seed=5, seeds=2, device="cpu", dtype=dtype, correlations=(0.0, 0.5), pairs=6, threads=1)
-        yield f"corr mlp {dtype}", MLPSpec(depth=5, input_dim=12, width=specs.WidthSpec(10, 14),
-                                                  inits=("proposed", "pytorch", "datadep")), probe
-        yield f"corr resnet {dtype}", ResNetSpec(blocks=3, dim=12, width=specs.WidthSpec(8, 8),
-                                                        inits=("proposed", "he", "datadep")), probe
+        probe = specs.ProbeSpec(
+            samples=8, seed=5, seeds=2, device="cpu", dtype=dtype, correlations=(0.0, 0.5), pairs=6, threads=1
+        )
+        yield (
+            f"corr mlp {dtype}",
+            MLPSpec(
+                depth=5, input_dim=12, width=specs.WidthSpec(10, 14), inits=("proposed", "pytorch", "datadep")
+            ),
+            probe,
+        )
+        yield (
+            f"corr resnet {dtype}",
+            ResNetSpec(blocks=3, dim=12, width=specs.WidthSpec(8, 8), inits=("proposed", "he", "datadep")),
+            probe,
+        )
         yield f"corr resnet bn {dtype}", ResNetSpec(blocks=3, dim=10, norm="bn", inits=("he",)), probe
-        yield f"corr cnn {dtype}", CNNSpec(depth=3, channels=4, image=(2, 6, 6), strided=1,
-                                                  inits=("proposed", "delta-orthogonal", "pytorch")), probe
-        yield f"corr wrn {dtype}", WRNSpec(blocks=1, image=(2, 8, 8), inits=("proposed", "stage-hanin")), probe
+        yield (
+            f"corr cnn {dtype}",
+            CNNSpec(
+                depth=3,
+                channels=4,
+                image=(2, 6, 6),
+                strided=1,
+                inits=("proposed", "delta-orthogonal", "pytorch"),
+            ),
+            probe,
+        )
+        yield (
+            f"corr wrn {dtype}",
+            WRNSpec(blocks=1, image=(2, 8, 8), inits=("proposed", "stage-hanin")),
+            probe,
+        )
 
 
 def hessian_grid():
     """The curvature of every net kind: the largest eigenvalue, Lanczos' top 2 and Hutchinson's trace."""
     for dtype in ("float64", "float32"):
-        hs = specs.HessianSpec(samples=12, seeds=2, device="cpu", dtype=dtype, iters=40, top=2, trace=3, threads=1)
-        yield f"hessian mlp {dtype}", MLPSpec(depth=3, input_dim=6, width=specs.WidthSpec(5, 7),
-                                                     inits=("proposed", "pytorch-he", "datadep")), hs
-        yield f"hessian resnet {dtype}", ResNetSpec(blocks=2, dim=6, width=specs.WidthSpec(5, 5), inits=("proposed", "skipinit-sqrt")), hs
+        hs = specs.HessianSpec(
+            samples=12, seeds=2, device="cpu", dtype=dtype, iters=40, top=2, trace=3, threads=1
+        )
+        yield (
+            f"hessian mlp {dtype}",
+            MLPSpec(
+                depth=3, input_dim=6, width=specs.WidthSpec(5, 7), inits=("proposed", "pytorch-he", "datadep")
+            ),
+            hs,
+        )
+        yield (
+            f"hessian resnet {dtype}",
+            ResNetSpec(blocks=2, dim=6, width=specs.WidthSpec(5, 5), inits=("proposed", "skipinit-sqrt")),
+            hs,
+        )
         yield f"hessian resnet bn {dtype}", ResNetSpec(blocks=2, dim=6, norm="bn", inits=("he",)), hs
-        yield f"hessian cnn {dtype}", CNNSpec(depth=2, channels=3, image=(2, 5, 5), strided=1, inits=("proposed", "pytorch")), hs
-        yield f"hessian wrn {dtype}", WRNSpec(blocks=1, image=(2, 4, 4), inits=("proposed", "stage-hanin")), hs
+        yield (
+            f"hessian cnn {dtype}",
+            CNNSpec(depth=2, channels=3, image=(2, 5, 5), strided=1, inits=("proposed", "pytorch")),
+            hs,
+        )
+        yield (
+            f"hessian wrn {dtype}",
+            WRNSpec(blocks=1, image=(2, 4, 4), inits=("proposed", "stage-hanin")),
+            hs,
+        )
         yield f"hessian wrn bn {dtype}", WRNSpec(blocks=1, image=(2, 4, 4), norm="bn", inits=("he",)), hs
-        yield f"hessian mlp head-init {dtype}", MLPSpec(depth=2, input_dim=5, width=specs.WidthSpec(4, 4),
-                                                                inits=("proposed", "datadep")), replace(hs, head="init", batch_size=5)
+        yield (
+            f"hessian mlp head-init {dtype}",
+            MLPSpec(depth=2, input_dim=5, width=specs.WidthSpec(4, 4), inits=("proposed", "datadep")),
+            replace(hs, head="init", batch_size=5),
+        )
 
 
 def _strip(doc):
@@ -115,8 +222,18 @@ def engine_arrays() -> dict:
 
     def walk(steps, scheme, x, e, seed, stream, observers):
         units, record_input = walker.compile_plan(steps, scheme)
-        return walker.walk(units, scheme, x, e, seed, [0, 2], observers, record_input, stream=stream,
-                           runner=replay.Emulated()).observed
+        return walker.walk(
+            units,
+            scheme,
+            x,
+            e,
+            seed,
+            [0, 2],
+            observers,
+            record_input,
+            stream=stream,
+            runner=replay.Emulated(),
+        ).observed
 
     out = {}
     x, e = sampling.probe_inputs(3, 8, 10, 16, "cpu", torch.float64)
@@ -126,14 +243,33 @@ def engine_arrays() -> dict:
             sampling.BATCHED_HAAR = haar
             for stream in (False, True):
                 for name in ("proposed", "datadep", "he"):
-                    o = walk(mlp.steps([10, 16, 16, 16, 16, 16, 16]), inits.get(name), x, e, 5, stream, [ForwardRatio(), BackwardRatio()])
+                    o = walk(
+                        mlp.steps([10, 16, 16, 16, 16, 16, 16]),
+                        inits.get(name),
+                        x,
+                        e,
+                        5,
+                        stream,
+                        [ForwardRatio(), BackwardRatio()],
+                    )
                     out[f"mlp {haar} {stream} {name}"] = {"fwd": o["fwd"].tolist(), "bwd": o["bwd"].tolist()}
                 plan = resnet.resnet_plan(10, 2, 2, 1, [7, 9, 8, 6])
                 xr, er = sampling.probe_inputs(3, 8, 10, 20, "cpu", torch.float64)
                 for name in ("proposed", "datadep"):
-                    o = walk(plan.steps, inits.get(name), xr, er, 3, stream, [ForwardRatio(), BackwardRatio(), BranchRatio()])
-                    out[f"resnet {haar} {stream} {name}"] = {"fwd": o["fwd"].tolist(), "bwd": o["bwd"].tolist(),
-                                                            "branch": o["branch"].tolist()}
+                    o = walk(
+                        plan.steps,
+                        inits.get(name),
+                        xr,
+                        er,
+                        3,
+                        stream,
+                        [ForwardRatio(), BackwardRatio(), BranchRatio()],
+                    )
+                    out[f"resnet {haar} {stream} {name}"] = {
+                        "fwd": o["fwd"].tolist(),
+                        "bwd": o["bwd"].tolist(),
+                        "branch": o["branch"].tolist(),
+                    }
     finally:
         sampling.BATCHED_HAAR = saved
     return out
@@ -172,8 +308,10 @@ def main() -> None:
     added = [d for d in diffs if d[1] is None]
     rounded = [d for d in diffs if d[1] is not None and _prediction(d[0]) and _close(d[0], d[1], d[2])]
     changed = [d for d in diffs if d[1] is not None and d not in rounded]
-    print(f"{count} numbers compared over {len(docs)} documents: {len(changed)} differ; {len(rounded)} predictions within "
-          f"{PREDICTION_RTOL:g} relative; {len(added)} keys added")
+    print(
+        f"{count} numbers compared over {len(docs)} documents: {len(changed)} differ; {len(rounded)} predictions within "
+        f"{PREDICTION_RTOL:g} relative; {len(added)} keys added"
+    )
     for path, a, b in changed[:20]:
         print(f"  {path}: {a!r} -> {b!r}")
     where: dict[tuple[str, str], int] = {}
@@ -197,13 +335,24 @@ PREDICTION_RTOL = 1e-12
 
 def _prediction(path: str) -> bool:
     key = path.split(".")[-1].split("[")[0]
-    return "predicted" in key or key in ("low", "high", "log10_low", "log10_high", "forward_band", "backward_band")
+    return "predicted" in key or key in (
+        "low",
+        "high",
+        "log10_low",
+        "log10_high",
+        "forward_band",
+        "backward_band",
+    )
 
 
 def _close(path: str, a, b) -> bool:
     """Within PREDICTION_RTOL relative -- for a log10 value, that much of a decade absolute (the
     relative error of the ratio it stands for)."""
-    if not (isinstance(a, (int, float)) and isinstance(b, (int, float))) or isinstance(a, bool) or isinstance(b, bool):
+    if (
+        not (isinstance(a, (int, float)) and isinstance(b, (int, float)))
+        or isinstance(a, bool)
+        or isinstance(b, bool)
+    ):
         return False
     if path.split(".")[-1].startswith("log10"):
         return abs(a - b) <= PREDICTION_RTOL

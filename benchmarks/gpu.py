@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from sigprop import engine, specs
+from sigprop import specs
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -49,10 +49,14 @@ def peak(device: str) -> float:
     return torch.cuda.max_memory_allocated() / GIB if device.startswith("cuda") else float("nan")
 
 
-def probe(L: int, n: int, N: int, device: str, stream: bool | None, graphs: bool | None = None, seeds: int = 1) -> tuple[float, dict]:
+def probe(
+    L: int, n: int, N: int, device: str, stream: bool | None, graphs: bool | None = None, seeds: int = 1
+) -> tuple[float, dict]:
     spec = MLPSpec(depth=L, input_dim=n, width=specs.WidthSpec(n, n), inits=("proposed",))
     t0 = time.perf_counter()
-    _, _, env = walks.measure(spec, specs.ProbeSpec(samples=N, device=device, stream=stream, graphs=graphs, seeds=seeds))
+    _, _, env = walks.measure(
+        spec, specs.ProbeSpec(samples=N, device=device, stream=stream, graphs=graphs, seeds=seeds)
+    )
     sync(device)
     return time.perf_counter() - t0, env
 
@@ -68,9 +72,16 @@ def timed(device: str, fn, *args) -> tuple[float, float]:
 def main() -> None:
     device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
     quick = "--quick" in sys.argv
-    only = {int(x) for x in sys.argv[sys.argv.index("--only") + 1].split(",")} if "--only" in sys.argv else {1, 2, 3, 4, 5}
+    only = (
+        {int(x) for x in sys.argv[sys.argv.index("--only") + 1].split(",")}
+        if "--only" in sys.argv
+        else {1, 2, 3, 4, 5}
+    )
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-    print(f"device {device} ({name}), torch {torch.__version__}, sigprop chunk {sampling.CHUNK_MAX}, batched Haar {sampling.BATCHED_HAAR}", flush=True)
+    print(
+        f"device {device} ({name}), torch {torch.__version__}, sigprop chunk {sampling.CHUNK_MAX}, batched Haar {sampling.BATCHED_HAAR}",
+        flush=True,
+    )
     probe(10, 64, 16, device, None)  # warm-up: CUDA context, cuBLAS/cuSOLVER handles
     floor(3, 64, 16, 1, device)
     limit(3, 64, 16, device)
@@ -78,27 +89,40 @@ def main() -> None:
         L, n, N = (200, 128, 100) if quick else (10_000, 1024, 1000)
         t_s, p_s = timed(device, lambda: probe(L, n, N, device, None))
         env = probe(2, n, 4, device, None)[1]
-        t_e, _ = timed(device, lambda: probe(L, n, N, device, None, graphs=False)) if device.startswith("cuda") else (float("nan"), 0)
+        t_e, _ = (
+            timed(device, lambda: probe(L, n, N, device, None, graphs=False))
+            if device.startswith("cuda")
+            else (float("nan"), 0)
+        )
         t_f, p_f = timed(device, lambda: floor(L, n, N, 1, device))
         t_l, p_l = timed(device, lambda: limit(L, n, N, device))
         w = L * n * n * 4 / GIB
         masks = L * N * n / 8 / GIB
-        print(f"1. L={L} n={n} N={N}: sigprop {t_s:.2f} s (graphs {env['graphs']}), --no-graphs {t_e:.2f} s, floor {t_f:.2f} s, "
-              f"limit {t_l:.2f} s: sigprop / limit {t_s / t_l:.2f} (target <= 1.3), sigprop / floor {t_s / t_f:.2f}, "
-              f"--no-graphs / limit {t_e / t_l:.2f}; peak {p_s:.2f} GiB vs weights {w:.2f} + masks {masks:.2f} GiB: "
-              f"{p_s / (w + masks):.3f}x (target <= 1.15x + 1 GiB = {1.15 * (w + masks) + 1:.2f} GiB); floor peak {p_f:.2f}, limit peak {p_l:.2f} GiB", flush=True)
+        print(
+            f"1. L={L} n={n} N={N}: sigprop {t_s:.2f} s (graphs {env['graphs']}), --no-graphs {t_e:.2f} s, floor {t_f:.2f} s, "
+            f"limit {t_l:.2f} s: sigprop / limit {t_s / t_l:.2f} (target <= 1.3), sigprop / floor {t_s / t_f:.2f}, "
+            f"--no-graphs / limit {t_e / t_l:.2f}; peak {p_s:.2f} GiB vs weights {w:.2f} + masks {masks:.2f} GiB: "
+            f"{p_s / (w + masks):.3f}x (target <= 1.15x + 1 GiB = {1.15 * (w + masks) + 1:.2f} GiB); floor peak {p_f:.2f}, limit peak {p_l:.2f} GiB",
+            flush=True,
+        )
     if 2 in only:
-        for n in ((64,) if quick else (256, 1024)):
+        for n in (64,) if quick else (256, 1024):
             L, N = (100, 100) if quick else (2000, 1000)
             t_s, p_s = timed(device, lambda: probe(L, n, N, device, None))
             t_p, p_p = timed(device, lambda: peer(L, n, N, device))
-            print(f"2. L={L} n={n} N={N}: sigprop {t_s:.2f} s, {p_s:.2f} GiB; peer {t_p:.2f} s, {p_p:.2f} GiB: "
-                  f"time {t_s / t_p:.3f}x (target <= 0.25), memory {p_s / p_p:.3f}x (target <= 0.4)", flush=True)
+            print(
+                f"2. L={L} n={n} N={N}: sigprop {t_s:.2f} s, {p_s:.2f} GiB; peer {t_p:.2f} s, {p_p:.2f} GiB: "
+                f"time {t_s / t_p:.3f}x (target <= 0.25), memory {p_s / p_p:.3f}x (target <= 0.4)",
+                flush=True,
+            )
     if 3 in only:
         probe(100, 128, 256, device, None, seeds=16)  # warm-up of the 16-draw shapes
         t1 = min(timed(device, lambda: probe(100, 128, 256, device, None, seeds=1))[0] for _ in range(3))
         t16 = min(timed(device, lambda: probe(100, 128, 256, device, None, seeds=16))[0] for _ in range(3))
-        print(f"3. L=100 n=128 N=256: --seeds 16 {t16:.3f} s vs --seeds 1 {t1:.3f} s: {t16 / t1:.2f}x (target <= 2), best of 3", flush=True)
+        print(
+            f"3. L=100 n=128 N=256: --seeds 16 {t16:.3f} s vs --seeds 1 {t1:.3f} s: {t16 / t1:.2f}x (target <= 2), best of 3",
+            flush=True,
+        )
     if 4 in only:
         L, n, N = (100, 256, 64) if quick else (10_000, 4096, 256)
         try:
@@ -108,7 +132,9 @@ def main() -> None:
             print(f"4. L={L} n={n} N={N} --stream: FAILED: {type(exc).__name__}: {exc}", flush=True)
     if 5 in only:
         print("5. default runs, phases:", flush=True)
-        out = subprocess.run([sys.executable, str(HERE / "phases.py"), "--device", device], capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, str(HERE / "phases.py"), "--device", device], capture_output=True, text=True
+        )
         print(out.stdout.strip() or out.stderr.strip(), flush=True)
 
 

@@ -14,7 +14,7 @@ import sys
 import time
 
 t0 = time.perf_counter()
-from sigprop import api, engine, inits, report, specs, stats  # noqa: E402  (torch is imported here)
+from sigprop import engine, inits, report, specs, stats  # noqa: E402  (torch is imported here)
 
 T_IMPORT = time.perf_counter() - t0
 
@@ -38,7 +38,10 @@ def phases(kind: str, device: str) -> dict[str, float]:
         runs = [walks.mlp_run(inits.get(n), widths, *arrays[n]) for n in spec.inits]
     else:
         plan, arrays, env = out
-        runs = [stats.resnet_run(inits.get(n), plan, arrays[n], probe.samples, probe.dtype) for n in spec.resolved_inits()]
+        runs = [
+            stats.resnet_run(inits.get(n), plan, arrays[n], probe.samples, probe.dtype)
+            for n in spec.resolved_inits()
+        ]
     marks["stats"] = time.perf_counter()
     from sigprop.results import ProbeResult
 
@@ -61,8 +64,11 @@ def main() -> None:
         for _ in range(repeat):
             p = phases(kind, device)
             best = p if best is None or sum(p.values()) < sum(best.values()) else best
-        print(f"sigprop {kind:6s} defaults: " + ", ".join(f"{k} {v:.3f} s" for k, v in best.items()) +
-              f"  (total after import {sum(best.values()):.2f} s)")
+        print(
+            f"sigprop {kind:6s} defaults: "
+            + ", ".join(f"{k} {v:.3f} s" for k, v in best.items())
+            + f"  (total after import {sum(best.values()):.2f} s)"
+        )
 
 
 if __name__ == "__main__":

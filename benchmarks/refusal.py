@@ -17,5 +17,9 @@ CASES = [
 
 for args in CASES:
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "sigprop", *args, "--device", "cpu"], capture_output=True, text=True)
-    print(f"{' '.join(args)}: exit {out.returncode} in {time.perf_counter() - t0:.2f} s: {out.stderr.strip().splitlines()[-1]}")
+    out = subprocess.run(
+        [sys.executable, "-m", "sigprop", *args, "--device", "cpu"], capture_output=True, text=True
+    )
+    print(
+        f"{' '.join(args)}: exit {out.returncode} in {time.perf_counter() - t0:.2f} s: {out.stderr.strip().splitlines()[-1]}"
+    )

@@ -58,9 +58,19 @@ def run_cell(arch: str, width: int, size: int, seeds: int, samples: int, seed_st
         for run in result.runs:
             fails[run.init] += 0 if run.preserved else 1
             fails_theory[run.init] += 0 if run.agrees_with_theory else 1
-    return {"arch": arch, "width": width, "size": size, "seeds": seeds, "seed_start": seed_start, "sigprop": __version__,
-            "samples": samples, "gate": "preserved", "failed": fails, "failed_theory": fails_theory,
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "arch": arch,
+        "width": width,
+        "size": size,
+        "seeds": seeds,
+        "seed_start": seed_start,
+        "sigprop": __version__,
+        "samples": samples,
+        "gate": "preserved",
+        "failed": fails,
+        "failed_theory": fails_theory,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def merge(rows: list[dict]) -> list[dict]:
@@ -77,7 +87,11 @@ def merge(rows: list[dict]) -> list[dict]:
             continue
         spans.setdefault(key, []).append((lo, hi))
         if key not in out:
-            out[key] = dict(r, failed=dict(r["failed"]), **({"failed_theory": dict(r["failed_theory"])} if "failed_theory" in r else {}))
+            out[key] = dict(
+                r,
+                failed=dict(r["failed"]),
+                **({"failed_theory": dict(r["failed_theory"])} if "failed_theory" in r else {}),
+            )
             continue
         m = out[key]
         m["seeds"] += r["seeds"]
@@ -96,7 +110,9 @@ def main() -> None:
     ap.add_argument("--sizes", default=None, help="only these depths/blocks, e.g. 50,200")
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--widths", default="64,256,1024")
-    ap.add_argument("--max-cost", type=float, default=float("inf"), help="skip cells whose seeds x inits cost more flops")
+    ap.add_argument(
+        "--max-cost", type=float, default=float("inf"), help="skip cells whose seeds x inits cost more flops"
+    )
     ap.add_argument("--out", default="reliability.jsonl")
     ap.add_argument("--arch", choices=("mlp", "resnet", "both"), default="both")
     ap.add_argument("--quick", action="store_true", help="20 seeds, widths 64 and 256, 100 samples")
@@ -112,7 +128,9 @@ def main() -> None:
             if r.get("gate") == "preserved":
                 done[(r["arch"], r["width"], r["size"], r["seeds"], r["samples"], r.get("seed_start", 0))] = r
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else None
-    cells = [("mlp", w, d) for w in widths for d in sizes or MLP_DEPTHS] + [("resnet", w, b) for w in widths for b in sizes or RESNET_BLOCKS]
+    cells = [("mlp", w, d) for w in widths for d in sizes or MLP_DEPTHS] + [
+        ("resnet", w, b) for w in widths for b in sizes or RESNET_BLOCKS
+    ]
     cells = [c for c in cells if args.arch in ("both", c[0])]
     cells.sort(key=lambda c: cost(c[0], c[1], c[2], args.samples))
     rows = []
@@ -130,19 +148,26 @@ def main() -> None:
             fh.write(json.dumps(r) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
-        print(f"{arch} width {width} size {size}: {r['failed']} of {r['seeds']} failed ({r['seconds']} s)", flush=True)
+        print(
+            f"{arch} width {width} size {size}: {r['failed']} of {r['seeds']} failed ({r['seconds']} s)",
+            flush=True,
+        )
         rows.append(r)
     print()
-    print(f"{'net':7s} {'width':>5s} {'depth':>5s} {'seeds':>5s} {'N':>5s}  {'proposed fails':>14s}  {'he passes':>9s} {'pytorch':>8s} {'datadep':>8s}"
-          f"  (verdict 'preserved'; proposed disagreeing with theory)")
+    print(
+        f"{'net':7s} {'width':>5s} {'depth':>5s} {'seeds':>5s} {'N':>5s}  {'proposed fails':>14s}  {'he passes':>9s} {'pytorch':>8s} {'datadep':>8s}"
+        f"  (verdict 'preserved'; proposed disagreeing with theory)"
+    )
     shown = {(r["arch"], r["width"], r["size"]) for r in rows}
     rows += [r for r in done.values() if (r["arch"], r["width"], r["size"]) in shown and r not in rows]
     for r in sorted(merge(rows), key=lambda r: (r["arch"], r["width"], r["size"])):
         n, f = r["seeds"], r["failed"]
         passes = {k: n - f[k] for k in INITS}
-        print(f"{r['arch']:7s} {r['width']:5d} {r['size']:5d} {n:5d} {r['samples']:5d}  "
-              f"{f['proposed']:4d} ({100 * f['proposed'] / n:4.1f}%)  {passes['he']:9d} {passes['pytorch']:8d} {passes['datadep']:8d}"
-              f"  {r.get('failed_theory', {}).get('proposed', '-')}")
+        print(
+            f"{r['arch']:7s} {r['width']:5d} {r['size']:5d} {n:5d} {r['samples']:5d}  "
+            f"{f['proposed']:4d} ({100 * f['proposed'] / n:4.1f}%)  {passes['he']:9d} {passes['pytorch']:8d} {passes['datadep']:8d}"
+            f"  {r.get('failed_theory', {}).get('proposed', '-')}"
+        )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def measure(cmd: list[str]) -> tuple[float, float]:
     err = proc.stderr.read().decode() if proc.stderr else ""
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed with {code}: {err.strip().splitlines()[-1:] }")
+        raise SystemExit(f"{' '.join(cmd)} failed with {code}: {err.strip().splitlines()[-1:]}")
     return wall, usage.ru_maxrss / 1024.0
 
 
@@ -39,9 +39,33 @@ def sigprop_cmd(L: int, n: int, N: int, seeds: int = 1, *extra: str) -> list[str
     default is half the cores since 0.4.0: the comparison is of the work, not of the threads)."""
     import torch
 
-    return [PY, "-m", "sigprop", "mlp", "--depth", str(L), "--width", str(n), "--input-dim", str(n),
-            "--samples", str(N), "--seeds", str(seeds), "--init", "proposed", "--device", "cpu",
-            "--threads", str(torch.get_num_threads()), "--format", "json", "--output", os.devnull, *extra]
+    return [
+        PY,
+        "-m",
+        "sigprop",
+        "mlp",
+        "--depth",
+        str(L),
+        "--width",
+        str(n),
+        "--input-dim",
+        str(n),
+        "--samples",
+        str(N),
+        "--seeds",
+        str(seeds),
+        "--init",
+        "proposed",
+        "--device",
+        "cpu",
+        "--threads",
+        str(torch.get_num_threads()),
+        "--format",
+        "json",
+        "--output",
+        os.devnull,
+        *extra,
+    ]
 
 
 def main() -> None:
@@ -49,8 +73,10 @@ def main() -> None:
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
     import torch
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}, python {platform.python_version()}; {repeat} interleaved rounds")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}, python {platform.python_version()}; {repeat} interleaved rounds"
+    )
     L, n, N = (60, 256, 500) if quick else (300, 512, 1000)
     L2 = 400 if quick else 2000
     programs = {
@@ -73,18 +99,28 @@ def main() -> None:
     ratio = lambda a, b: [r[a][0] / r[b][0] for r in rounds]
     spread = lambda xs: f"{med(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
     print()
-    print(f"time: median over rounds (s); peak RSS: max over rounds (MiB); ratios: median [min-max] of per-round ratios")
-    print(f"{'case':20s} {'sigprop':>7s} {'MiB':>6s} {'floor':>6s} {'MiB':>6s} {'peer':>6s} {'MiB':>6s}  "
-          f"{'t/floor':>16s} {'t/peer':>16s} {'rss/peer':>8s}  target")
-    rows = [(f"L={L} n={n} N={N}", "s1", "f1", "p1", "time <= 1.3 floor, <= 0.6 peer; RSS <= 0.4 peer"),
-            (f"L={L2} n=256 N=1000", "s2", "f2", None, "RSS <= 1 GB"),
-            ("  same, --stream", "s3", "f2", None, "RSS <= 1 GB")]
+    print(
+        "time: median over rounds (s); peak RSS: max over rounds (MiB); ratios: median [min-max] of per-round ratios"
+    )
+    print(
+        f"{'case':20s} {'sigprop':>7s} {'MiB':>6s} {'floor':>6s} {'MiB':>6s} {'peer':>6s} {'MiB':>6s}  "
+        f"{'t/floor':>16s} {'t/peer':>16s} {'rss/peer':>8s}  target"
+    )
+    rows = [
+        (f"L={L} n={n} N={N}", "s1", "f1", "p1", "time <= 1.3 floor, <= 0.6 peer; RSS <= 0.4 peer"),
+        (f"L={L2} n=256 N=1000", "s2", "f2", None, "RSS <= 1 GB"),
+        ("  same, --stream", "s3", "f2", None, "RSS <= 1 GB"),
+    ]
     for name, s, f, p, target in rows:
         ps = f"{t[p]:6.2f} {m[p]:6.0f}" if p else f"{'—':>6s} {'—':>6s}"
         tp = f"{spread(ratio(s, p)):>16s}" if p else f"{'—':>16s}"
         rp = f"{m[s] / m[p]:8.2f}" if p else f"{'—':>8s}"
-        print(f"{name:20s} {t[s]:7.2f} {m[s]:6.0f} {t[f]:6.2f} {m[f]:6.0f} {ps}  {spread(ratio(s, f)):>16s} {tp} {rp}  {target}")
-    print(f"seeds 16 vs 1 (L=100 n=128 N=256): {t['many']:.2f}s vs {t['one']:.2f}s, ratio {spread(ratio('many', 'one'))}  (target <= 4)")
+        print(
+            f"{name:20s} {t[s]:7.2f} {m[s]:6.0f} {t[f]:6.2f} {m[f]:6.0f} {ps}  {spread(ratio(s, f)):>16s} {tp} {rp}  {target}"
+        )
+    print(
+        f"seeds 16 vs 1 (L=100 n=128 N=256): {t['many']:.2f}s vs {t['one']:.2f}s, ratio {spread(ratio('many', 'one'))}  (target <= 4)"
+    )
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from sigprop import engine, inits, specs, stats, theory
+from sigprop import inits, specs, stats
 
 
 def main() -> None:
@@ -66,8 +66,10 @@ def main() -> None:
         widths = [n] * (L + 1)
         pred = plans.predict(mlp.steps(widths), scheme)
         cum_f, cum_b = closed_forms.log_ratio_cumulants(widths, scheme.orthogonal)
-        models = (("forward, layer L", np.array(fwd), pred.ln_forward[L - 1], cum_f[L - 1]),
-                  ("backward, layer 1", np.array(bwd), pred.ln_backward[0], cum_b[0]))
+        models = (
+            ("forward, layer L", np.array(fwd), pred.ln_forward[L - 1], cum_f[L - 1]),
+            ("backward, layer 1", np.array(bwd), pred.ln_backward[0], cum_b[0]),
+        )
         what = "exact cumulants (closed_forms.log_ratio_cumulants)"
     else:
         pred = resnet.prediction(scheme, plan)
@@ -75,26 +77,54 @@ def main() -> None:
         ref = inits.get("proposed-gaussian")
         ref_f, ref_b, _, _ = stats.resnet_variances(ref, plan, resnet.prediction(ref, plan))
         vf, vb = float(var_f[-1] - var_f[0]), float(var_b[0] - var_b[-1])
-        models = (("forward, ||h^B||/||h^0||", np.array(fwd), pred.ln_forward[-1] - pred.ln_forward[0], (-vf, vf, 0.0)),
-                  ("backward, ||dl/dh^0||/||dl/dh^B||", np.array(bwd), pred.ln_backward[0] - pred.ln_backward[-1], (-vb, vb, 0.0)))
-        what = (f"leading-order ResNet spread, drift -sigma^2 (the check's reference, proposed-gaussian: "
-                f"sigma^2 {float(ref_f[-1] - ref_f[0]):.4f} forward, {float(ref_b[0] - ref_b[-1]):.4f} backward)")
+        models = (
+            (
+                "forward, ||h^B||/||h^0||",
+                np.array(fwd),
+                pred.ln_forward[-1] - pred.ln_forward[0],
+                (-vf, vf, 0.0),
+            ),
+            (
+                "backward, ||dl/dh^0||/||dl/dh^B||",
+                np.array(bwd),
+                pred.ln_backward[0] - pred.ln_backward[-1],
+                (-vb, vb, 0.0),
+            ),
+        )
+        what = (
+            f"leading-order ResNet spread, drift -sigma^2 (the check's reference, proposed-gaussian: "
+            f"sigma^2 {float(ref_f[-1] - ref_f[0]):.4f} forward, {float(ref_b[0] - ref_b[-1]):.4f} backward)"
+        )
     rng = np.random.default_rng(0)
-    print(f"{args.init}, {args.arch} width {n}, depth {L}, {args.seeds} seeds from {args.seed_start}, N = {N}, "
-          f"CPU float32 ({seconds:.0f} s); model: {what}")
+    print(
+        f"{args.init}, {args.arch} width {n}, depth {L}, {args.seeds} seeds from {args.seed_start}, N = {N}, "
+        f"CPU float32 ({seconds:.0f} s); model: {what}"
+    )
     for name, x, ln_rms, cum in models:
         K = x.shape[0]
-        stat = lambda a: (a.mean() - ln_rms, a.var(), a.mean(axis=1).var(ddof=1), a.var(axis=1).mean(),
-                          a.mean(axis=1).std(ddof=1))
+        stat = lambda a: (
+            a.mean() - ln_rms,
+            a.var(),
+            a.mean(axis=1).var(ddof=1),
+            a.var(axis=1).mean(),
+            a.mean(axis=1).std(ddof=1),
+        )
         est = np.array(stat(x))
         boot = np.array([stat(x[rng.integers(0, K, K)]) for _ in range(400)])
         se = boot.std(axis=0)
         drift, var, k3 = (float(v) for v in cum)
-        labels = ("mean - ln RMS (drift)", "per-sample variance", "  across draws (var of draw means)",
-                  "  within a draw (mean of var)", "sd of the check statistic")
+        labels = (
+            "mean - ln RMS (drift)",
+            "per-sample variance",
+            "  across draws (var of draw means)",
+            "  within a draw (mean of var)",
+            "sd of the check statistic",
+        )
         model = (drift, var, None, None, math.sqrt(var))  # the last: compared as a ratio
-        print(f"\n{name}: model drift {drift:+.4f}, sigma^2 {var:.4f} (sigma {math.sqrt(var):.4f}), "
-              f"skewness {k3 / var**1.5 if var > 0 else 0:+.3f}")
+        print(
+            f"\n{name}: model drift {drift:+.4f}, sigma^2 {var:.4f} (sigma {math.sqrt(var):.4f}), "
+            f"skewness {k3 / var**1.5 if var > 0 else 0:+.3f}"
+        )
         for i, (lab, e, s, m) in enumerate(zip(labels, est, se, model)):
             if i == 4:  # the statistic averages N samples: its sd is at most sigma, not sigma itself
                 dev = f"  ({e / m:.2f} sigma: the band's z sigma is z * {m / e:.2f} of its sd)"

@@ -15,7 +15,6 @@ float64 ln-ratio itself (what --check's finite-width tolerance is made of).  Usa
 
 from __future__ import annotations
 
-import math
 import sys
 
 import torch
@@ -61,17 +60,26 @@ def main() -> None:
     n, samples = (128, 64) if quick else (256, 256)
     depths = (10, 100) if quick else (10, 100, 1000)
     print(f"proposed init, width {n}, {samples} samples, float64 engine, operands rounded per matmul")
-    print(f"{'depth':>6s} {'rounding':>8s} {'fwd bias (ln)':>14s} {'fwd sd (ln)':>12s} {'bwd bias (ln)':>14s} {'bwd sd (ln)':>12s} {'fwd ratio sd':>12s} {'bwd ratio sd':>12s}")
+    print(
+        f"{'depth':>6s} {'rounding':>8s} {'fwd bias (ln)':>14s} {'fwd sd (ln)':>12s} {'bwd bias (ln)':>14s} {'bwd sd (ln)':>12s} {'fwd ratio sd':>12s} {'bwd ratio sd':>12s}"
+    )
     for L in depths:
         widths = [n] * (L + 1)
         f64, b64 = run(widths, samples, None)
         spread = float(f64[-1].std())
         spread_b = float(b64[0].std())
-        for name, fn in (("tf32", round_tf32), ("fp32", round_fp32), ("bf16", round_bf16), ("fp16", round_fp16)):
+        for name, fn in (
+            ("tf32", round_tf32),
+            ("fp32", round_fp32),
+            ("bf16", round_bf16),
+            ("fp16", round_fp16),
+        ):
             f, b = run(widths, samples, fn)
             df, db = f[-1] - f64[-1], b[0] - b64[0]
-            print(f"{L:6d} {name:>8s} {float(df.mean()):14.2e} {float(df.std()):12.2e} {float(db.mean()):14.2e} "
-                  f"{float(db.std()):12.2e} {spread:12.2e} {spread_b:12.2e}")
+            print(
+                f"{L:6d} {name:>8s} {float(df.mean()):14.2e} {float(df.std()):12.2e} {float(db.mean()):14.2e} "
+                f"{float(db.std()):12.2e} {spread:12.2e} {spread_b:12.2e}"
+            )
     print(f"TF32 unit roundoff 2^-11 = {2**-11:.2e}; float32 2^-24 = {2**-24:.2e}")
 
 

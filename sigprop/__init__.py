@@ -9,8 +9,7 @@
 first use.
 """
 
-from sigprop.version import __version__
-
+from sigprop.version import __version__  # noqa: F401  (sigprop.__version__)
 
 #: what ``sigprop.NAME`` reaches in sigprop/api.py (``probe_<kind>`` besides: one per net kind)
 API = ("probe", "hessian", "spec", "keywords", "run_checks", "rerun", "rerun_specs", "theory_table")

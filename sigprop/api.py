@@ -28,22 +28,40 @@ ProgressFn = run.ProgressFn
 #: the probe and gate keywords of every ``probe_<kind>``, with the CLI's defaults (a kind's
 #: ``probe_defaults`` override them: ``probe_wrn`` takes 100 samples)
 PROBE_KEYWORDS = (
-    ("samples", int, specs.ProbeSpec.samples), ("seed", int, 0), ("seeds", int, 1), ("device", str, "auto"),
-    ("dtype", str, "float32"), ("stream", "bool | None", None), ("precision", str, "fp32"), ("graphs", "bool | None", None),
-    ("gate", str, "preserved"), ("band", "tuple[float, float] | None", None), ("threads", "int | None", None),
-    ("correlations", "tuple[float, ...]", ()), ("pairs", int, 256), ("max_correlation", "float | None", None),
+    ("samples", int, specs.ProbeSpec.samples),
+    ("seed", int, 0),
+    ("seeds", int, 1),
+    ("device", str, "auto"),
+    ("dtype", str, "float32"),
+    ("stream", "bool | None", None),
+    ("precision", str, "fp32"),
+    ("graphs", "bool | None", None),
+    ("gate", str, "preserved"),
+    ("band", "tuple[float, float] | None", None),
+    ("threads", "int | None", None),
+    ("correlations", "tuple[float, ...]", ()),
+    ("pairs", int, 256),
+    ("max_correlation", "float | None", None),
     ("observe", "tuple[str, ...]", ()),
 )
 
 
-def probe(spec, probe_spec: specs.ProbeSpec | None = None, progress: ProgressFn | None = None,
-          on_start: Callable[[dict], None] | None = None, gate: specs.GateSpec | None = None, observe=()) -> ProbeResult:
+def probe(
+    spec,
+    probe_spec: specs.ProbeSpec | None = None,
+    progress: ProgressFn | None = None,
+    on_start: Callable[[dict], None] | None = None,
+    gate: specs.GateSpec | None = None,
+    observe=(),
+) -> ProbeResult:
     """Probe ``spec`` (any net kind's) for every one of its inits and pair each measurement with
     its theory (sigprop/run.py); ``gate`` says which verdict ``passed`` reports."""
     return run.probe(spec, probe_spec or specs.ProbeSpec(), progress, on_start, gate, observe)
 
 
-def hessian(spec, hs: specs.HessianSpec | None = None, progress: ProgressFn | None = None, on_start=None) -> HessianResult:
+def hessian(
+    spec, hs: specs.HessianSpec | None = None, progress: ProgressFn | None = None, on_start=None
+) -> HessianResult:
     """The curvature at init of every init of ``spec`` (``sigprop hessian``; sigprop/run.py)."""
     return run.curvature(spec, hs or specs.HessianSpec(), progress, on_start)
 
@@ -54,9 +72,13 @@ def spec(command: str, inits=None, **options):
     kind = kinds.get(command)
     unknown = sorted(set(options) - {o.name for o in kind.options})
     if unknown:
-        raise SigpropError(f"{command} has no option {unknown[0]!r}; it takes {', '.join(o.name for o in kind.options)}",
-                           field=unknown[0])
-    return kind.make(options, None if inits is None else ((inits,) if isinstance(inits, str) else tuple(inits)))
+        raise SigpropError(
+            f"{command} has no option {unknown[0]!r}; it takes {', '.join(o.name for o in kind.options)}",
+            field=unknown[0],
+        )
+    return kind.make(
+        options, None if inits is None else ((inits,) if isinstance(inits, str) else tuple(inits))
+    )
 
 
 def keywords(kind: kinds.Kind) -> Callable[..., ProbeResult]:
@@ -70,16 +92,30 @@ def keywords(kind: kinds.Kind) -> Callable[..., ProbeResult]:
         s = spec(kind.name, kw.pop("inits", None), **kw)
         return probe(s, specs.ProbeSpec(**shared), gate=g)
 
-    own = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=o.type.__name__)
-           for o in kind.options]
-    own.append(inspect.Parameter("inits", inspect.Parameter.KEYWORD_ONLY, default=kind.default_inits,
-                                 annotation="str | Sequence[str] | None"))
-    shared = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=probe_defaults[n], annotation=t)
-              for n, t, _ in PROBE_KEYWORDS]
+    own = [
+        inspect.Parameter(
+            o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=o.type.__name__
+        )
+        for o in kind.options
+    ]
+    own.append(
+        inspect.Parameter(
+            "inits",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=kind.default_inits,
+            annotation="str | Sequence[str] | None",
+        )
+    )
+    shared = [
+        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=probe_defaults[n], annotation=t)
+        for n, t, _ in PROBE_KEYWORDS
+    ]
     probe_kind.__signature__ = inspect.Signature(own + shared, return_annotation="ProbeResult")
     probe_kind.__name__ = probe_kind.__qualname__ = f"probe_{kind.name.replace('-', '_')}"
-    probe_kind.__doc__ = (f"{kind.summary}\n\nThe options and defaults of ``sigprop {kind.name}`` as keywords (``inits``: one "
-                          f"name or a list, None: the command's defaults; the probe and gate keywords as the CLI's).")
+    probe_kind.__doc__ = (
+        f"{kind.summary}\n\nThe options and defaults of ``sigprop {kind.name}`` as keywords (``inits``: one "
+        f"name or a list, None: the command's defaults; the probe and gate keywords as the CLI's)."
+    )
     return probe_kind
 
 
@@ -99,8 +135,12 @@ def __dir__() -> list[str]:
 # --------------------------------------------------------------------------------------------
 # sigprop check, rerun, theory
 # --------------------------------------------------------------------------------------------
-def run_checks(checks, source: str = "", on_outcome: Callable[[CheckOutcome], None] | None = None,
-               on_error: Callable[[object, Exception], None] | None = None) -> CheckReport:
+def run_checks(
+    checks,
+    source: str = "",
+    on_outcome: Callable[[CheckOutcome], None] | None = None,
+    on_error: Callable[[object, Exception], None] | None = None,
+) -> CheckReport:
     """Run ``sigprop check`` entries (``checks.CheckSpec``) in order; ``on_outcome`` is called
     as each (check, init) finishes (the CLI prints its line then).  A run that raises is
     reported through ``on_error`` and re-raised."""
@@ -110,7 +150,9 @@ def run_checks(checks, source: str = "", on_outcome: Callable[[CheckOutcome], No
     for c in checks:
         t0 = time.perf_counter()
         try:
-            result = probe(c.spec, c.probe, gate=c.gate) if c.curvature is None else hessian(c.spec, c.curvature)
+            result = (
+                probe(c.spec, c.probe, gate=c.gate) if c.curvature is None else hessian(c.spec, c.curvature)
+            )
         except Exception as exc:
             if on_error is not None:
                 on_error(c, exc)
@@ -118,11 +160,25 @@ def run_checks(checks, source: str = "", on_outcome: Callable[[CheckOutcome], No
         seconds = (time.perf_counter() - t0) / max(len(result.runs), 1)
         results[c.name] = result.to_dict()
         if c.curvature is not None:
-            got = [CheckOutcome(c.name, c.command, c.lowest, c.expect, [lowest_curvature(result, c.lowest)],
-                                seconds * len(result.runs), c.description, "curvature")]
+            got = [
+                CheckOutcome(
+                    c.name,
+                    c.command,
+                    c.lowest,
+                    c.expect,
+                    [lowest_curvature(result, c.lowest)],
+                    seconds * len(result.runs),
+                    c.description,
+                    "curvature",
+                )
+            ]
         else:
-            got = [CheckOutcome(c.name, c.command, r.init, c.expect, r.gate_checks(), seconds, c.description, r.gate)
-                   for r in result.runs]
+            got = [
+                CheckOutcome(
+                    c.name, c.command, r.init, c.expect, r.gate_checks(), seconds, c.description, r.gate
+                )
+                for r in result.runs
+            ]
         for o in got:
             outcomes.append(o)
             if on_outcome is not None:
@@ -140,8 +196,12 @@ def lowest_curvature(result: HessianResult, lowest: str) -> Check:
     top = min((v for v in others if v is not None), default=math.inf)
     passed = m is not None and m < top
     names = ", ".join(n for n in runs if n != lowest)
-    note = "" if passed else ("it diverged in every draw" if m is None else "another init's curvature is lower")
-    return Check(f"spectral norm of the loss Hessian (below {names})", passed, m, -math.inf, top, "curvature", note)
+    note = (
+        "" if passed else ("it diverged in every draw" if m is None else "another init's curvature is lower")
+    )
+    return Check(
+        f"spectral norm of the loss Hessian (below {names})", passed, m, -math.inf, top, "curvature", note
+    )
 
 
 def rerun_specs(doc: dict) -> tuple[object, specs.ProbeSpec, specs.GateSpec, int | None]:
@@ -151,19 +211,31 @@ def rerun_specs(doc: dict) -> tuple[object, specs.ProbeSpec, specs.GateSpec, int
     mode and draw batching it recorded.  Keys a document of an older sigprop lacks take their
     defaults then (no cosines, 256 pairs, no observers)."""
     if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
-        raise SigpropError(f"not a {RESULT_SCHEMA} document (a probe command's --format json)", field="result")
+        raise SigpropError(
+            f"not a {RESULT_SCHEMA} document (a probe command's --format json)", field="result"
+        )
     cfg, env = doc.get("config", {}), doc.get("environment", {})
     kind = kinds.get(str(doc.get("command")), field="result")
     try:
         net = kind.from_config(cfg)
         probe_spec = specs.ProbeSpec(
-            samples=cfg["samples"], seed=cfg["seed"], seeds=cfg["seeds"], device=env.get("device", cfg["device"]),
-            dtype=cfg["dtype"], stream=env.get("stream", cfg.get("stream")), precision=cfg.get("precision", "fp32"),
-            batch=env.get("batch"), graphs=cfg.get("graphs"), correlations=tuple(cfg.get("correlations") or ()),
-            pairs=cfg.get("pairs", 256), observe=tuple(cfg.get("observe") or ()),
+            samples=cfg["samples"],
+            seed=cfg["seed"],
+            seeds=cfg["seeds"],
+            device=env.get("device", cfg["device"]),
+            dtype=cfg["dtype"],
+            stream=env.get("stream", cfg.get("stream")),
+            precision=cfg.get("precision", "fp32"),
+            batch=env.get("batch"),
+            graphs=cfg.get("graphs"),
+            correlations=tuple(cfg.get("correlations") or ()),
+            pairs=cfg.get("pairs", 256),
+            observe=tuple(cfg.get("observe") or ()),
         )
         band = cfg.get("band")
-        gate = specs.GateSpec(cfg.get("gate", "preserved"), None if band is None else tuple(band), cfg.get("max_correlation"))
+        gate = specs.GateSpec(
+            cfg.get("gate", "preserved"), None if band is None else tuple(band), cfg.get("max_correlation")
+        )
     except (KeyError, TypeError) as exc:
         raise SigpropError(f"the document lacks {exc} in its config or environment", field="result") from None
     return net, probe_spec, gate, env.get("threads")
@@ -180,5 +252,15 @@ def rerun(doc: dict, progress: ProgressFn | None = None, on_start=None) -> Probe
 theory_table = theory.table
 
 
-__all__ = ["probe", "hessian", "spec", "keywords", "run_checks", "lowest_curvature", "rerun_specs", "rerun", "theory_table",
-           *(f"probe_{n.replace('-', '_')}" for n in kinds.KINDS)]
+__all__ = [
+    "probe",
+    "hessian",
+    "spec",
+    "keywords",
+    "run_checks",
+    "lowest_curvature",
+    "rerun_specs",
+    "rerun",
+    "theory_table",
+    *(f"probe_{n.replace('-', '_')}" for n in kinds.KINDS),
+]

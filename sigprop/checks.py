@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import re
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -39,12 +40,31 @@ from typing import Any
 from sigprop import kinds, specs
 from sigprop.errors import SigpropError
 
-PROBE_KEYS = {"samples": int, "seed": int, "seeds": int, "device": str, "dtype": str, "stream": bool, "precision": str, "graphs": bool,
-              "pairs": int}
+PROBE_KEYS = {
+    "samples": int,
+    "seed": int,
+    "seeds": int,
+    "device": str,
+    "dtype": str,
+    "stream": bool,
+    "precision": str,
+    "graphs": bool,
+    "pairs": int,
+}
 #: the keys of a ``lowest_curvature`` check alone (``specs.HessianSpec`` fields beside the probe's)
 CURVATURE_KEYS = {"iters": int, "tol": (int, float), "head": str, "batch_size": int}
-META_KEYS = {"command": str, "init": (str, list), "expect": str, "description": str, "gate": str, "band": list,
-             "correlation": (list, int, float), "max_correlation": (int, float), "lowest_curvature": str, **CURVATURE_KEYS}
+META_KEYS = {
+    "command": str,
+    "init": (str, list),
+    "expect": str,
+    "description": str,
+    "gate": str,
+    "band": list,
+    "correlation": (list, int, float),
+    "max_correlation": (int, float),
+    "lowest_curvature": str,
+    **CURVATURE_KEYS,
+}
 EXPECT = ("pass", "fail")
 
 
@@ -83,13 +103,18 @@ def find_config(path: Path | None, cwd: Path) -> tuple[Path, tuple[str, ...]]:
             return path, ("tool", "sigprop", "checks")
         return path, ("checks",)
     pyproject = cwd / "pyproject.toml"
-    if pyproject.is_file() and isinstance(_parse(pyproject).get("tool", {}).get("sigprop", {}).get("checks"), dict):
+    if pyproject.is_file() and isinstance(
+        _parse(pyproject).get("tool", {}).get("sigprop", {}).get("checks"), dict
+    ):
         return pyproject, ("tool", "sigprop", "checks")
     local = cwd / "sigprop.toml"
     if local.is_file():
         return local, ("checks",)
-    raise ConfigError(str(cwd), "no checks found: add [tool.sigprop.checks.NAME] to pyproject.toml, "
-                      "write sigprop.toml with [checks.NAME] tables, or name a file")
+    raise ConfigError(
+        str(cwd),
+        "no checks found: add [tool.sigprop.checks.NAME] to pyproject.toml, "
+        "write sigprop.toml with [checks.NAME] tables, or name a file",
+    )
 
 
 def _parse(path: Path) -> dict:
@@ -158,8 +183,10 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
     where = lambda key=None: lines.where(name, original.get(key, key) if key else None)
     command = opts.get("command")
     if command not in kinds.KINDS:
-        raise ConfigError(where("command" if "command" in opts else None),
-                          f"check {name!r}: command must be one of {', '.join(map(repr, kinds.names()))}, got {command!r}")
+        raise ConfigError(
+            where("command" if "command" in opts else None),
+            f"check {name!r}: command must be one of {', '.join(map(repr, kinds.names()))}, got {command!r}",
+        )
     kind = kinds.get(command)
     own = {o.name: (o.toml or o.type) for o in kind.options}
     allowed = {**META_KEYS, **PROBE_KEYS, **own}
@@ -167,15 +194,25 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
         if key not in allowed:
             close = difflib.get_close_matches(key, list(allowed), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(where(key), f"check {name!r}: unknown key {original[key]!r} for {command}{hint}")
+            raise ConfigError(
+                where(key), f"check {name!r}: unknown key {original[key]!r} for {command}{hint}"
+            )
         want = allowed[key]
-        if isinstance(value, bool) and want is not bool and bool not in (want if isinstance(want, tuple) else (want,)):
-            raise ConfigError(where(key), f"check {name!r}: {original[key]} must be {_type_name(want)}, got {value!r}")
+        if (
+            isinstance(value, bool)
+            and want is not bool
+            and bool not in (want if isinstance(want, tuple) else (want,))
+        ):
+            raise ConfigError(
+                where(key), f"check {name!r}: {original[key]} must be {_type_name(want)}, got {value!r}"
+            )
         if not isinstance(value, want):
-            raise ConfigError(where(key), f"check {name!r}: {original[key]} must be {_type_name(want)}, got {value!r}")
+            raise ConfigError(
+                where(key), f"check {name!r}: {original[key]} must be {_type_name(want)}, got {value!r}"
+            )
     expect = opts.get("expect", "pass")
     if expect not in EXPECT:
-        raise ConfigError(where("expect"), f"check {name!r}: expect must be \"pass\" or \"fail\", got {expect!r}")
+        raise ConfigError(where("expect"), f'check {name!r}: expect must be "pass" or "fail", got {expect!r}')
     names = opts.get("init")
     if isinstance(names, str):
         names = [names]
@@ -183,30 +220,61 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
         raise ConfigError(where("init"), f"check {name!r}: init must be a name or a list of names")
     try:
         band = opts.get("band")
-        if band is not None and (len(band) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band)):
+        if band is not None and (
+            len(band) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band)
+        ):
             raise SigpropError(f"expected two numbers [LO, HI], got {band!r}", field="band")
-        gate = specs.GateSpec(opts.get("gate", "preserved"), None if band is None else tuple(band), opts.get("max_correlation"))
+        gate = specs.GateSpec(
+            opts.get("gate", "preserved"), None if band is None else tuple(band), opts.get("max_correlation")
+        )
         cos = opts.get("correlation", [])
         given = {k: opts[k] for k in PROBE_KEYS if k in opts}
-        probe = specs.ProbeSpec(**{**kind.probe_defaults, **given}, correlations=cos if isinstance(cos, list) else [cos])
+        probe = specs.ProbeSpec(
+            **{**kind.probe_defaults, **given}, correlations=cos if isinstance(cos, list) else [cos]
+        )
         spec = kind.make({k: opts[k] for k in own if k in opts}, None if names is None else tuple(names))
         curvature, lowest = None, opts.get("lowest_curvature")
         if lowest is None:
             for key in CURVATURE_KEYS:
                 if key in opts:
-                    raise ConfigError(where(key), f"check {name!r}: {original[key]} applies to a lowest_curvature check only")
+                    raise ConfigError(
+                        where(key),
+                        f"check {name!r}: {original[key]} applies to a lowest_curvature check only",
+                    )
         else:
             listed = kind.inits(spec)
             if lowest not in listed or len(listed) < 2:
-                raise ConfigError(where("lowest_curvature"),
-                                  f"check {name!r}: lowest_curvature must name one of two or more inits listed in init, got {lowest!r}")
-            curvature = specs.HessianSpec(**{k: opts[k] for k in ("samples", "seed", "seeds", "device", "dtype", *CURVATURE_KEYS) if k in opts})
+                raise ConfigError(
+                    where("lowest_curvature"),
+                    f"check {name!r}: lowest_curvature must name one of two or more inits listed in init, got {lowest!r}",
+                )
+            curvature = specs.HessianSpec(
+                **{
+                    k: opts[k]
+                    for k in ("samples", "seed", "seeds", "device", "dtype", *CURVATURE_KEYS)
+                    if k in opts
+                }
+            )
     except ConfigError:
         raise
     except SigpropError as exc:
         key = (exc.field or "").split("/")[0]  # library fields are the TOML keys (with underscores)
-        raise ConfigError(where(key if key in opts else None), f"check {name!r}: {key or 'value'}: {exc.args[0]}") from None
-    return CheckSpec(name, command, spec, probe, expect, str(opts.get("description", "")), where(), dict(raw), gate, curvature, lowest)
+        raise ConfigError(
+            where(key if key in opts else None), f"check {name!r}: {key or 'value'}: {exc.args[0]}"
+        ) from None
+    return CheckSpec(
+        name,
+        command,
+        spec,
+        probe,
+        expect,
+        str(opts.get("description", "")),
+        where(),
+        dict(raw),
+        gate,
+        curvature,
+        lowest,
+    )
 
 
 def _type_name(want) -> str:

@@ -46,7 +46,9 @@ def _read_npz(path: Path) -> tuple[object, object]:
     try:
         archive = np.load(path, allow_pickle=False)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise _refuse(f"{path} is not a readable .npz archive ({type(exc).__name__}); expected {EXPECTED}") from None
+        raise _refuse(
+            f"{path} is not a readable .npz archive ({type(exc).__name__}); expected {EXPECTED}"
+        ) from None
     if not isinstance(archive, np.lib.npyio.NpzFile):  # np.load also reads a bare .npy saved under the name
         raise _refuse(f"{path} holds one array, not an archive; expected {EXPECTED}")
     with archive:
@@ -58,7 +60,9 @@ def _read_npz(path: Path) -> tuple[object, object]:
         except ValueError:  # an object array: numpy would need to unpickle it
             raise _refuse(f"{path} holds object (pickled) arrays; save numeric arrays x and y") from None
         except (zipfile.BadZipFile, OSError, EOFError, zipfile.LargeZipFile) as exc:
-            raise _refuse(f"{path} is not a readable .npz archive ({type(exc).__name__}); expected {EXPECTED}") from None
+            raise _refuse(
+                f"{path} is not a readable .npz archive ({type(exc).__name__}); expected {EXPECTED}"
+            ) from None
 
 
 def _read_pt(path: Path) -> tuple[object, object]:
@@ -67,7 +71,9 @@ def _read_pt(path: Path) -> tuple[object, object]:
             warnings.simplefilter("ignore")
             payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 -- any failure to unpickle is the file's, said in one line
-        raise _refuse(f"{path} is not a readable torch.save file ({type(exc).__name__}); expected {EXPECTED}") from None
+        raise _refuse(
+            f"{path} is not a readable torch.save file ({type(exc).__name__}); expected {EXPECTED}"
+        ) from None
     if not isinstance(payload, dict):
         raise _refuse(f"expected {EXPECTED}; got a {type(payload).__name__}")
     missing = [k for k in ("x", "y") if k not in payload]
@@ -116,7 +122,9 @@ def load(path, shape, classes: int) -> Data:
     if y.dtype.kind == "f" or y.dtype.kind == "b":
         raise _refuse(f"{p}: y must hold integer labels in [0, {classes}), got dtype {y.dtype}")
     if int(y.min()) < 0 or int(y.max()) >= classes:
-        raise _refuse(f"{p}: y must hold integer labels in [0, {classes}), got labels from {int(y.min())} to {int(y.max())}")
+        raise _refuse(
+            f"{p}: y must hold integer labels in [0, {classes}), got labels from {int(y.min())} to {int(y.max())}"
+        )
     return Data(x.reshape(x.shape[0], -1).astype(np.float64), y.astype(np.int64), str(p))
 
 
@@ -125,6 +133,9 @@ def take(data: Data, samples: int | None) -> Data:
     if samples is None or samples == data.count:
         return data
     if samples > data.count:
-        raise SigpropError(f"{data.path} holds {data.count} samples; --samples {samples} asks for more "
-                           "(leave --samples out to use them all)", field="samples")
+        raise SigpropError(
+            f"{data.path} holds {data.count} samples; --samples {samples} asks for more "
+            "(leave --samples out to use them all)",
+            field="samples",
+        )
     return Data(data.x[:samples], data.y[:samples], data.path)

@@ -56,17 +56,40 @@ def gather() -> list[tuple[str, str]]:
     rows += [(pkg, _version(pkg)) for pkg in ("torch", "numpy", "scipy", "typer", "rich", "matplotlib")]
     cuda = torch.cuda.is_available()
     rows += [
-        ("run threads", "{} (what mlp/resnet/cnn/wrn/hessian and sigprop.probe_* use unless --threads: {})".format(*probe_threads())),
-        ("torch threads", f"{torch.get_num_threads()} intra-op, {torch.get_num_interop_threads()} inter-op (torch's own default, "
-                          "before a run sets its own)"),
-        ("default dtype", f"{str(torch.get_default_dtype()).replace('torch.', '')} (sigprop probes in float32 unless --dtype)"),
-        ("cuda", ("available" if cuda else "not available")
-         + (f", {torch.cuda.device_count()} device(s), CUDA {torch.version.cuda}" if cuda else "")),
+        (
+            "run threads",
+            "{} (what mlp/resnet/cnn/wrn/hessian and sigprop.probe_* use unless --threads: {})".format(
+                *probe_threads()
+            ),
+        ),
+        (
+            "torch threads",
+            f"{torch.get_num_threads()} intra-op, {torch.get_num_interop_threads()} inter-op (torch's own default, "
+            "before a run sets its own)",
+        ),
+        (
+            "default dtype",
+            f"{str(torch.get_default_dtype()).replace('torch.', '')} (sigprop probes in float32 unless --dtype)",
+        ),
+        (
+            "cuda",
+            ("available" if cuda else "not available")
+            + (f", {torch.cuda.device_count()} device(s), CUDA {torch.version.cuda}" if cuda else ""),
+        ),
     ]
     if cuda:
         for i in range(torch.cuda.device_count()):
             free, total = torch.cuda.mem_get_info(i)
-            rows.append(("", f"  cuda:{i}     {torch.cuda.get_device_name(i)}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free)"))
+            rows.append(
+                (
+                    "",
+                    f"  cuda:{i}     {torch.cuda.get_device_name(i)}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free)",
+                )
+            )
     rows.append(("--device auto", "cuda" if cuda else "cpu"))
-    rows += [(k, os.environ[k]) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NO_COLOR") if k in os.environ]
+    rows += [
+        (k, os.environ[k])
+        for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NO_COLOR")
+        if k in os.environ
+    ]
     return rows

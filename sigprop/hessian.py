@@ -31,8 +31,8 @@ from typing import Callable
 
 import numpy as np
 import torch
-from scipy.sparse.linalg import LinearOperator, eigsh
 import torch.nn.functional as F
+from scipy.sparse.linalg import LinearOperator, eigsh
 
 from sigprop import inits, walker
 from sigprop.inits import LayerRole
@@ -63,7 +63,9 @@ def build(steps, scheme, space: str, x: torch.Tensor, seed: int, draw: int, head
     last = units[-1].shape_out
     with torch.no_grad():  # a walk with an error vector keeps its weights (its ratios are not observed)
         e = torch.ones(x.shape[0], math.prod(last), device=x.device, dtype=x.dtype)
-        kept = walker.walk(units, scheme, x, e, seed, [draw], [], record_input, space=walker.SPACES[space]()).kept
+        kept = walker.walk(
+            units, scheme, x, e, seed, [draw], [], record_input, space=walker.SPACES[space]()
+        ).kept
     params: dict[str, torch.Tensor] = {}
     keys: list[list[tuple[str, str]]] = []
     for i, (u, k) in enumerate(zip(units, kept)):
@@ -72,8 +74,17 @@ def build(steps, scheme, space: str, x: torch.Tensor, seed: int, draw: int, head
         params.update({f"{i}.{name}": t for name, t in own})
     conv = len(last) == 3  # a conv net's last state is globally average-pooled into the head
     head_scheme = scheme if head == "init" else inits.INITS["pytorch"]
-    params.update(_head(head_scheme, head == "init" and scheme.normalized, LayerRole(last[0], CLASSES, "linear"), seed, draw,
-                        x.device, x.dtype))
+    params.update(
+        _head(
+            head_scheme,
+            head == "init" and scheme.normalized,
+            LayerRole(last[0], CLASSES, "linear"),
+            seed,
+            draw,
+            x.device,
+            x.dtype,
+        )
+    )
 
     def features(p: dict, xb: torch.Tensor) -> torch.Tensor:
         """The net's last state (conv nets: globally average-pooled): the head's input."""
@@ -86,7 +97,9 @@ def build(steps, scheme, space: str, x: torch.Tensor, seed: int, draw: int, head
         return F.cross_entropy(features(p, xb) @ ops.weight(p["head.v"], p.get("head.g")).T + p["head.b"], yb)
 
     calibrate = sampling.calibration(scheme)
-    if head == "init" and calibrate is not None:  # the data-dependent head: standardised on the data's features
+    if (
+        head == "init" and calibrate is not None
+    ):  # the data-dependent head: standardised on the data's features
         with torch.no_grad():
             feats = features(params, x)
             v = params["head.v"]
@@ -101,8 +114,12 @@ def _head(scheme, normalized: bool, role: LayerRole, seed: int, draw: int, devic
     (``pytorch``'s g = ||v|| makes its effective weight v itself: nn.Linear's default)."""
     gen = sampling.layer_generator(seed, draw, HEAD_LAYER, device)
     lp = sampling.sample(scheme, role, gen, device, dtype)
-    out = {"head.v": lp.v.detach().clone(),
-           "head.b": (lp.bias if lp.bias is not None else torch.zeros(role.fan_out, device=device, dtype=dtype)).detach().clone()}
+    out = {
+        "head.v": lp.v.detach().clone(),
+        "head.b": (lp.bias if lp.bias is not None else torch.zeros(role.fan_out, device=device, dtype=dtype))
+        .detach()
+        .clone(),
+    }
     if normalized and lp.g is not None:
         out["head.g"] = lp.g.detach().clone()
     return out
@@ -143,7 +160,10 @@ class HVP:
             self.grads = torch.autograd.grad(loss, self.leaves, create_graph=True)
             self.batches = None
         else:
-            self.batches = [(x[i:i + batch_size], y[i:i + batch_size], min(batch_size, n - i) / n) for i in range(0, n, batch_size)]
+            self.batches = [
+                (x[i : i + batch_size], y[i : i + batch_size], min(batch_size, n - i) / n)
+                for i in range(0, n, batch_size)
+            ]
             with torch.no_grad():
                 self.loss = float(sum(w * self._loss(self._params(), xb, yb) for xb, yb, w in self.batches))
 
@@ -163,19 +183,32 @@ class HVP:
         parts, k = [], 0
         for sh in self.shapes:
             n = math.prod(sh)
-            parts.append(v[k:k + n].reshape(sh))
+            parts.append(v[k : k + n].reshape(sh))
             k += n
         if self.batches is None:
-            return self._flat(torch.autograd.grad(self.grads, self.leaves, grad_outputs=parts, retain_graph=True, allow_unused=True), v)
+            return self._flat(
+                torch.autograd.grad(
+                    self.grads, self.leaves, grad_outputs=parts, retain_graph=True, allow_unused=True
+                ),
+                v,
+            )
         total = torch.zeros_like(v)
         for xb, yb, w in self.batches:
-            grads = torch.autograd.grad(w * self._loss(self._params(), xb, yb), self.leaves, create_graph=True)
-            total += self._flat(torch.autograd.grad(grads, self.leaves, grad_outputs=parts, allow_unused=True), v)
+            grads = torch.autograd.grad(
+                w * self._loss(self._params(), xb, yb), self.leaves, create_graph=True
+            )
+            total += self._flat(
+                torch.autograd.grad(grads, self.leaves, grad_outputs=parts, allow_unused=True), v
+            )
         return total
 
     def _flat(self, hv, v: torch.Tensor) -> torch.Tensor:
-        return torch.cat([(torch.zeros(math.prod(sh), device=v.device, dtype=v.dtype) if h is None else h.reshape(-1))
-                          for h, sh in zip(hv, self.shapes)])
+        return torch.cat(
+            [
+                (torch.zeros(math.prod(sh), device=v.device, dtype=v.dtype) if h is None else h.reshape(-1))
+                for h, sh in zip(hv, self.shapes)
+            ]
+        )
 
     def dense(self) -> torch.Tensor:
         """The whole Hessian [P, P] (tests and tiny nets only)."""
@@ -200,7 +233,9 @@ class EigenResult:
 LANCZOS_BASIS = 20
 
 
-def largest_eigenvalue(hvp, gen: torch.Generator, iters: int = 100, tol: float = 1e-3, basis: int = LANCZOS_BASIS) -> EigenResult:
+def largest_eigenvalue(
+    hvp, gen: torch.Generator, iters: int = 100, tol: float = 1e-3, basis: int = LANCZOS_BASIS
+) -> EigenResult:
     """The largest-magnitude eigenvalue of the symmetric operator ``hvp`` (``HVP``, or any object
     with ``size``, ``device``, ``dtype`` and ``__call__``) by explicitly restarted Lanczos with full
     reorthogonalisation (Golub & Van Loan 2013, section 10.1).
@@ -216,7 +251,9 @@ def largest_eigenvalue(hvp, gen: torch.Generator, iters: int = 100, tol: float =
     check.  ``iters`` caps the products (the checks included): when it is spent the last checked
     Ritz pair is reported "not converged" with its residual.  A non-finite product: "diverged"."""
     dev, dtype = hvp.device, hvp.dtype
-    v = torch.randn(hvp.size, generator=gen, device=gen.device, dtype=torch.float64).to(device=dev, dtype=dtype)
+    v = torch.randn(hvp.size, generator=gen, device=gen.device, dtype=torch.float64).to(
+        device=dev, dtype=dtype
+    )
     v = v / torch.linalg.vector_norm(v)
     calls = 0
 
@@ -251,7 +288,12 @@ def largest_eigenvalue(hvp, gen: torch.Generator, iters: int = 100, tol: float =
             vals, vecs = np.linalg.eigh(np.diag(alpha) + np.diag(beta, 1) + np.diag(beta, -1))
             i = int(np.argmax(np.abs(vals)))
             theta, s = float(vals[i]), vecs[:, i]
-            if abs(b * s[-1]) <= tol * abs(theta) or b <= 1e-12 * abs(theta) or calls >= iters - 1 or j == basis - 1:
+            if (
+                abs(b * s[-1]) <= tol * abs(theta)
+                or b <= 1e-12 * abs(theta)
+                or calls >= iters - 1
+                or j == basis - 1
+            ):
                 break
             beta.append(b)
             V.append(w / b)
@@ -270,10 +312,17 @@ def lanczos_top(hvp, k: int, tol: float = 1e-4, seed: int = 0) -> list[float]:
     ``scipy.sparse.linalg.eigsh``, basis ``arpack_basis``) on the HVP, in decreasing magnitude;
     k < size (the caller refuses more)."""
     dev, dtype = hvp.device, hvp.dtype
-    op = LinearOperator((hvp.size, hvp.size), dtype=np.float64,
-                        matvec=lambda v: hvp(torch.as_tensor(np.ravel(v), device=dev, dtype=dtype)).detach().cpu().double().numpy())
+    op = LinearOperator(
+        (hvp.size, hvp.size),
+        dtype=np.float64,
+        matvec=lambda v: (
+            hvp(torch.as_tensor(np.ravel(v), device=dev, dtype=dtype)).detach().cpu().double().numpy()
+        ),
+    )
     v0 = np.random.default_rng(seed).standard_normal(hvp.size)
-    vals = eigsh(op, k=k, which="LM", tol=tol, v0=v0, ncv=arpack_basis(k, hvp.size), return_eigenvectors=False)
+    vals = eigsh(
+        op, k=k, which="LM", tol=tol, v0=v0, ncv=arpack_basis(k, hvp.size), return_eigenvectors=False
+    )
     return sorted((float(v) for v in vals), key=abs, reverse=True)
 
 
@@ -282,7 +331,9 @@ def hutchinson_trace(hvp, probes: int, gen: torch.Generator) -> tuple[float, flo
     dev, dtype = hvp.device, hvp.dtype
     vals = []
     for _ in range(probes):
-        z = (torch.randint(0, 2, (hvp.size,), generator=gen, device=gen.device) * 2 - 1).to(device=dev, dtype=dtype)
+        z = (torch.randint(0, 2, (hvp.size,), generator=gen, device=gen.device) * 2 - 1).to(
+            device=dev, dtype=dtype
+        )
         vals.append(float(torch.dot(z, hvp(z))))
     arr = np.array(vals)
     return float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(probes)) if probes > 1 else math.nan

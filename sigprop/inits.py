@@ -108,7 +108,9 @@ def get(name: str, provides: Collection[str] | None = None, net: str = "this net
     if name in valid:
         return INITS[name]
     if provides is not None and name in INITS:
-        raise SigpropError(f"init {name!r} is not defined for {net}; choose from {', '.join(valid)}", field="init")
+        raise SigpropError(
+            f"init {name!r} is not defined for {net}; choose from {', '.join(valid)}", field="init"
+        )
     close = difflib.get_close_matches(str(name), valid, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     if isinstance(name, str) and "," in name:
@@ -130,11 +132,16 @@ def resolve_norm(name: str, norm: str, provides: Collection[str], net: str, bn_n
     target = name if not scheme.normalized else scheme.unnormalized
     if norm == "bn":
         if target != "unnormalized-he":
-            raise SigpropError(f"the batch-normalized {bn_net} uses He init (--init he); got {name!r}", field="init")
+            raise SigpropError(
+                f"the batch-normalized {bn_net} uses He init (--init he); got {name!r}", field="init"
+            )
         return "he"
     if target is None:
         valid = [n for n in names(provides) if not INITS[n].normalized or INITS[n].unnormalized]
-        raise SigpropError(f"init {name!r} needs weight normalization; with --norm none choose from {', '.join(valid)}", field="init")
+        raise SigpropError(
+            f"init {name!r} needs weight normalization; with --norm none choose from {', '.join(valid)}",
+            field="init",
+        )
     return target
 
 
@@ -145,7 +152,9 @@ def proposed_gain_sq(role: LayerRole) -> float:
     """g^2 = gamma * fan_in / fan_out with gamma = 2 before a ReLU, 1/B_k for the last layer of a
     residual block in stage k, 1 otherwise (Arpit et al. 2019, section 3 and section 4,
     implementation details)."""
-    gamma = {"relu": 2.0, "block_last": 1.0 / role.blocks_in_stage, "projection": 1.0, "linear": 1.0}[role.kind]
+    gamma = {"relu": 2.0, "block_last": 1.0 / role.blocks_in_stage, "projection": 1.0, "linear": 1.0}[
+        role.kind
+    ]
     return gamma * role.fan_in / (role.fan_out * role.taps)
 
 
@@ -178,101 +187,137 @@ P004 = "De & Smith 2020,"
 #: the structures a scheme may need (a net kind provides them)
 BLOCKS, TAPS = "blocks", "taps"
 
-register(InitScheme(
-    name="proposed", cites=("arpit2019initialize",),
-    description="WN, orthogonal directions, g = sqrt(2 n_in/n_out), b = 0",
-    paper=f"{P001} section 3, implementation details",
-    direction="orthogonal",
-    moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
-    haar_gain_sq=proposed_gain_sq,
-))
-register(InitScheme(
-    name="proposed-gaussian", cites=("arpit2019initialize",),
-    description="WN, Gaussian (He) directions, g = sqrt(2 n_in/n_out), b = 0",
-    paper=f"{P001} appendix A.1, case (3)",
-    direction="gaussian",
-    moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
-))
-register(InitScheme(
-    name="he", cites=("arpit2019initialize", "he2015delving"),
-    description="WN, He directions, g = 1, b = 0 (the paper's baseline)",
-    paper=f"{P001} appendix A.1, case (1)",
-    direction="gaussian",
-    moments=lambda r: theory.LayerMoments(row_sq=1.0),
-    unnormalized="unnormalized-he",
-))
-register(InitScheme(
-    name="pytorch", cites=("arpit2019initialize", "paszke2019pytorch"),
-    description="weight_norm over nn.Linear/nn.Conv2d defaults: v, b ~ U(+-1/sqrt(fan_in)), g = ||v|| (the paper's code: pytorch-he)",
-    paper="PyTorch's nn.Linear/nn.Conv2d defaults (the PyTorch default of Arpit et al. 2019 draws W otherwise: pytorch-he, pytorch-orthogonal)",
-    direction="uniform",
-    moments=lambda r: theory.LayerMoments(row_sq=1.0 / 3.0, bias_var=1.0 / (3.0 * r.fan_in)),
-))
-register(InitScheme(
-    name="pytorch-he", cites=("arpit2019initialize", "he2015delving"),
-    description="weight_norm default g = ||v|| over He v ~ N(0, 2/n_in), b = 0 (the paper's code's PyTorch default)",
-    paper=f"{P001} section 5.1 (PyTorch default g_i = ||W_i||, W drawn He as in the authors' code)",
-    direction="gaussian",
-    moments=lambda r: theory.LayerMoments(row_sq=2.0),
-))
-register(InitScheme(
-    name="pytorch-orthogonal", cites=("arpit2019initialize", "paszke2019pytorch"),
-    description="weight_norm default g = ||v|| over orthogonal v, b = 0 (the paper's code's other PyTorch default)",
-    paper=f"{P001} section 5.1 (PyTorch default g_i = ||W_i||, W drawn orthogonal as in the authors' code)",
-    direction="orthogonal",
-    moments=lambda r: theory.LayerMoments(row_sq=pytorch_orthogonal_row_sq(r)),
-))
-register(InitScheme(
-    name="datadep", cites=("salimans2016weight",),
-    description="WN, v ~ N(0, 0.05^2), g and b standardise each pre-activation on the probe batch",
-    paper=f"{P003} section 3, eq. 5-6",
-    direction="gaussian",
-    standardizes=True,
-))
-register(InitScheme(
-    name="delta-orthogonal", cites=("xiao2018dynamical",),
-    description="WN conv: orthogonal c_out x c_in matrix at the centre tap, zero elsewhere; g = sqrt(2 c_in/c_out)",
-    paper="Xiao et al. 2018 (delta-orthogonal); gain of Arpit et al. 2019, section 3",
-    direction="orthogonal",
-    moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
-    needs=frozenset({TAPS}),
-    taps="centre",
-))
-register(InitScheme(
-    name="unnormalized-he", cites=("he2015delving", "de2020batch"),
-    description="no WN: every layer W ~ N(0, 2/n_in), b = 0 (He; the --norm none/bn weights)",
-    paper="He et al. 2015; De & Smith 2020, appendix C",
-    direction="gaussian",
-    moments=lambda r: theory.LayerMoments(row_sq=2.0),
-    normalized=False,
-))
-register(InitScheme(
-    name="stage-hanin", cites=("arpit2019initialize", "hanin2018start"),
-    description="as proposed, but the last layer of block b of a stage has g = 0.9^b sqrt(n_in/n_out)",
-    paper=f"{P001} section 5.1 (stage-wise Hanin baseline)",
-    direction="orthogonal",
-    haar_gain_sq=stage_hanin_gain_sq,
-    moments=lambda r: theory.LayerMoments(row_sq=stage_hanin_gain_sq(r)),
-    needs=frozenset({BLOCKS}),
-    by_block_index=True,
-))
-register(InitScheme(
-    name="skipinit", cites=("de2020batch",),
-    description="no WN: He-init branch times a scalar alpha = 0 (the net is the identity at init)",
-    paper="De & Smith 2020 (SkipInit)",
-    direction="gaussian",
-    moments=lambda r: theory.LayerMoments(row_sq=2.0),
-    needs=frozenset({BLOCKS}),
-    normalized=False,
-    alpha=lambda blocks: 0.0,
-))
-register(InitScheme(
-    name="skipinit-sqrt", cites=("de2020batch",),
-    description="no WN: He-init branch times a scalar alpha = 1/sqrt(B_k)",
-    paper="De & Smith 2020 (SkipInit, alpha = 1/sqrt(d))",
-    direction="gaussian",
-    moments=lambda r: theory.LayerMoments(row_sq=2.0),
-    needs=frozenset({BLOCKS}),
-    normalized=False,
-    alpha=lambda blocks: 1.0 / math.sqrt(blocks),
-))
+register(
+    InitScheme(
+        name="proposed",
+        cites=("arpit2019initialize",),
+        description="WN, orthogonal directions, g = sqrt(2 n_in/n_out), b = 0",
+        paper=f"{P001} section 3, implementation details",
+        direction="orthogonal",
+        moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
+        haar_gain_sq=proposed_gain_sq,
+    )
+)
+register(
+    InitScheme(
+        name="proposed-gaussian",
+        cites=("arpit2019initialize",),
+        description="WN, Gaussian (He) directions, g = sqrt(2 n_in/n_out), b = 0",
+        paper=f"{P001} appendix A.1, case (3)",
+        direction="gaussian",
+        moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
+    )
+)
+register(
+    InitScheme(
+        name="he",
+        cites=("arpit2019initialize", "he2015delving"),
+        description="WN, He directions, g = 1, b = 0 (the paper's baseline)",
+        paper=f"{P001} appendix A.1, case (1)",
+        direction="gaussian",
+        moments=lambda r: theory.LayerMoments(row_sq=1.0),
+        unnormalized="unnormalized-he",
+    )
+)
+register(
+    InitScheme(
+        name="pytorch",
+        cites=("arpit2019initialize", "paszke2019pytorch"),
+        description="weight_norm over nn.Linear/nn.Conv2d defaults: v, b ~ U(+-1/sqrt(fan_in)), g = ||v|| (the paper's code: pytorch-he)",
+        paper="PyTorch's nn.Linear/nn.Conv2d defaults (the PyTorch default of Arpit et al. 2019 draws W otherwise: pytorch-he, pytorch-orthogonal)",
+        direction="uniform",
+        moments=lambda r: theory.LayerMoments(row_sq=1.0 / 3.0, bias_var=1.0 / (3.0 * r.fan_in)),
+    )
+)
+register(
+    InitScheme(
+        name="pytorch-he",
+        cites=("arpit2019initialize", "he2015delving"),
+        description="weight_norm default g = ||v|| over He v ~ N(0, 2/n_in), b = 0 (the paper's code's PyTorch default)",
+        paper=f"{P001} section 5.1 (PyTorch default g_i = ||W_i||, W drawn He as in the authors' code)",
+        direction="gaussian",
+        moments=lambda r: theory.LayerMoments(row_sq=2.0),
+    )
+)
+register(
+    InitScheme(
+        name="pytorch-orthogonal",
+        cites=("arpit2019initialize", "paszke2019pytorch"),
+        description="weight_norm default g = ||v|| over orthogonal v, b = 0 (the paper's code's other PyTorch default)",
+        paper=f"{P001} section 5.1 (PyTorch default g_i = ||W_i||, W drawn orthogonal as in the authors' code)",
+        direction="orthogonal",
+        moments=lambda r: theory.LayerMoments(row_sq=pytorch_orthogonal_row_sq(r)),
+    )
+)
+register(
+    InitScheme(
+        name="datadep",
+        cites=("salimans2016weight",),
+        description="WN, v ~ N(0, 0.05^2), g and b standardise each pre-activation on the probe batch",
+        paper=f"{P003} section 3, eq. 5-6",
+        direction="gaussian",
+        standardizes=True,
+    )
+)
+register(
+    InitScheme(
+        name="delta-orthogonal",
+        cites=("xiao2018dynamical",),
+        description="WN conv: orthogonal c_out x c_in matrix at the centre tap, zero elsewhere; g = sqrt(2 c_in/c_out)",
+        paper="Xiao et al. 2018 (delta-orthogonal); gain of Arpit et al. 2019, section 3",
+        direction="orthogonal",
+        moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),
+        needs=frozenset({TAPS}),
+        taps="centre",
+    )
+)
+register(
+    InitScheme(
+        name="unnormalized-he",
+        cites=("he2015delving", "de2020batch"),
+        description="no WN: every layer W ~ N(0, 2/n_in), b = 0 (He; the --norm none/bn weights)",
+        paper="He et al. 2015; De & Smith 2020, appendix C",
+        direction="gaussian",
+        moments=lambda r: theory.LayerMoments(row_sq=2.0),
+        normalized=False,
+    )
+)
+register(
+    InitScheme(
+        name="stage-hanin",
+        cites=("arpit2019initialize", "hanin2018start"),
+        description="as proposed, but the last layer of block b of a stage has g = 0.9^b sqrt(n_in/n_out)",
+        paper=f"{P001} section 5.1 (stage-wise Hanin baseline)",
+        direction="orthogonal",
+        haar_gain_sq=stage_hanin_gain_sq,
+        moments=lambda r: theory.LayerMoments(row_sq=stage_hanin_gain_sq(r)),
+        needs=frozenset({BLOCKS}),
+        by_block_index=True,
+    )
+)
+register(
+    InitScheme(
+        name="skipinit",
+        cites=("de2020batch",),
+        description="no WN: He-init branch times a scalar alpha = 0 (the net is the identity at init)",
+        paper="De & Smith 2020 (SkipInit)",
+        direction="gaussian",
+        moments=lambda r: theory.LayerMoments(row_sq=2.0),
+        needs=frozenset({BLOCKS}),
+        normalized=False,
+        alpha=lambda blocks: 0.0,
+    )
+)
+register(
+    InitScheme(
+        name="skipinit-sqrt",
+        cites=("de2020batch",),
+        description="no WN: He-init branch times a scalar alpha = 1/sqrt(B_k)",
+        paper="De & Smith 2020 (SkipInit, alpha = 1/sqrt(d))",
+        direction="gaussian",
+        moments=lambda r: theory.LayerMoments(row_sq=2.0),
+        needs=frozenset({BLOCKS}),
+        normalized=False,
+        alpha=lambda blocks: 1.0 / math.sqrt(blocks),
+    )
+)

@@ -49,7 +49,9 @@ class Linear:
     def moments(self, scheme: InitScheme) -> theory.ConvMoments:
         """The layer as the energy map reads it: a 1 x 1 convolution of n_in channels."""
         m = scheme.moments(self.role)
-        return theory.ConvMoments(self.role.fan_in, self.role.fan_out, 1, 1, 0, m.row_sq, m.bias_var, scheme.taps)
+        return theory.ConvMoments(
+            self.role.fan_in, self.role.fan_out, 1, 1, 0, m.row_sq, m.bias_var, scheme.taps
+        )
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,16 @@ class Conv:
 
     def moments(self, scheme: InitScheme) -> theory.ConvMoments:
         m = scheme.moments(self.role)
-        return theory.ConvMoments(self.shape_in[0], self.role.fan_out, self.kernel, self.stride, self.padding, m.row_sq,
-                                  m.bias_var, scheme.taps)
+        return theory.ConvMoments(
+            self.shape_in[0],
+            self.role.fan_out,
+            self.kernel,
+            self.stride,
+            self.padding,
+            m.row_sq,
+            m.bias_var,
+            scheme.taps,
+        )
 
 
 @dataclass(frozen=True)
@@ -161,6 +171,7 @@ def layers(steps: Sequence[Step]) -> list:
 def with_bn(steps: Sequence[Step], bn: bool) -> tuple[Step, ...]:
     """The same plan with batch norm after every weighted step, projections included (``bn``
     True), or with none (False: e.g. the BN net's lossless reference is the WN net's)."""
+
     def set_bn(s):
         if isinstance(s, WEIGHTED):
             return replace(s, bn=bn)
@@ -222,7 +233,9 @@ class Prediction:
     gains: list[tuple[float, float]]
 
 
-def predict(steps: Sequence[Step], scheme: InitScheme, x_energy=None, e_energy=None, gains_at_d: bool = False) -> Prediction:
+def predict(
+    steps: Sequence[Step], scheme: InitScheme, x_energy=None, e_energy=None, gains_at_d: bool = False
+) -> Prediction:
     """The composition of the steps' energy maps (docs/theory.md §3, §7, §11).
 
     Forward the state is (A, B): the input-driven map A[x] (linear in x's energy map) and the
@@ -242,7 +255,9 @@ def predict(steps: Sequence[Step], scheme: InitScheme, x_energy=None, e_energy=N
     power with ||x||^2 = d instead (the dense ResNet's spread model, docs/theory.md §7; the two
     differ only with biases, by O(1/d))."""
     if any(isinstance(s, BatchNorm) for s in steps):
-        raise ValueError("a BatchNorm step has no per-sample energy map (theory.bn_resnet_prediction predicts the BN net)")
+        raise ValueError(
+            "a BatchNorm step has no per-sample energy map (theory.bn_resnet_prediction predicts the BN net)"
+        )
     tree = nest(steps)
     C, H, W = input_shape(steps)
     if x_energy is None:
@@ -262,13 +277,17 @@ def predict(steps: Sequence[Step], scheme: InitScheme, x_energy=None, e_energy=N
     def layer(state, st, relu: bool):
         shape = shape_of(st)
         flat = lambda total_ln: _Energy.of(np.full(shape, 1.0 / math.prod(shape)), total_ln)
-        if _standardises(st, scheme):  # E||out||^2 = its units (halved by a ReLU) per sample, whatever came in
+        if _standardises(
+            st, scheme
+        ):  # E||out||^2 = its units (halved by a ReLU) per sample, whatever came in
             return _Energy(np.zeros(shape), -math.inf), flat(ln(st.units_out * (0.5 if relu else 1.0)))
         m = st.moments(scheme)
         a, b = state
         a = _Energy.of(theory.conv_layer_energy(a.m, m, relu), a.ln)
         bias = theory.conv_bias_energy(m, relu)
-        b = _Energy.of(theory.conv_layer_energy(b.m, m, relu), b.ln).plus(flat(0.0), ln(bias * math.prod(shape)))
+        b = _Energy.of(theory.conv_layer_energy(b.m, m, relu), b.ln).plus(
+            flat(0.0), ln(bias * math.prod(shape))
+        )
         return a, b
 
     # E||h||^2/||x||^2: the input-driven part, and the bias-driven part over ||x||^2 (none: no
@@ -375,7 +394,9 @@ def predict_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float, ba
     def layer(k, st, relu: bool):
         if _standardises(st, scheme):
             if isinstance(st, Conv):
-                raise ValueError("standardised convs have no correlation map (their centring mixes the positions)")
+                raise ValueError(
+                    "standardised convs have no correlation map (their centring mixes the positions)"
+                )
             return standardised(k, relu, st.role.fan_out)
         m = st.moments(scheme)
         per_tap = m.row_sq / (m.c_in * (1 if m.taps == "centre" else m.kernel**2))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from sigprop import files, kinds
 from sigprop.errors import SigpropError
@@ -27,18 +27,25 @@ LOG_SPAN_DECADES = 2.0
 #: beyond 10^+-300 a float cannot be drawn: the axis shows log10 of the ratio instead
 FLOAT_LOG10_LIMIT = 300.0
 #: the axis labels of a residual net with several stages: each stage relative to its own ends
-STAGED_LABELS = (r"$\|h^b\| \,/\, \|h^{\mathrm{stage\ start}}\|$",
-                 r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^{\mathrm{stage\ end}}\|$")
+STAGED_LABELS = (
+    r"$\|h^b\| \,/\, \|h^{\mathrm{stage\ start}}\|$",
+    r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^{\mathrm{stage\ end}}\|$",
+)
 
 
 def check_target(path: Path, field: str = "plot") -> Path:
     """Fail before any work: matplotlib present, a known extension, an existing directory."""
     ext = path.suffix.lower().lstrip(".")
     if ext not in FORMATS:
-        raise SigpropError(f"unknown figure format {path.suffix or '(none)'!r}; use .png, .svg or .pdf", field=field)
+        raise SigpropError(
+            f"unknown figure format {path.suffix or '(none)'!r}; use .png, .svg or .pdf", field=field
+        )
     target = path.resolve()
     if target.is_dir() or not target.parent.is_dir():
-        raise SigpropError(f"cannot write {path}: {'is a directory' if target.is_dir() else 'no such directory'}", field=field)
+        raise SigpropError(
+            f"cannot write {path}: {'is a directory' if target.is_dir() else 'no such directory'}",
+            field=field,
+        )
     try:
         import matplotlib  # noqa: F401  (the plot extra: is it installed?)
     except ImportError:
@@ -59,7 +66,9 @@ def save(fig, path: Path) -> None:
     """Write the figure whole (temp file + rename), never half."""
     ext = path.suffix.lower().lstrip(".")
     try:
-        files.atomic_write(path, lambda tmp: fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight"), suffix=f".{ext}")
+        files.atomic_write(
+            path, lambda tmp: fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight"), suffix=f".{ext}"
+        )
     finally:
         _pyplot().close(fig)
 
@@ -88,23 +97,45 @@ def _curve(run, direction: str, staged: bool):
             st = getattr(layers[i], direction)
             m = None if st.log10_mean is None or m0 is None else st.log10_mean - m0
             p = None if st.log10_predicted_typical is None or p0 is None else st.log10_predicted_typical - p0
-            seg.append((layers[i].index, m, None if staged else st.log10_std, None if staged else st.log10_draw_std, p))
+            seg.append(
+                (
+                    layers[i].index,
+                    m,
+                    None if staged else st.log10_std,
+                    None if staged else st.log10_draw_std,
+                    p,
+                )
+            )
         segs.append(seg)
     return segs
 
 
 def _extreme(result, staged: bool) -> float:
-    vals = [abs(m) for run in result.runs for d in ("forward", "backward") for seg in _curve(run, d, staged)
-            for _, m, _, _, _ in seg if m is not None]
+    vals = [
+        abs(m)
+        for run in result.runs
+        for d in ("forward", "backward")
+        for seg in _curve(run, d, staged)
+        for _, m, _, _, _ in seg
+        if m is not None
+    ]
     return max(vals, default=0.0)
 
 
 def _near(run, staged: bool) -> bool:
-    vals = [abs(m) for d in ("forward", "backward") for seg in _curve(run, d, staged) for _, m, _, _, _ in seg if m is not None]
+    vals = [
+        abs(m)
+        for d in ("forward", "backward")
+        for seg in _curve(run, d, staged)
+        for _, m, _, _, _ in seg
+        if m is not None
+    ]
     return bool(vals) and max(vals) <= ZOOM_DECADES
 
 
-def _draw(ax, result, runs, direction: str, staged: bool, yspace: str, seeds: int, colours: dict, first_panel: bool) -> None:
+def _draw(
+    ax, result, runs, direction: str, staged: bool, yspace: str, seeds: int, colours: dict, first_panel: bool
+) -> None:
     """One panel: the typical ratio of each init (solid, its own marker), +-1 sd across samples
     shaded (and across draws, darker), the predicted typical ratio dashed in the same colour.
     ``yspace``: "log" (ratio on a log axis), "log10" (the exponent, for ratios beyond a float),
@@ -118,30 +149,72 @@ def _draw(ax, result, runs, direction: str, staged: bool, yspace: str, seeds: in
             if not pts:
                 continue
             xs = [p[0] for p in pts]
-            ax.plot(xs, [conv(p[1]) for p in pts], color=col, lw=1.6, marker=mk, ms=4,
-                    markevery=max(1, len(xs) // 8), label=run.init if j == 0 else None)
+            ax.plot(
+                xs,
+                [conv(p[1]) for p in pts],
+                color=col,
+                lw=1.6,
+                marker=mk,
+                ms=4,
+                markevery=max(1, len(xs) // 8),
+                label=run.init if j == 0 else None,
+            )
             if pts[0][2] is not None:
-                ax.fill_between(xs, [conv(m - (sd or 0)) for _, m, sd, _ in pts], [conv(m + (sd or 0)) for _, m, sd, _ in pts],
-                                color=col, alpha=0.15, lw=0)
+                ax.fill_between(
+                    xs,
+                    [conv(m - (sd or 0)) for _, m, sd, _ in pts],
+                    [conv(m + (sd or 0)) for _, m, sd, _ in pts],
+                    color=col,
+                    alpha=0.15,
+                    lw=0,
+                )
                 if seeds > 1:
-                    ax.fill_between(xs, [conv(m - (d or 0)) for _, m, _, d in pts], [conv(m + (d or 0)) for _, m, _, d in pts],
-                                    color=col, alpha=0.3, lw=0)
+                    ax.fill_between(
+                        xs,
+                        [conv(m - (d or 0)) for _, m, _, d in pts],
+                        [conv(m + (d or 0)) for _, m, _, d in pts],
+                        color=col,
+                        alpha=0.3,
+                        lw=0,
+                    )
             th = [(x, p) for x, _, _, _, p in seg if p is not None]
             if th:
-                ax.plot([t[0] for t in th], [conv(t[1]) for t in th], color=col, ls="--", lw=1.0,
-                        label="theory (dashed): predicted typical ratio" if first_panel and not theory_labelled else None)
+                ax.plot(
+                    [t[0] for t in th],
+                    [conv(t[1]) for t in th],
+                    color=col,
+                    ls="--",
+                    lw=1.0,
+                    label="theory (dashed): predicted typical ratio"
+                    if first_panel and not theory_labelled
+                    else None,
+                )
                 theory_labelled = True
-    if kinds.get(result.command, field="result").hints.energy:  # no typical prediction for convs yet: the energy-map RMS, dotted
+    if kinds.get(
+        result.command, field="result"
+    ).hints.energy:  # no typical prediction for convs yet: the energy-map RMS, dotted
         labelled = False
         for run in runs:
             spans = [(st.first, st.last) for st in run.stages] if staged else [(0, len(run.layers) - 1)]
             for first, last in spans:
-                p0 = getattr(run.layers[first if direction == "forward" else last], direction).log10_predicted if staged else 0.0
-                pts = [(r.index, getattr(r, direction).log10_predicted) for r in run.layers[first:last + 1]]
+                p0 = (
+                    getattr(run.layers[first if direction == "forward" else last], direction).log10_predicted
+                    if staged
+                    else 0.0
+                )
+                pts = [(r.index, getattr(r, direction).log10_predicted) for r in run.layers[first : last + 1]]
                 pts = [(x, v - p0) for x, v in pts if v is not None and p0 is not None]
                 if pts:
-                    ax.plot([p[0] for p in pts], [conv(p[1]) for p in pts], color=colours[run.init][0], ls=":", lw=1.2,
-                            label="theory (dotted): energy-map RMS ratio" if first_panel and not labelled else None)
+                    ax.plot(
+                        [p[0] for p in pts],
+                        [conv(p[1]) for p in pts],
+                        color=colours[run.init][0],
+                        ls=":",
+                        lw=1.2,
+                        label="theory (dotted): energy-map RMS ratio"
+                        if first_panel and not labelled
+                        else None,
+                    )
                     labelled = True
     if kinds.get(result.command, field="result").hints.residual:
         _draw_stage_bands(ax, result, direction, staged, yspace)
@@ -201,7 +274,9 @@ def build_probe_figure(result):
     zoom = top != "linear" and bool(near) and len(near) < len(result.runs)
     seeds = int(result.config.get("seeds", 1))
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    colours = {run.init: (cycle[k % len(cycle)], MARKERS[k % len(MARKERS)]) for k, run in enumerate(result.runs)}
+    colours = {
+        run.init: (cycle[k % len(cycle)], MARKERS[k % len(MARKERS)]) for k, run in enumerate(result.runs)
+    }
     cosines = any(run.correlations for run in result.runs)
     measured = [m.name for m in result.runs[0].measurements][:2]  # plug-in measurements: one panel each
     rows = (2 if zoom else 1) + cosines + bool(measured)
@@ -212,7 +287,9 @@ def build_probe_figure(result):
     if staged:  # each stage's ratios relative to its own first (forward) or last (backward) state
         ylab = STAGED_LABELS
     for r, (row, runs, yspace) in enumerate(panels):
-        for c, (ax, direction, title, yl) in enumerate(zip(row, ("forward", "backward"), ("forward: activations", "backward: gradients"), ylab)):
+        for c, (ax, direction, title, yl) in enumerate(
+            zip(row, ("forward", "backward"), ("forward: activations", "backward: gradients"), ylab)
+        ):
             _draw(ax, result, runs, direction, staged, yspace, seeds, colours, first_panel=(c == 1))
             ax.set_xlabel(xlabel)
             ax.set_ylabel(("log$_{10}$ " + yl) if yspace == "log10" else yl)
@@ -225,11 +302,15 @@ def build_probe_figure(result):
     if measured:
         _draw_measurements(axes[-1], result, measured, colours, xlabel)
     spread = "shaded: ± 1 sd of the log ratio across samples" + (
-        f", darker: across {seeds} draws" if seeds > 1 else " (one draw: the across-draw spread is not shown)")
+        f", darker: across {seeds} draws" if seeds > 1 else " (one draw: the across-draw spread is not shown)"
+    )
     if staged:
         spread = "each stage relative to its own first (forward) or last (backward) state; spread not shown"
-    fig.suptitle(f"sigprop {result.command}: {shape}, N = {cfg.get('samples')} samples\nsolid: typical (geometric-mean) "
-                 f"ratio; {spread}", fontsize=9)
+    fig.suptitle(
+        f"sigprop {result.command}: {shape}, N = {cfg.get('samples')} samples\nsolid: typical (geometric-mean) "
+        f"ratio; {spread}",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig
 
@@ -254,11 +335,29 @@ def _draw_cosines(row, result, colours: dict, xlabel: str) -> None:
             sd = [c.std for _, c in recs if c.mean == c.mean]
             ls = COSINE_STYLES[k % len(COSINE_STYLES)]
             label = f"{run.init}, c0 = {c0:g}"
-            left.plot(xs, ms, color=col, marker=mk, ms=4, markevery=max(1, len(xs) // 8), lw=1.4, ls=ls, label=label)
-            left.fill_between(xs, [m - s for m, s in zip(ms, sd)], [m + s for m, s in zip(ms, sd)], color=col, alpha=0.12, lw=0)
+            left.plot(
+                xs, ms, color=col, marker=mk, ms=4, markevery=max(1, len(xs) // 8), lw=1.4, ls=ls, label=label
+            )
+            left.fill_between(
+                xs,
+                [m - s for m, s in zip(ms, sd)],
+                [m + s for m, s in zip(ms, sd)],
+                color=col,
+                alpha=0.12,
+                lw=0,
+            )
             one = [(x, 1.0 - m) for x, m in zip(xs, ms) if 1.0 - m > 0]
-            right.plot([p[0] for p in one], [p[1] for p in one], color=col, marker=mk, ms=4, markevery=max(1, len(one) // 8), lw=1.4,
-                       ls=ls, label=label)
+            right.plot(
+                [p[0] for p in one],
+                [p[1] for p in one],
+                color=col,
+                marker=mk,
+                ms=4,
+                markevery=max(1, len(one) // 8),
+                lw=1.4,
+                ls=ls,
+                label=label,
+            )
             th = [(i, c.predicted) for i, c in recs if c.predicted is not None]
             if th:  # theory: thin, dashed, unmarked (as in the rows above)
                 left.plot([t[0] for t in th], [t[1] for t in th], color=col, ls="--", lw=0.9)
@@ -284,8 +383,16 @@ def _draw_measurements(row, result, names: list[str], colours: dict, xlabel: str
             m = next(x for x in run.measurements if x.name == name)
             pts = [(r.index, v[0]) for r, v in zip(run.layers, m.rows) if v and v[0] is not None]
             col, mk = colours[run.init]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=col, marker=mk, ms=4,
-                    markevery=max(1, len(pts) // 8), lw=1.4, label=run.init)
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                color=col,
+                marker=mk,
+                ms=4,
+                markevery=max(1, len(pts) // 8),
+                lw=1.4,
+                label=run.init,
+            )
         if m.log:
             ax.set_yscale("log")
         ax.set_title(f"{m.title} ({m.name}, plug-in)", fontsize=10)
@@ -293,7 +400,7 @@ def _draw_measurements(row, result, names: list[str], colours: dict, xlabel: str
         ax.set_xlabel(xlabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    for ax in row[len(names):]:
+    for ax in row[len(names) :]:
         ax.set_visible(False)
 
 
@@ -305,14 +412,18 @@ def sweep_figure(rows: Sequence[dict], x: str, path: Path, direction: str = "for
 def _sweep_cosines(ax, groups, inits_seen, other_keys, colours, markers, varying, x) -> None:
     """Sweep rows with ``correlation``: the last state's mean cosine per init and input cosine
     (line style per c0), the prediction dashed in the same colour."""
-    for (init, other), pts in sorted(groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))):
+    for (init, other), pts in sorted(
+        groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))
+    ):
         pts = sorted(pts, key=lambda r: r["config"][x])
         c0s = [c["c0"] for c in pts[0].get("correlation", [])]
         for k, c0 in enumerate(c0s):
             xs = [p["config"][x] for p in pts]
             ys = [p["correlation"][k]["end_mean"] for p in pts]
             label = f"{init}, c0 = {c0:g}" + "".join(f", {kk} {v}" for kk, v in other if kk in varying)
-            ax.plot(xs, ys, marker=markers[other], ms=4, color=colours[init], ls=COSINE_STYLES[k % 4], label=label)
+            ax.plot(
+                xs, ys, marker=markers[other], ms=4, color=colours[init], ls=COSINE_STYLES[k % 4], label=label
+            )
             pred = [p["correlation"][k]["end_predicted"] for p in pts]
             if all(v is not None for v in pred):
                 ax.plot(xs, pred, color=colours[init], ls="--", lw=0.8, alpha=0.7)
@@ -335,22 +446,35 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward")
     varying = [k for k in others if len({r["config"].get(k) for r in rows}) > 1]
     inits_seen = list(dict.fromkeys(r["init"] for r in rows))
     colours = {name: f"C{i % 10}" for i, name in enumerate(inits_seen)}
-    other_keys = sorted({g[1] for g in groups}, key=lambda t: [v if isinstance(v, (int, float)) else 0 for _, v in t])
+    other_keys = sorted(
+        {g[1] for g in groups}, key=lambda t: [v if isinstance(v, (int, float)) else 0 for _, v in t]
+    )
     markers = {o: ["o", "s", "^", "D", "v", "P"][i % 6] for i, o in enumerate(other_keys)}
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     if direction == "curvature":
-        for (init, other), pts in sorted(groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))):
-            pts = [p for p in sorted(pts, key=lambda r: r["config"][x]) if p["curvature"]["log10_spectral_norm_mean"] is not None]
+        for (init, other), pts in sorted(
+            groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))
+        ):
+            pts = [
+                p
+                for p in sorted(pts, key=lambda r: r["config"][x])
+                if p["curvature"]["log10_spectral_norm_mean"] is not None
+            ]
             xs = [p["config"][x] for p in pts]
             ys = [p["curvature"]["log10_spectral_norm_mean"] for p in pts]
             err = [p["curvature"]["log10_spectral_norm_std"] or 0.0 for p in pts]
             label = init + "".join(f", {k} {v}" for k, v in other if k in varying)
-            ax.errorbar(xs, ys, yerr=err, marker=markers[other], ms=4, color=colours[init], capsize=3, label=label)
+            ax.errorbar(
+                xs, ys, yerr=err, marker=markers[other], ms=4, color=colours[init], capsize=3, label=label
+            )
         ax.set_xlabel(x)
         ax.set_ylabel("log10 spectral norm of the loss Hessian at init")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        ax.set_title(f"sigprop sweep --curvature: curvature at init vs {x} (bars: sd over draws; diverged points left out)", fontsize=9)
+        ax.set_title(
+            f"sigprop sweep --curvature: curvature at init vs {x} (bars: sd over draws; diverged points left out)",
+            fontsize=9,
+        )
         fig.tight_layout()
         return fig
     if direction == "correlation":
@@ -358,11 +482,15 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward")
         ax.set_xlabel(x)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        ax.set_title(f"sigprop sweep: cosine of two inputs at the last state vs {x} (dashed: theory)", fontsize=10)
+        ax.set_title(
+            f"sigprop sweep: cosine of two inputs at the last state vs {x} (dashed: theory)", fontsize=10
+        )
         fig.tight_layout()
         return fig
     theory_drawn = rms_drawn = False
-    for (init, other), pts in sorted(groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))):
+    for (init, other), pts in sorted(
+        groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))
+    ):
         pts = sorted(pts, key=lambda r: r["config"][x])
         xs = [p["config"][x] for p in pts]
         e2e = [p["end_to_end"][direction] for p in pts]
@@ -372,7 +500,9 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward")
         label = init + "".join(f", {k} {v}" for k, v in other if k in varying)
         c = colours[init]
         ax.plot(xs, ys, marker=markers[other], ms=4, color=c, label=label)
-        ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], color=c, alpha=0.12, lw=0)
+        ax.fill_between(
+            xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], color=c, alpha=0.12, lw=0
+        )
         if any(dsd):
             ax.errorbar(xs, ys, yerr=dsd, fmt="none", ecolor=c, elinewidth=1.2, capsize=3)
         typ = [e.get("log10_predicted_typical") for e in e2e]
@@ -422,7 +552,13 @@ def build_hessian_figure(result):
         if m is not None:
             ax.bar(k, m, color=f"C{k % 10}", alpha=0.6, yerr=sd, capsize=4)
             pts = run.log10_norms
-            ax.plot([k + 0.12 * (j - (len(pts) - 1) / 2) / max(1, len(pts)) for j in range(len(pts))], pts, "o", color="0.15", ms=4)
+            ax.plot(
+                [k + 0.12 * (j - (len(pts) - 1) / 2) / max(1, len(pts)) for j in range(len(pts))],
+                pts,
+                "o",
+                color="0.15",
+                ms=4,
+            )
         else:
             ax.text(k, 0, "diverged", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(result.runs)), [r.init for r in result.runs])
@@ -430,8 +566,11 @@ def build_hessian_figure(result):
     ax.set_ylabel("log10 spectral norm of the loss Hessian")
     cfg = result.config
     head = f", --head {cfg['head']}" if cfg.get("head") else ""
-    ax.set_title(f"sigprop hessian {result.command}: curvature at init, {cfg.get('samples')} samples, "
-                 f"{cfg.get('seeds')} draw(s){head}\nbar: mean ± sd over draws; points: each draw", fontsize=9)
+    ax.set_title(
+        f"sigprop hessian {result.command}: curvature at init, {cfg.get('samples')} samples, "
+        f"{cfg.get('seeds')} draw(s){head}\nbar: mean ± sd over draws; points: each draw",
+        fontsize=9,
+    )
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -28,7 +28,7 @@ def fmt_log10(x: float | None, digits: int = 3) -> str:
     if x is None:
         return "—"
     if -4 <= x < 5:
-        return f"{10.0 ** x:.{digits}g}"
+        return f"{10.0**x:.{digits}g}"
     e = math.floor(x)
     return f"{10.0 ** (x - e):.{digits - 1}f}e{e:+d}"
 
@@ -99,7 +99,9 @@ class _Titled:
 
 def _table(title: str) -> "_Titled":
     """The probe tables' one style: a title line, bold header, a rule under it, no outer padding."""
-    return _Titled(title, Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1)))
+    return _Titled(
+        title, Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+    )
 
 
 def run_table(run: RunResult, units: str = "n_l") -> Table:
@@ -230,8 +232,11 @@ def measurement_table(run: RunResult, m, row_label: str) -> Table:
 
 def measurement_lines(run: RunResult) -> list[str]:
     """The gates of plug-in measurements, one line each, named by their verdict."""
-    return [f"  {'[green]' if c.passed else '[red]'}{escape(verdict_words(c.verdict))}[/]: {escape(gate_text(c))}"
-            for m in run.measurements for c in m.checks]
+    return [
+        f"  {'[green]' if c.passed else '[red]'}{escape(verdict_words(c.verdict))}[/]: {escape(gate_text(c))}"
+        for m in run.measurements
+        for c in m.checks
+    ]
 
 
 def correlation_lines(run: RunResult) -> list[str]:
@@ -267,8 +272,12 @@ def stage_lines(run: RunResult) -> list[str]:
 
 #: how each verdict reads (one meaning per word and colour: green/red are the 'preserved' verdict
 #: only; agreement with theory is cyan '=' / yellow '≠')
-VERDICT_WORDS = {"preserved": "signal preserved", "theory": "agrees with finite-width theory",
-                 "correlation": "inputs kept apart (--max-correlation)", "curvature": "lowest curvature of the inits listed"}
+VERDICT_WORDS = {
+    "preserved": "signal preserved",
+    "theory": "agrees with finite-width theory",
+    "correlation": "inputs kept apart (--max-correlation)",
+    "curvature": "lowest curvature of the inits listed",
+}
 
 
 def verdict_words(verdict: str) -> str:
@@ -289,11 +298,19 @@ def _verdict_line(run: RunResult, verdict: str) -> str:
         else:
             head = "[yellow]≠ disagrees with finite-width theory[/yellow]"
     reasons = {c.note for c in checks if not c.has_band}
-    if verdict == "theory" and not ok and run.untestable and len(reasons) == 1 and all(not c.has_band for c in checks):
+    if (
+        verdict == "theory"
+        and not ok
+        and run.untestable
+        and len(reasons) == 1
+        and all(not c.has_band for c in checks)
+    ):
         return f"  {head}: {escape(reasons.pop())}"  # one reason for every check: said once
     parts = [escape(gate_text(c)) for c in checks]
     # why each failed gate failed (a gate without a band already says it in its text)
-    notes = dict.fromkeys((c.name.split(" ||")[0], c.note) for c in checks if c.note and not c.passed and c.has_band)
+    notes = dict.fromkeys(
+        (c.name.split(" ||")[0], c.note) for c in checks if c.note and not c.passed and c.has_band
+    )
     tail = "".join(escape(f"\n    why ({what}): {note}") for what, note in notes)
     return f"  {head}: " + "; ".join(parts) + tail
 
@@ -301,11 +318,21 @@ def _verdict_line(run: RunResult, verdict: str) -> str:
 def run_summary(run: RunResult, draws: int = 1) -> Text:
     """Both verdicts of one init, each named, with the reason when one fails."""
     ag = run.agreement()
-    predicted = {d: any(getattr(r, d) is not None and getattr(r, d).predicted is not None for r in run.layers) for d in ag}
+    predicted = {
+        d: any(getattr(r, d) is not None and getattr(r, d).predicted is not None for r in run.layers)
+        for d in ag
+    }
     agree = ", ".join(
-        (f"{d} {v['layers_agreeing']}/{v['layers_compared']}"
-         + (f" ({v['layers_uninformative']} in bands over 2 decades wide: no test)" if v["layers_uninformative"] else ""))
-        if v["layers_compared"] else (f"{d} not tested (a prediction, no band)" if predicted[d] else f"{d} no closed form")
+        (
+            f"{d} {v['layers_agreeing']}/{v['layers_compared']}"
+            + (
+                f" ({v['layers_uninformative']} in bands over 2 decades wide: no test)"
+                if v["layers_uninformative"]
+                else ""
+            )
+        )
+        if v["layers_compared"]
+        else (f"{d} not tested (a prediction, no band)" if predicted[d] else f"{d} no closed form")
         for d, v in ag.items()
     )
     lines = [f"[bold]{escape(run.init)}[/bold] (layers agreeing with theory: {agree})"]
@@ -327,8 +354,10 @@ def spread_line(run: RunResult, draws: int) -> str:
         return f"across {draws} draws the typical end-to-end forward ratio moved by ±{s.log10_draw_std:.2f} decades (sd{tail})"
     if theory_sd is None:
         return "one weight draw: the ± in the table is across samples only; --seeds S measures the spread across draws"
-    return (f"one weight draw: the ± in the table is across samples only; across draws the typical end-to-end forward "
-            f"ratio moves by about ±{theory_sd:.2f} decades (sd, theory); --seeds S measures it")
+    return (
+        f"one weight draw: the ± in the table is across samples only; across draws the typical end-to-end forward "
+        f"ratio moves by about ±{theory_sd:.2f} decades (sd, theory); --seeds S measures it"
+    )
 
 
 def render_table(result: ProbeResult, console: Console) -> None:
@@ -345,7 +374,9 @@ def render_table(result: ProbeResult, console: Console) -> None:
             shown = len(table_rows(len(run.layers)))
         n = len(run.layers)
         if shown < n:
-            console.print(f"[dim](showing {shown} of {n} {'states' if resnet else 'layers'}; --format json or csv has all)[/dim]")
+            console.print(
+                f"[dim](showing {shown} of {n} {'states' if resnet else 'layers'}; --format json or csv has all)[/dim]"
+            )
         if any(r.bn is not None for r in run.layers):
             console.print(bn_table(run))
         if run.correlations:
@@ -405,7 +436,11 @@ def to_csv(result: ProbeResult) -> str:
     if resnet:
         header += [f"branch_{k}" for k in CSV_FIELDS]
     if bn:
-        header += [f"bn_{k}{suffix}" for k in ("skip_variance", "moving_variance", "moving_squared_mean") for suffix in ("", "_predicted")]
+        header += [
+            f"bn_{k}{suffix}"
+            for k in ("skip_variance", "moving_variance", "moving_squared_mean")
+            for suffix in ("", "_predicted")
+        ]
     c0s = [c.c0 for c in result.runs[0].correlations] if result.runs else []
     header += [f"cos_{c0:g}_{k}" for c0 in c0s for k in ("mean", "std", "predicted", "agrees")]
     measured = result.runs[0].measurements if result.runs else []
@@ -430,21 +465,34 @@ def to_csv(result: ProbeResult) -> str:
 
 
 def render_theory(result: TheoryResult, console: Console) -> None:
-    t = Table(title="K_n (Theorem 1, Arpit et al. 2019, eq. 3 / 9)", title_justify="left", header_style="bold")
+    t = Table(
+        title="K_n (Theorem 1, Arpit et al. 2019, eq. 3 / 9)", title_justify="left", header_style="bold"
+    )
     t.add_column("n", justify="right")
     t.add_column("closed form", justify="right")
     t.add_column("quadrature", justify="right")
     t.add_column("|difference|", justify="right")
     for r in result.kn:
-        t.add_row(str(r.n), f"{r.closed_form:.15f}", f"{r.quadrature:.15f}", f"{abs(r.closed_form - r.quadrature):.1e}")
+        t.add_row(
+            str(r.n),
+            f"{r.closed_form:.15f}",
+            f"{r.quadrature:.15f}",
+            f"{abs(r.closed_form - r.quadrature):.1e}",
+        )
     console.print(t)
     if result.resnet:
-        t = Table(title="ResNet ratio (1 + 1/B)^{B/2} (Theorems 3-4, Arpit et al. 2019, eq. 53, 63)", title_justify="left", header_style="bold")
+        t = Table(
+            title="ResNet ratio (1 + 1/B)^{B/2} (Theorems 3-4, Arpit et al. 2019, eq. 53, 63)",
+            title_justify="left",
+            header_style="bold",
+        )
         t.add_column("blocks B", justify="right")
         t.add_column("ratio", justify="right")
         t.add_column("band [sqrt 2, sqrt e]", justify="right")
         for r in result.resnet:
-            t.add_row(str(r.blocks), f"{r.ratio:.6f}", f"[{r.lower:.6f}, {r.upper:.6f}] {'✓' if r.inside else '✗'}")
+            t.add_row(
+                str(r.blocks), f"{r.ratio:.6f}", f"[{r.lower:.6f}, {r.upper:.6f}] {'✓' if r.inside else '✗'}"
+            )
         console.print(t)
 
 
@@ -469,8 +517,10 @@ def gate_text(c) -> str:
         return f"{c.name} {c.cosine:.4f} {word} {c.high:g}"
     if c.verdict == "curvature":
         other = "none" if not math.isfinite(c.log10_high) else fmt_log10(c.log10_high)
-        return (f"{c.name}: {'diverged' if c.log10_measured is None else fmt_log10(c.log10_measured)} "
-                f"{'<' if c.passed else '>='} {other} (the lowest other, mean over draws)")
+        return (
+            f"{c.name}: {'diverged' if c.log10_measured is None else fmt_log10(c.log10_measured)} "
+            f"{'<' if c.passed else '>='} {other} (the lowest other, mean over draws)"
+        )
     if not c.has_band:
         return f"typical {c.name} {fmt_log10(c.log10_measured)}: {c.note}"
     word = "in" if c.passed else "outside"
@@ -479,7 +529,9 @@ def gate_text(c) -> str:
 
 def _gate_verdicts(outcome) -> list[str]:
     """The questions an outcome's gates ask, in words: its verdict, and the correlation bound when set."""
-    return list(dict.fromkeys([verdict_words(outcome.verdict)] + [verdict_words(c.verdict) for c in outcome.gates]))
+    return list(
+        dict.fromkeys([verdict_words(outcome.verdict)] + [verdict_words(c.verdict) for c in outcome.gates])
+    )
 
 
 def _failed(outcome) -> list[str]:
@@ -519,11 +571,18 @@ def junit_xml(report_obj) -> str:
     """JUnit XML (one testsuite, one testcase per check and init) for CI systems to display."""
     outcomes = report_obj.outcomes
     suite = ET.Element(
-        "testsuite", name="sigprop", tests=str(len(outcomes)), failures=str(sum(not o.ok for o in outcomes)),
-        errors="0", skipped="0", time=f"{report_obj.seconds:.3f}",
+        "testsuite",
+        name="sigprop",
+        tests=str(len(outcomes)),
+        failures=str(sum(not o.ok for o in outcomes)),
+        errors="0",
+        skipped="0",
+        time=f"{report_obj.seconds:.3f}",
     )
     for o in outcomes:
-        case = ET.SubElement(suite, "testcase", classname=f"sigprop.{o.name}", name=o.init, time=f"{o.seconds:.3f}")
+        case = ET.SubElement(
+            suite, "testcase", classname=f"sigprop.{o.name}", name=o.init, time=f"{o.seconds:.3f}"
+        )
         text = "\n".join(gate_text(c) for c in o.gates)
         if not o.ok:
             fail = ET.SubElement(case, "failure", message=check_line(o), type="SignalCheck")
@@ -555,8 +614,10 @@ def hessian_table(result) -> Table:
     log10 of its magnitude (the spectral norm, Arpit et al. 2019, Table 2), iterations, residual,
     status; Lanczos' top eigenvalues and Hutchinson's trace when asked.  A rule closes each init."""
     cfg = result.config
-    t = _table(f"[bold]curvature at init[/bold] — the loss Hessian's largest-magnitude eigenvalue λ, "
-               f"{cfg.get('samples')} samples, {cfg.get('seeds')} draw(s)")
+    t = _table(
+        f"[bold]curvature at init[/bold] — the loss Hessian's largest-magnitude eigenvalue λ, "
+        f"{cfg.get('samples')} samples, {cfg.get('seeds')} draw(s)"
+    )
     for name in ("init", "draw", "λ", "log10 |λ|", "products", "residual", "status"):
         t.add_column(name, justify="left" if name in ("init", "status") else "right", no_wrap=True)
     top = max((len(d.top) for r in result.runs for d in r.draws), default=0)
@@ -567,9 +628,15 @@ def hessian_table(result) -> Table:
         t.add_column("trace ± se (Hutchinson)", justify="right", no_wrap=True)
     for k, run in enumerate(result.runs):
         for j, d in enumerate(run.draws):
-            row = [run.init if j == 0 else "", str(d.draw), "—" if d.eigenvalue is None else fmt_num(d.eigenvalue),
-                   "—" if not d.eigenvalue else f"{math.log10(abs(d.eigenvalue)):.2f}", str(d.iterations),
-                   "—" if d.residual is None else f"{d.residual:.1e}", d.status]
+            row = [
+                run.init if j == 0 else "",
+                str(d.draw),
+                "—" if d.eigenvalue is None else fmt_num(d.eigenvalue),
+                "—" if not d.eigenvalue else f"{math.log10(abs(d.eigenvalue)):.2f}",
+                str(d.iterations),
+                "—" if d.residual is None else f"{d.residual:.1e}",
+                d.status,
+            ]
             if top:
                 more = f", … (all {len(d.top)}: --format json)" if len(d.top) > TOP_SHOWN else ""
                 row.append(", ".join(fmt_num(v) for v in d.top[:TOP_SHOWN]) + more)
@@ -584,18 +651,33 @@ def render_hessian(result, console: Console) -> None:
     for run in result.runs:
         m, sd = run.summary()
         text = "diverged in every draw" if m is None else f"{m:.2f}" + ("" if sd is None else f" ± {sd:.2f}")
-        over = "one draw: --seeds S gives the spread" if len(run.draws) == 1 else f"mean ± sd over {len(run.draws)} draws"
-        console.print(f"{run.init}: log10 spectral norm {text} ({over}) [dim]— {escape(run.description)}[/dim]", highlight=False)
+        over = (
+            "one draw: --seeds S gives the spread"
+            if len(run.draws) == 1
+            else f"mean ± sd over {len(run.draws)} draws"
+        )
+        console.print(
+            f"{run.init}: log10 spectral norm {text} ({over}) [dim]— {escape(run.description)}[/dim]",
+            highlight=False,
+        )
     done = [r for r in result.runs if not r.diverged]
     order = sorted(done, key=lambda r: r.summary()[0])
     if order:
-        console.print("lowest to highest curvature (mean log10 spectral norm): "
-                      + " < ".join(f"{r.init} {r.summary()[0]:.2f}" for r in order)
-                      + ("" if len(done) == len(result.runs) else "; diverged: " + ", ".join(r.init for r in result.runs if r.diverged)),
-                      highlight=False)
+        console.print(
+            "lowest to highest curvature (mean log10 spectral norm): "
+            + " < ".join(f"{r.init} {r.summary()[0]:.2f}" for r in order)
+            + (
+                ""
+                if len(done) == len(result.runs)
+                else "; diverged: " + ", ".join(r.init for r in result.runs if r.diverged)
+            ),
+            highlight=False,
+        )
     head = specs.HEADS.get(result.config.get("head", "pytorch"), "the head")
-    console.print("[dim]λ by restarted Lanczos on Hessian-vector products (double backward) of the 10-way cross-entropy at "
-                  f"init, every trainable parameter (WN g, v, b; BN gamma, beta; {escape(head)}); converged: its residual "
-                  "||Hy - λy||/|λ| is within --tol (an eigenvalue lies that close); 'not converged': --iters products ran out, "
-                  "λ is the best Ritz value with its residual; synthetic data unless --data (docs/cli.md, sigprop hessian)[/dim]",
-                  soft_wrap=True)
+    console.print(
+        "[dim]λ by restarted Lanczos on Hessian-vector products (double backward) of the 10-way cross-entropy at "
+        f"init, every trainable parameter (WN g, v, b; BN gamma, beta; {escape(head)}); converged: its residual "
+        "||Hy - λy||/|λ| is within --tol (an eigenvalue lies that close); 'not converged': --iters products ran out, "
+        "λ is the best Ritz value with its residual; synthetic data unless --data (docs/cli.md, sigprop hessian)[/dim]",
+        soft_wrap=True,
+    )

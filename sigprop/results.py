@@ -81,8 +81,12 @@ class RatioStats:
             "log10_predicted": _num(self.log10_predicted),
             "log10_predicted_typical": _num(self.log10_predicted_typical),
             "log10_std_predicted": _num(self.log10_std_predicted),
-            "agreement": {"log10_low": _num(self.log10_low), "log10_high": _num(self.log10_high), "agrees": self.agrees,
-                          "informative": self.informative},
+            "agreement": {
+                "log10_low": _num(self.log10_low),
+                "log10_high": _num(self.log10_high),
+                "agrees": self.agrees,
+                "informative": self.informative,
+            },
         }
 
 
@@ -130,8 +134,13 @@ class CorrelationStats:
     agrees: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"c0": self.c0, "mean": _num(self.mean), "std": _num(self.std), "predicted": _num(self.predicted),
-                "agrees": self.agrees}
+        return {
+            "c0": self.c0,
+            "mean": _num(self.mean),
+            "std": _num(self.std),
+            "predicted": _num(self.predicted),
+            "agrees": self.agrees,
+        }
 
 
 @dataclass
@@ -148,9 +157,14 @@ class CorrelationSummary:
     reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"c0": self.c0, "end_mean": _num(self.end_mean), "end_predicted": _num(self.end_predicted),
-                "depth_scale": self.depth_scale, "predicted_depth_scale": self.predicted_depth_scale,
-                "no_prediction_because": self.reason or None}
+        return {
+            "c0": self.c0,
+            "end_mean": _num(self.end_mean),
+            "end_predicted": _num(self.end_predicted),
+            "depth_scale": self.depth_scale,
+            "predicted_depth_scale": self.predicted_depth_scale,
+            "no_prediction_because": self.reason or None,
+        }
 
 
 @dataclass
@@ -242,8 +256,15 @@ class CosineCheck:
     log10_measured = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "verdict": self.verdict, "passed": self.passed, "note": self.note,
-                "measured": _num(self.cosine), "low": None, "high": _num(self.high)}
+        return {
+            "name": self.name,
+            "verdict": self.verdict,
+            "passed": self.passed,
+            "note": self.note,
+            "measured": _num(self.cosine),
+            "low": None,
+            "high": _num(self.high),
+        }
 
 
 def _pow10(x: float) -> float | None:
@@ -285,8 +306,11 @@ class StageInfo:
 
 def _verdict_words(run) -> str:
     kept = "signal preserved" if run.preserved else "signal NOT preserved"
-    agree = "agrees with theory" if run.agrees_with_theory else (
-        "not testable against theory" if run.untestable else "disagrees with theory")
+    agree = (
+        "agrees with theory"
+        if run.agrees_with_theory
+        else ("not testable against theory" if run.untestable else "disagrees with theory")
+    )
     return f"{kept}, {agree}"
 
 
@@ -348,7 +372,11 @@ class RunResult:
 
     def __repr__(self) -> str:
         end = self.layers[-1].forward if self.layers else None
-        typical = "" if end is None or end.log10_mean is None else f", typical end-to-end forward ratio 10^{end.log10_mean:.3g}"
+        typical = (
+            ""
+            if end is None or end.log10_mean is None
+            else f", typical end-to-end forward ratio 10^{end.log10_mean:.3g}"
+        )
         return f"RunResult({self.init}: {_verdict_words(self)}{typical}, {len(self.layers)} layers)"
 
     def agreement(self) -> dict[str, Any]:
@@ -357,8 +385,11 @@ class RunResult:
         for direction in directions:
             stats = [getattr(r, direction) for r in self.layers if getattr(r, direction) is not None]
             stats = [s for s in stats if s.agrees is not None]
-            out[direction] = {"layers_compared": len(stats), "layers_agreeing": sum(s.agrees for s in stats),
-                              "layers_uninformative": sum(1 for s in stats if s.informative is False)}
+            out[direction] = {
+                "layers_compared": len(stats),
+                "layers_agreeing": sum(s.agrees for s in stats),
+                "layers_uninformative": sum(1 for s in stats if s.informative is False),
+            }
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -394,8 +425,13 @@ class Measurement:
     log: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "title": self.title, "columns": list(self.columns),
-                "rows": [[_num(v) for v in row] for row in self.rows], "checks": [c.to_dict() for c in self.checks]}
+        return {
+            "name": self.name,
+            "title": self.title,
+            "columns": list(self.columns),
+            "rows": [[_num(v) for v in row] for row in self.rows],
+            "checks": [c.to_dict() for c in self.checks],
+        }
 
 
 def probe_config(command: str, spec, probe, gate, **net: Any) -> dict[str, Any]:
@@ -417,7 +453,11 @@ class ProbeResult:
         return all(r.passed for r in self.runs)
 
     def __repr__(self) -> str:
-        shape = ", ".join(f"{k} {self.config[k]}" for k in ("depth", "blocks", "stages", "width", "samples", "seeds") if k in self.config)
+        shape = ", ".join(
+            f"{k} {self.config[k]}"
+            for k in ("depth", "blocks", "stages", "width", "samples", "seeds")
+            if k in self.config
+        )
         runs = "; ".join(f"{r.init}: {_verdict_words(r)}" for r in self.runs)
         return f"ProbeResult({self.command}, {shape}, device {self.environment.get('device')}: {runs})"
 
@@ -432,7 +472,9 @@ class ProbeResult:
     def layers(self) -> list[LayerRecord]:
         """The layers of the only run (one init); with several inits use ``run(name).layers``."""
         if len(self.runs) != 1:
-            raise AttributeError(f"{len(self.runs)} inits were probed; use result.run(name).layers or result.runs[i].layers")
+            raise AttributeError(
+                f"{len(self.runs)} inits were probed; use result.run(name).layers or result.runs[i].layers"
+            )
         return self.runs[0].layers
 
     def to_dict(self) -> dict[str, Any]:
@@ -470,7 +512,10 @@ class TheoryResult:
 
     def to_dict(self) -> dict[str, Any]:
         """``sigprop.theory.v1``: a list of rows per table, each keyed by the record's fields."""
-        return {"schema": THEORY_SCHEMA, **{f.name: [asdict(row) for row in getattr(self, f.name)] for f in fields(self)}}
+        return {
+            "schema": THEORY_SCHEMA,
+            **{f.name: [asdict(row) for row in getattr(self, f.name)] for f in fields(self)},
+        }
 
 
 CHECK_SCHEMA = "sigprop.check.v1"
@@ -530,8 +575,11 @@ class CheckReport:
             "schema": CHECK_SCHEMA,
             "source": self.source,
             "passed": self.passed,
-            "summary": {"passed": sum(o.ok for o in self.outcomes), "failed": sum(not o.ok for o in self.outcomes),
-                        "seconds": round(self.seconds, 3)},
+            "summary": {
+                "passed": sum(o.ok for o in self.outcomes),
+                "failed": sum(not o.ok for o in self.outcomes),
+                "seconds": round(self.seconds, 3),
+            },
             "checks": [o.to_dict() for o in self.outcomes],
             "results": self.results,
         }
@@ -558,13 +606,18 @@ def compare_documents(old: Any, new: Any, path: str = "") -> tuple[int, list[tup
     return (1 if number else 0), ([] if old == new else [(path, old, new)])
 
 
-def rerun_differences(doc: dict, new: "ProbeResult") -> tuple[int, list[tuple[str, Any, Any]], list[tuple[str, Any, Any]]]:
+def rerun_differences(
+    doc: dict, new: "ProbeResult"
+) -> tuple[int, list[tuple[str, Any, Any]], list[tuple[str, Any, Any]]]:
     """``sigprop rerun``: (numbers compared, numbers that differ as (path, old, new), and the
     environment entries that moved -- sigprop, torch, device name, threads -- as (key, old, new))."""
     count, diffs = compare_documents(doc.get("runs"), new.to_dict()["runs"])
     old_env = doc.get("environment", {})
-    moved = [(k, old_env.get(k), new.environment.get(k)) for k in ("sigprop", "torch", "device_name", "threads")
-             if old_env.get(k) != new.environment.get(k)]
+    moved = [
+        (k, old_env.get(k), new.environment.get(k))
+        for k in ("sigprop", "torch", "device_name", "threads")
+        if old_env.get(k) != new.environment.get(k)
+    ]
     return count, diffs, moved
 
 
@@ -577,10 +630,20 @@ def _end_to_end(result: "ProbeResult") -> dict[str, Any]:
     run = result.runs[0]
     pick = {"forward": run.layers[-1].forward, "backward": run.layers[0].backward}
     return {
-        k: {"mean": s.mean, "log10_mean": s.log10_mean, "log10_std": s.log10_std, "log10_draw_std": s.log10_draw_std,
-            "rms": s.rms, "log10_rms": s.log10_rms, "predicted": s.predicted, "log10_predicted": s.log10_predicted,
+        k: {
+            "mean": s.mean,
+            "log10_mean": s.log10_mean,
+            "log10_std": s.log10_std,
+            "log10_draw_std": s.log10_draw_std,
+            "rms": s.rms,
+            "log10_rms": s.log10_rms,
+            "predicted": s.predicted,
+            "log10_predicted": s.log10_predicted,
             "log10_predicted_typical": s.log10_predicted_typical,
-            "log10_low": s.log10_low, "log10_high": s.log10_high, "agrees": s.agrees}
+            "log10_low": s.log10_low,
+            "log10_high": s.log10_high,
+            "agrees": s.agrees,
+        }
         for k, s in pick.items()
     }
 
@@ -629,11 +692,20 @@ class CurvatureDraw:
 
     def to_dict(self) -> dict[str, Any]:
         f = lambda v: None if v is None or not math.isfinite(v) else v
-        return {"draw": self.draw, "eigenvalue": f(self.eigenvalue),
-                "log10_spectral_norm": None if not self.eigenvalue else math.log10(abs(self.eigenvalue)),
-                "iterations": self.iterations, "residual": f(self.residual), "status": self.status, "top": [f(v) for v in self.top],
-                "trace": f(self.trace), "trace_se": f(self.trace_se), "loss": f(self.loss), "parameters": self.parameters,
-                "seconds": round(self.seconds, 3)}
+        return {
+            "draw": self.draw,
+            "eigenvalue": f(self.eigenvalue),
+            "log10_spectral_norm": None if not self.eigenvalue else math.log10(abs(self.eigenvalue)),
+            "iterations": self.iterations,
+            "residual": f(self.residual),
+            "status": self.status,
+            "top": [f(v) for v in self.top],
+            "trace": f(self.trace),
+            "trace_se": f(self.trace_se),
+            "loss": f(self.loss),
+            "parameters": self.parameters,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 @dataclass
@@ -659,8 +731,14 @@ class CurvatureRun:
 
     def to_dict(self) -> dict[str, Any]:
         m, sd = self.summary()
-        return {"init": self.init, "description": self.description, "log10_spectral_norm_mean": m, "log10_spectral_norm_std": sd,
-                "diverged": self.diverged, "draws": [d.to_dict() for d in self.draws]}
+        return {
+            "init": self.init,
+            "description": self.description,
+            "log10_spectral_norm_mean": m,
+            "log10_spectral_norm_std": sd,
+            "diverged": self.diverged,
+            "draws": [d.to_dict() for d in self.draws],
+        }
 
 
 @dataclass
@@ -671,16 +749,32 @@ class HessianResult:
     runs: list[CurvatureRun]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": HESSIAN_SCHEMA, "command": self.command, "config": self.config, "environment": self.environment,
-                "runs": [r.to_dict() for r in self.runs]}
+        return {
+            "schema": HESSIAN_SCHEMA,
+            "command": self.command,
+            "config": self.config,
+            "environment": self.environment,
+            "runs": [r.to_dict() for r in self.runs],
+        }
 
 
-def curvature_row(config: dict[str, Any], init: str, result: "HessianResult", seconds: float) -> dict[str, Any]:
+def curvature_row(
+    config: dict[str, Any], init: str, result: "HessianResult", seconds: float
+) -> dict[str, Any]:
     """One line of ``sigprop sweep --curvature`` (``sigprop.sweep.v1`` with ``curvature`` in
     place of the end-to-end ratios): the init's log10 spectral norm over its draws."""
     run = result.runs[0]
     m, sd = run.summary()
-    return {"schema": SWEEP_SCHEMA, "config": config, "init": init,
-            "curvature": {"log10_spectral_norm_mean": m, "log10_spectral_norm_std": sd, "diverged": run.diverged,
-                          "draws": [d.to_dict() for d in run.draws]},
-            "seconds": round(seconds, 3), "environment": result.environment}
+    return {
+        "schema": SWEEP_SCHEMA,
+        "config": config,
+        "init": init,
+        "curvature": {
+            "log10_spectral_norm_mean": m,
+            "log10_spectral_norm_std": sd,
+            "diverged": run.diverged,
+            "draws": [d.to_dict() for d in run.draws],
+        },
+        "seconds": round(seconds, 3),
+        "environment": result.environment,
+    }

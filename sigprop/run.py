@@ -20,15 +20,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-from sigprop import kinds, observers, plans, specs, theory, walker
 from sigprop import data as data_mod
 from sigprop import hessian as H
+from sigprop import kinds, observers, plans, specs, theory, walker
 from sigprop.errors import SigpropError
-from sigprop.version import __version__
 from sigprop.kernels import device as dev
 from sigprop.kernels import replay, sampling
-from sigprop.observers import bn as _bn, correlation, ratios as _ratios  # noqa: F401  (register the built-in collectors)
+from sigprop.observers import bn as _bn  # noqa: F401  (register the built-in collectors)
+from sigprop.observers import correlation
 from sigprop.results import CurvatureDraw, CurvatureRun, HessianResult, ProbeResult
+from sigprop.version import __version__
 
 #: progress(done, total, label): steps done of the run's total, and what runs now ("he: forward")
 ProgressFn = Callable[[int, int, str], None]
@@ -68,7 +69,9 @@ def graph_pool_bytes(biggest: int, widest: int, samples: int, itemsize: int, lay
     """What the captured steps of one draw keep in their private memory pools: per step (at most
     ``replay.MAX_GRAPHS``) one layer's draw temporaries, the step's ``layers`` static weight
     buffers and a few activation buffers."""
-    return replay.MAX_GRAPHS * ((sampling.HAAR_TEMPORARIES + layers) * biggest + 6 * samples * widest) * itemsize
+    return (
+        replay.MAX_GRAPHS * ((sampling.HAAR_TEMPORARIES + layers) * biggest + 6 * samples * widest) * itemsize
+    )
 
 
 def graphs_status(runners) -> str:
@@ -85,8 +88,10 @@ def graphs_status(runners) -> str:
 
 def _checker(device: torch.device):
     """The ``check`` a kind's memory plan calls: refuse a need beyond 80% of the free memory."""
+
     def check(need: int, fields: str, offer_stream: bool = False) -> None:
         dev.check_memory(need, device, fields, STREAM_HINT if offer_stream else "")
+
     return check
 
 
@@ -110,8 +115,13 @@ class Measured:
     environment: dict
 
 
-def measure(spec, probe_spec: specs.ProbeSpec, progress: ProgressFn | None = None,
-            on_start: Callable[[dict], None] | None = None, observe=()) -> Measured:
+def measure(
+    spec,
+    probe_spec: specs.ProbeSpec,
+    progress: ProgressFn | None = None,
+    on_start: Callable[[dict], None] | None = None,
+    observe=(),
+) -> Measured:
     """Walk every init of ``spec`` (any registered kind's) as ``probe_spec`` says, and keep only
     the observations: the kind plans the memory, then ``_walk_all``.  ``observe``: plug-in
     observers (instances) run beside the kind's and ``probe_spec.observe``'s (by name)."""
@@ -129,21 +139,46 @@ def measure(spec, probe_spec: specs.ProbeSpec, progress: ProgressFn | None = Non
         need = mem.need
         graphs = dev.use_graphs(probe_spec.graphs, device) and kind.graphs(spec)
         if graphs:
-            need += graph_pool_bytes(*mem.graph_args[:2], probe_spec.samples, itemsize, layers=mem.graph_args[2])
+            need += graph_pool_bytes(
+                *mem.graph_args[:2], probe_spec.samples, itemsize, layers=mem.graph_args[2]
+            )
         n_in, n_out = _inputs_units(plan)
         for c0 in probe_spec.correlations:
             if n_in < 2 and abs(c0) < 1:
-                raise SigpropError(f"an input cosine of {c0:g} needs inputs of dimension >= 2 (the input has {n_in})",
-                                   field="correlation")
+                raise SigpropError(
+                    f"an input cosine of {c0:g} needs inputs of dimension >= 2 (the input has {n_in})",
+                    field="correlation",
+                )
         if probe_spec.correlations:  # the pair walks: forward only, nothing stored; 2P rows
             need += 8 * 2 * probe_spec.pairs * max(mem.graph_args[1], max(plan.entries)) * itemsize
-        arrays, env = _walk_all(kind, spec, plan, names, schemes, probe_spec, need, mem.fields, mem.stream, graphs, device,
-                                precision, progress, on_start, extra)
+        arrays, env = _walk_all(
+            kind,
+            spec,
+            plan,
+            names,
+            schemes,
+            probe_spec,
+            need,
+            mem.fields,
+            mem.stream,
+            graphs,
+            device,
+            precision,
+            progress,
+            on_start,
+            extra,
+        )
     return Measured(kind, plan, names, schemes, arrays, env)
 
 
-def probe(spec, probe_spec: specs.ProbeSpec, progress: ProgressFn | None = None, on_start: Callable[[dict], None] | None = None,
-          gate: specs.GateSpec | None = None, observe=()) -> ProbeResult:
+def probe(
+    spec,
+    probe_spec: specs.ProbeSpec,
+    progress: ProgressFn | None = None,
+    on_start: Callable[[dict], None] | None = None,
+    gate: specs.GateSpec | None = None,
+    observe=(),
+) -> ProbeResult:
     """Run the probe of ``spec`` (any registered kind's) for each of its inits and pair every
     measurement with its theory.  Every run carries both verdicts (``preserved``, ``theory``);
     ``gate`` says which one ``passed`` reports, the band of ``preserved`` and the correlation
@@ -160,8 +195,18 @@ def probe(spec, probe_spec: specs.ProbeSpec, progress: ProgressFn | None = None,
     for name, scheme in zip(m.names, m.schemes):
         a = m.arrays[name]
         run = kind.assemble(name, scheme, spec, plan, a, probe_spec, gate)
-        correlation.attach(run, kind, scheme, spec, plan, a.get("correlation"), probe_spec.correlations, probe_spec.pairs,
-                           gate.max_correlation, probe_spec.dtype)
+        correlation.attach(
+            run,
+            kind,
+            scheme,
+            spec,
+            plan,
+            a.get("correlation"),
+            probe_spec.correlations,
+            probe_spec.pairs,
+            gate.max_correlation,
+            probe_spec.dtype,
+        )
         for obs in extra:
             record = obs.summarize(a[obs.name], run)
             run.measurements.append(record)
@@ -169,12 +214,32 @@ def probe(spec, probe_spec: specs.ProbeSpec, progress: ProgressFn | None = None,
         runs.append(run)
     config = {"command": kind.name, **spec.to_dict(), **probe_spec.__dict__, **gate.to_dict(), **plan.config}
     tolerances = {**TOLERANCES, "band": kind.band(gate)}
-    return ProbeResult(command=kind.name, config=config, environment={"sigprop": __version__, **m.environment}, runs=runs,
-                       tolerances=tolerances)
+    return ProbeResult(
+        command=kind.name,
+        config=config,
+        environment={"sigprop": __version__, **m.environment},
+        runs=runs,
+        tolerances=tolerances,
+    )
 
 
-def _walk_all(kind, spec, plan, names, schemes, probe_spec, need: int, fields: str, stream: bool, graphs: bool, device, precision,
-              progress, on_start, extra) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
+def _walk_all(
+    kind,
+    spec,
+    plan,
+    names,
+    schemes,
+    probe_spec,
+    need: int,
+    fields: str,
+    stream: bool,
+    graphs: bool,
+    device,
+    precision,
+    progress,
+    on_start,
+    extra,
+) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
     """How many draws run at once (all when they fit in half the free memory, else as many as do,
     at least one, which must fit in 80%), the environment record (``on_start`` sees it before
     anything is drawn), the inputs x and errors e, then every init walked batch of draws by
@@ -187,9 +252,17 @@ def _walk_all(kind, spec, plan, names, schemes, probe_spec, need: int, fields: s
     batch = max(1, min(probe_spec.seeds, int(0.5 * dev.available_bytes(device) // max(need, 1))))
     if probe_spec.batch is not None:
         batch = min(probe_spec.batch, probe_spec.seeds)
-    env = {"torch": torch.__version__, "device": str(device), "device_name": dev.device_name(device), "dtype": probe_spec.dtype,
-           "precision": probe_spec.precision, "threads": torch.get_num_threads(), "stream": bool(stream), "batch": batch,
-           "graphs": "off"}
+    env = {
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": dev.device_name(device),
+        "dtype": probe_spec.dtype,
+        "precision": probe_spec.precision,
+        "threads": torch.get_num_threads(),
+        "stream": bool(stream),
+        "batch": batch,
+        "graphs": "off",
+    }
     if on_start is not None:
         on_start(env)
     dtype = dev.DTYPES[probe_spec.dtype]
@@ -197,7 +270,10 @@ def _walk_all(kind, spec, plan, names, schemes, probe_spec, need: int, fields: s
     x, e = sampling.probe_inputs(probe_spec.seed, probe_spec.samples, n_in, n_out, device, dtype)
     space = walker.SPACES[kind.space(spec)]
     with torch.no_grad(), precision:
-        pairs = [sampling.pair_inputs(probe_spec.seed, probe_spec.pairs, n_in, c0, device, dtype) for c0 in probe_spec.correlations]
+        pairs = [
+            sampling.pair_inputs(probe_spec.seed, probe_spec.pairs, n_in, c0, device, dtype)
+            for c0 in probe_spec.correlations
+        ]
         chunks = [list(range(s, min(s + batch, probe_spec.seeds))) for s in range(0, probe_spec.seeds, batch)]
         runners: list[replay.Eager] = []
         out: dict[str, dict[str, np.ndarray]] = {}
@@ -206,23 +282,49 @@ def _walk_all(kind, spec, plan, names, schemes, probe_spec, need: int, fields: s
             units, record_input = walker.compile_plan(plan.steps, scheme)
             if tick is None:
                 steps = len(units)
-                tick = Ticker(progress, len(names) * len(chunks), [("forward", steps), ("backward", steps - 1 + record_input),
-                                                                 ("correlation", steps * len(pairs))])
+                tick = Ticker(
+                    progress,
+                    len(names) * len(chunks),
+                    [
+                        ("forward", steps),
+                        ("backward", steps - 1 + record_input),
+                        ("correlation", steps * len(pairs)),
+                    ],
+                )
             tick.name = name
 
             def run(inputs, errors, obs, draws):
                 runners.append(replay.CudaGraphs() if graphs else replay.Eager())
-                r = walker.walk(units, scheme, inputs, errors, probe_spec.seed, draws, obs, record_input, space=space(),
-                                progress=tick, stream=stream, runner=runners[-1])
+                r = walker.walk(
+                    units,
+                    scheme,
+                    inputs,
+                    errors,
+                    probe_spec.seed,
+                    draws,
+                    obs,
+                    record_input,
+                    space=space(),
+                    progress=tick,
+                    stream=stream,
+                    runner=runners[-1],
+                )
                 runners[-1].release()
                 return {k: v.cpu().numpy() for k, v in r.observed.items()}
 
             parts = []
             for draws in chunks:
-                got = run(x, e, [observers.make(o) for o in kind.observers(spec)] + [type(o)() for o in extra], draws)
+                got = run(
+                    x,
+                    e,
+                    [observers.make(o) for o in kind.observers(spec)] + [type(o)() for o in extra],
+                    draws,
+                )
                 if pairs:
-                    got["correlation"] = np.stack([run(xp, None, [correlation.Correlation()], draws)["correlation"] for xp in pairs],
-                                                  axis=1)
+                    got["correlation"] = np.stack(
+                        [run(xp, None, [correlation.Correlation()], draws)["correlation"] for xp in pairs],
+                        axis=1,
+                    )
                 parts.append(got)
             out[name] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
             check_finite(name, out[name])
@@ -248,10 +350,14 @@ def _curvature_data(hs: specs.HessianSpec, shape, device, dtype):
         n = specs.HESSIAN_SAMPLES if hs.samples is None else hs.samples
         return H.data(hs.seed, n, shape, device, dtype)
     d = data_mod.take(data_mod.load(hs.data, shape, H.CLASSES), hs.samples)
-    return torch.as_tensor(d.x, device=device, dtype=dtype), torch.as_tensor(d.y, device=device, dtype=torch.long)
+    return torch.as_tensor(d.x, device=device, dtype=dtype), torch.as_tensor(
+        d.y, device=device, dtype=torch.long
+    )
 
 
-def curvature(spec, hs: specs.HessianSpec, progress: ProgressFn | None = None, on_start=None) -> HessianResult:
+def curvature(
+    spec, hs: specs.HessianSpec, progress: ProgressFn | None = None, on_start=None
+) -> HessianResult:
     """The curvature at init of every init of ``spec`` (any registered kind's): per weight draw the
     largest-magnitude Hessian eigenvalue (restarted Lanczos, ``hessian.largest_eigenvalue``),
     the top-k (ARPACK's Lanczos) and the trace (Hutchinson) as ``hs`` asks; on ``hs.threads``
@@ -276,8 +382,11 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
     params = max(counts.values())
     fewest = min(names, key=counts.get)
     if hs.top >= counts[fewest]:
-        raise SigpropError(f"at most {counts[fewest] - 1}: the net has {counts[fewest]} trainable parameters under init "
-                           f"{fewest!r} (Lanczos finds fewer eigenvalues than the dimension)", field="top")
+        raise SigpropError(
+            f"at most {counts[fewest] - 1}: the net has {counts[fewest]} trainable parameters under init "
+            f"{fewest!r} (Lanczos finds fewer eigenvalues than the dimension)",
+            field="top",
+        )
     # the graph of the gradient keeps ~8 copies of every activation (of one minibatch with
     # --batch-size); parameters, gradient, product; the largest-eigenvalue search's Lanczos
     # basis (hessian.LANCZOS_BASIS parameter vectors); --top's ARPACK basis of max(2K + 1, 20)
@@ -291,12 +400,24 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
     need = (8 * rows * sum(units) + 6 * weights + H.LANCZOS_BASIS * params) * itemsize
     top_basis = H.arpack_basis(hs.top, params) if hs.top else 0
     host = top_basis * params * 8
-    dev.check_memory(need + (host if device.type == "cpu" else 0), device, fields if whole else fields.replace("samples", "batch_size"),
-                     hint="; or take the data in minibatches with --batch-size" if whole else "")
+    dev.check_memory(
+        need + (host if device.type == "cpu" else 0),
+        device,
+        fields if whole else fields.replace("samples", "batch_size"),
+        hint="; or take the data in minibatches with --batch-size" if whole else "",
+    )
     if host and device.type != "cpu":
         dev.check_memory(host, torch.device("cpu"), "top")
-    env = {"torch": torch.__version__, "device": str(device), "device_name": dev.device_name(device), "dtype": hs.dtype,
-           "threads": torch.get_num_threads(), "samples": int(x.shape[0]), "parameters": params, "top_products": top_basis}
+    env = {
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": dev.device_name(device),
+        "dtype": hs.dtype,
+        "threads": torch.get_num_threads(),
+        "samples": int(x.shape[0]),
+        "parameters": params,
+        "top_products": top_basis,
+    }
     if on_start is not None:
         on_start(env)
     runs = []
@@ -317,8 +438,14 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
             else:
                 pr = H.largest_eigenvalue(h, gen, hs.iters, hs.tol)
                 top = H.lanczos_top(h, hs.top, seed=draw) if hs.top and pr.status != "diverged" else []
-                tr, se = H.hutchinson_trace(h, hs.trace, gen) if hs.trace and pr.status != "diverged" else (None, None)
-                d = CurvatureDraw(draw, pr.eigenvalue, pr.iterations, pr.residual, pr.status, top, tr, se, h.loss, h.size)
+                tr, se = (
+                    H.hutchinson_trace(h, hs.trace, gen)
+                    if hs.trace and pr.status != "diverged"
+                    else (None, None)
+                )
+                d = CurvatureDraw(
+                    draw, pr.eigenvalue, pr.iterations, pr.residual, pr.status, top, tr, se, h.loss, h.size
+                )
             d.seconds = time.perf_counter() - t0
             draws.append(d)
             done += 1

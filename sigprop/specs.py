@@ -9,7 +9,7 @@ from the seed with numpy, so the CLI can print and record it without touching te
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -56,7 +56,9 @@ class WidthSpec:
         text = str(text).strip()
         parts = text.split(":")
         if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
-            raise SigpropError(f"expected an integer N or a range LO:HI of integers, got {text!r}", field=field)
+            raise SigpropError(
+                f"expected an integer N or a range LO:HI of integers, got {text!r}", field=field
+            )
         lo, hi = int(parts[0]), int(parts[-1])
         if lo < 1:
             raise SigpropError(f"widths must be >= 1, got {text!r}", field=field)
@@ -104,17 +106,23 @@ class ProbeSpec:
 
     def __post_init__(self) -> None:
         check_size(self.samples, "samples")
-        object.__setattr__(self, "observe", (self.observe,) if isinstance(self.observe, str) else tuple(self.observe))
+        object.__setattr__(
+            self, "observe", (self.observe,) if isinstance(self.observe, str) else tuple(self.observe)
+        )
         if self.threads is not None:
             check_size(self.threads, "threads")
         check_size(self.pairs, "pairs")
         cs = (self.correlations,) if isinstance(self.correlations, (int, float)) else tuple(self.correlations)
         for c in cs:
             if isinstance(c, bool) or not isinstance(c, (int, float)) or not -1.0 <= float(c) <= 1.0:
-                raise SigpropError(f"an input cosine must be a number in [-1, 1], got {c!r}", field="correlation")
+                raise SigpropError(
+                    f"an input cosine must be a number in [-1, 1], got {c!r}", field="correlation"
+                )
         cs = tuple(float(c) for c in cs)
         if len(set(cs)) != len(cs):
-            raise SigpropError(f"an input cosine is given twice: {', '.join(f'{c:g}' for c in cs)}", field="correlation")
+            raise SigpropError(
+                f"an input cosine is given twice: {', '.join(f'{c:g}' for c in cs)}", field="correlation"
+            )
         object.__setattr__(self, "correlations", cs)
         check_size(self.seeds, "seeds")
         if self.seed < 0 or self.seed >= 2**63:
@@ -126,7 +134,9 @@ class ProbeSpec:
         if self.batch is not None and self.batch < 1:
             raise SigpropError(f"must be >= 1, got {self.batch}", field="batch")
         if self.precision not in PRECISIONS:
-            raise SigpropError(f"expected one of {', '.join(PRECISIONS)}, got {self.precision!r}", field="precision")
+            raise SigpropError(
+                f"expected one of {', '.join(PRECISIONS)}, got {self.precision!r}", field="precision"
+            )
         if self.precision == "tf32" and self.dtype != "float32":
             raise SigpropError(f"tf32 applies to float32 matmuls; --dtype is {self.dtype}", field="precision")
 
@@ -140,7 +150,9 @@ def parse_cosines(texts) -> tuple[float, ...]:
             try:
                 out.append(float(part))
             except ValueError:
-                raise SigpropError(f"expected a cosine in [-1, 1], got {part.strip()!r}", field="correlation") from None
+                raise SigpropError(
+                    f"expected a cosine in [-1, 1], got {part.strip()!r}", field="correlation"
+                ) from None
     return tuple(out)
 
 
@@ -152,7 +164,9 @@ def parse_image(text) -> tuple[int, int, int]:
     except ValueError:
         shape = ()
     if len(shape) != 3 or min(shape) < 1:
-        raise SigpropError(f"expected CxHxW with three positive integers (e.g. 3x32x32), got {text!r}", field="image")
+        raise SigpropError(
+            f"expected CxHxW with three positive integers (e.g. 3x32x32), got {text!r}", field="image"
+        )
     return shape
 
 
@@ -195,7 +209,9 @@ def check_band(band, field: str = "band") -> tuple[float, float]:
     if not (np.isfinite(lo) and np.isfinite(hi)) or lo <= 0:
         raise SigpropError(f"LO and HI must be finite and LO > 0, got {lo:g}:{hi:g}", field=field)
     if not lo <= 1.0 <= hi:
-        raise SigpropError(f"the band must contain 1 (the norm-preserving ratio), got {lo:g}:{hi:g}", field=field)
+        raise SigpropError(
+            f"the band must contain 1 (the norm-preserving ratio), got {lo:g}:{hi:g}", field=field
+        )
     return lo, hi
 
 
@@ -218,8 +234,12 @@ class GateSpec:
         if self.band is not None:
             object.__setattr__(self, "band", check_band(self.band))
         x = self.max_correlation
-        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not -1.0 <= float(x) <= 1.0):
-            raise SigpropError(f"a cosine bound must be a number in [-1, 1], got {x!r}", field="max_correlation")
+        if x is not None and (
+            isinstance(x, bool) or not isinstance(x, (int, float)) or not -1.0 <= float(x) <= 1.0
+        ):
+            raise SigpropError(
+                f"a cosine bound must be a number in [-1, 1], got {x!r}", field="max_correlation"
+            )
 
     def probe(self, probe: "ProbeSpec") -> "ProbeSpec":
         """The probe with c0 = 0 measured when a correlation bound is asked."""
@@ -228,15 +248,21 @@ class GateSpec:
         return replace(probe, correlations=(0.0, *probe.correlations))
 
     def to_dict(self) -> dict:
-        return {"gate": self.gate, "band": None if self.band is None else list(self.band), "max_correlation": self.max_correlation}
+        return {
+            "gate": self.gate,
+            "band": None if self.band is None else list(self.band),
+            "max_correlation": self.max_correlation,
+        }
 
 
 #: the 10-way linear head of ``sigprop hessian`` -> how the output names it: "pytorch" -- the paper's
 #: nets' plain nn.Linear at PyTorch's default init, the same for every init under test (the authors'
 #: code, Arpit et al. 2019, section 5); "init" -- drawn by the init under test with gain 1 (WN where
 #: the init is)
-HEADS = {"pytorch": "the paper's head (plain nn.Linear, PyTorch's default init, the same for every init)",
-         "init": "each init's own head (gain 1)"}
+HEADS = {
+    "pytorch": "the paper's head (plain nn.Linear, PyTorch's default init, the same for every init)",
+    "init": "each init's own head (gain 1)",
+}
 
 
 #: synthetic data points of ``sigprop hessian`` when --samples is not given
@@ -279,8 +305,13 @@ class HessianSpec:
             raise SigpropError(f"expected one of {', '.join(HEADS)}, got {self.head!r}", field="head")
         if self.batch_size is not None:
             check_size(self.batch_size, "batch_size")
-        ProbeSpec(samples=HESSIAN_SAMPLES if self.samples is None else self.samples, seed=self.seed, seeds=self.seeds, device=self.device,
-                  dtype=self.dtype)  # same checks
+        ProbeSpec(
+            samples=HESSIAN_SAMPLES if self.samples is None else self.samples,
+            seed=self.seed,
+            seeds=self.seeds,
+            device=self.device,
+            dtype=self.dtype,
+        )  # same checks
         check_size(self.iters, "iters")
         if not (isinstance(self.tol, (int, float)) and 0 < self.tol < 1):
             raise SigpropError(f"must be in (0, 1), got {self.tol!r}", field="tol")
@@ -289,5 +320,3 @@ class HessianSpec:
                 raise SigpropError(f"must be an integer >= 0, got {v!r}", field=field_)
         if self.trace == 1:
             raise SigpropError("Hutchinson's standard error needs >= 2 probes", field="trace")
-
-

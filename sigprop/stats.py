@@ -10,8 +10,6 @@ overflows before the final conversion (which yields None where a float64 cannot 
 from __future__ import annotations
 
 import math
-import warnings
-from typing import Sequence
 
 import numpy as np
 
@@ -95,7 +93,11 @@ def rounding_ln(dtype: str, steps: int) -> float:
 
 
 def attach_prediction(
-    stats: RatioStats, ln_pred: float | None, ln_var: float, z: float = theory.Z_AGREEMENT, rounding: float = 1e-9 * LN10,
+    stats: RatioStats,
+    ln_pred: float | None,
+    ln_var: float,
+    z: float = theory.Z_AGREEMENT,
+    rounding: float = 1e-9 * LN10,
     drift: float | None = None,
 ) -> None:
     """Pair a measurement with its prediction.
@@ -130,7 +132,7 @@ def fmt(log10: float | None) -> str:
     """A ratio from its log10, for notes: 0.0123 or 10^-23.3."""
     if log10 is None:
         return "n/a"
-    return f"{10.0 ** log10:.3g}" if -4 <= log10 <= 4 else f"10^{log10:.1f}"
+    return f"{10.0**log10:.3g}" if -4 <= log10 <= 4 else f"10^{log10:.1f}"
 
 
 def gate(name: str, verdict: str, st: RatioStats, low_ln: float, high_ln: float) -> Check:
@@ -142,7 +144,9 @@ def gate(name: str, verdict: str, st: RatioStats, low_ln: float, high_ln: float)
     return Check(name=name, passed=passed, log10_measured=m, log10_low=low, log10_high=high, verdict=verdict)
 
 
-def explain_preserved(c: Check, st: RatioStats, ln_rms: float | None, ln_typical: float | None, depth: int, width: str) -> str:
+def explain_preserved(
+    c: Check, st: RatioStats, ln_rms: float | None, ln_typical: float | None, depth: int, width: str
+) -> str:
     """Why the signal was not preserved, from the init's own theory (docs/theory.md §4)."""
     if c.passed:
         return ""
@@ -155,16 +159,20 @@ def explain_preserved(c: Check, st: RatioStats, ln_rms: float | None, ln_typical
     if not lo <= r <= hi:
         return f"the theory predicts an RMS ratio of {fmt(r)} (typical {fmt(t)}): this init does not keep the norm"
     if not lo <= t <= hi:
-        return (f"finite-width drift: the mean square is preserved (RMS {fmt(r)}) but the theory predicts a typical "
-                f"ratio of {fmt(t)} at width {width} over {depth} layers (E ln ratio falls by about c/(4 n) per layer); "
-                f"widen the layers or shorten the net")
+        return (
+            f"finite-width drift: the mean square is preserved (RMS {fmt(r)}) but the theory predicts a typical "
+            f"ratio of {fmt(t)} at width {width} over {depth} layers (E ln ratio falls by about c/(4 n) per layer); "
+            f"widen the layers or shorten the net"
+        )
     return f"the theory predicts a typical ratio of {fmt(t)} (RMS {fmt(r)}), inside the band: the measurement disagrees"
 
 
 # --------------------------------------------------------------------------------------------
 # correlation propagation (docs/theory.md §10)
 # --------------------------------------------------------------------------------------------
-def stage_check(name: str, ln: np.ndarray, band: tuple[float, float], var: float, z: float, verdict: str = "preserved") -> Check:
+def stage_check(
+    name: str, ln: np.ndarray, band: tuple[float, float], var: float, z: float, verdict: str = "preserved"
+) -> Check:
     """A stage ratio's typical value (mean ln over samples and draws) inside ``band`` (ln)
     widened as a lognormal of variance ``var``: typical sits var below the RMS, +- z sd."""
     low = theory.log_band(band[0], var, z)[0] / LN10
@@ -181,8 +189,14 @@ NO_CORRELATION_MAP = "no second-moment map for this init"
 NO_CLOSED_FORM = "no closed-form prediction for this init"
 
 
-def cosine_agrees(mean: float, sd: float, predicted: float | None, collapse_sd: float, slack: float = 0.0,
-                  z: float = theory.Z_AGREEMENT) -> bool | None:
+def cosine_agrees(
+    mean: float,
+    sd: float,
+    predicted: float | None,
+    collapse_sd: float,
+    slack: float = 0.0,
+    z: float = theory.Z_AGREEMENT,
+) -> bool | None:
     """The correlation agreement rule (``attach_correlations``): within z sd (+ rounding) of the
     prediction, or 1 - mean within a factor exp(z collapse_sd) of 1 - predicted; None without a
     prediction or a measurement."""
@@ -190,4 +204,6 @@ def cosine_agrees(mean: float, sd: float, predicted: float | None, collapse_sd: 
         return None
     if abs(mean - predicted) <= z * sd + slack:
         return True
-    return bool(mean < 1.0 and predicted < 1.0 and abs(math.log((1.0 - mean) / (1.0 - predicted))) <= z * collapse_sd)
+    return bool(
+        mean < 1.0 and predicted < 1.0 and abs(math.log((1.0 - mean) / (1.0 - predicted))) <= z * collapse_sd
+    )

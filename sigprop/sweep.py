@@ -43,7 +43,9 @@ def parse_inits(text: str, kind: kinds.Kind) -> list[str]:
     if not names:
         raise SigpropError("give at least one init", field="init")
     for n in names:
-        inits.get(n, kind.provides, kind.noun)  # defined for this net, or a one-line error with a did-you-mean
+        inits.get(
+            n, kind.provides, kind.noun
+        )  # defined for this net, or a one-line error with a did-you-mean
     if len(set(names)) != len(names):
         raise SigpropError("an init is named twice", field="init")
     return names
@@ -64,14 +66,26 @@ class Point:
 
     @property
     def config(self) -> dict[str, Any]:
-        d = {"command": self.kind.name, self.kind.sweep_size: self.size, "width": self.width, "init": self.init,
-             "samples": self.probe.samples, "seeds": self.probe.seeds, "seed": self.probe.seed, "dtype": self.probe.dtype,
-             **self.kind.sweep_config(self.spec)}
+        d = {
+            "command": self.kind.name,
+            self.kind.sweep_size: self.size,
+            "width": self.width,
+            "init": self.init,
+            "samples": self.probe.samples,
+            "seeds": self.probe.seeds,
+            "seed": self.probe.seed,
+            "dtype": self.probe.dtype,
+            **self.kind.sweep_config(self.spec),
+        }
         if self.probe.correlations:  # only then: the keys of rows without cosines stay as they were (resume)
             d["correlations"], d["pairs"] = list(self.probe.correlations), self.probe.pairs
         if self.curvature is not None:
             # the head is part of the key: a 0.6.0 row (each init's own head) is re-measured, not resumed
-            d["curvature"] = {"iters": self.curvature.iters, "tol": self.curvature.tol, "head": self.curvature.head}
+            d["curvature"] = {
+                "iters": self.curvature.iters,
+                "tol": self.curvature.tol,
+                "head": self.curvature.head,
+            }
         return d
 
     @property
@@ -82,11 +96,22 @@ class Point:
         return f"{self.kind.name} {self.kind.sweep_size} {self.size} width {self.width} {self.init}"
 
 
-def grid(kind: kinds.Kind, sizes: list[int], widths: list[int], names: list[str], probe: specs.ProbeSpec,
-         input_dim: int | None = None, curvature: specs.HessianSpec | None = None) -> list[Point]:
+def grid(
+    kind: kinds.Kind,
+    sizes: list[int],
+    widths: list[int],
+    names: list[str],
+    probe: specs.ProbeSpec,
+    input_dim: int | None = None,
+    curvature: specs.HessianSpec | None = None,
+) -> list[Point]:
     """Every point, validated up front (a bad point fails before anything runs)."""
-    return [Point(kind, size, width, name, kind.sweep_spec(size, width, name, input_dim), probe, curvature)
-            for size in sizes for width in widths for name in names]
+    return [
+        Point(kind, size, width, name, kind.sweep_spec(size, width, name, input_dim), probe, curvature)
+        for size in sizes
+        for width in widths
+        for name in names
+    ]
 
 
 def done_keys(path: Path) -> set[str]:
@@ -112,8 +137,9 @@ def _text(path: Path, field: str) -> str:
     except OSError as exc:
         raise SigpropError(f"cannot read {path}: {exc.strerror or exc}", field=field) from None
     except UnicodeDecodeError as exc:
-        raise SigpropError(f"{path} is not a JSON-lines file (not UTF-8 text: {exc.reason} at byte {exc.start})",
-                           field=field) from None
+        raise SigpropError(
+            f"{path} is not a JSON-lines file (not UTF-8 text: {exc.reason} at byte {exc.start})", field=field
+        ) from None
 
 
 def row(point: Point, result, seconds: float) -> dict[str, Any]:
@@ -152,7 +178,9 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         raise SigpropError(f"{path} holds no sweep rows ({SWEEP_SCHEMA})", field="results")
     commands = sorted({str(r.get("config", {}).get("command")) for r in rows})
     if len(commands) > 1:
-        raise SigpropError(f"{path} mixes sweeps of {' and '.join(commands)}; plot one kind per file", field="results")
+        raise SigpropError(
+            f"{path} mixes sweeps of {' and '.join(commands)}; plot one kind per file", field="results"
+        )
     return rows
 
 

@@ -189,8 +189,11 @@ def table(n=None, blocks=None) -> TheoryResult:
     eq. 3 / 9 and Theorems 3-4)."""
     return TheoryResult(
         kn=[KnRow(k, kn_closed_form(k), kn_quadrature(k)) for k in (n or TABLE_N)],
-        resnet=[ResnetRow(b, r, RESNET_LOWER, RESNET_UPPER, in_resnet_band(r)) for b in (blocks or TABLE_BLOCKS)
-                for r in [resnet_ratio(b)]],
+        resnet=[
+            ResnetRow(b, r, RESNET_LOWER, RESNET_UPPER, in_resnet_band(r))
+            for b in (blocks or TABLE_BLOCKS)
+            for r in [resnet_ratio(b)]
+        ],
     )
 
 
@@ -337,7 +340,9 @@ def _relu_layer_log_cumulants(n: int, m: int, orthogonal: bool) -> tuple[float, 
     return 0.5 * (mean - ln_e), v / 4.0, c3 / 8.0
 
 
-def cornish_fisher_band(lo_ln: float, hi_ln: float, cumulants: Sequence[float], z: float) -> tuple[float, float]:
+def cornish_fisher_band(
+    lo_ln: float, hi_ln: float, cumulants: Sequence[float], z: float
+) -> tuple[float, float]:
     """[lo + drift + q(-z) sd, hi + drift + q(z) sd] with the Cornish-Fisher quantile
     q(z) = z + (z^2 - 1) g / 6 of a distribution with skewness g = k3 / sd^3: the z-sd band of
     a normal, corrected for the left skew that a sum of ln Beta / ln chi-square factors keeps
@@ -376,6 +381,7 @@ def check_reference_ln(widths: Sequence[int]) -> tuple[tuple[float, float], tupl
 # Residual nets: the closed forms beside the composed prediction (Arpit et al. 2019, eq. 6,
 # Theorems 3-4 generalised; docs/theory.md §7) -- the spread per block and the stage band
 # --------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ResNetPrediction:
@@ -589,11 +595,11 @@ def conv_box(e: np.ndarray, m: ConvMoments) -> np.ndarray:
     padded = np.pad(e, p)
     if m.taps == "centre":
         c = (k - 1) // 2
-        return padded[c:c + s * (ho - 1) + 1:s, c:c + s * (wo - 1) + 1:s].copy()
+        return padded[c : c + s * (ho - 1) + 1 : s, c : c + s * (wo - 1) + 1 : s].copy()
     out = np.zeros((ho, wo))
     for i in range(k):
         for j in range(k):
-            out += padded[i:i + s * (ho - 1) + 1:s, j:j + s * (wo - 1) + 1:s]
+            out += padded[i : i + s * (ho - 1) + 1 : s, j : j + s * (wo - 1) + 1 : s]
     return out
 
 
@@ -602,10 +608,12 @@ def conv_box_adjoint(d: np.ndarray, m: ConvMoments, shape: tuple[int, int]) -> n
     k, s, p = m.kernel, m.stride, m.padding
     ho, wo = d.shape
     padded = np.zeros((shape[0] + 2 * p, shape[1] + 2 * p))
-    taps = [((k - 1) // 2, (k - 1) // 2)] if m.taps == "centre" else [(i, j) for i in range(k) for j in range(k)]
+    taps = (
+        [((k - 1) // 2, (k - 1) // 2)] if m.taps == "centre" else [(i, j) for i in range(k) for j in range(k)]
+    )
     for i, j in taps:
-        padded[i:i + s * (ho - 1) + 1:s, j:j + s * (wo - 1) + 1:s] += d
-    return padded[p:p + shape[0], p:p + shape[1]]
+        padded[i : i + s * (ho - 1) + 1 : s, j : j + s * (wo - 1) + 1 : s] += d
+    return padded[p : p + shape[0], p : p + shape[1]]
 
 
 def conv_layer_energy(e: np.ndarray, m: ConvMoments, relu: bool) -> np.ndarray:
@@ -627,5 +635,3 @@ def conv_layer_energy(e: np.ndarray, m: ConvMoments, relu: bool) -> np.ndarray:
 def conv_bias_energy(m: ConvMoments, relu: bool) -> float:
     """The bias part of e'(q): c_out beta per position (halved by a ReLU)."""
     return (0.5 if relu else 1.0) * m.c_out * m.bias_var
-
-

@@ -48,7 +48,6 @@ from sigprop.kernels import logspace as ls
 from sigprop.kernels.logspace import LayerParams
 from sigprop.kernels.ops import ConvOp, DenseOp
 
-
 #: training-mode batch norm's eps (torch.nn.BatchNorm's default)
 BN_EPS = 1e-5
 
@@ -114,7 +113,9 @@ class Walk:
     ``LayerGenerators`` per layer slot of the widest unit), the runner, where weights, masks and
     per-row parameters are kept, the space, and the forward reference ln-norms."""
 
-    def __init__(self, units, scheme: InitScheme, space, x, seed: int, draws, stream: bool, runner, keep: bool) -> None:
+    def __init__(
+        self, units, scheme: InitScheme, space, x, seed: int, draws, stream: bool, runner, keep: bool
+    ) -> None:
         self.units, self.scheme, self.space = units, scheme, space
         self.calibrate = sampling.calibration(scheme)  # a data-dependent scheme's, else None
         self.device, self.dtype = x.device, x.dtype
@@ -122,13 +123,27 @@ class Walk:
         self.S, self.n = len(self.draws), x.shape[0]
         self.stream, self.runner, self.keep = stream, runner, keep
         self.store = keep and not stream  # directions kept for the backward pass
-        self.slots = [sampling.LayerGenerators(seed, self.draws, self.device) for _ in range(max(len(u.layer_ids) for u in units))]
+        self.slots = [
+            sampling.LayerGenerators(seed, self.draws, self.device)
+            for _ in range(max(len(u.layer_ids) for u in units))
+        ]
         self.chunks = HaarChunks.maybe(self)
-        runner.bind([g for s in self.slots for g in s.gens] + ([] if self.chunks is None else self.chunks.generators()))
+        runner.bind(
+            [g for s in self.slots for g in s.gens]
+            + ([] if self.chunks is None else self.chunks.generators())
+        )
         S, n = self.S, self.n
-        self.weights = ls.Arena(S * sum(u.weight_count for u in units), self.device, self.dtype) if self.store else None
-        self.masks = ls.Arena(S * n * sum(u.mask_bytes for u in units), self.device, torch.uint8) if keep else None
-        self.rows = ls.rows_arena(S, [w for u in units for w in u.row_widths], self.device, self.dtype) if keep else None
+        self.weights = (
+            ls.Arena(S * sum(u.weight_count for u in units), self.device, self.dtype) if self.store else None
+        )
+        self.masks = (
+            ls.Arena(S * n * sum(u.mask_bytes for u in units), self.device, torch.uint8) if keep else None
+        )
+        self.rows = (
+            ls.rows_arena(S, [w for u in units for w in u.row_widths], self.device, self.dtype)
+            if keep
+            else None
+        )
         self.ref: torch.Tensor | None = None
 
     def sample(self, role: LayerRole, slot: int, v_out=None) -> LayerParams:
@@ -150,7 +165,11 @@ class Walk:
         rows arena (``engine._keep``)."""
         if slot is not None and out[f"v{j}"].data_ptr() != slot.data_ptr():
             slot.copy_(out[f"v{j}"])
-        return ls.keep(LayerParams(v=slot, g=out[f"g{j}"], bias=out[f"bias{j}"], scale=out[f"scale{j}"]), self.rows, self.stream)
+        return ls.keep(
+            LayerParams(v=slot, g=out[f"g{j}"], bias=out[f"bias{j}"], scale=out[f"scale{j}"]),
+            self.rows,
+            self.stream,
+        )
 
 
 @dataclass
@@ -161,9 +180,20 @@ class Walked:
     kept: list
 
 
-def walk(units: Sequence, scheme: InitScheme, x: torch.Tensor, e: torch.Tensor | None, seed: int, draws,
-         observers: Sequence, record_input: bool, space=None, progress: Callable[[], None] | None = None,
-         stream: bool = False, runner: replay.Eager | None = None) -> Walked:
+def walk(
+    units: Sequence,
+    scheme: InitScheme,
+    x: torch.Tensor,
+    e: torch.Tensor | None,
+    seed: int,
+    draws,
+    observers: Sequence,
+    record_input: bool,
+    space=None,
+    progress: Callable[[], None] | None = None,
+    stream: bool = False,
+    runner: replay.Eager | None = None,
+) -> Walked:
     """Run ``units`` on inputs x [N, n_0] for S = len(draws) draws at once: forward unit by unit,
     then (``e`` given: the error vectors at the top [N, n_top]) backward to the first recorded
     state.  Entries: the input when ``record_input``, then each unit's output.  Each observer
@@ -220,7 +250,12 @@ def _dense_parameters(kp: LayerParams, normalized: bool, prefix: str = "") -> li
     out = [(f"{prefix}v", kp.v[0].detach().clone())]
     if normalized and kp.g is not None:
         out.append((f"{prefix}g", kp.g[0].detach().clone()))
-    out.append((f"{prefix}b", (kp.bias[0] if kp.bias is not None else torch.zeros_like(kp.v[0, :, 0])).detach().clone()))
+    out.append(
+        (
+            f"{prefix}b",
+            (kp.bias[0] if kp.bias is not None else torch.zeros_like(kp.v[0, :, 0])).detach().clone(),
+        )
+    )
     return out
 
 
@@ -279,33 +314,50 @@ class DenseLayer:
     def forward(self, w: Walk, index: int, state: dict):
         role, run = self.role, w.runner.run
         slot = w.slot(role)
-        if w.chunks is not None and w.chunks.covers(self.layer):  # drawn with its chunk (one batched Haar call)
+        if w.chunks is not None and w.chunks.covers(
+            self.layer
+        ):  # drawn with its chunk (one batched Haar call)
             chunk, k = w.chunks.forward(w, self.layer)
             v = chunk["v"][k]
             if slot is not None:
                 v = slot.copy_(v)
-            out = run(("fwd-given", role), self._forward_given, {"u": state["u"], "c": state["c"], "v": v, "scale": chunk["scale"][k]},
-                      _no_reseed)
+            out = run(
+                ("fwd-given", role),
+                self._forward_given,
+                {"u": state["u"], "c": state["c"], "v": v, "scale": chunk["scale"][k]},
+                _no_reseed,
+            )
             out = {**out, "v": v, "g": chunk["g"][k], "bias": None, "scale": chunk["scale"][k]}
         else:
-            out = run(("fwd", self.op.key(True), self.relu), partial(self._forward, w=w), {"u": state["u"], "c": state["c"]},
-                      w.reseeder(self), {"v_out": slot})
+            out = run(
+                ("fwd", self.op.key(True), self.relu),
+                partial(self._forward, w=w),
+                {"u": state["u"], "c": state["c"]},
+                w.reseeder(self),
+                {"v_out": slot},
+            )
         kept = None
         if w.keep:
-            kept = KeptLayer(w.kept_params(out, slot), w.masks.take(out["packed"]) if "packed" in out else None)
+            kept = KeptLayer(
+                w.kept_params(out, slot), w.masks.take(out["packed"]) if "packed" in out else None
+            )
         return {"u": out["u"], "c": out["c"]}, out, kept
 
     def backward(self, w: Walk, index: int, grad: dict, kept: KeptLayer, below):
         p = kept.params
         inputs = {"d": grad["d"], "acc": grad["acc"], "scale": p.scale}
-        if getattr(below, "packed", None) is not None:  # the ReLU of the layer below (none: a block or the input below)
+        if (
+            getattr(below, "packed", None) is not None
+        ):  # the ReLU of the layer below (none: a block or the input below)
             inputs["packed"] = below.packed
         reseed = w.reseeder(self) if w.stream else _no_reseed
         if not w.stream:
             inputs["v"] = p.v
         elif w.chunks is not None:  # streaming in chunks: redraw a chunk when the walk enters it from above
             inputs["v"], reseed = w.chunks.backward(w, self.layer), _no_reseed
-        return w.runner.run(("bwd", self.op.key(True), "packed" in inputs), partial(self._backward, w=w), inputs, reseed)
+        return w.runner.run(
+            ("bwd", self.op.key(True), "packed" in inputs), partial(self._backward, w=w), inputs, reseed
+        )
 
     # -- the unit as a differentiable function (the curvature, the oracle) -------------------
     @property
@@ -339,7 +391,9 @@ class HaarChunks:
         if not all(type(u) is DenseLayer for u in w.units):
             return None
         widths = [w.units[0].role.fan_in] + [u.role.fan_out for u in w.units]
-        K = sampling.haar_chunk(w.scheme, widths, w.S, w.device, torch.finfo(w.dtype).bits // 8, device.available_bytes(w.device))
+        K = sampling.haar_chunk(
+            w.scheme, widths, w.S, w.device, torch.finfo(w.dtype).bits // 8, device.available_bytes(w.device)
+        )
         return cls(w, K) if K else None
 
     def generators(self) -> list:
@@ -355,15 +409,21 @@ class HaarChunks:
 
     def _draw(self, anchor, w: Walk, role: LayerRole, count: int):
         gens = [row.gens for row in self.rows[:count]]
-        g = torch.stack([torch.stack([sampling.gaussian(role, gen, w.device, w.dtype) for gen in row]) for row in gens])
+        g = torch.stack(
+            [torch.stack([sampling.gaussian(role, gen, w.device, w.dtype) for gen in row]) for row in gens]
+        )
         p = sampling.haar_params(w.scheme, role, g)
         return {"v": p.v, "g": p.g, "scale": p.scale}
 
     def _run(self, w: Walk, layer: int) -> None:
         first, count = self.span(layer)
         role = w.units[first - 1].role
-        self.current = w.runner.run(("chunk", role, count), partial(self._draw, w=w, role=role, count=count), {"anchor": w.ref},
-                                    sampling.chunk_reseeder(self.rows, first, count))
+        self.current = w.runner.run(
+            ("chunk", role, count),
+            partial(self._draw, w=w, role=role, count=count),
+            {"anchor": w.ref},
+            sampling.chunk_reseeder(self.rows, first, count),
+        )
 
     def forward(self, w: Walk, layer: int) -> tuple[dict, int]:
         """The chunk holding ``layer`` (drawn when the walk enters it) and the layer's index in it."""
@@ -407,8 +467,15 @@ class ResidualBlock:
     branch = True
     replayable = True
 
-    def __init__(self, ops: Sequence[DenseOp], relus: Sequence[bool], projection: DenseOp | None, alpha: float, layer_ids,
-                 by_block_index: bool) -> None:
+    def __init__(
+        self,
+        ops: Sequence[DenseOp],
+        relus: Sequence[bool],
+        projection: DenseOp | None,
+        alpha: float,
+        layer_ids,
+        by_block_index: bool,
+    ) -> None:
         self.alpha = float(alpha)
         self.k = len(ops)
         self.ops = list(ops) + ([projection] if projection is not None else [])
@@ -460,13 +527,23 @@ class ResidualBlock:
 
     def forward(self, w: Walk, index: int, state: dict):
         v_outs = [w.slot(r) for r in self.roles] if w.store else None
-        out = w.runner.run(("fwd", *self.key), partial(self._forward, w=w), {"u": state["u"], "c": state["c"]}, w.reseeder(self),
-                           {"v_outs": v_outs})
+        out = w.runner.run(
+            ("fwd", *self.key),
+            partial(self._forward, w=w),
+            {"u": state["u"], "c": state["c"]},
+            w.reseeder(self),
+            {"v_outs": v_outs},
+        )
         kept = None
         if w.keep:
-            params = [w.kept_params(out, None if v_outs is None else v_outs[j], str(j)) for j in range(len(self.roles))]
-            kept = KeptBlock(BlockParams(params[:self.k], params[self.k] if self.has_projection else None, self.alpha),
-                             {j: w.masks.take(out[f"packed{j}"]) for j in range(self.k) if self.relus[j]})
+            params = [
+                w.kept_params(out, None if v_outs is None else v_outs[j], str(j))
+                for j in range(len(self.roles))
+            ]
+            kept = KeptBlock(
+                BlockParams(params[: self.k], params[self.k] if self.has_projection else None, self.alpha),
+                {j: w.masks.take(out[f"packed{j}"]) for j in range(self.k) if self.relus[j]},
+            )
         return {"u": out["u"], "c": out["c"]}, out, kept
 
     def backward(self, w: Walk, index: int, grad: dict, kept: KeptBlock, below):
@@ -480,7 +557,12 @@ class ResidualBlock:
                     inputs[f"v{j}"] = p.v
         if self.alpha != 0.0:
             inputs.update({f"packed{j}": m for j, m in kept.masks.items()})
-        return w.runner.run(("bwd", *self.key), partial(self._backward, w=w), inputs, w.reseeder(self) if w.stream else _no_reseed)
+        return w.runner.run(
+            ("bwd", *self.key),
+            partial(self._backward, w=w),
+            inputs,
+            w.reseeder(self) if w.stream else _no_reseed,
+        )
 
     @property
     def shape_out(self) -> tuple:
@@ -501,7 +583,9 @@ class ResidualBlock:
             z = self.ops[j].apply(p[f"{j}.v"], p.get(f"{j}.g"), p[f"{j}.b"], z)
             z = torch.relu(z) if self.relus[j] else z
         k = self.k
-        skip = h if not self.has_projection else self.ops[k].apply(p[f"{k}.v"], p.get(f"{k}.g"), p[f"{k}.b"], h)
+        skip = (
+            h if not self.has_projection else self.ops[k].apply(p[f"{k}.v"], p.get(f"{k}.g"), p[f"{k}.b"], h)
+        )
         return skip + self.alpha * z
 
 
@@ -534,7 +618,15 @@ class BNLayer:
         Y, s, _, _ = ls.bn(X, self.eps)
         p = w.sample(self.role, 0, v_out)
         F = torch.relu(Y) @ ls.transpose(p.v)
-        out = {"Y": Y, "s": s, "packed": ls.pack_mask(Y > 0), "v": p.v, "g": p.g, "bias": p.bias, "scale": p.scale}
+        out = {
+            "Y": Y,
+            "s": s,
+            "packed": ls.pack_mask(Y > 0),
+            "v": p.v,
+            "g": p.g,
+            "bias": p.bias,
+            "scale": p.scale,
+        }
         if self.residual:
             out["branch"] = ls.ln_rows(F) - ls.ln_rows(X)
             out["X"] = X + F
@@ -551,8 +643,13 @@ class BNLayer:
 
     def forward(self, w: Walk, index: int, state: dict):
         slot = w.slot(self.role)
-        out = w.runner.run(("bn", self.role, self.residual), partial(self._forward, w=w), {"X": state["X"]}, w.reseeder(self),
-                           {"v_out": slot})
+        out = w.runner.run(
+            ("bn", self.role, self.residual),
+            partial(self._forward, w=w),
+            {"X": state["X"]},
+            w.reseeder(self),
+            {"v_out": slot},
+        )
         kept = KeptBN(w.kept_params(out, slot), out["Y"], out["s"], out["packed"]) if w.keep else None
         return {"X": out["X"]}, out, kept
 
@@ -560,8 +657,12 @@ class BNLayer:
         inputs = {"G": grad["G"], "acc": grad["acc"], "Y": kept.Y, "s": kept.s, "packed": kept.packed}
         if not w.stream:
             inputs["v"] = kept.params.v
-        return w.runner.run(("bn-bwd", self.role, self.residual), partial(self._backward, w=w), inputs,
-                            w.reseeder(self) if w.stream else _no_reseed)
+        return w.runner.run(
+            ("bn-bwd", self.role, self.residual),
+            partial(self._backward, w=w),
+            inputs,
+            w.reseeder(self) if w.stream else _no_reseed,
+        )
 
     @property
     def shape_out(self) -> tuple:
@@ -569,15 +670,21 @@ class BNLayer:
 
     def parameters(self, kept: KeptBN, normalized: bool, device, dtype) -> list[tuple[str, torch.Tensor]]:
         """The plain W and BN's affine gamma = 1, beta = 0 (over its input's units)."""
-        return [("v", kept.params.v[0].detach().clone()), ("gamma", torch.ones(self.role.fan_in, device=device, dtype=dtype)),
-                ("beta", torch.zeros(self.role.fan_in, device=device, dtype=dtype))]
+        return [
+            ("v", kept.params.v[0].detach().clone()),
+            ("gamma", torch.ones(self.role.fan_in, device=device, dtype=dtype)),
+            ("beta", torch.zeros(self.role.fan_in, device=device, dtype=dtype)),
+        ]
 
     def parameter_count(self, normalized: bool) -> int:
         return self.role.fan_in * self.role.fan_out + 2 * self.role.fan_in
 
     def apply(self, p: dict, h: torch.Tensor) -> torch.Tensor:
         """x' = [x +] W BN(x)^+ (De & Smith 2020, appendix C)."""
-        z = torch.relu(F.batch_norm(h, None, None, p["gamma"], p["beta"], training=True, eps=self.eps)) @ p["v"].T
+        z = (
+            torch.relu(F.batch_norm(h, None, None, p["gamma"], p["beta"], training=True, eps=self.eps))
+            @ p["v"].T
+        )
         return h + z if self.residual else z
 
 
@@ -614,7 +721,16 @@ class BNConvUnit:
         for j, op in enumerate(self.ops):
             p = w.sample(op.role, self.slot_ids[j], None if v_outs is None else v_outs[j])
             Y, sd, _, _ = ls.bn(op.conv(p.v, X if j == len(self.convs) else Z), self.eps, dims=(1, 3))
-            out.update({f"Y{j}": Y, f"s{j}": sd, f"v{j}": p.v, f"g{j}": p.g, f"bias{j}": p.bias, f"scale{j}": p.scale})
+            out.update(
+                {
+                    f"Y{j}": Y,
+                    f"s{j}": sd,
+                    f"v{j}": p.v,
+                    f"g{j}": p.g,
+                    f"bias{j}": p.bias,
+                    f"scale{j}": p.scale,
+                }
+            )
             if j < len(self.convs):
                 Z = (torch.relu(Y) if op.step.relu else Y).reshape(S, N, -1)
         if self.residual:
@@ -647,11 +763,19 @@ class BNConvUnit:
 
     def forward(self, w: Walk, index: int, state: dict):
         v_outs = [w.slot(op.role) for op in self.ops] if w.store else None
-        out = w.runner.run(("bn-conv", tuple(op.key(True) for op in self.ops), self.residual), partial(self._forward, w=w),
-                           {"X": state["X"]}, w.reseeder(self), {"v_outs": v_outs})
+        out = w.runner.run(
+            ("bn-conv", tuple(op.key(True) for op in self.ops), self.residual),
+            partial(self._forward, w=w),
+            {"X": state["X"]},
+            w.reseeder(self),
+            {"v_outs": v_outs},
+        )
         kept = None
         if w.keep:
-            params = [w.kept_params(out, None if v_outs is None else v_outs[j], str(j)) for j in range(len(self.ops))]
+            params = [
+                w.kept_params(out, None if v_outs is None else v_outs[j], str(j))
+                for j in range(len(self.ops))
+            ]
             kept = KeptBNConv(params, {k: out[k] for j in range(len(self.ops)) for k in (f"Y{j}", f"s{j}")})
         return {"X": out["X"]}, out, kept
 
@@ -659,8 +783,12 @@ class BNConvUnit:
         inputs = {"G": grad["G"], "acc": grad["acc"], **kept.saved}
         if not w.stream:
             inputs.update({f"v{j}": p.v for j, p in enumerate(kept.params)})
-        return w.runner.run(("bn-conv-bwd", tuple(op.key(True) for op in self.ops), self.residual), partial(self._backward, w=w),
-                            inputs, w.reseeder(self) if w.stream else _no_reseed)
+        return w.runner.run(
+            ("bn-conv-bwd", tuple(op.key(True) for op in self.ops), self.residual),
+            partial(self._backward, w=w),
+            inputs,
+            w.reseeder(self) if w.stream else _no_reseed,
+        )
 
     @property
     def shape_out(self) -> tuple:
@@ -670,9 +798,11 @@ class BNConvUnit:
         """Per conv its plain kernel and BN's affine gamma = 1, beta = 0 (per output channel)."""
         out = []
         for j, op in enumerate(self.ops):
-            out += [(f"{j}.v", kept.params[j].v[0].detach().clone()),
-                    (f"{j}.gamma", torch.ones(op.role.fan_out, device=device, dtype=dtype)),
-                    (f"{j}.beta", torch.zeros(op.role.fan_out, device=device, dtype=dtype))]
+            out += [
+                (f"{j}.v", kept.params[j].v[0].detach().clone()),
+                (f"{j}.gamma", torch.ones(op.role.fan_out, device=device, dtype=dtype)),
+                (f"{j}.beta", torch.zeros(op.role.fan_out, device=device, dtype=dtype)),
+            ]
         return out
 
     def parameter_count(self, normalized: bool) -> int:
@@ -680,13 +810,17 @@ class BNConvUnit:
 
     def apply(self, p: dict, h: torch.Tensor) -> torch.Tensor:
         z = h
-        for j, op in enumerate(self.ops[:len(self.convs)]):
+        for j, op in enumerate(self.ops[: len(self.convs)]):
             z = op.apply_bn(p[f"{j}.v"], p[f"{j}.gamma"], p[f"{j}.beta"], z, self.eps)
             z = torch.relu(z) if op.step.relu else z
         if not self.residual:
             return z
         j = len(self.convs)
-        return (h if self.projection is None else self.ops[j].apply_bn(p[f"{j}.v"], p[f"{j}.gamma"], p[f"{j}.beta"], h, self.eps)) + z
+        return (
+            h
+            if self.projection is None
+            else self.ops[j].apply_bn(p[f"{j}.v"], p[f"{j}.gamma"], p[f"{j}.beta"], h, self.eps)
+        ) + z
 
 
 # --------------------------------------------------------------------------------------------
@@ -725,7 +859,7 @@ def compile_plan(steps: Sequence, scheme: InitScheme) -> tuple[list, bool]:
             i += 3
         elif isinstance(s, plans.Open):
             j = next(k for k in range(i, len(steps)) if isinstance(steps[k], plans.Close))
-            close, inner = steps[j], steps[i + 1:j]
+            close, inner = steps[j], steps[i + 1 : j]
             if isinstance(inner[0], plans.BatchNorm):
                 units.append(BNLayer(inner[1].role, len(units), residual=True, eps=inner[0].eps))
             else:
@@ -735,11 +869,21 @@ def compile_plan(steps: Sequence, scheme: InitScheme) -> tuple[list, bool]:
                 base = before + residual * (len(inner) + 1)
                 ids = range(base, base + len(inner) + 1)
                 if inner[0].bn:
-                    units.append(BNConvUnit(inner, close.projection, residual=True, layer_ids=ids, eps=BN_EPS))
+                    units.append(
+                        BNConvUnit(inner, close.projection, residual=True, layer_ids=ids, eps=BN_EPS)
+                    )
                 else:
                     proj = None if close.projection is None else _op(close.projection)
-                    units.append(ResidualBlock([_op(st) for st in inner], [st.relu for st in inner], proj,
-                                               scheme.alpha(close.blocks_in_stage), ids, scheme.by_block_index))
+                    units.append(
+                        ResidualBlock(
+                            [_op(st) for st in inner],
+                            [st.relu for st in inner],
+                            proj,
+                            scheme.alpha(close.blocks_in_stage),
+                            ids,
+                            scheme.by_block_index,
+                        )
+                    )
             i = j + 2
         else:
             raise ValueError(f"cannot compile step {s!r} at position {i}")

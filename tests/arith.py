@@ -29,4 +29,6 @@ def assert_same_up_to_order(a: torch.Tensor, b: torch.Tensor, width: int, steps:
     assert a.shape == b.shape and a.dtype == b.dtype
     fa, fb = torch.isfinite(a), torch.isfinite(b)
     assert torch.equal(fa, fb) and torch.equal(a[~fa], b[~fb])
-    np.testing.assert_allclose(a[fa].numpy(), b[fb].numpy(), rtol=0, atol=reduction_atol(width, steps, a.dtype))
+    np.testing.assert_allclose(
+        a[fa].numpy(), b[fb].numpy(), rtol=0, atol=reduction_atol(width, steps, a.dtype)
+    )

@@ -18,8 +18,17 @@ from typing import Sequence
 import numpy as np
 
 from sigprop import theory
-from sigprop.theory import (ConvMoments, LayerMoments, ResNetPrediction, conv_bias_energy, conv_layer_energy, logaddexp,  # noqa: F401
-                            relu_cosine_map, relu_layer_log_cumulants, safe_log, spread_c, standardized)
+from sigprop.theory import (
+    ConvMoments,
+    LayerMoments,
+    ResNetPrediction,
+    conv_bias_energy,
+    conv_layer_energy,
+    logaddexp,  # noqa: F401
+    relu_cosine_map,
+    relu_layer_log_cumulants,
+    spread_c,
+)
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,9 @@ def log_ratio_variance(widths: Sequence[int], orthogonal: bool) -> tuple[np.ndar
     """
     widths = [int(w) for w in widths]
     L = len(widths) - 1
-    fwd_steps = np.array([spread_c(widths[j], widths[j - 1], orthogonal) / (4.0 * widths[j]) for j in range(1, L + 1)])
+    fwd_steps = np.array(
+        [spread_c(widths[j], widths[j - 1], orthogonal) / (4.0 * widths[j]) for j in range(1, L + 1)]
+    )
     fwd = np.cumsum(fwd_steps)
     # backward step j (delta^{j+1} -> delta^j): mask of width n_j, W^{j+1} of shape n_{j+1} x n_j
     bwd_steps = np.array(
@@ -203,7 +214,9 @@ def resnet_rms_prediction(dim: int, blocks: Sequence[BlockMoments]) -> ResNetPre
         c_new = c_s + blk.alpha_sq * c_f
         # branch-to-skip power ratio at the predicted ||h^{b-1}||^2 (with ||x||^2 = d)
         ln_s = theory.logaddexp(log_a + math.log(dim), log_c)
-        ln_branch_pow = theory.safe_log(blk.alpha_sq) + theory.logaddexp(theory.safe_log(a_f) + ln_s, theory.safe_log(c_f))
+        ln_branch_pow = theory.safe_log(blk.alpha_sq) + theory.logaddexp(
+            theory.safe_log(a_f) + ln_s, theory.safe_log(c_f)
+        )
         ln_skip_pow = theory.logaddexp(theory.safe_log(a_s) + ln_s, theory.safe_log(c_s))
         g_fwd.append(math.exp(min(ln_branch_pow - ln_skip_pow, 700.0)))
         branch.append(0.5 * math.log(blk.alpha_sq * a_f) if (c_f == 0.0 and blk.alpha_sq > 0) else None)
@@ -222,8 +235,9 @@ def resnet_rms_prediction(dim: int, blocks: Sequence[BlockMoments]) -> ResNetPre
     return ResNetPrediction(fwd, bwd, branch, g_fwd, g_bwd)
 
 
-def datadep_resnet_ln_forward(dim: int, d_out: Sequence[int], projection: Sequence[bool], start: float | None = None
-                              ) -> tuple[list[float] | None, list[float]]:
+def datadep_resnet_ln_forward(
+    dim: int, d_out: Sequence[int], projection: Sequence[bool], start: float | None = None
+) -> tuple[list[float] | None, list[float]]:
     """Data-dependent init (Salimans & Kingma 2016, eq. 5-6) in a ResNet: every WN layer's pre-activation is
     standardised over the batch, so a branch output (and a projection's output) has
     E||.||^2 = d_out per sample on average, independent of its input.  Hence, with
@@ -321,7 +335,9 @@ def datadep_mlp_correlation(c0: float, layers: int, batch: int) -> list[float]:
     return out
 
 
-def datadep_resnet_correlation(c0: float, blocks: Sequence[tuple[int, bool, float]], batch: int) -> list[float]:
+def datadep_resnet_correlation(
+    c0: float, blocks: Sequence[tuple[int, bool, float]], batch: int
+) -> list[float]:
     """Cosine of a pair at h^0 .. h^B of a ResNet with data-dependent init: per block (branch
     layer count, projection, alpha^2) the branch's layers standardized (a ReLU after all but the
     last), the skip the identity or a standardized projection; kernels add (independent
@@ -337,7 +353,9 @@ def datadep_resnet_correlation(c0: float, blocks: Sequence[tuple[int, bool, floa
     return out
 
 
-def _conv_forward(a_map: np.ndarray, layers: Sequence[ConvMoments]) -> tuple[list[tuple[float, float]], list[tuple[int, int]]]:
+def _conv_forward(
+    a_map: np.ndarray, layers: Sequence[ConvMoments]
+) -> tuple[list[tuple[float, float]], list[tuple[int, int]]]:
     """Per layer (ln of the input-driven energy sum, in units of the input map's sum; ln of the
     bias-driven energy sum, absolute), from an input map ``a_map`` summing to 1, and the map
     shapes.  Both maps are carried normalised with their log scale (10,000 layers stay finite)."""
@@ -350,7 +368,9 @@ def _conv_forward(a_map: np.ndarray, layers: Sequence[ConvMoments]) -> tuple[lis
         a_map = a_new / sa if sa > 0 else a_new
         b_lin = conv_layer_energy(b_map, m, relu=True)  # times exp(b_ln)
         bias = conv_bias_energy(m, relu=True)  # per position, absolute
-        b_tot = theory.logaddexp(b_ln + theory.safe_log(float(b_lin.sum())), theory.safe_log(bias * b_lin.size))
+        b_tot = theory.logaddexp(
+            b_ln + theory.safe_log(float(b_lin.sum())), theory.safe_log(bias * b_lin.size)
+        )
         if b_tot > -math.inf:
             b_map = (math.exp(b_ln - b_tot) if b_ln > -math.inf else 0.0) * b_lin + bias * math.exp(-b_tot)
         else:
@@ -400,7 +420,9 @@ def cnn_rms_prediction(image: tuple[int, int, int], layers: Sequence[ConvMoments
     return MLPPrediction(fwd, bwd)
 
 
-def cnn_conditional_prediction(x_energy: np.ndarray, e_energy: np.ndarray, layers: Sequence[ConvMoments]) -> MLPPrediction:
+def cnn_conditional_prediction(
+    x_energy: np.ndarray, e_energy: np.ndarray, layers: Sequence[ConvMoments]
+) -> MLPPrediction:
     """The same ratios for one given input and error vector, averaged over the weights only:
     ``x_energy`` = sum_c x_{c,p}^2 [H, W], ``e_energy`` the top error's [H_L, W_L].  E_W of the
     squared ratios is then exactly A_l[x_energy]/||x||^2 + B_l/||x||^2 (and the backward map of
@@ -424,15 +446,20 @@ def mlp_prediction(scheme, widths) -> MLPPrediction:
     if scheme.moments is not None:
         roles = [LayerRole(widths[i - 1], widths[i]) for i in range(1, len(widths))]
         return mlp_rms_prediction(widths, [scheme.moments(r) for r in roles])
-    return MLPPrediction(ln_forward=datadep_ln_forward(widths) if scheme.standardizes else None, ln_backward=None)
+    return MLPPrediction(
+        ln_forward=datadep_ln_forward(widths) if scheme.standardizes else None, ln_backward=None
+    )
 
 
 def block_moments(scheme, block) -> BlockMoments:
     """The theory's view of one residual block (``kinds.resnet.Block``) under ``scheme``."""
     lin = lambda r: LinearMoments(r.fan_in, r.fan_out, scheme.moments(r).row_sq, scheme.moments(r).bias_var)
     proj = block.projection_role()
-    return BlockMoments(branch=tuple(lin(r) for r in block.branch_roles()), skip=None if proj is None else lin(proj),
-                        alpha_sq=scheme.alpha(block.blocks_in_stage) ** 2)
+    return BlockMoments(
+        branch=tuple(lin(r) for r in block.branch_roles()),
+        skip=None if proj is None else lin(proj),
+        alpha_sq=scheme.alpha(block.blocks_in_stage) ** 2,
+    )
 
 
 def resnet_prediction(scheme, plan) -> ResNetPrediction:
@@ -441,7 +468,9 @@ def resnet_prediction(scheme, plan) -> ResNetPrediction:
     if scheme.moments is not None:
         return resnet_rms_prediction(plan.dim, [block_moments(scheme, b) for b in plan.blocks])
     if scheme.standardizes:
-        fwd, gains = datadep_resnet_ln_forward(plan.dim, [b.d_out for b in plan.blocks], [b.projection for b in plan.blocks])
+        fwd, gains = datadep_resnet_ln_forward(
+            plan.dim, [b.d_out for b in plan.blocks], [b.projection for b in plan.blocks]
+        )
         return ResNetPrediction(fwd, None, None, gains, gains)
     n = len(plan.blocks)
     return ResNetPrediction(None, None, None, [1.0] * n, [1.0] * n)

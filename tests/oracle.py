@@ -94,5 +94,3 @@ def oracle_bn(params, x, e, eps=theory.BN_EPS):
     fwd = torch.stack([torch.linalg.vector_norm(t, dim=1) / xn for t in hs])
     bwd = torch.stack([torch.linalg.vector_norm(t.grad, dim=1) / en for t in hs])
     return fwd.detach(), bwd.detach(), [t.detach() for t in hs]
-
-

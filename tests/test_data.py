@@ -48,8 +48,11 @@ BAD = {
     "corrupt.pt": (lambda p: p.write_bytes(b"not torch"), "is not a readable torch.save file"),
     "table.csv": (lambda p: p.write_text("x,y\n1,2\n"), "unknown file type '.csv'"),
     "script.py": (lambda p: p.write_text("print(1)\n"), "unknown file type '.py'"),
-    "bare.pt": (_pt(torch.zeros(4, 6)), "expected a dict with keys x and y saved by torch.save (.pt), or an .npz with arrays x "
-                                       "and y; got a Tensor"),
+    "bare.pt": (
+        _pt(torch.zeros(4, 6)),
+        "expected a dict with keys x and y saved by torch.save (.pt), or an .npz with arrays x "
+        "and y; got a Tensor",
+    ),
     "keys.pt": (_pt({"inputs": torch.zeros(4, 6)}), "holds a dict with keys inputs"),
     "strings.pt": (_pt({"x": ["a", "b"], "y": torch.zeros(2)}), "x must be an array"),
     "corrupt.npz": (lambda p: p.write_bytes(b"PK\x03\x04garbage"), "is not a readable .npz archive"),
@@ -75,12 +78,30 @@ def test_a_bad_file_is_one_error_naming_data(tmp_path, name):
     assert err.value.field == "data" and words in err.value.message
 
 
-@pytest.mark.parametrize("name", ["corrupt.pt", "table.csv", "bare.pt", "nan.npz", "corrupt.npz", "object.npz"])
+@pytest.mark.parametrize(
+    "name", ["corrupt.pt", "table.csv", "bare.pt", "nan.npz", "corrupt.npz", "object.npz"]
+)
 def test_the_cli_says_it_in_one_line_with_exit_2(tmp_path, name, capsys):
     writer, words = BAD[name]
     path = _write(tmp_path, name, writer)
-    rc = main(["hessian", "mlp", "--depth", "2", "--width", "4", "--input-dim", "6", "--seeds", "1", "--device", "cpu",
-               "--data", str(path)])
+    rc = main(
+        [
+            "hessian",
+            "mlp",
+            "--depth",
+            "2",
+            "--width",
+            "4",
+            "--input-dim",
+            "6",
+            "--seeds",
+            "1",
+            "--device",
+            "cpu",
+            "--data",
+            str(path),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("sigprop: error: --data: ") and words in err[0]
 
@@ -88,7 +109,9 @@ def test_the_cli_says_it_in_one_line_with_exit_2(tmp_path, name, capsys):
 def test_good_files_of_both_kinds_read_the_same(tmp_path):
     x, y = _good_x(), _labels()
     a = data.load(_write(tmp_path, "d.npz", _np(x=x, y=y)), SHAPE, 10)
-    b = data.load(_write(tmp_path, "d.pt", _pt({"x": torch.as_tensor(x), "y": torch.as_tensor(y)})), SHAPE, 10)
+    b = data.load(
+        _write(tmp_path, "d.pt", _pt({"x": torch.as_tensor(x), "y": torch.as_tensor(y)})), SHAPE, 10
+    )
     np.testing.assert_array_equal(a.x, b.x)
     np.testing.assert_array_equal(a.y, b.y)
     assert a.count == 20
@@ -106,8 +129,26 @@ def test_samples_takes_the_first_n_and_refuses_more(tmp_path):
 @pytest.mark.parametrize("samples, measured", [(None, 20), (7, 7)])
 def test_the_record_says_how_many_samples_were_measured(tmp_path, samples, measured, capsys):
     path = _write(tmp_path, "d.npz", _np(x=_good_x(), y=_labels()))
-    args = ["hessian", "mlp", "--depth", "2", "--width", "4", "--input-dim", "6", "--seeds", "1", "--iters", "3", "--device", "cpu",
-            "--data", str(path), "--format", "json"] + ([] if samples is None else ["--samples", str(samples)])
+    args = [
+        "hessian",
+        "mlp",
+        "--depth",
+        "2",
+        "--width",
+        "4",
+        "--input-dim",
+        "6",
+        "--seeds",
+        "1",
+        "--iters",
+        "3",
+        "--device",
+        "cpu",
+        "--data",
+        str(path),
+        "--format",
+        "json",
+    ] + ([] if samples is None else ["--samples", str(samples)])
     assert main(args) == 0
     out = capsys.readouterr()
     doc = json.loads(out.out)

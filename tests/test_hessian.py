@@ -8,13 +8,12 @@ import math
 import numpy as np
 import pytest
 import torch
+import walks
 
 from sigprop import hessian, inits, kinds
 from sigprop.kernels import ops, sampling
 from sigprop.kinds import cnn, mlp, resnet, wrn
 from sigprop.kinds.mlp import MLPSpec
-
-import walks
 
 CPU = torch.device("cpu")
 
@@ -22,12 +21,16 @@ CPU = torch.device("cpu")
 def _dense(m, x, y):
     h = hessian.HVP(m, x, y)
     leaves = [t.detach() for t in h.leaves]
-    blocks = torch.autograd.functional.hessian(lambda *ts: m.loss(dict(zip(h.names, ts)), x, y), tuple(leaves))
+    blocks = torch.autograd.functional.hessian(
+        lambda *ts: m.loss(dict(zip(h.names, ts)), x, y), tuple(leaves)
+    )
     offs = np.cumsum([0] + [t.numel() for t in leaves])
     full = np.zeros((h.size, h.size))
     for i in range(len(leaves)):
         for j in range(len(leaves)):
-            full[offs[i]:offs[i + 1], offs[j]:offs[j + 1]] = blocks[i][j].reshape(leaves[i].numel(), leaves[j].numel()).numpy()
+            full[offs[i] : offs[i + 1], offs[j] : offs[j + 1]] = (
+                blocks[i][j].reshape(leaves[i].numel(), leaves[j].numel()).numpy()
+            )
     return h, full
 
 
@@ -48,8 +51,17 @@ def _build(kind, name, x, seed, draw, head="pytorch", steps=None):
     return hessian.build(net if steps is None else steps, scheme, space, x, seed, draw, head)
 
 
-@pytest.mark.parametrize("kind, name", [(k, n) for k in NETS if k != "bn-resnet" for n in inits.names(NETS[k][3])
-                                        if inits.get(n).normalized or k != "cnn"] + [("bn-resnet", "he")])
+@pytest.mark.parametrize(
+    "kind, name",
+    [
+        (k, n)
+        for k in NETS
+        if k != "bn-resnet"
+        for n in inits.names(NETS[k][3])
+        if inits.get(n).normalized or k != "cnn"
+    ]
+    + [("bn-resnet", "he")],
+)
 def test_hvp_is_the_dense_hessian(kind, name):
     _, shape, _, _ = NETS[kind]
     x, y = hessian.data(0, 8, shape, CPU, torch.float64)
@@ -121,7 +133,7 @@ def test_wrn_hvp_equals_autograd(bn):
     too many parameters for a dense Hessian; its products against torch.autograd.functional.hvp."""
     steps = wrn.steps((2, 4, 4), 1, bn=bn)
     x, y = hessian.data(0, 6, (2, 4, 4), CPU, torch.float64)
-    for name in (["unnormalized-he"] if bn else ["proposed", "pytorch", "datadep", "stage-hanin"]):
+    for name in ["unnormalized-he"] if bn else ["proposed", "pytorch", "datadep", "stage-hanin"]:
         m = hessian.build(steps, inits.get(name), "plain" if bn else "log", x, 0, 0)
         h = hessian.HVP(m, x, y)
         leaves = tuple(t.detach() for t in h.leaves)
@@ -130,10 +142,14 @@ def test_wrn_hvp_equals_autograd(bn):
             v = torch.randn(h.size, generator=gen, dtype=torch.float64)
             parts, k = [], 0
             for t in leaves:
-                parts.append(v[k:k + t.numel()].reshape(t.shape))
+                parts.append(v[k : k + t.numel()].reshape(t.shape))
                 k += t.numel()
-            _, ref = torch.autograd.functional.hvp(lambda *ts: m.loss(dict(zip(h.names, ts)), x, y), leaves, tuple(parts))
-            np.testing.assert_allclose(h(v).numpy(), torch.cat([r.reshape(-1) for r in ref]).numpy(), rtol=1e-9, atol=1e-12)
+            _, ref = torch.autograd.functional.hvp(
+                lambda *ts: m.loss(dict(zip(h.names, ts)), x, y), leaves, tuple(parts)
+            )
+            np.testing.assert_allclose(
+                h(v).numpy(), torch.cat([r.reshape(-1) for r in ref]).numpy(), rtol=1e-9, atol=1e-12
+            )
         if bn:
             assert any(n.endswith("gamma") for n in h.names) and any(n.endswith("beta") for n in h.names)
 
@@ -148,7 +164,9 @@ def test_the_model_is_the_probes_net(kind):
     scheme = inits.get("proposed")
     m = hessian.build(steps, scheme, "log", x, 7, 2)
     top = math.prod(m.units[-1].shape_out)
-    probe = walks.walk(steps, scheme, x, torch.ones(5, top, dtype=torch.float64), 7, [2]).observed["fwd"][0, -1]
+    probe = walks.walk(steps, scheme, x, torch.ones(5, top, dtype=torch.float64), 7, [2]).observed["fwd"][
+        0, -1
+    ]
     h = x
     for i, u in enumerate(m.units):  # each unit's own apply over the model's parameters
         h = u.apply({k.split(".", 1)[1]: t for k, t in m.params.items() if k.split(".", 1)[0] == str(i)}, h)
@@ -158,10 +176,16 @@ def test_the_model_is_the_probes_net(kind):
 def test_the_eigenvalue_search_is_deterministic_and_reports_divergence():
     x, y = hessian.data(0, 8, (6,), CPU, torch.float64)
     m = _build("mlp", "proposed", x, 0, 0)
-    runs = [hessian.largest_eigenvalue(hessian.HVP(m, x, y), torch.Generator().manual_seed(9), iters=30) for _ in range(2)]
+    runs = [
+        hessian.largest_eigenvalue(hessian.HVP(m, x, y), torch.Generator().manual_seed(9), iters=30)
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1]
     m.params["0.v"] = m.params["0.v"] * math.inf  # a non-finite net: the search says so
-    assert hessian.largest_eigenvalue(hessian.HVP(m, x, y), torch.Generator().manual_seed(9)).status == "diverged"
+    assert (
+        hessian.largest_eigenvalue(hessian.HVP(m, x, y), torch.Generator().manual_seed(9)).status
+        == "diverged"
+    )
 
 
 def test_the_default_head_is_the_papers_pytorch_linear_for_every_init():
@@ -176,12 +200,18 @@ def test_the_default_head_is_the_papers_pytorch_linear_for_every_init():
         p = _build("mlp", name, x, 3, 1).params
         assert "head.g" not in p and p["head.v"].shape == (hessian.CLASSES, last)
         bound = 1 / math.sqrt(last)
-        assert p["head.v"].abs().max() <= bound and p["head.b"].abs().max() <= bound and p["head.b"].abs().min() > 0
+        assert (
+            p["head.v"].abs().max() <= bound
+            and p["head.b"].abs().max() <= bound
+            and p["head.b"].abs().min() > 0
+        )
         heads[name] = (p["head.v"], p["head.b"])
     first = next(iter(heads.values()))
     assert all(torch.equal(v, first[0]) and torch.equal(b, first[1]) for v, b in heads.values())
     own = _build("mlp", "proposed", x, 3, 1, head="init").params
-    np.testing.assert_allclose(own["head.g"].numpy(), math.sqrt(last / hessian.CLASSES), rtol=1e-12)  # role linear, gain 1
+    np.testing.assert_allclose(
+        own["head.g"].numpy(), math.sqrt(last / hessian.CLASSES), rtol=1e-12
+    )  # role linear, gain 1
 
 
 @pytest.mark.parametrize("name", ["proposed", "pytorch", "datadep"])
@@ -211,7 +241,9 @@ def test_pytorch_orthogonal_is_weight_norm_default_over_orthogonal_weights(fan_i
     """The authors' code's other PyTorch default: orthogonal_ W (orthonormal rows, or columns when
     the layer expands), zero b, then weight_norm: w = v, row norms 1 (or fan_in/fan_out on average)."""
     role = inits.LayerRole(fan_in, fan_out, "relu")
-    lp = sampling.sample(inits.get("pytorch-orthogonal"), role, torch.Generator().manual_seed(1), CPU, torch.float64)
+    lp = sampling.sample(
+        inits.get("pytorch-orthogonal"), role, torch.Generator().manual_seed(1), CPU, torch.float64
+    )
     np.testing.assert_allclose(lp.g.numpy(), torch.linalg.vector_norm(lp.v, dim=1).numpy(), rtol=1e-14)
     assert not lp.bias.any()
     gram = lp.v @ lp.v.T if fan_out <= fan_in else lp.v.T @ lp.v
@@ -232,11 +264,18 @@ def test_scaling_v_leaves_the_net_and_rescales_its_curvature():
         m.params[k] = m.params[k] * c
     h2, full2 = _dense(m, x, y)
     assert h2.loss == pytest.approx(h.loss, rel=1e-12)
-    d = np.concatenate([np.full(t.numel(), 1 / c if n.endswith(".v") and n != "head.v" else 1.0) for n, t in zip(h.names, h.leaves)])
+    d = np.concatenate(
+        [
+            np.full(t.numel(), 1 / c if n.endswith(".v") and n != "head.v" else 1.0)
+            for n, t in zip(h.names, h.leaves)
+        ]
+    )
     np.testing.assert_allclose(full2, d[:, None] * full * d[None, :], rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind, name", [("mlp", "proposed"), ("mlp", "pytorch-he"), ("cnn", "proposed"), ("resnet", "stage-hanin")])
+@pytest.mark.parametrize(
+    "kind, name", [("mlp", "proposed"), ("mlp", "pytorch-he"), ("cnn", "proposed"), ("resnet", "stage-hanin")]
+)
 def test_minibatched_products_equal_the_whole_datas(kind, name):
     """--batch-size: the loss is the sample-weighted mean of the minibatches' means (uneven last
     minibatch included) and each product sums theirs -- the whole data's H v, to rounding."""
@@ -250,7 +289,9 @@ def test_minibatched_products_equal_the_whole_datas(kind, name):
     for _ in range(3):
         v = torch.randn(whole.size, generator=gen, dtype=torch.float64)
         np.testing.assert_allclose(parts(v).numpy(), whole(v).numpy(), rtol=1e-10, atol=1e-12)
-    assert hessian.HVP(m, x, y, batch_size=11).batches is None  # one minibatch holding everything: the kept graph
+    assert (
+        hessian.HVP(m, x, y, batch_size=11).batches is None
+    )  # one minibatch holding everything: the kept graph
 
 
 def test_minibatched_bn_products_use_each_minibatchs_statistics():
@@ -260,7 +301,7 @@ def test_minibatched_bn_products_use_each_minibatchs_statistics():
     x, y = hessian.data(6, 12, shape, CPU, torch.float64)
     m = _build("bn-resnet", "he", x, 0, 0)
     h = hessian.HVP(m, x, y, batch_size=6)
-    expected = sum(0.5 * _dense(m, x[i:i + 6], y[i:i + 6])[1] for i in (0, 6))
+    expected = sum(0.5 * _dense(m, x[i : i + 6], y[i : i + 6])[1] for i in (0, 6))
     np.testing.assert_allclose(h.dense().numpy(), expected, rtol=1e-9, atol=1e-9)
     assert not np.allclose(expected, _dense(m, x, y)[1], rtol=1e-3)
 
@@ -277,11 +318,15 @@ def test_a_data_dependent_init_in_minibatches_is_calibrated_on_the_first():
     x, y = hessian.data(0, 12, (6,), CPU, torch.float64)
     first = hessian.build(steps, inits.get("datadep"), "log", x[:5], 0, 0)
     assert draw.loss == pytest.approx(hessian.HVP(first, x, y, 5).loss, rel=1e-12)
-    assert draw.loss != pytest.approx(hessian.HVP(hessian.build(steps, inits.get("datadep"), "log", x, 0, 0), x, y).loss, rel=1e-6)
+    assert draw.loss != pytest.approx(
+        hessian.HVP(hessian.build(steps, inits.get("datadep"), "log", x, 0, 0), x, y).loss, rel=1e-6
+    )
 
 
-@pytest.mark.parametrize("kind, name", [("mlp", "proposed"), ("mlp", "pytorch-he"), ("resnet", "proposed"), ("cnn", "he"),
-                                        ("bn-resnet", "he")])
+@pytest.mark.parametrize(
+    "kind, name",
+    [("mlp", "proposed"), ("mlp", "pytorch-he"), ("resnet", "proposed"), ("cnn", "he"), ("bn-resnet", "he")],
+)
 def test_hvp_equals_central_differences_of_gradients(kind, name):
     """The curvature path's Hessian-vector products (its hand-written weight normalisation
     g v/||v||, double backward) against central differences of the gradient, in float64:
@@ -296,10 +341,15 @@ def test_hvp_equals_central_differences_of_gradients(kind, name):
     def grad(theta):
         leaves, k = {}, 0
         for n, t in zip(h.names, h.leaves):
-            leaves[n] = theta[k:k + t.numel()].reshape(t.shape).clone().requires_grad_(True)
+            leaves[n] = theta[k : k + t.numel()].reshape(t.shape).clone().requires_grad_(True)
             k += t.numel()
         g = torch.autograd.grad(m.loss(leaves, x, y), list(leaves.values()), allow_unused=True)
-        return torch.cat([torch.zeros(t.numel(), dtype=torch.float64) if d is None else d.reshape(-1) for d, t in zip(g, h.leaves)])
+        return torch.cat(
+            [
+                torch.zeros(t.numel(), dtype=torch.float64) if d is None else d.reshape(-1)
+                for d, t in zip(g, h.leaves)
+            ]
+        )
 
     theta = torch.cat([t.detach().reshape(-1) for t in h.leaves])
     eps = 1e-5
@@ -325,9 +375,15 @@ def test_torchs_fused_weight_norm_gives_an_asymmetric_hessian():
         w = torch._weight_norm(v, g.unsqueeze(1), 0) if fused else ops.weight(v, g)
         grads = torch.autograd.grad(torch.nn.functional.cross_entropy(x @ w.T, y), (v, g), create_graph=True)
         flat = torch.cat([t.reshape(-1) for t in grads])
-        H = torch.stack([torch.cat([t.reshape(-1) for t in torch.autograd.grad(flat[i], (v, g), retain_graph=True)])
-                         for i in range(flat.numel())])
+        H = torch.stack(
+            [
+                torch.cat([t.reshape(-1) for t in torch.autograd.grad(flat[i], (v, g), retain_graph=True)])
+                for i in range(flat.numel())
+            ]
+        )
         return float(torch.linalg.matrix_norm(H - H.T) / torch.linalg.matrix_norm(H))
 
     assert asymmetry(fused=False) < 1e-14
-    assert asymmetry(fused=True) > 0.1, "torch._weight_norm's second derivative is symmetric now: see the docstring"
+    assert asymmetry(fused=True) > 0.1, (
+        "torch._weight_norm's second derivative is symmetric now: see the docstring"
+    )

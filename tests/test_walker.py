@@ -18,9 +18,14 @@ def test_pair_inputs_have_the_cosine_and_equal_norms():
         a, b = x[:50], x[50:]
         na, nb = torch.linalg.vector_norm(a, dim=1), torch.linalg.vector_norm(b, dim=1)
         torch.testing.assert_close(na, nb, rtol=1e-12, atol=0)
-        torch.testing.assert_close((a * b).sum(1) / (na * nb), torch.full((50,), c0, dtype=torch.float64), rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            (a * b).sum(1) / (na * nb), torch.full((50,), c0, dtype=torch.float64), rtol=0, atol=1e-12
+        )
     # the same a, b for every c0 (common random numbers)
-    assert torch.equal(sampling.pair_inputs(4, 5, 12, 0.1, "cpu", torch.float64)[:5], sampling.pair_inputs(4, 5, 12, 0.9, "cpu", torch.float64)[:5])
+    assert torch.equal(
+        sampling.pair_inputs(4, 5, 12, 0.1, "cpu", torch.float64)[:5],
+        sampling.pair_inputs(4, 5, 12, 0.9, "cpu", torch.float64)[:5],
+    )
 
 
 def _direct_mlp_cosines(params, x, P):
@@ -68,7 +73,11 @@ def test_plans_compile_to_units():
     assert not rec and [u.layer for u in units] == [1, 2]
     bn = resnet.resnet_plan(6, 1, 3, 0, [], stem=True)
     units, rec = walker.compile_plan(bn.steps, inits.get("unnormalized-he"))
-    assert rec and [u.residual for u in units] == [False, True, True, True] and [u.layer for u in units] == [0, 1, 2, 3]
+    assert (
+        rec
+        and [u.residual for u in units] == [False, True, True, True]
+        and [u.layer for u in units] == [0, 1, 2, 3]
+    )
     with pytest.raises(ValueError, match="BatchNorm"):
         plans.predict(bn.steps, inits.get("unnormalized-he"))
 
@@ -86,4 +95,6 @@ def test_the_docstrings_say_what_is_recorded_where():
     for doc in (walker.__doc__, walker.DenseLayer.__doc__, walker.ConvLayer.__doc__):
         flat = " ".join(doc.split())
         assert "recorded at its pre-activation" not in flat and "recorded at the pre-activation" not in flat
-    assert "forward at its output h = ReLU(a), backward at its pre-activation" in " ".join(walker.DenseLayer.__doc__.split())
+    assert "forward at its output h = ReLU(a), backward at its pre-activation" in " ".join(
+        walker.DenseLayer.__doc__.split()
+    )

@@ -11,22 +11,47 @@ import torch
 from sigprop import inits, kinds, observers, run, specs, walker
 from sigprop.kernels import logspace as ls
 from sigprop.kinds import mlp as mlp_kind
-from sigprop.observers import bn as _bn, correlation as _corr, ratios as _ratios  # noqa: F401  (register the collectors)
+from sigprop.observers import bn as _bn  # noqa: F401  (register the collectors)
 
 
-def walk(steps, scheme, x, e, seed: int, draws, observe=("fwd", "bwd"), space: str = "log", stream: bool = False,
-         runner=None, progress=None) -> walker.Walked:
+def walk(
+    steps,
+    scheme,
+    x,
+    e,
+    seed: int,
+    draws,
+    observe=("fwd", "bwd"),
+    space: str = "log",
+    stream: bool = False,
+    runner=None,
+    progress=None,
+) -> walker.Walked:
     """``steps`` compiled for ``scheme`` and walked for ``draws`` with the named observers."""
     units, record_input = walker.compile_plan(steps, scheme)
     with torch.no_grad():
-        return walker.walk(units, scheme, x, e, seed, list(draws), [observers.make(n) for n in observe], record_input,
-                           space=walker.SPACES[space](), progress=progress, stream=stream, runner=runner)
+        return walker.walk(
+            units,
+            scheme,
+            x,
+            e,
+            seed,
+            list(draws),
+            [observers.make(n) for n in observe],
+            record_input,
+            space=walker.SPACES[space](),
+            progress=progress,
+            stream=stream,
+            runner=runner,
+        )
 
 
 def mlp(scheme, widths, x, e, seed: int, draws, stream: bool = False, runner=None, progress=None):
     """S = len(draws) draws through the MLP of ``widths``: (ln forward [S, L, N], ln backward
     [S, L, N], per layer the parameters stacked over draws; ``v`` None when streamed)."""
-    r = walk(mlp_kind.steps(widths), scheme, x, e, seed, draws, stream=stream, runner=runner, progress=progress)
+    r = walk(
+        mlp_kind.steps(widths), scheme, x, e, seed, draws, stream=stream, runner=runner, progress=progress
+    )
     return r.observed["fwd"], r.observed["bwd"], [k.params for k in r.kept]
 
 
@@ -56,7 +81,10 @@ def resnet(scheme, plan, x, e, seed: int, draws, stream: bool = False, runner=No
 
 def resnet_draw(scheme, plan, x, e, seed: int, draw: int, stream: bool = False):
     d, params = resnet(scheme, plan, x, e, seed, [draw], stream)
-    one = [walker.BlockParams([ls.unstack(p, 0) for p in b.branch], ls.unstack(b.projection, 0), b.alpha) for b in params]
+    one = [
+        walker.BlockParams([ls.unstack(p, 0) for p in b.branch], ls.unstack(b.projection, 0), b.alpha)
+        for b in params
+    ]
     return Draw(d.ln_fwd[0], d.ln_bwd[0], d.ln_branch[0]), one
 
 
@@ -64,8 +92,9 @@ def bn(plan, x, e, seed: int, draws, stream: bool = False):
     """The BN ResNet (De & Smith 2020, appendix C; a plan with its stem: ``resnet_plan(...,
     stem=True)``) in plain floats: (``Draw`` with the statistics, per layer its parameters stacked)."""
     scheme = inits.get("unnormalized-he")
-    r = walk(plan.steps, scheme, x, e, seed, draws, ("fwd", "bwd", "branch", "bn"), space="plain",
-             stream=stream)
+    r = walk(
+        plan.steps, scheme, x, e, seed, draws, ("fwd", "bwd", "branch", "bn"), space="plain", stream=stream
+    )
     o = r.observed
     return Draw(o["fwd"], o["bwd"], o["branch"], o["bn"]), [k.params for k in r.kept]
 
@@ -81,14 +110,29 @@ def measure(spec, probe: specs.ProbeSpec):
     return m.plan, m.arrays, m.environment
 
 
-def assemble(command: str, scheme, plan, arrays: dict, spec=None, probe: specs.ProbeSpec | None = None,
-             band=None, gate: str = "preserved"):
+def assemble(
+    command: str,
+    scheme,
+    plan,
+    arrays: dict,
+    spec=None,
+    probe: specs.ProbeSpec | None = None,
+    band=None,
+    gate: str = "preserved",
+):
     """The run a net kind assembles from arrays (``Kind.assemble``), as the driver does."""
-    return kinds.get(command).assemble(scheme.name, scheme, spec, plan, arrays, probe or specs.ProbeSpec(),
-                                       specs.GateSpec(gate, band))
+    return kinds.get(command).assemble(
+        scheme.name, scheme, spec, plan, arrays, probe or specs.ProbeSpec(), specs.GateSpec(gate, band)
+    )
 
 
 def mlp_run(scheme, widths, fwd, bwd, band=None, gate: str = "preserved"):
     """An MLP run from its arrays [S, L, N] (``kinds.mlp.MLP.assemble``)."""
-    return assemble("mlp", scheme, mlp_kind.MLPPlan(list(widths), mlp_kind.steps(widths)), {"fwd": fwd, "bwd": bwd},
-                    band=band, gate=gate)
+    return assemble(
+        "mlp",
+        scheme,
+        mlp_kind.MLPPlan(list(widths), mlp_kind.steps(widths)),
+        {"fwd": fwd, "bwd": bwd},
+        band=band,
+        gate=gate,
+    )

@@ -47,7 +47,10 @@ def _usage_hint(msg: str) -> str:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return f"{option}: unknown value {value!r}{hint}; choose from {', '.join(names)}"
     if "valid integer" in msg:
-        return msg.split(":")[0] + ": expected one integer (for several values use sigprop sweep, which takes comma-separated lists)"
+        return (
+            msg.split(":")[0]
+            + ": expected one integer (for several values use sigprop sweep, which takes comma-separated lists)"
+        )
     return msg
 
 
@@ -86,8 +89,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     except Exception as exc:  # never a traceback; a bug still says what it was
         if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without importing torch
-            _say("sigprop: error: the GPU ran out of memory during the run (its free memory changed since the "
-                 "estimate?); reduce --samples, --depth/--blocks or --width, use --stream, or --device cpu")
+            _say(
+                "sigprop: error: the GPU ran out of memory during the run (its free memory changed since the "
+                "estimate?); reduce --samples, --depth/--blocks or --width, use --stream, or --device cpu"
+            )
             return 2
         _say(f"sigprop: internal error: {type(exc).__name__}: {exc} (please report it)")
         return 1

@@ -32,8 +32,8 @@ def new_app() -> typer.Typer:
     app = typer.Typer(
         name="sigprop",
         help="Signal propagation at initialization, measured beside the theory: norm ratios of activations and gradients, "
-             f"layer by layer, in each net kind's command ({', '.join(kinds.names())}), the cosine of two inputs "
-             "(--correlation), and the loss Hessian's curvature at init (hessian).",
+        f"layer by layer, in each net kind's command ({', '.join(kinds.names())}), the cosine of two inputs "
+        "(--correlation), and the loss Hessian's curvature at init (hessian).",
         context_settings=CONTEXT,
         no_args_is_help=True,
         add_completion=True,

@@ -9,7 +9,6 @@ them against the registries and runs the parser on every name.
 from __future__ import annotations
 
 import enum
-import functools
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +21,14 @@ from sigprop import inits, kinds, specs
 
 #: the flag (or argument) of each library field whose name is not "--" + field with dashes (the
 #: net kinds' own flags are read from their options: ``flag``)
-FLAGS = {"fmt": "--format", "inits": "--init", "result": "RESULT", "results": "RESULTS", "file": "FILE",
-         "batch": "batch (recorded in the result)"}
+FLAGS = {
+    "fmt": "--format",
+    "inits": "--init",
+    "result": "RESULT",
+    "results": "RESULTS",
+    "file": "FILE",
+    "batch": "batch (recorded in the result)",
+}
 
 
 def Option(*param_decls, help: str | None = None, **kw):
@@ -66,42 +71,68 @@ Head = enum.Enum("Head", {h: h for h in specs.HEADS}, type=str)
 
 StreamOpt = Annotated[
     Optional[bool],
-    Option("--stream/--no-stream", help="Redraw the weights in the backward pass instead of storing them. [default: only when they would not fit]"),
+    Option(
+        "--stream/--no-stream",
+        help="Redraw the weights in the backward pass instead of storing them. [default: only when they would not fit]",
+    ),
 ]
 GraphsOpt = Annotated[
     Optional[bool],
-    Option("--graphs/--no-graphs", help="Capture each layer's kernels once as a CUDA graph and replay it (CUDA only; checked against the eager step). [default: on with CUDA]"),
+    Option(
+        "--graphs/--no-graphs",
+        help="Capture each layer's kernels once as a CUDA graph and replay it (CUDA only; checked against the eager step). [default: on with CUDA]",
+    ),
 ]
 PlotOpt = Annotated[
-    Optional[Path], Option(help="Also draw the Figure-1-style plot to this .png/.svg/.pdf (needs the plot extra: pip install sigprop[plot]).")
+    Optional[Path],
+    Option(
+        help="Also draw the Figure-1-style plot to this .png/.svg/.pdf (needs the plot extra: pip install sigprop[plot])."
+    ),
 ]
 PrecisionOpt = Annotated[
-    Precision, Option(help="float32 matmuls on CUDA: fp32 (IEEE) or tf32 (tensor cores; docs/theory.md for its bias).")
+    Precision,
+    Option(help="float32 matmuls on CUDA: fp32 (IEEE) or tf32 (tensor cores; docs/theory.md for its bias)."),
 ]
 
 
 Gate = enum.Enum("Gate", {g: g for g in specs.GATES}, type=str)
-CheckOpt = Annotated[bool, Option("--check", help="Exit 1 unless every init passes the --gate verdict (default: the signal is preserved).")]
+CheckOpt = Annotated[
+    bool,
+    Option(
+        "--check",
+        help="Exit 1 unless every init passes the --gate verdict (default: the signal is preserved).",
+    ),
+]
 GateOpt = Annotated[
     Gate,
-    Option(help="What --check asks: preserved (the typical end-to-end ratio lies in --band: the signal survives) "
-                      "or theory (it agrees with the init's own finite-width prediction)."),
+    Option(
+        help="What --check asks: preserved (the typical end-to-end ratio lies in --band: the signal survives) "
+        "or theory (it agrees with the init's own finite-width prediction)."
+    ),
 ]
 BAND_HELP = "LO:HI factors around the reference for the 'preserved' verdict; must contain 1."
 CorrelationOpt = Annotated[
     Optional[list[str]],
-    Option("--correlation", help="Also measure how the cosine of two inputs propagates, from input pairs of cosine C0 in [-1, 1], "
-                                       "beside the infinite-width prediction (repeatable or comma-separated; docs/theory.md section 10)."),
+    Option(
+        "--correlation",
+        help="Also measure how the cosine of two inputs propagates, from input pairs of cosine C0 in [-1, 1], "
+        "beside the infinite-width prediction (repeatable or comma-separated; docs/theory.md section 10).",
+    ),
 ]
 PairsOpt = Annotated[int, Option(min=1, help="Input pairs per --correlation cosine.")]
 MaxCorrelationOpt = Annotated[
     Optional[float],
-    Option(help="Also fail --check when the last state's mean cosine of input pairs with cosine 0 exceeds X "
-                      "(inputs mapped to one direction; measures C0 = 0; docs/ci.md)."),
+    Option(
+        help="Also fail --check when the last state's mean cosine of input pairs with cosine 0 exceeds X "
+        "(inputs mapped to one direction; measures C0 = 0; docs/ci.md)."
+    ),
 ]
 ThreadsOpt = Annotated[
     Optional[int],
-    Option(min=1, help="CPU threads torch may use (recorded in the result). [default: half the cores this process may run on; OMP_NUM_THREADS where set]"),
+    Option(
+        min=1,
+        help="CPU threads torch may use (recorded in the result). [default: half the cores this process may run on; OMP_NUM_THREADS where set]",
+    ),
 ]
 
 
@@ -151,21 +182,45 @@ class ProbeOptions(RunOptions):
     max_correlation: Optional[float]
 
     def probe_spec(self) -> specs.ProbeSpec:
-        return specs.ProbeSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype.value,
-                               stream=self.stream, precision=self.precision.value, graphs=self.graphs,
-                               correlations=specs.parse_cosines(self.correlation or []), pairs=self.pairs, threads=self.threads)
+        return specs.ProbeSpec(
+            samples=self.samples,
+            seed=self.seed,
+            seeds=self.seeds,
+            device=self.device,
+            dtype=self.dtype.value,
+            stream=self.stream,
+            precision=self.precision.value,
+            graphs=self.graphs,
+            correlations=specs.parse_cosines(self.correlation or []),
+            pairs=self.pairs,
+            threads=self.threads,
+        )
 
     def gate_spec(self) -> specs.GateSpec:
-        return specs.GateSpec(self.gate.value, None if self.band is None else specs.parse_band(self.band), self.max_correlation)
+        return specs.GateSpec(
+            self.gate.value, None if self.band is None else specs.parse_band(self.band), self.max_correlation
+        )
 
 
 #: (name, option, default) of ``ProbeOptions``, in the order ``--help`` lists them
 PROBE_OPTIONS = (
-    ("samples", SamplesOpt, 1000), ("seed", SeedOpt, 0), ("seeds", SeedsOpt, 1), ("device", DeviceOpt, "auto"),
-    ("dtype", DTypeOpt, DType.float32), ("fmt", FormatOpt, Format.table), ("output", OutputOpt, None),
-    ("check", CheckOpt, False), ("gate", GateOpt, Gate.preserved), ("band", None, None), ("stream", StreamOpt, None),
-    ("precision", PrecisionOpt, Precision.fp32), ("graphs", GraphsOpt, None), ("threads", ThreadsOpt, None),
-    ("plot", PlotOpt, None), ("correlation", CorrelationOpt, None), ("pairs", PairsOpt, 256),
+    ("samples", SamplesOpt, 1000),
+    ("seed", SeedOpt, 0),
+    ("seeds", SeedsOpt, 1),
+    ("device", DeviceOpt, "auto"),
+    ("dtype", DTypeOpt, DType.float32),
+    ("fmt", FormatOpt, Format.table),
+    ("output", OutputOpt, None),
+    ("check", CheckOpt, False),
+    ("gate", GateOpt, Gate.preserved),
+    ("band", None, None),
+    ("stream", StreamOpt, None),
+    ("precision", PrecisionOpt, Precision.fp32),
+    ("graphs", GraphsOpt, None),
+    ("threads", ThreadsOpt, None),
+    ("plot", PlotOpt, None),
+    ("correlation", CorrelationOpt, None),
+    ("pairs", PairsOpt, 256),
     ("max_correlation", MaxCorrelationOpt, None),
 )
 
@@ -185,34 +240,123 @@ class HessianOptions(RunOptions):
     plot: Optional[Path]
 
     def hessian_spec(self) -> specs.HessianSpec:
-        return specs.HessianSpec(samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype.value,
-                                 iters=self.iters, tol=self.tol, top=self.top, trace=self.trace,
-                                 data=None if self.data is None else str(self.data), head=self.head.value,
-                                 batch_size=self.batch_size, threads=self.threads)
+        return specs.HessianSpec(
+            samples=self.samples,
+            seed=self.seed,
+            seeds=self.seeds,
+            device=self.device,
+            dtype=self.dtype.value,
+            iters=self.iters,
+            tol=self.tol,
+            top=self.top,
+            trace=self.trace,
+            data=None if self.data is None else str(self.data),
+            head=self.head.value,
+            batch_size=self.batch_size,
+            threads=self.threads,
+        )
 
 
 HESSIAN_OPTIONS = (
-    ("samples", Annotated[Optional[int], Option(min=1, help="Data points N: synthetic x ~ N(0, I) with labels uniform over 10 classes, "
-                                                                 "or with --data the first N of the file. [default: 512 synthetic; all of --data]")],
-     None),
-    ("seed", SeedOpt, 0), ("seeds", Annotated[int, Option(min=1, help="Weight draws; the table gives mean ± sd over them.")], 3),
-    ("device", DeviceOpt, "auto"), ("dtype", DTypeOpt, DType.float32),
-    ("fmt", Annotated[TableFormat, Option("--format", help="Output format.")], TableFormat.table), ("output", OutputOpt, None),
-    ("iters", Annotated[int, Option(min=1, help="Hessian-vector products at most for the largest-magnitude eigenvalue "
-                                                      "(restarted Lanczos).")], 100),
-    ("tol", Annotated[float, Option(help="Converged when the relative residual ||Hy - λy||/|λ| is at most this "
-                                               "(an eigenvalue then lies within tol |λ| of λ).")], 1e-3),
-    ("top", Annotated[int, Option(min=0, help="Also the K largest-magnitude eigenvalues by Lanczos (0: no).")], 0),
-    ("trace", Annotated[int, Option(min=0, help="Also the trace by Hutchinson's estimator with M Rademacher probes (0: no).")], 0),
-    ("data", Annotated[Optional[Path], Option(help="Your data instead of synthetic: a .pt or .npz with x [N, ...] and integer labels y [N] in 0..9.")], None),
-    ("head", Annotated[Head, Option(help="The 10-way head: pytorch (the paper's nets: plain nn.Linear at PyTorch's default init, "
-                                                "the same for every init) or init (drawn by the init under test, gain 1; docs/theory.md section 12).")],
-     Head.pytorch),
-    ("batch_size", Annotated[Optional[int], Option(min=1, help="Accumulate each Hessian-vector product over minibatches of B samples "
-                                                                    "(memory of one minibatch; a data-dependent init calibrated on the first, "
-                                                                    "as the paper's code does). [default: all samples at once]")], None),
+    (
+        "samples",
+        Annotated[
+            Optional[int],
+            Option(
+                min=1,
+                help="Data points N: synthetic x ~ N(0, I) with labels uniform over 10 classes, "
+                "or with --data the first N of the file. [default: 512 synthetic; all of --data]",
+            ),
+        ],
+        None,
+    ),
+    ("seed", SeedOpt, 0),
+    ("seeds", Annotated[int, Option(min=1, help="Weight draws; the table gives mean ± sd over them.")], 3),
+    ("device", DeviceOpt, "auto"),
+    ("dtype", DTypeOpt, DType.float32),
+    ("fmt", Annotated[TableFormat, Option("--format", help="Output format.")], TableFormat.table),
+    ("output", OutputOpt, None),
+    (
+        "iters",
+        Annotated[
+            int,
+            Option(
+                min=1,
+                help="Hessian-vector products at most for the largest-magnitude eigenvalue "
+                "(restarted Lanczos).",
+            ),
+        ],
+        100,
+    ),
+    (
+        "tol",
+        Annotated[
+            float,
+            Option(
+                help="Converged when the relative residual ||Hy - λy||/|λ| is at most this "
+                "(an eigenvalue then lies within tol |λ| of λ)."
+            ),
+        ],
+        1e-3,
+    ),
+    (
+        "top",
+        Annotated[int, Option(min=0, help="Also the K largest-magnitude eigenvalues by Lanczos (0: no).")],
+        0,
+    ),
+    (
+        "trace",
+        Annotated[
+            int,
+            Option(min=0, help="Also the trace by Hutchinson's estimator with M Rademacher probes (0: no)."),
+        ],
+        0,
+    ),
+    (
+        "data",
+        Annotated[
+            Optional[Path],
+            Option(
+                help="Your data instead of synthetic: a .pt or .npz with x [N, ...] and integer labels y [N] in 0..9."
+            ),
+        ],
+        None,
+    ),
+    (
+        "head",
+        Annotated[
+            Head,
+            Option(
+                help="The 10-way head: pytorch (the paper's nets: plain nn.Linear at PyTorch's default init, "
+                "the same for every init) or init (drawn by the init under test, gain 1; docs/theory.md section 12)."
+            ),
+        ],
+        Head.pytorch,
+    ),
+    (
+        "batch_size",
+        Annotated[
+            Optional[int],
+            Option(
+                min=1,
+                help="Accumulate each Hessian-vector product over minibatches of B samples "
+                "(memory of one minibatch; a data-dependent init calibrated on the first, "
+                "as the paper's code does). [default: all samples at once]",
+            ),
+        ],
+        None,
+    ),
     ("threads", ThreadsOpt, None),
-    ("plot", Annotated[Optional[Path], Option(help="Also draw the curvature per init (bar: mean ± sd, points: draws) to this .png/.svg/.pdf.")], None),
+    (
+        "plot",
+        Annotated[
+            Optional[Path],
+            Option(
+                help="Also draw the curvature per init (bar: mean ± sd, points: draws) to this .png/.svg/.pdf."
+            ),
+        ],
+        None,
+    ),
 )
 
 
@@ -242,7 +386,9 @@ def kind_parameters(kind: kinds.Kind) -> list[inspect.Parameter]:
     out = []
     for o in kind.options:
         annotation, default = _annotated(o, kind.name)
-        out.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
+        out.append(
+            inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+        )
     init = Annotated[Optional[list[init_choices(kind)]], Option("--init", help=kind.init_help)]
     out.append(inspect.Parameter("init", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=init))
     return out
@@ -264,8 +410,10 @@ def probe_table(kind: kinds.Kind):
     """``PROBE_OPTIONS`` for a kind's command: its ``--band`` help states the kind's default band,
     and its defaults (``Kind.probe_defaults``) replace the shared ones."""
     band = Annotated[Optional[str], Option(help=f"{BAND_HELP} [default: {kind.band_help}]")]
-    return tuple((name, band if name == "band" else opt, kind.probe_defaults.get(name, default))
-                 for name, opt, default in PROBE_OPTIONS)
+    return tuple(
+        (name, band if name == "band" else opt, kind.probe_defaults.get(name, default))
+        for name, opt, default in PROBE_OPTIONS
+    )
 
 
 def command(kind: kinds.Kind, table, cls, body):
@@ -273,8 +421,10 @@ def command(kind: kinds.Kind, table, cls, body):
     (typer reads ``__signature__``); called as ``body(kind, spec, opts)`` with the spec the kind
     makes of its values and the shared options gathered into ``opts: cls``."""
     own = kind_parameters(kind)
-    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=option)
-              for name, option, default in table]
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=option)
+        for name, option, default in table
+    ]
 
     def run_command(**kw):
         opts = cls(**{name: kw.pop(name) for name, _, _ in table})
@@ -282,6 +432,8 @@ def command(kind: kinds.Kind, table, cls, body):
         return body(kind, kind.make(values, names), opts)
 
     run_command.__signature__ = inspect.Signature(own + shared)
-    run_command.__annotations__ = {p.name: p.annotation for p in run_command.__signature__.parameters.values()}
+    run_command.__annotations__ = {
+        p.name: p.annotation for p in run_command.__signature__.parameters.values()
+    }
     run_command.__name__ = kind.name
     return run_command

@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Optional
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from sigprop import files, report
 from sigprop.cli.options import Format
@@ -44,6 +51,7 @@ def write_output(text: str, output: Optional[Path]) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
+
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -72,22 +80,28 @@ def render_rich(draw, output: Optional[Path]) -> None:
     write_output(console.export_text(), output)
 
 
-
-
 def _progress_callback(total_label: str):
     """A rich progress bar on stderr when stderr is a terminal; otherwise nothing.  It names the
     init and the pass running now, and shows elapsed time and the estimate only once a tenth of
     the steps are done (the first layers include one-time setup: an early estimate misleads)."""
     if not sys.stderr.isatty():
         return None, None
+
     class _Remaining(TimeRemainingColumn):
         def render(self, task):
             if task.total and task.completed < 0.1 * task.total:
                 return TextColumn("estimating").render(task)
             return super().render(task)
 
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    _Remaining(), console=_stderr(), transient=True)
+    prog = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        _Remaining(),
+        console=_stderr(),
+        transient=True,
+    )
     task = prog.add_task(total_label, total=None)
 
     def update(done: int, total: int, label: str = "") -> None:

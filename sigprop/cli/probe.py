@@ -9,16 +9,27 @@ from rich.markup import escape
 
 from sigprop import kinds, report
 from sigprop.cli.options import HESSIAN_OPTIONS, HessianOptions, ProbeOptions, command, probe_table
-from sigprop.cli.output import _check_output_target, _progress_callback, _say, render, render_rich, write_output
+from sigprop.cli.output import (
+    _check_output_target,
+    _progress_callback,
+    _say,
+    render,
+    render_rich,
+    write_output,
+)
 
-HESSIAN_HELP = ("The curvature at init: the largest-magnitude eigenvalue of the loss Hessian (restarted Lanczos), and on request "
-                "its top-k (Lanczos) and trace (Hutchinson), per init (Arpit et al. 2019, section 5.3, Table 2).")
+HESSIAN_HELP = (
+    "The curvature at init: the largest-magnitude eigenvalue of the loss Hessian (restarted Lanczos), and on request "
+    "its top-k (Lanczos) and trace (Hutchinson), per init (Arpit et al. 2019, section 5.3, Table 2)."
+)
 
 
 def _banner(kind: kinds.Kind, spec, seed: int, seeds: int):
     """The line a run starts with, from the environment record: device, dtype, the net, the draws."""
-    return lambda env: (f"sigprop {kind.name}: device {env['device']} ({env['device_name']}), {env['dtype']}, {kind.banner(spec)} "
-                        f"(seed {seed}), {env['samples']} samples x {seeds} draw(s)")
+    return lambda env: (
+        f"sigprop {kind.name}: device {env['device']} ({env['device_name']}), {env['dtype']}, {kind.banner(spec)} "
+        f"(seed {seed}), {env['samples']} samples x {seeds} draw(s)"
+    )
 
 
 def _plot_target(path):
@@ -44,8 +55,13 @@ def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
     if prog is not None:
         prog.start()
     try:
-        result = api.probe(spec, probe, progress=update, on_start=lambda env: _say(banner({"samples": probe.samples, **env})),
-                           gate=gate)
+        result = api.probe(
+            spec,
+            probe,
+            progress=update,
+            on_start=lambda env: _say(banner({"samples": probe.samples, **env})),
+            gate=gate,
+        )
     finally:
         if prog is not None:
             prog.stop()
@@ -57,7 +73,9 @@ def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
         for run in result.runs:
             for c in run.gate_checks():
                 if not c.passed:
-                    _say(f"sigprop: check failed ({report.verdict_words(c.verdict)}): {run.init}: {report.gate_text(c)}")
+                    _say(
+                        f"sigprop: check failed ({report.verdict_words(c.verdict)}): {run.init}: {report.gate_text(c)}"
+                    )
         raise typer.Exit(1)
 
 
@@ -74,7 +92,9 @@ def run_hessian(kind: kinds.Kind, spec, opts: HessianOptions) -> None:
     if prog is not None:
         prog.start()
     try:
-        result = api.hessian(spec, hs, progress=update, on_start=lambda env: _say(report.hessian_banner(banner(env), env, hs)))
+        result = api.hessian(
+            spec, hs, progress=update, on_start=lambda env: _say(report.hessian_banner(banner(env), env, hs))
+        )
     finally:
         if prog is not None:
             prog.stop()
@@ -90,10 +110,16 @@ def run_hessian(kind: kinds.Kind, spec, opts: HessianOptions) -> None:
 def register(app: typer.Typer) -> None:
     """One probe command per registered kind, and ``sigprop hessian`` with one command per kind."""
     for kind in kinds.KINDS.values():
-        app.command(kind.name, help=escape(kind.summary))(command(kind, probe_table(kind), ProbeOptions, run_probe))
+        app.command(kind.name, help=escape(kind.summary))(
+            command(kind, probe_table(kind), ProbeOptions, run_probe)
+        )
     hessian_app = typer.Typer(help=HESSIAN_HELP, no_args_is_help=True)
     app.add_typer(hessian_app, name="hessian")
     for kind in kinds.KINDS.values():
-        hessian_app.command(kind.name, help=escape(f"Curvature at init of the net of `sigprop {kind.name}` (same net options), with a "
-                                            "10-way linear head and cross-entropy; per init, mean ± sd over --seeds draws."))(
-            command(kind, HESSIAN_OPTIONS, HessianOptions, run_hessian))
+        hessian_app.command(
+            kind.name,
+            help=escape(
+                f"Curvature at init of the net of `sigprop {kind.name}` (same net options), with a "
+                "10-way linear head and cross-entropy; per init, mean ± sd over --seeds draws."
+            ),
+        )(command(kind, HESSIAN_OPTIONS, HessianOptions, run_hessian))

@@ -20,14 +20,26 @@ from sigprop import checks as checks_mod
 from sigprop import citations, inits, kinds, report, specs
 from sigprop import sweep as sweep_mod
 from sigprop import theory as theory_mod
-from sigprop.cli.options import Argument, CheckFormat, CorrelationOpt, DType, Format, Option, PairsOpt, TableFormat
+from sigprop.cli.options import (
+    Argument,
+    CheckFormat,
+    CorrelationOpt,
+    DType,
+    Format,
+    Option,
+    PairsOpt,
+    TableFormat,
+)
+from sigprop.cli.output import _check_output_target, _say, _stderr, render, render_rich, write_output
 from sigprop.errors import SigpropError
 from sigprop.results import rerun_differences
-from sigprop.cli.output import _check_output_target, _say, _stderr, render, render_rich, write_output
 
 
 def cite(
-    init: Annotated[Optional[list[str]], Option(help="Only the papers behind this init (repeatable). [default: every init]")] = None,
+    init: Annotated[
+        Optional[list[str]],
+        Option(help="Only the papers behind this init (repeatable). [default: every init]"),
+    ] = None,
 ) -> None:
     """Print BibTeX of the papers behind sigprop and its init schemes."""
     for name in init or ():
@@ -45,63 +57,144 @@ def env() -> None:
     write_output("\n".join(f"{k:{width}s} {v}" if k else v for k, v in rows) + "\n", None)
 
 
-
-
 def _sweep_parameters() -> list[inspect.Parameter]:
     """``sigprop sweep``'s options: the kind (an argument), the size axis of every kind
     (``Kind.sweep_size``: --depth, --blocks), the widths, the inits and the probe's options."""
     arch = enum.Enum("sweep_kind", {n: n for n in kinds.names()}, type=str)
-    P = lambda name, annotation, default: inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                                            annotation=annotation)
-    out = [inspect.Parameter("arch", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                             annotation=Annotated[arch, Argument(help=f"The net kind: {', '.join(kinds.names())}.")]),
-           P("out", Annotated[Path, Option(help="JSON-lines file: one line per configuration, appended; existing ones are "
-                                                "skipped.")], inspect.Parameter.empty)]
+    P = lambda name, annotation, default: inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
+    out = [
+        inspect.Parameter(
+            "arch",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            annotation=Annotated[arch, Argument(help=f"The net kind: {', '.join(kinds.names())}.")],
+        ),
+        P(
+            "out",
+            Annotated[
+                Path,
+                Option(
+                    help="JSON-lines file: one line per configuration, appended; existing ones are skipped."
+                ),
+            ],
+            inspect.Parameter.empty,
+        ),
+    ]
     for size in dict.fromkeys(k.sweep_size for k in kinds.KINDS.values()):
         which = [k for k in kinds.KINDS.values() if k.sweep_size == size]
         defaults = "; ".join(f"{k.name} {k.sweep_sizes}" for k in which)
-        out.append(P(size, Annotated[Optional[list[str]], Option(
-            help=f"The {size} of {', '.join(k.name for k in which)}, comma-separated or repeated. [default: {defaults}]")], None))
+        out.append(
+            P(
+                size,
+                Annotated[
+                    Optional[list[str]],
+                    Option(
+                        help=f"The {size} of {', '.join(k.name for k in which)}, comma-separated or repeated. [default: {defaults}]"
+                    ),
+                ],
+                None,
+            )
+        )
     widths = "; ".join(f"{k.name}: {k.sweep_width_help}" for k in kinds.KINDS.values())
     defaults = "; ".join(f"{k.name} {k.sweep_widths}" for k in kinds.KINDS.values())
     with_input = [k.name for k in kinds.KINDS.values() if k.sweep_input_dim]
     out += [
-        P("width", Annotated[Optional[list[str]], Option(help=f"Widths, comma-separated or repeated ({widths}). "
-                                                              f"[default: {defaults}]")], None),
-        P("init", Annotated[Optional[list[str]], Option(help="Inits, comma-separated or repeated. [default: proposed,he]")],
-          None),
-        P("input_dim", Annotated[Optional[int], Option("--input-dim", min=1, help=f"The input dimension n_0 of "
-                                                       f"{', '.join(with_input) or 'no kind'}. [default: the swept width]")], None),
-        P("samples", Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")], specs.ProbeSpec.samples),
+        P(
+            "width",
+            Annotated[
+                Optional[list[str]],
+                Option(help=f"Widths, comma-separated or repeated ({widths}). [default: {defaults}]"),
+            ],
+            None,
+        ),
+        P(
+            "init",
+            Annotated[
+                Optional[list[str]], Option(help="Inits, comma-separated or repeated. [default: proposed,he]")
+            ],
+            None,
+        ),
+        P(
+            "input_dim",
+            Annotated[
+                Optional[int],
+                Option(
+                    "--input-dim",
+                    min=1,
+                    help=f"The input dimension n_0 of "
+                    f"{', '.join(with_input) or 'no kind'}. [default: the swept width]",
+                ),
+            ],
+            None,
+        ),
+        P(
+            "samples",
+            Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")],
+            specs.ProbeSpec.samples,
+        ),
         P("seed", Annotated[int, Option(min=0, help="Base seed.")], 0),
         P("seeds", Annotated[int, Option(min=1, help="Independent weight draws S per configuration.")], 1),
         P("device", Annotated[str, Option(help="auto, cpu, cuda or cuda:K.")], "auto"),
         P("dtype", Annotated[DType, Option(help="Floating-point type of the probe.")], DType.float32),
         P("correlation", CorrelationOpt, None),
         P("pairs", PairsOpt, 256),
-        P("curvature", Annotated[bool, Option("--curvature", help="Measure the curvature at init (sigprop hessian: log10 "
-                                                                     "spectral norm of the loss Hessian per point, --seeds "
-                                                                     "draws) instead of probing.")], False),
+        P(
+            "curvature",
+            Annotated[
+                bool,
+                Option(
+                    "--curvature",
+                    help="Measure the curvature at init (sigprop hessian: log10 "
+                    "spectral norm of the loss Hessian per point, --seeds "
+                    "draws) instead of probing.",
+                ),
+            ],
+            False,
+        ),
     ]
     return out
 
 
-def sweep(arch, out: Path, width=None, init=None, input_dim=None, samples=1000, seed=0, seeds=1, device="auto",
-          dtype=DType.float32, correlation=None, pairs=256, curvature=False, **sizes) -> None:
+def sweep(
+    arch,
+    out: Path,
+    width=None,
+    init=None,
+    input_dim=None,
+    samples=1000,
+    seed=0,
+    seeds=1,
+    device="auto",
+    dtype=DType.float32,
+    correlation=None,
+    pairs=256,
+    curvature=False,
+    **sizes,
+) -> None:
     """Run a grid of probes (size x width x init; the size is depth or blocks, as the kind grows), one JSON line per configuration; resumes."""
     kind = kinds.get(arch.value)
     for axis, given in sizes.items():
         if given is not None and axis != kind.sweep_size:
             raise SigpropError(f"does not apply to sweep {kind.name}; use --{kind.sweep_size}", field=axis)
     if not kind.sweep_input_dim and input_dim is not None:
-        raise SigpropError(f"does not apply to sweep {kind.name} (its input is not set apart from the swept width)",
-                           field="input_dim")
+        raise SigpropError(
+            f"does not apply to sweep {kind.name} (its input is not set apart from the swept width)",
+            field="input_dim",
+        )
     joined = lambda values, default: ",".join(values) if values else default
     size_values = sweep_mod.parse_ints(joined(sizes.get(kind.sweep_size), kind.sweep_sizes), kind.sweep_size)
     widths = sweep_mod.parse_ints(joined(width, kind.sweep_widths), "width")
     names = sweep_mod.parse_inits(joined(init, "proposed,he"), kind)
-    probe = specs.ProbeSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value,
-                            correlations=specs.parse_cosines(correlation or []), pairs=pairs)
+    probe = specs.ProbeSpec(
+        samples=samples,
+        seed=seed,
+        seeds=seeds,
+        device=device,
+        dtype=dtype.value,
+        correlations=specs.parse_cosines(correlation or []),
+        pairs=pairs,
+    )
     hs = None
     if curvature:
         if probe.correlations:
@@ -113,14 +206,22 @@ def sweep(arch, out: Path, width=None, init=None, input_dim=None, samples=1000, 
         raise SigpropError(f"{out} is not a regular file", field="out")
     done = sweep_mod.done_keys(out)
     todo = [p for p in points if p.key not in done]
-    _say(f"sigprop sweep: {len(points)} configuration(s), {len(points) - len(todo)} already in {out}, {len(todo)} to run")
+    _say(
+        f"sigprop sweep: {len(points)} configuration(s), {len(points) - len(todo)} already in {out}, {len(todo)} to run"
+    )
 
     from sigprop import api  # the lazy torch import at the CLI's edge
 
     prog = None
     if sys.stderr.isatty() and todo:
-        prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=_stderr(), transient=True)
+        prog = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=_stderr(),
+            transient=True,
+        )
         task = prog.add_task("sweep", total=len(todo))
         prog.start()
     try:
@@ -133,7 +234,9 @@ def sweep(arch, out: Path, width=None, init=None, input_dim=None, samples=1000, 
             sweep_mod.append(out, row)
             if hs is None:
                 fwd = row["end_to_end"]["forward"]["log10_mean"]
-                cos = "".join(f", cosine {c['c0']:g} -> {c['end_mean']:.3f}" for c in row.get("correlation", []))
+                cos = "".join(
+                    f", cosine {c['c0']:g} -> {c['end_mean']:.3f}" for c in row.get("correlation", [])
+                )
                 what = f"forward {report.fmt_log10(fwd)}{cos}"
             else:
                 m = row["curvature"]["log10_spectral_norm_mean"]
@@ -153,22 +256,35 @@ def plot_cmd(
     results: Annotated[Path, Argument(help="A sweep's JSON-lines file.", metavar="RESULTS")],
     out: Annotated[Path, Option(help="The figure: .png, .svg or .pdf.")],
     x: Annotated[str, Option(help="x axis: the sweep's size (depth or blocks) or width.")] = "depth",
-    direction: Annotated[str, Option(help="forward or backward end-to-end ratio, or correlation: the last state's mean cosine "
-                                                "of input pairs (a sweep run with --correlation), or curvature: the log10 spectral "
-                                                "norm of the loss Hessian (a sweep run with --curvature).")] = "forward",
+    direction: Annotated[
+        str,
+        Option(
+            help="forward or backward end-to-end ratio, or correlation: the last state's mean cosine "
+            "of input pairs (a sweep run with --correlation), or curvature: the log10 spectral "
+            "norm of the loss Hessian (a sweep run with --curvature)."
+        ),
+    ] = "forward",
 ) -> None:
     """Draw a sweep: end-to-end ratio (or cosine) against depth (or width), one line per init (needs the plot extra: pip install sigprop[plot])."""
     from sigprop import plot as plot_mod  # optional extra (matplotlib)
 
     if direction not in ("forward", "backward", "correlation", "curvature"):
-        raise SigpropError(f"expected forward, backward, correlation or curvature, got {direction!r}", field="direction")
+        raise SigpropError(
+            f"expected forward, backward, correlation or curvature, got {direction!r}", field="direction"
+        )
     plot_mod.check_target(out, "out")
     rows = sweep_mod.read_rows(results)
     if direction == "correlation" and not any(r.get("correlation") for r in rows):
-        raise SigpropError("these rows measured no cosine; run the sweep with --correlation C0", field="direction")
+        raise SigpropError(
+            "these rows measured no cosine; run the sweep with --correlation C0", field="direction"
+        )
     if (direction == "curvature") != all("curvature" in r for r in rows):
-        raise SigpropError("a --curvature sweep plots with --direction curvature, and only it" if direction != "curvature" else
-                           "these rows measured no curvature; run the sweep with --curvature", field="direction")
+        raise SigpropError(
+            "a --curvature sweep plots with --direction curvature, and only it"
+            if direction != "curvature"
+            else "these rows measured no curvature; run the sweep with --curvature",
+            field="direction",
+        )
     axes = [*dict.fromkeys(k.sweep_size for k in kinds.KINDS.values()), "width"]
     if x not in axes or not sweep_mod.axis_values(rows, x):
         keys = [k for k in axes if sweep_mod.axis_values(rows, k)]
@@ -180,7 +296,9 @@ def plot_cmd(
 def rerun(
     result: Annotated[Path, Argument(help="A result of a probe command's --format json.", metavar="RESULT")],
     fmt: Annotated[Format, Option("--format", help="Output format of the new run.")] = Format.table,
-    output: Annotated[Optional[Path], Option(help="Write the new run's output to this file (whole, never half).")] = None,
+    output: Annotated[
+        Optional[Path], Option(help="Write the new run's output to this file (whole, never half).")
+    ] = None,
 ) -> None:
     """Run a recorded result again (its config, seed, device, threads) and compare: exit 0 identical, 1 different."""
     _check_output_target(output)
@@ -193,29 +311,42 @@ def rerun(
 
     from sigprop import api  # the lazy torch import at the CLI's edge
 
-    new = api.rerun(doc, on_start=lambda env: _say(
-        f"sigprop rerun: {doc.get('command')} from {result} on {env['device']} ({report.count(env['threads'], 'thread')})"))
+    new = api.rerun(
+        doc,
+        on_start=lambda env: _say(
+            f"sigprop rerun: {doc.get('command')} from {result} on {env['device']} ({report.count(env['threads'], 'thread')})"
+        ),
+    )
     render(new, fmt, output)
     count, diffs, moved = rerun_differences(doc, new)
     if moved:
         _say("sigprop rerun: note: " + ", ".join(f"{k} was {a!r}, now {b!r}" for k, a, b in moved))
     if diffs:
         where, a, b = diffs[0]
-        _say(f"sigprop rerun: DIFFERENT: {len(diffs)} of {count} numbers differ; first at runs{where[where.find('['):] if where.startswith('[') else '.' + where}: {a!r} -> {b!r}")
+        _say(
+            f"sigprop rerun: DIFFERENT: {len(diffs)} of {count} numbers differ; first at runs{where[where.find('[') :] if where.startswith('[') else '.' + where}: {a!r} -> {b!r}"
+        )
         raise typer.Exit(1)
     _say(f"sigprop rerun: reproduced: all {count} numbers identical")
-
-
 
 
 def check(
     file: Annotated[
         Optional[Path],
-        Argument(help="TOML file of [checks.NAME] (or [tool.sigprop.checks.NAME]) tables. [default: ./pyproject.toml, else ./sigprop.toml]"),
+        Argument(
+            help="TOML file of [checks.NAME] (or [tool.sigprop.checks.NAME]) tables. [default: ./pyproject.toml, else ./sigprop.toml]"
+        ),
     ] = None,
-    fmt: Annotated[CheckFormat, Option("--format", help="text: one line per check and init, then a summary; json: one document.")] = CheckFormat.text,
-    output: Annotated[Optional[Path], Option(help="Write the report to this file (whole, never half).")] = None,
-    junit: Annotated[Optional[Path], Option(help="Also write a JUnit XML report here (for CI test panels).")] = None,
+    fmt: Annotated[
+        CheckFormat,
+        Option("--format", help="text: one line per check and init, then a summary; json: one document."),
+    ] = CheckFormat.text,
+    output: Annotated[
+        Optional[Path], Option(help="Write the report to this file (whole, never half).")
+    ] = None,
+    junit: Annotated[
+        Optional[Path], Option(help="Also write a JUnit XML report here (for CI test panels).")
+    ] = None,
 ) -> None:
     """Run named probe configurations with expectations from TOML: exit 0 all met, 1 one not met, 2 bad config."""
     _check_output_target(output)
@@ -260,8 +391,14 @@ def check(
 
 
 def theory(
-    n: Annotated[Optional[list[int]], Option("--n", min=2, help="n for K_n (repeatable). Default: 2, 3, 10, 100, 1000, 10^6, 10^7.")] = None,
-    blocks: Annotated[Optional[list[int]], Option("--blocks", min=1, help="Residual blocks B (repeatable). Default: 1, 2, 10, 40, 100, 1000.")] = None,
+    n: Annotated[
+        Optional[list[int]],
+        Option("--n", min=2, help="n for K_n (repeatable). Default: 2, 3, 10, 100, 1000, 10^6, 10^7."),
+    ] = None,
+    blocks: Annotated[
+        Optional[list[int]],
+        Option("--blocks", min=1, help="Residual blocks B (repeatable). Default: 1, 2, 10, 40, 100, 1000."),
+    ] = None,
     fmt: Annotated[TableFormat, Option("--format", help="Output format.")] = TableFormat.table,
     output: Annotated[Optional[Path], Option(help="Write the output to this file.")] = None,
 ) -> None:
@@ -283,6 +420,16 @@ def register(app: typer.Typer) -> None:
     """The commands besides the probes, in the order ``sigprop -h`` lists them."""
     sweep.__signature__ = inspect.Signature(_sweep_parameters())
     sweep.__annotations__ = {p.name: p.annotation for p in sweep.__signature__.parameters.values()}
-    for name, fn in (("sweep", sweep), ("plot", plot_cmd), ("rerun", rerun), ("check", check), ("theory", theory),
-                     ("inits", list_inits), ("cite", cite), ("env", env)):
-        app.command(name, help=escape(inspect.getdoc(fn)))(fn)  # a bracket in the help is shown, not read as markup
+    for name, fn in (
+        ("sweep", sweep),
+        ("plot", plot_cmd),
+        ("rerun", rerun),
+        ("check", check),
+        ("theory", theory),
+        ("inits", list_inits),
+        ("cite", cite),
+        ("env", env),
+    ):
+        app.command(name, help=escape(inspect.getdoc(fn)))(
+            fn
+        )  # a bracket in the help is shown, not read as markup

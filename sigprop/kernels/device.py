@@ -22,7 +22,9 @@ def resolve_device(name: str) -> torch.device:
             raise SigpropError(f"{name} requested but CUDA is not available on this machine", field="device")
         idx = int(name.split(":")[1]) if ":" in name else 0
         if idx >= torch.cuda.device_count():
-            raise SigpropError(f"{name} requested but only {torch.cuda.device_count()} CUDA device(s) exist", field="device")
+            raise SigpropError(
+                f"{name} requested but only {torch.cuda.device_count()} CUDA device(s) exist", field="device"
+            )
         return torch.device(f"cuda:{idx}")
     return torch.device(name)
 
@@ -56,8 +58,11 @@ def check_memory(need: int, device: torch.device, fields: str, hint: str = "") -
         gib = 2**30
         names = [n.replace("_", " ") for n in fields.split("/")]  # block_depth -> block depth
         what = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-        raise SigpropError(f"this run needs about {need / gib:.1f} GiB on {device} but {have / gib:.1f} GiB is free; "
-                           f"reduce {what}{hint}", field=fields)
+        raise SigpropError(
+            f"this run needs about {need / gib:.1f} GiB on {device} but {have / gib:.1f} GiB is free; "
+            f"reduce {what}{hint}",
+            field=fields,
+        )
 
 
 def fits(need: int, device: torch.device) -> bool:

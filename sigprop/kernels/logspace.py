@@ -96,7 +96,7 @@ class Arena:
     def alloc(self, *shape: int) -> torch.Tensor:
         """An uninitialised view of the given shape."""
         k = math.prod(shape)
-        view = self.buf[self.used:self.used + k].view(shape)
+        view = self.buf[self.used : self.used + k].view(shape)
         self.used += k
         return view
 
@@ -187,8 +187,11 @@ def bn_record(X, mu, var) -> torch.Tensor:
     """Per draw: variance of x over channels and examples, mean per-channel batch variance, mean
     squared per-channel batch mean -> [S, 3]."""
     X64 = X.to(torch.float64)
-    return torch.stack([
-        X64.reshape(X.shape[0], -1).var(dim=1, unbiased=False),
-        var.to(torch.float64).mean(dim=(-2, -1)),
-        (mu.to(torch.float64) ** 2).mean(dim=(-2, -1)),
-    ], dim=1)
+    return torch.stack(
+        [
+            X64.reshape(X.shape[0], -1).var(dim=1, unbiased=False),
+            var.to(torch.float64).mean(dim=(-2, -1)),
+            (mu.to(torch.float64) ** 2).mean(dim=(-2, -1)),
+        ],
+        dim=1,
+    )

@@ -105,7 +105,9 @@ class ConvOp(DenseOp):
         C, H, W = st.shape_in
         co = self.role.fan_out
         x = X.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
-        t = F.conv2d(x, v.reshape(S * co, C, st.kernel, st.kernel), stride=st.stride, padding=st.padding, groups=S)
+        t = F.conv2d(
+            x, v.reshape(S * co, C, st.kernel, st.kernel), stride=st.stride, padding=st.padding, groups=S
+        )
         return t.reshape(N, S, co, -1).transpose(0, 1)
 
     directions = conv
@@ -116,8 +118,14 @@ class ConvOp(DenseOp):
         C, H, W = st.shape_in
         co = self.role.fan_out
         g = G.transpose(0, 1).reshape(N, S * co, *st.out_hw())
-        y = torch.nn.grad.conv2d_input((N, S * C, H, W), v.reshape(S * co, C, st.kernel, st.kernel), g, stride=st.stride,
-                                       padding=st.padding, groups=S)
+        y = torch.nn.grad.conv2d_input(
+            (N, S * C, H, W),
+            v.reshape(S * co, C, st.kernel, st.kernel),
+            g,
+            stride=st.stride,
+            padding=st.padding,
+            groups=S,
+        )
         return y.reshape(N, S, self.units_in).transpose(0, 1)
 
     def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None):
@@ -125,12 +133,19 @@ class ConvOp(DenseOp):
         t = self.conv(p.v, u)
         if calibrate is not None:  # per channel over the batch and the positions: [S, N H' W', c_out]
             vnorm = torch.linalg.vector_norm(p.v, dim=-1)
-            t_true = (col(c, t.dtype)[..., None] * t / vnorm[:, None, :, None]).transpose(-1, -2).reshape(S, -1, self.role.fan_out)
+            t_true = (
+                (col(c, t.dtype)[..., None] * t / vnorm[:, None, :, None])
+                .transpose(-1, -2)
+                .reshape(S, -1, self.role.fan_out)
+            )
             p = sampling.calibrate_batch(calibrate, p, t_true)
         a = t * p.scale[:, None, :, None]
         if p.bias is not None:  # as the dense layer: exp(m) (exp(c - m) scale t + exp(-m) b), m = max(c, 0)
             m = torch.clamp(c, min=0.0)
-            a = a * torch.exp(c - m).to(a.dtype)[..., None, None] + torch.exp(-m).to(a.dtype)[..., None, None] * p.bias[:, None, :, None]
+            a = (
+                a * torch.exp(c - m).to(a.dtype)[..., None, None]
+                + torch.exp(-m).to(a.dtype)[..., None, None] * p.bias[:, None, :, None]
+            )
         else:
             m = c
         a = a.reshape(S, N, self.units_out)
@@ -150,12 +165,19 @@ class ConvOp(DenseOp):
     def apply(self, v, g, b, h: torch.Tensor) -> torch.Tensor:
         """Rows h [N, C H W] -> [N, c_out H' W'], differentiable in v, g, b."""
         st = self.step
-        return F.conv2d(h.reshape(h.shape[0], *st.shape_in), self.kernel(weight(v, g)), b, stride=st.stride,
-                        padding=st.padding).flatten(1)
+        return F.conv2d(
+            h.reshape(h.shape[0], *st.shape_in),
+            self.kernel(weight(v, g)),
+            b,
+            stride=st.stride,
+            padding=st.padding,
+        ).flatten(1)
 
     def apply_bn(self, v, gamma, beta, h: torch.Tensor, eps: float) -> torch.Tensor:
         """The plain conv followed by training-mode batch norm with affine gamma, beta (the BN
         WRN's convs), differentiable in v, gamma, beta."""
         st = self.step
-        a = F.conv2d(h.reshape(h.shape[0], *st.shape_in), self.kernel(v), stride=st.stride, padding=st.padding)
+        a = F.conv2d(
+            h.reshape(h.shape[0], *st.shape_in), self.kernel(v), stride=st.stride, padding=st.padding
+        )
         return F.batch_norm(a, None, None, gamma, beta, training=True, eps=eps).flatten(1)

@@ -56,7 +56,9 @@ class Eager:
     def release(self) -> None:
         """Free what the runner holds (captured graphs, their memory pools, static buffers)."""
 
-    def run(self, key, body: Body, inputs: dict, reseed: Callable[[], None], direct: dict | None = None) -> dict:
+    def run(
+        self, key, body: Body, inputs: dict, reseed: Callable[[], None], direct: dict | None = None
+    ) -> dict:
         """``direct``: keyword arguments only an eager call gets (e.g. where to write in place)."""
         reseed()
         return body(**inputs, **(direct or {}))

@@ -29,9 +29,11 @@ CALIBRATIONS: dict[str, Callable[[LayerParams, torch.Tensor], LayerParams]] = {}
 
 def sampler(name: str):
     """Register the sampler of the init scheme ``name`` (a decorator)."""
+
     def deco(fn: Sampler) -> Sampler:
         SAMPLERS[name] = fn
         return fn
+
     return deco
 
 
@@ -141,7 +143,9 @@ def _const_gain(v, value: float) -> LayerParams:
 
 @sampler("proposed")
 def _proposed(role, gen, device, dtype):
-    return _const_gain(haar.orthogonalize(gaussian(role, gen, device, dtype)), math.sqrt(inits.proposed_gain_sq(role)))
+    return _const_gain(
+        haar.orthogonalize(gaussian(role, gen, device, dtype)), math.sqrt(inits.proposed_gain_sq(role))
+    )
 
 
 @sampler("proposed-gaussian")
@@ -191,8 +195,10 @@ def _calibrate_datadep(params: LayerParams, t) -> LayerParams:
     mu = t.mean(dim=0)
     sigma = t.std(dim=0, unbiased=False)
     if not bool((sigma > 0).all()):
-        raise SigpropError("datadep: a unit's pre-activation has zero variance over the probe batch; use more samples",
-                           field="samples")
+        raise SigpropError(
+            "datadep: a unit's pre-activation has zero variance over the probe batch; use more samples",
+            field="samples",
+        )
     g = 1.0 / sigma
     return wn(params.v, g, -mu / sigma)
 
@@ -221,13 +227,15 @@ def _delta_orthogonal(role, gen, device, dtype):
     centre = (k // 2) * k + k // 2
     g = gaussian(role, gen, device, dtype)
     v = torch.zeros_like(g)
-    v[:, centre::role.taps] = haar.orthogonalize(g[:, centre::role.taps].contiguous())
+    v[:, centre :: role.taps] = haar.orthogonalize(g[:, centre :: role.taps].contiguous())
     return _const_gain(v, math.sqrt(inits.proposed_gain_sq(role)))
 
 
 @sampler("stage-hanin")
 def _stage_hanin(role, gen, device, dtype):
-    return _const_gain(haar.orthogonalize(gaussian(role, gen, device, dtype)), math.sqrt(inits.stage_hanin_gain_sq(role)))
+    return _const_gain(
+        haar.orthogonalize(gaussian(role, gen, device, dtype)), math.sqrt(inits.stage_hanin_gain_sq(role))
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,21 +254,29 @@ HAAR_TEMPORARIES = 4
 
 
 def batched_haar(scheme: InitScheme, device) -> bool:
-    return scheme.haar_gain_sq is not None and (BATCHED_HAAR == "always" or (BATCHED_HAAR == "cuda" and torch.device(device).type == "cuda"))
+    return scheme.haar_gain_sq is not None and (
+        BATCHED_HAAR == "always" or (BATCHED_HAAR == "cuda" and torch.device(device).type == "cuda")
+    )
 
 
-def haar_params(scheme: InitScheme, role: LayerRole, g: torch.Tensor, v_out: torch.Tensor | None = None) -> LayerParams:
+def haar_params(
+    scheme: InitScheme, role: LayerRole, g: torch.Tensor, v_out: torch.Tensor | None = None
+) -> LayerParams:
     """The parameters of layers whose scheme has ``haar_gain_sq``, from their Gaussians g
     [..., fan_out, fan_in] (any leading batch dims): one batched UT-transform Haar call, then
     the constant gain and the WN scale g / ||v|| -- what the scheme's sampler computes per layer."""
     lead = g.shape[:-2]
     q = haar.orthogonalize_batched(g.reshape(-1, *g.shape[-2:])).reshape(g.shape)
     v = q if v_out is None else v_out.copy_(q)
-    gain = torch.full((*lead, role.fan_out), math.sqrt(scheme.haar_gain_sq(role)), device=g.device, dtype=g.dtype)
+    gain = torch.full(
+        (*lead, role.fan_out), math.sqrt(scheme.haar_gain_sq(role)), device=g.device, dtype=g.dtype
+    )
     return LayerParams(v=v, g=gain, bias=None, scale=gain / torch.linalg.vector_norm(v, dim=-1))
 
 
-def sample_layer(scheme: InitScheme, role: LayerRole, gens, device, dtype, v_out: torch.Tensor | None = None) -> LayerParams:
+def sample_layer(
+    scheme: InitScheme, role: LayerRole, gens, device, dtype, v_out: torch.Tensor | None = None
+) -> LayerParams:
     """One layer's parameters for a batch of draws, draw s from generator ``gens[s]`` (the same
     numbers as drawing it alone), stacked along a leading draw dim [S, ...].  The directions go
     into ``v_out`` when given (an arena slot: no stacked temporary), else a new tensor.  Haar
@@ -268,7 +284,11 @@ def sample_layer(scheme: InitScheme, role: LayerRole, gens, device, dtype, v_out
     if batched_haar(scheme, device):
         g = torch.stack([gaussian(role, gen, device, dtype) for gen in gens])
         return haar_params(scheme, role, g, v_out)
-    v = torch.empty(len(gens), role.fan_out, role.fan_in, device=device, dtype=dtype) if v_out is None else v_out
+    v = (
+        torch.empty(len(gens), role.fan_out, role.fan_in, device=device, dtype=dtype)
+        if v_out is None
+        else v_out
+    )
     ps = []
     for s, gen in enumerate(gens):
         p = sample(scheme, role, gen, device, dtype)
@@ -276,15 +296,24 @@ def sample_layer(scheme: InitScheme, role: LayerRole, gens, device, dtype, v_out
         p.v = None
         ps.append(p)
     stack = lambda xs: None if xs[0] is None else torch.stack(xs)
-    return LayerParams(v=v, g=stack([p.g for p in ps]), bias=stack([p.bias for p in ps]), scale=stack([p.scale for p in ps]))
+    return LayerParams(
+        v=v, g=stack([p.g for p in ps]), bias=stack([p.bias for p in ps]), scale=stack([p.scale for p in ps])
+    )
 
 
 def calibrate_batch(calibrate, p: LayerParams, t_true: torch.Tensor) -> LayerParams:
     """A data-dependent init standardises each draw on its own pre-activations [S, N, out]."""
-    ps = [calibrate(LayerParams(v=p.v[s], g=p.g[s], bias=p.bias[s], scale=p.scale[s]), t_true[s])
-          for s in range(p.v.shape[0])]
+    ps = [
+        calibrate(LayerParams(v=p.v[s], g=p.g[s], bias=p.bias[s], scale=p.scale[s]), t_true[s])
+        for s in range(p.v.shape[0])
+    ]
     stack = lambda xs: None if xs[0] is None else torch.stack(xs)
-    return LayerParams(v=p.v, g=stack([q.g for q in ps]), bias=stack([q.bias for q in ps]), scale=stack([q.scale for q in ps]))
+    return LayerParams(
+        v=p.v,
+        g=stack([q.g for q in ps]),
+        bias=stack([q.bias for q in ps]),
+        scale=stack([q.scale for q in ps]),
+    )
 
 
 def haar_chunk(scheme: InitScheme, widths: list[int], draws: int, device, itemsize: int, free: int) -> int:

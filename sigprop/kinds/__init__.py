@@ -231,15 +231,19 @@ def init_tuple(spec, provides, noun: str, resolve: Callable[[str], str] | None =
         inits.get(name, provides, noun)
     resolved = tuple(resolve(n) for n in names_) if resolve else names_
     if len(set(resolved)) != len(resolved):
-        raise SigpropError("an init is named twice" + (" (with --norm none, he is unnormalized-he)" if resolve else ""),
-                           field="init")
+        raise SigpropError(
+            "an init is named twice" + (" (with --norm none, he is unnormalized-he)" if resolve else ""),
+            field="init",
+        )
 
 
 def need_two_samples(schemes, probe, bn: bool = False) -> None:
     """A data-dependent init or batch norm standardises over the probe batch: >= 2 samples."""
     for s in schemes:
         if s.standardizes and probe.samples < 2:
-            raise SigpropError(f"init {s.name!r} standardises over the probe batch and needs >= 2 samples", field="samples")
+            raise SigpropError(
+                f"init {s.name!r} standardises over the probe batch and needs >= 2 samples", field="samples"
+            )
     if bn and probe.samples < 2:
         raise SigpropError("batch normalization needs >= 2 samples in the batch", field="samples")
 

@@ -39,12 +39,19 @@ class CNNSpec:
         specs.check_size(self.channels, "channels")
         object.__setattr__(self, "image", specs.image(self.image))
         if not 0 <= self.strided <= self.depth:
-            raise specs.SigpropError(f"must be in [0, depth = {self.depth}], got {self.strided}", field="strided")
+            raise specs.SigpropError(
+                f"must be in [0, depth = {self.depth}], got {self.strided}", field="strided"
+            )
         kinds.init_tuple(self, CNN.provides, CNN.noun)
 
     def to_dict(self) -> dict:
-        return {"depth": self.depth, "channels": self.channels, "image": specs.image_text(self.image), "strided": self.strided,
-                "inits": list(self.inits)}
+        return {
+            "depth": self.depth,
+            "channels": self.channels,
+            "image": specs.image_text(self.image),
+            "strided": self.strided,
+            "inits": list(self.inits),
+        }
 
 
 def steps(image: tuple[int, int, int], channels: int, depth: int, strided: int = 2, kernel: int = 3) -> tuple:
@@ -88,13 +95,20 @@ def estimate_bytes(steps_, samples: int, itemsize: int) -> int:
     kernels = [s.role.fan_in * s.role.fan_out for s in convs]
     units = [math.prod(s.shape_in) for s in convs] + [math.prod(convs[-1].shape_out)]
     masks = samples * sum((math.prod(s.shape_out) + 7) // 8 for s in convs if s.relu)
-    total = (sum(kernels) + 4 * max(kernels)) * itemsize + masks + 8 * samples * max(units) * itemsize + 4 * len(convs) * samples * 8
+    total = (
+        (sum(kernels) + 4 * max(kernels)) * itemsize
+        + masks
+        + 8 * samples * max(units) * itemsize
+        + 4 * len(convs) * samples * 8
+    )
     if any(s.bn for s in convs):
         total += samples * sum(math.prod(s.shape_out) for s in convs) * itemsize
     return total
 
 
-def memory(plan_of, lower: int, fields: str, probe, itemsize: int, free: int, check, graph_layers: int) -> Memory:
+def memory(
+    plan_of, lower: int, fields: str, probe, itemsize: int, free: int, check, graph_layers: int
+) -> Memory:
     """The memory plan of a conv net (the CNN's and the WRN's): a lower bound that needs no plan
     (``lower`` bytes: the bit-packed masks of the layers at the smallest map and the float64
     ln-ratio buffers; 10^9 layers of steps would themselves exhaust memory), then the plan
@@ -110,7 +124,11 @@ def memory(plan_of, lower: int, fields: str, probe, itemsize: int, free: int, ch
     if stream:
         need -= weights - 2 * max(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
     check(need, fields, stream is False)
-    graph_args = (max(s.role.fan_in * s.role.fan_out for s in convs), max(math.prod(s.shape_in) for s in convs), graph_layers)
+    graph_args = (
+        max(s.role.fan_in * s.role.fan_out for s in convs),
+        max(math.prod(s.shape_in) for s in convs),
+        graph_layers,
+    )
     return Memory(plan, need, stream, fields, graph_args)
 
 
@@ -132,8 +150,10 @@ def variances(channels) -> tuple[np.ndarray, np.ndarray]:
 @kinds.register
 class CNN(Kind):
     name = "cnn"
-    summary = ("Probe the plain CNN of Arpit et al. 2019, section 5.1 (3x3 WN convs + ReLU, zero padding, the first two with "
-               "stride 2) layer by layer.")
+    summary = (
+        "Probe the plain CNN of Arpit et al. 2019, section 5.1 (3x3 WN convs + ReLU, zero padding, the first two with "
+        "stride 2) layer by layer."
+    )
     fields = "depth/channels/image/samples"
     spec = CNNSpec
     noun = "the CNN"
@@ -146,12 +166,15 @@ class CNN(Kind):
     )
     default_inits = DEFAULT_INITS
     init_help = "Init scheme (repeatable). Default: proposed, delta-orthogonal."
-    hints = Hints(width="units", energy=True,
-                  footer="mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward) over all units "
-                         "(channels × positions); theory = the energy-map rms (zero padding and strides, docs/theory.md §11); =/≠ = "
-                         "measured rms within/outside its finite-width band (channels as the width; an envelope of the measured "
-                         "spread, it errs wide; ~ within a band over 2 decades wide: no test); preserved = within --band of the "
-                         "lossless reference (1/2 per stride-2 layer forward: a quarter of the positions)")
+    hints = Hints(
+        width="units",
+        energy=True,
+        footer="mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward) over all units "
+        "(channels × positions); theory = the energy-map rms (zero padding and strides, docs/theory.md §11); =/≠ = "
+        "measured rms within/outside its finite-width band (channels as the width; an envelope of the measured "
+        "spread, it errs wide; ~ within a band over 2 decades wide: no test); preserved = within --band of the "
+        "lossless reference (1/2 per stride-2 layer forward: a quarter of the positions)",
+    )
     sweep_widths = "32,64"
     sweep_width_help = "the channels (3 x 32 x 32 inputs)"
     band_help = "0.1:10 around the lossless reference"
@@ -183,7 +206,9 @@ class CNN(Kind):
         C, H, W = spec.image
         small = spec.channels * max(1, H >> spec.strided) * max(1, W >> spec.strided)
         lower = spec.depth * probe.samples * ((small + 7) // 8 + 16)
-        return memory(lambda: self.plan(spec, probe.seed), lower, self.fields, probe, itemsize, free, check, 1)
+        return memory(
+            lambda: self.plan(spec, probe.seed), lower, self.fields, probe, itemsize, free, check, 1
+        )
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
         """Per layer the measured ratios beside the energy-map prediction (``plans.predict``) with
@@ -205,17 +230,40 @@ class CNN(Kind):
         pf = None if pred is None else pred.ln_forward
         pb = None if pred is None else pred.ln_backward
         L = len(convs)
-        rounding = stats.rounding_ln("float32", L)  # the backward ratio at layer L is exactly 1: a float meets it to rounding
+        rounding = stats.rounding_ln(
+            "float32", L
+        )  # the backward ratio at layer L is exactly 1: a float meets it to rounding
         layers = []
         for l in range(1, L + 1):
-            f, b = stats.ratio_stats(arrays["fwd"][:, l - 1, :]), stats.ratio_stats(arrays["bwd"][:, l - 1, :])
-            stats.attach_prediction(f, None if pf is None else pf[l - 1], float(var_f[l - 1]), rounding=rounding)
-            stats.attach_prediction(b, None if pb is None else pb[l - 1], float(var_b[l - 1]), rounding=rounding)
+            f, b = (
+                stats.ratio_stats(arrays["fwd"][:, l - 1, :]),
+                stats.ratio_stats(arrays["bwd"][:, l - 1, :]),
+            )
+            stats.attach_prediction(
+                f, None if pf is None else pf[l - 1], float(var_f[l - 1]), rounding=rounding
+            )
+            stats.attach_prediction(
+                b, None if pb is None else pb[l - 1], float(var_b[l - 1]), rounding=rounding
+            )
             layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
         band = gate.band or specs.DECADE_BAND
         checks, own = [], []
-        named = ((f"forward ratio at layer {L}", layers[-1].forward, ref.ln_forward[-1], None if pf is None else pf[-1], float(var_f[-1])),
-                 ("backward ratio at layer 1", layers[0].backward, ref.ln_backward[0], None if pb is None else pb[0], float(var_b[0])))
+        named = (
+            (
+                f"forward ratio at layer {L}",
+                layers[-1].forward,
+                ref.ln_forward[-1],
+                None if pf is None else pf[-1],
+                float(var_f[-1]),
+            ),
+            (
+                "backward ratio at layer 1",
+                layers[0].backward,
+                ref.ln_backward[0],
+                None if pb is None else pb[0],
+                float(var_b[0]),
+            ),
+        )
         for cname, st, r, p, var in named:
             c = stats.gate(cname, "preserved", st, r + math.log(band[0]), r + math.log(band[1]))
             if not c.passed:
@@ -224,21 +272,34 @@ class CNN(Kind):
                 elif p is None:
                     c.note = f"outside the band around the lossless reference {stats.fmt(r / stats.LN10)}; no prediction for this init"
                 elif not c.log10_low <= p / stats.LN10 <= c.log10_high:
-                    c.note = (f"the theory predicts an RMS ratio of {stats.fmt(p / stats.LN10)} against the lossless "
-                              f"{stats.fmt(r / stats.LN10)}: zero padding loses energy at the borders every layer (docs/theory.md §11)")
+                    c.note = (
+                        f"the theory predicts an RMS ratio of {stats.fmt(p / stats.LN10)} against the lossless "
+                        f"{stats.fmt(r / stats.LN10)}: zero padding loses energy at the borders every layer (docs/theory.md §11)"
+                    )
                 else:
-                    c.note = (f"the theory's RMS ratio {stats.fmt(p / stats.LN10)} is inside the band but its typical ratio, "
-                              f"{stats.fmt((p - var) / stats.LN10)}, is not: finite-width drift ({convs[0].role.fan_out} channels "
-                              f"over {L} layers); more channels or fewer layers move it")
+                    c.note = (
+                        f"the theory's RMS ratio {stats.fmt(p / stats.LN10)} is inside the band but its typical ratio, "
+                        f"{stats.fmt((p - var) / stats.LN10)}, is not: finite-width drift ({convs[0].role.fan_out} channels "
+                        f"over {L} layers); more channels or fewer layers move it"
+                    )
             checks.append(c)
             if p is None:
-                own.append(Check(cname, False, st.log10_mean, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM))
+                own.append(
+                    Check(cname, False, st.log10_mean, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM)
+                )
                 continue
             t = stats.gate(cname, "theory", st, *theory.log_band(p, var, z))
             if not t.passed:
                 t.note = f"the theory predicts a typical ratio of {stats.fmt((p - var) / stats.LN10)}"
             own.append(t)
-        return RunResult(init=name, widths=widths, layers=layers, checks=checks + own, description=scheme.description, gate=gate.gate)
+        return RunResult(
+            init=name,
+            widths=widths,
+            layers=layers,
+            checks=checks + own,
+            description=scheme.description,
+            gate=gate.gate,
+        )
 
     def correlation(self, scheme, spec, plan, c0, batch):
         return correlation(scheme, plan, c0, batch)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import ClassVar, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -68,7 +68,10 @@ def steps(widths: Sequence[int]) -> tuple:
     """Layer l: Linear(n_{l-1} -> n_l) + ReLU, recorded after each (Arpit et al. 2019, eq. 1-2)."""
     out: list = []
     for l in range(1, len(widths)):
-        out += [plans.Linear(LayerRole(widths[l - 1], widths[l]), relu=True), plans.Record(pre_activation=True)]
+        out += [
+            plans.Linear(LayerRole(widths[l - 1], widths[l]), relu=True),
+            plans.Record(pre_activation=True),
+        ]
     return tuple(out)
 
 
@@ -99,8 +102,17 @@ def cumulants(widths: Sequence[int], orthogonal: bool) -> tuple[np.ndarray, np.n
     return fwd, bwd
 
 
-def checks(widths: Sequence[int], fwd: RatioStats, bwd: RatioStats, cum_f, cum_b, pred_f: float | None,
-           pred_b: float | None, band: tuple[float, float] | None = None, z: float = theory.Z_CHECK) -> list[Check]:
+def checks(
+    widths: Sequence[int],
+    fwd: RatioStats,
+    bwd: RatioStats,
+    cum_f,
+    cum_b,
+    pred_f: float | None,
+    pred_b: float | None,
+    band: tuple[float, float] | None = None,
+    z: float = theory.Z_CHECK,
+) -> list[Check]:
     """The two verdicts on the forward ratio at layer L and the backward ratio at layer 1, each
     judged on the typical (geometric-mean) ratio over samples and draws:
 
@@ -118,14 +130,25 @@ def checks(widths: Sequence[int], fwd: RatioStats, bwd: RatioStats, cum_f, cum_b
     L = len(widths) - 1
     width = str(widths[1]) if len(set(widths[1:])) == 1 else f"{min(widths[1:])}..{max(widths[1:])}"
     preserved, agrees = [], []
-    named = ((f"forward ratio at layer {L}", fwd, refs[0], cum_f, pred_f), ("backward ratio at layer 1", bwd, refs[1], cum_b, pred_b))
+    named = (
+        (f"forward ratio at layer {L}", fwd, refs[0], cum_f, pred_f),
+        ("backward ratio at layer 1", bwd, refs[1], cum_b, pred_b),
+    )
     for name, st, (lo, hi), cum, pred in named:
-        c = stats.gate(name, "preserved", st, max(lo + math.log(band[0]), limits[0]), min(hi + math.log(band[1]), limits[1]))
+        c = stats.gate(
+            name,
+            "preserved",
+            st,
+            max(lo + math.log(band[0]), limits[0]),
+            min(hi + math.log(band[1]), limits[1]),
+        )
         typical = None if pred is None else pred + float(cum[0])
         c.note = stats.explain_preserved(c, st, pred, typical, L, width)
         preserved.append(c)
         if pred is None:
-            agrees.append(Check(name, False, st.log10_mean, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM))
+            agrees.append(
+                Check(name, False, st.log10_mean, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM)
+            )
             continue
         c = stats.gate(name, "theory", st, *theory.cornish_fisher_band(pred, pred, cum, z))
         if not c.passed:
@@ -144,14 +167,21 @@ class MLP(Kind):
     options = (
         Opt("depth", int, 20, "Number of layers L.", min=1),
         Opt("input_dim", int, 500, "Input dimension n_0.", min=1),
-        Opt("width", str, DEFAULT_WIDTH, "Layer width: N, or LO:HI to draw each layer's width uniformly from LO..HI (once per run).",
-            toml=(str, int)),
+        Opt(
+            "width",
+            str,
+            DEFAULT_WIDTH,
+            "Layer width: N, or LO:HI to draw each layer's width uniformly from LO..HI (once per run).",
+            toml=(str, int),
+        ),
     )
     default_inits = DEFAULT_INITS
     init_help = "Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 top)."
-    hints = Hints(footer="mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward); theory = closed-form "
-                         "rms; =/≠ = measured rms within/outside the finite-width band of the theory (~ within a band over 2 "
-                         "decades wide: no test)")
+    hints = Hints(
+        footer="mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward); theory = closed-form "
+        "rms; =/≠ = measured rms within/outside the finite-width band of the theory (~ within a band over 2 "
+        "decades wide: no test)"
+    )
     sweep_width_help = "every layer's width (and n_0 unless --input-dim)"
     sweep_input_dim = True
     band_help = "0.1:10 around norm preservation"
@@ -163,7 +193,9 @@ class MLP(Kind):
         return MLPSpec(**v, inits=DEFAULT_INITS if inits_ is None else inits_)
 
     def sweep_spec(self, size, width, init, input_dim):
-        return MLPSpec(depth=size, input_dim=input_dim or width, width=specs.WidthSpec(width, width), inits=(init,))
+        return MLPSpec(
+            depth=size, input_dim=input_dim or width, width=specs.WidthSpec(width, width), inits=(init,)
+        )
 
     def sweep_config(self, spec) -> dict:
         return {"input_dim": spec.input_dim}
@@ -197,7 +229,10 @@ class MLP(Kind):
         if stream is None:  # automatic: stream when the stored weights would not fit
             stream = need > 0.8 * free
         if stream:
-            need -= sum(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize - 2 * max(widths) ** 2 * itemsize
+            need -= (
+                sum(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
+                - 2 * max(widths) ** 2 * itemsize
+            )
         biggest = max(widths[i] * widths[i - 1] for i in range(1, len(widths)))
         return Memory(plan, need, stream, fields, (biggest, max(widths), 1))
 
@@ -212,16 +247,37 @@ class MLP(Kind):
         for l in range(1, L + 1):
             f = stats.ratio_stats(ln_fwd[:, l - 1, :])
             b = stats.ratio_stats(ln_bwd[:, l - 1, :])
-            stats.attach_prediction(f, pred.ln_forward[l - 1] if pred.ln_forward else None, float(cum_f[l - 1, 1]),
-                                    drift=float(cum_f[l - 1, 0]))
-            stats.attach_prediction(b, pred.ln_backward[l - 1] if pred.ln_backward else None, float(cum_b[l - 1, 1]),
-                                    drift=float(cum_b[l - 1, 0]))
+            stats.attach_prediction(
+                f,
+                pred.ln_forward[l - 1] if pred.ln_forward else None,
+                float(cum_f[l - 1, 1]),
+                drift=float(cum_f[l - 1, 0]),
+            )
+            stats.attach_prediction(
+                b,
+                pred.ln_backward[l - 1] if pred.ln_backward else None,
+                float(cum_b[l - 1, 1]),
+                drift=float(cum_b[l - 1, 0]),
+            )
             layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
-        gates = checks(widths, layers[-1].forward, layers[0].backward, cum_f[-1], cum_b[0],
-                       pred.ln_forward[-1] if pred.ln_forward else None, pred.ln_backward[0] if pred.ln_backward else None,
-                       gate.band)
-        return RunResult(init=name, widths=list(widths), layers=layers, checks=gates, description=scheme.description,
-                         gate=gate.gate)
+        gates = checks(
+            widths,
+            layers[-1].forward,
+            layers[0].backward,
+            cum_f[-1],
+            cum_b[0],
+            pred.ln_forward[-1] if pred.ln_forward else None,
+            pred.ln_backward[0] if pred.ln_backward else None,
+            gate.band,
+        )
+        return RunResult(
+            init=name,
+            widths=list(widths),
+            layers=layers,
+            checks=gates,
+            description=scheme.description,
+            gate=gate.gate,
+        )
 
     def correlation(self, scheme, spec, plan, c0, batch):
         if scheme.moments is None and not scheme.standardizes:

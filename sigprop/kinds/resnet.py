@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import ClassVar
 
 import numpy as np
 
@@ -27,7 +26,9 @@ DEFAULT_WIDTH = "150:250"
 #: torch.nn.BatchNorm1d's default
 BN_EPS = theory.BN_EPS
 BN_NET = "ResNet (De & Smith 2020, appendix C)"
-BN_DESCRIPTION = "batch-normalized ReLU ResNet x + W BN(x)^+, He W, stem W^0 BN(x^0)^+ (De & Smith 2020, appendix C)"
+BN_DESCRIPTION = (
+    "batch-normalized ReLU ResNet x + W BN(x)^+, He W, stem W^0 BN(x^0)^+ (De & Smith 2020, appendix C)"
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,12 @@ class ResNetSpec:
     inits: tuple[str, ...] = DEFAULT_INITS
 
     def __post_init__(self) -> None:
-        for field, value in (("blocks", self.blocks), ("stages", self.stages), ("dim", self.dim), ("block_depth", self.block_depth)):
+        for field, value in (
+            ("blocks", self.blocks),
+            ("stages", self.stages),
+            ("dim", self.dim),
+            ("block_depth", self.block_depth),
+        ):
             specs.check_size(value, field)
         if self.norm not in NORMS:
             raise specs.SigpropError(f"expected one of {', '.join(NORMS)}, got {self.norm!r}", field="norm")
@@ -53,9 +59,13 @@ class ResNetSpec:
             if self.stages != 1:
                 raise specs.SigpropError(f"the batch-normalized {BN_NET} has one stage", field="stages")
             if self.block_depth != 1:
-                raise specs.SigpropError(f"the batch-normalized {BN_NET} has one layer per block", field="block_depth")
+                raise specs.SigpropError(
+                    f"the batch-normalized {BN_NET} has one layer per block", field="block_depth"
+                )
         if self.stages > 16:
-            raise specs.SigpropError(f"each stage doubles the width; {self.stages} stages is beyond any memory", field="stages")
+            raise specs.SigpropError(
+                f"each stage doubles the width; {self.stages} stages is beyond any memory", field="stages"
+            )
         kinds.init_tuple(self, ResNet.provides, ResNet.noun, lambda n: resolve(n, self.norm))
 
     def resolved_inits(self) -> tuple[str, ...]:
@@ -98,8 +108,16 @@ class Block:
 
     def branch_roles(self) -> list[LayerRole]:
         w = self.widths
-        return [LayerRole(w[j - 1], w[j], "block_last" if j == len(w) - 1 else "relu", self.blocks_in_stage, self.index_in_stage)
-                for j in range(1, len(w))]
+        return [
+            LayerRole(
+                w[j - 1],
+                w[j],
+                "block_last" if j == len(w) - 1 else "relu",
+                self.blocks_in_stage,
+                self.index_in_stage,
+            )
+            for j in range(1, len(w))
+        ]
 
     def projection_role(self) -> LayerRole | None:
         if not self.projection:
@@ -140,7 +158,10 @@ class ResNetPlan:
 
     @property
     def config(self) -> dict:
-        return {"stage_dims": list(self.stage_dims), "hidden_widths": [list(b.widths[1:-1]) for b in self.blocks]}
+        return {
+            "stage_dims": list(self.stage_dims),
+            "hidden_widths": [list(b.widths[1:-1]) for b in self.blocks],
+        }
 
     @property
     def steps(self) -> tuple:
@@ -149,11 +170,20 @@ class ResNetPlan:
         the BN net: the stem BN -> W^0 and blocks Open, BN, W, Close (De & Smith 2020, appendix C)."""
         if self.stem:
             d, B = self.dim, len(self.blocks)
-            out: list = [plans.Record(), plans.BatchNorm(BN_EPS, d), plans.Linear(LayerRole(d, d, "relu", B, 0), relu=False),
-                         plans.Record()]
+            out: list = [
+                plans.Record(),
+                plans.BatchNorm(BN_EPS, d),
+                plans.Linear(LayerRole(d, d, "relu", B, 0), relu=False),
+                plans.Record(),
+            ]
             for l in range(1, B + 1):
-                out += [plans.Open(1, B), plans.BatchNorm(BN_EPS, d), plans.Linear(LayerRole(d, d, "block_last", B, l - 1), relu=False),
-                        plans.Close(B), plans.Record()]
+                out += [
+                    plans.Open(1, B),
+                    plans.BatchNorm(BN_EPS, d),
+                    plans.Linear(LayerRole(d, d, "block_last", B, l - 1), relu=False),
+                    plans.Close(B),
+                    plans.Record(),
+                ]
             return tuple(out)
         out = [plans.Record()]
         for blk in self.blocks:
@@ -161,11 +191,16 @@ class ResNetPlan:
             proj = blk.projection_role()
             out.append(plans.Open(blk.stage, blk.blocks_in_stage))
             out += [plans.Linear(r, relu=j < len(roles) - 1) for j, r in enumerate(roles)]
-            out += [plans.Close(blk.blocks_in_stage, None if proj is None else plans.Linear(proj, relu=False)), plans.Record()]
+            out += [
+                plans.Close(blk.blocks_in_stage, None if proj is None else plans.Linear(proj, relu=False)),
+                plans.Record(),
+            ]
         return tuple(out)
 
 
-def resnet_plan(dim: int, stages: int, blocks: int, block_depth: int, hidden: list[int], stem: bool = False) -> ResNetPlan:
+def resnet_plan(
+    dim: int, stages: int, blocks: int, block_depth: int, hidden: list[int], stem: bool = False
+) -> ResNetPlan:
     """Build the plan; ``hidden`` holds stages * blocks * block_depth widths, block by block.
     With ``stem`` (the BN net) entry 1 is the stem's output and block b produces entry b + 1."""
     if len(hidden) != stages * blocks * block_depth:
@@ -206,13 +241,21 @@ def estimate_bytes(plan: ResNetPlan, samples: int, itemsize: int) -> int:
     if plan.stem:
         masks += len(plan.entries) * samples * (plan.dim * itemsize + (plan.dim + 7) // 8)
     entries = len(plan.entries)
-    return weight_count(plan) * itemsize + 4 * biggest * itemsize + masks + 8 * samples * widest * itemsize + 4 * entries * samples * 8
+    return (
+        weight_count(plan) * itemsize
+        + 4 * biggest * itemsize
+        + masks
+        + 8 * samples * widest * itemsize
+        + 4 * entries * samples * 8
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # the verdicts
 # --------------------------------------------------------------------------------------------
-def variances(orthogonal: bool, plan: ResNetPlan, gains) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def variances(
+    orthogonal: bool, plan: ResNetPlan, gains
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-sample variance of ln(ratio) at every entry (forward, backward), and per block (forward
     steps, backward steps), from theory.resnet_step_variance (docs/theory.md §7) at the blocks'
     branch-to-skip ``gains`` [(forward, backward)].  The BN net's stem adds one MLP layer's
@@ -239,7 +282,9 @@ def bn_record(arr: np.ndarray, l: int, batch: int) -> BNStats:
     pred = theory.bn_statistics_prediction(l, batch)
     mean = arr[:, l, :].mean(axis=0)
     std = arr[:, l, :].std(axis=0, ddof=1) if arr.shape[0] > 1 else [None] * 3
-    return BNStats(float(mean[0]), float(mean[1]), float(mean[2]), *pred, *(None if v is None else float(v) for v in std))
+    return BNStats(
+        float(mean[0]), float(mean[1]), float(mean[2]), *pred, *(None if v is None else float(v) for v in std)
+    )
 
 
 def prediction(scheme, plan: ResNetPlan) -> plans.Prediction:
@@ -249,10 +294,15 @@ def prediction(scheme, plan: ResNetPlan) -> plans.Prediction:
     the branch its ratio depends on the state's norm: no branch prediction then."""
     if plan.stem:
         p = theory.bn_resnet_prediction(plan.dim, len(plan.blocks))
-        return plans.Prediction(p.ln_forward, p.ln_backward, p.ln_branch, list(zip(p.gain_forward, p.gain_backward)))
+        return plans.Prediction(
+            p.ln_forward, p.ln_backward, p.ln_branch, list(zip(p.gain_forward, p.gain_backward))
+        )
     pred = plans.predict(plan.steps, scheme, gains_at_d=True)
     if pred.ln_branch is not None:
-        biased = [scheme.moments is not None and any(scheme.moments(r).bias_var for r in b.branch_roles()) for b in plan.blocks]
+        biased = [
+            scheme.moments is not None and any(scheme.moments(r).bias_var for r in b.branch_roles())
+            for b in plan.blocks
+        ]
         pred.ln_branch = [None if bad else v for v, bad in zip(pred.ln_branch, biased)]
     return pred
 
@@ -267,20 +317,45 @@ class ResNet(Kind):
     provides = frozenset({inits.BLOCKS})
     options = (
         Opt("blocks", int, 40, "Residual blocks per stage B.", min=1),
-        Opt("stages", int, 1, "Stages K; stage k > 1 opens with a WN projection that doubles the width.", min=1),
+        Opt(
+            "stages",
+            int,
+            1,
+            "Stages K; stage k > 1 opens with a WN projection that doubles the width.",
+            min=1,
+        ),
         Opt("dim", int, 500, "Residual-stream width of stage 1 (the input dimension) d.", min=1),
-        Opt("width", str, None, "Hidden width inside each block: N, or LO:HI drawn per hidden layer (once per run).",
-            shown=DEFAULT_WIDTH, toml=(str, int)),
+        Opt(
+            "width",
+            str,
+            None,
+            "Hidden width inside each block: N, or LO:HI drawn per hidden layer (once per run).",
+            shown=DEFAULT_WIDTH,
+            toml=(str, int),
+        ),
         Opt("block_depth", int, 1, "D: a block is D x [WN-FC -> ReLU ->] WN-FC.", min=1),
-        Opt("norm", str, "wn", "wn (weight norm), bn (the BN ResNet of De & Smith, appendix C) or none.", choices=NORMS),
+        Opt(
+            "norm",
+            str,
+            "wn",
+            "wn (weight norm), bn (the BN ResNet of De & Smith, appendix C) or none.",
+            choices=NORMS,
+        ),
     )
     init_help = "Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 bottom); he with --norm none/bn."
-    hints = Hints(width="d", row="b", residual=True, x=r"block $b$ (state $h^b$)", forward=r"$\|h^b\| \,/\, \|h^0\|$",
-                  backward=r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$", units="blocks",
-                  footer="mean ± std over samples of ||h^b||/||x|| (forward) and ||dl/dh^b||/||dl/dh^end|| (backward); branch = rms "
-                         "of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside the "
-                         "finite-width band of the theory (~ within a band over 2 decades wide: no test); band [√2, √e] = "
-                         "[1.414, 1.649] per stage (Arpit et al. 2019, Theorems 3-4)")
+    hints = Hints(
+        width="d",
+        row="b",
+        residual=True,
+        x=r"block $b$ (state $h^b$)",
+        forward=r"$\|h^b\| \,/\, \|h^0\|$",
+        backward=r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$",
+        units="blocks",
+        footer="mean ± std over samples of ||h^b||/||x|| (forward) and ||dl/dh^b||/||dl/dh^end|| (backward); branch = rms "
+        "of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside the "
+        "finite-width band of the theory (~ within a band over 2 decades wide: no test); band [√2, √e] = "
+        "[1.414, 1.649] per stage (Arpit et al. 2019, Theorems 3-4)",
+    )
     sweep_size, sweep_sizes = "blocks", "10,40,100"
     sweep_width_help = "the residual width d and the hidden width"
     band_help = "1:1, i.e. Theorem 3's [sqrt 2, sqrt e] per stage with its finite-width allowance"
@@ -289,7 +364,9 @@ class ResNet(Kind):
         v = dict(values)
         norm = v.get("norm", "wn")
         if v.get("width") is not None and norm == "bn":
-            raise specs.SigpropError(f"the batch-normalized {BN_NET} has no hidden layer; its width is --dim", field="width")
+            raise specs.SigpropError(
+                f"the batch-normalized {BN_NET} has no hidden layer; its width is --dim", field="width"
+            )
         v["width"] = specs.WidthSpec.parse(str(v.get("width") or DEFAULT_WIDTH))
         if inits_ is None:
             inits_ = DEFAULT_INITS if norm == "wn" else ("he",)
@@ -309,7 +386,11 @@ class ResNet(Kind):
 
     def banner(self, spec) -> str:
         shape = f"{spec.stages} stage(s) x {spec.blocks} blocks, d {spec.dim}"
-        return shape + (", batch norm" if spec.norm == "bn" else f", hidden {spec.width} x {spec.block_depth}, norm {spec.norm}")
+        return shape + (
+            ", batch norm"
+            if spec.norm == "bn"
+            else f", hidden {spec.width} x {spec.block_depth}, norm {spec.norm}"
+        )
 
     def describe(self, config: dict) -> str:
         return f"{config.get('stages', 1)} stage(s) × {config.get('blocks')} blocks, d = {config.get('dim')}, norm {config.get('norm')}"
@@ -341,11 +422,19 @@ class ResNet(Kind):
         # a lower bound that needs no plan (a plan of 10^9 blocks would itself exhaust memory): the
         # bit-packed masks, BN's saved inputs and the float64 ln-ratio buffers, with widths at LO
         layers = spec.stages * spec.blocks * (1 if bn else spec.block_depth)
-        per_layer = probe.samples * ((spec.dim * itemsize + spec.dim // 8) if bn else (spec.width.lo + 7) // 8)
+        per_layer = probe.samples * (
+            (spec.dim * itemsize + spec.dim // 8) if bn else (spec.width.lo + 7) // 8
+        )
         check(layers * per_layer + 3 * spec.stages * spec.blocks * probe.samples * 8, fields)
         # upper bound with every hidden width at HI, before anything is drawn or allocated
-        hi = resnet_plan(spec.dim, spec.stages, spec.blocks, 0 if bn else spec.block_depth,
-                         [] if bn else [spec.width.hi] * (spec.stages * spec.blocks * spec.block_depth), stem=bn)
+        hi = resnet_plan(
+            spec.dim,
+            spec.stages,
+            spec.blocks,
+            0 if bn else spec.block_depth,
+            [] if bn else [spec.width.hi] * (spec.stages * spec.blocks * spec.block_depth),
+            stem=bn,
+        )
         stream = probe.stream
         weights_hi = itemsize * weight_count(hi)
         bound = estimate_bytes(hi, probe.samples, itemsize)
@@ -360,7 +449,11 @@ class ResNet(Kind):
             need -= itemsize * weight_count(plan)
         sizes = [b.widths[j] * b.widths[j - 1] for b in plan.blocks for j in range(1, len(b.widths))]
         widest = max([plan.dim] + [w for b in plan.blocks for w in b.widths])
-        graph_args = (max(sizes + [b.d_in * b.d_out for b in plan.blocks]), widest, max(len(b.widths) for b in plan.blocks))
+        graph_args = (
+            max(sizes + [b.d_in * b.d_out for b in plan.blocks]),
+            widest,
+            max(len(b.widths) for b in plan.blocks),
+        )
         return Memory(plan, need, stream, fields, graph_args)
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
@@ -381,16 +474,26 @@ class ResNet(Kind):
         for i in range(len(dims)):
             f = stats.ratio_stats(ln_f[:, i, :])
             b = stats.ratio_stats(ln_b[:, i, :])
-            stats.attach_prediction(f, pred.ln_forward[i] if pred.ln_forward else None, float(var_f[i]), rounding=rounding)
-            stats.attach_prediction(b, pred.ln_backward[i] if pred.ln_backward else None, float(var_b[i]), rounding=rounding)
+            stats.attach_prediction(
+                f, pred.ln_forward[i] if pred.ln_forward else None, float(var_f[i]), rounding=rounding
+            )
+            stats.attach_prediction(
+                b, pred.ln_backward[i] if pred.ln_backward else None, float(var_b[i]), rounding=rounding
+            )
             br = None
             k = i - first_block_entry  # block index producing entry i
             if k >= 0:
                 br = stats.ratio_stats(ln_br[:, k, :])
                 ln_pred = pred.ln_branch[k] if pred.ln_branch else None
-                v = theory.branch_variance(plan.blocks[k].widths, orth) / 4.0 if not bn else 7.0 / (4 * plan.dim)
+                v = (
+                    theory.branch_variance(plan.blocks[k].widths, orth) / 4.0
+                    if not bn
+                    else 7.0 / (4 * plan.dim)
+                )
                 stats.attach_prediction(br, ln_pred, v, rounding=rounding)
-            rec = LayerRecord(index=i, width=dims[i], forward=f, backward=b, stage=stages_of[i], branch=br, resnet=True)
+            rec = LayerRecord(
+                index=i, width=dims[i], forward=f, backward=b, stage=stages_of[i], branch=br, resnet=True
+            )
             if bn:
                 rec.bn = bn_record(arrays["bn"], i, probe.samples)
             layers.append(rec)
@@ -407,14 +510,37 @@ class ResNet(Kind):
             fb, bb = theory.stage_band_ln(dims[first], dims[last])
             vf = float(ref_f[last] - ref_f[first])
             vb = float(ref_b[first] - ref_b[last])
-            pf = None if not pred.ln_forward else stats.exp_or_none(pred.ln_forward[last] - pred.ln_forward[first])
-            pb = None if not pred.ln_backward else stats.exp_or_none(pred.ln_backward[first] - pred.ln_backward[last])
+            pf = (
+                None
+                if not pred.ln_forward
+                else stats.exp_or_none(pred.ln_forward[last] - pred.ln_forward[first])
+            )
+            pb = (
+                None
+                if not pred.ln_backward
+                else stats.exp_or_none(pred.ln_backward[first] - pred.ln_backward[last])
+            )
             blocks_k = sum(1 for blk in plan.blocks if blk.stage == k)
-            infos.append(StageInfo(k, first, last, dims[first], dims[last], blocks_k,
-                                   (math.exp(fb[0]), math.exp(fb[1])), (math.exp(bb[0]), math.exp(bb[1])), pf, pb))
+            infos.append(
+                StageInfo(
+                    k,
+                    first,
+                    last,
+                    dims[first],
+                    dims[last],
+                    blocks_k,
+                    (math.exp(fb[0]), math.exp(fb[1])),
+                    (math.exp(bb[0]), math.exp(bb[1])),
+                    pf,
+                    pb,
+                )
+            )
             fb = (fb[0] + widen[0], fb[1] + widen[1])
             bb = (bb[0] + widen[0], bb[1] + widen[1])
-            names = (f"stage {k} forward ||h^{last}||/||h^{first}||", f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||")
+            names = (
+                f"stage {k} forward ||h^{last}||/||h^{first}||",
+                f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||",
+            )
             measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
             # theory: the init's own predicted stage ratio (ln RMS) with the init's own spread
             own = ((pred.ln_forward, var_f, last, first), (pred.ln_backward, var_b, first, last))
@@ -424,7 +550,9 @@ class ResNet(Kind):
                     c.note = "outside Theorem 3's band [sqrt 2, sqrt e] with its finite-width allowance"
                 checks.append(c)
                 if not lnp:
-                    theory_checks.append(Check(cname, False, None, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM))
+                    theory_checks.append(
+                        Check(cname, False, None, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM)
+                    )
                     continue
                 centre, own_var = lnp[a] - lnp[e], abs(float(var[a] - var[e]))
                 if not c.passed:
@@ -433,19 +561,30 @@ class ResNet(Kind):
                 if not t.passed:
                     t.note = f"the theory predicts an RMS stage ratio of {stats.fmt(centre / stats.LN10)}"
                 theory_checks.append(t)
-        return RunResult(init=name, widths=list(dims), layers=layers, checks=checks + theory_checks,
-                         description=description, stages=infos, gate=gate.gate)
+        return RunResult(
+            init=name,
+            widths=list(dims),
+            layers=layers,
+            checks=checks + theory_checks,
+            description=description,
+            stages=infos,
+            gate=gate.gate,
+        )
 
     def correlation(self, scheme, spec, plan, c0, batch):
         if scheme.moments is None and not scheme.standardizes:
             return None, stats.NO_CORRELATION_MAP
-        return plans.predict_correlation(plan.steps, scheme, c0, batch), ""  # the BN net: batch norm's standardised map
+        return plans.predict_correlation(
+            plan.steps, scheme, c0, batch
+        ), ""  # the BN net: batch norm's standardised map
 
     def correlation_first(self, plan) -> int:
         return 1  # entry 0 is the input itself
 
     def curvature_description(self, spec, scheme) -> str:
-        return "x + W BN(x)^+, He W (De & Smith 2020, appendix C)" if spec.norm == "bn" else scheme.description
+        return (
+            "x + W BN(x)^+, He W (De & Smith 2020, appendix C)" if spec.norm == "bn" else scheme.description
+        )
 
     def band(self, gate) -> list[float]:
         lo, hi = gate.band or (1.0, 1.0)

@@ -59,11 +59,15 @@ class WRNSpec:
     def __post_init__(self) -> None:
         if self.preset is not None:
             if self.preset not in PRESETS:
-                raise specs.SigpropError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}", field="preset")
+                raise specs.SigpropError(
+                    f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}", field="preset"
+                )
             for key, value in PRESETS[self.preset].items():
                 if getattr(self, key) != value:
-                    raise specs.SigpropError(f"preset {self.preset!r} has {key} = {value}; drop --{key.replace('_', '-')} or the preset",
-                                             field="preset")
+                    raise specs.SigpropError(
+                        f"preset {self.preset!r} has {key} = {value}; drop --{key.replace('_', '-')} or the preset",
+                        field="preset",
+                    )
         specs.check_size(self.blocks, "blocks")
         specs.check_size(self.widen, "widen")
         object.__setattr__(self, "image", specs.image(self.image))
@@ -81,16 +85,29 @@ class WRNSpec:
         return tuple(resolve(name, self.norm) for name in self.inits)
 
     def to_dict(self) -> dict:
-        return {"blocks": self.blocks, "widen": self.widen, "image": specs.image_text(self.image), "bottleneck": self.bottleneck,
-                "norm": self.norm, "preset": self.preset, "inits": list(self.resolved_inits())}
+        return {
+            "blocks": self.blocks,
+            "widen": self.widen,
+            "image": specs.image_text(self.image),
+            "bottleneck": self.bottleneck,
+            "norm": self.norm,
+            "preset": self.preset,
+            "inits": list(self.resolved_inits()),
+        }
 
 
 def resolve(name: str, norm: str) -> str:
     return inits.resolve_norm(name, norm, WRN.provides, NET, "WRN")
 
 
-def steps(image: tuple[int, int, int], blocks: int, widen: int = 1, bottleneck: bool = False, groups: int = 3,
-          bn: bool = False) -> tuple:
+def steps(
+    image: tuple[int, int, int],
+    blocks: int,
+    widen: int = 1,
+    bottleneck: bool = False,
+    groups: int = 3,
+    bn: bool = False,
+) -> tuple:
     """Arpit et al. 2019, supplementary Figure 5: conv1, a 3 x 3 WN conv to 16 k channels (no ReLU
     after it: the blocks carry none after their sum and their branch opens with a conv), then
     ``groups`` groups of ``blocks`` residual blocks at 16 k, 32 k, 64 k channels, each block
@@ -114,14 +131,23 @@ def steps(image: tuple[int, int, int], blocks: int, widen: int = 1, bottleneck: 
         c_out = inner * (BOTTLENECK_EXPANSION if bottleneck else 1)
         for j in range(blocks):
             stride = 2 if (g > 0 and j == 0) else 1
-            role = lambda fan_in, fan_out, kind, taps: LayerRole(fan_in * taps, fan_out, kind, blocks, j, taps)
+            role = lambda fan_in, fan_out, kind, taps: LayerRole(
+                fan_in * taps, fan_out, kind, blocks, j, taps
+            )
             if bottleneck:
                 c1 = plans.Conv(role(shape[0], inner, "relu", 1), shape, 1, 1, 0)
                 c2 = plans.Conv(role(inner, inner, "relu", 9), c1.shape_out, 3, stride, 1)
-                branch = [c1, c2, plans.Conv(role(inner, c_out, "block_last", 1), c2.shape_out, 1, 1, 0, relu=False)]
+                branch = [
+                    c1,
+                    c2,
+                    plans.Conv(role(inner, c_out, "block_last", 1), c2.shape_out, 1, 1, 0, relu=False),
+                ]
             else:
                 c1 = plans.Conv(role(shape[0], c_out, "relu", 9), shape, 3, stride, 1)
-                branch = [c1, plans.Conv(role(c_out, c_out, "block_last", 9), c1.shape_out, 3, 1, 1, relu=False)]
+                branch = [
+                    c1,
+                    plans.Conv(role(c_out, c_out, "block_last", 9), c1.shape_out, 3, 1, 1, relu=False),
+                ]
             proj = None
             if stride != 1 or shape[0] != c_out:
                 proj = plans.Conv(role(shape[0], c_out, "projection", 1), shape, 1, stride, 0, relu=False)
@@ -175,7 +201,9 @@ def stage_bands(steps_, blocks: int) -> list[tuple[tuple[float, float], tuple[fl
     return out
 
 
-def variances(steps_, gains: Sequence[tuple[float, float]] | None) -> tuple[np.ndarray, np.ndarray, list[float]]:
+def variances(
+    steps_, gains: Sequence[tuple[float, float]] | None
+) -> tuple[np.ndarray, np.ndarray, list[float]]:
     """Per-sample variance of ln(ratio) at every recorded state, forward (from the input) and
     backward (from the top), and the branch ratio's per block: conv1 adds the conv law's step
     (c = 5 over its channels, ``cnn.variances``), each block the ResNet's
@@ -194,7 +222,11 @@ def variances(steps_, gains: Sequence[tuple[float, float]] | None) -> tuple[np.n
         g_f, g_b = (1.0 / close.blocks_in_stage,) * 2 if gains is None else gains[k]
         v_f = theory.branch_variance(chans, False)
         f_steps.append(theory.resnet_step_variance(g_f, v_f, v_s, math.prod(inner[-1].shape_out)))
-        b_steps.append(theory.resnet_step_variance(g_b, theory.branch_variance(chans[::-1], False), v_s, math.prod(inner[0].shape_in)))
+        b_steps.append(
+            theory.resnet_step_variance(
+                g_b, theory.branch_variance(chans[::-1], False), v_s, math.prod(inner[0].shape_in)
+            )
+        )
         branch.append(v_f / 4.0)
     var_f = np.concatenate([[0.0], np.cumsum(f_steps)])
     var_b = np.concatenate([np.cumsum(np.array(b_steps)[::-1])[::-1], [0.0]])
@@ -204,38 +236,77 @@ def variances(steps_, gains: Sequence[tuple[float, float]] | None) -> tuple[np.n
 @kinds.register
 class WRN(Kind):
     name = "wrn"
-    summary = ("Probe the wide residual network of Arpit et al. 2019, supplementary Figure 5 (conv1, three groups of N blocks "
-               "[WN conv 3x3 -> ReLU -> WN conv 3x3], stride 2 and a 1x1 projection opening groups 2 and 3) state by state.")
+    summary = (
+        "Probe the wide residual network of Arpit et al. 2019, supplementary Figure 5 (conv1, three groups of N blocks "
+        "[WN conv 3x3 -> ReLU -> WN conv 3x3], stride 2 and a 1x1 projection opening groups 2 and 3) state by state."
+    )
     fields = "blocks/widen/image/samples"
     spec = WRNSpec
     noun = NET
     provides = frozenset({inits.BLOCKS, inits.TAPS})
     options = (
-        Opt("blocks", int, None, "Residual blocks per group N (the paper's 1, 16, 166, 1666).", min=1, shown="16"),
+        Opt(
+            "blocks",
+            int,
+            None,
+            "Residual blocks per group N (the paper's 1, 16, 166, 1666).",
+            min=1,
+            shown="16",
+        ),
         Opt("widen", int, None, "Widening factor k: groups of 16k, 32k, 64k channels.", min=1, shown="1"),
-        Opt("bottleneck", bool, None, "ResNet-164's bottleneck blocks [1x1, 3x3, 1x1], 4x expansion.", off="--basic", shown="basic"),
-        Opt("preset", str, None, "A named net of Arpit et al. 2019, Table 1 (sets N, k and the block type).", choices=tuple(PRESETS)),
+        Opt(
+            "bottleneck",
+            bool,
+            None,
+            "ResNet-164's bottleneck blocks [1x1, 3x3, 1x1], 4x expansion.",
+            off="--basic",
+            shown="basic",
+        ),
+        Opt(
+            "preset",
+            str,
+            None,
+            "A named net of Arpit et al. 2019, Table 1 (sets N, k and the block type).",
+            choices=tuple(PRESETS),
+        ),
         Opt("image", str, "3x32x32", "Input shape CxHxW."),
-        Opt("norm", str, "wn", "wn (weight-normalized convs), none (plain convs: he, skipinit, skipinit-sqrt) or bn (plain He "
-                               "convs, each followed by training-mode batch norm; init he).", choices=NORMS),
+        Opt(
+            "norm",
+            str,
+            "wn",
+            "wn (weight-normalized convs), none (plain convs: he, skipinit, skipinit-sqrt) or bn (plain He "
+            "convs, each followed by training-mode batch norm; init he).",
+            choices=NORMS,
+        ),
     )
-    init_help = ("Init scheme (repeatable). Default: proposed, pytorch, datadep, stage-hanin (Figure 3 right); he with "
-                 "--norm none.")
+    init_help = (
+        "Init scheme (repeatable). Default: proposed, pytorch, datadep, stage-hanin (Figure 3 right); he with "
+        "--norm none."
+    )
     # a conv net's per-sample spread is small (its weights are shared by the positions): draws matter more
     probe_defaults = {"samples": 100}
-    hints = Hints(width="units", row="b", residual=True, energy=True, x=r"block $b$ (state $h^b$)",
-                  forward=r"$\|h^b\| \,/\, \|h^0\|$", backward=r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$",
-                  units="blocks",
-                  footer="b = state (0: the input, 1: conv1's output, then each block's); mean ± std over samples of ||h^b||/||x|| "
-                         "(forward) and ||dl/dh^b||/||dl/dh^end|| (backward) over all units (channels × positions); branch = rms of "
-                         "||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = the energy-map rms (zero padding, strides, projections: "
-                         "docs/theory.md §11); =/≠ = measured rms within/outside its finite-width band (channels as the width; an "
-                         "envelope of the measured spread, it errs wide; ~ over 2 decades wide: no test); band = [√2, √e] per stage "
-                         "(Arpit et al. 2019, Theorems 3-4) times what a stride-2 group opening costs a lossless net")
+    hints = Hints(
+        width="units",
+        row="b",
+        residual=True,
+        energy=True,
+        x=r"block $b$ (state $h^b$)",
+        forward=r"$\|h^b\| \,/\, \|h^0\|$",
+        backward=r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$",
+        units="blocks",
+        footer="b = state (0: the input, 1: conv1's output, then each block's); mean ± std over samples of ||h^b||/||x|| "
+        "(forward) and ||dl/dh^b||/||dl/dh^end|| (backward) over all units (channels × positions); branch = rms of "
+        "||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = the energy-map rms (zero padding, strides, projections: "
+        "docs/theory.md §11); =/≠ = measured rms within/outside its finite-width band (channels as the width; an "
+        "envelope of the measured spread, it errs wide; ~ over 2 decades wide: no test); band = [√2, √e] per stage "
+        "(Arpit et al. 2019, Theorems 3-4) times what a stride-2 group opening costs a lossless net",
+    )
     sweep_size, sweep_sizes, sweep_widths = "blocks", "1,16", "1"
     sweep_width_help = "the widening factor k (3 x 32 x 32 inputs)"
-    band_help = ("1:1, i.e. [sqrt 2, sqrt e] per group times what its stride-2 opening costs a lossless net, with its "
-                 "finite-width allowance")
+    band_help = (
+        "1:1, i.e. [sqrt 2, sqrt e] per group times what its stride-2 opening costs a lossless net, with its "
+        "finite-width allowance"
+    )
     correlation_band = False
 
     def make(self, values: dict, inits_) -> WRNSpec:
@@ -258,12 +329,16 @@ class WRN(Kind):
     def banner(self, spec) -> str:
         net = spec.preset if spec.preset is not None else f"WRN N = {spec.blocks}, k = {spec.widen}"
         convs = len(plans.layers(steps(spec.image, spec.blocks, spec.widen, spec.bottleneck)))
-        return (f"{net} ({'bottleneck' if spec.bottleneck else 'basic'} blocks, {convs} conv layers), "
-                f"image {specs.image_text(spec.image)}, norm {spec.norm}")
+        return (
+            f"{net} ({'bottleneck' if spec.bottleneck else 'basic'} blocks, {convs} conv layers), "
+            f"image {specs.image_text(spec.image)}, norm {spec.norm}"
+        )
 
     def describe(self, config: dict) -> str:
-        return (f"WRN{' ' + config['preset'] if config.get('preset') else ''} N = {config.get('blocks')}, k = {config.get('widen')}"
-                f"{', bottleneck' if config.get('bottleneck') else ''}, image {config.get('image')}, norm {config.get('norm')}")
+        return (
+            f"WRN{' ' + config['preset'] if config.get('preset') else ''} N = {config.get('blocks')}, k = {config.get('widen')}"
+            f"{', bottleneck' if config.get('bottleneck') else ''}, image {config.get('image')}, norm {config.get('norm')}"
+        )
 
     def inits(self, spec) -> tuple[str, ...]:
         return spec.resolved_inits()
@@ -288,7 +363,9 @@ class WRN(Kind):
         C, H, W = spec.image
         small = BASE * spec.widen * max(1, H >> 2) * max(1, W >> 2)
         lower = 3 * spec.blocks * probe.samples * ((small + 7) // 8 + 16)
-        return conv.memory(lambda: self.plan(spec, probe.seed), lower, self.fields, probe, itemsize, free, check, 4)
+        return conv.memory(
+            lambda: self.plan(spec, probe.seed), lower, self.fields, probe, itemsize, free, check, 4
+        )
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
         """Per state (input, conv1, each block) the measured ratios and per block the branch ratio,
@@ -316,9 +393,15 @@ class WRN(Kind):
             br = None
             if i >= 2:
                 br = stats.ratio_stats(ln_br[:, i - 2, :])
-                stats.attach_prediction(br, None if pbr is None else pbr[i - 2], var_br[i - 2], rounding=rounding)
+                stats.attach_prediction(
+                    br, None if pbr is None else pbr[i - 2], var_br[i - 2], rounding=rounding
+                )
             stage = 0 if i < 2 else 1 + (i - 2) // blocks
-            layers.append(LayerRecord(index=i, width=widths[i], forward=f, backward=b, stage=stage, branch=br, resnet=True))
+            layers.append(
+                LayerRecord(
+                    index=i, width=widths[i], forward=f, backward=b, stage=stage, branch=br, resnet=True
+                )
+            )
         widen = (0.0, 0.0) if gate.band is None else (math.log(gate.band[0]), math.log(gate.band[1]))
         ref_f, ref_b, _ = variances(plan.steps, None)
         infos, checks, own_checks = [], [], []
@@ -326,13 +409,30 @@ class WRN(Kind):
             first, last = 1 + (k - 1) * blocks, 1 + k * blocks
             sf = None if pf is None else stats.exp_or_none(pf[last] - pf[first])
             sb = None if pb is None else stats.exp_or_none(pb[first] - pb[last])
-            infos.append(StageInfo(k, first, last, widths[first], widths[last], blocks, (math.exp(fb[0]), math.exp(fb[1])),
-                                   (math.exp(bb[0]), math.exp(bb[1])), sf, sb))
-            names = (f"stage {k} forward ||h^{last}||/||h^{first}||", f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||")
+            infos.append(
+                StageInfo(
+                    k,
+                    first,
+                    last,
+                    widths[first],
+                    widths[last],
+                    blocks,
+                    (math.exp(fb[0]), math.exp(fb[1])),
+                    (math.exp(bb[0]), math.exp(bb[1])),
+                    sf,
+                    sb,
+                )
+            )
+            names = (
+                f"stage {k} forward ||h^{last}||/||h^{first}||",
+                f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||",
+            )
             measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
             allowance = (float(ref_f[last] - ref_f[first]), float(ref_b[first] - ref_b[last]))
             own = ((pf, var_f, last, first), (pb, var_b, first, last))
-            for cname, ln, bnd, pred_, var, (lnp, v, a, e) in zip(names, measured, (fb, bb), (sf, sb), allowance, own):
+            for cname, ln, bnd, pred_, var, (lnp, v, a, e) in zip(
+                names, measured, (fb, bb), (sf, sb), allowance, own
+            ):
                 c = stats.stage_check(cname, ln, (bnd[0] + widen[0], bnd[1] + widen[1]), var, z)
                 if not c.passed:
                     c.note = "outside Theorem 3's band [sqrt 2, sqrt e] times the stride-2 transition, with its finite-width allowance"
@@ -340,15 +440,26 @@ class WRN(Kind):
                         c.note += f"; the theory predicts an RMS stage ratio of {stats.fmt(math.log10(pred_)) if pred_ > 0 else '0'} for this init"
                 checks.append(c)
                 if lnp is None:
-                    own_checks.append(Check(cname, False, c.log10_measured, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM))
+                    own_checks.append(
+                        Check(
+                            cname, False, c.log10_measured, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM
+                        )
+                    )
                     continue
                 centre, own_var = lnp[a] - lnp[e], abs(float(v[a] - v[e]))
                 t = stats.stage_check(cname, ln, (centre, centre), own_var, z, verdict="theory")
                 if not t.passed:
                     t.note = f"the theory predicts an RMS stage ratio of {stats.fmt(centre / stats.LN10)}"
                 own_checks.append(t)
-        return RunResult(init=name, widths=widths, layers=layers, checks=checks + own_checks, description=description,
-                         stages=infos, gate=gate.gate)
+        return RunResult(
+            init=name,
+            widths=widths,
+            layers=layers,
+            checks=checks + own_checks,
+            description=description,
+            stages=infos,
+            gate=gate.gate,
+        )
 
     def correlation(self, scheme, spec, plan, c0, batch):
         return conv.correlation(scheme, plan, c0, batch)

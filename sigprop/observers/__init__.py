@@ -52,9 +52,11 @@ PLUGINS: dict[str, Callable[[], Observer]] = {}
 
 def collector(name: str):
     """Register a built-in collector (a decorator on its class)."""
+
     def deco(cls):
         COLLECTORS[name] = cls
         return cls
+
     return deco
 
 

@@ -31,18 +31,33 @@ class Correlation(Observer):
 
     def forward(self, w, entry, state, out):
         r = w.space.rows(state).to(torch.float64)
-        a, b = r[:, :self.pairs], r[:, self.pairs:]
+        a, b = r[:, : self.pairs], r[:, self.pairs :]
         norms = torch.linalg.vector_norm(a, dim=-1) * torch.linalg.vector_norm(b, dim=-1)
         dot = (a * b).sum(dim=-1)
-        torch.where(norms > 0, dot / torch.where(norms > 0, norms, torch.ones_like(norms)), torch.full_like(dot, math.nan),
-                    out=self.buf[:, entry])
+        torch.where(
+            norms > 0,
+            dot / torch.where(norms > 0, norms, torch.ones_like(norms)),
+            torch.full_like(dot, math.nan),
+            out=self.buf[:, entry],
+        )
 
     def result(self):
         return self.buf
 
 
-def attach(run: RunResult, kind, scheme, spec, plan, arr: np.ndarray | None, c0s, pairs: int, max_correlation: float | None,
-           dtype: str = "float32", z: float = theory.Z_AGREEMENT) -> None:
+def attach(
+    run: RunResult,
+    kind,
+    scheme,
+    spec,
+    plan,
+    arr: np.ndarray | None,
+    c0s,
+    pairs: int,
+    max_correlation: float | None,
+    dtype: str = "float32",
+    z: float = theory.Z_AGREEMENT,
+) -> None:
     """Per row and input cosine the measured mean and sd of the pairs' cosines (``arr`` [S, C,
     E, P]: over pairs and draws) beside the kind's prediction (``kind.correlation``), a summary
     per cosine, and the ``--max-correlation`` check (the last state's mean for c0 = 0).
@@ -62,19 +77,38 @@ def attach(run: RunResult, kind, scheme, spec, plan, arr: np.ndarray | None, c0s
     for k, c0 in enumerate(c0s):
         a = arr[:, k]
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # an entry where every pair is dead: nan (JSON null)
+            warnings.simplefilter(
+                "ignore", RuntimeWarning
+            )  # an entry where every pair is dead: nan (JSON null)
             mean, sd = np.nanmean(a, axis=(0, 2)), np.nanstd(a, axis=(0, 2))
         pred, reason = kind.correlation(scheme, spec, plan, c0, 2 * pairs)
         for i, rec in enumerate(run.layers):
             p = None if pred is None else pred[i]
-            agrees = stats.cosine_agrees(float(mean[i]), float(sd[i]), p, collapse[i], slack, z) if kind.correlation_band else None
+            agrees = (
+                stats.cosine_agrees(float(mean[i]), float(sd[i]), p, collapse[i], slack, z)
+                if kind.correlation_band
+                else None
+            )
             rec.correlation.append(CorrelationStats(c0, float(mean[i]), float(sd[i]), p, agrees))
-        run.correlations.append(CorrelationSummary(
-            c0, float(mean[-1]), None if pred is None else pred[-1],
-            theory.correlation_depth_scale(c0, [float(v) for v in mean[first:]]),
-            None if pred is None else theory.correlation_depth_scale(c0, pred[first:]), reason))
+        run.correlations.append(
+            CorrelationSummary(
+                c0,
+                float(mean[-1]),
+                None if pred is None else pred[-1],
+                theory.correlation_depth_scale(c0, [float(v) for v in mean[first:]]),
+                None if pred is None else theory.correlation_depth_scale(c0, pred[first:]),
+                reason,
+            )
+        )
         if max_correlation is not None and c0 == 0.0:
             passed = bool(math.isfinite(mean[-1]) and mean[-1] <= max_correlation)
             note = "" if passed else "deep ReLU nets map inputs towards one direction (docs/theory.md §10)"
-            run.checks.append(CosineCheck("end-to-end mean cosine of input pairs with cosine 0", passed, float(mean[-1]),
-                                          max_correlation, note=note))
+            run.checks.append(
+                CosineCheck(
+                    "end-to-end mean cosine of input pairs with cosine 0",
+                    passed,
+                    float(mean[-1]),
+                    max_correlation,
+                    note=note,
+                )
+            )

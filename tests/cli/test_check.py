@@ -43,14 +43,20 @@ def test_passing_config_exits_0_with_one_line_per_check_and_junit(capsys, monkey
     assert code == 0, err
     lines = out.strip().splitlines()
     assert len(lines) == 5  # 2 + 1 + 1 (check, init) lines and the summary
-    assert lines[0].startswith("PASS  mlp-proposed [proposed] (expected to hold: signal preserved): typical forward ratio at layer 6")
-    assert "(expected to fail: signal preserved; failed: signal preserved)" in lines[2] and "outside" in lines[2]
+    assert lines[0].startswith(
+        "PASS  mlp-proposed [proposed] (expected to hold: signal preserved): typical forward ratio at layer 6"
+    )
+    assert (
+        "(expected to fail: signal preserved; failed: signal preserved)" in lines[2] and "outside" in lines[2]
+    )
     assert lines[-1].startswith("4 passed, 0 failed")
     suite = ET.parse(tmp_path / "report.xml").getroot()
     assert suite.tag == "testsuite" and suite.get("tests") == "4" and suite.get("failures") == "0"
     cases = suite.findall("testcase")
     assert [(c.get("classname"), c.get("name")) for c in cases][:2] == [
-        ("sigprop.mlp-proposed", "proposed"), ("sigprop.mlp-proposed", "proposed-gaussian")]
+        ("sigprop.mlp-proposed", "proposed"),
+        ("sigprop.mlp-proposed", "proposed-gaussian"),
+    ]
     assert all(c.find("failure") is None for c in cases)
 
 
@@ -65,26 +71,36 @@ def test_a_broken_expectation_exits_1_and_junit_shows_the_failure(capsys, monkey
     assert suite.get("failures") == "1"
     failure = [c for c in suite.findall("testcase") if c.find("failure") is not None]
     assert [c.get("classname") for c in failure] == ["sigprop.mlp-he-breaks"]
-    assert "(expected to hold: signal preserved; failed: signal preserved)" in failure[0].find("failure").get("message")
+    assert "(expected to hold: signal preserved; failed: signal preserved)" in failure[0].find("failure").get(
+        "message"
+    )
 
 
 def test_a_good_init_expected_to_fail_is_a_failure(capsys, monkeypatch, tmp_path):
-    text = GOOD.replace('depth = 6\ninit = ["proposed", "proposed-gaussian"]', 'depth = 6\ninit = "proposed"\nexpect = "fail"')
+    text = GOOD.replace(
+        'depth = 6\ninit = ["proposed", "proposed-gaussian"]', 'depth = 6\ninit = "proposed"\nexpect = "fail"'
+    )
     code, out, _ = run(capsys, monkeypatch, tmp_path, text)
-    assert code == 1 and "FAIL  mlp-proposed [proposed] (expected to fail: signal preserved; none failed)" in out
+    assert (
+        code == 1 and "FAIL  mlp-proposed [proposed] (expected to fail: signal preserved; none failed)" in out
+    )
 
 
 def test_a_check_expected_to_fail_says_which_gate_failed(capsys, monkeypatch, tmp_path):
     """Issue 27, item 6: 0.7.0 printed "(expected: not signal preserved and inputs kept apart)" for a
     run whose signal was preserved and whose correlation gate failed -- it read as the opposite of
     what happened.  Now the line names the gates that could fail and the one that did."""
-    text = ('[checks.collapse]\ncommand = "mlp"\ndepth = 30\nwidth = "64"\ninput-dim = 64\ninit = "proposed"\nsamples = 50\n'
-            'max_correlation = 0.9\nexpect = "fail"\ndevice = "cpu"\n')
+    text = (
+        '[checks.collapse]\ncommand = "mlp"\ndepth = 30\nwidth = "64"\ninput-dim = 64\ninit = "proposed"\nsamples = 50\n'
+        'max_correlation = 0.9\nexpect = "fail"\ndevice = "cpu"\n'
+    )
     code, out, err = run(capsys, monkeypatch, tmp_path, text)
     assert code == 0, err
     line = out.splitlines()[0]
-    assert line.startswith("PASS  collapse [proposed] (expected to fail: one of signal preserved, inputs kept apart "
-                           "(--max-correlation); failed: inputs kept apart (--max-correlation)): ")
+    assert line.startswith(
+        "PASS  collapse [proposed] (expected to fail: one of signal preserved, inputs kept apart "
+        "(--max-correlation); failed: inputs kept apart (--max-correlation)): "
+    )
     assert " in [" in line and "> 0.9" in line
 
 
@@ -117,7 +133,7 @@ def test_pyproject_table_is_the_default(capsys, monkeypatch, tmp_path):
         ('[checks.a]\ncommand = "mlp"\ndepth = "ten"\n', 3, "depth must be an integer"),
         ('[checks.a]\ncommand = "mlp"\ndepth = true\n', 3, "depth must be an integer"),
         ('[checks.a]\ncommand = "rnn"\n', 2, "command must be"),
-        ('[checks.a]\ndepth = 3\n', 1, "command must be"),
+        ("[checks.a]\ndepth = 3\n", 1, "command must be"),
         ('[checks.a]\ncommand = "mlp"\ninit = "nope"\n', 3, "unknown init 'nope'"),
         ('[checks.a]\ncommand = "mlp"\ndepth = 0\n', 3, "depth"),
         ('[checks.a]\ncommand = "mlp"\nwidth = "9:1"\n', 3, "reversed"),
@@ -125,7 +141,7 @@ def test_pyproject_table_is_the_default(capsys, monkeypatch, tmp_path):
         ('[checks.a]\ncommand = "resnet"\nnorm = "bn"\ninit = "proposed"\n', 4, "He init"),
         ('[checks.a]\ncommand = "resnet"\ndepth = 3\n', 3, "unknown key 'depth' for resnet"),
         ('[checks.ok]\ncommand = "mlp"\n\n[checks.b]\ncommand = "mlp"\nsamples = -1\n', 6, "samples"),
-        ('[other]\nx = 1\n', 1, "no [checks.NAME] tables"),
+        ("[other]\nx = 1\n", 1, "no [checks.NAME] tables"),
     ],
 )
 def test_bad_config_exits_2_naming_file_and_line(capsys, monkeypatch, tmp_path, text, line, words):
@@ -190,11 +206,20 @@ def test_lowest_curvature_check(capsys, monkeypatch, tmp_path):
     code, out, _ = run(capsys, monkeypatch, tmp_path, CURVATURE, "--format", "json")
     doc = json.loads(out)
     gates = [g for o in doc["checks"] for g in o["gates"]]
-    assert [g["verdict"] for g in gates] == ["curvature", "curvature"] and [g["passed"] for g in gates] == [True, False]
-    assert doc["results"]["lowest"]["schema"] == "sigprop.hessian.v1" and doc["results"]["lowest"]["config"]["head"] == "pytorch"
-    for bad, words in (('lowest_curvature = "he"', "lowest_curvature must name one of"), ("iters = 5", "applies to a lowest_curvature check only"),
-                       ('head = "init"', "applies to a lowest_curvature check only"),
-                       ('lowest_curvature = "proposed"\nhead = "wn"', "expected one of pytorch, init")):
+    assert [g["verdict"] for g in gates] == ["curvature", "curvature"] and [g["passed"] for g in gates] == [
+        True,
+        False,
+    ]
+    assert (
+        doc["results"]["lowest"]["schema"] == "sigprop.hessian.v1"
+        and doc["results"]["lowest"]["config"]["head"] == "pytorch"
+    )
+    for bad, words in (
+        ('lowest_curvature = "he"', "lowest_curvature must name one of"),
+        ("iters = 5", "applies to a lowest_curvature check only"),
+        ('head = "init"', "applies to a lowest_curvature check only"),
+        ('lowest_curvature = "proposed"\nhead = "wn"', "expected one of pytorch, init"),
+    ):
         text = '[checks.a]\ncommand = "mlp"\ndepth = 2\ninit = ["proposed", "datadep"]\n' + bad + "\n"
         code, out, err = run(capsys, monkeypatch, tmp_path, text)
         assert code == 2 and words in err and "sigprop.toml:" in err, err

@@ -56,7 +56,10 @@ def test_mlp_table_default_inits():
     for name in ("he", "proposed", "proposed-gaussian"):
         assert name in res.output
     # the verdicts are stated (he at depth 4: 2^-2, within a decade), never a red "checks failed"
-    assert "signal preserved (typical ratio in the band) by every init: he, proposed, proposed-gaussian" in res.output
+    assert (
+        "signal preserved (typical ratio in the band) by every init: he, proposed, proposed-gaussian"
+        in res.output
+    )
     assert "none" not in res.output
     assert "checks:" not in res.output and "FAIL" not in res.output
 
@@ -71,7 +74,9 @@ def test_default_run_states_the_he_baseline_without_reporting_a_failure(capsys):
 
 
 def test_json_contract(capsys):
-    code, out, err = run_main(capsys, ["mlp", *SMALL, "--init", "proposed", "--init", "datadep", "--seeds", "2", "--format", "json"])
+    code, out, err = run_main(
+        capsys, ["mlp", *SMALL, "--init", "proposed", "--init", "datadep", "--seeds", "2", "--format", "json"]
+    )
     assert code == 0
     doc = json.loads(out)  # only JSON on stdout
     assert doc["schema"] == "sigprop.result.v1" and doc["command"] == "mlp"
@@ -106,7 +111,10 @@ def test_check_exit_codes(capsys):
     assert code == 0, err
     code, _, err = run_main(capsys, [*args, "--init", "proposed", "--init", "he"])
     assert code == 1
-    assert "check failed (signal preserved): he" in err and "check failed (signal preserved): proposed" not in err
+    assert (
+        "check failed (signal preserved): he" in err
+        and "check failed (signal preserved): proposed" not in err
+    )
 
 
 @pytest.mark.parametrize(
@@ -147,8 +155,14 @@ def test_check_exit_codes(capsys):
         (["resnet", "--norm", "none", "--init", "proposed"], "--init"),
         (["resnet", "--norm", "none", "--init", "he", "--init", "unnormalized-he"], "--init"),
         (["resnet", "--stages", "40"], "--stages"),
-        (["resnet", "--blocks", "100000", "--dim", "5000", "--device", "cpu", "--no-stream"], "--blocks/--stages/--dim/--width/--samples"),
-        (["resnet", "--blocks", "100000", "--dim", "5000", "--device", "cpu", "--samples", "100000"], "--blocks/--stages/--dim/--width/--samples"),
+        (
+            ["resnet", "--blocks", "100000", "--dim", "5000", "--device", "cpu", "--no-stream"],
+            "--blocks/--stages/--dim/--width/--samples",
+        ),
+        (
+            ["resnet", "--blocks", "100000", "--dim", "5000", "--device", "cpu", "--samples", "100000"],
+            "--blocks/--stages/--dim/--width/--samples",
+        ),
         (["mlp", "--precision", "tf32", "--device", "cpu"], "--precision"),
         (["mlp", "--precision", "tf32", "--dtype", "float64"], "--precision"),
         (["resnet", "--precision", "fp16"], "--precision"),
@@ -185,7 +199,9 @@ def test_cuda_unavailable_is_refused(capsys):
 
 def test_output_written_whole(tmp_path, capsys):
     target = tmp_path / "r.json"
-    code, out, _ = run_main(capsys, ["mlp", *SMALL, "--init", "proposed", "--format", "json", "--output", str(target)])
+    code, out, _ = run_main(
+        capsys, ["mlp", *SMALL, "--init", "proposed", "--format", "json", "--output", str(target)]
+    )
     assert code == 0 and out == ""
     assert json.loads(target.read_text())["schema"] == "sigprop.result.v1"
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temp file left behind
@@ -195,7 +211,9 @@ def test_output_written_whole(tmp_path, capsys):
 
 
 def test_theory_json(capsys):
-    code, out, _ = run_main(capsys, ["theory", "--n", "2", "--n", "1000000", "--blocks", "40", "--format", "json"])
+    code, out, _ = run_main(
+        capsys, ["theory", "--n", "2", "--n", "1000000", "--blocks", "40", "--format", "json"]
+    )
     assert code == 0
     doc = json.loads(out)
     assert doc["schema"] == "sigprop.theory.v1"
@@ -236,7 +254,11 @@ def test_installed_entry_point():
     exe = beside if os.path.exists(beside) else shutil.which("sigprop")
     if exe is None:
         pytest.skip("sigprop is not installed as a console script")
-    out = subprocess.run([exe, "mlp", *SMALL, "--init", "proposed", "--format", "json", "--check"], capture_output=True, text=True)
+    out = subprocess.run(
+        [exe, "mlp", *SMALL, "--init", "proposed", "--format", "json", "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["passed"] is True
     bad = subprocess.run([exe, "mlp", "--width", "9:1"], capture_output=True, text=True)
@@ -256,7 +278,23 @@ RSMALL = ["--blocks", "6", "--dim", "40", "--width", "20:30", "--samples", "64",
 
 
 def test_resnet_json_contract(capsys):
-    code, out, err = run_main(capsys, ["resnet", *RSMALL, "--stages", "2", "--block-depth", "2", "--init", "proposed", "--init", "skipinit", "--format", "json"])
+    code, out, err = run_main(
+        capsys,
+        [
+            "resnet",
+            *RSMALL,
+            "--stages",
+            "2",
+            "--block-depth",
+            "2",
+            "--init",
+            "proposed",
+            "--init",
+            "skipinit",
+            "--format",
+            "json",
+        ],
+    )
     assert code == 0, err
     doc = json.loads(out)
     assert doc["schema"] == "sigprop.result.v1" and doc["command"] == "resnet"
@@ -279,7 +317,24 @@ def test_resnet_json_contract(capsys):
 
 
 def test_resnet_bn_json_and_csv(capsys):
-    code, out, err = run_main(capsys, ["resnet", "--norm", "bn", "--blocks", "5", "--dim", "30", "--samples", "50", "--device", "cpu", "--format", "json"])
+    code, out, err = run_main(
+        capsys,
+        [
+            "resnet",
+            "--norm",
+            "bn",
+            "--blocks",
+            "5",
+            "--dim",
+            "30",
+            "--samples",
+            "50",
+            "--device",
+            "cpu",
+            "--format",
+            "json",
+        ],
+    )
     assert code == 0, err
     doc = json.loads(out)
     assert doc["config"]["norm"] == "bn" and doc["config"]["width"] is None
@@ -288,9 +343,29 @@ def test_resnet_bn_json_and_csv(capsys):
     for l in run["layers"]:
         assert set(l["bn"]) == {"skip_variance", "moving_variance", "moving_squared_mean"}
         assert l["bn"]["skip_variance"]["predicted"] == (1.0 if l["index"] == 0 else l["index"])
-    code, out, _ = run_main(capsys, ["resnet", "--norm", "bn", "--blocks", "5", "--dim", "30", "--samples", "50", "--device", "cpu", "--format", "csv"])
+    code, out, _ = run_main(
+        capsys,
+        [
+            "resnet",
+            "--norm",
+            "bn",
+            "--blocks",
+            "5",
+            "--dim",
+            "30",
+            "--samples",
+            "50",
+            "--device",
+            "cpu",
+            "--format",
+            "csv",
+        ],
+    )
     lines = out.strip().splitlines()
-    assert lines[0].startswith("init,index,stage,width,forward_mean") and "bn_moving_squared_mean_predicted" in lines[0]
+    assert (
+        lines[0].startswith("init,index,stage,width,forward_mean")
+        and "bn_moving_squared_mean_predicted" in lines[0]
+    )
     assert len(lines) == 1 + 7
 
 
@@ -299,7 +374,9 @@ def test_resnet_table_shows_stages_and_band():
     assert res.exit_code == 0, res.output
     assert "stage 2 (h^6..h^12, 6 blocks, projection 40->80)" in res.output
     assert "[1.414, 1.649]" in res.output and "branch" in res.output
-    res = runner.invoke(app, ["resnet", "--norm", "bn", "--blocks", "4", "--dim", "30", "--samples", "40", "--device", "cpu"])
+    res = runner.invoke(
+        app, ["resnet", "--norm", "bn", "--blocks", "4", "--dim", "30", "--samples", "40", "--device", "cpu"]
+    )
     assert res.exit_code == 0, res.output
     assert "moving mean²" in res.output and "l(1-1/π)" in res.output
 
@@ -314,12 +391,28 @@ def test_resnet_norm_none_runs_unnormalized_he(capsys):
 
 
 def test_resnet_check_exit_codes(capsys):
-    args = ["resnet", "--blocks", "40", "--dim", "200", "--width", "100", "--samples", "200", "--device", "cpu", "--check"]
+    args = [
+        "resnet",
+        "--blocks",
+        "40",
+        "--dim",
+        "200",
+        "--width",
+        "100",
+        "--samples",
+        "200",
+        "--device",
+        "cpu",
+        "--check",
+    ]
     code, _, err = run_main(capsys, [*args, "--init", "proposed"])
     assert code == 0, err
     code, _, err = run_main(capsys, [*args, "--init", "proposed", "--init", "he"])
     assert code == 1
-    assert "check failed (signal preserved): he: typical stage 1 forward" in err and "check failed (signal preserved): proposed" not in err
+    assert (
+        "check failed (signal preserved): he: typical stage 1 forward" in err
+        and "check failed (signal preserved): proposed" not in err
+    )
 
 
 def test_api_resnet_matches_cli(capsys):
@@ -365,7 +458,9 @@ def test_every_cli_option_is_in_docs_cli_md():
         for param in cmd.params:
             if param.name == "help":
                 continue
-            names = [o for o in list(param.opts) + list(getattr(param, "secondary_opts", [])) if o.startswith("--")]
+            names = [
+                o for o in list(param.opts) + list(getattr(param, "secondary_opts", [])) if o.startswith("--")
+            ]
             names = names or [(param.metavar or param.name).upper()]
             for opt in names:
                 if opt not in sections[name]:
@@ -380,16 +475,36 @@ def test_cnn_command_runs_and_says_what_it_can_test(capsys):
 
     from sigprop.cli import main
 
-    args = ["cnn", "--depth", "6", "--channels", "8", "--image", "3x12x12", "--samples", "16", "--device", "cpu"]
+    args = [
+        "cnn",
+        "--depth",
+        "6",
+        "--channels",
+        "8",
+        "--image",
+        "3x12x12",
+        "--samples",
+        "16",
+        "--device",
+        "cpu",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "delta-orthogonal" in out and "agrees with finite-width theory" in out and "units" in out
     assert main(args + ["--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["command"] == "cnn" and doc["config"]["image"] == "3x12x12" and doc["config"]["units"][0] == 3 * 12 * 12
+    assert (
+        doc["command"] == "cnn"
+        and doc["config"]["image"] == "3x12x12"
+        and doc["config"]["units"][0] == 3 * 12 * 12
+    )
     delta = doc["runs"][1]
-    assert delta["init"] == "delta-orthogonal" and delta["layers"][-1]["forward"]["predicted"] == pytest.approx(0.25)
-    assert delta["layers"][0]["forward"]["agreement"]["agrees"] is True and delta["agrees_with_theory"] is True
+    assert delta["init"] == "delta-orthogonal" and delta["layers"][-1]["forward"][
+        "predicted"
+    ] == pytest.approx(0.25)
+    assert (
+        delta["layers"][0]["forward"]["agreement"]["agrees"] is True and delta["agrees_with_theory"] is True
+    )
     assert main(["cnn", "--depth", "3", "--init", "stage-hanin", "--device", "cpu"]) == 2  # a ResNet scheme
 
 
@@ -400,22 +515,53 @@ def test_wrn_command_reports_every_state_and_stage(capsys, tmp_path):
 
     from sigprop.cli import main
 
-    args = ["wrn", "--blocks", "2", "--image", "3x8x8", "--samples", "6", "--device", "cpu", "--init", "proposed", "--init", "he"]
+    args = [
+        "wrn",
+        "--blocks",
+        "2",
+        "--image",
+        "3x8x8",
+        "--samples",
+        "6",
+        "--device",
+        "cpu",
+        "--init",
+        "proposed",
+        "--init",
+        "he",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "units" in out and "stage 3 (h^5..h^7, 2 blocks" in out and "agrees with finite-width theory" in out
+    assert (
+        "units" in out and "stage 3 (h^5..h^7, 2 blocks" in out and "agrees with finite-width theory" in out
+    )
     path = tmp_path / "wrn.json"
     assert main(args + ["--format", "json", "--output", str(path)]) == 0
     doc = json.loads(path.read_text())
-    assert doc["command"] == "wrn" and doc["config"]["blocks"] == 2 and doc["config"]["units"] == [192, 1024, 1024, 1024, 512, 512, 256, 256]
+    assert (
+        doc["command"] == "wrn"
+        and doc["config"]["blocks"] == 2
+        and doc["config"]["units"] == [192, 1024, 1024, 1024, 512, 512, 256, 256]
+    )
     run = doc["runs"][0]
-    assert len(run["layers"]) == 8 and len(run["stages"]) == 3 and run["layers"][2]["branch"]["predicted"] is not None
+    assert (
+        len(run["layers"]) == 8
+        and len(run["stages"]) == 3
+        and run["layers"][2]["branch"]["predicted"] is not None
+    )
     capsys.readouterr()
     assert main(["rerun", str(path), "--format", "json"]) == 0
     again = json.loads(capsys.readouterr().out)
-    assert [r["layers"][-1]["forward"]["log10_mean"] for r in again["runs"]] == [r["layers"][-1]["forward"]["log10_mean"] for r in doc["runs"]]
-    for bad, field in ((["--preset", "resnet-110", "--blocks", "3"], "--blocks"), (["--norm", "bn", "--init", "proposed"], "He init"),
-                       (["--preset", "resnet-7"], "--preset"), (["--init", "delta"], "--init"), (["--widen", "0"], "--widen")):
+    assert [r["layers"][-1]["forward"]["log10_mean"] for r in again["runs"]] == [
+        r["layers"][-1]["forward"]["log10_mean"] for r in doc["runs"]
+    ]
+    for bad, field in (
+        (["--preset", "resnet-110", "--blocks", "3"], "--blocks"),
+        (["--norm", "bn", "--init", "proposed"], "He init"),
+        (["--preset", "resnet-7"], "--preset"),
+        (["--init", "delta"], "--init"),
+        (["--widen", "0"], "--widen"),
+    ):
         assert main(["wrn", "--device", "cpu"] + bad) == 2, bad
         err = capsys.readouterr().err
         assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -430,37 +576,100 @@ def test_hessian_command(capsys, tmp_path):
 
     from sigprop.cli import main
 
-    args = ["hessian", "mlp", "--depth", "3", "--width", "8", "--input-dim", "6", "--samples", "16", "--seeds", "2", "--device", "cpu",
-            "--init", "proposed", "--init", "datadep", "--top", "2", "--trace", "3"]
+    args = [
+        "hessian",
+        "mlp",
+        "--depth",
+        "3",
+        "--width",
+        "8",
+        "--input-dim",
+        "6",
+        "--samples",
+        "16",
+        "--seeds",
+        "2",
+        "--device",
+        "cpu",
+        "--init",
+        "proposed",
+        "--init",
+        "datadep",
+        "--top",
+        "2",
+        "--trace",
+        "3",
+    ]
     assert main(args + ["--plot", str(tmp_path / "h.png")]) == 0
     out = capsys.readouterr().out
-    assert "log10 spectral norm" in out and "lowest to highest curvature" in out and (tmp_path / "h.png").stat().st_size > 0
+    assert (
+        "log10 spectral norm" in out
+        and "lowest to highest curvature" in out
+        and (tmp_path / "h.png").stat().st_size > 0
+    )
     assert main(args + ["--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema"] == "sigprop.hessian.v1" and doc["command"] == "mlp" and [r["init"] for r in doc["runs"]] == ["proposed", "datadep"]
+    assert (
+        doc["schema"] == "sigprop.hessian.v1"
+        and doc["command"] == "mlp"
+        and [r["init"] for r in doc["runs"]] == ["proposed", "datadep"]
+    )
     d = doc["runs"][0]["draws"][0]
     assert d["status"] in ("converged", "not converged") and len(d["top"]) == 2 and d["trace_se"] is not None
-    assert d["parameters"] == 3 * (8 + 8) + 6 * 8 + 8 * 8 * 2 + (10 + 8 * 10)  # g, b, v per layer; the paper's plain head: b, W
+    assert d["parameters"] == 3 * (8 + 8) + 6 * 8 + 8 * 8 * 2 + (
+        10 + 8 * 10
+    )  # g, b, v per layer; the paper's plain head: b, W
     assert doc["config"]["head"] == "pytorch"
     assert main(args[:-4] + ["--head", "init", "--format", "json"]) == 0  # the init's own WN head: g, b, v
     doc = json.loads(capsys.readouterr().out)
-    assert doc["config"]["head"] == "init" and doc["runs"][0]["draws"][0]["parameters"] == d["parameters"] + 10
+    assert (
+        doc["config"]["head"] == "init" and doc["runs"][0]["draws"][0]["parameters"] == d["parameters"] + 10
+    )
     assert main(args[:-4] + ["--batch-size", "5", "--format", "json"]) == 0  # minibatches of 5, 5, 5, 1
     doc = json.loads(capsys.readouterr().out)
-    assert doc["config"]["batch_size"] == 5 and all(dr["status"] != "diverged" for r in doc["runs"] for dr in r["draws"])
+    assert doc["config"]["batch_size"] == 5 and all(
+        dr["status"] != "diverged" for r in doc["runs"] for dr in r["draws"]
+    )
     data = tmp_path / "d.npz"
-    np.savez(data, x=np.random.default_rng(0).standard_normal((12, 6)).astype(np.float32), y=np.arange(12) % 10)
-    assert main(["hessian", "mlp", "--depth", "2", "--width", "8", "--input-dim", "6", "--seeds", "1", "--device", "cpu", "--init", "proposed",
-                 "--data", str(data), "--format", "json"]) == 0
+    np.savez(
+        data, x=np.random.default_rng(0).standard_normal((12, 6)).astype(np.float32), y=np.arange(12) % 10
+    )
+    assert (
+        main(
+            [
+                "hessian",
+                "mlp",
+                "--depth",
+                "2",
+                "--width",
+                "8",
+                "--input-dim",
+                "6",
+                "--seeds",
+                "1",
+                "--device",
+                "cpu",
+                "--init",
+                "proposed",
+                "--data",
+                str(data),
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["config"]["data"] == str(data)
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=np.zeros((12, 5)), y=np.zeros(12, dtype=int))
-    for argv, field in ((["hessian", "mlp", "--input-dim", "6", "--data", str(bad)], "--data"),
-                        (["hessian", "mlp", "--format", "csv"], "--format"),
-                        (["hessian", "resnet", "--tol", "2"], "--tol"),
-                        (["hessian", "mlp", "--trace", "1"], "--trace"),
-                        (["hessian", "mlp", "--head", "wn"], "--head"),
-                        (["hessian", "mlp", "--batch-size", "0"], "--batch-size")):
+    for argv, field in (
+        (["hessian", "mlp", "--input-dim", "6", "--data", str(bad)], "--data"),
+        (["hessian", "mlp", "--format", "csv"], "--format"),
+        (["hessian", "resnet", "--tol", "2"], "--tol"),
+        (["hessian", "mlp", "--trace", "1"], "--trace"),
+        (["hessian", "mlp", "--head", "wn"], "--head"),
+        (["hessian", "mlp", "--batch-size", "0"], "--batch-size"),
+    ):
         assert main(argv + ["--device", "cpu"]) == 2, argv
         err = capsys.readouterr().err
         assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -18,13 +18,34 @@ from sigprop.cli import main
 
 EXAMPLES = int(os.environ.get("SIGPROP_FUZZ_EXAMPLES", "150"))
 
-GARBAGE = st.sampled_from(["", "-1", "0", "x", "1e3", "٣", "∞", "nan", "--", "-", "10**9", " 7", "7 ", "None", "1:2:3"]) | st.text(max_size=6)
+GARBAGE = st.sampled_from(
+    ["", "-1", "0", "x", "1e3", "٣", "∞", "nan", "--", "-", "10**9", " 7", "7 ", "None", "1:2:3"]
+) | st.text(max_size=6)
 SMALL_INT = st.sampled_from(["1", "2", "3", "7"])
 HUGE = st.sampled_from(["1000000000", "99999999999999999999"])
 INT = SMALL_INT | HUGE | GARBAGE
-WIDTH = st.sampled_from(["8", "4:16", "16:4", "0", "0:3", "a:b", "1:", ":", "3:3", "1000000000", "5:1000000000"]) | GARBAGE
-INITS_MLP = st.sampled_from(["proposed", "he", "datadep", "pytorch", "stage-hanin", "PROPOSED", "nope", "", "he,proposed", "skipinit", "propsed"])
-INITS_RES = st.sampled_from(["proposed", "he", "skipinit", "skipinit-sqrt", "stage-hanin", "unnormalized-he", "datadep", "nope"])
+WIDTH = (
+    st.sampled_from(["8", "4:16", "16:4", "0", "0:3", "a:b", "1:", ":", "3:3", "1000000000", "5:1000000000"])
+    | GARBAGE
+)
+INITS_MLP = st.sampled_from(
+    [
+        "proposed",
+        "he",
+        "datadep",
+        "pytorch",
+        "stage-hanin",
+        "PROPOSED",
+        "nope",
+        "",
+        "he,proposed",
+        "skipinit",
+        "propsed",
+    ]
+)
+INITS_RES = st.sampled_from(
+    ["proposed", "he", "skipinit", "skipinit-sqrt", "stage-hanin", "unnormalized-he", "datadep", "nope"]
+)
 COMMON = {
     "--samples": SMALL_INT | HUGE | GARBAGE,
     "--seed": st.sampled_from(["0", "5", "-1", "x", "18446744073709551617"]),
@@ -34,74 +55,130 @@ COMMON = {
     "--format": st.sampled_from(["table", "json", "csv", "xml", ""]),
     "--precision": st.sampled_from(["fp32", "tf32", "fp16", ""]),
     "--gate": st.sampled_from(["preserved", "theory", "both", ""]),
-    "--band": st.sampled_from(["0.5:2", "0.1:10", "2:3", "0.1:0.5", "0:1", "1", "a:b", "inf:inf", "-1:2", ""]),
+    "--band": st.sampled_from(
+        ["0.5:2", "0.1:10", "2:3", "0.1:0.5", "0:1", "1", "a:b", "inf:inf", "-1:2", ""]
+    ),
     "--threads": st.sampled_from(["1", "2", "0", "-1", "x"]),
-    "--correlation": st.sampled_from(["0", "0.5", "-0.9", "1", "-1", "0,0.5", "0,0", "1.5", "x", "nan", "", "0.5,"]),
+    "--correlation": st.sampled_from(
+        ["0", "0.5", "-0.9", "1", "-1", "0,0.5", "0,0", "1.5", "x", "nan", "", "0.5,"]
+    ),
     "--pairs": st.sampled_from(["1", "4", "0", "-2", "x"]),
     "--max-correlation": st.sampled_from(["0.9", "0", "-1", "2", "x", "nan"]),
 }
-FLAGS = st.sampled_from(["--check", "--stream", "--no-stream", "--graphs", "--no-graphs", "--help", "--bogus", "-x"])
+FLAGS = st.sampled_from(
+    ["--check", "--stream", "--no-stream", "--graphs", "--no-graphs", "--help", "--bogus", "-x"]
+)
 
 COMMANDS = {
-    "mlp": {"--depth": INT | st.sampled_from(["10,20", "3,4"]), "--input-dim": INT, "--width": WIDTH, "--init": INITS_MLP, **COMMON},
-    "resnet": {"--blocks": INT, "--stages": st.sampled_from(["1", "2", "17", "0", "40"]) | GARBAGE, "--dim": INT,
-               "--width": WIDTH, "--block-depth": INT, "--norm": st.sampled_from(["wn", "bn", "none", "ln", ""]),
-               "--init": INITS_RES, **COMMON},
-    "cnn": {"--depth": st.sampled_from(["1", "3", "0", "x", "1000000000"]), "--channels": st.sampled_from(["2", "4", "0", "-1", "y"]),
-            "--image": st.sampled_from(["1x4x4", "3x8x8", "3x8", "0x4x4", "axbxc", "3x1x1", ""]),
-            "--strided": st.sampled_from(["0", "1", "2", "5", "-1"]),
-            "--init": st.sampled_from(["proposed", "delta-orthogonal", "he", "pytorch", "datadep", "nope", "proposed,he"]), **COMMON},
-    "wrn": {"--blocks": st.sampled_from(["1", "2", "0", "x", "1000000000"]), "--widen": st.sampled_from(["1", "2", "0", "y"]),
-            "--image": st.sampled_from(["3x8x8", "3x4x4", "0x4x4", "3x8", ""]), "--bottleneck": st.just(""), "--basic": st.just(""),
-            "--preset": st.sampled_from(["resnet-56", "wrn-40-10", "resnet-7", ""]), "--norm": st.sampled_from(["wn", "bn", "none", "x"]),
-            "--init": st.sampled_from(["proposed", "he", "skipinit", "datadep", "delta-orthogonal", "nope"]), **COMMON},
-    "hessian": {"--samples": st.sampled_from(["4", "0", "x"]), "--seeds": st.sampled_from(["1", "0"]), "--iters": st.sampled_from(["2", "0"]),
-                "--tol": st.sampled_from(["0.1", "0", "2", "x"]), "--top": st.sampled_from(["0", "2", "-1"]),
-                "--trace": st.sampled_from(["0", "1", "2"]), "--data": st.sampled_from(["FILE", "missing.npz"]),
-                "--depth": st.sampled_from(["2", "0"]), "--width": st.sampled_from(["4", "0"]), "--blocks": st.sampled_from(["1", "0"]),
-                "--format": st.sampled_from(["table", "json", "csv"]), "--init": st.sampled_from(["proposed", "he", "datadep", "nope"])},
-    "theory": {"--n": st.sampled_from(["2", "1", "1000000000000", "0", "x"]), "--blocks": INT,
-               "--format": st.sampled_from(["table", "json", "csv"])},
+    "mlp": {
+        "--depth": INT | st.sampled_from(["10,20", "3,4"]),
+        "--input-dim": INT,
+        "--width": WIDTH,
+        "--init": INITS_MLP,
+        **COMMON,
+    },
+    "resnet": {
+        "--blocks": INT,
+        "--stages": st.sampled_from(["1", "2", "17", "0", "40"]) | GARBAGE,
+        "--dim": INT,
+        "--width": WIDTH,
+        "--block-depth": INT,
+        "--norm": st.sampled_from(["wn", "bn", "none", "ln", ""]),
+        "--init": INITS_RES,
+        **COMMON,
+    },
+    "cnn": {
+        "--depth": st.sampled_from(["1", "3", "0", "x", "1000000000"]),
+        "--channels": st.sampled_from(["2", "4", "0", "-1", "y"]),
+        "--image": st.sampled_from(["1x4x4", "3x8x8", "3x8", "0x4x4", "axbxc", "3x1x1", ""]),
+        "--strided": st.sampled_from(["0", "1", "2", "5", "-1"]),
+        "--init": st.sampled_from(
+            ["proposed", "delta-orthogonal", "he", "pytorch", "datadep", "nope", "proposed,he"]
+        ),
+        **COMMON,
+    },
+    "wrn": {
+        "--blocks": st.sampled_from(["1", "2", "0", "x", "1000000000"]),
+        "--widen": st.sampled_from(["1", "2", "0", "y"]),
+        "--image": st.sampled_from(["3x8x8", "3x4x4", "0x4x4", "3x8", ""]),
+        "--bottleneck": st.just(""),
+        "--basic": st.just(""),
+        "--preset": st.sampled_from(["resnet-56", "wrn-40-10", "resnet-7", ""]),
+        "--norm": st.sampled_from(["wn", "bn", "none", "x"]),
+        "--init": st.sampled_from(["proposed", "he", "skipinit", "datadep", "delta-orthogonal", "nope"]),
+        **COMMON,
+    },
+    "hessian": {
+        "--samples": st.sampled_from(["4", "0", "x"]),
+        "--seeds": st.sampled_from(["1", "0"]),
+        "--iters": st.sampled_from(["2", "0"]),
+        "--tol": st.sampled_from(["0.1", "0", "2", "x"]),
+        "--top": st.sampled_from(["0", "2", "-1"]),
+        "--trace": st.sampled_from(["0", "1", "2"]),
+        "--data": st.sampled_from(["FILE", "missing.npz"]),
+        "--depth": st.sampled_from(["2", "0"]),
+        "--width": st.sampled_from(["4", "0"]),
+        "--blocks": st.sampled_from(["1", "0"]),
+        "--format": st.sampled_from(["table", "json", "csv"]),
+        "--init": st.sampled_from(["proposed", "he", "datadep", "nope"]),
+    },
+    "theory": {
+        "--n": st.sampled_from(["2", "1", "1000000000000", "0", "x"]),
+        "--blocks": INT,
+        "--format": st.sampled_from(["table", "json", "csv"]),
+    },
     "inits": {},
     "cite": {"--init": INITS_RES | INITS_MLP},
-    "sweep": {"--depth": st.sampled_from(["2,3", "3", "2,2", "0", "x,y", "", "1000000000"]),
-              "--blocks": st.sampled_from(["2", "2,3", "-1", ""]), "--width": st.sampled_from(["8", "8,16", "0", "a", "1000000000"]),
-              "--init": st.sampled_from(["proposed", "proposed,he", "nope", "", "proposed,proposed", "he", "skipinit"]),
-              "--input-dim": st.sampled_from(["8", "0"]),
-              "--samples": SMALL_INT | GARBAGE, "--seeds": st.sampled_from(["1", "0"]), "--device": st.sampled_from(["cpu", "tpu"]),
-              "--correlation": st.sampled_from(["0", "0,0.5", "2", "x"]), "--pairs": st.sampled_from(["2", "0"])},
-    "plot": {"--x": st.sampled_from(["depth", "width", "blocks", "time", ""]),
-             "--direction": st.sampled_from(["forward", "backward", "up", "correlation"])},
+    "sweep": {
+        "--depth": st.sampled_from(["2,3", "3", "2,2", "0", "x,y", "", "1000000000"]),
+        "--blocks": st.sampled_from(["2", "2,3", "-1", ""]),
+        "--width": st.sampled_from(["8", "8,16", "0", "a", "1000000000"]),
+        "--init": st.sampled_from(
+            ["proposed", "proposed,he", "nope", "", "proposed,proposed", "he", "skipinit"]
+        ),
+        "--input-dim": st.sampled_from(["8", "0"]),
+        "--samples": SMALL_INT | GARBAGE,
+        "--seeds": st.sampled_from(["1", "0"]),
+        "--device": st.sampled_from(["cpu", "tpu"]),
+        "--correlation": st.sampled_from(["0", "0,0.5", "2", "x"]),
+        "--pairs": st.sampled_from(["2", "0"]),
+    },
+    "plot": {
+        "--x": st.sampled_from(["depth", "width", "blocks", "time", ""]),
+        "--direction": st.sampled_from(["forward", "backward", "up", "correlation"]),
+    },
     "check": {"--format": st.sampled_from(["text", "json", "yaml"])},
     "rerun": {"--format": st.sampled_from(["table", "json", "csv", "pdf"])},
 }
-CHECK_TOML = st.sampled_from([
-    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ndevice = "cpu"\ngraphs = true\n',
-    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "mlp"\ndepth = 30\nwidth = 8\nsamples = 4\ninit = "he"\nexpect = "fail"\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "mlp"\ndepth = 1000000000\nwidth = 100000\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "mlp"\ndepth = -3\n',
-    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ninit = "skipinit"\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ngate = "theory"\nband = [0.5, 2]\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ngate = "both"\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\nband = [2, 3]\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\nmax_correlation = 0.5\npairs = 4\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ncorrelation = [0, 2]\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ncorrelation = "x"\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "cnn"\ndepth = 3\nchannels = 4\nimage = "3x8x8"\nsamples = 4\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "cnn"\ndepth = 3\nchannels = 4\nimage = "3x8"\nsamples = 4\n',
-    '[checks.a]\ncommand = "wrn"\nblocks = 1\nimage = "3x8x8"\nsamples = 4\ndevice = "cpu"\n',
-    '[checks.a]\ncommand = "wrn"\npreset = "resnet-56"\nblocks = 2\n',
-    '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ninit = "skipinit"\ndevice = "cpu"\n',
-    # a sweep file of both kinds (sigprop plot must refuse it in one line)
-    '{"schema": "sigprop.sweep.v1", "config": {"command": "mlp", "depth": 2, "width": 8}, "init": "he", "end_to_end": {}}\n'
-    '{"schema": "sigprop.sweep.v1", "config": {"command": "resnet", "blocks": 2, "width": 8}, "init": "he", "end_to_end": {}}\n',
-    '[checks.a]\ncommand = mlp\n',
-    '[checks]\na = 3\n',
-    '',
-    '\x00\xff',
-])
+CHECK_TOML = st.sampled_from(
+    [
+        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ndevice = "cpu"\ngraphs = true\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 30\nwidth = 8\nsamples = 4\ninit = "he"\nexpect = "fail"\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 1000000000\nwidth = 100000\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = -3\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ninit = "skipinit"\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ngate = "theory"\nband = [0.5, 2]\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ngate = "both"\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\nband = [2, 3]\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\nmax_correlation = 0.5\npairs = 4\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ncorrelation = [0, 2]\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ncorrelation = "x"\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "cnn"\ndepth = 3\nchannels = 4\nimage = "3x8x8"\nsamples = 4\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "cnn"\ndepth = 3\nchannels = 4\nimage = "3x8"\nsamples = 4\n',
+        '[checks.a]\ncommand = "wrn"\nblocks = 1\nimage = "3x8x8"\nsamples = 4\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "wrn"\npreset = "resnet-56"\nblocks = 2\n',
+        '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ninit = "skipinit"\ndevice = "cpu"\n',
+        # a sweep file of both kinds (sigprop plot must refuse it in one line)
+        '{"schema": "sigprop.sweep.v1", "config": {"command": "mlp", "depth": 2, "width": 8}, "init": "he", "end_to_end": {}}\n'
+        '{"schema": "sigprop.sweep.v1", "config": {"command": "resnet", "blocks": 2, "width": 8}, "init": "he", "end_to_end": {}}\n',
+        "[checks.a]\ncommand = mlp\n",
+        "[checks]\na = 3\n",
+        "",
+        "\x00\xff",
+    ]
+)
 
 
 @st.composite
@@ -111,14 +188,28 @@ def argv(draw):
     args = [cmd]
     if cmd == "sweep":
         args.append(draw(st.sampled_from(["mlp", "resnet", "cnn", "wrn", ""])))
-    if cmd == "wrn":  # small maps unless the draw sets --image again (the last one counts): the default net is 4 inits x 100 samples
+    if (
+        cmd == "wrn"
+    ):  # small maps unless the draw sets --image again (the last one counts): the default net is 4 inits x 100 samples
         args += ["--image", "3x8x8"]
     if cmd == "hessian":  # a net and small defaults (later draws may override them)
-        args += [draw(st.sampled_from(["mlp", "resnet", "cnn", "wrn", "", "nope"])), "--samples", "4", "--seeds", "1", "--iters", "3"]
+        args += [
+            draw(st.sampled_from(["mlp", "resnet", "cnn", "wrn", "", "nope"])),
+            "--samples",
+            "4",
+            "--seeds",
+            "1",
+            "--iters",
+            "3",
+        ]
         if args[1] in ("cnn", "wrn"):
-            args += ["--image", "3x4x4"] + (["--channels", "2", "--depth", "2"] if args[1] == "cnn" else ["--blocks", "1"])
+            args += ["--image", "3x4x4"] + (
+                ["--channels", "2", "--depth", "2"] if args[1] == "cnn" else ["--blocks", "1"]
+            )
         elif args[1] in ("mlp", "resnet"):
-            args += ["--width", "4"] + (["--depth", "2", "--input-dim", "4"] if args[1] == "mlp" else ["--blocks", "1", "--dim", "4"])
+            args += ["--width", "4"] + (
+                ["--depth", "2", "--input-dim", "4"] if args[1] == "mlp" else ["--blocks", "1", "--dim", "4"]
+            )
     if cmd in ("plot", "rerun", "check"):
         args.append(draw(st.sampled_from(["FILE", "missing.txt", "", "∂"])))
     for _ in range(draw(st.integers(0, 5))):
@@ -134,9 +225,12 @@ def argv(draw):
             args.append(draw(GARBAGE))
     outputs = {"--output": "out.txt", "--plot": "fig.png", "--junit": "j.xml", "--out": "r.jsonl"}
     for opt, name in outputs.items():
-        applies = (opt == "--output" and cmd in ("mlp", "resnet", "theory", "check", "rerun")) or \
-                  (opt == "--plot" and cmd in ("mlp", "resnet")) or (opt == "--junit" and cmd == "check") or \
-                  (opt == "--out" and cmd in ("sweep", "plot"))
+        applies = (
+            (opt == "--output" and cmd in ("mlp", "resnet", "theory", "check", "rerun"))
+            or (opt == "--plot" and cmd in ("mlp", "resnet"))
+            or (opt == "--junit" and cmd == "check")
+            or (opt == "--out" and cmd in ("sweep", "plot"))
+        )
         if applies and draw(st.booleans()):
             args += [opt, draw(st.sampled_from([name, "nodir/" + name, "."]))]
     return args, draw(CHECK_TOML)
@@ -190,9 +284,13 @@ def test_fuzz_examples_cover_every_command():
 
 
 @settings(max_examples=min(EXAMPLES, 60), deadline=None)
-@given(st.lists(st.sampled_from(["2", "3", "5", "2,3", "3,5"]), min_size=1, max_size=3),
-       st.lists(st.sampled_from(["8", "16", "8,16"]), min_size=1, max_size=2),
-       st.lists(st.sampled_from(["proposed", "he", "pytorch", "proposed,he", "he,pytorch"]), min_size=1, max_size=3))
+@given(
+    st.lists(st.sampled_from(["2", "3", "5", "2,3", "3,5"]), min_size=1, max_size=3),
+    st.lists(st.sampled_from(["8", "16", "8,16"]), min_size=1, max_size=2),
+    st.lists(
+        st.sampled_from(["proposed", "he", "pytorch", "proposed,he", "he,pytorch"]), min_size=1, max_size=3
+    ),
+)
 def test_sweep_runs_every_value_of_repeated_and_comma_separated_options(depths, widths, names):
     """``--init a --init b`` and ``--init a,b`` mean the same: every value is planned (the
     repeated option used to keep only the last).  A value given twice is refused in one line.

@@ -8,10 +8,9 @@ import typing
 
 import pytest
 import typer
-
-from sigprop import kinds
 from typer.testing import CliRunner
 
+from sigprop import kinds
 from sigprop.cli import build
 
 app = build()
@@ -48,7 +47,9 @@ def _flat(text: str) -> str:
 
 
 def _render(path) -> str:
-    res = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}, terminal_width=400)
+    res = runner.invoke(
+        app, [*path, "--help"], env={"COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}, terminal_width=400
+    )
     assert res.exit_code == 0, res.output
     return _flat(res.output)
 
@@ -69,11 +70,26 @@ def test_help_shows_every_option_text_and_choice(path, cmd):
 TINY = {
     ("mlp",): ["--depth", "1", "--width", "3", "--input-dim", "4", "--samples", "3", "--init", "he"],
     ("resnet",): ["--blocks", "1", "--dim", "4", "--width", "3", "--samples", "3", "--init", "he"],
-    ("cnn",): ["--depth", "1", "--strided", "0", "--channels", "2", "--image", "1x4x4", "--samples", "3", "--init", "he"],
+    ("cnn",): [
+        "--depth",
+        "1",
+        "--strided",
+        "0",
+        "--channels",
+        "2",
+        "--image",
+        "1x4x4",
+        "--samples",
+        "3",
+        "--init",
+        "he",
+    ],
     ("wrn",): ["--blocks", "1", "--image", "1x4x4", "--samples", "3", "--init", "he"],
     ("theory",): ["--n", "3", "--blocks", "2"],
 }
-TINY.update({("hessian", *k): v + ["--seeds", "1", "--iters", "2"] for k, v in list(TINY.items()) if k != ("theory",)})
+TINY.update(
+    {("hessian", *k): v + ["--seeds", "1", "--iters", "2"] for k, v in list(TINY.items()) if k != ("theory",)}
+)
 
 
 @pytest.mark.parametrize("path", sorted(TINY), ids=[" ".join(p) for p in sorted(TINY)])
@@ -111,4 +127,7 @@ def test_the_top_level_help_names_every_net_and_the_curvature():
 def test_conv_nets_do_not_describe_pytorch_as_a_linear_layer():
     from sigprop import inits
 
-    assert "nn.Conv2d" in inits.get("pytorch").description and "weight_norm(nn.Linear)" not in inits.get("pytorch").description
+    assert (
+        "nn.Conv2d" in inits.get("pytorch").description
+        and "weight_norm(nn.Linear)" not in inits.get("pytorch").description
+    )

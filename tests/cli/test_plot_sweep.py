@@ -27,7 +27,21 @@ def run(capsys, args):
 @pytest.mark.parametrize("ext, magic", [("png", b"\x89PNG"), ("svg", b"<?xml"), ("pdf", b"%PDF")])
 def test_mlp_plot_is_written_in_each_format(capsys, tmp_path, ext, magic):
     path = tmp_path / f"fig.{ext}"
-    code, _, err = run(capsys, ["mlp", "--depth", "8", "--width", "48", "--plot", str(path), "--output", str(tmp_path / "o.txt"), *SMALL])
+    code, _, err = run(
+        capsys,
+        [
+            "mlp",
+            "--depth",
+            "8",
+            "--width",
+            "48",
+            "--plot",
+            str(path),
+            "--output",
+            str(tmp_path / "o.txt"),
+            *SMALL,
+        ],
+    )
     assert code == 0, err
     data = path.read_bytes()
     assert data.startswith(magic) and len(data) > 10_000
@@ -40,7 +54,9 @@ def test_mlp_plot_is_written_in_each_format(capsys, tmp_path, ext, magic):
 def test_figure_axes_read_back_mlp():
     from sigprop import plot
 
-    r = api.probe_mlp(depth=12, width=48, input_dim=48, samples=60, inits=["he", "proposed"], device="cpu", seeds=2)
+    r = api.probe_mlp(
+        depth=12, width=48, input_dim=48, samples=60, inits=["he", "proposed"], device="cpu", seeds=2
+    )
     fig = plot.build_probe_figure(r)
     fwd, bwd, zfwd, zbwd = fig.axes  # he spans decades: a linear zoom row for proposed
     assert fwd.get_title().startswith("forward") and bwd.get_title().startswith("backward")
@@ -56,8 +72,12 @@ def test_figure_axes_read_back_mlp():
     assert he_line.get_marker() != prop_line.get_marker()
     assert list(he_line.get_xdata()) == list(range(1, 13))
     assert he_line.get_ydata()[-1] == pytest.approx(10 ** r.run("he").layers[-1].forward.log10_mean)
-    dashed = [l for l in fwd.get_lines() if l.get_linestyle() == "--" and l.get_color() == he_line.get_color()][0]
-    assert dashed.get_ydata()[-1] == pytest.approx(10 ** r.run("he").layers[-1].forward.log10_predicted_typical)
+    dashed = [
+        l for l in fwd.get_lines() if l.get_linestyle() == "--" and l.get_color() == he_line.get_color()
+    ][0]
+    assert dashed.get_ydata()[-1] == pytest.approx(
+        10 ** r.run("he").layers[-1].forward.log10_predicted_typical
+    )
     assert len(fwd.collections) == 4  # sample band and draw band per init (seeds = 2)
     mpl.pyplot.close(fig)
 
@@ -70,10 +90,16 @@ def test_figure_axes_read_back_resnet_band():
     for ax, at in zip(fig.axes[:2], (6, 0)):  # forward: at h^B; backward: at h^0 -- where the band applies
         bars = [l for l in ax.get_lines() if l.get_linewidth() == 5]
         assert len(bars) == 1 and list(bars[0].get_xdata()) == [at, at]
-        assert list(bars[0].get_ydata()) == pytest.approx([theory.RESNET_LOWER, theory.RESNET_UPPER], rel=1e-12)
+        assert list(bars[0].get_ydata()) == pytest.approx(
+            [theory.RESNET_LOWER, theory.RESNET_UPPER], rel=1e-12
+        )
         # issue 27: 0.7.0 drew the band across every block, where it bounds nothing
-        assert not any(len(set(l.get_xdata())) > 1 and min(l.get_ydata()) == pytest.approx(theory.RESNET_LOWER)
-                       and max(l.get_ydata()) == pytest.approx(theory.RESNET_LOWER) for l in ax.get_lines())
+        assert not any(
+            len(set(l.get_xdata())) > 1
+            and min(l.get_ydata()) == pytest.approx(theory.RESNET_LOWER)
+            and max(l.get_ydata()) == pytest.approx(theory.RESNET_LOWER)
+            for l in ax.get_lines()
+        )
     assert "h^b" in fig.axes[0].get_ylabel() and fig.axes[0].get_yscale() == "linear"  # in band: readable
     mpl.pyplot.close(fig)
 
@@ -82,9 +108,19 @@ def test_the_correlation_row_marks_each_init_as_the_rows_above():
     """Issue 27: 0.7.0's correlation row gave the second init's marker to the second input cosine."""
     from sigprop import plot
 
-    r = api.probe_mlp(depth=4, width=16, input_dim=16, samples=20, inits=["proposed", "he"], correlations=(0.0, 0.5), device="cpu")
+    r = api.probe_mlp(
+        depth=4,
+        width=16,
+        input_dim=16,
+        samples=20,
+        inits=["proposed", "he"],
+        correlations=(0.0, 0.5),
+        device="cpu",
+    )
     fig = plot.build_probe_figure(r)
-    markers = {l.get_label(): l.get_marker() for l in fig.axes[0].get_lines() if l.get_label() in ("proposed", "he")}
+    markers = {
+        l.get_label(): l.get_marker() for l in fig.axes[0].get_lines() if l.get_label() in ("proposed", "he")
+    }
     for ax in fig.axes[-2:]:
         for line in ax.get_lines():
             label = line.get_label()
@@ -102,7 +138,11 @@ def test_multi_stage_figure_draws_each_stage_against_its_own_band():
     fig = plot.build_probe_figure(r)
     ax = fig.axes[0]
     stages = r.run("proposed").stages
-    lines = [l for l in ax.get_lines() if l.get_color() != "0.3" and l.get_linestyle() == "-" and len(l.get_xdata()) > 2]
+    lines = [
+        l
+        for l in ax.get_lines()
+        if l.get_color() != "0.3" and l.get_linestyle() == "-" and len(l.get_xdata()) > 2
+    ]
     assert [list(l.get_xdata())[0] for l in lines[:2]] == [stages[0].first, stages[1].first]
     assert all(l.get_ydata()[0] == pytest.approx(1.0) for l in lines[:2])
     bars = [l for l in ax.get_lines() if l.get_linewidth() == 5]
@@ -131,12 +171,28 @@ def test_missing_matplotlib_is_a_clear_message(monkeypatch, tmp_path):
 
 def test_sweep_appends_resumes_and_plots(capsys, tmp_path, monkeypatch):
     out = tmp_path / "r.jsonl"
-    args = ["sweep", "mlp", "--depth", "3,6", "--width", "16,32", "--init", "proposed,he", "--seeds", "2", "--out", str(out), *SMALL]
+    args = [
+        "sweep",
+        "mlp",
+        "--depth",
+        "3,6",
+        "--width",
+        "16,32",
+        "--init",
+        "proposed,he",
+        "--seeds",
+        "2",
+        "--out",
+        str(out),
+        *SMALL,
+    ]
     code, _, err = run(capsys, args)
     assert code == 0, err
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     assert len(rows) == 8 and all(r["schema"] == "sigprop.sweep.v1" for r in rows)
-    he = [r for r in rows if r["init"] == "he" and r["config"]["depth"] == 6 and r["config"]["width"] == 32][0]
+    he = [r for r in rows if r["init"] == "he" and r["config"]["depth"] == 6 and r["config"]["width"] == 32][
+        0
+    ]
     fwd = he["end_to_end"]["forward"]
     assert fwd["log10_predicted"] == pytest.approx(-3 * 0.30103, abs=1e-4)  # (1/2)^{6/2}
     assert abs(fwd["log10_mean"] - fwd["log10_predicted"]) < 0.3 and he["config"]["seeds"] == 2
@@ -166,7 +222,9 @@ def test_sweep_figure_axes():
         r = api.probe_mlp(depth=d, width=16, input_dim=16, samples=30, inits=["he"], device="cpu")
         from sigprop import sweep
 
-        point = sweep.grid(kinds.KINDS["mlp"], [d], [16], ["he"], specs.ProbeSpec(samples=30, device="cpu"))[0]
+        point = sweep.grid(kinds.KINDS["mlp"], [d], [16], ["he"], specs.ProbeSpec(samples=30, device="cpu"))[
+            0
+        ]
         rows.append(sweep.row(point, r, 0.0))
     fig = plot.build_sweep_figure(rows, "depth")
     ax = fig.axes[0]
@@ -176,7 +234,9 @@ def test_sweep_figure_axes():
     assert list(line.get_ydata()) == [r["end_to_end"]["forward"]["log10_mean"] for r in rows]
     # the typical theory line is drawn in the init's colour, dashed
     theory = [l for l in ax.get_lines() if l.get_linestyle() == "--" and l.get_color() == line.get_color()]
-    assert theory and list(theory[0].get_ydata()) == [r["end_to_end"]["forward"]["log10_predicted_typical"] for r in rows]
+    assert theory and list(theory[0].get_ydata()) == [
+        r["end_to_end"]["forward"]["log10_predicted_typical"] for r in rows
+    ]
     mpl.pyplot.close(fig)
 
 
@@ -188,7 +248,9 @@ def test_sweep_rows_with_other_samples_are_separate_lines_in_numeric_order():
     rows = []
     for samples in (100, 20, 10):
         for d in (2, 3):
-            point = sweep.grid(kinds.KINDS["mlp"], [d], [16], ["he"], specs.ProbeSpec(samples=samples, device="cpu"))[0]
+            point = sweep.grid(
+                kinds.KINDS["mlp"], [d], [16], ["he"], specs.ProbeSpec(samples=samples, device="cpu")
+            )[0]
             r = api.probe_mlp(depth=d, width=16, input_dim=16, samples=samples, inits=["he"], device="cpu")
             rows.append(sweep.row(point, r, 0.0))
     fig = plot.build_sweep_figure(rows, "depth")
@@ -217,10 +279,32 @@ def test_sweep_and_plot_bad_input(capsys, tmp_path, monkeypatch, args, option):
 
 
 def test_api_and_cli_give_the_same_numbers(capsys):
-    r = sigprop.probe_mlp(depth=5, width=32, input_dim=20, samples=50, seed=3, inits=["proposed"], device="cpu")
+    r = sigprop.probe_mlp(
+        depth=5, width=32, input_dim=20, samples=50, seed=3, inits=["proposed"], device="cpu"
+    )
     assert r.layers[0].forward.mean == r.run("proposed").layers[0].forward.mean
-    code, out, _ = run(capsys, ["mlp", "--depth", "5", "--width", "32", "--input-dim", "20", "--samples", "50", "--seed", "3",
-                                "--init", "proposed", "--device", "cpu", "--format", "json"])
+    code, out, _ = run(
+        capsys,
+        [
+            "mlp",
+            "--depth",
+            "5",
+            "--width",
+            "32",
+            "--input-dim",
+            "20",
+            "--samples",
+            "50",
+            "--seed",
+            "3",
+            "--init",
+            "proposed",
+            "--device",
+            "cpu",
+            "--format",
+            "json",
+        ],
+    )
     doc = json.loads(out)
     assert [l["forward"]["mean"] for l in doc["runs"][0]["layers"]] == [l.forward.mean for l in r.layers]
     assert [l["backward"]["mean"] for l in doc["runs"][0]["layers"]] == [l.backward.mean for l in r.layers]
@@ -244,7 +328,9 @@ def test_cite(capsys):
     code, out, _ = run(capsys, ["cite", "--init", "skipinit"])
     keys = re.findall(r"@inproceedings\{(\w+),", out)
     assert "de2020batch" in keys and "arpit2019initialize" in keys and "hanin2018start" not in keys
-    assert set(k for s in inits.INITS.values() for k in s.cites) <= set(re.findall(r"\{(\w+),", run(capsys, ["cite"])[1]))
+    assert set(k for s in inits.INITS.values() for k in s.cites) <= set(
+        re.findall(r"\{(\w+),", run(capsys, ["cite"])[1])
+    )
 
 
 COLOUR = re.compile(r"\x1b\[(?:[0-9]+;)*(?:3[0-8]|9[0-7])(?:;[0-9]+)*m")
@@ -255,7 +341,9 @@ def test_no_colour_when_piped_or_with_no_color():
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
     piped = subprocess.run(cmd, capture_output=True, text=True, env=env)
     forced = subprocess.run(cmd, capture_output=True, text=True, env={**env, "FORCE_COLOR": "1"})
-    nocolor = subprocess.run(cmd, capture_output=True, text=True, env={**env, "FORCE_COLOR": "1", "NO_COLOR": "1"})
+    nocolor = subprocess.run(
+        cmd, capture_output=True, text=True, env={**env, "FORCE_COLOR": "1", "NO_COLOR": "1"}
+    )
     assert piped.returncode == forced.returncode == nocolor.returncode == 0
     assert "\x1b[" not in piped.stdout
     assert COLOUR.search(forced.stdout)  # the test can fail: colour does appear when forced
@@ -264,7 +352,9 @@ def test_no_colour_when_piped_or_with_no_color():
 
 def test_written_files_get_the_usual_permissions(capsys, tmp_path):
     out, fig = tmp_path / "r.json", tmp_path / "f.png"
-    code, _, _ = run(capsys, ["mlp", "--depth", "3", "--format", "json", "--output", str(out), "--plot", str(fig), *SMALL])
+    code, _, _ = run(
+        capsys, ["mlp", "--depth", "3", "--format", "json", "--output", str(out), "--plot", str(fig), *SMALL]
+    )
     mask = os.umask(0)
     os.umask(mask)
     assert code == 0
@@ -280,12 +370,33 @@ def test_sweep_curvature_resumes_and_plots(tmp_path, capsys):
     from sigprop.cli import main
 
     out = tmp_path / "c.jsonl"
-    args = ["sweep", "mlp", "--curvature", "--out", str(out), "--depth", "2,3", "--width", "8", "--init", "proposed,datadep",
-            "--samples", "16", "--seeds", "2", "--device", "cpu"]
+    args = [
+        "sweep",
+        "mlp",
+        "--curvature",
+        "--out",
+        str(out),
+        "--depth",
+        "2,3",
+        "--width",
+        "8",
+        "--init",
+        "proposed,datadep",
+        "--samples",
+        "16",
+        "--seeds",
+        "2",
+        "--device",
+        "cpu",
+    ]
     assert main(args) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 4 and all(r["curvature"]["log10_spectral_norm_mean"] is not None for r in rows)
-    assert all(len(r["curvature"]["draws"]) == 2 and r["config"]["curvature"] == {"iters": 100, "tol": 1e-3, "head": "pytorch"} for r in rows)
+    assert all(
+        len(r["curvature"]["draws"]) == 2
+        and r["config"]["curvature"] == {"iters": 100, "tol": 1e-3, "head": "pytorch"}
+        for r in rows
+    )
     assert main(args) == 0 and len(out.read_text().splitlines()) == 4  # resumed: nothing ran again
     assert main(["plot", str(out), "--direction", "curvature", "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").stat().st_size > 0

@@ -66,8 +66,14 @@ def run(example: Example, cwd: Path) -> list[str]:
     env.pop("COLUMNS", None)
     args = shlex.split(example.command)
     exe = Path(sys.executable).with_name("sigprop")
-    proc = subprocess.run([str(exe) if exe.exists() else "sigprop", *args[1:]], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [str(exe) if exe.exists() else "sigprop", *args[1:]],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return [line.rstrip() for line in (proc.stderr + proc.stdout).splitlines()]
 
 
@@ -80,7 +86,11 @@ def _pattern(fragment: str) -> tuple[re.Pattern, list[str]]:
             regex += rf"(?<![\d.])({NUMBER})(?![\d])"  # a whole number: "1" never matches inside "21"
             numbers.append(part)
         else:
-            regex += r"\s+".join(re.escape(w) for w in part.split(" ")) if part.strip() else (r"\s*" if part else "")
+            regex += (
+                r"\s+".join(re.escape(w) for w in part.split(" "))
+                if part.strip()
+                else (r"\s*" if part else "")
+            )
     return re.compile(regex), numbers
 
 
@@ -88,9 +98,14 @@ def _close(quoted: str, actual: str, after: str) -> bool:
     """Equal to the printed precision (module docstring)."""
     if re.match(r"\s*s\b", after):  # a duration
         return True
-    if re.fullmatch(r"[-+]?\d+", quoted):  # below 100 a count or an index; from 100 also a float printed to 3 digits
-        return quoted == actual or (abs(int(quoted)) >= 100 and re.fullmatch(r"[-+]?\d+", actual) is not None
-                                    and abs(int(quoted) - int(actual)) <= 1)
+    if re.fullmatch(
+        r"[-+]?\d+", quoted
+    ):  # below 100 a count or an index; from 100 also a float printed to 3 digits
+        return quoted == actual or (
+            abs(int(quoted)) >= 100
+            and re.fullmatch(r"[-+]?\d+", actual) is not None
+            and abs(int(quoted) - int(actual)) <= 1
+        )
     mantissa = quoted.lower().split("e")[0]
     exponent = int(quoted.lower().split("e")[1]) if "e" in quoted.lower() else 0
     decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
@@ -107,7 +122,7 @@ def match_line(quoted: str, line: str) -> list[tuple[int, int]] | None:
         pattern, numbers = _pattern(fragment)
         found = None
         for m in pattern.finditer(line, at):
-            if all(_close(q, a, line[m.end(k + 1):]) for k, (q, a) in enumerate(zip(numbers, m.groups()))):
+            if all(_close(q, a, line[m.end(k + 1) :]) for k, (q, a) in enumerate(zip(numbers, m.groups()))):
                 found = m
                 break
         if found is None:
@@ -117,7 +132,9 @@ def match_line(quoted: str, line: str) -> list[tuple[int, int]] | None:
     return spans
 
 
-def compare(example: Example, lines: list[str]) -> tuple[list[str], list[tuple[int, list[tuple[int, int]]] | None]]:
+def compare(
+    example: Example, lines: list[str]
+) -> tuple[list[str], list[tuple[int, list[tuple[int, int]]] | None]]:
     """(problems, per quoted line the index of the output line it matched and the fragment spans)."""
     problems, matches, at = [], [], 0
     for q in example.quoted:
@@ -130,7 +147,9 @@ def compare(example: Example, lines: list[str]) -> tuple[list[str], list[tuple[i
         else:
             matches.append(None)
             near = max(lines[at:] or [""], key=lambda l: _similarity(q, l))
-            problems.append(f"{example.path.name}: `{example.command}`: not in its output (in order):\n  quoted: {q}\n  nearest: {near}")
+            problems.append(
+                f"{example.path.name}: `{example.command}`: not in its output (in order):\n  quoted: {q}\n  nearest: {near}"
+            )
     return problems, matches
 
 
@@ -159,8 +178,11 @@ def update(paths) -> int:
                 lines = run(ex, Path(tmp))
                 at = 0
                 for q, span in zip(ex.quoted, ex.spans):
-                    best = max(range(at, len(lines)), key=lambda i: (_same_integers(q, lines[i]), _similarity(q, lines[i])),
-                               default=None)
+                    best = max(
+                        range(at, len(lines)),
+                        key=lambda i: (_same_integers(q, lines[i]), _similarity(q, lines[i])),
+                        default=None,
+                    )
                     if best is None:
                         continue
                     new = _rewrite(q, lines[best])
@@ -185,14 +207,18 @@ def _rewrite(quoted: str, line: str) -> str:
             out.append(fragment)
             continue
         # decimals free, integers (indices, widths, stage numbers) and words as quoted
-        skeleton = re.sub(r"(?<![\d.])[-+]?(\d+\.\d*|\d*\.\d+)(e[-+]?\d+)?|(?<![\d.])\d+e[-+]?\d+", "\0", fragment.strip())
-        regex = "".join(f"({NUMBER})" if c == "\0" else (r"\s+" if c == " " else re.escape(c)) for c in skeleton)
+        skeleton = re.sub(
+            r"(?<![\d.])[-+]?(\d+\.\d*|\d*\.\d+)(e[-+]?\d+)?|(?<![\d.])\d+e[-+]?\d+", "\0", fragment.strip()
+        )
+        regex = "".join(
+            f"({NUMBER})" if c == "\0" else (r"\s+" if c == " " else re.escape(c)) for c in skeleton
+        )
         m = re.compile(regex).search(line, at)
         if m is None:
             out.append(fragment)
             continue
-        lead = fragment[:len(fragment) - len(fragment.lstrip())]
-        trail = fragment[len(fragment.rstrip()):]
+        lead = fragment[: len(fragment) - len(fragment.lstrip())]
+        trail = fragment[len(fragment.rstrip()) :]
         out.append(lead + m.group(0) + trail)
         at = m.end()
     return ELIDED.join(out)

@@ -2,11 +2,9 @@
 bands and counts in the docs had drifted two releases behind the tool).  The rules of the
 comparison and the way to regenerate the docs: tests/docs/examples.py."""
 
-from pathlib import Path
-
-import pytest
 
 import examples as ex  # tests/docs/examples.py (pytest puts this folder on sys.path)
+import pytest
 
 EXAMPLES = ex.examples()
 
@@ -23,15 +21,22 @@ def test_the_quoted_lines_are_the_tools_output(example, tmp_path):
     assert not problems, "\n".join(problems) + "\n(python tests/docs/examples.py --update regenerates them)"
 
 
-@pytest.mark.parametrize("quoted, line, same", [
-    ("  1  0.997±0.075  =", "  1  0.998±0.074  =", True),  # one unit in the last printed digit
-    ("  1  0.997±0.075  =", "  1  0.999±0.075  =", False),  # two
-    ("  1  0.997", " 21  0.997", False),  # integers are whole and equal
-    ("4.58e3±766", "4.59e3±767", True),
-    ("4.58e3±766", "4.60e3±766", False),
-    ("3 passed, 0 failed in 8.5 s", "3 passed, 0 failed in 41.2 s", True),  # durations are not compared
-    ("typical ... ratio 0.812 in [0.384, 2.1]", "typical forward ratio 0.812 in [0.384, 2.1]; more", True),
-])
+@pytest.mark.parametrize(
+    "quoted, line, same",
+    [
+        ("  1  0.997±0.075  =", "  1  0.998±0.074  =", True),  # one unit in the last printed digit
+        ("  1  0.997±0.075  =", "  1  0.999±0.075  =", False),  # two
+        ("  1  0.997", " 21  0.997", False),  # integers are whole and equal
+        ("4.58e3±766", "4.59e3±767", True),
+        ("4.58e3±766", "4.60e3±766", False),
+        ("3 passed, 0 failed in 8.5 s", "3 passed, 0 failed in 41.2 s", True),  # durations are not compared
+        (
+            "typical ... ratio 0.812 in [0.384, 2.1]",
+            "typical forward ratio 0.812 in [0.384, 2.1]; more",
+            True,
+        ),
+    ],
+)
 def test_numbers_are_compared_to_their_printed_precision(quoted, line, same):
     assert (ex.match_line(quoted, line) is not None) is same
 
@@ -43,7 +48,9 @@ def test_quoted_config_files_are_the_files_the_examples_run():
 
     found = 0
     for path in ex.DOCS:
-        for m in re.finditer(r"^```toml\n(# (docs/examples/[\w.-]+).*?)^```", path.read_text(encoding="utf-8"), re.S | re.M):
+        for m in re.finditer(
+            r"^```toml\n(# (docs/examples/[\w.-]+).*?)^```", path.read_text(encoding="utf-8"), re.S | re.M
+        ):
             found += 1
             assert (ex.ROOT / m.group(2)).read_text(encoding="utf-8") == m.group(1), (path.name, m.group(2))
     assert found >= 1

@@ -20,22 +20,28 @@ Python numbers passed as kernel arguments (``t * 2.0``, ``aten::scalar_tensor`` 
 are by-value launch parameters and are allowed.
 """
 
+import math
+
 import pytest
 import torch
+import walks
 from torch.utils._python_dispatch import TorchDispatchMode
-
-import math
 
 from sigprop import inits, kinds, plans, specs
 from sigprop.kernels import replay, sampling
 from sigprop.kinds import cnn, mlp, resnet, wrn
 from sigprop.kinds.resnet import ResNetSpec
 
-import walks
-
 FORBIDDEN = {
-    "aten::lift_fresh", "aten::lift_fresh_copy", "aten::_local_scalar_dense", "aten::item",
-    "aten::nonzero", "aten::masked_select", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+    "aten::lift_fresh",
+    "aten::lift_fresh_copy",
+    "aten::_local_scalar_dense",
+    "aten::item",
+    "aten::nonzero",
+    "aten::masked_select",
+    "aten::_unique2",
+    "aten::unique_dim",
+    "aten::unique_consecutive",
 }
 CPU = torch.device("cpu")
 
@@ -135,16 +141,32 @@ def test_whole_walks_with_every_observer_move_nothing_between_host_and_device(ki
     """Not only the captured steps: the walker's own loop and every observer (ratios, branch,
     BN statistics, the correlation cosines) run without a host read or a lifted scalar, so a
     GPU walk never synchronises between steps."""
-    steps = {"mlp": mlp.steps([12, 9, 16, 8]), "resnet": resnet.resnet_plan(12, 2, 2, 1, [7, 8, 9, 6]).steps,
-             "bn-resnet": resnet.resnet_plan(12, 1, 3, 0, [], stem=True).steps}[kind]
+    steps = {
+        "mlp": mlp.steps([12, 9, 16, 8]),
+        "resnet": resnet.resnet_plan(12, 2, 2, 1, [7, 8, 9, 6]).steps,
+        "bn-resnet": resnet.resnet_plan(12, 1, 3, 0, [], stem=True).steps,
+    }[kind]
     top = {"mlp": 8, "resnet": 24, "bn-resnet": 12}[kind]
     bn = kind == "bn-resnet"
-    observe = ("fwd", "bwd", "branch", "correlation") + (("bn",) if bn else ()) if kind != "mlp" else ("fwd", "bwd", "correlation")
+    observe = (
+        ("fwd", "bwd", "branch", "correlation") + (("bn",) if bn else ())
+        if kind != "mlp"
+        else ("fwd", "bwd", "correlation")
+    )
     x = sampling.pair_inputs(1, 6, 12, 0.3, CPU, torch.float32)
     e = torch.randn(12, top, generator=torch.Generator().manual_seed(0))
     mode = HostTraffic()
     with torch.no_grad(), mode:
-        r = walks.walk(steps, inits.get("unnormalized-he" if bn else name), x, e, 1, [0, 2], observe, space="plain" if bn else "log")
+        r = walks.walk(
+            steps,
+            inits.get("unnormalized-he" if bn else name),
+            x,
+            e,
+            1,
+            [0, 2],
+            observe,
+            space="plain" if bn else "log",
+        )
     assert set(r.observed) >= {"fwd", "bwd", "correlation"}
     assert not mode.found, sorted(set(mode.found))
 
@@ -174,7 +196,17 @@ def test_wrn_steps_are_graph_safe(name, stream, bottleneck):
     runner = Guarded()
     mode = HostTraffic()
     with mode:
-        walks.walk(steps, inits.get(name), x, e, 1, [0, 2], ("fwd", "bwd", "branch", "correlation"), stream=stream, runner=runner)
+        walks.walk(
+            steps,
+            inits.get(name),
+            x,
+            e,
+            1,
+            [0, 2],
+            ("fwd", "bwd", "branch", "correlation"),
+            stream=stream,
+            runner=runner,
+        )
     assert runner.steps == 14  # 7 units forward, 7 backward (the stem's backward reaches the input)
     assert not runner.mode.found, sorted(set(runner.mode.found))
     assert not mode.found, sorted(set(mode.found))

@@ -15,7 +15,7 @@ def _transformed_columns(g: torch.Tensor) -> torch.Tensor:
     m, k = g.shape
     x = torch.randn(k, m, dtype=g.dtype, generator=torch.Generator().manual_seed(5))
     for j in range(k):
-        v = torch.cat([torch.ones(1, dtype=g.dtype), a[j + 1:, j]])
+        v = torch.cat([torch.ones(1, dtype=g.dtype), a[j + 1 :, j]])
         e1 = torch.zeros(m - j, dtype=g.dtype)
         e1[0] = 1.0
         x[j, j:] = a[j, j] * (e1 - tau[j] * v)
@@ -96,7 +96,9 @@ def test_batched_ut_transform_gives_lapacks_q():
 
 def test_batched_haar_trace_moments():
     gen = torch.Generator().manual_seed(11)
-    tr = torch.diagonal(orthogonalize_batched(torch.randn(8000, 6, 6, dtype=torch.float64, generator=gen)), dim1=-2, dim2=-1).sum(-1)
+    tr = torch.diagonal(
+        orthogonalize_batched(torch.randn(8000, 6, 6, dtype=torch.float64, generator=gen)), dim1=-2, dim2=-1
+    ).sum(-1)
     assert abs(tr.mean().item()) < 0.05
     assert abs((tr**2).mean().item() - 1.0) < 0.075
     assert abs((tr**4).mean().item() - 3.0) < 0.5

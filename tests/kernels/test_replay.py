@@ -7,19 +7,18 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+import walks
+from arith import assert_same_up_to_order
+from oracle import oracle_ratios
 
 from sigprop import inits, run, specs
+from sigprop.inits import LayerRole
 from sigprop.kernels import replay, sampling
 from sigprop.kinds import resnet
 from sigprop.kinds.cnn import CNNSpec
 from sigprop.kinds.mlp import MLPSpec
 from sigprop.kinds.resnet import ResNetSpec
 from sigprop.kinds.wrn import WRNSpec
-
-import walks
-from sigprop.inits import LayerRole
-from arith import assert_same_up_to_order
-from oracle import oracle_ratios
 
 CPU = torch.device("cpu")
 MLP_WIDTHS = [12, 9, 17, 17, 17, 17, 8, 11]  # (17, 17) repeats: one step each way is captured
@@ -69,7 +68,9 @@ def test_replayed_steps_equal_eager_mlp(name, stream):
 def test_replayed_steps_equal_eager_resnet(name, width, stream):
     """Two stages (a projection block), two hidden layers per branch; fixed widths reuse the
     block steps, random widths exercise the cap."""
-    spec = ResNetSpec(blocks=4, stages=2, dim=10, width=specs.WidthSpec.parse(width), block_depth=2, inits=(name,))
+    spec = ResNetSpec(
+        blocks=4, stages=2, dim=10, width=specs.WidthSpec.parse(width), block_depth=2, inits=(name,)
+    )
     plan = resnet.ResNet().plan(spec, 3)
     dims = plan.entries
     x, e = sampling.probe_inputs(3, 5, dims[0], dims[-1], CPU, torch.float64)
@@ -160,8 +161,10 @@ def test_by_block_index_flag_matches_the_sampler(name):
             p = sampling.sample(scheme, LayerRole(6, 5, kind, 4, index), gen, CPU, torch.float64)
             draws.append(p)
         a, b = (dataclasses.asdict(p) for p in draws)
-        differs |= any(not (x is None and y is None) and (x is None or y is None or not torch.equal(x, y))
-                       for x, y in zip(a.values(), b.values()))
+        differs |= any(
+            not (x is None and y is None) and (x is None or y is None or not torch.equal(x, y))
+            for x, y in zip(a.values(), b.values())
+        )
     assert differs == scheme.by_block_index
 
 
@@ -195,8 +198,12 @@ def test_cuda_graphs_equal_eager_mlp(name, stream):
     x, e = sampling.probe_inputs(5, 6, MLP_WIDTHS[0], MLP_WIDTHS[-1], dev, torch.float64)
     _, _, p1 = walks.mlp_draw(inits.get(name), MLP_WIDTHS, x, e, seed=5, draw=0)
     fwd, bwd, _ = oracle_ratios(p1, x, e)
-    np.testing.assert_allclose(torch.exp(replayed[0][0]).cpu().numpy(), fwd.detach().cpu().numpy(), rtol=1e-10)
-    np.testing.assert_allclose(torch.exp(replayed[1][0]).cpu().numpy(), bwd.detach().cpu().numpy(), rtol=1e-10)
+    np.testing.assert_allclose(
+        torch.exp(replayed[0][0]).cpu().numpy(), fwd.detach().cpu().numpy(), rtol=1e-10
+    )
+    np.testing.assert_allclose(
+        torch.exp(replayed[1][0]).cpu().numpy(), bwd.detach().cpu().numpy(), rtol=1e-10
+    )
 
 
 @needs_cuda
@@ -205,14 +212,20 @@ def test_cuda_graphs_run_mlp_and_resnet_float32(stream):
     """Through the driver (run.measure) at float32 (the default path on a GPU): graphs on, recorded,
     and the numbers of --no-graphs."""
     mlp = MLPSpec(depth=30, input_dim=64, width=specs.WidthSpec(64, 64), inits=("proposed", "he", "datadep"))
-    res = ResNetSpec(blocks=6, stages=2, dim=32, width=specs.WidthSpec(32, 32), block_depth=1, inits=("proposed", "he"))
+    res = ResNetSpec(
+        blocks=6, stages=2, dim=32, width=specs.WidthSpec(32, 32), block_depth=1, inits=("proposed", "he")
+    )
     for spec in (mlp, res):
         on = walks.measure(spec, specs.ProbeSpec(samples=64, seeds=2, device="cuda", stream=stream))
-        off = walks.measure(spec, specs.ProbeSpec(samples=64, seeds=2, device="cuda", stream=stream, graphs=False))
+        off = walks.measure(
+            spec, specs.ProbeSpec(samples=64, seeds=2, device="cuda", stream=stream, graphs=False)
+        )
         assert on[2]["graphs"].startswith("on") and off[2]["graphs"] == "off", on[2]["graphs"]
         for name in on[1]:
             a, b = on[1][name], off[1][name]
-            for x, y in (zip(a, b) if isinstance(a, tuple) else ((a[k], b[k]) for k in ("fwd", "bwd", "branch"))):
+            for x, y in (
+                zip(a, b) if isinstance(a, tuple) else ((a[k], b[k]) for k in ("fwd", "bwd", "branch"))
+            ):
                 np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
 
 
@@ -259,7 +272,9 @@ def test_a_plan_with_a_unit_that_cannot_be_replayed_runs_eagerly(stream):
     observe = ("fwd", "bwd", "branch", "bn")
     eager = walks.walk(plan.steps, scheme, x, e, 2, [0, 1], observe, space="plain", stream=stream).observed
     runner = replay.Emulated()
-    replayed = walks.walk(plan.steps, scheme, x, e, 2, [0, 1], observe, space="plain", stream=stream, runner=runner).observed
+    replayed = walks.walk(
+        plan.steps, scheme, x, e, 2, [0, 1], observe, space="plain", stream=stream, runner=runner
+    ).observed
     assert runner.steps == {} and not runner.seen  # never used
     for key in eager:
         assert torch.equal(eager[key], replayed[key]), key
@@ -275,7 +290,9 @@ def test_cuda_graphs_run_cnn_and_wrn(stream):
     wrn = WRNSpec(blocks=2, image=(3, 16, 16), inits=("proposed", "stage-hanin"))
     for spec in (cnn, wrn):
         on = walks.measure(spec, specs.ProbeSpec(samples=32, seeds=2, device="cuda", stream=stream))
-        off = walks.measure(spec, specs.ProbeSpec(samples=32, seeds=2, device="cuda", stream=stream, graphs=False))
+        off = walks.measure(
+            spec, specs.ProbeSpec(samples=32, seeds=2, device="cuda", stream=stream, graphs=False)
+        )
         assert on[2]["graphs"].startswith("on") and off[2]["graphs"] == "off", on[2]["graphs"]
         for name in on[1]:
             for key in on[1][name]:

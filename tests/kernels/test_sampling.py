@@ -5,12 +5,11 @@ forced here on the CPU) to rounding and against the autograd oracle."""
 import numpy as np
 import pytest
 import torch
+import walks
+from oracle import oracle_ratios
 
 from sigprop import inits
 from sigprop.kernels import replay, sampling
-
-import walks
-from oracle import oracle_ratios
 
 #: free bytes offered to ``haar_chunk`` (plenty: the chunk is then limited by CHUNK_MAX)
 FREE = 2**34
@@ -23,7 +22,9 @@ def test_pytorch_matches_nn_linear_default_distribution():
     assert lin.weight.abs().max().item() <= bound
     assert lin.weight.var().item() == pytest.approx(bound**2 / 3, rel=0.05)
     role = inits.LayerRole(400, 300)
-    p = sampling.sample(inits.get("pytorch"), role, torch.Generator().manual_seed(0), torch.device("cpu"), torch.float64)
+    p = sampling.sample(
+        inits.get("pytorch"), role, torch.Generator().manual_seed(0), torch.device("cpu"), torch.float64
+    )
     assert p.v.abs().max().item() <= bound
     assert p.v.var().item() == pytest.approx(bound**2 / 3, rel=0.05)
     assert torch.allclose(p.scale, torch.ones_like(p.scale))  # g = ||v||: w = v
@@ -32,7 +33,9 @@ def test_pytorch_matches_nn_linear_default_distribution():
 @pytest.mark.parametrize("shape", [(30, 50), (50, 30), (40, 40)])
 def test_orthogonal_directions(shape):
     role = inits.LayerRole(fan_in=shape[1], fan_out=shape[0])
-    p = sampling.sample(inits.get("proposed"), role, torch.Generator().manual_seed(1), torch.device("cpu"), torch.float64)
+    p = sampling.sample(
+        inits.get("proposed"), role, torch.Generator().manual_seed(1), torch.device("cpu"), torch.float64
+    )
     q = p.v
     gram = q @ q.T if shape[0] <= shape[1] else q.T @ q
     assert torch.allclose(gram, torch.eye(min(shape), dtype=torch.float64), atol=1e-12)
@@ -43,7 +46,9 @@ def test_common_random_numbers_across_inits():
     role = inits.LayerRole(20, 30)
     dev = torch.device("cpu")
     he = sampling.sample(inits.get("he"), role, sampling.layer_generator(0, 0, 1, dev), dev, torch.float64)
-    pg = sampling.sample(inits.get("proposed-gaussian"), role, sampling.layer_generator(0, 0, 1, dev), dev, torch.float64)
+    pg = sampling.sample(
+        inits.get("proposed-gaussian"), role, sampling.layer_generator(0, 0, 1, dev), dev, torch.float64
+    )
     # same directions, different gains
     assert torch.allclose(he.v / he.v.norm(dim=1, keepdim=True), pg.v / pg.v.norm(dim=1, keepdim=True))
 
@@ -92,7 +97,9 @@ def test_chunking_is_off_where_it_does_not_apply(monkeypatch):
     assert sampling.haar_chunk(inits.get("he"), [8] + [16] * 5, 1, cpu, 4, FREE) == 0  # Gaussian directions
     assert sampling.haar_chunk(inits.get("datadep"), [8] + [16] * 5, 1, cpu, 4, FREE) == 0
     monkeypatch.setattr(sampling, "BATCHED_HAAR", "cuda")
-    assert sampling.haar_chunk(inits.get("proposed"), [8] + [16] * 5, 1, cpu, 4, FREE) == 0  # CPU: LAPACK per layer
+    assert (
+        sampling.haar_chunk(inits.get("proposed"), [8] + [16] * 5, 1, cpu, 4, FREE) == 0
+    )  # CPU: LAPACK per layer
 
 
 def test_batched_draws_use_one_haar_call_and_equal_per_draw(monkeypatch):

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import walks
 
 from sigprop import inits, plans
 from sigprop.kernels import logspace as ls
 from sigprop.kernels import sampling
 from sigprop.kinds import cnn
-
-import walks
 
 CONV_INITS = ["proposed", "proposed-gaussian", "he", "pytorch"]
 
@@ -31,7 +30,11 @@ def oracle(params, steps, x, e):
     h, pre = x.reshape(N, *steps[0].shape_in), []
     for p, st in zip(params, plans.layers(steps)):
         v = p.v.detach()
-        wmat = p.g.detach().unsqueeze(1) * v / torch.linalg.vector_norm(v, dim=1, keepdim=True) if p.g is not None else v
+        wmat = (
+            p.g.detach().unsqueeze(1) * v / torch.linalg.vector_norm(v, dim=1, keepdim=True)
+            if p.g is not None
+            else v
+        )
         wk = wmat.reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
         a = F.conv2d(h, wk, None if p.bias is None else p.bias.detach(), stride=st.stride, padding=st.padding)
         a.retain_grad()
@@ -59,7 +62,9 @@ def test_conv_walk_matches_autograd(name, image, channels, depth):
 @pytest.mark.parametrize("stream", [False, True])
 def test_conv_draws_batched_and_streamed_equal_one_by_one(stream):
     steps = cnn.steps((3, 10, 10), 6, 5)
-    x, e = sampling.probe_inputs(1, 5, 300, math.prod(steps[-2].shape_out), torch.device("cpu"), torch.float64)
+    x, e = sampling.probe_inputs(
+        1, 5, 300, math.prod(steps[-2].shape_out), torch.device("cpu"), torch.float64
+    )
     batched = _walk("proposed", steps, x, e, [2, 0, 1], stream=stream).observed
     for s, draw in enumerate([2, 0, 1]):
         one = _walk("proposed", steps, x, e, [draw]).observed
@@ -76,7 +81,9 @@ def test_conv_probe_follows_the_energy_map(name):
     energy map ``plans.predict`` given each input's and error's energy map, then averaged): with the unconditional
     one the first layer misses by 4 se -- the border map weighs the given inputs' positions."""
     steps = cnn.steps((3, 16, 16), 48, 8)
-    x, e = sampling.probe_inputs(4, 32, 768, math.prod(steps[-2].shape_out), torch.device("cpu"), torch.float64)
+    x, e = sampling.probe_inputs(
+        4, 32, 768, math.prod(steps[-2].shape_out), torch.device("cpu"), torch.float64
+    )
     r = _walk(name, steps, x, e, list(range(24))).observed
     scheme = inits.get(name)
     xe = x.reshape(32, 3, 16, 16).pow(2).sum(1).numpy()

@@ -4,9 +4,12 @@ robustness at depth, determinism."""
 import dataclasses
 import math
 
+import closed_forms
 import numpy as np
 import pytest
 import torch
+import walks
+from oracle import oracle_ratios
 
 from sigprop import inits, specs
 from sigprop.errors import SigpropError
@@ -14,10 +17,6 @@ from sigprop.kernels import logspace as ls
 from sigprop.kernels import sampling
 from sigprop.kinds.mlp import MLPSpec
 from sigprop.kinds.resnet import ResNetSpec
-
-import closed_forms
-import walks
-from oracle import oracle_ratios
 
 INIT_NAMES = inits.names("mlp")
 
@@ -43,12 +42,6 @@ def test_datadep_standardises_preactivations():
         a = a.detach()
         assert torch.allclose(a.mean(0), torch.zeros(a.shape[1], dtype=a.dtype), atol=1e-10)
         assert torch.allclose(a.std(0, unbiased=False), torch.ones(a.shape[1], dtype=a.dtype), atol=1e-10)
-
-
-
-
-
-
 
 
 def test_log_space_depth_3000_stays_finite_and_near_theory():
@@ -125,13 +118,15 @@ def test_cuda_engine_matches_autograd(name):
     np.testing.assert_allclose(torch.exp(ln_b).cpu().numpy(), bwd.detach().cpu().numpy(), rtol=1e-10)
 
 
-
-
 @pytest.mark.parametrize("name", ["proposed", "datadep", "pytorch"])
 def test_streaming_equals_stored(name):
     spec = MLPSpec(depth=12, input_dim=30, width=specs.WidthSpec(20, 40), inits=(name,))
-    _, stored, env = walks.measure(spec, specs.ProbeSpec(samples=40, seed=3, seeds=2, device="cpu", stream=False))
-    _, streamed, env_s = walks.measure(spec, specs.ProbeSpec(samples=40, seed=3, seeds=2, device="cpu", stream=True))
+    _, stored, env = walks.measure(
+        spec, specs.ProbeSpec(samples=40, seed=3, seeds=2, device="cpu", stream=False)
+    )
+    _, streamed, env_s = walks.measure(
+        spec, specs.ProbeSpec(samples=40, seed=3, seeds=2, device="cpu", stream=True)
+    )
     assert env["stream"] is False and env_s["stream"] is True
     np.testing.assert_array_equal(stored[name]["fwd"], streamed[name]["fwd"])
     np.testing.assert_array_equal(stored[name]["bwd"], streamed[name]["bwd"])
@@ -163,7 +158,9 @@ def test_draws_split_into_batches_give_the_same_numbers():
     """--seeds 5 run as one batch of 5 or as batches of 2, 2, 1 (as when memory is short, or as
     a rerun pins them); the correlation walks too."""
     spec = MLPSpec(depth=6, input_dim=20, width=specs.WidthSpec(10, 30), inits=("proposed", "datadep"))
-    probe = specs.ProbeSpec(samples=24, seed=1, seeds=5, device="cpu", dtype="float64", correlations=(0.0, 0.7), pairs=9)
+    probe = specs.ProbeSpec(
+        samples=24, seed=1, seeds=5, device="cpu", dtype="float64", correlations=(0.0, 0.7), pairs=9
+    )
     _, whole, env = walks.measure(spec, probe)
     assert env["batch"] == 5
     _, split, env2 = walks.measure(spec, dataclasses.replace(probe, batch=2))
@@ -198,15 +195,21 @@ def test_cuda_batched_and_streamed_match_autograd(name):
     for s in range(2):
         _, _, p1 = walks.mlp_draw(scheme, widths, x, e, seed=5, draw=s)
         fwd, bwd, _ = oracle_ratios(p1, x, e)
-        np.testing.assert_allclose(torch.exp(stored[0][s]).cpu().numpy(), fwd.detach().cpu().numpy(), rtol=1e-10)
-        np.testing.assert_allclose(torch.exp(stored[1][s]).cpu().numpy(), bwd.detach().cpu().numpy(), rtol=1e-10)
+        np.testing.assert_allclose(
+            torch.exp(stored[0][s]).cpu().numpy(), fwd.detach().cpu().numpy(), rtol=1e-10
+        )
+        np.testing.assert_allclose(
+            torch.exp(stored[1][s]).cpu().numpy(), bwd.detach().cpu().numpy(), rtol=1e-10
+        )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_tf32_runs_and_stays_close_to_fp32():
     spec = MLPSpec(depth=50, input_dim=256, width=specs.WidthSpec(256, 256), inits=("proposed",))
     f32 = walks.measure(spec, specs.ProbeSpec(samples=256, device="cuda"))[1]["proposed"]["fwd"]
-    t32 = walks.measure(spec, specs.ProbeSpec(samples=256, device="cuda", precision="tf32"))[1]["proposed"]["fwd"]
+    t32 = walks.measure(spec, specs.ProbeSpec(samples=256, device="cuda", precision="tf32"))[1]["proposed"][
+        "fwd"
+    ]
     assert torch.backends.cuda.matmul.allow_tf32 is False  # restored after the run
     # TF32 keeps 10 mantissa bits: per-layer relative error ~ 2^-11; 50 layers stay well within 1%
     assert np.abs(t32 - f32).max() < 0.01
@@ -234,16 +237,17 @@ def test_one_weight_arena_alive_at_a_time(monkeypatch, arch):
     try:
         probe = specs.ProbeSpec(samples=8, seeds=2, device="cpu", stream=False, batch=1)
         if arch == "mlp":
-            walks.measure(MLPSpec(depth=6, input_dim=32, width=specs.WidthSpec(32, 32), inits=("proposed", "he", "pytorch")), probe)
+            walks.measure(
+                MLPSpec(
+                    depth=6, input_dim=32, width=specs.WidthSpec(32, 32), inits=("proposed", "he", "pytorch")
+                ),
+                probe,
+            )
         else:
             norm, names = ("bn", ("unnormalized-he",)) if arch == "bn" else ("wn", ("proposed", "he"))
-            walks.measure(ResNetSpec(blocks=3, dim=32, width=specs.WidthSpec(32, 32), norm=norm, inits=names), probe)
+            walks.measure(
+                ResNetSpec(blocks=3, dim=32, width=specs.WidthSpec(32, 32), norm=norm, inits=names), probe
+            )
     finally:
         gc.enable()
     assert len(live) >= 2 and peak[0] == 1
-
-
-
-
-
-

@@ -7,14 +7,13 @@ import math
 import numpy as np
 import pytest
 import torch
+import walks
+from oracle import oracle_bn, oracle_resnet
 
 from sigprop import inits, kinds, specs, walker
 from sigprop.kernels import sampling
 from sigprop.kinds import resnet
 from sigprop.kinds.resnet import ResNetSpec
-
-import walks
-from oracle import oracle_bn, oracle_resnet
 
 KIND = kinds.KINDS["resnet"]
 RESNET_INITS = inits.names(KIND.provides)
@@ -22,7 +21,14 @@ CPU = torch.device("cpu")
 
 
 def _plan(dim, stages, blocks, depth, lo=3, hi=9, seed=0):
-    spec = ResNetSpec(blocks=blocks, stages=stages, dim=dim, width=specs.WidthSpec(lo, hi), block_depth=depth, inits=("proposed",))
+    spec = ResNetSpec(
+        blocks=blocks,
+        stages=stages,
+        dim=dim,
+        width=specs.WidthSpec(lo, hi),
+        block_depth=depth,
+        inits=("proposed",),
+    )
     return KIND.plan(spec, seed)
 
 
@@ -160,7 +166,11 @@ def test_resnet_batched_and_streamed_match_autograd_per_draw(name, stream):
     for s, draw in enumerate([2, 0]):
         r1, params = walks.resnet_draw(inits.get(name), plan, x, e, seed=4, draw=draw)
         fwd, bwd, branch, _ = oracle_resnet(params, x, e)
-        for got, one, ref in ((r.ln_fwd, r1.ln_fwd, fwd), (r.ln_bwd, r1.ln_bwd, bwd), (r.ln_branch, r1.ln_branch, branch)):
+        for got, one, ref in (
+            (r.ln_fwd, r1.ln_fwd, fwd),
+            (r.ln_bwd, r1.ln_bwd, bwd),
+            (r.ln_branch, r1.ln_branch, branch),
+        ):
             np.testing.assert_allclose(got[s].numpy(), one.numpy(), rtol=1e-13, atol=1e-13)
             np.testing.assert_allclose(torch.exp(got[s]).numpy(), ref.numpy(), rtol=1e-10)
 
@@ -179,11 +189,17 @@ def test_bn_batched_and_streamed_match_autograd_per_draw(stream):
         np.testing.assert_allclose(r.bn[s].numpy(), r1.bn.numpy(), rtol=1e-12)
 
 
-@pytest.mark.parametrize("norm, names", [("wn", ("proposed", "datadep", "stage-hanin")), ("bn", ("he",)), ("none", ("he", "skipinit"))])
+@pytest.mark.parametrize(
+    "norm, names",
+    [("wn", ("proposed", "datadep", "stage-hanin")), ("bn", ("he",)), ("none", ("he", "skipinit"))],
+)
 def test_resnet_streaming_equals_stored(norm, names):
     kw = {} if norm == "bn" else {"stages": 2, "block_depth": 2, "width": specs.WidthSpec(5, 9)}
     spec = ResNetSpec(blocks=3, dim=8, norm=norm, inits=names, **kw)
-    runs = [walks.measure(spec, specs.ProbeSpec(samples=24, seed=3, seeds=2, device="cpu", stream=s)) for s in (False, True)]
+    runs = [
+        walks.measure(spec, specs.ProbeSpec(samples=24, seed=3, seeds=2, device="cpu", stream=s))
+        for s in (False, True)
+    ]
     assert [r[2]["stream"] for r in runs] == [False, True]
     for name in spec.resolved_inits():
         for key, arr in runs[0][1][name].items():

@@ -8,16 +8,25 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import walks
 
 from sigprop import inits, plans, walker
 from sigprop.kernels import logspace as ls
 from sigprop.kernels import sampling
 from sigprop.kinds import cnn, wrn
 
-import walks
-
-WRN_INITS = ["proposed", "proposed-gaussian", "he", "pytorch", "datadep", "stage-hanin", "skipinit", "skipinit-sqrt", "unnormalized-he",
-             "delta-orthogonal"]
+WRN_INITS = [
+    "proposed",
+    "proposed-gaussian",
+    "he",
+    "pytorch",
+    "datadep",
+    "stage-hanin",
+    "skipinit",
+    "skipinit-sqrt",
+    "unnormalized-he",
+    "delta-orthogonal",
+]
 
 
 def _walk(name, steps, x, e, draws, stream=False):
@@ -26,7 +35,11 @@ def _walk(name, steps, x, e, draws, stream=False):
 
 def _conv(p, st, h):
     v = p.v.detach()
-    wmat = p.g.detach().unsqueeze(1) * v / torch.linalg.vector_norm(v, dim=1, keepdim=True) if p.g is not None else v
+    wmat = (
+        p.g.detach().unsqueeze(1) * v / torch.linalg.vector_norm(v, dim=1, keepdim=True)
+        if p.g is not None
+        else v
+    )
     wk = wmat.reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
     return F.conv2d(h, wk, None if p.bias is None else p.bias.detach(), stride=st.stride, padding=st.padding)
 
@@ -67,15 +80,23 @@ def _ratios(states, h, x, e):
 
 def _check(name, steps, draws=(0,), stream=False):
     out = plans.layers(steps)[-1].shape_out
-    x, e = sampling.probe_inputs(2, 5, math.prod(steps[1].shape_in), math.prod(out), torch.device("cpu"), torch.float64)
+    x, e = sampling.probe_inputs(
+        2, 5, math.prod(steps[1].shape_in), math.prod(out), torch.device("cpu"), torch.float64
+    )
     r = _walk(name, steps, x, e, list(draws), stream=stream)
     for s in range(len(draws)):
         kept = [k if not hasattr(k.params, "branch") else k for k in r.kept]
         one = [walker.KeptLayer(ls.unstack(kept[0].params, s), None)]
         for k in kept[1:]:
             bp = k.params
-            one.append(walker.KeptBlock(walker.BlockParams([ls.unstack(p, s) for p in bp.branch], ls.unstack(bp.projection, s),
-                                                           bp.alpha), k.masks))
+            one.append(
+                walker.KeptBlock(
+                    walker.BlockParams(
+                        [ls.unstack(p, s) for p in bp.branch], ls.unstack(bp.projection, s), bp.alpha
+                    ),
+                    k.masks,
+                )
+            )
         fwd, bwd = oracle(one, steps, x, e)
         np.testing.assert_allclose(torch.exp(r.observed["fwd"][s]).numpy(), fwd.numpy(), rtol=1e-10)
         np.testing.assert_allclose(torch.exp(r.observed["bwd"][s]).numpy(), bwd.numpy(), rtol=1e-10)
@@ -106,7 +127,12 @@ def test_wrn_plan_follows_figure_5():
     assert len(convs) == 1 + 3 * 4 * 2 + 2  # conv1, two convs per block, two projections
     assert convs[-1].shape_out == (128, 8, 8)
     strided = [c for c in convs if c.stride == 2]
-    assert [(c.kernel, c.shape_in) for c in strided] == [(3, (32, 32, 32)), (1, (32, 32, 32)), (3, (64, 16, 16)), (1, (64, 16, 16))]
+    assert [(c.kernel, c.shape_in) for c in strided] == [
+        (3, (32, 32, 32)),
+        (1, (32, 32, 32)),
+        (3, (64, 16, 16)),
+        (1, (64, 16, 16)),
+    ]
     gains = [inits.proposed_gain_sq(c.role) for c in convs[:3]]
     assert gains == pytest.approx([3 / 32, 2.0, 1 / 4])  # conv1 gamma 1, ReLU conv 2, last conv 1/B_k
 
@@ -127,7 +153,9 @@ def test_datadep_conv_standardises_each_channel_over_batch_and_positions():
     """Salimans & Kingma 2016, eq. 5-6 for a conv: g and b make every output channel's
     pre-activation mean 0, variance 1 over the batch and the positions (not per position)."""
     steps = cnn.steps((3, 9, 9), 6, 2)
-    x, e = sampling.probe_inputs(5, 12, 243, math.prod(steps[-2].shape_out), torch.device("cpu"), torch.float64)
+    x, e = sampling.probe_inputs(
+        5, 12, 243, math.prod(steps[-2].shape_out), torch.device("cpu"), torch.float64
+    )
     r = walks.walk(steps, inits.get("datadep"), x, e, 3, [0])
     p = ls.unstack(r.kept[0].params, 0)
     a = _conv(p, steps[0], x.reshape(12, 3, 9, 9))  # [N, c, H, W]
@@ -174,7 +202,9 @@ def test_bn_wrn_walk_matches_autograd(bottleneck, stream):
     x, e = sampling.probe_inputs(2, 5, 108, math.prod(out), torch.device("cpu"), torch.float64)
     he = inits.get("unnormalized-he")  # --norm bn runs plain He convs (sigprop/kinds/wrn.py)
     r = walks.walk(steps, he, x, e, 3, [0, 1], ("fwd", "bwd", "branch"), space="plain", stream=False)
-    got = walks.walk(steps, he, x, e, 3, [0, 1], ("fwd", "bwd", "branch"), space="plain", stream=stream).observed
+    got = walks.walk(
+        steps, he, x, e, 3, [0, 1], ("fwd", "bwd", "branch"), space="plain", stream=stream
+    ).observed
     for s in range(2):
         fwd, bwd = bn_oracle(r.kept, steps, x, e, s)
         np.testing.assert_allclose(torch.exp(got["fwd"][s]).numpy(), fwd.numpy(), rtol=1e-10)

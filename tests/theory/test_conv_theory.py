@@ -5,19 +5,18 @@ biases; the composed map (plans.predict) against the conv energy recursion writt
 
 import math
 
+import closed_forms
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import walks
 
 from sigprop import inits, plans, specs, theory
 from sigprop.kernels import sampling
 from sigprop.kinds import cnn, wrn
 from sigprop.kinds.cnn import CNNSpec
 from sigprop.kinds.wrn import WRNSpec
-
-import closed_forms
-import walks
 
 
 def _rows(kind, c_in, c_out, k, gen):
@@ -39,7 +38,9 @@ def _rows(kind, c_in, c_out, k, gen):
         w = v.reshape(c_out, c_in, k, k)
         return w, bias, (fan_in / (3 * fan_in), 1.0 / (3 * fan_in), "isotropic")
     elif kind == "delta-orthogonal":  # Xiao et al. 2018: an orthogonal c_out x c_in matrix at the centre tap
-        q, r = torch.linalg.qr(torch.randn(max(c_in, c_out), max(c_in, c_out), generator=gen, dtype=torch.float64))
+        q, r = torch.linalg.qr(
+            torch.randn(max(c_in, c_out), max(c_in, c_out), generator=gen, dtype=torch.float64)
+        )
         q = (q * torch.sign(torch.diagonal(r)))[:c_out, :c_in]
         w = torch.zeros(c_out, c_in, k, k, dtype=torch.float64)
         w[:, :, k // 2, k // 2] = q
@@ -91,9 +92,14 @@ def test_cnn_energy_map_matches_monte_carlo(kind, seed=SEED):
 
 
 def test_one_by_one_convs_are_the_mlp():
-    layers = [theory.ConvMoments(10, 20, 1, row_sq=1.0), theory.ConvMoments(20, 30, 1, row_sq=2.0, bias_var=0.01)]
+    layers = [
+        theory.ConvMoments(10, 20, 1, row_sq=1.0),
+        theory.ConvMoments(20, 30, 1, row_sq=2.0, bias_var=0.01),
+    ]
     p = closed_forms.cnn_rms_prediction((10, 1, 1), layers)
-    q = closed_forms.mlp_rms_prediction([10, 20, 30], [theory.LayerMoments(1.0), theory.LayerMoments(2.0, 0.01)])
+    q = closed_forms.mlp_rms_prediction(
+        [10, 20, 30], [theory.LayerMoments(1.0), theory.LayerMoments(2.0, 0.01)]
+    )
     assert p == q
 
 
@@ -105,14 +111,18 @@ def test_border_loss_is_the_box_filter_eigenvalue():
     iso = closed_forms.cnn_rms_prediction((C, H, H), [theory.ConvMoments(C, C, 3, 1, 1, 2.0)] * L).ln_forward
     per_layer = 2 * (iso[-1] - iso[-2])
     assert per_layer == pytest.approx(2 * math.log((1 + 2 * math.cos(math.pi / (H + 1))) / 3), rel=1e-9)
-    centre = closed_forms.cnn_rms_prediction((C, H, H), [theory.ConvMoments(C, C, 3, 1, 1, 2.0, taps="centre")] * L)
+    centre = closed_forms.cnn_rms_prediction(
+        (C, H, H), [theory.ConvMoments(C, C, 3, 1, 1, 2.0, taps="centre")] * L
+    )
     assert max(abs(v) for v in centre.ln_forward + centre.ln_backward) < 1e-12
 
 
 def test_ten_thousand_layers_stay_finite():
     p = closed_forms.cnn_rms_prediction((16, 8, 8), [theory.ConvMoments(16, 16, 3, 1, 1, 2.0)] * 10000)
     assert all(math.isfinite(v) for v in p.ln_forward + p.ln_backward)
-    assert p.ln_forward[-1] / math.log(10) == pytest.approx(10000 * math.log10((1 + 2 * math.cos(math.pi / 9)) / 3), rel=1e-3)
+    assert p.ln_forward[-1] / math.log(10) == pytest.approx(
+        10000 * math.log10((1 + 2 * math.cos(math.pi / 9)) / 3), rel=1e-3
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,8 +152,13 @@ def test_wrn_stage_bands_are_theorem_3_times_the_opening():
             assert b == pytest.approx((lo - 0.5 * math.log(2), hi - 0.5 * math.log(2)))
 
 
-@pytest.mark.parametrize("bottleneck, names", [(False, ["proposed", "he", "pytorch", "delta-orthogonal", "skipinit-sqrt", "stage-hanin"]),
-                                               (True, ["proposed", "pytorch", "skipinit-sqrt"])])
+@pytest.mark.parametrize(
+    "bottleneck, names",
+    [
+        (False, ["proposed", "he", "pytorch", "delta-orthogonal", "skipinit-sqrt", "stage-hanin"]),
+        (True, ["proposed", "pytorch", "skipinit-sqrt"]),
+    ],
+)
 def test_wrn_probe_follows_the_energy_map(bottleneck, names):
     """The walker's mean squared ratios of the WRN (three groups, both stride-2 projections, 4 x 4
     maps at the end where the borders cost most; bottlenecks with their 1 x 1 convs) over 24
@@ -175,13 +190,20 @@ def test_datadep_and_bn_wrn_forward_follow_the_standardised_energy():
     Measured RMS within 0.02 decades at every state (seen: 0.008)."""
     from sigprop import api
 
-    for norm, init in (("wn", "datadep"), ("bn", "he")):  # training-mode BN after every conv: the same forward
-        run = api.probe(WRNSpec(blocks=3, image=(3, 16, 16), norm=norm, inits=(init,)),
-                        specs.ProbeSpec(samples=32, seeds=2, device="cpu")).runs[0]
+    for norm, init in (
+        ("wn", "datadep"),
+        ("bn", "he"),
+    ):  # training-mode BN after every conv: the same forward
+        run = api.probe(
+            WRNSpec(blocks=3, image=(3, 16, 16), norm=norm, inits=(init,)),
+            specs.ProbeSpec(samples=32, seeds=2, device="cpu"),
+        ).runs[0]
         for rec in run.layers:
             assert rec.forward.log10_predicted is not None
             assert abs(rec.forward.log10_rms - rec.forward.log10_predicted) < 0.02, (norm, rec.index)
-        assert run.layers[1].forward.log10_predicted == pytest.approx(0.5 * math.log10(16 * 256 / (3 * 256 - 2)))
+        assert run.layers[1].forward.log10_predicted == pytest.approx(
+            0.5 * math.log10(16 * 256 / (3 * 256 - 2))
+        )
 
 
 @pytest.mark.parametrize("net", ["cnn", "wrn"])
@@ -195,13 +217,21 @@ def test_conv_correlation_map_follows_the_probe(net):
     from sigprop import api
 
     if net == "cnn":
-        spec = CNNSpec(depth=10, channels=64, image=(3, 16, 16), inits=("proposed", "pytorch", "delta-orthogonal"))
+        spec = CNNSpec(
+            depth=10, channels=64, image=(3, 16, 16), inits=("proposed", "pytorch", "delta-orthogonal")
+        )
     else:
         spec = WRNSpec(blocks=4, image=(3, 16, 16), inits=("proposed", "pytorch", "he", "stage-hanin"))
-    result = api.probe(spec, specs.ProbeSpec(samples=4, seeds=4, device="cpu", correlations=(0.0, 0.6), pairs=64))
+    result = api.probe(
+        spec, specs.ProbeSpec(samples=4, seeds=4, device="cpu", correlations=(0.0, 0.6), pairs=64)
+    )
     for run in result.runs:
-        worst = max(abs(c.mean - c.predicted) / max(c.std, 1e-3) for rec in run.layers for c in rec.correlation)
-        assert all(c.agrees is None for rec in run.layers for c in rec.correlation)  # shown, not tested: no band
+        worst = max(
+            abs(c.mean - c.predicted) / max(c.std, 1e-3) for rec in run.layers for c in rec.correlation
+        )
+        assert all(
+            c.agrees is None for rec in run.layers for c in rec.correlation
+        )  # shown, not tested: no band
         if run.init == "delta-orthogonal":
             assert worst > 2.0, worst
         else:

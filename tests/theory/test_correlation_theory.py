@@ -5,6 +5,7 @@ init the product predicts (the measurement in the probe is the correlation obser
 
 import math
 
+import closed_forms
 import numpy as np
 import pytest
 
@@ -13,12 +14,14 @@ from sigprop.inits import LayerRole
 from sigprop.kernels import sampling
 from sigprop.kinds import mlp, resnet
 
-import closed_forms
-
 
 def test_relu_cosine_map_fixed_points_and_known_values():
     f = theory.relu_cosine_map
-    assert f(1.0) == pytest.approx(1.0) and f(-1.0) == pytest.approx(0.0) and f(0.0) == pytest.approx(1 / math.pi)
+    assert (
+        f(1.0) == pytest.approx(1.0)
+        and f(-1.0) == pytest.approx(0.0)
+        and f(0.0) == pytest.approx(1 / math.pi)
+    )
     for c in np.linspace(-0.99, 0.99, 23):
         assert f(c) > c  # every pair moves towards cosine 1
 
@@ -85,7 +88,9 @@ def test_resnet_cosine_against_width_1000():
     rng = np.random.default_rng(2)
     n, B = 1000, 40
     r1, r2 = LayerRole(n, n, "relu", B, 0), LayerRole(n, n, "block_last", B, 0)
-    want = plans.predict_correlation(resnet.resnet_plan(n, 1, B, 1, [n] * B).steps, inits.get("proposed"), 0.0, 512)[1:]
+    want = plans.predict_correlation(
+        resnet.resnet_plan(n, 1, B, 1, [n] * B).steps, inits.get("proposed"), 0.0, 512
+    )[1:]
     weights = [(_layer(rng, n, n, "proposed", r1)[0], _layer(rng, n, n, "proposed", r2)[0]) for _ in range(B)]
     got = np.zeros(B)
     for _ in range(8):
@@ -111,7 +116,9 @@ def test_depth_scale():
     assert theory.correlation_depth_scale(1.0, cos) is None
 
 
-@pytest.mark.parametrize("name", ["proposed", "he", "pytorch", "datadep", "proposed-gaussian", "unnormalized-he"])
+@pytest.mark.parametrize(
+    "name", ["proposed", "he", "pytorch", "datadep", "proposed-gaussian", "unnormalized-he"]
+)
 @pytest.mark.parametrize("c0", [0.0, 0.5, -0.4])
 def test_the_composed_kernel_map_equals_the_mlp_recursion(name, c0):
     """plans.predict_correlation on an MLP's steps against Theorem-1-style kernel recursion (or,
@@ -123,8 +130,15 @@ def test_the_composed_kernel_map_equals_the_mlp_recursion(name, c0):
         want = closed_forms.datadep_mlp_correlation(c0, len(widths) - 1, batch)
     else:
         roles = [LayerRole(widths[i - 1], widths[i]) for i in range(1, len(widths))]
-        want = closed_forms.mlp_correlation(c0, [closed_forms.LinearMoments(r.fan_in, r.fan_out, scheme.moments(r).row_sq,
-                                                                            scheme.moments(r).bias_var) for r in roles])
+        want = closed_forms.mlp_correlation(
+            c0,
+            [
+                closed_forms.LinearMoments(
+                    r.fan_in, r.fan_out, scheme.moments(r).row_sq, scheme.moments(r).bias_var
+                )
+                for r in roles
+            ],
+        )
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -137,11 +151,19 @@ def test_the_composed_kernel_map_equals_the_resnet_recursion(name, stages, depth
     scheme, batch = inits.get(name), 48
     got = plans.predict_correlation(plan.steps, scheme, 0.3, batch)
     if scheme.standardizes:
-        blocks = [(len(b.widths) - 1, b.projection, scheme.alpha(b.blocks_in_stage) ** 2) for b in plan.blocks]
+        blocks = [
+            (len(b.widths) - 1, b.projection, scheme.alpha(b.blocks_in_stage) ** 2) for b in plan.blocks
+        ]
         want = closed_forms.datadep_resnet_correlation(0.3, blocks, batch)
     else:
-        want = [0.3] + closed_forms.resnet_correlation(0.3, [closed_forms.block_moments(scheme, b) for b in plan.blocks])
+        want = [0.3] + closed_forms.resnet_correlation(
+            0.3, [closed_forms.block_moments(scheme, b) for b in plan.blocks]
+        )
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     bn = resnet.resnet_plan(12, 1, 4, 0, [], stem=True)
-    np.testing.assert_allclose(plans.predict_correlation(bn.steps, inits.get("unnormalized-he"), 0.3, batch),
-                               closed_forms.bn_resnet_correlation(0.3, 4, batch), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        plans.predict_correlation(bn.steps, inits.get("unnormalized-he"), 0.3, batch),
+        closed_forms.bn_resnet_correlation(0.3, 4, batch),
+        rtol=1e-12,
+        atol=1e-12,
+    )

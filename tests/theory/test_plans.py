@@ -6,14 +6,13 @@ relative, 1e-12 absolute near 0)."""
 import dataclasses
 import math
 
+import closed_forms
 import numpy as np
 import pytest
 
 from sigprop import inits, kinds, plans, specs, theory
 from sigprop.kinds import mlp, resnet
 from sigprop.kinds.resnet import ResNetSpec
-
-import closed_forms
 
 
 def _close(a, b):
@@ -25,8 +24,12 @@ def _close(a, b):
 PREDICTED = [n for n in inits.names() if inits.get(n).moments is not None or inits.get(n).standardizes]
 
 
-@pytest.mark.parametrize("name", [n for n in PREDICTED if inits.get(n).defined_for(kinds.KINDS["mlp"].provides)])
-@pytest.mark.parametrize("widths", [[20, 20, 20, 20], [500, 185, 207, 241, 178], [7, 30, 3, 12, 12, 40], [2, 5, 5]])
+@pytest.mark.parametrize(
+    "name", [n for n in PREDICTED if inits.get(n).defined_for(kinds.KINDS["mlp"].provides)]
+)
+@pytest.mark.parametrize(
+    "widths", [[20, 20, 20, 20], [500, 185, 207, 241, 178], [7, 30, 3, 12, 12, 40], [2, 5, 5]]
+)
 def test_mlp_composition_equals_the_closed_form(name, widths):
     scheme = inits.get(name)
     got = plans.predict(mlp.steps(widths), scheme)
@@ -35,14 +38,22 @@ def test_mlp_composition_equals_the_closed_form(name, widths):
     _close(got.ln_backward, want.ln_backward)
 
 
-@pytest.mark.parametrize("name", [n for n in PREDICTED if inits.get(n).defined_for(kinds.KINDS["resnet"].provides)])
+@pytest.mark.parametrize(
+    "name", [n for n in PREDICTED if inits.get(n).defined_for(kinds.KINDS["resnet"].provides)]
+)
 @pytest.mark.parametrize("shape", [(1, 6, 1, "12"), (2, 3, 2, "6:14"), (3, 2, 1, "9"), (1, 40, 1, "150:250")])
 def test_resnet_composition_equals_the_closed_form(name, shape):
     """The kind's prediction (``kinds.resnet.prediction``: the composed map, the branch ratio and
     the branch-to-skip gains) against Theorems 3-4 generalised, block by block."""
     stages, blocks, depth, width = shape
-    spec = ResNetSpec(blocks=blocks, stages=stages, dim=16, width=specs.WidthSpec.parse(width), block_depth=depth,
-                      inits=(name,))
+    spec = ResNetSpec(
+        blocks=blocks,
+        stages=stages,
+        dim=16,
+        width=specs.WidthSpec.parse(width),
+        block_depth=depth,
+        inits=(name,),
+    )
     plan = kinds.of(spec).plan(spec, 4)
     scheme = inits.get(name)
     got = resnet.prediction(scheme, plan)
@@ -53,7 +64,11 @@ def test_resnet_composition_equals_the_closed_form(name, shape):
         # with biases in a branch its ratio depends on the state's norm: None there; alpha = 0
         # (SkipInit) gives ln 0 = -inf, which the closed form wrote as None
         kept = [i for i, v in enumerate(got.ln_branch) if v is not None and v > -math.inf]
-        assert all(want.ln_branch[i] is None for i in range(len(got.ln_branch)) if i not in kept and got.ln_branch[i] is not None)
+        assert all(
+            want.ln_branch[i] is None
+            for i in range(len(got.ln_branch))
+            if i not in kept and got.ln_branch[i] is not None
+        )
         _close([got.ln_branch[i] for i in kept], [want.ln_branch[i] for i in kept])
     _close([g for g, _ in got.gains], want.gain_forward)
     if scheme.moments is not None:
@@ -66,13 +81,22 @@ def test_a_new_step_sequence_needs_no_new_theory():
     same composition; checked by hand against the affine recursion."""
     from sigprop.inits import LayerRole
 
-    steps = (plans.Linear(LayerRole(10, 10), True), plans.Record(),
-             plans.Open(1, 1), plans.Linear(LayerRole(10, 8, "relu", 1, 0), True),
-             plans.Linear(LayerRole(8, 20, "block_last", 1, 0), False),
-             plans.Close(1, plans.Linear(LayerRole(10, 20, "projection", 1, 0), relu=False)), plans.Record())
+    steps = (
+        plans.Linear(LayerRole(10, 10), True),
+        plans.Record(),
+        plans.Open(1, 1),
+        plans.Linear(LayerRole(10, 8, "relu", 1, 0), True),
+        plans.Linear(LayerRole(8, 20, "block_last", 1, 0), False),
+        plans.Close(1, plans.Linear(LayerRole(10, 20, "projection", 1, 0), relu=False)),
+        plans.Record(),
+    )
     row_sq = {"linear": 2.0, "relu": 2.0, "block_last": 1.0, "projection": 1.0}
-    scheme = dataclasses.replace(inits.get("he"), name="test", moments=lambda role: theory.LayerMoments(row_sq=row_sq[role.kind]),
-                                 alpha=lambda b: 1.0)
+    scheme = dataclasses.replace(
+        inits.get("he"),
+        name="test",
+        moments=lambda role: theory.LayerMoments(row_sq=row_sq[role.kind]),
+        alpha=lambda b: 1.0,
+    )
     pred = plans.predict(steps, scheme)
     fwd, bwd = pred.ln_forward, pred.ln_backward
     # forward: layer 1 keeps E||h||^2 (r = 2, ReLU halves); the block: skip 20/10 * 1, branch 8/10*2/2 * 20/8*1 = 2

@@ -5,12 +5,11 @@ import math
 
 import numpy as np
 import pytest
+import walks
 
 from sigprop import inits, kinds, specs, theory
 from sigprop.kinds import resnet
 from sigprop.kinds.resnet import ResNetSpec
-
-import walks
 
 CPU = specs.ProbeSpec(samples=200, device="cpu")
 
@@ -24,7 +23,9 @@ def _plan(**kw):
 
 def _run(spec, name, plan, arrays, samples):
     """The run the kind assembles from the arrays, as the driver does."""
-    return walks.assemble("resnet", KIND.scheme(spec, name), plan, arrays, spec, specs.ProbeSpec(samples=samples))
+    return walks.assemble(
+        "resnet", KIND.scheme(spec, name), plan, arrays, spec, specs.ProbeSpec(samples=samples)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -54,7 +55,9 @@ def test_he_prediction_is_one_plus_two_to_minus_d(depth, base):
 def test_other_closed_forms():
     plan = _plan(blocks=40)
     sk = resnet.prediction(inits.get("skipinit-sqrt"), plan)
-    assert sk.ln_forward[-1] == pytest.approx(20 * math.log1p(2 / 40), abs=1e-12)  # He branch: E||F||^2 = 2||h||^2
+    assert sk.ln_forward[-1] == pytest.approx(
+        20 * math.log1p(2 / 40), abs=1e-12
+    )  # He branch: E||F||^2 = 2||h||^2
     un = resnet.prediction(inits.get("unnormalized-he"), plan)
     assert un.ln_forward[-1] == pytest.approx(20 * math.log(3.0), abs=1e-12)  # exponential, not linear
     z = resnet.prediction(inits.get("skipinit"), plan)
@@ -69,7 +72,9 @@ def test_multi_stage_proposed_and_projection_band():
     pred = resnet.prediction(inits.get("proposed"), plan)
     r = 0.5 * 10 * math.log1p(1 / 10)
     assert pred.ln_forward[-1] == pytest.approx(3 * r, abs=1e-12)  # projections preserve the norm
-    assert pred.ln_backward[0] == pytest.approx(3 * r - 2 * 0.5 * math.log(2), abs=1e-12)  # P^T halves ||d||^2
+    assert pred.ln_backward[0] == pytest.approx(
+        3 * r - 2 * 0.5 * math.log(2), abs=1e-12
+    )  # P^T halves ||d||^2
     (f_lo, f_hi), (b_lo, b_hi) = theory.stage_band_ln(100, 200)
     assert (f_lo, b_hi) == (math.log(theory.RESNET_LOWER), math.log(theory.RESNET_UPPER))
     # hull: forward up to sqrt(e) sqrt(2), backward down to sqrt(2)/sqrt(2) = 1
@@ -96,7 +101,9 @@ def test_proposed_inside_the_band(blocks):
     for name in spec.inits:
         run = _run(spec, name, plan, out[name], CPU.samples)
         assert run.passed, [(c.name, c.log10_measured, c.log10_low, c.log10_high) for c in run.checks]
-        for c in run.verdict_checks("preserved"):  # the measured geometric mean itself, not only the widened band
+        for c in run.verdict_checks(
+            "preserved"
+        ):  # the measured geometric mean itself, not only the widened band
             assert theory.RESNET_LOWER * 0.9 < 10**c.log10_measured < theory.RESNET_UPPER * 1.05
         ag = run.agreement()
         assert ag["forward"]["layers_agreeing"] == ag["forward"]["layers_compared"] == blocks + 1
@@ -139,11 +146,17 @@ def test_skipinit_ratio_is_exactly_one_and_fails_the_band():
 
 
 def test_multi_stage_proposed_passes_and_he_fails():
-    spec = ResNetSpec(blocks=15, stages=3, dim=128, width=specs.WidthSpec(64, 96), block_depth=2, inits=("proposed", "he"))
+    spec = ResNetSpec(
+        blocks=15, stages=3, dim=128, width=specs.WidthSpec(64, 96), block_depth=2, inits=("proposed", "he")
+    )
     plan, out, _ = walks.measure(spec, CPU)
     prop = _run(spec, "proposed", plan, out["proposed"], CPU.samples)
-    assert len(prop.verdict_checks("preserved")) == 6 and prop.passed, [(c.name, c.log10_measured, c.log10_low, c.log10_high) for c in prop.checks]
-    assert prop.agrees_with_theory, [(c.name, c.log10_measured, c.log10_low, c.log10_high) for c in prop.verdict_checks("theory")]
+    assert len(prop.verdict_checks("preserved")) == 6 and prop.passed, [
+        (c.name, c.log10_measured, c.log10_low, c.log10_high) for c in prop.checks
+    ]
+    assert prop.agrees_with_theory, [
+        (c.name, c.log10_measured, c.log10_low, c.log10_high) for c in prop.verdict_checks("theory")
+    ]
     assert all(r.forward.agrees and r.backward.agrees for r in prop.layers)
     he = _run(spec, "he", plan, out["he"], CPU.samples)
     assert all(r.forward.agrees and r.backward.agrees for r in he.layers)
@@ -158,7 +171,10 @@ def test_resnet_spread_model_across_seeds(name):
     scheme = inits.get(name)
     pred = resnet.prediction(scheme, plan)
     var_f, var_b, _, _ = resnet.variances(scheme.orthogonal, plan, pred.gains)
-    for arr, var, ln_pred in ((out[name]["fwd"][:, -1, :], var_f[-1], pred.ln_forward[-1]), (out[name]["bwd"][:, 0, :], var_b[0], pred.ln_backward[0])):
+    for arr, var, ln_pred in (
+        (out[name]["fwd"][:, -1, :], var_f[-1], pred.ln_forward[-1]),
+        (out[name]["bwd"][:, 0, :], var_b[0], pred.ln_backward[0]),
+    ):
         sd = math.sqrt(var)
         assert np.std(arr) == pytest.approx(sd, rel=0.25)
         assert abs(arr.mean() - (ln_pred - var)) < 3 * sd / math.sqrt(draws) + 0.02

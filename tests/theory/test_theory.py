@@ -4,14 +4,13 @@ import math
 import subprocess
 import sys
 
+import closed_forms
 import numpy as np
 import pytest
 
 from sigprop import inits, plans, theory
-from sigprop.kinds import mlp
-
-import closed_forms
 from sigprop.errors import SigpropError
+from sigprop.kinds import mlp
 
 SMALL_N = [2, 3, 4, 5, 6, 7, 10, 11, 50, 101, 500]
 LARGE_N = [10**3, 10**4, 10**5, 10**6, 10**7]
@@ -60,7 +59,9 @@ def test_he_prediction_closed_form():
     widths = [500, 180, 220, 200, 240]
     pred = plans.predict(mlp.steps(widths), inits.get("he"))
     for l in range(1, 5):
-        assert math.exp(pred.ln_forward[l - 1]) == pytest.approx(math.sqrt(widths[l] / (500 * 2**l)), rel=1e-12)
+        assert math.exp(pred.ln_forward[l - 1]) == pytest.approx(
+            math.sqrt(widths[l] / (500 * 2**l)), rel=1e-12
+        )
         assert math.exp(pred.ln_backward[l - 1]) == pytest.approx(2 ** (-(4 - l) / 2), rel=1e-12)
 
 
@@ -68,7 +69,9 @@ def test_proposed_prediction_closed_form():
     widths = [500, 180, 220, 200, 240]
     pred = plans.predict(mlp.steps(widths), inits.get("proposed"))
     assert [math.exp(v) for v in pred.ln_forward] == pytest.approx([1.0] * 4, rel=1e-12)
-    assert [math.exp(v) for v in pred.ln_backward] == pytest.approx([math.sqrt(n / 240) for n in widths[1:]], rel=1e-12)
+    assert [math.exp(v) for v in pred.ln_backward] == pytest.approx(
+        [math.sqrt(n / 240) for n in widths[1:]], rel=1e-12
+    )
 
 
 def test_prediction_representable_at_depth_3000():
@@ -104,7 +107,9 @@ def test_theory_does_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("n, m, orthogonal", [(16, 16, True), (12, 40, True), (40, 12, True), (16, 16, False), (64, 64, True)])
+@pytest.mark.parametrize(
+    "n, m, orthogonal", [(16, 16, True), (12, 40, True), (40, 12, True), (16, 16, False), (64, 64, True)]
+)
 def test_exact_layer_cumulants_against_monte_carlo(n, m, orthogonal):
     """relu_layer_log_cumulants against 400k simulated layers: orthogonal rows see a uniform
     direction on the sphere of R^max(n, m) (its first n coordinates when n < m); Gaussian rows
@@ -136,7 +141,9 @@ def test_exact_cumulants_approach_the_leading_order_model():
     assert 4 * 64 * theory.relu_layer_log_cumulants(64, 64, True)[1] == pytest.approx(3.28, abs=0.01)
     f, b = closed_forms.log_ratio_cumulants([64] * 201, True)
     assert f[-1, 1] == pytest.approx(200 * theory.relu_layer_log_cumulants(64, 64, True)[1])
-    assert b[-1].tolist() == [0.0, 0.0, 0.0] and b[0, 1] == pytest.approx(199 * theory.relu_layer_log_cumulants(64, 64, True)[1])
+    assert b[-1].tolist() == [0.0, 0.0, 0.0] and b[0, 1] == pytest.approx(
+        199 * theory.relu_layer_log_cumulants(64, 64, True)[1]
+    )
     lo, hi = theory.cornish_fisher_band(0.0, 0.0, f[-1], 3.0)
     assert hi - f[-1, 0] < f[-1, 0] - lo  # left skew widens the lower side
 
@@ -148,7 +155,9 @@ def test_numpy_polygamma_against_scipy(m):
     elsewhere, from 0.5 to 5e6."""
     from scipy.special import polygamma as sp_polygamma
 
-    x = np.concatenate([np.arange(1, 400) / 2.0, [0.01, 0.3, 1.7, 11.99, 12.0, 12.01, 77.3, 1e3 + 0.5, 4e4, 5e6]])
+    x = np.concatenate(
+        [np.arange(1, 400) / 2.0, [0.01, 0.3, 1.7, 11.99, 12.0, 12.01, 77.3, 1e3 + 0.5, 4e4, 5e6]]
+    )
     got, ref = theory.polygamma(m, x), sp_polygamma(m, x)
     assert np.max(np.abs(got - ref) / np.abs(ref)) < 1e-13
 
@@ -164,4 +173,6 @@ def test_numpy_log_gamma_and_binomial_against_scipy():
         ref = binom.logpmf(k, n, 0.5)
         # ln n! - ln k! - ln (n-k)! cancels terms of size ln n! (and log_gamma's recurrence sums
         # terms up to ln 11! below x = 12): a few ulps of the larger is the floor
-        assert np.max(np.abs(theory._log_binomial_half(n) - ref)) < 8 * np.finfo(float).eps * max(gammaln(n + 1.0), gammaln(12.0))
+        assert np.max(np.abs(theory._log_binomial_half(n) - ref)) < 8 * np.finfo(float).eps * max(
+            gammaln(n + 1.0), gammaln(12.0)
+        )

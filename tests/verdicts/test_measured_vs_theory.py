@@ -2,22 +2,30 @@
 
 import math
 
+import closed_forms
 import numpy as np
 import pytest
+import walks
 
 from sigprop import inits, kinds, plans, specs
 from sigprop.kinds import mlp
 from sigprop.kinds.mlp import MLPSpec
 
-import closed_forms
-import walks
-
-CLOSED_FORM = [s.name for s in inits.INITS.values() if s.moments is not None and s.defined_for(kinds.KINDS["mlp"].provides)]
+CLOSED_FORM = [
+    s.name
+    for s in inits.INITS.values()
+    if s.moments is not None and s.defined_for(kinds.KINDS["mlp"].provides)
+]
 
 
 @pytest.fixture(scope="module")
 def wide_run():
-    spec = MLPSpec(depth=10, input_dim=1000, width=specs.WidthSpec(950, 1050), inits=tuple(inits.names(kinds.KINDS["mlp"].provides)))
+    spec = MLPSpec(
+        depth=10,
+        input_dim=1000,
+        width=specs.WidthSpec(950, 1050),
+        inits=tuple(inits.names(kinds.KINDS["mlp"].provides)),
+    )
     plan, out, _ = walks.measure(spec, specs.ProbeSpec(samples=256, seed=1, device="cpu"))
     return plan.widths, out
 
@@ -66,7 +74,10 @@ def test_finite_width_spread_model_across_seeds(name, width):
     f, b = out[name]["fwd"], out[name]["bwd"]
     var_f, var_b = closed_forms.log_ratio_variance(widths, inits.get(name).orthogonal)
     pred = plans.predict(mlp.steps(widths), inits.get(name))
-    for arr, var, ln_pred in ((f[:, -1, :], var_f[-1], pred.ln_forward[-1]), (b[:, 0, :], var_b[0], pred.ln_backward[0])):
+    for arr, var, ln_pred in (
+        (f[:, -1, :], var_f[-1], pred.ln_forward[-1]),
+        (b[:, 0, :], var_b[0], pred.ln_backward[0]),
+    ):
         sd = math.sqrt(var)
         assert np.std(arr) == pytest.approx(sd, rel=0.25)
         # the mean of ln ratio drifts by -var; its standard error over draws is < sd / sqrt(draws)

@@ -10,16 +10,15 @@ import time
 import numpy as np
 import pytest
 import torch
+import walks
 
 from sigprop import inits, specs
 from sigprop import run as driver
+from sigprop.cli import main
 from sigprop.kernels import logspace as ls
 from sigprop.kernels import sampling
 from sigprop.kinds.mlp import MLPSpec
 from sigprop.kinds.resnet import ResNetSpec
-
-import walks
-from sigprop.cli import main
 
 SMALL = ["--samples", "40", "--device", "cpu"]
 
@@ -30,15 +29,45 @@ def run(capsys, args):
     return code, out, err
 
 
-@pytest.mark.parametrize("args", [
-    ["mlp", "--depth", "6", "--seeds", "3", "--init", "proposed", "--init", "datadep", "--init", "pytorch"],
-    ["resnet", "--blocks", "4", "--stages", "2", "--dim", "12", "--width", "6:9", "--seeds", "2"],
-    ["resnet", "--norm", "bn", "--blocks", "5", "--dim", "16"],
-    # the gate (band, theory) and the cosines are part of what a rerun must reproduce
-    ["mlp", "--depth", "5", "--init", "proposed", "--correlation", "0,0.5", "--pairs", "8", "--max-correlation", "0.9",
-     "--band", "0.5:2", "--gate", "theory"],
-    ["resnet", "--blocks", "3", "--dim", "12", "--width", "8", "--correlation", "-0.5", "--pairs", "6"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "mlp",
+            "--depth",
+            "6",
+            "--seeds",
+            "3",
+            "--init",
+            "proposed",
+            "--init",
+            "datadep",
+            "--init",
+            "pytorch",
+        ],
+        ["resnet", "--blocks", "4", "--stages", "2", "--dim", "12", "--width", "6:9", "--seeds", "2"],
+        ["resnet", "--norm", "bn", "--blocks", "5", "--dim", "16"],
+        # the gate (band, theory) and the cosines are part of what a rerun must reproduce
+        [
+            "mlp",
+            "--depth",
+            "5",
+            "--init",
+            "proposed",
+            "--correlation",
+            "0,0.5",
+            "--pairs",
+            "8",
+            "--max-correlation",
+            "0.9",
+            "--band",
+            "0.5:2",
+            "--gate",
+            "theory",
+        ],
+        ["resnet", "--blocks", "3", "--dim", "12", "--width", "8", "--correlation", "-0.5", "--pairs", "6"],
+    ],
+)
 def test_same_seed_same_json_and_rerun_reproduces(capsys, tmp_path, args):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for path in (a, b):
@@ -53,7 +82,13 @@ def test_same_seed_same_json_and_rerun_reproduces(capsys, tmp_path, args):
 
 def test_rerun_reports_a_difference(capsys, tmp_path):
     a = tmp_path / "a.json"
-    assert run(capsys, ["mlp", "--depth", "4", "--init", "proposed", *SMALL, "--format", "json", "--output", str(a)])[0] == 0
+    assert (
+        run(
+            capsys,
+            ["mlp", "--depth", "4", "--init", "proposed", *SMALL, "--format", "json", "--output", str(a)],
+        )[0]
+        == 0
+    )
     doc = json.loads(a.read_text())
     doc["runs"][0]["layers"][2]["forward"]["mean"] *= 1.0 + 1e-12
     a.write_text(json.dumps(doc))
@@ -61,8 +96,14 @@ def test_rerun_reports_a_difference(capsys, tmp_path):
     assert code == 1 and "DIFFERENT: 1 of" in err and "layers[2].forward.mean" in err
 
 
-@pytest.mark.parametrize("content, words", [("not json", "not JSON"), ('{"schema": "other"}', "not a sigprop.result.v1"),
-                                            ('{"schema": "sigprop.result.v1", "command": "mlp", "config": {}}', "lacks")])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("not json", "not JSON"),
+        ('{"schema": "other"}', "not a sigprop.result.v1"),
+        ('{"schema": "sigprop.result.v1", "command": "mlp", "config": {}}', "lacks"),
+    ],
+)
 def test_rerun_bad_input(capsys, tmp_path, content, words):
     p = tmp_path / "r.json"
     p.write_text(content)
@@ -88,15 +129,19 @@ def test_cuda_out_of_memory_is_one_line(capsys, monkeypatch):
     assert "GPU ran out of memory" in lines[-1] and "--stream" in lines[-1] and "Traceback" not in err
 
 
-@pytest.mark.parametrize("args", [
-    ["mlp", "--depth", "400000", "--width", "4096", "--no-stream"],
-    ["mlp", "--samples", "100000000", "--width", "4096"],
-    ["resnet", "--dim", "5000000", "--blocks", "2", "--width", "4"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["mlp", "--depth", "400000", "--width", "4096", "--no-stream"],
+        ["mlp", "--samples", "100000000", "--width", "4096"],
+        ["resnet", "--dim", "5000000", "--blocks", "2", "--width", "4"],
+    ],
+)
 def test_too_big_is_refused_before_allocating(capsys, monkeypatch, args):
     """Refused from the estimate, not after trying: no probe input, arena or weight is ever
     allocated (each would raise here).  How long a refusal takes is a benchmark
     (benchmarks/refusal.py), not an assertion."""
+
     def never(*a, **k):
         raise AssertionError("allocated before refusing")
 
@@ -113,8 +158,14 @@ def _interrupt(cmd, cwd, wait_for, timeout=60):
     The child gets SIGINT's default disposition back: a test runner started as a background job
     of a non-interactive shell inherits SIGINT ignored, and Python then never raises
     KeyboardInterrupt (the test would measure the launcher, not sigprop)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     seen = ""
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -130,8 +181,24 @@ def _interrupt(cmd, cwd, wait_for, timeout=60):
 
 def test_ctrl_c_exits_130_and_writes_nothing(tmp_path):
     out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "sigprop", "mlp", "--depth", "4000", "--width", "256", "--samples", "500",
-           "--device", "cpu", "--format", "json", "--output", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sigprop",
+        "mlp",
+        "--depth",
+        "4000",
+        "--width",
+        "256",
+        "--samples",
+        "500",
+        "--device",
+        "cpu",
+        "--format",
+        "json",
+        "--output",
+        str(out),
+    ]
     code, err = _interrupt(cmd, tmp_path, lambda s: "sigprop mlp:" in s)
     assert code == 130, err
     assert "interrupted" in err and "Traceback" not in err
@@ -140,8 +207,25 @@ def test_ctrl_c_exits_130_and_writes_nothing(tmp_path):
 
 def test_ctrl_c_during_a_sweep_leaves_whole_lines(tmp_path):
     out = tmp_path / "r.jsonl"
-    cmd = [sys.executable, "-m", "sigprop", "sweep", "mlp", "--depth", "5,10,3000", "--width", "128",
-           "--init", "proposed,he", "--samples", "300", "--device", "cpu", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sigprop",
+        "sweep",
+        "mlp",
+        "--depth",
+        "5,10,3000",
+        "--width",
+        "128",
+        "--init",
+        "proposed,he",
+        "--samples",
+        "300",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
     code, err = _interrupt(cmd, tmp_path, lambda s: s.count("sweep [") >= 3)
     assert code == 130, err
     text = out.read_text()
@@ -209,8 +293,27 @@ def test_check_neither_cries_wolf_nor_misses_reduced(arch, width, size):
 
 def test_cnn_rerun_reproduces(capsys, tmp_path):
     a = tmp_path / "a.json"
-    code, _, err = run(capsys, ["cnn", "--depth", "4", "--channels", "6", "--image", "2x8x8", "--correlation", "0", "--pairs", "4", *SMALL,
-                                "--format", "json", "--output", str(a)])
+    code, _, err = run(
+        capsys,
+        [
+            "cnn",
+            "--depth",
+            "4",
+            "--channels",
+            "6",
+            "--image",
+            "2x8x8",
+            "--correlation",
+            "0",
+            "--pairs",
+            "4",
+            *SMALL,
+            "--format",
+            "json",
+            "--output",
+            str(a),
+        ],
+    )
     assert code == 0, err
     code, _, err = run(capsys, ["rerun", str(a)])
     assert code == 0 and "reproduced: all" in err, err

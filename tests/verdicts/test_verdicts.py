@@ -7,17 +7,16 @@ import math
 
 import numpy as np
 import pytest
+import walks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sigprop import api, inits, specs
+from sigprop.cli import main
+from sigprop.errors import SigpropError
 from sigprop.kinds import cnn
 from sigprop.kinds.cnn import CNNSpec
 from sigprop.kinds.mlp import MLPSpec
-
-import walks
-from sigprop.cli import main
-from sigprop.errors import SigpropError
 
 
 def _probe(**kw):
@@ -31,10 +30,14 @@ def test_collapsed_signal_is_not_preserved_although_it_agrees_with_theory():
     passed at 10^-23.3).  Not preserved, agrees with theory, and the note says why."""
     r = _probe(depth=600, width=32, input_dim=32, samples=64, inits=["proposed", "proposed-gaussian"])
     for run in r.runs:
-        assert not run.preserved and run.agrees_with_theory, [(c.verdict, c.log10_measured, c.log10_low, c.log10_high) for c in run.checks]
+        assert not run.preserved and run.agrees_with_theory, [
+            (c.verdict, c.log10_measured, c.log10_low, c.log10_high) for c in run.checks
+        ]
         assert not run.passed  # the default gate is 'preserved'
         notes = [c.note for c in run.verdict_checks("preserved")]
-        assert all("finite-width drift" in n and "widen the layers or shorten the net" in n for n in notes), notes
+        assert all("finite-width drift" in n and "widen the layers or shorten the net" in n for n in notes), (
+            notes
+        )
         assert all(c.log10_measured < -3 for c in run.verdict_checks("preserved"))
 
 
@@ -69,16 +72,47 @@ def test_a_band_that_excludes_1_or_is_malformed_is_refused(capsys, band):
 
 def test_the_band_option_is_applied(capsys):
     """--band 0.9:1.1 is tight enough to fail he at depth 2 (0.5) and the stated band is used."""
-    args = ["mlp", "--depth", "2", "--width", "64", "--input-dim", "64", "--samples", "64", "--device", "cpu", "--check"]
+    args = [
+        "mlp",
+        "--depth",
+        "2",
+        "--width",
+        "64",
+        "--input-dim",
+        "64",
+        "--samples",
+        "64",
+        "--device",
+        "cpu",
+        "--check",
+    ]
     assert main([*args, "--init", "he"]) == 0  # 2^-1 is within a decade
     capsys.readouterr()
     assert main([*args, "--init", "he", "--band", "0.9:1.1"]) == 1
     err = capsys.readouterr().err
-    assert "check failed (signal preserved): he: typical forward ratio at layer 2" in err and "outside [0.9, 1.1]" in err
+    assert (
+        "check failed (signal preserved): he: typical forward ratio at layer 2" in err
+        and "outside [0.9, 1.1]" in err
+    )
 
 
 def test_gate_theory_on_the_cli(capsys):
-    args = ["mlp", "--depth", "20", "--width", "64", "--input-dim", "64", "--samples", "64", "--device", "cpu", "--init", "he", "--check"]
+    args = [
+        "mlp",
+        "--depth",
+        "20",
+        "--width",
+        "64",
+        "--input-dim",
+        "64",
+        "--samples",
+        "64",
+        "--device",
+        "cpu",
+        "--init",
+        "he",
+        "--check",
+    ]
     assert main([*args, "--gate", "theory"]) == 0
     assert main(args) == 1
     assert "check failed (signal preserved): he" in capsys.readouterr().err
@@ -93,15 +127,22 @@ def test_resnet_runs_carry_both_verdicts():
 
 def test_resnet_band_factors_widen_the_stage_band():
     base = api.probe_resnet(blocks=4, dim=16, width=16, samples=16, inits="proposed", device="cpu")
-    wide = api.probe_resnet(blocks=4, dim=16, width=16, samples=16, inits="proposed", device="cpu", band=(0.5, 2.0))
-    for a, b in zip(base.run("proposed").verdict_checks("preserved"), wide.run("proposed").verdict_checks("preserved")):
-        assert b.log10_low == pytest.approx(a.log10_low - math.log10(2)) and b.log10_high == pytest.approx(a.log10_high + math.log10(2))
+    wide = api.probe_resnet(
+        blocks=4, dim=16, width=16, samples=16, inits="proposed", device="cpu", band=(0.5, 2.0)
+    )
+    for a, b in zip(
+        base.run("proposed").verdict_checks("preserved"), wide.run("proposed").verdict_checks("preserved")
+    ):
+        assert b.log10_low == pytest.approx(a.log10_low - math.log10(2)) and b.log10_high == pytest.approx(
+            a.log10_high + math.log10(2)
+        )
 
 
 def test_json_junit_name_the_verdict(tmp_path, capsys, monkeypatch):
     (tmp_path / "sigprop.toml").write_text(
         '[checks.he-theory]\ncommand = "mlp"\ndepth = 10\nwidth = 16\nsamples = 16\ninit = "he"\ngate = "theory"\ndevice = "cpu"\n'
-        '[checks.he-lost]\ncommand = "mlp"\ndepth = 10\nwidth = 16\nsamples = 16\ninit = "he"\nexpect = "fail"\ndevice = "cpu"\n')
+        '[checks.he-lost]\ncommand = "mlp"\ndepth = 10\nwidth = 16\nsamples = 16\ninit = "he"\nexpect = "fail"\ndevice = "cpu"\n'
+    )
     monkeypatch.chdir(tmp_path)
     assert main(["check", "--junit", "j.xml"]) == 0
     out = capsys.readouterr().out
@@ -141,12 +182,29 @@ def test_agreement_in_a_band_decades_wide_is_marked_as_no_test(capsys):
     assert ag["layers_uninformative"] > 500
     first = r.run("proposed").layers[0].forward
     assert first.informative is True
-    code = main(["mlp", "--depth", "600", "--width", "32", "--input-dim", "32", "--samples", "32", "--device", "cpu",
-                 "--init", "proposed"])
+    code = main(
+        [
+            "mlp",
+            "--depth",
+            "600",
+            "--width",
+            "32",
+            "--input-dim",
+            "32",
+            "--samples",
+            "32",
+            "--device",
+            "cpu",
+            "--init",
+            "proposed",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "in bands over 2 decades wide: no test" in out
     row = [l for l in out.splitlines() if l.strip().startswith("600 ")][0]
-    assert row.split()[5] == "~"  # the forward theory mark of layer 600 (layer, n_l, mean±std, rms, theory, mark)
+    assert (
+        row.split()[5] == "~"
+    )  # the forward theory mark of layer 600 (layer, n_l, mean±std, rms, theory, mark)
 
 
 def test_no_prediction_reads_not_testable_not_disagrees():
@@ -156,8 +214,11 @@ def test_no_prediction_reads_not_testable_not_disagrees():
 
     from sigprop import api, report, specs
 
-    r = api.probe(MLPSpec(depth=6, input_dim=64, width=specs.WidthSpec(64, 64), inits=("datadep", "he")),
-                  specs.ProbeSpec(samples=64, device="cpu"), gate=specs.GateSpec(band=(0.5, 2.0)))
+    r = api.probe(
+        MLPSpec(depth=6, input_dim=64, width=specs.WidthSpec(64, 64), inits=("datadep", "he")),
+        specs.ProbeSpec(samples=64, device="cpu"),
+        gate=specs.GateSpec(band=(0.5, 2.0)),
+    )
     datadep, he = r.run("datadep"), r.run("he")
     assert not datadep.agrees_with_theory and datadep.untestable and "not testable" in repr(datadep)
     assert he.agrees_with_theory and not he.untestable
@@ -192,7 +253,9 @@ def test_the_conv_band_bounds_the_measured_spread_at_two_widths_and_depths():
     1.6-3.5 forward, 0.3-1.8 backward -- so the ratio measured/model must lie in
     [0.3 x 0.55, 1.55] forward and [0.06 x 0.55, 1.55] backward."""
     for channels, depth in ((16, 10), (32, 24)):
-        spec = CNNSpec(depth=depth, channels=channels, image=(3, 16, 16), inits=("proposed", "delta-orthogonal"))
+        spec = CNNSpec(
+            depth=depth, channels=channels, image=(3, 16, 16), inits=("proposed", "delta-orthogonal")
+        )
         _, out, _ = walks.measure(spec, specs.ProbeSpec(samples=8, seeds=48, device="cpu"))
         var_f, var_b = cnn.variances([3] + [channels] * depth)
         for name, a in out.items():
