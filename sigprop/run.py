@@ -26,11 +26,12 @@ from sigprop import kinds, observers, plans, specs, theory, walker
 from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev
 from sigprop.kernels import replay, sampling
-from sigprop.observers import bn as _bn  # noqa: F401  (register the built-in collectors)
-from sigprop.observers import correlation
+from sigprop.observers import bn, correlation, ratios
 from sigprop.results import CurvatureDraw, CurvatureRun, HessianResult, ProbeResult
 from sigprop.version import __version__
 
+#: the built-in observers' files: importing them registers their collectors (observers.COLLECTORS)
+BUILT_IN = (ratios, bn, correlation)
 #: progress(done, total, label): steps done of the run's total, and what runs now ("he: forward")
 ProgressFn = Callable[[int, int, str], None]
 STREAM_HINT = ", or stream the weights (--stream; stream=True in the API: redrawn, not stored)"

@@ -11,7 +11,7 @@ import torch
 from sigprop import inits, kinds, observers, run, specs, walker
 from sigprop.kernels import logspace as ls
 from sigprop.kinds import mlp as mlp_kind
-from sigprop.observers import bn as _bn  # noqa: F401  (register the collectors)
+from sigprop.observers import bn, correlation, ratios  # noqa: F401  (their collectors register on import)
 
 
 def walk(
