@@ -161,7 +161,8 @@ def main() -> None:
     quick = "--quick" in sys.argv
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch "
+        f"{torch.__version__}, "
         f"threads {torch.get_num_threads()}; {repeat} interleaved rounds"
     )
     cases = [(2, 1, 32)] if quick else [(16, 1, 100), (166, 1, 32)]
@@ -198,8 +199,10 @@ def main() -> None:
         per = lambda a, b: sorted(r[a][0] / r[b][0] for r in rounds)
         fmt = lambda xs: f"{statistics.median(xs):.2f} [{xs[0]:.2f}-{xs[-1]:.2f}]"
         print(
-            f"WRN N={N} k={k} samples={samples}: sigprop {t['sigprop']:.2f}s {m['sigprop']:.0f} MiB, floor {t['floor']:.2f}s "
-            f"{m['floor']:.0f} MiB, peer {t['peer']:.2f}s {m['peer']:.0f} MiB; sigprop/floor {fmt(per('sigprop', 'floor'))}, "
+            f"WRN N={N} k={k} samples={samples}: sigprop {t['sigprop']:.2f}s {m['sigprop']:.0f} MiB, floor "
+            f"{t['floor']:.2f}s "
+            f"{m['floor']:.0f} MiB, peer {t['peer']:.2f}s {m['peer']:.0f} MiB; sigprop/floor "
+            f"{fmt(per('sigprop', 'floor'))}, "
             f"sigprop/peer {fmt(per('sigprop', 'peer'))}, RSS/peer {m['sigprop'] / m['peer']:.2f}"
         )
 

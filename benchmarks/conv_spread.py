@@ -5,7 +5,8 @@ For every cell (channels c, depth L, init) it probes S weight draws and prints, 
 variance of the per-draw mean ln ratio at the end of the net divided by the model's
 sum_j 1/(4 c_j) over the layers that add spread -- forward: every conv after the first (the first
 reads the i.i.d. input, whose patches are isotropic: its spread is ~0); backward: every mask step
-from the top down to layer 1 -- i.e. the fitted per-layer constant of ``closed_forms.conv_log_ratio_variance``.
+from the top down to layer 1 -- i.e. the fitted per-layer constant of
+``closed_forms.conv_log_ratio_variance``.
 sigprop's constant (``closed_forms.conv_log_ratio_variance``: 5, the MLP's for i.i.d. rows) is an upper
 envelope of these numbers.  ``--verdicts``: instead, the false alarms of the conv nets' ``theory``
 verdict over 12 seeds (docs/reliability.md §1e).
@@ -58,7 +59,8 @@ def verdicts(seeds: int = 12) -> None:
                     layers += v["layers_compared"] - v["layers_agreeing"]
                     compared += v["layers_compared"]
         print(
-            f"{label}: theory verdict failed in {failed}/{runs} runs; layers marked disagreeing {layers}/{compared}",
+            f"{label}: theory verdict failed in {failed}/{runs} runs; layers marked disagreeing "
+            f"{layers}/{compared}",
             flush=True,
         )
 
@@ -73,7 +75,8 @@ def main() -> None:
         verdicts()
         return
     print(
-        f"{'channels':>8s} {'depth':>5s} {'init':18s} {'fwd c':>7s} {'bwd c':>7s}   (variance of the per-draw mean ln ratio "
+        f"{'channels':>8s} {'depth':>5s} {'init':18s} {'fwd c':>7s} {'bwd c':>7s}   (variance of the "
+        f"per-draw mean ln ratio "
         f"x 4c / layers; {args.draws} draws x {args.samples} samples)"
     )
     for channels in (16, 32, 64):

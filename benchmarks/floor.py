@@ -2,7 +2,8 @@
 
 Weight generation (a Gaussian matrix made Haar-orthogonal, as the proposed init, by the cheapest
 method known here: Householder reflectors drawn directly, sigprop/haar.py -- the same as sigprop
-uses, so sigprop is not credited for it; a QR would cost ~2.8 ms more per 512^2 layer), forward matmuls + ReLU with the masks
+uses, so sigprop is not credited for it; a QR would cost ~2.8 ms more per 512^2 layer), forward matmuls +
+ReLU with the masks
 kept as bool, the backward matmuls through the masks, and one norm per layer and sample in each
 direction, accumulated on the device.  No statistics, no theory, no output beyond one line.
 Usage: python floor.py L n N [seeds] [device]

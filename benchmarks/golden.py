@@ -309,7 +309,8 @@ def main() -> None:
     rounded = [d for d in diffs if d[1] is not None and _prediction(d[0]) and _close(d[0], d[1], d[2])]
     changed = [d for d in diffs if d[1] is not None and d not in rounded]
     print(
-        f"{count} numbers compared over {len(docs)} documents: {len(changed)} differ; {len(rounded)} predictions within "
+        f"{count} numbers compared over {len(docs)} documents: {len(changed)} differ; {len(rounded)} "
+        f"predictions within "
         f"{PREDICTION_RTOL:g} relative; {len(added)} keys added"
     )
     for path, a, b in changed[:20]:

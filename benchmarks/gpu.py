@@ -79,7 +79,8 @@ def main() -> None:
     )
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     print(
-        f"device {device} ({name}), torch {torch.__version__}, sigprop chunk {sampling.CHUNK_MAX}, batched Haar {sampling.BATCHED_HAAR}",
+        f"device {device} ({name}), torch {torch.__version__}, sigprop chunk {sampling.CHUNK_MAX}, batched "
+        f"Haar {sampling.BATCHED_HAAR}",
         flush=True,
     )
     probe(10, 64, 16, device, None)  # warm-up: CUDA context, cuBLAS/cuSOLVER handles
@@ -99,10 +100,14 @@ def main() -> None:
         w = L * n * n * 4 / GIB
         masks = L * N * n / 8 / GIB
         print(
-            f"1. L={L} n={n} N={N}: sigprop {t_s:.2f} s (graphs {env['graphs']}), --no-graphs {t_e:.2f} s, floor {t_f:.2f} s, "
-            f"limit {t_l:.2f} s: sigprop / limit {t_s / t_l:.2f} (target <= 1.3), sigprop / floor {t_s / t_f:.2f}, "
-            f"--no-graphs / limit {t_e / t_l:.2f}; peak {p_s:.2f} GiB vs weights {w:.2f} + masks {masks:.2f} GiB: "
-            f"{p_s / (w + masks):.3f}x (target <= 1.15x + 1 GiB = {1.15 * (w + masks) + 1:.2f} GiB); floor peak {p_f:.2f}, limit peak {p_l:.2f} GiB",
+            f"1. L={L} n={n} N={N}: sigprop {t_s:.2f} s (graphs {env['graphs']}), --no-graphs {t_e:.2f} s, "
+            f"floor {t_f:.2f} s, "
+            f"limit {t_l:.2f} s: sigprop / limit {t_s / t_l:.2f} (target <= 1.3), sigprop / floor "
+            f"{t_s / t_f:.2f}, "
+            f"--no-graphs / limit {t_e / t_l:.2f}; peak {p_s:.2f} GiB vs weights {w:.2f} + masks {masks:.2f} "
+            f"GiB: "
+            f"{p_s / (w + masks):.3f}x (target <= 1.15x + 1 GiB = {1.15 * (w + masks) + 1:.2f} GiB); floor "
+            f"peak {p_f:.2f}, limit peak {p_l:.2f} GiB",
             flush=True,
         )
     if 2 in only:
@@ -120,7 +125,8 @@ def main() -> None:
         t1 = min(timed(device, lambda: probe(100, 128, 256, device, None, seeds=1))[0] for _ in range(3))
         t16 = min(timed(device, lambda: probe(100, 128, 256, device, None, seeds=16))[0] for _ in range(3))
         print(
-            f"3. L=100 n=128 N=256: --seeds 16 {t16:.3f} s vs --seeds 1 {t1:.3f} s: {t16 / t1:.2f}x (target <= 2), best of 3",
+            f"3. L=100 n=128 N=256: --seeds 16 {t16:.3f} s vs --seeds 1 {t1:.3f} s: {t16 / t1:.2f}x (target "
+            f"<= 2), best of 3",
             flush=True,
         )
     if 4 in only:

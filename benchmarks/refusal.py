@@ -21,5 +21,6 @@ for args in CASES:
         [sys.executable, "-m", "sigprop", *args, "--device", "cpu"], capture_output=True, text=True
     )
     print(
-        f"{' '.join(args)}: exit {out.returncode} in {time.perf_counter() - t0:.2f} s: {out.stderr.strip().splitlines()[-1]}"
+        f"{' '.join(args)}: exit {out.returncode} in {time.perf_counter() - t0:.2f} s: "
+        f"{out.stderr.strip().splitlines()[-1]}"
     )

@@ -155,7 +155,8 @@ def main() -> None:
         rows.append(r)
     print()
     print(
-        f"{'net':7s} {'width':>5s} {'depth':>5s} {'seeds':>5s} {'N':>5s}  {'proposed fails':>14s}  {'he passes':>9s} {'pytorch':>8s} {'datadep':>8s}"
+        f"{'net':7s} {'width':>5s} {'depth':>5s} {'seeds':>5s} {'N':>5s}  {'proposed fails':>14s}  "
+        f"{'he passes':>9s} {'pytorch':>8s} {'datadep':>8s}"
         f"  (verdict 'preserved'; proposed disagreeing with theory)"
     )
     shown = {(r["arch"], r["width"], r["size"]) for r in rows}
@@ -165,7 +166,8 @@ def main() -> None:
         passes = {k: n - f[k] for k in INITS}
         print(
             f"{r['arch']:7s} {r['width']:5d} {r['size']:5d} {n:5d} {r['samples']:5d}  "
-            f"{f['proposed']:4d} ({100 * f['proposed'] / n:4.1f}%)  {passes['he']:9d} {passes['pytorch']:8d} {passes['datadep']:8d}"
+            f"{f['proposed']:4d} ({100 * f['proposed'] / n:4.1f}%)  {passes['he']:9d} {passes['pytorch']:8d} "
+            f"{passes['datadep']:8d}"
             f"  {r.get('failed_theory', {}).get('proposed', '-')}"
         )
 

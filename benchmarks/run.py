@@ -74,7 +74,8 @@ def main() -> None:
     import torch
 
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch "
+        f"{torch.__version__}, "
         f"threads {torch.get_num_threads()}, python {platform.python_version()}; {repeat} interleaved rounds"
     )
     L, n, N = (60, 256, 500) if quick else (300, 512, 1000)
@@ -100,7 +101,8 @@ def main() -> None:
     spread = lambda xs: f"{med(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
     print()
     print(
-        "time: median over rounds (s); peak RSS: max over rounds (MiB); ratios: median [min-max] of per-round ratios"
+        "time: median over rounds (s); peak RSS: max over rounds (MiB); ratios: median [min-max] of "
+        "per-round ratios"
     )
     print(
         f"{'case':20s} {'sigprop':>7s} {'MiB':>6s} {'floor':>6s} {'MiB':>6s} {'peer':>6s} {'MiB':>6s}  "
@@ -116,10 +118,12 @@ def main() -> None:
         tp = f"{spread(ratio(s, p)):>16s}" if p else f"{'—':>16s}"
         rp = f"{m[s] / m[p]:8.2f}" if p else f"{'—':>8s}"
         print(
-            f"{name:20s} {t[s]:7.2f} {m[s]:6.0f} {t[f]:6.2f} {m[f]:6.0f} {ps}  {spread(ratio(s, f)):>16s} {tp} {rp}  {target}"
+            f"{name:20s} {t[s]:7.2f} {m[s]:6.0f} {t[f]:6.2f} {m[f]:6.0f} {ps}  {spread(ratio(s, f)):>16s} "
+            f"{tp} {rp}  {target}"
         )
     print(
-        f"seeds 16 vs 1 (L=100 n=128 N=256): {t['many']:.2f}s vs {t['one']:.2f}s, ratio {spread(ratio('many', 'one'))}  (target <= 4)"
+        f"seeds 16 vs 1 (L=100 n=128 N=256): {t['many']:.2f}s vs {t['one']:.2f}s, ratio "
+        f"{spread(ratio('many', 'one'))}  (target <= 4)"
     )
 
 

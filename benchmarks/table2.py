@@ -69,7 +69,8 @@ def main() -> None:
         ]
     )
     print(
-        f"device {device}, {samples} synthetic samples{'' if batch is None else f' in minibatches of {batch}'}, {seeds} draws"
+        f"device {device}, {samples} synthetic "
+        f"samples{'' if batch is None else f' in minibatches of {batch}'}, {seeds} draws"
     )
     for paper_net, spec, label in nets:
         t0 = time.perf_counter()

@@ -10,7 +10,8 @@ comparison.  Accumulation stays float64: the float32 accumulation error of a ten
 
 Prints, per depth, the mean and spread over samples of ln(ratio_emulated) - ln(ratio_float64)
 at the last layer (forward) and the first (backward), beside the spread over samples of the
-float64 ln-ratio itself (what --check's finite-width tolerance is made of).  Usage: python benchmarks/tf32_bias.py [--quick]
+float64 ln-ratio itself (what --check's finite-width tolerance is made of).  Usage: python
+benchmarks/tf32_bias.py [--quick]
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def main() -> None:
     depths = (10, 100) if quick else (10, 100, 1000)
     print(f"proposed init, width {n}, {samples} samples, float64 engine, operands rounded per matmul")
     print(
-        f"{'depth':>6s} {'rounding':>8s} {'fwd bias (ln)':>14s} {'fwd sd (ln)':>12s} {'bwd bias (ln)':>14s} {'bwd sd (ln)':>12s} {'fwd ratio sd':>12s} {'bwd ratio sd':>12s}"
+        f"{'depth':>6s} {'rounding':>8s} {'fwd bias (ln)':>14s} {'fwd sd (ln)':>12s} {'bwd bias (ln)':>14s} "
+        f"{'bwd sd (ln)':>12s} {'fwd ratio sd':>12s} {'bwd ratio sd':>12s}"
     )
     for L in depths:
         widths = [n] * (L + 1)
@@ -77,7 +79,8 @@ def main() -> None:
             f, b = run(widths, samples, fn)
             df, db = f[-1] - f64[-1], b[0] - b64[0]
             print(
-                f"{L:6d} {name:>8s} {float(df.mean()):14.2e} {float(df.std()):12.2e} {float(db.mean()):14.2e} "
+                f"{L:6d} {name:>8s} {float(df.mean()):14.2e} {float(df.std()):12.2e} "
+                f"{float(db.mean()):14.2e} "
                 f"{float(db.std()):12.2e} {spread:12.2e} {spread_b:12.2e}"
             )
     print(f"TF32 unit roundoff 2^-11 = {2**-11:.2e}; float32 2^-24 = {2**-24:.2e}")

@@ -17,7 +17,8 @@ A check is a TOML table under ``[tool.sigprop.checks]`` in pyproject.toml, or un
     max_correlation = 0.9                # also fail when inputs of cosine 0 end above 0.9
     lowest_curvature = "proposed"        # instead of a probe: the curvature at init (sigprop
                                          # hessian) of the inits listed; passes when this one's
-                                         # mean log10 spectral norm is the lowest (keys iters, tol, head, batch_size)
+                                         # mean log10 spectral norm is the lowest (keys iters, tol, head,
+                                         # batch_size)
 
 Every option of the kind's command is a key (dashes or underscores), read from the kind's
 declaration (sigprop/kinds/); a check without ``init`` runs the command's default inits.
@@ -246,7 +247,8 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
             if lowest not in listed or len(listed) < 2:
                 raise ConfigError(
                     where("lowest_curvature"),
-                    f"check {name!r}: lowest_curvature must name one of two or more inits listed in init, got {lowest!r}",
+                    f"check {name!r}: lowest_curvature must name one of two or more inits listed in init, "
+                    f"got {lowest!r}",
                 )
             curvature = specs.HessianSpec(
                 **{

@@ -123,7 +123,8 @@ def load(path, shape, classes: int) -> Data:
         raise _refuse(f"{p}: y must hold integer labels in [0, {classes}), got dtype {y.dtype}")
     if int(y.min()) < 0 or int(y.max()) >= classes:
         raise _refuse(
-            f"{p}: y must hold integer labels in [0, {classes}), got labels from {int(y.min())} to {int(y.max())}"
+            f"{p}: y must hold integer labels in [0, {classes}), got labels from {int(y.min())} to "
+            f"{int(y.max())}"
         )
     return Data(x.reshape(x.shape[0], -1).astype(np.float64), y.astype(np.int64), str(p))
 

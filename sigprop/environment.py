@@ -64,12 +64,14 @@ def gather() -> list[tuple[str, str]]:
         ),
         (
             "torch threads",
-            f"{torch.get_num_threads()} intra-op, {torch.get_num_interop_threads()} inter-op (torch's own default, "
+            f"{torch.get_num_threads()} intra-op, {torch.get_num_interop_threads()} inter-op (torch's own "
+            f"default, "
             "before a run sets its own)",
         ),
         (
             "default dtype",
-            f"{str(torch.get_default_dtype()).replace('torch.', '')} (sigprop probes in float32 unless --dtype)",
+            f"{str(torch.get_default_dtype()).replace('torch.', '')} (sigprop probes in float32 unless "
+            f"--dtype)",
         ),
         (
             "cuda",
@@ -83,7 +85,8 @@ def gather() -> list[tuple[str, str]]:
             rows.append(
                 (
                     "",
-                    f"  cuda:{i}     {torch.cuda.get_device_name(i)}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free)",
+                    f"  cuda:{i}     {torch.cuda.get_device_name(i)}, {total / 2**30:.1f} GiB "
+                    f"({free / 2**30:.1f} free)",
                 )
             )
     rows.append(("--device auto", "cuda" if cuda else "cpu"))

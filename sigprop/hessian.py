@@ -6,7 +6,8 @@ and its weights are the probe's own draw -- the walker runs the plan once on the
 each unit's parameters (a data-dependent init is calibrated on that data, as the paper's is on its
 batch) -- and each unit is itself a differentiable function of its trainable parameters
 (``unit.apply``, no ladder here): per WN layer g, v and b (b = 0 at init; Salimans & Kingma 2016, eq. 2),
-per plain layer W and b, per batch norm (the BN ResNet's, the BN WRN's convs) its affine gamma = 1, beta = 0, plus a
+per plain layer W and b, per batch norm (the BN ResNet's, the BN WRN's convs) its affine gamma = 1, beta = 0,
+plus a
 10-way linear head after the last state (conv nets: after global average pooling).  The head is, by
 default, the paper's: a plain nn.Linear at PyTorch's default init (W, b ~ U(+-1/sqrt(n_in))), the
 same for every init under test, as in the authors' code (Arpit et al. 2019, section 5); with

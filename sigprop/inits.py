@@ -165,12 +165,14 @@ def pytorch_linear_bound(fan_in: int) -> float:
 
 
 def pytorch_orthogonal_row_sq(role: LayerRole) -> float:
-    """E||w_i||^2 of an orthogonal_ matrix [fan_out, fan_in]: 1 with orthonormal rows, fan_in/fan_out with orthonormal columns."""
+    """E||w_i||^2 of an orthogonal_ matrix [fan_out, fan_in]: 1 with orthonormal rows, fan_in/fan_out with
+    orthonormal columns."""
     return min(1.0, role.fan_in / role.fan_out)
 
 
 def stage_hanin_gain_sq(role: LayerRole) -> float:
-    """Stage-wise Hanin (Arpit et al. 2019, section 5.1, adapted as the issue specifies): the last layer of block
+    """Stage-wise Hanin (Arpit et al. 2019, section 5.1, adapted as the issue specifies): the last layer of
+    block
     b = 1..B_k of a stage gets g = 0.9^b sqrt(fan_in/fan_out); every other layer as proposed."""
     if role.kind == "block_last":
         return 0.81 ** (role.block_index + 1) * role.fan_in / (role.fan_out * role.taps)
@@ -223,8 +225,10 @@ register(
     InitScheme(
         name="pytorch",
         cites=("arpit2019initialize", "paszke2019pytorch"),
-        description="weight_norm over nn.Linear/nn.Conv2d defaults: v, b ~ U(+-1/sqrt(fan_in)), g = ||v|| (the paper's code: pytorch-he)",
-        paper="PyTorch's nn.Linear/nn.Conv2d defaults (the PyTorch default of Arpit et al. 2019 draws W otherwise: pytorch-he, pytorch-orthogonal)",
+        description="weight_norm over nn.Linear/nn.Conv2d defaults: v, b ~ U(+-1/sqrt(fan_in)), g = ||v|| "
+        "(the paper's code: pytorch-he)",
+        paper="PyTorch's nn.Linear/nn.Conv2d defaults (the PyTorch default of Arpit et al. 2019 draws W "
+        "otherwise: pytorch-he, pytorch-orthogonal)",
         direction="uniform",
         moments=lambda r: theory.LayerMoments(row_sq=1.0 / 3.0, bias_var=1.0 / (3.0 * r.fan_in)),
     )
@@ -233,7 +237,8 @@ register(
     InitScheme(
         name="pytorch-he",
         cites=("arpit2019initialize", "he2015delving"),
-        description="weight_norm default g = ||v|| over He v ~ N(0, 2/n_in), b = 0 (the paper's code's PyTorch default)",
+        description="weight_norm default g = ||v|| over He v ~ N(0, 2/n_in), b = 0 (the paper's code's "
+        "PyTorch default)",
         paper=f"{P001} section 5.1 (PyTorch default g_i = ||W_i||, W drawn He as in the authors' code)",
         direction="gaussian",
         moments=lambda r: theory.LayerMoments(row_sq=2.0),
@@ -243,8 +248,10 @@ register(
     InitScheme(
         name="pytorch-orthogonal",
         cites=("arpit2019initialize", "paszke2019pytorch"),
-        description="weight_norm default g = ||v|| over orthogonal v, b = 0 (the paper's code's other PyTorch default)",
-        paper=f"{P001} section 5.1 (PyTorch default g_i = ||W_i||, W drawn orthogonal as in the authors' code)",
+        description="weight_norm default g = ||v|| over orthogonal v, b = 0 (the paper's code's other "
+        "PyTorch default)",
+        paper=f"{P001} section 5.1 (PyTorch default g_i = ||W_i||, W drawn orthogonal as in the authors' "
+        "code)",
         direction="orthogonal",
         moments=lambda r: theory.LayerMoments(row_sq=pytorch_orthogonal_row_sq(r)),
     )
@@ -263,7 +270,8 @@ register(
     InitScheme(
         name="delta-orthogonal",
         cites=("xiao2018dynamical",),
-        description="WN conv: orthogonal c_out x c_in matrix at the centre tap, zero elsewhere; g = sqrt(2 c_in/c_out)",
+        description="WN conv: orthogonal c_out x c_in matrix at the centre tap, zero elsewhere; g = sqrt(2 "
+        "c_in/c_out)",
         paper="Xiao et al. 2018 (delta-orthogonal); gain of Arpit et al. 2019, section 3",
         direction="orthogonal",
         moments=lambda r: theory.LayerMoments(row_sq=proposed_gain_sq(r)),

@@ -307,7 +307,8 @@ def build_probe_figure(result):
     if staged:
         spread = "each stage relative to its own first (forward) or last (backward) state; spread not shown"
     fig.suptitle(
-        f"sigprop {result.command}: {shape}, N = {cfg.get('samples')} samples\nsolid: typical (geometric-mean) "
+        f"sigprop {result.command}: {shape}, N = {cfg.get('samples')} samples\nsolid: typical "
+        f"(geometric-mean) "
         f"ratio; {spread}",
         fontsize=9,
     )
@@ -472,7 +473,8 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         ax.set_title(
-            f"sigprop sweep --curvature: curvature at init vs {x} (bars: sd over draws; diverged points left out)",
+            f"sigprop sweep --curvature: curvature at init vs {x} (bars: sd over draws; diverged points left "
+            f"out)",
             fontsize=9,
         )
         fig.tight_layout()

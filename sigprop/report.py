@@ -19,7 +19,8 @@ from rich.text import Text
 from sigprop import kinds, specs
 from sigprop.results import ProbeResult, RatioStats, RunResult, TheoryResult
 
-#: the table shows at most this many rows (41: a 40-block ResNet's states h^0..h^40) (first, last, evenly spaced); JSON/CSV have all
+#: the table shows at most this many rows (41: a 40-block ResNet's states h^0..h^40) (first, last, evenly
+#: spaced); JSON/CSV have all
 MAX_TABLE_ROWS = 41
 
 
@@ -351,11 +352,18 @@ def spread_line(run: RunResult, draws: int) -> str:
     theory_sd = s.log10_std_predicted
     if draws > 1 and s.log10_draw_std is not None:
         tail = f"; theory ≈ ±{theory_sd:.2f}" if theory_sd is not None else ""
-        return f"across {draws} draws the typical end-to-end forward ratio moved by ±{s.log10_draw_std:.2f} decades (sd{tail})"
+        return (
+            f"across {draws} draws the typical end-to-end forward ratio moved by ±{s.log10_draw_std:.2f} "
+            f"decades (sd{tail})"
+        )
     if theory_sd is None:
-        return "one weight draw: the ± in the table is across samples only; --seeds S measures the spread across draws"
+        return (
+            "one weight draw: the ± in the table is across samples only; --seeds S measures the spread "
+            "across draws"
+        )
     return (
-        f"one weight draw: the ± in the table is across samples only; across draws the typical end-to-end forward "
+        f"one weight draw: the ± in the table is across samples only; across draws the typical end-to-end "
+        f"forward "
         f"ratio moves by about ±{theory_sd:.2f} decades (sd, theory); --seeds S measures it"
     )
 
@@ -375,7 +383,8 @@ def render_table(result: ProbeResult, console: Console) -> None:
         n = len(run.layers)
         if shown < n:
             console.print(
-                f"[dim](showing {shown} of {n} {'states' if resnet else 'layers'}; --format json or csv has all)[/dim]"
+                f"[dim](showing {shown} of {n} {'states' if resnet else 'layers'}; --format json or csv has "
+                f"all)[/dim]"
             )
         if any(r.bn is not None for r in run.layers):
             console.print(bn_table(run))
@@ -404,10 +413,19 @@ def preserved_line(result: ProbeResult) -> str:
     kept = [r.init for r in result.runs if r.preserved]
     lost = [r.init for r in result.runs if not r.preserved]
     if not lost:
-        return f"signal preserved (typical ratio in the band) by {'the only init' if len(kept) == 1 else 'every init'}: {', '.join(kept)}"
+        return (
+            "signal preserved (typical ratio in the band) by "
+            f"{'the only init' if len(kept) == 1 else 'every init'}: {', '.join(kept)}"
+        )
     if not kept:
-        return f"signal NOT preserved (typical ratio outside the band) by {'the only init' if len(lost) == 1 else 'any init'}: {', '.join(lost)}"
-    return f"signal preserved (typical ratio in the band) by: {', '.join(kept)}; not preserved by: {', '.join(lost)}"
+        return (
+            "signal NOT preserved (typical ratio outside the band) by "
+            f"{'the only init' if len(lost) == 1 else 'any init'}: {', '.join(lost)}"
+        )
+    return (
+        f"signal preserved (typical ratio in the band) by: {', '.join(kept)}; not preserved by: "
+        f"{', '.join(lost)}"
+    )
 
 
 def to_json(obj: Any) -> str:
@@ -524,7 +542,10 @@ def gate_text(c) -> str:
     if not c.has_band:
         return f"typical {c.name} {fmt_log10(c.log10_measured)}: {c.note}"
     word = "in" if c.passed else "outside"
-    return f"typical {c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, {fmt_log10(c.log10_high)}]"
+    return (
+        f"typical {c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, "
+        f"{fmt_log10(c.log10_high)}]"
+    )
 
 
 def _gate_verdicts(outcome) -> list[str]:
@@ -675,9 +696,13 @@ def render_hessian(result, console: Console) -> None:
         )
     head = specs.HEADS.get(result.config.get("head", "pytorch"), "the head")
     console.print(
-        "[dim]λ by restarted Lanczos on Hessian-vector products (double backward) of the 10-way cross-entropy at "
-        f"init, every trainable parameter (WN g, v, b; BN gamma, beta; {escape(head)}); converged: its residual "
-        "||Hy - λy||/|λ| is within --tol (an eigenvalue lies that close); 'not converged': --iters products ran out, "
-        "λ is the best Ritz value with its residual; synthetic data unless --data (docs/cli.md, sigprop hessian)[/dim]",
+        "[dim]λ by restarted Lanczos on Hessian-vector products (double backward) of the 10-way "
+        "cross-entropy at "
+        f"init, every trainable parameter (WN g, v, b; BN gamma, beta; {escape(head)}); converged: its "
+        f"residual "
+        "||Hy - λy||/|λ| is within --tol (an eigenvalue lies that close); 'not converged': --iters products "
+        "ran out, "
+        "λ is the best Ritz value with its residual; synthetic data unless --data (docs/cli.md, sigprop "
+        "hessian)[/dim]",
         soft_wrap=True,
     )

@@ -157,14 +157,22 @@ def explain_preserved(
     lo, hi = c.log10_low, c.log10_high
     r, t = ln_rms / LN10, (ln_typical if ln_typical is not None else ln_rms) / LN10
     if not lo <= r <= hi:
-        return f"the theory predicts an RMS ratio of {fmt(r)} (typical {fmt(t)}): this init does not keep the norm"
+        return (
+            f"the theory predicts an RMS ratio of {fmt(r)} (typical {fmt(t)}): this init does not keep "
+            "the norm"
+        )
     if not lo <= t <= hi:
         return (
-            f"finite-width drift: the mean square is preserved (RMS {fmt(r)}) but the theory predicts a typical "
-            f"ratio of {fmt(t)} at width {width} over {depth} layers (E ln ratio falls by about c/(4 n) per layer); "
+            f"finite-width drift: the mean square is preserved (RMS {fmt(r)}) but the theory predicts a "
+            f"typical "
+            f"ratio of {fmt(t)} at width {width} over {depth} layers (E ln ratio falls by about c/(4 n) per "
+            f"layer); "
             f"widen the layers or shorten the net"
         )
-    return f"the theory predicts a typical ratio of {fmt(t)} (RMS {fmt(r)}), inside the band: the measurement disagrees"
+    return (
+        f"the theory predicts a typical ratio of {fmt(t)} (RMS {fmt(r)}), inside the band: the "
+        "measurement disagrees"
+    )
 
 
 # --------------------------------------------------------------------------------------------

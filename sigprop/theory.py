@@ -122,7 +122,8 @@ def kn_mixed_reading(n: int) -> float:
 def kn_quadrature(n: int) -> float:
     """K_n by numerical integration (scipy.integrate.quad), independent of the Wallis products.
 
-    K_n = m * (2n/m) * E[max(0, cos theta)^2] (Arpit et al. 2019, eq. 13-17, 33) with theta the angle between a
+    K_n = m * (2n/m) * E[max(0, cos theta)^2] (Arpit et al. 2019, eq. 13-17, 33) with theta the angle between
+    a
     uniform direction in R^n and u, whose density is S_{n-1}/S_n sin^{n-2}(theta).  With
     theta = pi/2 - s/sqrt(n) the integrand is a bump of unit width, which quad resolves for any n:
 

@@ -83,7 +83,8 @@ def mlp_rms_prediction(widths: Sequence[int], moments: Sequence[LayerMoments]) -
 
 
 def datadep_ln_forward(widths: Sequence[int]) -> list[float] | None:
-    """Data-dependent init (Salimans & Kingma 2016, section 3, eq. 5-6): every pre-activation is standardised over the
+    """Data-dependent init (Salimans & Kingma 2016, section 3, eq. 5-6): every pre-activation is standardised
+    over the
     probe batch, so E_batch[a_i^2] = 1 and, if its distribution is symmetric, E||h^l||^2 = n_l/2;
     with E[1/||x||^2] = 1/(n_0 - 2): ln rms ratio = 1/2 ln(n_l / (2 (n_0 - 2))).
 
@@ -186,7 +187,8 @@ def _affine(a: float, c: float, m: LinearMoments, relu: bool) -> tuple[float, fl
 def resnet_rms_prediction(dim: int, blocks: Sequence[BlockMoments]) -> ResNetPrediction:
     """Closed-form RMS ratios of a ResNet h^b = S_b h^{b-1} + alpha F_b(h^{b-1}) (Arpit et al. 2019, eq. 6).
 
-    Forward (Arpit et al. 2019, Theorem 3 / eq. 43-53 without its assumption ||F(h)|| = ||h||): the branch's last
+    Forward (Arpit et al. 2019, Theorem 3 / eq. 43-53 without its assumption ||F(h)|| = ||h||): the branch's
+    last
     layer is zero-mean and independent of the skip, so the cross term vanishes in expectation and
         E||h^b||^2 = E||S h||^2 + alpha^2 E||F(h)||^2 = k_b ||h^{b-1}||^2 + c_b
     with (k_b, c_b) from the layer moments (``_affine``).  The recursion is affine as in the MLP;

@@ -1,6 +1,7 @@
 """The curvature at init (issue 19, sigprop/hessian.py): Hessian-vector products against the dense
 Hessian (torch.autograd.functional.hessian) on tiny nets for every init, the restarted Lanczos
-search and ARPACK's Lanczos against numpy's eigvalsh, Hutchinson against the exact trace, the WRN's products against
+search and ARPACK's Lanczos against numpy's eigvalsh, Hutchinson against the exact trace, the WRN's products
+against
 autograd's hvp, the model against the probe's own weights, determinism per seed."""
 
 import math

@@ -11,7 +11,6 @@ import torch
 from sigprop import inits, kinds, observers, run, specs, walker
 from sigprop.kernels import logspace as ls
 from sigprop.kinds import mlp as mlp_kind
-from sigprop.observers import bn, correlation, ratios  # noqa: F401  (their collectors register on import)
 
 
 def walk(
@@ -63,7 +62,8 @@ def mlp_draw(scheme, widths, x, e, seed: int, draw: int, stream: bool = False):
 
 @dataclass
 class Draw:
-    """ln ratios: forward/backward per entry [(S,) E, N], branch per block [(S,) B, N], BN statistics [(S,) E, 3]."""
+    """ln ratios: forward/backward per entry [(S,) E, N], branch per block [(S,) B, N], BN statistics [(S,)
+    E, 3]."""
 
     ln_fwd: torch.Tensor
     ln_bwd: torch.Tensor

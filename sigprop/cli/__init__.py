@@ -42,14 +42,18 @@ def _usage_hint(msg: str) -> str:
         option, value, choices = m.groups()
         names = re.findall(r"'([^']+)'", choices)
         if "," in value:
-            return f"{option}: {value!r} is not a name; give one per option: --init he --init proposed (choose from {', '.join(names)})"
+            return (
+                f"{option}: {value!r} is not a name; give one per option: --init he --init proposed "
+                f"(choose from {', '.join(names)})"
+            )
         close = difflib.get_close_matches(value, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return f"{option}: unknown value {value!r}{hint}; choose from {', '.join(names)}"
     if "valid integer" in msg:
         return (
             msg.split(":")[0]
-            + ": expected one integer (for several values use sigprop sweep, which takes comma-separated lists)"
+            + ": expected one integer (for several values use sigprop sweep, which takes comma-separated "
+            "lists)"
         )
     return msg
 

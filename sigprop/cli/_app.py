@@ -31,7 +31,8 @@ def new_app() -> typer.Typer:
     """The bare application (the commands are added by sigprop/cli/__init__.py ``build``)."""
     app = typer.Typer(
         name="sigprop",
-        help="Signal propagation at initialization, measured beside the theory: norm ratios of activations and gradients, "
+        help="Signal propagation at initialization, measured beside the theory: norm ratios of activations "
+        "and gradients, "
         f"layer by layer, in each net kind's command ({', '.join(kinds.names())}), the cosine of two inputs "
         "(--correlation), and the loss Hessian's curvature at init (hessian).",
         context_settings=CONTEXT,

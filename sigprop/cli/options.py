@@ -73,20 +73,23 @@ StreamOpt = Annotated[
     Optional[bool],
     Option(
         "--stream/--no-stream",
-        help="Redraw the weights in the backward pass instead of storing them. [default: only when they would not fit]",
+        help="Redraw the weights in the backward pass instead of storing them. [default: only when they "
+        "would not fit]",
     ),
 ]
 GraphsOpt = Annotated[
     Optional[bool],
     Option(
         "--graphs/--no-graphs",
-        help="Capture each layer's kernels once as a CUDA graph and replay it (CUDA only; checked against the eager step). [default: on with CUDA]",
+        help="Capture each layer's kernels once as a CUDA graph and replay it (CUDA only; checked against "
+        "the eager step). [default: on with CUDA]",
     ),
 ]
 PlotOpt = Annotated[
     Optional[Path],
     Option(
-        help="Also draw the Figure-1-style plot to this .png/.svg/.pdf (needs the plot extra: pip install sigprop[plot])."
+        help="Also draw the Figure-1-style plot to this .png/.svg/.pdf (needs the plot extra: pip install "
+        "sigprop[plot])."
     ),
 ]
 PrecisionOpt = Annotated[
@@ -106,7 +109,8 @@ CheckOpt = Annotated[
 GateOpt = Annotated[
     Gate,
     Option(
-        help="What --check asks: preserved (the typical end-to-end ratio lies in --band: the signal survives) "
+        help="What --check asks: preserved (the typical end-to-end ratio lies in --band: the signal "
+        "survives) "
         "or theory (it agrees with the init's own finite-width prediction)."
     ),
 ]
@@ -115,7 +119,8 @@ CorrelationOpt = Annotated[
     Optional[list[str]],
     Option(
         "--correlation",
-        help="Also measure how the cosine of two inputs propagates, from input pairs of cosine C0 in [-1, 1], "
+        help="Also measure how the cosine of two inputs propagates, from input pairs of cosine C0 in [-1, "
+        "1], "
         "beside the infinite-width prediction (repeatable or comma-separated; docs/theory.md section 10).",
     ),
 ]
@@ -131,7 +136,8 @@ ThreadsOpt = Annotated[
     Optional[int],
     Option(
         min=1,
-        help="CPU threads torch may use (recorded in the result). [default: half the cores this process may run on; OMP_NUM_THREADS where set]",
+        help="CPU threads torch may use (recorded in the result). [default: half the cores this process may "
+        "run on; OMP_NUM_THREADS where set]",
     ),
 ]
 
@@ -317,7 +323,8 @@ HESSIAN_OPTIONS = (
         Annotated[
             Optional[Path],
             Option(
-                help="Your data instead of synthetic: a .pt or .npz with x [N, ...] and integer labels y [N] in 0..9."
+                help="Your data instead of synthetic: a .pt or .npz with x [N, ...] and integer labels y [N] "
+                "in 0..9."
             ),
         ],
         None,
@@ -328,7 +335,8 @@ HESSIAN_OPTIONS = (
             Head,
             Option(
                 help="The 10-way head: pytorch (the paper's nets: plain nn.Linear at PyTorch's default init, "
-                "the same for every init) or init (drawn by the init under test, gain 1; docs/theory.md section 12)."
+                "the same for every init) or init (drawn by the init under test, gain 1; docs/theory.md "
+                "section 12)."
             ),
         ],
         Head.pytorch,
@@ -352,7 +360,8 @@ HESSIAN_OPTIONS = (
         Annotated[
             Optional[Path],
             Option(
-                help="Also draw the curvature per init (bar: mean ± sd, points: draws) to this .png/.svg/.pdf."
+                help="Also draw the curvature per init (bar: mean ± sd, points: draws) to this "
+                ".png/.svg/.pdf."
             ),
         ],
         None,

@@ -19,7 +19,8 @@ from sigprop.cli.output import (
 )
 
 HESSIAN_HELP = (
-    "The curvature at init: the largest-magnitude eigenvalue of the loss Hessian (restarted Lanczos), and on request "
+    "The curvature at init: the largest-magnitude eigenvalue of the loss Hessian (restarted Lanczos), and on "
+    "request "
     "its top-k (Lanczos) and trace (Hutchinson), per init (Arpit et al. 2019, section 5.3, Table 2)."
 )
 
@@ -27,7 +28,8 @@ HESSIAN_HELP = (
 def _banner(kind: kinds.Kind, spec, seed: int, seeds: int):
     """The line a run starts with, from the environment record: device, dtype, the net, the draws."""
     return lambda env: (
-        f"sigprop {kind.name}: device {env['device']} ({env['device_name']}), {env['dtype']}, {kind.banner(spec)} "
+        f"sigprop {kind.name}: device {env['device']} ({env['device_name']}), {env['dtype']}, "
+        f"{kind.banner(spec)} "
         f"(seed {seed}), {env['samples']} samples x {seeds} draw(s)"
     )
 
@@ -74,7 +76,8 @@ def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
             for c in run.gate_checks():
                 if not c.passed:
                     _say(
-                        f"sigprop: check failed ({report.verdict_words(c.verdict)}): {run.init}: {report.gate_text(c)}"
+                        f"sigprop: check failed ({report.verdict_words(c.verdict)}): {run.init}: "
+                        f"{report.gate_text(c)}"
                     )
         raise typer.Exit(1)
 

@@ -90,7 +90,8 @@ def _sweep_parameters() -> list[inspect.Parameter]:
                 Annotated[
                     Optional[list[str]],
                     Option(
-                        help=f"The {size} of {', '.join(k.name for k in which)}, comma-separated or repeated. [default: {defaults}]"
+                        help=f"The {size} of {', '.join(k.name for k in which)}, comma-separated or "
+                        f"repeated. [default: {defaults}]"
                     ),
                 ],
                 None,
@@ -172,7 +173,8 @@ def sweep(
     curvature=False,
     **sizes,
 ) -> None:
-    """Run a grid of probes (size x width x init; the size is depth or blocks, as the kind grows), one JSON line per configuration; resumes."""
+    """Run a grid of probes (size x width x init; the size is depth or blocks, as the kind grows), one JSON
+    line per configuration; resumes."""
     kind = kinds.get(arch.value)
     for axis, given in sizes.items():
         if given is not None and axis != kind.sweep_size:
@@ -207,7 +209,8 @@ def sweep(
     done = sweep_mod.done_keys(out)
     todo = [p for p in points if p.key not in done]
     _say(
-        f"sigprop sweep: {len(points)} configuration(s), {len(points) - len(todo)} already in {out}, {len(todo)} to run"
+        f"sigprop sweep: {len(points)} configuration(s), {len(points) - len(todo)} already in {out}, "
+        f"{len(todo)} to run"
     )
 
     from sigprop import api  # the lazy torch import at the CLI's edge
@@ -265,7 +268,8 @@ def plot_cmd(
         ),
     ] = "forward",
 ) -> None:
-    """Draw a sweep: end-to-end ratio (or cosine) against depth (or width), one line per init (needs the plot extra: pip install sigprop[plot])."""
+    """Draw a sweep: end-to-end ratio (or cosine) against depth (or width), one line per init (needs the plot
+    extra: pip install sigprop[plot])."""
     from sigprop import plot as plot_mod  # optional extra (matplotlib)
 
     if direction not in ("forward", "backward", "correlation", "curvature"):
@@ -300,7 +304,8 @@ def rerun(
         Optional[Path], Option(help="Write the new run's output to this file (whole, never half).")
     ] = None,
 ) -> None:
-    """Run a recorded result again (its config, seed, device, threads) and compare: exit 0 identical, 1 different."""
+    """Run a recorded result again (its config, seed, device, threads) and compare: exit 0 identical, 1
+    different."""
     _check_output_target(output)
     try:
         doc = json.loads(result.read_text(encoding="utf-8"))
@@ -314,7 +319,8 @@ def rerun(
     new = api.rerun(
         doc,
         on_start=lambda env: _say(
-            f"sigprop rerun: {doc.get('command')} from {result} on {env['device']} ({report.count(env['threads'], 'thread')})"
+            f"sigprop rerun: {doc.get('command')} from {result} on {env['device']} "
+            f"({report.count(env['threads'], 'thread')})"
         ),
     )
     render(new, fmt, output)
@@ -324,7 +330,8 @@ def rerun(
     if diffs:
         where, a, b = diffs[0]
         _say(
-            f"sigprop rerun: DIFFERENT: {len(diffs)} of {count} numbers differ; first at runs{where[where.find('[') :] if where.startswith('[') else '.' + where}: {a!r} -> {b!r}"
+            f"sigprop rerun: DIFFERENT: {len(diffs)} of {count} numbers differ; first at "
+            f"runs{where[where.find('[') :] if where.startswith('[') else '.' + where}: {a!r} -> {b!r}"
         )
         raise typer.Exit(1)
     _say(f"sigprop rerun: reproduced: all {count} numbers identical")
@@ -334,7 +341,8 @@ def check(
     file: Annotated[
         Optional[Path],
         Argument(
-            help="TOML file of [checks.NAME] (or [tool.sigprop.checks.NAME]) tables. [default: ./pyproject.toml, else ./sigprop.toml]"
+            help="TOML file of [checks.NAME] (or [tool.sigprop.checks.NAME]) tables. [default: "
+            "./pyproject.toml, else ./sigprop.toml]"
         ),
     ] = None,
     fmt: Annotated[
@@ -348,7 +356,8 @@ def check(
         Optional[Path], Option(help="Also write a JUnit XML report here (for CI test panels).")
     ] = None,
 ) -> None:
-    """Run named probe configurations with expectations from TOML: exit 0 all met, 1 one not met, 2 bad config."""
+    """Run named probe configurations with expectations from TOML: exit 0 all met, 1 one not met, 2 bad
+    config."""
     _check_output_target(output)
     if junit is not None:
         try:

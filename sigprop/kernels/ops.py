@@ -113,7 +113,8 @@ class ConvOp(DenseOp):
     directions = conv
 
     def conv_t(self, v: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-        """The transpose of ``conv`` (its input gradient) applied to G [S, N, c_out, H' W']: [S, N, units_in]."""
+        """The transpose of ``conv`` (its input gradient) applied to G [S, N, c_out, H' W']: [S, N,
+        units_in]."""
         st, (S, N) = self.step, G.shape[:2]
         C, H, W = st.shape_in
         co = self.role.fan_out

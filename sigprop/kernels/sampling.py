@@ -191,7 +191,8 @@ def _datadep(role, gen, device, dtype):
 
 
 def _calibrate_datadep(params: LayerParams, t) -> LayerParams:
-    """Salimans & Kingma 2016, eq. 5-6: t = v.x/||v|| over the minibatch; g <- 1/sigma[t], b <- -mu[t]/sigma[t]."""
+    """Salimans & Kingma 2016, eq. 5-6: t = v.x/||v|| over the minibatch; g <- 1/sigma[t], b <-
+    -mu[t]/sigma[t]."""
     mu = t.mean(dim=0)
     sigma = t.std(dim=0, unbiased=False)
     if not bool((sigma > 0).all()):

@@ -151,7 +151,8 @@ def variances(channels) -> tuple[np.ndarray, np.ndarray]:
 class CNN(Kind):
     name = "cnn"
     summary = (
-        "Probe the plain CNN of Arpit et al. 2019, section 5.1 (3x3 WN convs + ReLU, zero padding, the first two with "
+        "Probe the plain CNN of Arpit et al. 2019, section 5.1 (3x3 WN convs + ReLU, zero padding, the first "
+        "two with "
         "stride 2) layer by layer."
     )
     fields = "depth/channels/image/samples"
@@ -169,10 +170,14 @@ class CNN(Kind):
     hints = Hints(
         width="units",
         energy=True,
-        footer="mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward) over all units "
-        "(channels × positions); theory = the energy-map rms (zero padding and strides, docs/theory.md §11); =/≠ = "
-        "measured rms within/outside its finite-width band (channels as the width; an envelope of the measured "
-        "spread, it errs wide; ~ within a band over 2 decades wide: no test); preserved = within --band of the "
+        footer="mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward) over all "
+        "units "
+        "(channels × positions); theory = the energy-map rms (zero padding and strides, docs/theory.md §11); "
+        "=/≠ = "
+        "measured rms within/outside its finite-width band (channels as the width; an envelope of the "
+        "measured "
+        "spread, it errs wide; ~ within a band over 2 decades wide: no test); preserved = within --band of "
+        "the "
         "lossless reference (1/2 per stride-2 layer forward: a quarter of the positions)",
     )
     sweep_widths = "32,64"
@@ -193,10 +198,16 @@ class CNN(Kind):
         return {"image": specs.image_text(spec.image)}
 
     def banner(self, spec) -> str:
-        return f"depth {spec.depth}, {spec.channels} channels, image {specs.image_text(spec.image)}, {spec.strided} strided"
+        return (
+            f"depth {spec.depth}, {spec.channels} channels, image {specs.image_text(spec.image)}, "
+            f"{spec.strided} strided"
+        )
 
     def describe(self, config: dict) -> str:
-        return f"CNN depth {config.get('depth')}, {config.get('channels')} channels, image {config.get('image')}, {config.get('strided')} strided"
+        return (
+            f"CNN depth {config.get('depth')}, {config.get('channels')} channels, image "
+            f"{config.get('image')}, {config.get('strided')} strided"
+        )
 
     def plan(self, spec, seed: int) -> ConvPlan:
         s = steps(spec.image, spec.channels, spec.depth, spec.strided)
@@ -270,16 +281,23 @@ class CNN(Kind):
                 if st.dead_fraction > 0:
                     c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
                 elif p is None:
-                    c.note = f"outside the band around the lossless reference {stats.fmt(r / stats.LN10)}; no prediction for this init"
+                    c.note = (
+                        f"outside the band around the lossless reference {stats.fmt(r / stats.LN10)}; "
+                        "no prediction for this init"
+                    )
                 elif not c.log10_low <= p / stats.LN10 <= c.log10_high:
                     c.note = (
-                        f"the theory predicts an RMS ratio of {stats.fmt(p / stats.LN10)} against the lossless "
-                        f"{stats.fmt(r / stats.LN10)}: zero padding loses energy at the borders every layer (docs/theory.md §11)"
+                        f"the theory predicts an RMS ratio of {stats.fmt(p / stats.LN10)} against the "
+                        f"lossless "
+                        f"{stats.fmt(r / stats.LN10)}: zero padding loses energy at the borders every layer "
+                        f"(docs/theory.md §11)"
                     )
                 else:
                     c.note = (
-                        f"the theory's RMS ratio {stats.fmt(p / stats.LN10)} is inside the band but its typical ratio, "
-                        f"{stats.fmt((p - var) / stats.LN10)}, is not: finite-width drift ({convs[0].role.fan_out} channels "
+                        f"the theory's RMS ratio {stats.fmt(p / stats.LN10)} is inside the band but its "
+                        f"typical ratio, "
+                        f"{stats.fmt((p - var) / stats.LN10)}, is not: finite-width drift "
+                        f"({convs[0].role.fan_out} channels "
                         f"over {L} layers); more channels or fewer layers move it"
                     )
             checks.append(c)

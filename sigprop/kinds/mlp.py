@@ -27,7 +27,8 @@ BAND_LIMITS = (1e-2, 1e2)
 
 @dataclass(frozen=True)
 class MLPSpec:
-    """The WN MLP of Arpit et al. 2019, eq. 1-2: L layers a^l = g^l * W^l h^{l-1} / ||W^l_i|| + b^l, h^l = ReLU(a^l)."""
+    """The WN MLP of Arpit et al. 2019, eq. 1-2: L layers a^l = g^l * W^l h^{l-1} / ||W^l_i|| + b^l, h^l =
+    ReLU(a^l)."""
 
     depth: int = 20
     input_dim: int = 500
@@ -160,7 +161,10 @@ def checks(
 @kinds.register
 class MLP(Kind):
     name = "mlp"
-    summary = "Probe a weight-normalized ReLU MLP (Arpit et al. 2019, eq. 1-2): forward and backward norm ratios per layer."
+    summary = (
+        "Probe a weight-normalized ReLU MLP (Arpit et al. 2019, eq. 1-2): forward and backward norm "
+        "ratios per layer."
+    )
     fields = "depth/width/samples"
     spec = MLPSpec
     noun = "the MLP"
@@ -178,7 +182,8 @@ class MLP(Kind):
     default_inits = DEFAULT_INITS
     init_help = "Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 top)."
     hints = Hints(
-        footer="mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward); theory = closed-form "
+        footer="mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward); theory "
+        "= closed-form "
         "rms; =/≠ = measured rms within/outside the finite-width band of the theory (~ within a band over 2 "
         "decades wide: no test)"
     )

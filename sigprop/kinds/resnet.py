@@ -33,7 +33,8 @@ BN_DESCRIPTION = (
 
 @dataclass(frozen=True)
 class ResNetSpec:
-    """A residual network: Arpit et al. 2019, eq. 6 with K stages of B blocks (``norm="wn"`` or ``"none"``), or
+    """A residual network: Arpit et al. 2019, eq. 6 with K stages of B blocks (``norm="wn"`` or ``"none"``),
+    or
     the batch-normalized ReLU ResNet of De & Smith 2020, appendix C (``norm="bn"``: one stage, a stem and B
     blocks x + W BN(x)^+ of width ``dim``)."""
 
@@ -227,7 +228,8 @@ def weight_count(plan: ResNetPlan) -> int:
 
 
 def estimate_bytes(plan: ResNetPlan, samples: int, itemsize: int) -> int:
-    """Peak memory of one draw: stored weights (+ one layer's draw temporaries), bit-packed masks, activations,
+    """Peak memory of one draw: stored weights (+ one layer's draw temporaries), bit-packed masks,
+    activations,
     and for BN the saved normalised inputs of every layer."""
     masks = 0
     widest = max(plan.entries)
@@ -310,7 +312,10 @@ def prediction(scheme, plan: ResNetPlan) -> plans.Prediction:
 @kinds.register
 class ResNet(Kind):
     name = "resnet"
-    summary = "Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (Arpit et al. 2019, eq. 6) state by state."
+    summary = (
+        "Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (Arpit et al. 2019, eq. 6) state "
+        "by state."
+    )
     fields = "blocks/stages/dim/width/samples"
     spec = ResNetSpec
     noun = "ResNets"
@@ -342,7 +347,10 @@ class ResNet(Kind):
             choices=NORMS,
         ),
     )
-    init_help = "Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 bottom); he with --norm none/bn."
+    init_help = (
+        "Init scheme (repeatable). Default: he, proposed, proposed-gaussian (Figure 1 bottom); he "
+        "with --norm none/bn."
+    )
     hints = Hints(
         width="d",
         row="b",
@@ -351,8 +359,10 @@ class ResNet(Kind):
         forward=r"$\|h^b\| \,/\, \|h^0\|$",
         backward=r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$",
         units="blocks",
-        footer="mean ± std over samples of ||h^b||/||x|| (forward) and ||dl/dh^b||/||dl/dh^end|| (backward); branch = rms "
-        "of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside the "
+        footer="mean ± std over samples of ||h^b||/||x|| (forward) and ||dl/dh^b||/||dl/dh^end|| (backward); "
+        "branch = rms "
+        "of ||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = closed-form rms; =/≠ = measured rms within/outside "
+        "the "
         "finite-width band of the theory (~ within a band over 2 decades wide: no test); band [√2, √e] = "
         "[1.414, 1.649] per stage (Arpit et al. 2019, Theorems 3-4)",
     )
@@ -393,7 +403,10 @@ class ResNet(Kind):
         )
 
     def describe(self, config: dict) -> str:
-        return f"{config.get('stages', 1)} stage(s) × {config.get('blocks')} blocks, d = {config.get('dim')}, norm {config.get('norm')}"
+        return (
+            f"{config.get('stages', 1)} stage(s) × {config.get('blocks')} blocks, d = "
+            f"{config.get('dim')}, norm {config.get('norm')}"
+        )
 
     def inits(self, spec) -> tuple[str, ...]:
         return spec.resolved_inits()
@@ -556,7 +569,10 @@ class ResNet(Kind):
                     continue
                 centre, own_var = lnp[a] - lnp[e], abs(float(var[a] - var[e]))
                 if not c.passed:
-                    c.note += f"; the theory predicts a typical stage ratio of {stats.fmt((centre - own_var) / stats.LN10)} for this init"
+                    c.note += (
+                        "; the theory predicts a typical stage ratio of "
+                        f"{stats.fmt((centre - own_var) / stats.LN10)} for this init"
+                    )
                 t = stats.stage_check(cname, ln, (centre, centre), own_var, z, verdict="theory")
                 if not t.passed:
                     t.note = f"the theory predicts an RMS stage ratio of {stats.fmt(centre / stats.LN10)}"

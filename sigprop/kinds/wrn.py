@@ -36,7 +36,10 @@ BASE = 16
 #: a bottleneck block's output channels over its inner ones (He et al. 2016, ResNet-164)
 BOTTLENECK_EXPANSION = 4
 NET = "the WRN"
-BN_DESCRIPTION = "He convs each followed by training-mode batch norm (gamma = 1, beta = 0), ReLU after BN, no ReLU after the sum"
+BN_DESCRIPTION = (
+    "He convs each followed by training-mode batch norm (gamma = 1, beta = 0), ReLU after BN, "
+    "no ReLU after the sum"
+)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ class WRNSpec:
             for key, value in PRESETS[self.preset].items():
                 if getattr(self, key) != value:
                     raise specs.SigpropError(
-                        f"preset {self.preset!r} has {key} = {value}; drop --{key.replace('_', '-')} or the preset",
+                        f"preset {self.preset!r} has {key} = {value}; drop --{key.replace('_', '-')} or the "
+                        f"preset",
                         field="preset",
                     )
         specs.check_size(self.blocks, "blocks")
@@ -237,8 +241,10 @@ def variances(
 class WRN(Kind):
     name = "wrn"
     summary = (
-        "Probe the wide residual network of Arpit et al. 2019, supplementary Figure 5 (conv1, three groups of N blocks "
-        "[WN conv 3x3 -> ReLU -> WN conv 3x3], stride 2 and a 1x1 projection opening groups 2 and 3) state by state."
+        "Probe the wide residual network of Arpit et al. 2019, supplementary Figure 5 (conv1, three groups "
+        "of N blocks "
+        "[WN conv 3x3 -> ReLU -> WN conv 3x3], stride 2 and a 1x1 projection opening groups 2 and 3) state "
+        "by state."
     )
     fields = "blocks/widen/image/samples"
     spec = WRNSpec
@@ -280,7 +286,8 @@ class WRN(Kind):
         ),
     )
     init_help = (
-        "Init scheme (repeatable). Default: proposed, pytorch, datadep, stage-hanin (Figure 3 right); he with "
+        "Init scheme (repeatable). Default: proposed, pytorch, datadep, stage-hanin (Figure 3 right); he "
+        "with "
         "--norm none."
     )
     # a conv net's per-sample spread is small (its weights are shared by the positions): draws matter more
@@ -294,11 +301,16 @@ class WRN(Kind):
         forward=r"$\|h^b\| \,/\, \|h^0\|$",
         backward=r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$",
         units="blocks",
-        footer="b = state (0: the input, 1: conv1's output, then each block's); mean ± std over samples of ||h^b||/||x|| "
-        "(forward) and ||dl/dh^b||/||dl/dh^end|| (backward) over all units (channels × positions); branch = rms of "
-        "||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = the energy-map rms (zero padding, strides, projections: "
-        "docs/theory.md §11); =/≠ = measured rms within/outside its finite-width band (channels as the width; an "
-        "envelope of the measured spread, it errs wide; ~ over 2 decades wide: no test); band = [√2, √e] per stage "
+        footer="b = state (0: the input, 1: conv1's output, then each block's); mean ± std over samples of "
+        "||h^b||/||x|| "
+        "(forward) and ||dl/dh^b||/||dl/dh^end|| (backward) over all units (channels × positions); branch = "
+        "rms of "
+        "||alpha F_b(h^{b-1})||/||h^{b-1}||; theory = the energy-map rms (zero padding, strides, "
+        "projections: "
+        "docs/theory.md §11); =/≠ = measured rms within/outside its finite-width band (channels as the "
+        "width; an "
+        "envelope of the measured spread, it errs wide; ~ over 2 decades wide: no test); band = [√2, √e] per "
+        "stage "
         "(Arpit et al. 2019, Theorems 3-4) times what a stride-2 group opening costs a lossless net",
     )
     sweep_size, sweep_sizes, sweep_widths = "blocks", "1,16", "1"
@@ -336,8 +348,10 @@ class WRN(Kind):
 
     def describe(self, config: dict) -> str:
         return (
-            f"WRN{' ' + config['preset'] if config.get('preset') else ''} N = {config.get('blocks')}, k = {config.get('widen')}"
-            f"{', bottleneck' if config.get('bottleneck') else ''}, image {config.get('image')}, norm {config.get('norm')}"
+            f"WRN{' ' + config['preset'] if config.get('preset') else ''} N = {config.get('blocks')}, k = "
+            f"{config.get('widen')}"
+            f"{', bottleneck' if config.get('bottleneck') else ''}, image {config.get('image')}, norm "
+            f"{config.get('norm')}"
         )
 
     def inits(self, spec) -> tuple[str, ...]:
@@ -435,9 +449,15 @@ class WRN(Kind):
             ):
                 c = stats.stage_check(cname, ln, (bnd[0] + widen[0], bnd[1] + widen[1]), var, z)
                 if not c.passed:
-                    c.note = "outside Theorem 3's band [sqrt 2, sqrt e] times the stride-2 transition, with its finite-width allowance"
+                    c.note = (
+                        "outside Theorem 3's band [sqrt 2, sqrt e] times the stride-2 transition, with "
+                        "its finite-width allowance"
+                    )
                     if pred_ is not None:
-                        c.note += f"; the theory predicts an RMS stage ratio of {stats.fmt(math.log10(pred_)) if pred_ > 0 else '0'} for this init"
+                        c.note += (
+                            "; the theory predicts an RMS stage ratio of "
+                            f"{stats.fmt(math.log10(pred_)) if pred_ > 0 else '0'} for this init"
+                        )
                 checks.append(c)
                 if lnp is None:
                     own_checks.append(

@@ -91,7 +91,8 @@ def test_a_check_expected_to_fail_says_which_gate_failed(capsys, monkeypatch, tm
     run whose signal was preserved and whose correlation gate failed -- it read as the opposite of
     what happened.  Now the line names the gates that could fail and the one that did."""
     text = (
-        '[checks.collapse]\ncommand = "mlp"\ndepth = 30\nwidth = "64"\ninput-dim = 64\ninit = "proposed"\nsamples = 50\n'
+        '[checks.collapse]\ncommand = "mlp"\ndepth = 30\nwidth = "64"\ninput-dim = 64\ninit = '
+        '"proposed"\nsamples = 50\n'
         'max_correlation = 0.9\nexpect = "fail"\ndevice = "cpu"\n'
     )
     code, out, err = run(capsys, monkeypatch, tmp_path, text)

@@ -154,25 +154,33 @@ CHECK_TOML = st.sampled_from(
     [
         '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ndevice = "cpu"\ngraphs = true\n',
         '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ndevice = "cpu"\n',
-        '[checks.a]\ncommand = "mlp"\ndepth = 30\nwidth = 8\nsamples = 4\ninit = "he"\nexpect = "fail"\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 30\nwidth = 8\nsamples = 4\ninit = "he"\nexpect = '
+        '"fail"\ndevice = "cpu"\n',
         '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ndevice = "cpu"\n',
         '[checks.a]\ncommand = "mlp"\ndepth = 1000000000\nwidth = 100000\ndevice = "cpu"\n',
         '[checks.a]\ncommand = "mlp"\ndepth = -3\n',
         '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ninit = "skipinit"\ndevice = "cpu"\n',
-        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ngate = "theory"\nband = [0.5, 2]\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ngate = "theory"\nband = [0.5, '
+        '2]\ndevice = "cpu"\n',
         '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ngate = "both"\ndevice = "cpu"\n',
         '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\nband = [2, 3]\ndevice = "cpu"\n',
-        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\nmax_correlation = 0.5\npairs = 4\ndevice = "cpu"\n',
-        '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ncorrelation = [0, 2]\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\nmax_correlation = 0.5\npairs = '
+        '4\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ncorrelation = [0, '
+        '2]\ndevice = "cpu"\n',
         '[checks.a]\ncommand = "mlp"\ndepth = 3\nwidth = 8\nsamples = 4\ncorrelation = "x"\ndevice = "cpu"\n',
-        '[checks.a]\ncommand = "cnn"\ndepth = 3\nchannels = 4\nimage = "3x8x8"\nsamples = 4\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "cnn"\ndepth = 3\nchannels = 4\nimage = "3x8x8"\nsamples = 4\ndevice = '
+        '"cpu"\n',
         '[checks.a]\ncommand = "cnn"\ndepth = 3\nchannels = 4\nimage = "3x8"\nsamples = 4\n',
         '[checks.a]\ncommand = "wrn"\nblocks = 1\nimage = "3x8x8"\nsamples = 4\ndevice = "cpu"\n',
         '[checks.a]\ncommand = "wrn"\npreset = "resnet-56"\nblocks = 2\n',
-        '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ninit = "skipinit"\ndevice = "cpu"\n',
+        '[checks.a]\ncommand = "resnet"\nblocks = 3\ndim = 8\nwidth = 4\nsamples = 4\ninit = '
+        '"skipinit"\ndevice = "cpu"\n',
         # a sweep file of both kinds (sigprop plot must refuse it in one line)
-        '{"schema": "sigprop.sweep.v1", "config": {"command": "mlp", "depth": 2, "width": 8}, "init": "he", "end_to_end": {}}\n'
-        '{"schema": "sigprop.sweep.v1", "config": {"command": "resnet", "blocks": 2, "width": 8}, "init": "he", "end_to_end": {}}\n',
+        '{"schema": "sigprop.sweep.v1", "config": {"command": "mlp", "depth": 2, "width": 8}, "init": "he", '
+        '"end_to_end": {}}\n'
+        '{"schema": "sigprop.sweep.v1", "config": {"command": "resnet", "blocks": 2, "width": 8}, "init": '
+        '"he", "end_to_end": {}}\n',
         "[checks.a]\ncommand = mlp\n",
         "[checks]\na = 3\n",
         "",
@@ -188,9 +196,9 @@ def argv(draw):
     args = [cmd]
     if cmd == "sweep":
         args.append(draw(st.sampled_from(["mlp", "resnet", "cnn", "wrn", ""])))
-    if (
-        cmd == "wrn"
-    ):  # small maps unless the draw sets --image again (the last one counts): the default net is 4 inits x 100 samples
+    if cmd == "wrn":
+        # small maps unless the draw sets --image again (the last one counts): the default net is
+        # 4 inits x 100 samples
         args += ["--image", "3x8x8"]
     if cmd == "hessian":  # a net and small defaults (later draws may override them)
         args += [

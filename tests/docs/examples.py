@@ -148,7 +148,8 @@ def compare(
             matches.append(None)
             near = max(lines[at:] or [""], key=lambda l: _similarity(q, l))
             problems.append(
-                f"{example.path.name}: `{example.command}`: not in its output (in order):\n  quoted: {q}\n  nearest: {near}"
+                f"{example.path.name}: `{example.command}`: not in its output (in order):\n  quoted: {q}\n  "
+                f"nearest: {near}"
             )
     return problems, matches
 

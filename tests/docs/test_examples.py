@@ -2,7 +2,6 @@
 bands and counts in the docs had drifted two releases behind the tool).  The rules of the
 comparison and the way to regenerate the docs: tests/docs/examples.py."""
 
-
 import examples as ex  # tests/docs/examples.py (pytest puts this folder on sys.path)
 import pytest
 

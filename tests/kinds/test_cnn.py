@@ -78,7 +78,8 @@ def test_conv_probe_follows_the_energy_map(name):
     moments (the registry's conv gain: fan = c k^2 on both sides), within 4 standard errors
     across draws at every layer, both ways.  The probe shares its inputs and errors across draws
     (common random numbers), so the prediction is the one conditional on them (the composed
-    energy map ``plans.predict`` given each input's and error's energy map, then averaged): with the unconditional
+    energy map ``plans.predict`` given each input's and error's energy map, then averaged): with the
+    unconditional
     one the first layer misses by 4 se -- the border map weighs the given inputs' positions."""
     steps = cnn.steps((3, 16, 16), 48, 8)
     x, e = sampling.probe_inputs(

@@ -99,7 +99,8 @@ def test_a_new_step_sequence_needs_no_new_theory():
     )
     pred = plans.predict(steps, scheme)
     fwd, bwd = pred.ln_forward, pred.ln_backward
-    # forward: layer 1 keeps E||h||^2 (r = 2, ReLU halves); the block: skip 20/10 * 1, branch 8/10*2/2 * 20/8*1 = 2
+    # forward: layer 1 keeps E||h||^2 (r = 2, ReLU halves); the block: skip 20/10 * 1, branch 8/10*2/2 *
+    # 20/8*1 = 2
     assert fwd[0] == pytest.approx(0.0) and fwd[1] == pytest.approx(0.5 * math.log(2 + 2))
     # backward: through the block r_S + (1 * 2 / 2) = 2, at the top 0
     assert bwd[1] == 0.0 and bwd[0] == pytest.approx(0.5 * math.log(2.0))

@@ -102,7 +102,10 @@ def test_spread_model_shape():
 
 
 def test_theory_does_not_import_torch():
-    code = "import sigprop.theory, sigprop.inits, sigprop.specs, sigprop.stats, sys; print('torch' in sys.modules)"
+    code = (
+        "import sigprop.theory, sigprop.inits, sigprop.specs, sigprop.stats, sys; print('torch' in "
+        "sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

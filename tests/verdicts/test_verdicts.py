@@ -140,8 +140,10 @@ def test_resnet_band_factors_widen_the_stage_band():
 
 def test_json_junit_name_the_verdict(tmp_path, capsys, monkeypatch):
     (tmp_path / "sigprop.toml").write_text(
-        '[checks.he-theory]\ncommand = "mlp"\ndepth = 10\nwidth = 16\nsamples = 16\ninit = "he"\ngate = "theory"\ndevice = "cpu"\n'
-        '[checks.he-lost]\ncommand = "mlp"\ndepth = 10\nwidth = 16\nsamples = 16\ninit = "he"\nexpect = "fail"\ndevice = "cpu"\n'
+        '[checks.he-theory]\ncommand = "mlp"\ndepth = 10\nwidth = 16\nsamples = 16\ninit = "he"\ngate = '
+        '"theory"\ndevice = "cpu"\n'
+        '[checks.he-lost]\ncommand = "mlp"\ndepth = 10\nwidth = 16\nsamples = 16\ninit = "he"\nexpect = '
+        '"fail"\ndevice = "cpu"\n'
     )
     monkeypatch.chdir(tmp_path)
     assert main(["check", "--junit", "j.xml"]) == 0
