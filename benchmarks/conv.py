@@ -28,9 +28,9 @@ PY = sys.executable
 
 
 def _plan(N: int, k: int):
-    from sigprop import plans
+    from sigprop.kinds import wrn  # imported in the child process that is timed
 
-    return plans.wrn_steps((3, 32, 32), N, k)
+    return wrn.steps((3, 32, 32), N, k)
 
 
 def floor(N: int, k: int, samples: int) -> float:
@@ -56,7 +56,7 @@ def floor(N: int, k: int, samples: int) -> float:
 
     with torch.no_grad():
         x = torch.randn(samples, 3, 32, 32)
-        tree = plans._blocks(steps)
+        tree = plans.nest(steps)
         stem = tree[1]
         w0 = kernel(stem)
         h = conv(w0, stem, x)
@@ -117,7 +117,7 @@ def peer(N: int, k: int, samples: int) -> float:
             c.parametrizations.weight.original0.fill_(inits.proposed_gain_sq(st.role) ** 0.5)
         return c
 
-    tree = plans._blocks(steps)
+    tree = plans.nest(steps)
     stem = layer(tree[1])
     blocks = [
         ([layer(st) for st in it[0]], None if it[1].projection is None else layer(it[1].projection))

@@ -6,8 +6,8 @@ variance of the per-draw mean ln ratio at the end of the net divided by the mode
 sum_j 1/(4 c_j) over the layers that add spread -- forward: every conv after the first (the first
 reads the i.i.d. input, whose patches are isotropic: its spread is ~0); backward: every mask step
 from the top down to layer 1 -- i.e. the fitted per-layer constant of
-``closed_forms.conv_log_ratio_variance``.
-sigprop's constant (``closed_forms.conv_log_ratio_variance``: 5, the MLP's for i.i.d. rows) is an upper
+``kinds.cnn.variances``.
+sigprop's constant (``kinds.cnn.variances``: 5, the MLP's for i.i.d. rows) is an upper
 envelope of these numbers.  ``--verdicts``: instead, the false alarms of the conv nets' ``theory``
 verdict over 12 seeds (docs/reliability.md §1e).
 Usage: python benchmarks/conv_spread.py [--draws S] [--samples N] [--verdicts]
@@ -20,7 +20,9 @@ import time
 
 import numpy as np
 
-from sigprop import api, specs
+from sigprop import api, run, specs
+from sigprop.kinds.cnn import CNNSpec
+from sigprop.kinds.wrn import WRNSpec
 
 INITS = ("proposed", "proposed-gaussian", "delta-orthogonal", "he", "pytorch", "pytorch-he")
 
@@ -52,10 +54,10 @@ def verdicts(seeds: int = 12) -> None:
     for label, spec, samples in cells:
         failed, layers, compared, runs = 0, 0, 0, 0
         for seed in range(seeds):
-            for run in api.probe(spec, specs.ProbeSpec(samples=samples, seed=seed, device="cpu")).runs:
+            for r in api.probe(spec, specs.ProbeSpec(samples=samples, seed=seed, device="cpu")).runs:
                 runs += 1
-                failed += any(c.has_band and not c.passed for c in run.verdict_checks("theory"))
-                for v in run.agreement().values():
+                failed += any(c.has_band and not c.passed for c in r.verdict_checks("theory"))
+                for v in r.agreement().values():
                     layers += v["layers_compared"] - v["layers_agreeing"]
                     compared += v["layers_compared"]
         print(
@@ -84,7 +86,7 @@ def main() -> None:
             t0 = time.perf_counter()
             spec = CNNSpec(depth=depth, channels=channels, image=(3, 32, 32), strided=2, inits=INITS)
             probe = specs.ProbeSpec(samples=args.samples, seeds=args.draws, device="cpu", threads=1)
-            _, out, _ = walks.measure(spec, probe)
+            out = run.measure(spec, probe).arrays
             for name in INITS:
                 f = out[name]["fwd"].mean(axis=2)  # [S, L]: per-draw mean ln ratio
                 b = out[name]["bwd"].mean(axis=2)

@@ -14,6 +14,8 @@ import time
 import torch
 
 from sigprop import api, specs
+from sigprop.kinds.mlp import MLPSpec
+from sigprop.kinds.resnet import ResNetSpec
 
 
 def cells():

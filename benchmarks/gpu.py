@@ -24,7 +24,9 @@ from pathlib import Path
 
 import torch
 
-from sigprop import specs
+from sigprop import run, specs
+from sigprop.kernels import sampling
+from sigprop.kinds.mlp import MLPSpec
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -54,9 +56,9 @@ def probe(
 ) -> tuple[float, dict]:
     spec = MLPSpec(depth=L, input_dim=n, width=specs.WidthSpec(n, n), inits=("proposed",))
     t0 = time.perf_counter()
-    _, _, env = walks.measure(
+    env = run.measure(
         spec, specs.ProbeSpec(samples=N, device=device, stream=stream, graphs=graphs, seeds=seeds)
-    )
+    ).environment
     sync(device)
     return time.perf_counter() - t0, env
 

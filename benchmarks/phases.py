@@ -2,8 +2,9 @@
 
 Runs ``sigprop mlp`` / ``sigprop resnet`` with their defaults (or the given device) in this
 process and prints wall times of: importing sigprop's core (torch included); setup (specs,
-widths, memory estimate, up to the engine's ``on_start``); compute (the engine: every draw of
-every init, until the arrays are on the host); statistics and theory (stats.py); rendering the
+widths, memory estimate, up to the driver's ``on_start``); compute (sigprop/run.py's walks: every
+draw of every init, until the arrays are on the host); statistics and theory (each net kind's
+``assemble``); rendering the
 JSON.  On CUDA the compute phase ends with a device synchronisation.
 Usage: python benchmarks/phases.py [--device cpu|cuda] [--repeat 1]  (1: the cold first call a CLI user sees)
 """
@@ -14,7 +15,10 @@ import sys
 import time
 
 t0 = time.perf_counter()
-from sigprop import engine, inits, report, specs, stats  # noqa: E402  (torch is imported here)
+from sigprop import report, run, specs  # noqa: E402  (torch is imported here)
+from sigprop.kinds.mlp import MLPSpec  # noqa: E402
+from sigprop.kinds.resnet import ResNetSpec  # noqa: E402
+from sigprop.results import ProbeResult  # noqa: E402
 
 T_IMPORT = time.perf_counter() - t0
 
@@ -28,24 +32,14 @@ def phases(kind: str, device: str) -> dict[str, float]:
     else:
         spec = ResNetSpec()
     probe = specs.ProbeSpec(device=device)
-    run = engine.run_mlp if kind == "mlp" else engine.run_resnet
-    out = run(spec, probe, on_start=lambda env: marks.setdefault("setup", time.perf_counter()))
+    m = run.measure(spec, probe, on_start=lambda env: marks.setdefault("setup", time.perf_counter()))
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     marks["compute"] = time.perf_counter()
-    if kind == "mlp":
-        widths, arrays, env = out
-        runs = [walks.mlp_run(inits.get(n), widths, *arrays[n]) for n in spec.inits]
-    else:
-        plan, arrays, env = out
-        runs = [
-            stats.resnet_run(inits.get(n), plan, arrays[n], probe.samples, probe.dtype)
-            for n in spec.resolved_inits()
-        ]
+    gate = specs.GateSpec()
+    runs = [m.kind.assemble(n, s, spec, m.plan, m.arrays[n], probe, gate) for n, s in zip(m.names, m.schemes)]
     marks["stats"] = time.perf_counter()
-    from sigprop.results import ProbeResult
-
-    report.to_json(ProbeResult(command=kind, config={}, environment=env, runs=runs))
+    report.to_json(ProbeResult(command=kind, config={}, environment=m.environment, runs=runs))
     marks["render"] = time.perf_counter()
     return {
         "setup": marks["setup"] - marks["start"],

@@ -32,7 +32,10 @@ import os
 import time
 from pathlib import Path
 
-from sigprop import __version__, api, specs
+from sigprop import api, specs
+from sigprop.kinds.mlp import MLPSpec
+from sigprop.kinds.resnet import ResNetSpec
+from sigprop.version import __version__
 
 INITS = ("proposed", "he", "pytorch", "datadep")
 MLP_DEPTHS = (10, 50, 200)

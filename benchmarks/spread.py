@@ -5,14 +5,14 @@ inputs, N samples each) and compares, with bootstrap standard errors over the se
 
 * the per-sample ln(ratio) at the checked layers (forward at layer L, backward at layer 1),
   pooled over seeds: its mean (below ln RMS: the drift) and variance against the exact model
-  ``closed_forms.log_ratio_cumulants`` (drift, sigma^2, skewness);
+  ``kinds.mlp.cumulants`` (drift, sigma^2, skewness);
 * how that variance splits: across draws (the variance of each draw's sample mean -- this is
   the spread of the ``--check`` statistic) and within a draw (between samples);
 * the check statistic's measured sd against sigma (the band's width is z sigma).
 
 For ``--arch resnet`` (one stage of ``--depth`` blocks, d = hidden = width) the checked
 quantity is ||h^B||/||h^0|| forward and ||dl/dh^0||/||dl/dh^B|| backward, and the model is the
-leading-order ResNet spread (stats.resnet_variances, docs/theory.md §7) with the lognormal
+leading-order ResNet spread (kinds.resnet.variances, docs/theory.md §7) with the lognormal
 drift -sigma^2 -- both for the init itself and for the reference the ResNet check's band uses
 (proposed-gaussian's spread on the same plan).
 
@@ -28,7 +28,10 @@ import time
 
 import numpy as np
 
-from sigprop import inits, specs, stats
+from sigprop import inits, plans, run, specs
+from sigprop.kinds import mlp, resnet
+from sigprop.kinds.mlp import MLPSpec
+from sigprop.kinds.resnet import ResNetSpec
 
 
 def main() -> None:
@@ -52,30 +55,30 @@ def main() -> None:
     for seed in range(args.seed_start, args.seed_start + args.seeds):
         probe = specs.ProbeSpec(samples=N, seed=seed, device="cpu")
         if args.arch == "mlp":
-            widths, arrays, _ = walks.measure(spec, probe)
-            f, b = arrays[args.init]
+            a = run.measure(spec, probe).arrays[args.init]
+            f, b = a["fwd"], a["bwd"]
             fwd.append(f[0, L - 1])
             bwd.append(b[0, 0])
         else:
-            plan, arrays, _ = walks.measure(spec, probe)
-            a = arrays[args.init]
+            m = run.measure(spec, probe)
+            plan, a = m.plan, m.arrays[args.init]
             fwd.append(a["fwd"][0, -1] - a["fwd"][0, 0])
             bwd.append(a["bwd"][0, 0] - a["bwd"][0, -1])
     seconds = time.perf_counter() - t0
     if args.arch == "mlp":
         widths = [n] * (L + 1)
         pred = plans.predict(mlp.steps(widths), scheme)
-        cum_f, cum_b = closed_forms.log_ratio_cumulants(widths, scheme.orthogonal)
+        cum_f, cum_b = mlp.cumulants(widths, scheme.orthogonal)
         models = (
             ("forward, layer L", np.array(fwd), pred.ln_forward[L - 1], cum_f[L - 1]),
             ("backward, layer 1", np.array(bwd), pred.ln_backward[0], cum_b[0]),
         )
-        what = "exact cumulants (closed_forms.log_ratio_cumulants)"
+        what = "exact cumulants (kinds/mlp.py cumulants)"
     else:
         pred = resnet.prediction(scheme, plan)
-        var_f, var_b, _, _ = stats.resnet_variances(scheme, plan, pred)
+        var_f, var_b, _, _ = resnet.variances(scheme.orthogonal, plan, pred.gains)
         ref = inits.get("proposed-gaussian")
-        ref_f, ref_b, _, _ = stats.resnet_variances(ref, plan, resnet.prediction(ref, plan))
+        ref_f, ref_b, _, _ = resnet.variances(ref.orthogonal, plan, resnet.prediction(ref, plan).gains)
         vf, vb = float(var_f[-1] - var_f[0]), float(var_b[0] - var_b[-1])
         models = (
             (

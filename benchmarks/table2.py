@@ -19,6 +19,7 @@ import sys
 import time
 
 from sigprop import api, specs
+from sigprop.kinds.wrn import WRNSpec
 
 PAPER = {  # Table 2: log10 spectral norm, mean +- sd over runs (CIFAR-10 WRN-40-10, CIFAR-100 ResNet-164).
     # Its "PyTorch default" is weight_norm's g = ||W|| over He-drawn or orthogonal W (the authors' code has
@@ -58,14 +59,14 @@ def main() -> None:
             ("wrn-40-10", WRNSpec(blocks=6, widen=1, image=(3, 16, 16), inits=INITS), "WRN-40-1, 16 x 16"),
             (
                 "resnet-164",
-                specs.WRNSpec.of_preset("resnet-56", image=(3, 16, 16), inits=INITS),
+                WRNSpec.of_preset("resnet-56", image=(3, 16, 16), inits=INITS),
                 "ResNet-56, 16 x 16",
             ),
         ]
         if quick
         else [
-            ("wrn-40-10", specs.WRNSpec.of_preset("wrn-40-10", inits=INITS), "WRN-40-10"),
-            ("resnet-164", specs.WRNSpec.of_preset("resnet-164", inits=INITS), "ResNet-164"),
+            ("wrn-40-10", WRNSpec.of_preset("wrn-40-10", inits=INITS), "WRN-40-10"),
+            ("resnet-164", WRNSpec.of_preset("resnet-164", inits=INITS), "ResNet-164"),
         ]
     )
     print(

@@ -3,7 +3,7 @@
 Also bfloat16 and float16 operands (why ``--dtype`` refuses them).
 TF32 (``--precision tf32`` on CUDA) rounds both operands of every matmul to 10 mantissa bits
 (unit roundoff 2^-11) and accumulates in float32.  Without a GPU this script emulates the part
-that matters: the engine runs in float64 on the same draws, and every layer's matmul operands
+that matters: the walker runs in float64 on the same draws, and every layer's matmul operands
 are first rounded to TF32 (round to nearest on the 13 dropped bits) -- or to float32, for
 comparison.  Accumulation stays float64: the float32 accumulation error of a tensor core
 (~sqrt(n) 2^-24 relative) is far below the 2^-11 operand rounding, so it is left out.
@@ -20,7 +20,9 @@ import sys
 
 import torch
 
-from sigprop import engine, inits
+from sigprop import inits, run
+from sigprop.kernels import logspace, sampling
+from sigprop.kinds import mlp
 
 
 def round_tf32(x: torch.Tensor) -> torch.Tensor:
@@ -43,17 +45,16 @@ def round_fp16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float16).to(x.dtype)
 
 
-def run(widths, samples, rounding):
+def walk(widths, samples, rounding):
     x, e = sampling.probe_inputs(0, samples, widths[0], widths[-1], torch.device("cpu"), torch.float64)
-    saved = engine._mm
-    if rounding is not None:
-        engine._mm = lambda a, b: torch.matmul(rounding(a), rounding(b))
+    saved = logspace.mm
+    if rounding is not None:  # the dense layers' one matmul seam (sigprop/kernels/logspace.py)
+        logspace.mm = lambda a, b: torch.matmul(rounding(a), rounding(b))
     try:
-        with torch.no_grad():
-            f, b, _ = walks.mlp(inits.get("proposed"), widths, x, e, seed=0, draws=[0])
+        o = run.walk_plan(mlp.steps(widths), inits.get("proposed"), x, e, 0, [0]).observed
     finally:
-        engine._mm = saved
-    return f[0], b[0]
+        logspace.mm = saved
+    return o["fwd"][0], o["bwd"][0]
 
 
 def main() -> None:
@@ -67,7 +68,7 @@ def main() -> None:
     )
     for L in depths:
         widths = [n] * (L + 1)
-        f64, b64 = run(widths, samples, None)
+        f64, b64 = walk(widths, samples, None)
         spread = float(f64[-1].std())
         spread_b = float(b64[0].std())
         for name, fn in (
@@ -76,7 +77,7 @@ def main() -> None:
             ("bf16", round_bf16),
             ("fp16", round_fp16),
         ):
-            f, b = run(widths, samples, fn)
+            f, b = walk(widths, samples, fn)
             df, db = f[-1] - f64[-1], b[0] - b64[0]
             print(
                 f"{L:6d} {name:>8s} {float(df.mean()):14.2e} {float(df.std()):12.2e} "

@@ -18,8 +18,7 @@ API = ("probe", "hessian", "spec", "keywords", "run_checks", "rerun", "rerun_spe
 def __getattr__(name: str):
     if name not in API and not name.startswith("probe_"):  # submodules load by the import system
         raise AttributeError(f"module 'sigprop' has no attribute {name!r}")
-    # the lazy edge of the package: the API imports torch, so it loads when first asked for
-    from sigprop import api
+    from sigprop import api  # the lazy edge: the API imports torch, loaded when first asked for
 
     return getattr(api, name)
 
@@ -27,4 +26,4 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     from sigprop import api  # as __getattr__: the API's names, loaded on demand
 
-    return sorted({"__version__", *api.__all__})
+    return sorted({"__version__", *api.PUBLIC, *api.keyword_names()})

@@ -129,7 +129,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {f"probe_{n.replace('-', '_')}" for n in kinds.KINDS})
+    return sorted(set(globals()) | set(keyword_names()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,7 +252,8 @@ def rerun(doc: dict, progress: ProgressFn | None = None, on_start=None) -> Probe
 theory_table = theory.table
 
 
-__all__ = [
+#: the API's names besides ``probe_<kind>`` (one per registered kind: ``keyword_names``)
+PUBLIC = (
     "probe",
     "hessian",
     "spec",
@@ -262,5 +263,12 @@ __all__ = [
     "rerun_specs",
     "rerun",
     "theory_table",
-    *(f"probe_{n.replace('-', '_')}" for n in kinds.KINDS),
-]
+)
+
+
+def keyword_names() -> list[str]:
+    """``probe_<kind>`` of every kind registered now."""
+    return [f"probe_{n.replace('-', '_')}" for n in kinds.KINDS]
+
+
+__all__ = [*PUBLIC, *keyword_names()]

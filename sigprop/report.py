@@ -35,7 +35,7 @@ def fmt_log10(x: float | None, digits: int = 3) -> str:
 
 
 def fmt_num(v: float | None, digits: int = 3) -> str:
-    """Compact: 3 significant digits between 0.01 and 1000, else scientific (8.38e-04)."""
+    """Compact: 3 significant digits between 0.01 and 1000, else scientific (8.38e-4)."""
     if v is None:
         return "—"
     if v == 0.0 or 0.01 <= abs(v) < 1000.0:

@@ -333,6 +333,40 @@ def _walk_all(
     return out, env
 
 
+def walk_plan(
+    steps,
+    scheme,
+    x,
+    e,
+    seed: int,
+    draws,
+    observe=("fwd", "bwd"),
+    space: str = "log",
+    stream: bool = False,
+    runner=None,
+    progress=None,
+) -> walker.Walked:
+    """One walk of a plan outside a probe -- the benchmarks', the golden grid's, the tests' --: the
+    steps compiled for ``scheme`` (sigprop/walker.py), the named observers, the draws ``draws``
+    at once; no memory plan, no statistics; the observations stay tensors."""
+    units, record_input = walker.compile_plan(steps, scheme)
+    with torch.no_grad():
+        return walker.walk(
+            units,
+            scheme,
+            x,
+            e,
+            seed,
+            list(draws),
+            [observers.make(n) for n in observe],
+            record_input,
+            space=walker.SPACES[space](),
+            progress=progress,
+            stream=stream,
+            runner=runner,
+        )
+
+
 def check_finite(name: str, arrays: dict) -> None:
     """The ratios' ln are finite or -inf (a dead ReLU: ratio exactly 0), never nan or +inf: an
     internal error otherwise (no nan reaches the output)."""

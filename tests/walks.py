@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sigprop import inits, kinds, observers, run, specs, walker
+from sigprop import inits, kinds, run, specs, walker
 from sigprop.kernels import logspace as ls
 from sigprop.kinds import mlp as mlp_kind
 
@@ -26,23 +26,9 @@ def walk(
     runner=None,
     progress=None,
 ) -> walker.Walked:
-    """``steps`` compiled for ``scheme`` and walked for ``draws`` with the named observers."""
-    units, record_input = walker.compile_plan(steps, scheme)
-    with torch.no_grad():
-        return walker.walk(
-            units,
-            scheme,
-            x,
-            e,
-            seed,
-            list(draws),
-            [observers.make(n) for n in observe],
-            record_input,
-            space=walker.SPACES[space](),
-            progress=progress,
-            stream=stream,
-            runner=runner,
-        )
+    """``steps`` compiled for ``scheme`` and walked for ``draws`` with the named observers
+    (``run.walk_plan``: the driver's own walk of one plan)."""
+    return run.walk_plan(steps, scheme, x, e, seed, draws, observe, space, stream, runner, progress)
 
 
 def mlp(scheme, widths, x, e, seed: int, draws, stream: bool = False, runner=None, progress=None):

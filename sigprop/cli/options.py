@@ -132,6 +132,15 @@ MaxCorrelationOpt = Annotated[
         "(inputs mapped to one direction; measures C0 = 0; docs/ci.md)."
     ),
 ]
+ObserveOpt = Annotated[
+    Optional[list[str]],
+    Option(
+        "--observe",
+        help="Also run this plug-in measurement (repeatable): a name registered with "
+        'sigprop.observers.register (docs/architecture.md, "Add a measurement"); its values join the table, '
+        "the JSON and the figure, its gates --check.",
+    ),
+]
 ThreadsOpt = Annotated[
     Optional[int],
     Option(
@@ -186,6 +195,7 @@ class ProbeOptions(RunOptions):
     correlation: Optional[list[str]]
     pairs: int
     max_correlation: Optional[float]
+    observe: Optional[list[str]]
 
     def probe_spec(self) -> specs.ProbeSpec:
         return specs.ProbeSpec(
@@ -200,6 +210,7 @@ class ProbeOptions(RunOptions):
             correlations=specs.parse_cosines(self.correlation or []),
             pairs=self.pairs,
             threads=self.threads,
+            observe=tuple(self.observe or ()),
         )
 
     def gate_spec(self) -> specs.GateSpec:
@@ -228,6 +239,7 @@ PROBE_OPTIONS = (
     ("correlation", CorrelationOpt, None),
     ("pairs", PairsOpt, 256),
     ("max_correlation", MaxCorrelationOpt, None),
+    ("observe", ObserveOpt, None),
 )
 
 

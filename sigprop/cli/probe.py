@@ -75,9 +75,11 @@ def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
         for run in result.runs:
             for c in run.gate_checks():
                 if not c.passed:
+                    # a plug-in's gate says why in its note (the verdicts' notes are in the table)
+                    why = f"; {c.note}" if c.note and c.verdict not in ("preserved", "theory") else ""
                     _say(
                         f"sigprop: check failed ({report.verdict_words(c.verdict)}): {run.init}: "
-                        f"{report.gate_text(c)}"
+                        f"{report.gate_text(c)}{why}"
                     )
         raise typer.Exit(1)
 

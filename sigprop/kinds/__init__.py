@@ -12,257 +12,36 @@ one -- a test's deep linear net, later the user's own module -- needs no other f
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from sigprop.kinds import cnn, mlp, resnet, wrn
+from sigprop.kinds.base import (
+    KINDS,
+    Hints,
+    Kind,
+    Memory,
+    Opt,
+    get,
+    init_tuple,
+    names,
+    need_two_samples,
+    of,
+    register,
+)
 
-from sigprop import inits, specs
-from sigprop.errors import SigpropError
+#: the kinds register themselves on import (``base.register``); the CLI lists them in the order
+#: the paper introduces its nets
+for _kind in (mlp.MLP, resnet.ResNet, cnn.CNN, wrn.WRN):
+    KINDS[_kind.name] = KINDS.pop(_kind.name)
 
-
-@dataclass(frozen=True)
-class Opt:
-    """One option of a net kind: the spec field and API keyword ``name``, its CLI flag
-    (``--`` + the name with dashes unless ``flag`` says otherwise), its TOML key (the name,
-    dashes or underscores) and its sweep axis.  ``type``: what the CLI parses (int, str, bool,
-    float; a bool with ``off`` is a pair of flags ``--on/--off``); ``choices``: the accepted
-    values; ``default`` None with ``shown``: an optional value whose default the help states."""
-
-    name: str
-    type: type
-    default: Any
-    help: str
-    min: int | None = None
-    choices: tuple | None = None
-    flag: str | None = None
-    off: str | None = None
-    shown: str | None = None
-    #: the TOML/JSON types it takes (default: ``type``; a width may be 256 or "150:250")
-    toml: tuple = ()
-
-    @property
-    def cli_flag(self) -> str:
-        return self.flag or "--" + self.name.replace("_", "-")
-
-
-@dataclass(frozen=True)
-class Hints:
-    """What the table and the figure need to know of a kind (rendering reads these; it never
-    names a kind).  ``residual``: the rows are states of a residual stream (b, stage, branch
-    columns; stage bands); ``width``: the width column's label; ``row``: the first column's;
-    ``footer``: the line under the tables; ``x``, ``forward``, ``backward``: the figure's axis
-    labels (matplotlib mathtext); ``units``: what a row counts in notes ("layers", "blocks");
-    ``energy``: the prediction is the energy-map RMS (conv nets: drawn dotted as such)."""
-
-    width: str = "n_l"
-    row: str = "layer"
-    residual: bool = False
-    footer: str = ""
-    x: str = r"layer $l$"
-    forward: str = r"$\|h^l\| \,/\, \|x\|$"
-    backward: str = r"$\|\partial\ell/\partial a^l\| \,/\, \|\partial\ell/\partial a^L\|$"
-    units: str = "layers"
-    energy: bool = False
-
-
-class Kind:
-    """A net kind: subclass, set the class attributes, implement the methods, ``@register``."""
-
-    name: ClassVar[str]
-    #: the command's help (one sentence, cites the paper)
-    summary: ClassVar[str]
-    #: the spec dataclass; it carries ``kind = name``
-    spec: ClassVar[type]
-    #: the net's own options (CLI, TOML, API keywords, sweep); ``init`` is added by the CLI
-    options: ClassVar[tuple[Opt, ...]] = ()
-    #: the help of the --init option (its default inits)
-    init_help: ClassVar[str] = "Init scheme (repeatable)."
-    #: the inits a run takes when none is named (None: they depend on an option, e.g. --norm;
-    #: ``make`` decides), shown as the API keyword's default
-    default_inits: ClassVar[tuple[str, ...] | None] = None
-    #: the structures inits may need that this net has (sigprop/inits.py: "blocks", "taps")
-    provides: ClassVar[frozenset] = frozenset()
-    #: the command's own probe defaults (e.g. fewer samples for a conv net)
-    probe_defaults: ClassVar[dict] = {}
-    hints: ClassVar[Hints] = Hints()
-    #: "the MLP", "ResNets": how messages name the net
-    noun: ClassVar[str] = "this net"
-    #: the spec fields a memory refusal names (the probe's and the curvature's)
-    fields: ClassVar[str] = "samples"
-    #: sweep: the size axis (an option name), its default values, the width axis's default values
-    sweep_size: ClassVar[str] = "depth"
-    sweep_sizes: ClassVar[str] = "10,20,50"
-    sweep_widths: ClassVar[str] = "128,512"
-    sweep_width_help: ClassVar[str] = "every layer's width"
-    #: ``sweep --input-dim`` applies (the input is set apart from the swept width)
-    sweep_input_dim: ClassVar[bool] = False
-    #: the default ``--band`` in words (the CLI's help)
-    band_help: ClassVar[str] = "0.1:10 around the reference"
-
-    # -- specs -------------------------------------------------------------------------------
-    def make(self, values: dict, inits_: tuple[str, ...] | None) -> Any:
-        """The spec from option values (CLI strings, TOML or JSON values, API keywords) and the
-        init names (None: the kind's defaults)."""
-        raise NotImplementedError
-
-    def from_config(self, config: dict) -> Any:
-        """The spec a result document's ``config`` records (``sigprop rerun``)."""
-        values = {o.name: config[o.name] for o in self.options if o.name in config}
-        return self.make(values, tuple(config["inits"]))
-
-    def sweep_spec(self, size: int, width: int, init: str, input_dim: int | None) -> Any:
-        """One point of ``sigprop sweep``: the net at this size and width, one init."""
-        raise NotImplementedError
-
-    def sweep_config(self, spec) -> dict:
-        """What a sweep line's ``config`` adds for this kind (part of its resume key)."""
-        return {}
-
-    def banner(self, spec) -> str:
-        """The net in words, for the line a run starts with."""
-        raise NotImplementedError
-
-    def describe(self, config: dict) -> str:
-        """The net in words from a result's config (the figure's title)."""
-        raise NotImplementedError
-
-    # -- running -----------------------------------------------------------------------------
-    def inits(self, spec) -> tuple[str, ...]:
-        """The init names that run (resolved for the spec's normalization)."""
-        return tuple(spec.inits)
-
-    def scheme(self, spec, name: str) -> inits.InitScheme:
-        """The scheme an init name means for this spec's net."""
-        return inits.INITS[name]
-
-    def plan(self, spec, seed: int):
-        """The net as data: an object with ``steps`` (sigprop.plans), ``entries`` (the units of
-        each recorded state), ``config`` (what the result's config adds: resolved widths)."""
-        raise NotImplementedError
-
-    def memory(self, spec, probe, itemsize: int, free: int, check: Callable[..., None]) -> "Memory":
-        """Plan the run's memory before anything is drawn (a ``Memory``): bounds that need no plan
-        first (a plan of 10^9 layers would itself exhaust memory), then the plan and the bytes of
-        one draw, streaming the weights when storing them would not fit in 80% of ``free`` (or
-        as ``probe.stream`` says); ``check(need, fields, offer_stream=False)`` refuses a need that
-        cannot fit, naming the spec fields to reduce (and --stream when it would help)."""
-        raise NotImplementedError
-
-    def space(self, spec) -> str:
-        """How the walker holds states: "log" (per-sample log space) or "plain" (batch-coupled)."""
-        return "log"
-
-    def observers(self, spec) -> tuple[str, ...]:
-        """The observers (sigprop.observers) of a probe of this net."""
-        return ("fwd", "bwd")
-
-    def graphs(self, spec) -> bool:
-        """Whether its steps may be captured as CUDA graphs (batch-coupled nets run eagerly)."""
-        return True
-
-    def assemble(self, name: str, scheme, spec, plan, arrays: dict, probe, gate):
-        """One init's ``results.RunResult`` (``name``: the init as the result names it; ``scheme``:
-        what ran): per row the statistics beside the predictions, and the verdicts' checks."""
-        raise NotImplementedError
-
-    def correlation(self, scheme, spec, plan, c0: float, batch: int) -> tuple[list[float] | None, str]:
-        """The infinite-width cosine at every row for inputs of cosine c0, and why there is none."""
-        return None, "no correlation map for this net"
-
-    #: the correlation agreement band applies (False: the prediction is shown, not tested)
-    correlation_band: ClassVar[bool] = True
-
-    def correlation_first(self, plan) -> int:
-        """The first row that is not the input itself (the depth scale counts from it)."""
-        return 0
-
-    def band(self, gate) -> list[float]:
-        """The ``preserved`` band as the result's tolerances record it."""
-        return list(gate.band or specs.DECADE_BAND)
-
-    def curvature_description(self, spec, scheme) -> str:
-        """How ``sigprop hessian`` describes the net an init makes."""
-        return scheme.description
-
-
-KINDS: dict[str, Kind] = {}
-
-
-def register(cls: type) -> type:
-    """Register a Kind subclass (a decorator): ``KINDS[cls.name]``; its spec learns its kind."""
-    kind = cls()
-    if cls.name in KINDS:
-        raise ValueError(f"net kind {cls.name!r} registered twice")
-    cls.spec.kind = cls.name
-    KINDS[cls.name] = kind
-    return cls
-
-
-def get(name: str, field: str = "command") -> Kind:
-    """The kind ``name``; unknown names raise with a did-you-mean and the list."""
-    if name in KINDS:
-        return KINDS[name]
-    close = difflib.get_close_matches(str(name), list(KINDS), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise SigpropError(f"unknown net {name!r}{hint}; choose from {', '.join(KINDS)}", field=field)
-
-
-def of(spec) -> Kind:
-    """The kind of a spec (its class says which)."""
-    return KINDS[type(spec).kind]
-
-
-def names() -> list[str]:
-    return list(KINDS)
-
-
-# --------------------------------------------------------------------------------------------
-# helpers the kinds share
-# --------------------------------------------------------------------------------------------
-def init_tuple(spec, provides, noun: str, resolve: Callable[[str], str] | None = None) -> None:
-    """``inits`` as a tuple of registry names: a single string is one name (not its characters);
-    every name must be defined for the net; none may be named twice (after ``resolve``: with
-    --norm none, he is unnormalized-he)."""
-    names_ = (spec.inits,) if isinstance(spec.inits, str) else tuple(spec.inits)
-    object.__setattr__(spec, "inits", names_)
-    if not names_:
-        raise SigpropError("give at least one init", field="init")
-    for name in names_:
-        inits.get(name, provides, noun)
-    resolved = tuple(resolve(n) for n in names_) if resolve else names_
-    if len(set(resolved)) != len(resolved):
-        raise SigpropError(
-            "an init is named twice" + (" (with --norm none, he is unnormalized-he)" if resolve else ""),
-            field="init",
-        )
-
-
-def need_two_samples(schemes, probe, bn: bool = False) -> None:
-    """A data-dependent init or batch norm standardises over the probe batch: >= 2 samples."""
-    for s in schemes:
-        if s.standardizes and probe.samples < 2:
-            raise SigpropError(
-                f"init {s.name!r} standardises over the probe batch and needs >= 2 samples", field="samples"
-            )
-    if bn and probe.samples < 2:
-        raise SigpropError("batch normalization needs >= 2 samples in the batch", field="samples")
-
-
-@dataclass
-class Memory:
-    """A kind's memory plan: its ``plan``, the bytes of one draw (``need``, weights stored
-    unless ``stream``), the fields a refusal names, and what a captured step keeps
-    (``graph_args``: the biggest layer, the widest state, layers per step) when graphs run."""
-
-    plan: Any
-    need: int
-    stream: bool
-    fields: str
-    graph_args: tuple = field(default_factory=tuple)
-
-
-# the kinds register themselves on import, in the order the CLI lists them
-from sigprop.kinds import mlp  # noqa: E402,F401,I001
-from sigprop.kinds import resnet  # noqa: E402,F401
-from sigprop.kinds import cnn  # noqa: E402,F401
-from sigprop.kinds import wrn  # noqa: E402,F401
+__all__ = [
+    "KINDS",
+    "Hints",
+    "Kind",
+    "Memory",
+    "Opt",
+    "get",
+    "init_tuple",
+    "names",
+    "need_two_samples",
+    "of",
+    "register",
+]

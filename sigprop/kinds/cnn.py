@@ -12,9 +12,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sigprop import inits, kinds, plans, specs, stats, theory
+from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
-from sigprop.kinds import Hints, Kind, Memory, Opt
+from sigprop.kinds import base
+from sigprop.kinds.base import Hints, Kind, Memory, Opt
 from sigprop.results import Check, LayerRecord, RunResult
 
 #: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
@@ -42,7 +43,7 @@ class CNNSpec:
             raise specs.SigpropError(
                 f"must be in [0, depth = {self.depth}], got {self.strided}", field="strided"
             )
-        kinds.init_tuple(self, CNN.provides, CNN.noun)
+        base.init_tuple(self, CNN.provides, CNN.noun)
 
     def to_dict(self) -> dict:
         return {
@@ -147,7 +148,7 @@ def variances(channels) -> tuple[np.ndarray, np.ndarray]:
     return fwd, bwd
 
 
-@kinds.register
+@base.register
 class CNN(Kind):
     name = "cnn"
     summary = (

@@ -11,9 +11,10 @@ from typing import Sequence
 
 import numpy as np
 
-from sigprop import kinds, plans, specs, stats, theory
+from sigprop import plans, specs, stats, theory
 from sigprop.inits import LayerRole
-from sigprop.kinds import Hints, Kind, Memory, Opt
+from sigprop.kinds import base
+from sigprop.kinds.base import Hints, Kind, Memory, Opt
 from sigprop.results import Check, LayerRecord, RatioStats, RunResult
 
 #: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
@@ -38,7 +39,7 @@ class MLPSpec:
     def __post_init__(self) -> None:
         specs.check_size(self.depth, "depth")
         specs.check_size(self.input_dim, "input_dim")
-        kinds.init_tuple(self, MLP.provides, MLP.noun)
+        base.init_tuple(self, MLP.provides, MLP.noun)
 
     def widths(self, seed: int) -> list[int]:
         """[n_0, n_1, ..., n_L]: drawn once per run, shared by every init of the run."""
@@ -158,7 +159,7 @@ def checks(
     return preserved + agrees
 
 
-@kinds.register
+@base.register
 class MLP(Kind):
     name = "mlp"
     summary = (

@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from sigprop import inits, kinds, plans, specs, stats, theory
+from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
-from sigprop.kinds import Hints, Kind, Memory, Opt
+from sigprop.kinds import base
+from sigprop.kinds.base import Hints, Kind, Memory, Opt
 from sigprop.results import BNStats, Check, LayerRecord, RunResult, StageInfo
 
 NORMS = ("wn", "bn", "none")
@@ -67,7 +68,7 @@ class ResNetSpec:
             raise specs.SigpropError(
                 f"each stage doubles the width; {self.stages} stages is beyond any memory", field="stages"
             )
-        kinds.init_tuple(self, ResNet.provides, ResNet.noun, lambda n: resolve(n, self.norm))
+        base.init_tuple(self, ResNet.provides, ResNet.noun, lambda n: resolve(n, self.norm))
 
     def resolved_inits(self) -> tuple[str, ...]:
         """The registry names that actually run under ``norm`` (``he`` means unnormalized He
@@ -309,7 +310,7 @@ def prediction(scheme, plan: ResNetPlan) -> plans.Prediction:
     return pred
 
 
-@kinds.register
+@base.register
 class ResNet(Kind):
     name = "resnet"
     summary = (

@@ -14,10 +14,11 @@ from typing import Sequence
 
 import numpy as np
 
-from sigprop import inits, kinds, plans, specs, stats, theory
+from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
-from sigprop.kinds import Hints, Kind, Memory, Opt
+from sigprop.kinds import base
 from sigprop.kinds import cnn as conv
+from sigprop.kinds.base import Hints, Kind, Memory, Opt
 from sigprop.results import Check, LayerRecord, RunResult, StageInfo
 
 NORMS = ("wn", "bn", "none")
@@ -77,7 +78,7 @@ class WRNSpec:
         object.__setattr__(self, "image", specs.image(self.image))
         if self.norm not in NORMS:
             raise specs.SigpropError(f"expected one of {', '.join(NORMS)}, got {self.norm!r}", field="norm")
-        kinds.init_tuple(self, WRN.provides, NET, lambda n: resolve(n, self.norm))
+        base.init_tuple(self, WRN.provides, NET, lambda n: resolve(n, self.norm))
 
     @classmethod
     def of_preset(cls, preset: str, **kw) -> "WRNSpec":
@@ -237,7 +238,7 @@ def variances(
     return var_f, var_b, branch
 
 
-@kinds.register
+@base.register
 class WRN(Kind):
     name = "wrn"
     summary = (
