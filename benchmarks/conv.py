@@ -3,7 +3,7 @@ same shapes, each program its own process (wall time and peak RSS, import includ
 interleaved; prints times, memories and ratios, never asserts.
 
 * floor: only the unavoidable work -- per block the kernels drawn (Gaussian made Haar-orthogonal
-  by sigprop/haar.py, as the proposed init, times its gain), conv -> ReLU (mask kept as bool) ->
+  by sigprop/kernels/haar.py, as the proposed init, times its gain), conv -> ReLU (mask kept as bool) ->
   conv, the skip (identity or the 1 x 1 stride-2 projection), one norm per sample and state;
   backward the conv input-gradients through the masks; masks and kernels kept.
 * peer: what a user writes first -- nn.Conv2d layers under weight_norm, the whole forward in the

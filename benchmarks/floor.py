@@ -1,7 +1,7 @@
 """The floor: only the unavoidable work of an MLP probe on given shapes, nothing else.
 
 Weight generation (a Gaussian matrix made Haar-orthogonal, as the proposed init, by the cheapest
-method known here: Householder reflectors drawn directly, sigprop/haar.py -- the same as sigprop
+method known here: Householder reflectors drawn directly, sigprop/kernels/haar.py -- the same as sigprop
 uses, so sigprop is not credited for it; a QR would cost ~2.8 ms more per 512^2 layer), forward matmuls +
 ReLU with the masks
 kept as bool, the backward matmuls through the masks, and one norm per layer and sample in each
@@ -63,7 +63,7 @@ def floor(L: int, n: int, N: int, seeds: int = 1, device: str = "cpu") -> float:
 
 def limit(L: int, n: int, N: int, device: str = "cpu", chunk: int = 32) -> float:
     """The limit line of issue 16: the same work with Haar weights generated ``chunk`` layers at a
-    time by the batched UT transform (sigprop/haar.py, GEMM speed on a GPU) and bare matmuls:
+    time by the batched UT transform (sigprop/kernels/haar.py, GEMM speed on a GPU) and bare matmuls:
     no bookkeeping, no log-space, masks as bool, weights kept.  Returns compute seconds."""
     from sigprop.kernels.haar import orthogonalize_batched
 

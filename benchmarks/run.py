@@ -1,4 +1,4 @@
-"""sigprop against the floor and the naive peer, measured in one run (STYLE.md habit 13).
+"""sigprop against the floor and the naive peer, measured in one run (../shared/STYLE.md habit 13).
 
 Each case runs every program as its own process and records the whole-process wall time and
 peak RSS (os.wait4's ru_maxrss), so import and setup count for everyone.  Prints one table of

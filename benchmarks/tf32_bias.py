@@ -61,7 +61,7 @@ def main() -> None:
     quick = "--quick" in sys.argv
     n, samples = (128, 64) if quick else (256, 256)
     depths = (10, 100) if quick else (10, 100, 1000)
-    print(f"proposed init, width {n}, {samples} samples, float64 engine, operands rounded per matmul")
+    print(f"proposed init, width {n}, {samples} samples, float64 walker, operands rounded per matmul")
     print(
         f"{'depth':>6s} {'rounding':>8s} {'fwd bias (ln)':>14s} {'fwd sd (ln)':>12s} {'bwd bias (ln)':>14s} "
         f"{'bwd sd (ln)':>12s} {'fwd ratio sd':>12s} {'bwd ratio sd':>12s}"

@@ -1,4 +1,4 @@
-"""The one domain error of sigprop (STYLE.md habit 7).
+"""The one domain error of sigprop (../shared/STYLE.md habit 7).
 
 Library code raises :class:`SigpropError`; only the CLI turns it into a one-line message and an
 exit code.  ``field`` names what is at fault in the library's own words -- a spec or probe

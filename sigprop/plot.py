@@ -1,5 +1,5 @@
 """Figures (matplotlib, an optional extra: ``pip install 'sigprop[plot]'``).  Rendering only:
-every number drawn is read from the result records (STYLE.md layers); nothing is measured here.
+every number drawn is read from the result records (../shared/STYLE.md layers); nothing is measured here.
 
 ``probe_figure``: the paper's Figure 1 layout (Arpit et al. 2019, Figure 1) -- a forward and a
 backward panel, one line and marker per init (the typical, geometric-mean ratio; +-1 sd of the

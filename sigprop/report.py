@@ -1,4 +1,4 @@
-"""Rendering only (STYLE.md habit 5): rich tables, JSON, CSV.  Nothing here computes a
+"""Rendering only (../shared/STYLE.md habit 5): rich tables, JSON, CSV.  Nothing here computes a
 statistic; numbers are formatted from the result records as they are."""
 
 from __future__ import annotations

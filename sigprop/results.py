@@ -1,4 +1,4 @@
-"""Result records and the JSON contract (STYLE.md habit 5): this module, and nowhere else,
+"""Result records and the JSON contract (../shared/STYLE.md habit 5): this module, and nowhere else,
 decides the keys of ``sigprop.result.v1`` and ``sigprop.theory.v1``.  Plain data; no torch."""
 
 from __future__ import annotations

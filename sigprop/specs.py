@@ -93,7 +93,7 @@ class ProbeSpec:
     precision: str = "fp32"
     #: draws computed at once (None: as many as fit in half the free memory); ``rerun`` pins it
     batch: int | None = None
-    #: capture each layer step as a CUDA graph and replay it (None: on with CUDA; sigprop/replay.py)
+    #: capture each layer step as a CUDA graph and replay it (None: on with CUDA; sigprop/kernels/replay.py)
     graphs: bool | None = None
     #: input cosines whose propagation is measured (``--correlation``, each in [-1, 1]; empty:
     #: none) and the input pairs per cosine (``--pairs``); docs/theory.md section 10

@@ -103,11 +103,11 @@ def attach_prediction(
     """Pair a measurement with its prediction.
 
     The prediction is the true RMS, E[ratio^2]^{1/2}.  Across samples and draws ln(ratio) is
-    close to normal with variance var = theory.log_ratio_variance (docs/theory.md), so the
+    close to normal with variance var (the kind's finite-width spread, docs/theory.md §4), so the
     typical ratio sits exp(-var) below the RMS, and an RMS measured on one draw (whose samples
     share the weights) lies between the two.  The band is that hull widened by z sd:
         [ln_pred - var - z sd, ln_pred + z sd].
-    ``drift``: the exact E[ln ratio] - ln RMS where known (MLP: theory.log_ratio_cumulants),
+    ``drift``: the exact E[ln ratio] - ln RMS where known (the MLP: kinds.mlp.cumulants),
     replacing the lognormal -var.
     """
     if ln_pred is None or not math.isfinite(ln_pred):

@@ -243,7 +243,7 @@ def relu_layer_log_cumulants(n: int, m: int, orthogonal: bool) -> tuple[float, f
     Beta(n/2, (m-n)/2) (independent of S); when n >= m the map is an isometry.
     Gaussian (or uniform) rows, m large: f is proportional to a chi-square with K degrees.
     Cumulants of ln Beta(a, b) and ln chi^2_k are polygamma differences; the mixture over K is
-    exact.  K = 0 (every unit dead, probability 2^-n) is left out: the engine counts it.
+    exact.  K = 0 (every unit dead, probability 2^-n) is left out: the walker counts it.
     """
     return _relu_layer_log_cumulants(int(n), int(m), bool(orthogonal))
 

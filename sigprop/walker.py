@@ -58,7 +58,7 @@ BN_EPS = 1e-5
 class LogSpace:
     """Per-sample log space (the WN nets): a state is unit rows u and float64 ln-norms c,
     h = exp(c) u; a gradient is unit rows d and ln-norms acc.  Nothing under- or overflows at
-    any depth (``engine._linear``)."""
+    any depth (``kernels.ops.DenseOp.forward``)."""
 
     def start(self, x: torch.Tensor, S: int) -> tuple[dict, torch.Tensor]:
         u, c = ls.normalize(x.expand(S, *x.shape))
@@ -162,7 +162,7 @@ class Walk:
         """What a layer keeps for the backward pass, from its step's outputs (keys v, g, bias,
         scale, each suffixed by ``j``): its directions in ``slot`` (None when streaming; copied
         there when a replayed step drew into its own buffer) and its per-row parameters in the
-        rows arena (``engine._keep``)."""
+        rows arena (``kernels.logspace.keep``)."""
         if slot is not None and out[f"v{j}"].data_ptr() != slot.data_ptr():
             slot.copy_(out[f"v{j}"])
         return ls.keep(
@@ -377,7 +377,7 @@ class DenseLayer:
 
 class HaarChunks:
     """Directions of K consecutive dense layers of one shape drawn in one batched Haar call
-    (CUDA: ``engine.haar_chunk`` says when, and how many), each chunk one step of the runner
+    (CUDA: ``kernels.sampling.haar_chunk`` says when, and how many), each chunk one step of the runner
     with its own generators (one ``LayerGenerators`` row per layer of a chunk).  Covers layers
     2..L (layer 1 reads the input width)."""
 
@@ -460,7 +460,7 @@ class ResidualBlock:
     """h' = S h + alpha F(h) (Arpit et al. 2019, eq. 6): the branch's layers (``ops``: dense or
     conv, a ReLU after those flagged in ``relus``) and the skip (identity, or a projection layer)
     from the same (u, c), summed in log space with the larger exponent factored out
-    (``engine._combine``).  Backward (Arpit et al. 2019, eq. 54-63): d = S^T d' + alpha J_F^T d',
+    (``kernels.logspace.combine``).  Backward (Arpit et al. 2019, eq. 54-63): d = S^T d' + alpha J_F^T d',
     J_F^T the branch's layers transposed with their masks.  ``layer_ids``: the generator ids of
     the branch layers and (last) the projection, unique over the net and the same for every init."""
 

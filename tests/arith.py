@@ -1,4 +1,4 @@
-"""Tolerances from the arithmetic, for comparing two runs of the engine that do the same
+"""Tolerances from the arithmetic, for comparing two runs of the walker that do the same
 operations on the same numbers but not necessarily with the same kernels.
 
 Bit-identity holds only where the same kernel sees the same data *at the same addresses*: a
@@ -6,7 +6,7 @@ replayed step reads static copies of its inputs, and BLAS/oneDNN pick their SIMD
 by alignment, so a dot product may be summed in another order (issue: 3 of 126 forward ln ratios
 differed by 4.4e-16 on a 2-core AMD EPYC).  A length-n dot product or norm summed in any order
 is within gamma_n ~= n u of the exact value, relative to |x||y| (Higham 2002, "Accuracy and
-Stability of Numerical Algorithms", eq. 3.5); the engine renormalises every step, so each
+Stability of Numerical Algorithms", eq. 3.5); the walker renormalises every step, so each
 step's ln ratio moves by at most a few n u, and these add over the steps a ln ratio accumulates
 (forward and backward).  ``reduction_atol`` is that bound with a factor 4 for the matmul, the
 norm, the log and the rescale of one step.

@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-# stable rich output: fixed width, no colour (STYLE.md habit 12)
+# stable rich output: fixed width, no colour (../shared/STYLE.md habit 12)
 os.environ["COLUMNS"] = "100"
 os.environ["NO_COLOR"] = "1"
 os.environ.setdefault("TERM", "dumb")

@@ -1,4 +1,4 @@
-"""The autograd oracle (STYLE.md habit 10): each net written as plain torch on the explicit
+"""The autograd oracle (../shared/STYLE.md habit 10): each net written as plain torch on the explicit
 formulas -- w = g v / ||v||, h^b = S h^{b-1} + alpha F(h^{b-1}), BN in training mode -- from the
 parameters the walker kept, so the hand-written forward and backward can be compared with
 torch.autograd on small nets."""

@@ -9,7 +9,7 @@ Gaussian vector), so drawing the x_j directly gives the same joint law of reflec
 Q -- at the cost of orgqr alone (Stewart 1980, "The efficient generation of random orthogonal
 matrices with an application to condition estimators", SIAM J. Numer. Anal. 17(3)).  The
 reflectors follow LAPACK's dlarfg convention exactly, so feeding the x_j that geqrf would have
-produced gives LAPACK's Q to rounding (tests/engine/test_haar.py::test_haar_reflectors_match_lapack).
+produced gives LAPACK's Q to rounding (tests/kernels/test_haar.py::test_haar_reflectors_match_lapack).
 See docs/theory.md section 9 and docs/benchmarks.md for what it saves.
 
 ``orthogonalize_batched`` forms the same Q for a batch of matrices with the UT transform
@@ -51,7 +51,7 @@ def orthogonalize_batched(g):
     tau = 0 (the identity) gets a zero column.  Then Q[:, :k] = E - V S^{-1} V_top^T with
     S = triu(V^T V, 1) + diag(1/tau) (1 where tau = 0), E the first k columns of I and V_top
     the top k x k block of V: one GEMM for V^T V, one triangular solve, one GEMM.  The same Q as
-    ``orthogonalize`` to rounding (tests/engine/test_haar.py); the products run in g's dtype, the
+    ``orthogonalize`` to rounding (tests/kernels/test_haar.py); the products run in g's dtype, the
     reflector scalars in float64 as there.  Never TF32: the caller's matmul precision is
     switched off for the two GEMMs (orthogonality would fall to ~1e-3)."""
 
@@ -97,7 +97,7 @@ def orthogonalize(g):
     rows, cols = g.shape
     h = g if rows <= cols else g.T
     # masks, not ``tau[-1] = 0.0``: a Python scalar written into a device tensor is a
-    # host-to-device copy, which stops every CUDA-graph capture (tests/engine/test_graph_safe.py)
+    # host-to-device copy, which stops every CUDA-graph capture (tests/kernels/test_graph_safe.py)
     tau, beta, denom = _reflectors(h)
     v = h / denom.to(h.dtype).unsqueeze(1)
     q = torch.linalg.householder_product(v.T, tau.to(h.dtype))  # m x k, orthonormal columns

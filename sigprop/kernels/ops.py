@@ -9,7 +9,7 @@ has an op here):
 * ``apply(params, h)``: the layer as an ordinary differentiable function of its parameters,
   a = (g v/||v||) h + b with the weight normalisation written out (Salimans & Kingma 2016,
   eq. 2; torch 2.13's fused ``torch._weight_norm`` has a wrong second derivative,
-  tests/engine/test_hessian.py), what the autograd oracle and the curvature differentiate.
+  tests/test_hessian.py), what the autograd oracle and the curvature differentiate.
 
 Tests hold the walker's log-space layers equal to autograd through ``apply``.
 """

@@ -1,4 +1,4 @@
-"""Running the engine's per-layer steps eagerly, or captured once and replayed (CUDA graphs).
+"""Running the walker's per-layer steps eagerly, or captured once and replayed (CUDA graphs).
 
 A deep probe repeats the same few dozen kernels per layer (draw the directions, one batched
 matmul, scale, ReLU, normalise, pack the mask: ~60 kernels per layer forward and backward,
@@ -6,7 +6,7 @@ docs/benchmarks.md "Launch overhead").  At width 1024 on an H100 each kernel is 
 microseconds of GPU work, so the loop is bound by the host issuing them, not by the GPU.  A CUDA
 graph records one layer's kernels once and replays them with one launch.
 
-The engine writes each step as a *body*: a function of tensors (and of generators it reseeds per
+The walker writes each step as a *body*: a function of tensors (and of generators it reseeds per
 layer) that returns a dict of tensors.  A runner executes it:
 
 * ``Eager``: calls the body (the default, and every CPU run);
@@ -18,7 +18,7 @@ layer) that returns a dict of tensors.  A runner executes it:
   run (eager from then on, same numbers) and is recorded (``status``).
 * ``Emulated``: the same static-buffer plumbing with the capture replaced by calling the body and
   copying its outputs into the static output buffers -- so the tests on a CPU exercise
-  everything but the CUDA capture itself (tests/engine/test_engine.py::test_replayed_steps_*).
+  everything but the CUDA capture itself (tests/kernels/test_replay.py::test_replayed_steps_*).
 
 Random numbers under replay: a generator registered with a graph is read on each replay at its
 current seed and offset (PyTorch's graph-safe Philox state, ``CUDAGeneratorState::
@@ -35,7 +35,7 @@ import torch
 
 Body = Callable[..., dict]
 
-#: at most this many distinct step shapes are captured per engine call (the others run eagerly)
+#: at most this many distinct step shapes are captured per walk (the others run eagerly)
 MAX_GRAPHS = 8
 
 
@@ -46,10 +46,10 @@ class Eager:
     generators: list = []
 
     def bind(self, generators) -> None:
-        """The generators the steps draw from.  A runner serves one engine call: its captured
+        """The generators the steps draw from.  A runner serves one walk: its captured
         steps replay that call's kernels, generators and buffers."""
         if getattr(self, "_bound", False):
-            raise RuntimeError("a step runner serves one engine call")
+            raise RuntimeError("a step runner serves one walk")
         self._bound = True
         self.generators = list(generators)
 

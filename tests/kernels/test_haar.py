@@ -1,4 +1,4 @@
-"""sigprop/haar.py: reflectors drawn directly give LAPACK's Q, and the result is Haar."""
+"""sigprop/kernels/haar.py: reflectors drawn directly give LAPACK's Q, and the result is Haar."""
 
 import math
 

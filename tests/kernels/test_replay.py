@@ -41,7 +41,7 @@ def _mlp(name, runner, stream, device=CPU, widths=MLP_WIDTHS, dtype=torch.float6
 @pytest.mark.parametrize("stream", [False, True])
 def test_replayed_steps_equal_eager_mlp(name, stream):
     """Static inputs copied in, generators reseeded, outputs copied out: the same bits as the
-    eager engine, the same stored directions, and the oracle per draw."""
+    eager walk, the same stored directions, and the oracle per draw."""
     eager = _mlp(name, None, stream)
     runner = replay.Emulated()
     replayed = _mlp(name, runner, stream)
@@ -133,7 +133,7 @@ def test_cuda_graphs_without_cuda_fall_back_to_eager():
 def test_a_runner_serves_one_call():
     runner = replay.Emulated()
     _mlp("he", runner, False)
-    with pytest.raises(RuntimeError, match="one engine call"):
+    with pytest.raises(RuntimeError, match="one walk"):
         _mlp("he", runner, False)
 
 

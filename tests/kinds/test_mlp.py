@@ -1,5 +1,5 @@
-"""The hand-written engine against the torch.autograd oracle (STYLE.md habit 10), log-space
-robustness at depth, determinism."""
+"""The MLP kind (sigprop/kinds/mlp.py): the walker against the torch.autograd oracle
+(../shared/STYLE.md habit 10), log-space robustness at depth, determinism."""
 
 import dataclasses
 import math

@@ -158,7 +158,7 @@ def test_cuda_bn_matches_autograd():
 @pytest.mark.parametrize("stream", [False, True])
 def test_resnet_batched_and_streamed_match_autograd_per_draw(name, stream):
     """Batched draws (stored or streamed, with projections and D = 2) equal the oracle per draw
-    and the one-draw engine."""
+    and the one-draw walk."""
     plan = _plan(6, 2, 3, 2)
     x, e = sampling.probe_inputs(4, 16, plan.dim, plan.entries[-1], CPU, torch.float64)
     with torch.no_grad():

@@ -37,7 +37,7 @@ def test_relu_cosine_map_against_sampling():
 
 
 def _layer(rng, n_in, n_out, name, role=None):
-    """One WN layer of an init, as the engine draws it (directions, gains, biases)."""
+    """One WN layer of an init, as the walker draws it (directions, gains, biases)."""
     import torch
 
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)))

@@ -1,4 +1,4 @@
-"""Theory two ways (STYLE.md habit 9): golden values and independent cross-checks."""
+"""Theory two ways (../shared/STYLE.md habit 9): golden values and independent cross-checks."""
 
 import math
 import subprocess
@@ -125,7 +125,7 @@ def test_exact_layer_cumulants_against_monte_carlo(n, m, orthogonal):
     else:
         a = rng.standard_normal((draws, n))
     f = (np.maximum(a, 0.0) ** 2).sum(axis=1)
-    f = f[f > 0]  # K = 0 is left out by the model (and counted as dead by the engine)
+    f = f[f > 0]  # K = 0 is left out by the model (and counted as dead by the walker)
     x = 0.5 * (np.log(f) - np.log(f.mean()))
     drift, var, k3 = theory.relu_layer_log_cumulants(n, m, orthogonal)
     se = math.sqrt(var / x.size)
