@@ -5,10 +5,10 @@ Why this test exists: the walker's GPU paths were first run on an NVIDIA H100 80
 2.11+cu130) after being written on CPUs only, and no CUDA graph ever captured.
 ``sigprop/haar.py`` (now sigprop/kernels/haar.py) assigned Python scalars into device tensors
 (``tau[-1], beta[-1], denom[-1] = 0.0, alpha[-1], 1.0``); during capture that is a host-to-device
-copy, and CUDA said "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is
-pinned".  Every GPU run silently fell back to eager.  On a CPU the same line runs fine, so the
-test watches the ops instead: under a TorchDispatchMode every step body of every captured init
-(MLP and ResNet, stored and streamed, batched draws) must dispatch none of
+copy, and CUDA said "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the
+CPU tensor is pinned". Every GPU run silently fell back to eager. On a CPU the same line runs fine,
+so the test watches the ops instead: under a TorchDispatchMode every step body of every captured
+init (MLP and ResNet, stored and streamed, batched draws) must dispatch none of
 
 * ``aten::lift_fresh`` / ``lift_fresh_copy``: a tensor made from Python data (``torch.tensor``,
   ``t[i] = 0.0``) -- on CUDA a host-to-device copy;
