@@ -127,6 +127,7 @@ def measure(
     the observations: the kind plans the memory, then ``_walk_all``.  ``observe``: plug-in
     observers (instances) run beside the kind's and ``probe_spec.observe``'s (by name)."""
     kind = kinds.of(spec)
+    observers.check_names(probe_spec.observe)
     extra = [observers.make(n) for n in probe_spec.observe] + list(observe)
     with dev.using_threads(probe_spec.threads):
         device = dev.resolve_device(probe_spec.device)

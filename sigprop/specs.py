@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sigprop import observers
 from sigprop.errors import SigpropError
 
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -110,12 +109,6 @@ class ProbeSpec:
         object.__setattr__(
             self, "observe", (self.observe,) if isinstance(self.observe, str) else tuple(self.observe)
         )
-        for name in self.observe:
-            if name not in observers.PLUGINS:
-                known = ", ".join(observers.PLUGINS) or "none is registered"
-                raise SigpropError(
-                    f"unknown measurement {name!r}; registered plug-ins: {known}", field="observe"
-                )
         if len(set(self.observe)) != len(self.observe):
             raise SigpropError("a measurement is named twice", field="observe")
         if self.threads is not None:

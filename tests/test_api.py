@@ -62,3 +62,12 @@ def test_rerun_specs_reads_a_document_and_refuses_others():
         with pytest.raises(SigpropError) as err:
             api.rerun_specs(bad)
         assert err.value.field == "result"
+
+
+def test_an_unknown_measurement_is_refused_before_anything_runs(monkeypatch):
+    from sigprop.kernels import sampling
+
+    monkeypatch.setattr(sampling, "probe_inputs", lambda *a, **k: pytest.fail("drew inputs"))
+    with pytest.raises(SigpropError) as err:
+        api.probe(api.spec("mlp", depth=2), specs.ProbeSpec(observe=("nothing-registered",), device="cpu"))
+    assert err.value.field == "observe" and "none is registered" in str(err.value)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from sigprop.errors import SigpropError
+
 
 class Observer:
     """A measurement: ``start`` allocates, ``forward``/``backward`` see each entry, ``result`` is
@@ -67,6 +69,15 @@ def register(factory: Callable[[], Observer], name: str | None = None) -> Callab
         raise ValueError(f"observer {key!r} registered twice")
     PLUGINS[key] = factory
     return factory
+
+
+def check_names(names) -> None:
+    """Every name a registered plug-in, or one SigpropError naming ``observe`` (before a run
+    allocates anything)."""
+    for name in names:
+        if name not in PLUGINS:
+            known = ", ".join(PLUGINS) or "none is registered"
+            raise SigpropError(f"unknown measurement {name!r}; registered plug-ins: {known}", field="observe")
 
 
 def make(name: str) -> Observer:
