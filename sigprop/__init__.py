@@ -9,6 +9,8 @@
 first use.
 """
 
+import importlib
+
 from sigprop.version import __version__  # noqa: F401  (sigprop.__version__)
 
 #: what ``sigprop.NAME`` reaches in sigprop/api.py (``probe_<kind>`` besides: one per net kind)
@@ -16,11 +18,16 @@ API = ("probe", "hessian", "spec", "keywords", "run_checks", "rerun", "rerun_spe
 
 
 def __getattr__(name: str):
-    if name not in API and not name.startswith("probe_"):  # submodules load by the import system
-        raise AttributeError(f"module 'sigprop' has no attribute {name!r}")
-    from sigprop import api  # the lazy edge: the API imports torch, loaded when first asked for
+    if name in API or name.startswith("probe_"):
+        from sigprop import api  # the lazy edge: the API imports torch, loaded when first asked for
 
-    return getattr(api, name)
+        return getattr(api, name)
+    try:  # ``sigprop.specs`` without ``import sigprop.specs``: a submodule, loaded as the import system would
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":  # a submodule that exists but lacks a dependency says so
+            raise
+        raise AttributeError(f"module 'sigprop' has no attribute {name!r}") from None
 
 
 def __dir__() -> list[str]:

@@ -21,7 +21,7 @@ A check is a TOML table under ``[tool.sigprop.checks]`` in pyproject.toml, or un
                                          # batch_size)
 
 Every option of the kind's command is a key (dashes or underscores), read from the kind's
-declaration (sigprop/kinds/); a check without ``init`` runs the command's default inits.
+declaration (sigprop/kinds/); a check without ``init`` checks ``proposed`` (``DEFAULT_INIT``).
 docs/ci.md lists the keys.
 """
 
@@ -233,7 +233,7 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
         probe = specs.ProbeSpec(
             **{**kind.probe_defaults, **given}, correlations=cos if isinstance(cos, list) else [cos]
         )
-        spec = kind.make({k: opts[k] for k in own if k in opts}, None if names is None else tuple(names))
+        spec = _spec(kind, {k: opts[k] for k in own if k in opts}, names)
         curvature, lowest = None, opts.get("lowest_curvature")
         if lowest is None:
             for key in CURVATURE_KEYS:
@@ -277,6 +277,23 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
         curvature,
         lowest,
     )
+
+
+#: a check without ``init`` checks the paper's init (docs/cli.md), where the net takes it
+DEFAULT_INIT = "proposed"
+
+
+def _spec(kind: kinds.Kind, values: dict, names: list[str] | None):
+    """The check's net: its inits as listed, else ``DEFAULT_INIT``, else -- a net that cannot take
+    it, e.g. a batch-normalized one (He weights) -- the command's own defaults."""
+    if names is not None:
+        return kind.make(values, tuple(names))
+    try:
+        return kind.make(values, (DEFAULT_INIT,))
+    except SigpropError as exc:
+        if exc.field != "init":
+            raise
+        return kind.make(values, None)
 
 
 def _type_name(want) -> str:

@@ -26,7 +26,6 @@ expect = "fail"
 command = "resnet"
 blocks = 8
 dim = 64
-init = "proposed"
 {SMALL}"""
 
 
@@ -224,3 +223,17 @@ def test_lowest_curvature_check(capsys, monkeypatch, tmp_path):
         text = '[checks.a]\ncommand = "mlp"\ndepth = 2\ninit = ["proposed", "datadep"]\n' + bad + "\n"
         code, out, err = run(capsys, monkeypatch, tmp_path, text)
         assert code == 2 and words in err and "sigprop.toml:" in err, err
+
+
+def test_a_check_without_init_checks_proposed_or_the_nets_own_default(tmp_path):
+    """docs/cli.md: ``init`` defaults to proposed; a net that cannot take it (--norm bn: He
+    weights and batch norm) runs the command's default."""
+    from sigprop import checks
+
+    path = tmp_path / "sigprop.toml"
+    path.write_text(
+        '[checks.a]\ncommand = "wrn"\n\n[checks.b]\ncommand = "resnet"\nnorm = "bn"\n\n'
+        '[checks.c]\ncommand = "mlp"\ninit = ["he", "proposed"]\n'
+    )
+    a, b, c = checks.load(path, ("checks",))
+    assert a.spec.inits == ("proposed",) and b.spec.inits == ("he",) and c.spec.inits == ("he", "proposed")
