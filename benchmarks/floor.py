@@ -1,5 +1,6 @@
-"""The floor: only the unavoidable work of an MLP probe on given shapes, nothing else.
+"""The floor: only the unavoidable work of a probe on given shapes, nothing else.
 
+Fully connected (``floor``, ``limit``):
 Weight generation (a Gaussian matrix made Haar-orthogonal, as the proposed init, by the cheapest
 method known here: Householder reflectors drawn directly, sigprop/kernels/haar.py -- the same as sigprop
 uses, so sigprop is not credited for it; a QR would cost ~2.8 ms more per 512^2 layer), forward matmuls +
@@ -7,6 +8,14 @@ ReLU with the masks
 kept as bool, the backward matmuls through the masks, and one norm per layer and sample in each
 direction, accumulated on the device.  No statistics, no theory, no output beyond one line.
 Usage: python floor.py L n N [seeds] [device]
+
+Conv nets (``conv_floor``; issue 28, item 7): the WRN in plain torch with weights that need no
+gradient -- its kernels drawn as sigprop draws the proposed init (Haar-orthogonal rows, gain
+sqrt(2 c_in/c_out)), convs and ReLUs forward, the states kept -- and
+``torch.autograd.grad(top, states, grad_outputs=e)``: the gradient with respect to every state,
+never the weights', one norm per sample and state.  ``python floor.py conv N k samples draws``
+times it against ``sigprop.probe`` in one process, cold (the first call) and warm (the next),
+and prints the ratios.
 """
 
 import sys
@@ -85,7 +94,86 @@ def limit(L: int, n: int, N: int, device: str = "cpu", chunk: int = 32) -> float
     return time.perf_counter() - t0
 
 
+def conv_floor(N: int, k: int, samples: int, draws: int = 1, image=(3, 32, 32), seed: int = 0) -> float:
+    """The WRN's unavoidable work for ``draws`` weight draws (each: draw the kernels, forward,
+    autograd for the states' gradients, norms); returns seconds."""
+    import torch.nn.functional as F
+
+    from sigprop import inits, plans
+    from sigprop.kinds import wrn
+
+    steps = wrn.steps(image, N, k)
+    tree = plans.nest(steps)
+    gen = torch.Generator().manual_seed(seed)
+
+    def kernel(st):
+        w = orthogonalize(torch.randn(st.role.fan_out, st.role.fan_in, generator=gen))
+        w = w * inits.proposed_gain_sq(st.role) ** 0.5
+        return w.reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
+
+    t0 = time.perf_counter()
+    x = torch.randn(samples, *image, generator=gen)
+    for _ in range(draws):
+        stem = tree[1]
+        blocks = [it for it in tree[3:] if isinstance(it, tuple)]
+        w0 = kernel(stem)
+        ws = [
+            (
+                [kernel(st) for st in inner],
+                None if close.projection is None else kernel(close.projection),
+                close,
+            )
+            for inner, close in blocks
+        ]
+        xs = x.clone().requires_grad_(True)
+        h = F.conv2d(xs, w0, stride=stem.stride, padding=stem.padding)
+        states = [xs, h]
+        for (kernels, proj, close), (inner, _) in zip(ws, blocks):
+            z = h
+            for w, st in zip(kernels, inner):
+                z = F.conv2d(z, w, stride=st.stride, padding=st.padding)
+                z = torch.relu(z) if st.relu else z
+            skip = h if proj is None else F.conv2d(h, proj, stride=close.projection.stride)
+            h = skip + inits.get("proposed").alpha(close.blocks_in_stage) * z
+            states.append(h)
+        e = torch.randn(h.shape, generator=gen)
+        grads = torch.autograd.grad(h, states, grad_outputs=e)
+        fwd = torch.stack([s.detach().flatten(1).norm(dim=1) for s in states])
+        bwd = torch.stack([g.flatten(1).norm(dim=1) for g in grads])
+        float(fwd.sum() + bwd.sum())
+    return time.perf_counter() - t0
+
+
+def conv_main(N: int, k: int, samples: int, draws: int, rounds: int = 5) -> None:
+    """Cold and warm calls of sigprop (``api.probe``: walks, statistics, theory) and of the floor
+    in this process, interleaved: the first call of each is its cold one; every later round
+    times both back to back and the warm ratio is the median [min-max] of the rounds' ratios
+    (this machine's speed drifts by 10-20% over minutes)."""
+    from sigprop import api, specs
+
+    spec = api.spec("wrn", blocks=N, widen=k, inits="proposed")
+    probe = specs.ProbeSpec(samples=samples, seeds=draws, device="cpu", threads=torch.get_num_threads())
+
+    def sigprop_call() -> float:
+        t0 = time.perf_counter()
+        api.probe(spec, probe)
+        return time.perf_counter() - t0
+
+    pairs = [(sigprop_call(), conv_floor(N, k, samples, draws)) for _ in range(rounds)]
+    (s0, f0), warm = pairs[0], sorted(s / f for s, f in pairs[1:])
+    best_s, best_f = min(s for s, _ in pairs[1:]), min(f for _, f in pairs[1:])
+    print(
+        f"WRN N={N} k={k} samples={samples} draws={draws}, {torch.get_num_threads()} threads: "
+        f"cold sigprop {s0:.2f} s / floor {f0:.2f} s = {s0 / f0:.2f}; "
+        f"warm sigprop {best_s:.2f} s / floor {best_f:.2f} s (best), "
+        f"ratio {warm[len(warm) // 2]:.2f} [{warm[0]:.2f}-{warm[-1]:.2f}] over {rounds - 1} rounds"
+    )
+
+
 def main() -> None:
+    if sys.argv[1] == "conv":
+        conv_main(*(int(a) for a in sys.argv[2:6]))
+        return
     L, n, N = (int(a) for a in sys.argv[1:4])
     seeds = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     device = sys.argv[5] if len(sys.argv) > 5 else "cpu"

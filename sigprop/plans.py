@@ -285,9 +285,13 @@ def predict(
         a, b = state
         a = _Energy.of(theory.conv_layer_energy(a.m, m, relu), a.ln)
         bias = theory.conv_bias_energy(m, relu)
-        b = _Energy.of(theory.conv_layer_energy(b.m, m, relu), b.ln).plus(
-            flat(0.0), ln(bias * math.prod(shape))
+        # no bias-driven energy yet: its map is zero whatever the layer does (not computed)
+        b = (
+            _Energy(np.zeros(shape), -math.inf)
+            if b.ln == -math.inf
+            else _Energy.of(theory.conv_layer_energy(b.m, m, relu), b.ln)
         )
+        b = b.plus(flat(0.0), ln(bias * math.prod(shape)))
         return a, b
 
     # E||h||^2/||x||^2: the input-driven part, and the bias-driven part over ||x||^2 (none: no

@@ -254,6 +254,8 @@ def _walk_all(
     batch = max(1, min(probe_spec.seeds, int(0.5 * dev.available_bytes(device) // max(need, 1))))
     if probe_spec.batch is not None:
         batch = min(probe_spec.batch, probe_spec.seeds)
+    elif walker.one_draw_at_a_time(plan.steps, device):
+        batch = 1
     env = {
         "torch": torch.__version__,
         "device": str(device),

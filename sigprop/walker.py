@@ -520,7 +520,7 @@ class ResidualBlock:
             for j in range(k - 1, -1, -1):
                 z = self.ops[j].vjp(layer(j), z)
                 if j > 0 and self.relus[j - 1]:
-                    z = z * ls.unpack_mask(t[f"packed{j - 1}"], z.shape[-1])
+                    z = z.mul_(ls.mask_of(t[f"packed{j - 1}"], z.shape[-1], z.dtype))
             y = y + self.alpha * z
         d, ln_norm = ls.normalize(y)
         return {"d": d, "acc": acc + ln_norm}
@@ -637,7 +637,7 @@ class BNLayer:
     def _backward(self, G, acc, Y, s, packed, w: Walk, v=None):
         if v is None:
             v = w.sample(self.role, 0).v
-        dX = ls.bn_backward((G @ v) * ls.unpack_mask(packed, self.role.fan_in), Y, s)
+        dX = ls.bn_backward((G @ v).mul_(ls.mask_of(packed, self.role.fan_in, G.dtype)), Y, s)
         G, acc = ls.rescale(G + dX if self.residual else dX, acc)
         return {"G": G, "acc": acc}
 
@@ -828,6 +828,16 @@ class BNConvUnit:
 # --------------------------------------------------------------------------------------------
 def _op(step) -> DenseOp:
     return ConvOp(step) if isinstance(step, plans.Conv) else DenseOp(step)
+
+
+def one_draw_at_a_time(steps: Sequence, device: torch.device) -> bool:
+    """Whether a plan's draws walk one at a time by default: on a CPU when it has a conv, whose
+    per-draw convs (``ConvOp``) would otherwise be stacked into one [S, ...] tensor, a copy of
+    every activation and gradient each layer that a single draw's view avoids (a WRN, one
+    thread: 1.2x the autograd floor batched against 0.95-1.03x one at a time,
+    benchmarks/floor.py conv).  Dense layers keep their batched ``bmm`` (5-10% faster than one
+    draw at a time at width 512)."""
+    return device.type == "cpu" and any(isinstance(s, plans.Conv) for s in steps)
 
 
 def compile_plan(steps: Sequence, scheme: InitScheme) -> tuple[list, bool]:

@@ -98,12 +98,47 @@ class ConvOp(DenseOp):
     def key(self, by_block_index: bool):
         return replace(self.step, role=super().key(by_block_index))
 
+    def _per_draw(self, x: torch.Tensor, v: torch.Tensor, transposed: bool) -> torch.Tensor:
+        """One conv (or its transpose) per draw (CPU).  One draw's output is a view of its conv's
+        (no copy); several are stacked, a copy of all of them (oneDNN has no strided ``out=``: the
+        out variant computes into a buffer and copies too), which is why a CPU walk runs its
+        draws one at a time (``run``).  The transposed conv took half the time of
+        ``conv2d_input``'s backward kernel in oneDNN (benchmarks/floor.py conv)."""
+        st, (S, N) = self.step, x.shape[:2]
+        (C, H, W), (Ho, Wo) = st.shape_in, st.out_hw()
+        co = self.role.fan_out
+        if transposed:  # output_padding: the input size that the strided conv maps onto Ho x Wo
+            pad = (
+                H - ((Ho - 1) * st.stride - 2 * st.padding + st.kernel),
+                W - ((Wo - 1) * st.stride - 2 * st.padding + st.kernel),
+            )
+            outs = [
+                F.conv_transpose2d(
+                    x[s].reshape(N, co, Ho, Wo),
+                    self.kernel(v[s]),
+                    stride=st.stride,
+                    padding=st.padding,
+                    output_padding=pad,
+                )
+                for s in range(S)
+            ]
+        else:
+            outs = [
+                F.conv2d(x[s].reshape(N, C, H, W), self.kernel(v[s]), stride=st.stride, padding=st.padding)
+                for s in range(S)
+            ]
+        return outs[0].unsqueeze(0) if S == 1 else torch.stack(outs)
+
     def conv(self, v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         """The conv of rows X [S, N, units_in] with the directions v [S, c_out, c_in k^2] as
-        kernels, one grouped conv for the S draws: [S, N, c_out, H' W']."""
+        kernels: [S, N, c_out, H' W'].  On a GPU one grouped conv serves the S draws; on a CPU one
+        conv per draw (oneDNN's grouped conv was 15% slower than the S convs, and its layout cost
+        a transposing copy each way)."""
         st, (S, N) = self.step, X.shape[:2]
         C, H, W = st.shape_in
         co = self.role.fan_out
+        if not X.is_cuda:
+            return self._per_draw(X, v, transposed=False).reshape(S, N, co, -1)
         x = X.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
         t = F.conv2d(
             x, v.reshape(S * co, C, st.kernel, st.kernel), stride=st.stride, padding=st.padding, groups=S
@@ -118,6 +153,8 @@ class ConvOp(DenseOp):
         st, (S, N) = self.step, G.shape[:2]
         C, H, W = st.shape_in
         co = self.role.fan_out
+        if not G.is_cuda:
+            return self._per_draw(G, v, transposed=True).reshape(S, N, self.units_in)
         g = G.transpose(0, 1).reshape(N, S * co, *st.out_hw())
         y = torch.nn.grad.conv2d_input(
             (N, S * C, H, W),
@@ -131,8 +168,8 @@ class ConvOp(DenseOp):
 
     def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None):
         S, N = u.shape[:2]
-        t = self.conv(p.v, u)
         if calibrate is not None:  # per channel over the batch and the positions: [S, N H' W', c_out]
+            t = self.conv(p.v, u)
             vnorm = torch.linalg.vector_norm(p.v, dim=-1)
             t_true = (
                 (col(c, t.dtype)[..., None] * t / vnorm[:, None, :, None])
@@ -140,7 +177,9 @@ class ConvOp(DenseOp):
                 .reshape(S, -1, self.role.fan_out)
             )
             p = sampling.calibrate_batch(calibrate, p, t_true)
-        a = t * p.scale[:, None, :, None]
+            a = t * p.scale[:, None, :, None]
+        else:  # WN's per-row scale folded into the kernels: no pass over the activations for it
+            a = self.conv(self.scaled(p), u)
         if p.bias is not None:  # as the dense layer: exp(m) (exp(c - m) scale t + exp(-m) b), m = max(c, 0)
             m = torch.clamp(c, min=0.0)
             a = (
@@ -154,9 +193,13 @@ class ConvOp(DenseOp):
         u, ln_norm = normalize(torch.relu_(a) if relu else a, inplace=True)
         return u, m + ln_norm, mask, p
 
+    def scaled(self, p: LayerParams) -> torch.Tensor:
+        """The rows scale * v [S, c_out, c_in k^2]: the effective kernels (WN's g v/||v||)."""
+        return p.v * p.scale.unsqueeze(-1)
+
     def vjp(self, p: LayerParams, d: torch.Tensor) -> torch.Tensor:
         S, N = d.shape[:2]
-        return self.conv_t(p.v, d.reshape(S, N, self.role.fan_out, -1) * p.scale[:, None, :, None])
+        return self.conv_t(self.scaled(p), d.reshape(S, N, self.role.fan_out, -1))
 
     def kernel(self, w: torch.Tensor) -> torch.Tensor:
         """Rows [c_out, c_in k^2] as conv2d's kernel [c_out, c_in, k, k]."""

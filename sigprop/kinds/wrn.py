@@ -8,6 +8,7 @@ the branch ratio."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -187,6 +188,7 @@ def entries(steps_) -> list[int]:
     return [math.prod(sh) for sh in shapes]
 
 
+@functools.lru_cache(maxsize=16)  # a pure function of the plan: every init of a run reads the same bands
 def stage_bands(steps_, blocks: int) -> list[tuple[tuple[float, float], tuple[float, float]]]:
     """The ``preserved`` band of each group (ln, forward and backward): Theorem 3's [sqrt 2,
     sqrt e] (Arpit et al. 2019) times the group's unavoidable transition -- what the lossless
@@ -236,6 +238,12 @@ def variances(
     var_f = np.concatenate([[0.0], np.cumsum(f_steps)])
     var_b = np.concatenate([np.cumsum(np.array(b_steps)[::-1])[::-1], [0.0]])
     return var_f, var_b, branch
+
+
+@functools.lru_cache(maxsize=16)
+def reference_variances(steps_) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """``variances`` at the proposed init's gains (the ``preserved`` allowance), once per plan."""
+    return variances(steps_, None)
 
 
 @base.register
@@ -418,7 +426,7 @@ class WRN(Kind):
                 )
             )
         widen = (0.0, 0.0) if gate.band is None else (math.log(gate.band[0]), math.log(gate.band[1]))
-        ref_f, ref_b, _ = variances(plan.steps, None)
+        ref_f, ref_b, _ = reference_variances(plan.steps)
         infos, checks, own_checks = [], [], []
         for k, (fb, bb) in enumerate(stage_bands(plan.steps, blocks), 1):
             first, last = 1 + (k - 1) * blocks, 1 + k * blocks
