@@ -186,8 +186,8 @@ def stage_hanin_gain_sq(role: LayerRole) -> float:
 P001 = "Arpit et al. 2019,"
 P003 = "Salimans & Kingma 2016,"
 P004 = "De & Smith 2020,"
-#: the structures a scheme may need (a net kind provides them)
-BLOCKS, TAPS = "blocks", "taps"
+#: the structures a scheme may need (a net kind provides them); MODEL: the user's own module
+BLOCKS, TAPS, MODEL = "blocks", "taps", "model"
 
 register(
     InitScheme(
@@ -327,5 +327,16 @@ register(
         needs=frozenset({BLOCKS}),
         normalized=False,
         alpha=lambda blocks: 1.0 / math.sqrt(blocks),
+    )
+)
+register(
+    InitScheme(
+        name="as-is",
+        cites=(),
+        description="the model's own init (its factory's weights, unchanged)",
+        paper="the model's own code; its theory reads the drawn weights (docs/theory.md §13)",
+        direction="gaussian",
+        needs=frozenset({MODEL}),
+        normalized=False,
     )
 )

@@ -21,7 +21,7 @@ output energy is its units (halved by a ReLU) whatever its input, and it has no 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence, Union
 
 import numpy as np
@@ -439,3 +439,119 @@ def predict_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float, ba
 
     forward(nest(steps), (ones, c0 * ones, 0.0 * ones, 0.0))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# a traced model: a graph of moment maps (sigprop/kinds/module.py; docs/theory.md §13)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GraphNode:
+    """One node of a traced model (built by sigprop/kernels/modules.py), with what its moment
+    map needs, per element of its output:
+
+    * ``dense`` (Linear, ConvNd with weight W of c_out rows, bias b): q' = (||W||^2/c_out) q +
+      ||b||^2/c_out (``forward``, ``bias``), the mean zero; backward r = (||W||^2 numel_out /
+      (c_out numel_in)) r' (``backward``): each output element's gradient spreads over one row's
+      weights, and the row's elements over the input (zero padding's border loss not counted);
+    * ``norm`` (batch, layer or group norm in training mode): q' = mean gamma^2 + mean beta^2
+      (``forward``, ``bias``), r = r' mean gamma^2 / var(input);
+    * ``act`` (elementwise phi, ``fn`` = (phi, phi') as float64 numpy functions): the
+      Gauss-Hermite moments of phi(z), z ~ N(mean, q - mean^2) (theory.activation_moments);
+    * ``add`` (a residual join of two states): q' = q_a + q_b + 2 m_a m_b (independent
+      summands), r passed to both; ``scale`` (times a constant c, ``forward`` = c^2);
+      ``identity`` (reshape, flatten, dropout at init); ``input``, ``output``, ``const``;
+    * ``unknown``: no map (``why`` names the op): measured only, from there on.
+    """
+
+    name: str
+    op: str
+    inputs: tuple[int, ...]
+    forward: float = 1.0
+    backward: float = 1.0
+    bias: float = 0.0
+    width: int = 0
+    fn: tuple | None = field(default=None, compare=False, repr=False)
+    why: str = ""
+
+
+@dataclass
+class GraphPrediction:
+    """Per node the predicted second moment of its output per element (``q``), its mean
+    (``mean``), and of the gradient at it (``r``, the output's error at r = 1); None where an
+    unmapped op lies on the way (``unmapped``: the first such op's name)."""
+
+    q: list[float | None]
+    mean: list[float | None]
+    r: list[float | None]
+    unmapped: str
+
+
+def predict_graph(nodes: Sequence[GraphNode], q_input: float, mean_input: float = 0.0) -> GraphPrediction:
+    """Compose a traced model's moment maps (``GraphNode``): forward in graph order from the
+    input's per-element second moment, then the gradients' back from the output (r = 1), a
+    node's r the sum over the nodes that read it (independent paths, as a residual stream's
+    skip and branch).  The ratios a probe measures are then sqrt(q/q_input) and sqrt(r)."""
+    n = len(nodes)
+    q: list[float | None] = [None] * n
+    mean: list[float | None] = [None] * n
+    act: dict[int, tuple[float, float, float]] = {}
+    unmapped = ""
+    for i, nd in enumerate(nodes):
+        ins = nd.inputs
+        if nd.op == "input":
+            q[i], mean[i] = q_input, mean_input
+            continue
+        if nd.op == "const" or any(q[j] is None for j in ins) or not ins:
+            if nd.op == "unknown" and not unmapped:
+                unmapped = nd.why or nd.name
+            continue
+        a = ins[0]
+        if nd.op == "dense":
+            q[i], mean[i] = nd.forward * q[a] + nd.bias, 0.0
+        elif nd.op == "norm":
+            q[i], mean[i] = nd.forward + nd.bias, 0.0
+        elif nd.op == "act":
+            m1, q1, d2 = theory.activation_moments(nd.fn[0], nd.fn[1], mean[a], q[a])
+            q[i], mean[i], act[i] = q1, m1, (m1, q1, d2)
+        elif nd.op == "add" and len(ins) == 2:
+            b = ins[1]
+            q[i], mean[i] = q[a] + q[b] + 2.0 * mean[a] * mean[b], mean[a] + mean[b]
+        elif nd.op == "scale":
+            q[i], mean[i] = nd.forward * q[a], math.copysign(math.sqrt(nd.forward), 1.0) * mean[a]
+        elif nd.op in ("identity", "output"):
+            q[i], mean[i] = q[a], mean[a]
+        elif not unmapped:
+            unmapped = nd.why or nd.name
+    r: list[float | None] = [None] * n
+    poisoned = [False] * n
+    out = [i for i, nd in enumerate(nodes) if nd.op == "output"]
+    for i in out:
+        r[i] = 1.0
+    for i in range(n - 1, -1, -1):
+        nd = nodes[i]
+        if r[i] is None and not poisoned[i]:
+            continue
+        for k, j in enumerate(nd.inputs):
+            if poisoned[i] or nd.op == "unknown":
+                poisoned[j] = True
+                continue
+            if nd.op == "dense":
+                c = nd.backward * r[i]
+            elif nd.op == "norm":
+                var = None if q[j] is None else q[j] - mean[j] ** 2
+                if var is None or var <= 0:
+                    poisoned[j] = True
+                    continue
+                c = nd.forward / var * r[i]
+            elif nd.op == "act":
+                if i not in act:
+                    poisoned[j] = True
+                    continue
+                c = act[i][2] * r[i]
+            elif nd.op == "scale":
+                c = nd.forward * r[i]
+            else:  # add, identity, output
+                c = r[i]
+            r[j] = c if r[j] is None else r[j] + c
+    r = [None if poisoned[i] else r[i] for i in range(n)]
+    return GraphPrediction(q, mean, r, unmapped)

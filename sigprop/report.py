@@ -107,7 +107,10 @@ def _table(title: str) -> "_Titled":
 
 def run_table(run: RunResult, units: str = "n_l") -> Table:
     t = _table(f"[bold]{run.init}[/bold] — {run.description}")
+    named = any(r.name is not None for r in run.layers)
     t.add_column("layer", justify="right", no_wrap=True, min_width=5)
+    if named:  # a model's sites: the module path beside the row's index
+        t.add_column("site", justify="left", no_wrap=True)
     t.add_column(units, justify="right", no_wrap=True, min_width=4)
     t.add_column("fwd mean±std", justify="right", no_wrap=True)
     t.add_column("rms", justify="right", no_wrap=True)
@@ -120,6 +123,7 @@ def run_table(run: RunResult, units: str = "n_l") -> Table:
         f, b = r.forward, r.backward
         t.add_row(
             str(r.index),
+            *([escape(r.name or "")] if named else []),
             str(r.width),
             _mean_std(f),
             _value(f.rms, f.log10_rms),
@@ -396,6 +400,8 @@ def render_table(result: ProbeResult, console: Console) -> None:
             console.print(line, highlight=False, soft_wrap=True)
         for line in measurement_lines(run):
             console.print(line, highlight=False, soft_wrap=True)
+    for note in result.config.get("theory_notes") or ():  # what the theory could not follow, said once
+        console.print(f"[yellow]theory: {escape(note)}[/yellow]", soft_wrap=True)
     console.print(f"[dim]{escape(hints.footer)}[/dim]", soft_wrap=True)
     for run in result.runs:
         console.print(run_summary(run, int(result.config.get("seeds", 1))), soft_wrap=True)

@@ -182,9 +182,13 @@ class LayerRecord:
     resnet: bool = False
     #: one entry per input cosine of ``--correlation`` (empty without it)
     correlation: list[CorrelationStats] = field(default_factory=list)
+    #: the row's name where rows have names (a model's site, ``layer3.4``)
+    name: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"index": self.index, "width": self.width}
+        if self.name is not None:
+            d["site"] = self.name
         if self.resnet:
             d["stage"] = self.stage
         d["forward"] = self.forward.to_dict()

@@ -25,7 +25,7 @@ from sigprop import hessian as H
 from sigprop import kinds, observers, plans, specs, theory, walker
 from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev
-from sigprop.kernels import replay, sampling
+from sigprop.kernels import modules, replay, sampling
 from sigprop.observers import bn, correlation, ratios
 from sigprop.results import CurvatureDraw, CurvatureRun, HessianResult, ProbeResult
 from sigprop.version import __version__
@@ -129,6 +129,9 @@ def measure(
     kind = kinds.of(spec)
     observers.check_names(probe_spec.observe)
     extra = [observers.make(n) for n in probe_spec.observe] + list(observe)
+    if kind.engine == "model":
+        with dev.using_threads(probe_spec.threads):
+            return _measure_model(kind, spec, probe_spec, progress, on_start, extra)
     with dev.using_threads(probe_spec.threads):
         device = dev.resolve_device(probe_spec.device)
         precision = dev.matmul_precision(probe_spec.precision, device)
@@ -334,6 +337,112 @@ def _walk_all(
             check_finite(name, out[name])
     env["graphs"] = graphs_status(runners)
     return out, env
+
+
+def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, extra) -> Measured:
+    """A kind whose spec builds a ``torch.nn.Module`` (``Kind.engine == "model"``): per init and
+    draw, build the model (its factory under a seeded generator), apply the init
+    (``modules.init_``; ``as-is`` keeps the model's own), measure the sites with autograd on the
+    shared inputs and output errors, then trace it and compose its moment maps
+    (``plans.predict_graph``) on that draw's weights.  Arrays per init: "fwd", "bwd" [S, E, N]
+    and the predictions "pred_fwd", "pred_bwd" [S, E] (ln of the RMS ratio, nan: no map); the
+    kind's plan learns the sites, their units, the finite-width spread and the notes."""
+    if extra:
+        raise SigpropError(
+            "plug-in measurements read sigprop's own walks, not a model's (yet)", field="observe"
+        )
+    if probe_spec.correlations:
+        raise SigpropError("input cosines are not measured for a model yet", field="correlation")
+    if probe_spec.stream:
+        raise SigpropError("a model keeps its own weights: nothing to stream", field="stream")
+    if probe_spec.graphs:
+        raise SigpropError("a model runs eagerly: no CUDA graphs", field="graphs")
+    device = dev.resolve_device(probe_spec.device)
+    dtype = dev.DTYPES[probe_spec.dtype]
+    names = kind.inits(spec)
+    schemes = [kind.scheme(spec, n) for n in names]
+    if spec.reinitializes_one_instance() and "as-is" in names and probe_spec.seeds > 1:
+        raise SigpropError(
+            "a model instance has one set of its own weights: pass a factory (a callable that builds "
+            "the model) for several as-is draws, or --seeds 1",
+            field="seeds",
+        )
+    env = {
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": dev.device_name(device),
+        "dtype": probe_spec.dtype,
+        "precision": probe_spec.precision,
+        "threads": torch.get_num_threads(),
+        "stream": False,
+        "batch": 1,
+        "graphs": "off",
+    }
+    factory = spec.factory()
+    gx = torch.Generator(device=device).manual_seed(specs.derive_seed(probe_spec.seed, specs.STREAM_INPUTS))
+    x = torch.randn(probe_spec.samples, *spec.input_shape, generator=gx, device=device, dtype=dtype)
+    e_seed = specs.derive_seed(probe_spec.seed, specs.STREAM_ERRORS)
+    plan = kind.plan(spec, probe_spec.seed)
+    total, done = len(names) * probe_spec.seeds, 0
+    started = False
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    for name, scheme in zip(names, schemes):
+        got: dict[str, list] = {"fwd": [], "bwd": [], "pred_fwd": [], "pred_bwd": []}
+        for draw in range(probe_spec.seeds):
+            model = modules.build(factory, probe_spec.seed, draw)
+            modules.init_(model, scheme, probe_spec.seed, draw)
+            model = modules.prepare(model, device, dtype)
+            if not plan.sites:
+                plan.sites = modules.resolve_sites(model, spec.sites)
+            ln_f, ln_b, numels = modules.measure(model, x, e_seed, plan.sites)
+            if not started:  # the banner once the model has run: a model that cannot, says only why
+                started = True
+                if on_start is not None:
+                    on_start(env)
+            if not plan.entries:
+                plan.entries = list(numels)
+            pf, pb = _model_prediction(model, x, plan, kind)
+            for k, v in (("fwd", ln_f), ("bwd", ln_b), ("pred_fwd", pf), ("pred_bwd", pb)):
+                got[k].append(v)
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{name}: draw {draw + 1}")
+        arrays[name] = {k: np.stack(v) for k, v in got.items()}
+        check_finite(name, arrays[name])
+    return Measured(kind, plan, names, schemes, arrays, env)
+
+
+def _model_prediction(model, x, plan, kind) -> tuple[np.ndarray, np.ndarray]:
+    """ln of the predicted RMS ratios at the sites for this draw's weights (nan where no map
+    reaches), and, once, the sites' finite-width spread and the notes (sigprop/kinds/module.py)."""
+    E = len(plan.sites)
+    nodes, where, why = modules.trace(model, x, plan.sites)
+    if nodes is None:
+        if why not in plan.notes:
+            plan.notes.append(why)
+        if not plan.spread_forward:
+            plan.spread_forward, plan.spread_backward = [0.0] * E, [0.0] * E
+        return np.full(E, np.nan), np.full(E, np.nan)
+    q_in = float(x.double().pow(2).mean())
+    pred = plans.predict_graph(nodes, q_in, float(x.double().mean()))
+    if pred.unmapped:
+        note = f"no moment map for {pred.unmapped}: measured only from there on"
+        if note not in plan.notes:
+            plan.notes.append(note)
+    pf, pb = np.full(E, np.nan), np.full(E, np.nan)
+    for i, j in enumerate(where):
+        if j is None:
+            continue
+        if pred.q[j] is not None and pred.q[j] > 0:
+            pf[i] = 0.5 * math.log(pred.q[j] / q_in)
+        if pred.r[j] is not None and pred.r[j] > 0:
+            pb[i] = 0.5 * math.log(pred.r[j])
+    if not plan.spread_forward:
+        widths = [(k, nd.width) for k, nd in enumerate(nodes) if nd.op == "dense"]
+        before = [[w for k, w in widths if j is not None and k <= j] for j in where]
+        after = [[w for k, w in widths if j is not None and k > j] for j in where]
+        plan.spread_forward, plan.spread_backward = kind.spreads(before, after)
+    return pf, pb
 
 
 def walk_plan(

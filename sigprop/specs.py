@@ -37,6 +37,8 @@ def check_size(value: int, field: str) -> None:
 STREAM_WIDTHS, STREAM_INPUTS, STREAM_ERRORS, STREAM_WEIGHTS, STREAM_PAIRS = 0, 1, 2, 3, 4
 #: ``sigprop hessian``: the synthetic labels and the eigenvalue search's start vectors
 STREAM_LABELS, STREAM_POWER = 5, 6
+#: ``sigprop module``: torch's global generator while a draw of the user's model is built
+STREAM_MODEL = 7
 
 
 @functools.lru_cache(maxsize=1 << 16)  # a pure function of ints; numpy's SeedSequence costs ~60 us a call

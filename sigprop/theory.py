@@ -637,3 +637,44 @@ def conv_layer_energy(e: np.ndarray, m: ConvMoments, relu: bool) -> np.ndarray:
 def conv_bias_energy(m: ConvMoments, relu: bool) -> float:
     """The bias part of e'(q): c_out beta per position (halved by a ReLU)."""
     return (0.5 if relu else 1.0) * m.c_out * m.bias_var
+
+
+# --------------------------------------------------------------------------------------------
+# any elementwise activation (a traced model, sigprop/kinds/module.py; docs/theory.md §13)
+# --------------------------------------------------------------------------------------------
+#: the quadrature of an activation's moments: Gauss-Legendre on [-T, k] and [k, T] standard
+#: deviations, split at the kink k where z = 0 (ReLU, leaky ReLU, ELU, hardtanh's centre), so a
+#: piecewise-smooth phi is integrated at full order on each side (plain Gauss-Hermite converges
+#: only as a power of the node count across a kink: 5e-3 relative for ReLU's mean at 80 nodes);
+#: the Gaussian mass beyond T = 12 sd is 4e-33
+QUAD_NODES, QUAD_SPAN = 128, 12.0
+
+
+@functools.lru_cache(maxsize=None)
+def _legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.polynomial.legendre.leggauss(n)
+
+
+def activation_moments(phi, dphi, mean: float, second: float) -> tuple[float, float, float]:
+    """For z ~ N(mean, second - mean^2): (E[phi(z)], E[phi(z)^2], E[phi'(z)^2]), the mean-field
+    map of an elementwise activation (Poole et al. 2016, eq. 3; for ReLU at mean 0: E[phi^2] =
+    q/2, E[phi'^2] = 1/2).  ``phi``, ``dphi``: float64 numpy functions.  Gauss-Legendre in the
+    standardised variable on both sides of the kink (``QUAD_NODES``, ``QUAD_SPAN``)."""
+    var = max(second - mean * mean, 0.0)
+    sd = math.sqrt(var)
+    if sd == 0.0:
+        x = np.array([mean])
+        f, d = phi(x), dphi(x)
+        return float(f[0]), float(f[0] ** 2), float(d[0] ** 2)
+    kink = min(max(-mean / sd, -QUAD_SPAN), QUAD_SPAN)
+    t, w = _legendre(QUAD_NODES)
+    xs, ws = [], []
+    for lo, hi in ((-QUAD_SPAN, kink), (kink, QUAD_SPAN)):
+        if hi > lo:
+            xs.append(0.5 * (hi - lo) * t + 0.5 * (hi + lo))
+            ws.append(0.5 * (hi - lo) * w)
+    xi, wi = np.concatenate(xs), np.concatenate(ws)
+    wi = wi * np.exp(-0.5 * xi * xi) / math.sqrt(2.0 * math.pi)
+    x = mean + sd * xi
+    f, d = phi(x), dphi(x)
+    return float(wi @ f), float(wi @ (f * f)), float(wi @ (d * d))

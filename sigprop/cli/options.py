@@ -391,6 +391,10 @@ def _annotated(o: kinds.Opt, prefix: str):
     decl = f"{o.cli_flag}/{o.off}" if o.type is bool and o.off else o.cli_flag
     help_ = o.help + (f" [default: {o.shown}]" if o.shown else "")
     extra = {"min": o.min} if o.min is not None else {}
+    if o.positional:  # a required argument (sigprop module TARGET)
+        return Annotated[base, Argument(help=o.help, show_default=False)], inspect.Parameter.empty
+    if o.repeat:
+        return Annotated[Optional[list[base]], Option(decl, help=help_, **extra)], None
     annotation = Optional[base] if o.default is None else base
     default = base(o.default) if o.choices and o.default is not None else o.default
     return Annotated[annotation, Option(decl, help=help_, **extra)], default
@@ -398,14 +402,15 @@ def _annotated(o: kinds.Opt, prefix: str):
 
 def init_choices(kind: kinds.Kind):
     """The ``--init`` choices of a kind: the registry's inits defined for what the net provides."""
-    return enum.Enum(f"{kind.name}_init", {n: n for n in inits.names(kind.provides)}, type=str)
+    offered = [n for n in inits.names(kind.provides) if n not in kind.excluded_inits]
+    return enum.Enum(f"{kind.name}_init", {n: n for n in offered}, type=str)
 
 
 def kind_parameters(kind: kinds.Kind) -> list[inspect.Parameter]:
     """A kind's own options (sigprop/kinds/: ``Kind.options``) and its ``--init`` as typer
     parameters, in the order the kind declares them."""
     out = []
-    for o in kind.options:
+    for o in (o for o in kind.options if o.cli):
         annotation, default = _annotated(o, kind.name)
         out.append(
             inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
@@ -419,7 +424,7 @@ def kind_values(kind: kinds.Kind, kw: dict) -> tuple[dict, tuple[str, ...] | Non
     """The option values a command got (the ones given or defaulted; enum members as their
     values) and the init names (None: the kind's defaults), taken out of ``kw``."""
     values = {}
-    for o in kind.options:
+    for o in (o for o in kind.options if o.cli):
         v = kw.pop(o.name)
         if v is not None:
             values[o.name] = v.value if isinstance(v, enum.Enum) else v

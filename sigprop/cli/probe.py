@@ -120,7 +120,7 @@ def register(app: typer.Typer) -> None:
         )
     hessian_app = typer.Typer(help=HESSIAN_HELP, no_args_is_help=True)
     app.add_typer(hessian_app, name="hessian")
-    for kind in kinds.KINDS.values():
+    for kind in (k for k in kinds.KINDS.values() if k.curvature):
         hessian_app.command(
             kind.name,
             help=escape(

@@ -60,7 +60,8 @@ def env() -> None:
 def _sweep_parameters() -> list[inspect.Parameter]:
     """``sigprop sweep``'s options: the kind (an argument), the size axis of every kind
     (``Kind.sweep_size``: --depth, --blocks), the widths, the inits and the probe's options."""
-    arch = enum.Enum("sweep_kind", {n: n for n in kinds.names()}, type=str)
+    swept = [k for k in kinds.KINDS.values() if k.sweeps]
+    arch = enum.Enum("sweep_kind", {k.name: k.name for k in swept}, type=str)
     P = lambda name, annotation, default: inspect.Parameter(
         name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
     )
@@ -68,7 +69,7 @@ def _sweep_parameters() -> list[inspect.Parameter]:
         inspect.Parameter(
             "arch",
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            annotation=Annotated[arch, Argument(help=f"The net kind: {', '.join(kinds.names())}.")],
+            annotation=Annotated[arch, Argument(help=f"The net kind: {', '.join(k.name for k in swept)}.")],
         ),
         P(
             "out",
@@ -81,8 +82,8 @@ def _sweep_parameters() -> list[inspect.Parameter]:
             inspect.Parameter.empty,
         ),
     ]
-    for size in dict.fromkeys(k.sweep_size for k in kinds.KINDS.values()):
-        which = [k for k in kinds.KINDS.values() if k.sweep_size == size]
+    for size in dict.fromkeys(k.sweep_size for k in swept):
+        which = [k for k in swept if k.sweep_size == size]
         defaults = "; ".join(f"{k.name} {k.sweep_sizes}" for k in which)
         out.append(
             P(
@@ -97,9 +98,9 @@ def _sweep_parameters() -> list[inspect.Parameter]:
                 None,
             )
         )
-    widths = "; ".join(f"{k.name}: {k.sweep_width_help}" for k in kinds.KINDS.values())
-    defaults = "; ".join(f"{k.name} {k.sweep_widths}" for k in kinds.KINDS.values())
-    with_input = [k.name for k in kinds.KINDS.values() if k.sweep_input_dim]
+    widths = "; ".join(f"{k.name}: {k.sweep_width_help}" for k in swept)
+    defaults = "; ".join(f"{k.name} {k.sweep_widths}" for k in swept)
+    with_input = [k.name for k in swept if k.sweep_input_dim]
     out += [
         P(
             "width",

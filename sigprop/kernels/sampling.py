@@ -232,6 +232,11 @@ def _delta_orthogonal(role, gen, device, dtype):
     return _const_gain(v, math.sqrt(inits.proposed_gain_sq(role)))
 
 
+@sampler("as-is")
+def _as_is(role, gen, device, dtype):
+    raise SigpropError("init 'as-is' keeps a model's own weights: there is nothing to draw", field="init")
+
+
 @sampler("stage-hanin")
 def _stage_hanin(role, gen, device, dtype):
     return _const_gain(

@@ -12,7 +12,7 @@ one -- a test's deep linear net, later the user's own module -- needs no other f
 
 from __future__ import annotations
 
-from sigprop.kinds import cnn, mlp, resnet, wrn
+from sigprop.kinds import cnn, mlp, module, resnet, wrn
 from sigprop.kinds.base import (
     KINDS,
     Hints,
@@ -29,7 +29,7 @@ from sigprop.kinds.base import (
 
 #: the kinds register themselves on import (``base.register``); the CLI lists them in the order
 #: the paper introduces its nets
-for _kind in (mlp.MLP, resnet.ResNet, cnn.CNN, wrn.WRN):
+for _kind in (mlp.MLP, resnet.ResNet, cnn.CNN, wrn.WRN, module.ModuleKind):
     KINDS[_kind.name] = KINDS.pop(_kind.name)
 
 __all__ = [

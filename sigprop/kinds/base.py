@@ -33,9 +33,17 @@ class Opt:
     shown: str | None = None
     #: the TOML/JSON types it takes (default: ``type``; a width may be 256 or "150:250")
     toml: tuple = ()
+    #: the CLI takes it as an argument (``sigprop module TARGET``), not a flag
+    positional: bool = False
+    #: the CLI flag may repeat (``--arg a=1 --arg b=2``): the value is a tuple
+    repeat: bool = False
+    #: False: an API keyword only (``model=``: a Python object no command line can name)
+    cli: bool = True
 
     @property
     def cli_flag(self) -> str:
+        if self.positional:  # an argument: messages name it as the usage line does
+            return self.name.upper()
         return self.flag or "--" + self.name.replace("_", "-")
 
 
@@ -46,7 +54,8 @@ class Hints:
     columns; stage bands); ``width``: the width column's label; ``row``: the first column's;
     ``footer``: the line under the tables; ``x``, ``forward``, ``backward``: the figure's axis
     labels (matplotlib mathtext); ``units``: what a row counts in notes ("layers", "blocks");
-    ``energy``: the prediction is the energy-map RMS (conv nets: drawn dotted as such)."""
+    ``energy``: the prediction is the energy-map RMS (conv nets: drawn dotted as such); ``names``:
+    the rows have names (``LayerRecord.name``), which the table and the figure show."""
 
     width: str = "n_l"
     row: str = "layer"
@@ -57,6 +66,8 @@ class Hints:
     backward: str = r"$\|\partial\ell/\partial a^l\| \,/\, \|\partial\ell/\partial a^L\|$"
     units: str = "layers"
     energy: bool = False
+    #: rows carry names (a model's sites: ``layer3.4``), shown beside the index
+    names: bool = False
 
 
 class Kind:
@@ -76,6 +87,9 @@ class Kind:
     default_inits: ClassVar[tuple[str, ...] | None] = None
     #: the structures inits may need that this net has (sigprop/inits.py: "blocks", "taps")
     provides: ClassVar[frozenset] = frozenset()
+    #: inits defined for what it provides that it still does not offer (a model: datadep, which
+    #: would calibrate on a batch inside a forward sigprop does not own)
+    excluded_inits: ClassVar[frozenset] = frozenset()
     #: the command's own probe defaults (e.g. fewer samples for a conv net)
     probe_defaults: ClassVar[dict] = {}
     hints: ClassVar[Hints] = Hints()
@@ -92,6 +106,12 @@ class Kind:
     sweep_input_dim: ClassVar[bool] = False
     #: the default ``--band`` in words (the CLI's help)
     band_help: ClassVar[str] = "0.1:10 around the reference"
+    #: what measures it: "plan" (sigprop's walker over the kind's plan) or "model" (autograd on
+    #: a torch.nn.Module the spec builds: sigprop/kernels/modules.py)
+    engine: ClassVar[str] = "plan"
+    #: ``sigprop sweep`` and ``sigprop hessian`` take this kind (False: not yet, for a model)
+    sweeps: ClassVar[bool] = True
+    curvature: ClassVar[bool] = True
 
     # -- specs -------------------------------------------------------------------------------
     def make(self, values: dict, inits_: tuple[str, ...] | None) -> Any:

@@ -97,6 +97,13 @@ COMMANDS = {
         ),
         **COMMON,
     },
+    "module": {
+        "--arg": st.sampled_from(["depth=2", "depth=0", "width=3", "depth", "=1", "x=(", "pretrained=True"]),
+        "--input-shape": st.sampled_from(["4", "3", "0", "4,4", "a", "", "-1"]),
+        "--sites": st.sampled_from(["auto", "leaves", "0,1", "1.*", "nope", ""]),
+        "--init": st.sampled_from(["as-is", "proposed", "he", "datadep", "skipinit", "nope"]),
+        **COMMON,
+    },
     "wrn": {
         "--blocks": st.sampled_from(["1", "2", "0", "x", "1000000000"]),
         "--widen": st.sampled_from(["1", "2", "0", "y"]),
@@ -196,6 +203,11 @@ def argv(draw):
     args = [cmd]
     if cmd == "sweep":
         args.append(draw(st.sampled_from(["mlp", "resnet", "cnn", "wrn", ""])))
+    if cmd == "module":  # a model file _prepare writes, or a target that is not one
+        args.append(
+            draw(st.sampled_from(["net.py:mlp", "net.py:mlp", "net.py:nope", "nope:x", "net.py", ""]))
+        )
+        args += ["--input-shape", "4", "--samples", "4"]
     if cmd == "wrn":
         # small maps unless the draw sets --image again (the last one counts): the default net is
         # 4 inits x 100 samples
@@ -246,6 +258,11 @@ def argv(draw):
 
 def _prepare(tmp: Path, toml: str) -> None:
     (tmp / "FILE").write_text(toml, encoding="utf-8", errors="surrogateescape")
+    (tmp / "net.py").write_text(
+        "import torch.nn as nn\n"
+        "def mlp(depth=3, width=4):\n"
+        "    return nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(4, 4), nn.ReLU())])\n"
+    )
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -84,7 +84,7 @@ def test_prediction_representable_at_depth_3000():
 
 def test_every_init_has_prediction_or_declares_none():
     widths = [100, 80, 120, 90]
-    for scheme in inits.INITS.values():
+    for scheme in (s for s in inits.INITS.values() if inits.MODEL not in s.needs):  # as-is: a model's
         pred = plans.predict(mlp.steps(widths), scheme)
         if scheme.moments is not None:
             assert pred.ln_forward is not None and pred.ln_backward is not None

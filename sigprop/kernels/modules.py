@@ -1,0 +1,601 @@
+"""The user's own ``nn.Module`` (torch): build a draw, apply an init scheme to it (``init_``),
+measure its sites with autograd, and trace it (``torch.fx``) into the graph of moment maps that
+``plans.predict_graph`` composes.
+
+Per sample and site the forward ratio is rms(h_site)/rms(x) and the backward ratio
+rms(dl/dh_site)/rms(dl/dy) for l = <e, y> with a random error e at the output: norms per element
+(rms = ||.||/sqrt(numel)), so that a site of another size than the input reads as the per-unit
+scale (docs/theory.md §13).  The probe runs the model in training mode (batch norm normalises
+over the probe batch, as at the first step of training) with dropout off (identity: the signal
+at init, not the noise of a mask), in-place activations out of place (a hook would lose the
+site they overwrite), and the weights needing no gradient (only the states' gradients are
+read: the autograd floor of benchmarks/floor.py).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import math
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.fx.passes.shape_prop import ShapeProp
+
+from sigprop import inits, plans, specs
+from sigprop.errors import SigpropError
+from sigprop.kernels import sampling
+
+#: elementwise activations the trace maps by Gauss-Hermite quadrature (module classes, functions,
+#: tensor methods)
+ACTIVATION_MODULES = (
+    nn.ReLU,
+    nn.LeakyReLU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.ELU,
+    nn.Softplus,
+    nn.Mish,
+    nn.Hardtanh,
+    nn.ReLU6,
+)
+ACTIVATION_FUNCTIONS = {
+    torch.relu: torch.relu,
+    F.relu: F.relu,
+    F.gelu: F.gelu,
+    F.silu: F.silu,
+    torch.tanh: torch.tanh,
+    torch.sigmoid: torch.sigmoid,
+    F.leaky_relu: F.leaky_relu,
+    F.elu: F.elu,
+}
+ACTIVATION_METHODS = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+#: modules and calls that leave every element as it is at init (the per-element moments pass)
+IDENTITY_MODULES = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Flatten)
+IDENTITY_FUNCTIONS = (torch.flatten, torch.reshape, F.dropout)
+IDENTITY_METHODS = (
+    "view",
+    "reshape",
+    "flatten",
+    "contiguous",
+    "permute",
+    "transpose",
+    "squeeze",
+    "unsqueeze",
+)
+NORM_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+DENSE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+# --------------------------------------------------------------------------------------------
+# a draw of the model, and what a probe changes in it
+# --------------------------------------------------------------------------------------------
+def build(factory, seed: int, draw: int) -> nn.Module:
+    """Draw ``draw`` of the model: ``factory()`` under torch's global generator seeded from (seed,
+    draw), the caller's generator state restored after (a run reproduces, and ``rerun`` too)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(specs.derive_seed(seed, specs.STREAM_MODEL, draw))
+        try:
+            model = factory()
+        except SigpropError:
+            raise
+        except Exception as exc:  # the user's code: its error in one line, named
+            raise SigpropError(
+                f"the model factory raised {type(exc).__name__}: {_first_line(exc)}", field="target"
+            ) from None
+    if not isinstance(model, nn.Module):
+        raise SigpropError(
+            f"the model factory returned a {type(model).__name__}, not a torch.nn.Module", field="target"
+        )
+    return model
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def prepare(model: nn.Module, device, dtype) -> nn.Module:
+    """The model as a probe runs it: on ``device`` in ``dtype``, training mode with dropout off,
+    in-place activations out of place, and the weights needing no gradient."""
+    model = model.to(device=device, dtype=dtype)
+    model.train()
+    for m in model.modules():
+        if isinstance(m, (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)):
+            m.eval()
+        if getattr(m, "inplace", False) is True:
+            m.inplace = False
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def output_tensor(y, where: str = "the model's output"):
+    """The tensor a probe reads from a forward's result: the tensor itself, the first tensor of
+    a tuple or list, or of a dict's values (Hugging Face's ModelOutput is one)."""
+    if isinstance(y, torch.Tensor):
+        t = y
+    elif isinstance(y, (tuple, list)):
+        t = next((v for v in y if isinstance(v, torch.Tensor)), None)
+    elif isinstance(y, dict) or hasattr(y, "values"):
+        t = next((v for v in y.values() if isinstance(v, torch.Tensor)), None)
+    else:
+        t = None
+    if t is None:
+        raise SigpropError(f"{where} holds no tensor (got a {type(y).__name__})", field="target")
+    if not t.is_floating_point():
+        raise SigpropError(f"{where} is a {t.dtype} tensor: the probe needs floating outputs", field="target")
+    return t
+
+
+# --------------------------------------------------------------------------------------------
+# sites
+# --------------------------------------------------------------------------------------------
+def auto_sites(model: nn.Module) -> list[str]:
+    """The default sites: the outputs of the model's top-level blocks (descending while a module
+    has a single child that has children), where a block without parameters (an activation, a
+    pooling, a dropout) stands for the block before it: it replaces that block's site (so an
+    MLP's sites are its post-activation states)."""
+    prefix, module = "", model
+    while len(list(module.named_children())) == 1 and list(next(iter(module.children())).children()):
+        name, module = next(iter(module.named_children()))
+        prefix = f"{prefix}{name}."
+    sites: list[str] = []
+    for name, child in module.named_children():
+        has_params = any(True for _ in child.parameters())
+        if not has_params and sites:
+            sites[-1] = prefix + name
+        else:
+            sites.append(prefix + name)
+    return sites
+
+
+def resolve_sites(model: nn.Module, sites: str) -> list[str]:
+    """``auto`` (``auto_sites``), ``leaves`` (every leaf module), or a comma list of module
+    paths and fnmatch patterns (``layer3.*``); a name that matches nothing is refused with the
+    closest path."""
+    names = [n for n, _ in model.named_modules() if n]
+    if sites == "auto":
+        out = auto_sites(model)
+    elif sites == "leaves":
+        out = [n for n, m in model.named_modules() if n and not list(m.children())]
+    else:
+        out = []
+        for pat in (s.strip() for s in sites.split(",")):
+            hit = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+            if not hit:
+                close = difflib.get_close_matches(pat, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise SigpropError(f"site {pat!r} matches no module of the model{hint}", field="sites")
+            out += [n for n in hit if n not in out]
+    if not out:
+        raise SigpropError("the model has no submodule to measure: name sites with --sites", field="sites")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# measuring one draw
+# --------------------------------------------------------------------------------------------
+def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str]):
+    """ln of the forward and backward per-element RMS ratios at every site, per sample: two
+    float64 arrays [E, N]; and each site's units per sample.  The error e at the output is drawn from
+    ``e_seed`` (the same for every init and draw)."""
+    modules = dict(model.named_modules())
+    N = x.shape[0]
+    fwd: dict[str, torch.Tensor] = {}
+    bwd: dict[str, torch.Tensor] = {}
+    numel: dict[str, int] = {}
+
+    def per_sample_ms(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().reshape(t.shape[0], -1).double().pow(2).mean(1)
+
+    def hook(name):
+        def fn(mod, args, out):
+            t = output_tensor(out, f"site {name!r}'s output")
+            if t.shape[0] != N:
+                raise SigpropError(
+                    f"site {name!r}'s output has {t.shape[0]} rows for {N} samples: not a per-sample state",
+                    field="sites",
+                )
+            fwd[name] = per_sample_ms(t)
+            numel[name] = t[0].numel()
+            if t.requires_grad:
+                t.register_hook(lambda g: bwd.__setitem__(name, per_sample_ms(g)))
+
+        return fn
+
+    handles = [modules[n].register_forward_hook(hook(n)) for n in sites]
+    try:
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            y = output_tensor(_call(model, x))
+            gen = torch.Generator(device=y.device).manual_seed(e_seed)
+            e = torch.randn(y.shape, generator=gen, device=y.device, dtype=y.dtype)
+            if y.requires_grad:
+                torch.autograd.backward(y, grad_tensors=e)
+    finally:
+        for h in handles:
+            h.remove()
+    ms_x, ms_e = per_sample_ms(x), per_sample_ms(e)
+    missing = [n for n in sites if n not in fwd]
+    if missing:
+        raise SigpropError(f"site {missing[0]!r} was not called by the model's forward", field="sites")
+    ln_f = torch.stack([0.5 * (fwd[n] / ms_x).log() for n in sites])
+    # a site the output's gradient never reaches has dl/dh = 0: ratio 0 (ln -inf), as a dead ReLU
+    zero = torch.full((N,), -math.inf, dtype=torch.float64, device=x.device)
+    ln_b = torch.stack([0.5 * (bwd[n] / ms_e).log() if n in bwd else zero for n in sites])
+    return ln_f.cpu().numpy(), ln_b.cpu().numpy(), [numel[n] for n in sites]
+
+
+def _call(model, x):
+    try:
+        return model(x)
+    except SigpropError:
+        raise
+    except Exception as exc:
+        raise SigpropError(
+            f"the model's forward on inputs of shape {tuple(x.shape[1:])} raised {type(exc).__name__}: "
+            f"{_first_line(exc)}",
+            field="input_shape",
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# the paper's init for any model
+# --------------------------------------------------------------------------------------------
+@dataclass
+class InitRecord:
+    """What ``init_`` did to one layer: its path, class, fan-in/out, its role in the net (relu,
+    block_last with its stage's block count, projection, linear), whether it is weight-normalized,
+    and whether it was set (``note``: why not)."""
+
+    name: str
+    kind: str
+    fan_in: int
+    fan_out: int
+    weight_norm: bool
+    set: bool
+    role: str = ""
+    blocks_in_stage: int = 1
+    note: str = ""
+
+
+def _wn_parts(m: nn.Module):
+    """(g, v) parameters of a weight-normalized layer (torch.nn.utils.parametrizations.weight_norm
+    or the older torch.nn.utils.weight_norm), or None."""
+    par = getattr(m, "parametrizations", None)
+    if par is not None and "weight" in par:
+        orig = par["weight"]
+        if hasattr(orig, "original0") and hasattr(orig, "original1"):
+            return orig.original0, orig.original1
+    if hasattr(m, "weight_g") and hasattr(m, "weight_v"):
+        return m.weight_g, m.weight_v
+    return None
+
+
+PASS_THROUGH = ("identity", "scale")
+
+
+def roles(model: nn.Module) -> tuple[dict[str, tuple[str, int, int]], str]:
+    """Each Linear/ConvNd's role as the paper's init reads it, from the model's fx graph:
+    {module path: (kind, blocks_in_stage, block_index)} with kind ``relu`` (an activation reads
+    its output, through norms), ``block_last`` (the last weight layer of a residual branch: the
+    side of an add that is not the skip), ``projection`` (a weight layer on the skip side) or
+    ``linear``; and why the graph could not be read ("" when it could).  A residual join is an
+    add of two states: the skip is the side the other descends from, or, for a projection
+    shortcut, the side with fewer weight layers since they parted.  Stages: consecutive joins,
+    a new one at every join whose skip has a weight layer (a projection) -- the ResNets of
+    Arpit et al. 2019, section 4, whose stages open with a projection; B is the stage's joins."""
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as exc:
+        return {}, f"torch.fx could not trace the model ({type(exc).__name__}: {_first_line(exc)})"
+    nodes = list(gm.graph.nodes)
+    kind_of: dict[fx.Node, str] = {}
+    for n in nodes:
+        if n.op == "call_module":
+            m = gm.get_submodule(n.target)
+            kind_of[n] = (
+                "dense"
+                if isinstance(m, DENSE_MODULES)
+                else "norm"
+                if isinstance(m, NORM_MODULES)
+                else "act"
+                if isinstance(m, ACTIVATION_MODULES)
+                else "identity"
+                if isinstance(m, IDENTITY_MODULES)
+                else "other"
+            )
+        elif n.op == "call_function" and n.target in ACTIVATION_FUNCTIONS:
+            kind_of[n] = "act"
+        elif n.op == "call_method" and n.target in ACTIVATION_METHODS:
+            kind_of[n] = "act"
+        elif (n.op == "call_function" and n.target in (operator.add, operator.iadd, torch.add)) or (
+            n.op == "call_method" and n.target in ("add", "add_")
+        ):
+            kind_of[n] = "add" if len(n.all_input_nodes) == 2 else "identity"
+        elif (
+            n.op == "call_function" and n.target in (operator.mul, torch.mul) and len(n.all_input_nodes) == 1
+        ):
+            kind_of[n] = "scale"
+        elif (n.op == "call_function" and n.target in IDENTITY_FUNCTIONS) or (
+            n.op == "call_method" and n.target in IDENTITY_METHODS
+        ):
+            kind_of[n] = "identity"
+        else:
+            kind_of[n] = "other"
+    ancestors: dict[fx.Node, set] = {}
+    for n in nodes:
+        a = {n}
+        for i in n.all_input_nodes:
+            a |= ancestors[i]
+        ancestors[n] = a
+    out: dict[str, tuple[str, int, int]] = {}
+    for n in nodes:  # relu or linear: what reads the layer's output (through norms and reshapes)
+        if kind_of[n] != "dense":
+            continue
+        frontier, role = list(n.users), "linear"
+        while frontier:
+            u = frontier.pop()
+            if kind_of[u] == "act":
+                role = "relu"
+                break
+            if kind_of[u] in ("norm", "identity", "scale"):
+                frontier += list(u.users)
+        out[n.target] = (role, 1, 0)
+
+    def last_dense(n):
+        while kind_of.get(n) in PASS_THROUGH:
+            n = n.all_input_nodes[0]
+        return n if kind_of.get(n) == "dense" else None
+
+    joins = []
+    for n in nodes:
+        if kind_of[n] != "add":
+            continue
+        a, b = n.all_input_nodes
+        if a in ancestors[b]:
+            skip, branch = a, b
+        elif b in ancestors[a]:
+            skip, branch = b, a
+        else:
+            common = ancestors[a] & ancestors[b]
+            count = lambda x: sum(1 for k in ancestors[x] - common if kind_of[k] == "dense")
+            skip, branch = (a, b) if count(a) <= count(b) else (b, a)
+            common = ancestors[a] & ancestors[b]
+            for k in ancestors[skip] - common:
+                if kind_of[k] == "dense":
+                    out[k.target] = ("projection", 1, 0)
+        projected = skip not in ancestors[branch]
+        joins.append((last_dense(branch), projected))
+    stages: list[list] = []
+    for last, projected in joins:
+        if projected or not stages:
+            stages.append([])
+        stages[-1].append(last)
+    for stage in stages:
+        for i, last in enumerate(stage):
+            if last is not None:
+                out[last.target] = ("block_last", len(stage), i)
+    return out, ""
+
+
+def init_(
+    model: nn.Module,
+    scheme,
+    seed: int = 0,
+    draw: int = 0,
+    wn: bool = False,
+    blocks: dict | None = None,
+    roles_: dict | None = None,
+) -> list[InitRecord]:
+    """Apply the init scheme ``scheme`` (a name or an ``inits.InitScheme``) to every Linear and
+    ConvNd of ``model`` (Arpit et al. 2019's schemes and their baselines), each layer's weights
+    drawn by sigprop's own sampler for that scheme (sigprop/kernels/sampling.py) with the layer
+    generator (seed, draw, index in module order): the same numbers sigprop's own nets draw for a
+    layer of that shape and role.  Fans are c_in k^2 and c_out (the paper's footnote 3); the role
+    comes from the model's graph (``roles``): a layer read by an activation is a ReLU layer
+    (g^2 = 2 fan_in/fan_out for ``proposed``), the last weight layer of a residual branch gets
+    1/B of its stage's B blocks (section 4), a projection shortcut and a layer read by nothing
+    nonlinear gain 1. ``blocks``: {module path of a branch's last layer: B} overrides the B the graph
+    gives; ``roles_``: {module path: "relu" | "linear" | "projection"} the role. A weight-normalized
+    layer gets g and v; a plain one w = g v/||v|| (``wn=True`` adds weight normalization first).
+    Returns what it did per layer; a layer it does not understand (grouped convs, other weights) is
+    left as it is, named."""
+    if isinstance(scheme, str):
+        scheme = inits.get(scheme, frozenset({"taps"}), "a model")
+    if scheme.name == "as-is":
+        return []
+    if scheme.standardizes:
+        raise SigpropError(
+            f"init {scheme.name!r} calibrates on a batch: not available for a model yet", field="init"
+        )
+    found, why = roles(model)
+    records: list[InitRecord] = []
+    index = 0
+    for name, m in list(model.named_modules()):
+        if not isinstance(m, DENSE_MODULES):
+            w = getattr(m, "weight", None)
+            if isinstance(w, torch.Tensor) and w.dim() >= 2 and not list(m.children()):
+                if not isinstance(m, (nn.Embedding,) + NORM_MODULES):
+                    records.append(
+                        InitRecord(name, type(m).__name__, 0, 0, False, False, note="not understood")
+                    )
+            continue
+        if getattr(m, "groups", 1) != 1:
+            records.append(
+                InitRecord(name, type(m).__name__, 0, 0, False, False, note="grouped conv left as is")
+            )
+            continue
+        if wn and _wn_parts(m) is None:
+            torch.nn.utils.parametrizations.weight_norm(m)
+        parts = _wn_parts(m)
+        w = m.weight.detach()
+        shape = w.shape
+        fan_out, fan_in = shape[0], int(np.prod(shape[1:]))
+        taps = int(np.prod(shape[2:])) if w.dim() > 2 else 1
+        kind, B, b_index = found.get(name, ("relu", 1, 0))
+        if blocks and name in blocks:
+            kind, B = "block_last", int(blocks[name])
+        if roles_ and name in roles_:
+            kind = roles_[name]
+        index += 1
+        role = inits.LayerRole(
+            fan_in=fan_in, fan_out=fan_out, kind=kind, blocks_in_stage=B, block_index=b_index, taps=taps
+        )
+        gen = sampling.layer_generator(seed, draw, index, w.device)
+        p = sampling.sample(scheme, role, gen, w.device, w.dtype)  # as the walker draws in this dtype
+        with torch.no_grad():
+            v = p.v.reshape(shape).to(w.dtype)
+            row_scale = p.scale.reshape(-1, *([1] * (w.dim() - 1))).to(w.dtype)
+            if parts is not None and p.g is not None:
+                g_param, v_param = parts
+                v_param.copy_(v)
+                g_param.copy_(p.g.reshape(g_param.shape).to(w.dtype))
+            elif parts is not None:  # an unnormalised scheme on a WN layer: g = ||w|| keeps w
+                g_param, v_param = parts
+                v_param.copy_(v * row_scale)
+                g_param.copy_(v_param.reshape(fan_out, -1).norm(dim=1).reshape(g_param.shape))
+            else:
+                m.weight.copy_(v * row_scale)
+            if m.bias is not None:
+                m.bias.copy_(
+                    torch.zeros_like(m.bias) if p.bias is None else p.bias.reshape(m.bias.shape).to(w.dtype)
+                )
+        note = "" if name in found or not why else f"role not read ({why}): a ReLU layer assumed"
+        records.append(
+            InitRecord(name, type(m).__name__, fan_in, fan_out, parts is not None, True, kind, B, note)
+        )
+    return records
+
+
+# --------------------------------------------------------------------------------------------
+# the trace: the model as a graph of moment maps (plans.GraphNode)
+# --------------------------------------------------------------------------------------------
+def _numpy_fn(fn):
+    """A torch elementwise function as a float64 numpy function (for theory's quadrature)."""
+
+    def f(z: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return fn(torch.from_numpy(np.asarray(z, dtype=np.float64))).numpy()
+
+    def df(z: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.asarray(z, dtype=np.float64)).requires_grad_(True)
+        with torch.enable_grad():
+            (g,) = torch.autograd.grad(fn(t).sum(), t)
+        return g.numpy()
+
+    return f, df
+
+
+def _dense_node(m: nn.Module, shape_in, shape_out, name, inputs) -> plans.GraphNode:
+    w = m.weight.detach().double()
+    sq = float(w.pow(2).sum())
+    c_out = w.shape[0]
+    bias = 0.0 if m.bias is None else float(m.bias.detach().double().pow(2).sum()) / c_out
+    numel_in, numel_out = math.prod(shape_in), math.prod(shape_out)
+    return plans.GraphNode(
+        name,
+        "dense",
+        inputs,
+        forward=sq / c_out,
+        backward=sq * numel_out / (c_out * numel_in),
+        bias=bias,
+        width=c_out,
+    )
+
+
+def _norm_node(m: nn.Module, name, inputs) -> plans.GraphNode:
+    gamma = getattr(m, "weight", None)
+    beta = getattr(m, "bias", None)
+    g2 = 1.0 if gamma is None else float(gamma.detach().double().pow(2).mean())
+    b2 = 0.0 if beta is None else float(beta.detach().double().pow(2).mean())
+    return plans.GraphNode(name, "norm", inputs, forward=g2, bias=b2)
+
+
+def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
+    """The model's graph of moment maps and each site's node (None where the site is not in the
+    graph), or (None, None, why) when torch.fx cannot trace it."""
+    try:
+        gm = fx.symbolic_trace(model)
+        ShapeProp(gm).propagate(x)
+    except Exception as exc:
+        return None, None, f"torch.fx could not trace the model ({type(exc).__name__}: {_first_line(exc)})"
+    index: dict[fx.Node, int] = {}
+    nodes: list[plans.GraphNode] = []
+    last_in: dict[str, int] = {}  # a module path -> the last node inside it
+
+    def shape(n):
+        meta = n.meta.get("tensor_meta")
+        return tuple(meta.shape[1:]) if meta is not None and hasattr(meta, "shape") else None
+
+    for n in gm.graph.nodes:
+        tensor_inputs = tuple(
+            index[a] for a in n.all_input_nodes if a in index and nodes[index[a]].op != "const"
+        )
+        label = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+        node: plans.GraphNode
+        if n.op == "placeholder":
+            node = plans.GraphNode(n.name, "input", ())
+        elif n.op == "get_attr":
+            node = plans.GraphNode(n.name, "const", ())
+        elif n.op == "output":
+            node = plans.GraphNode(n.name, "output", tensor_inputs[:1])
+        elif n.op == "call_module":
+            m = gm.get_submodule(n.target)
+            if isinstance(m, DENSE_MODULES) and shape(n.args[0]) and shape(n):
+                node = _dense_node(m, shape(n.args[0]), shape(n), n.target, tensor_inputs)
+            elif isinstance(m, NORM_MODULES):
+                node = _norm_node(m, n.target, tensor_inputs)
+            elif isinstance(m, ACTIVATION_MODULES):
+                node = plans.GraphNode(n.target, "act", tensor_inputs, fn=_numpy_fn(m))
+            elif isinstance(m, IDENTITY_MODULES):
+                node = plans.GraphNode(n.target, "identity", tensor_inputs)
+            else:
+                node = plans.GraphNode(n.target, "unknown", tensor_inputs, why=type(m).__name__)
+        elif n.op == "call_function" and n.target in ACTIVATION_FUNCTIONS:
+            fn = ACTIVATION_FUNCTIONS[n.target]
+            kw = {k: v for k, v in n.kwargs.items() if k != "inplace"}
+            extra = [a for a in n.args[1:] if not isinstance(a, fx.Node)]
+            node = plans.GraphNode(label, "act", tensor_inputs, fn=_numpy_fn(lambda t: fn(t, *extra, **kw)))
+        elif n.op == "call_function" and n.target in IDENTITY_FUNCTIONS:
+            node = plans.GraphNode(label, "identity", tensor_inputs)
+        elif n.op == "call_method" and n.target in ACTIVATION_METHODS:
+            node = plans.GraphNode(label, "act", tensor_inputs, fn=_numpy_fn(ACTIVATION_METHODS[n.target]))
+        elif n.op == "call_method" and n.target in IDENTITY_METHODS:
+            node = plans.GraphNode(label, "identity", tensor_inputs)
+        elif (n.op == "call_function" and n.target in (operator.add, operator.iadd, torch.add)) or (
+            n.op == "call_method" and n.target in ("add", "add_")
+        ):
+            consts = [a for a in n.args if not isinstance(a, fx.Node)]
+            if len(tensor_inputs) == 2 and not n.kwargs:
+                node = plans.GraphNode(label, "add", tensor_inputs)
+            elif len(tensor_inputs) == 1 and all(c == 0 for c in consts):
+                node = plans.GraphNode(label, "identity", tensor_inputs)
+            else:
+                node = plans.GraphNode(label, "unknown", tensor_inputs, why=f"{label} with a constant")
+        elif (n.op == "call_function" and n.target in (operator.mul, operator.imul, torch.mul)) or (
+            n.op == "call_method" and n.target in ("mul", "mul_")
+        ):
+            consts = [a for a in n.args if isinstance(a, (int, float))]
+            if len(tensor_inputs) == 1 and len(consts) == 1:
+                node = plans.GraphNode(label, "scale", tensor_inputs, forward=float(consts[0]) ** 2)
+            else:
+                node = plans.GraphNode(label, "unknown", tensor_inputs, why="a product of two states")
+        else:
+            node = plans.GraphNode(label, "unknown", tensor_inputs, why=label)
+        index[n] = len(nodes)
+        nodes.append(node)
+        for path in (n.meta.get("nn_module_stack") or {}).keys():
+            last_in[path] = index[n]
+        if n.op == "call_module":
+            last_in[n.target] = index[n]
+    where = [last_in.get(s) for s in sites]
+    return nodes, where, ""

@@ -1,0 +1,348 @@
+"""The user's own network (``sigprop module TARGET``, ``sigprop.probe_module``): any
+``torch.nn.Module`` made by a factory, probed at chosen sites (the outputs of its top-level
+blocks by default) beside the theory of its traced graph.  No torch here: the driver builds,
+measures and traces the model (sigprop/run.py with sigprop/kernels/modules.py) because this kind
+says ``engine = "model"``; this file declares the spec, the options, and turns the measured
+arrays into rows and verdicts.
+
+Rows: the sites in the order the forward reaches them, each measured per element (rms over the
+site's units, docs/theory.md §13) relative to the input (forward) and to the output's error
+(backward)."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import difflib
+import importlib
+import importlib.util
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from sigprop import inits, specs, stats, theory
+from sigprop.errors import SigpropError
+from sigprop.kinds import base
+from sigprop.kinds.base import Hints, Kind, Memory, Opt
+from sigprop.results import Check, LayerRecord, RunResult
+
+#: the structure only a model provides: inits that keep or read its own weights (``as-is``)
+MODEL = inits.MODEL
+#: keyword arguments that would download weights: refused (a probe is of the init)
+DOWNLOADS = ("pretrained", "weights", "pretrained_model_name_or_path", "checkpoint")
+
+
+def parse_args(items) -> dict:
+    """``--arg name=value`` items as keyword arguments (values Python literals, else strings)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise SigpropError(f"expected name=value, got {item!r}", field="arg")
+        name, text = item.split("=", 1)
+        name = name.strip()
+        if not name.isidentifier():
+            raise SigpropError(f"{name!r} is not a keyword name", field="arg")
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = text.strip()
+        out[name] = value
+    for name, value in out.items():
+        if name.lower() in DOWNLOADS and value not in (None, False, "", 0):
+            raise SigpropError(
+                f"{name}={value!r} would load trained weights: sigprop probes a model at its random init",
+                field="arg",
+            )
+    return out
+
+
+def resolve_target(target: str) -> Callable:
+    """``package.module:callable`` or ``path/to/file.py:callable`` as the callable."""
+    if ":" not in target:
+        raise SigpropError(f"expected MODULE:CALLABLE or FILE.py:CALLABLE, got {target!r}", field="target")
+    where, name = target.rsplit(":", 1)
+    try:
+        if where.endswith(".py"):
+            if not os.path.isfile(where):
+                raise SigpropError(f"no file {where!r}", field="target")
+            spec = importlib.util.spec_from_file_location(f"_sigprop_user_{abs(hash(where))}", where)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod
+            spec.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(where)
+    except SigpropError:
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise SigpropError(
+            f"cannot import {where!r}: {type(exc).__name__}: {first}", field="target"
+        ) from None
+    obj = mod
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            have = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, have, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise SigpropError(f"{where!r} has no {part!r}{hint}", field="target")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise SigpropError(f"{target!r} is not callable", field="target")
+    return obj
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """The user's model: ``target`` (``MODULE:CALLABLE`` or ``FILE.py:CALLABLE``) called with
+    ``args``, or ``model`` (a module, or a zero-argument factory: the API); the input's
+    ``input_shape`` (no batch dim); the ``sites`` (``auto``, ``leaves`` or a comma list of module
+    paths and patterns); the ``inits`` (``as-is``: the model's own)."""
+
+    target: str | None = None
+    args: tuple[str, ...] = ()
+    input_shape: tuple[int, ...] | str = ()
+    sites: str = "auto"
+    inits: tuple[str, ...] = ("as-is",)
+    model: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.target is None and self.model is None:
+            raise SigpropError("name the model: TARGET (MODULE:CALLABLE) or model=", field="target")
+        shape = self.input_shape
+        if isinstance(shape, str):
+            try:
+                shape = tuple(int(s) for s in shape.replace("x", ",").split(",") if s.strip())
+            except ValueError:
+                raise SigpropError(
+                    f"expected sizes like 3,64,64, got {self.input_shape!r}", field="input_shape"
+                ) from None
+        shape = tuple(int(s) for s in shape)
+        if not shape:
+            raise SigpropError("give the input's shape without the batch, e.g. 3,64,64", field="input_shape")
+        for s in shape:
+            specs.check_size(s, "input_shape")
+        object.__setattr__(self, "input_shape", shape)
+        object.__setattr__(self, "args", tuple(self.args))
+        parse_args(self.args)
+        if not isinstance(self.sites, str) or not self.sites.strip():
+            raise SigpropError("auto, leaves, or a comma list of module names", field="sites")
+        base.init_tuple(self, ModuleKind.provides, ModuleKind.noun)
+        for name in self.inits:
+            if inits.INITS[name].standardizes:
+                raise SigpropError(
+                    f"init {name!r} calibrates on a batch: not available for a model yet", field="init"
+                )
+
+    def factory(self) -> Callable:
+        """A zero-argument callable that builds a fresh model (a module given as is is returned by
+        a factory that copies it, so a draw never changes the caller's object)."""
+        if self.model is not None:
+            if _is_factory(self.model):
+                return self.model
+            instance = self.model
+            return lambda: copy.deepcopy(instance)
+        fn, kwargs = resolve_target(self.target), parse_args(self.args)
+        return lambda: fn(**kwargs)
+
+    def reinitializes_one_instance(self) -> bool:
+        """A module instance (not a factory) keeps one set of own weights: ``as-is`` is one draw."""
+        return self.model is not None and not _is_factory(self.model)
+
+    def to_dict(self) -> dict:
+        return {
+            "target": self.target if self.target is not None else f"<{type(self.model).__name__} object>",
+            "args": list(self.args),
+            "input_shape": ",".join(str(s) for s in self.input_shape),
+            "sites": self.sites,
+            "inits": list(self.inits),
+        }
+
+
+def _is_factory(obj) -> bool:
+    """A callable that is not itself a module (an nn.Module is callable: its forward)."""
+    return callable(obj) and (isinstance(obj, type) or not hasattr(obj, "named_modules"))
+
+
+@dataclass
+class ModulePlan:
+    """What the trace found, filled in by the driver (the model is built only there): the sites'
+    names and units per sample (``entries``), the per-site spread of ln ratio forward and
+    backward, and the notes (which op ended the theory, why the trace failed)."""
+
+    sites: list[str] = field(default_factory=list)
+    entries: list[int] = field(default_factory=list)
+    spread_forward: list[float] = field(default_factory=list)
+    spread_backward: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    steps: tuple = ()
+
+    @property
+    def config(self) -> dict:
+        return {"site_names": list(self.sites), "theory_notes": list(self.notes)}
+
+
+def spreads(widths_before: list[list[int]], widths_after: list[list[int]]) -> tuple[list[float], list[float]]:
+    """Per site the variance of ln(ratio) across samples and draws that finite width allows: the
+    conv nets' envelope (kinds.cnn.variances, c = 5 per layer of c_out rows, docs/theory.md §11)
+    summed over the weight layers the signal passed, forward before the site, backward after it."""
+    per = theory.SPREAD_C_GAUSSIAN / 4.0
+    return (
+        [sum(per / w for w in ws if w > 0) for ws in widths_before],
+        [sum(per / w for w in ws if w > 0) for ws in widths_after],
+    )
+
+
+@base.register
+class ModuleKind(Kind):
+    name = "module"
+    summary = (
+        "Probe your own torch.nn.Module (TARGET = MODULE:CALLABLE or FILE.py:CALLABLE): per-site forward "
+        "and backward norm ratios beside its traced theory, with the model's own init or the paper's "
+        "(Arpit et al. 2019)."
+    )
+    spec = ModuleSpec
+    noun = "a model"
+    engine = "model"
+    sweeps = False
+    curvature = False
+    provides = frozenset({"taps", MODEL})
+    excluded_inits = frozenset({"datadep"})
+    fields = "samples/input_shape"
+    default_inits = ("as-is",)
+    init_help = "Init (repeatable): as-is keeps the model's own; the others are applied by sigprop.init_."
+    probe_defaults = {"samples": 64, "seeds": 1}
+    options = (
+        Opt("target", str, None, "The model: MODULE:CALLABLE or FILE.py:CALLABLE.", positional=True),
+        Opt(
+            "model",
+            object,
+            None,
+            "A torch.nn.Module, or a zero-argument factory of one (the API).",
+            cli=False,
+        ),
+        Opt(
+            "args",
+            str,
+            None,
+            "A keyword argument of the callable, name=value (a Python literal; repeatable).",
+            flag="--arg",
+            repeat=True,
+        ),
+        Opt("input_shape", str, None, "The input's shape without the batch, e.g. 3,64,64.", shown="required"),
+        Opt(
+            "sites",
+            str,
+            "auto",
+            "Where to measure: auto (the outputs of the top-level blocks), leaves (every leaf module), or "
+            "a comma list of module paths and patterns (layer3.*).",
+        ),
+    )
+    hints = Hints(
+        width="units",
+        row="site",
+        footer="mean ± std over samples of rms(h_site)/rms(x) (forward) and rms(dl/dh_site)/rms(dl/dy) "
+        "(backward), per element; theory = the traced graph's moment maps (rms); · = no map on the way",
+        x="site",
+        forward=r"$\mathrm{rms}(h) \,/\, \mathrm{rms}(x)$",
+        backward=r"$\mathrm{rms}(\partial\ell/\partial h) \,/\, \mathrm{rms}(\partial\ell/\partial y)$",
+        units="sites",
+        energy=True,
+        names=True,
+    )
+    band_help = "0.1:10 around the input's per-element scale"
+    sweep_size = "args"
+
+    def make(self, values: dict, inits_) -> ModuleSpec:
+        v = dict(values)
+        if v.get("args") is None:
+            v.pop("args", None)
+        elif isinstance(v["args"], dict):
+            v["args"] = tuple(f"{k}={val!r}" for k, val in v["args"].items())
+        if v.get("input_shape") is None:
+            v.pop("input_shape", None)
+        return ModuleSpec(**v, inits=("as-is",) if inits_ is None else inits_)
+
+    def sweep_spec(self, size, width, init, input_dim):
+        raise SigpropError("sweep a model with --arg name=a,b,c (not yet)", field="command")
+
+    def banner(self, spec) -> str:
+        what = spec.target or type(spec.model).__name__
+        args = (" " + " ".join(spec.args)) if spec.args else ""
+        return f"{what}{args}, input {'x'.join(map(str, spec.input_shape))}, sites {spec.sites}"
+
+    def describe(self, config: dict) -> str:
+        return f"{config.get('target')}, input {config.get('input_shape')}"
+
+    def spreads(self, before, after) -> tuple[list[float], list[float]]:
+        return spreads(before, after)
+
+    def plan(self, spec, seed: int) -> ModulePlan:
+        return ModulePlan()
+
+    def memory(self, spec, probe, itemsize, free, check) -> Memory:
+        bound = probe.samples * math.prod(spec.input_shape) * itemsize * 4
+        check(bound, self.fields)
+        return Memory(ModulePlan(), bound, False, self.fields)
+
+    def graphs(self, spec) -> bool:
+        return False
+
+    def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
+        """Per site the measured ratios beside the traced prediction (the RMS over draws of each
+        draw's composed moment maps, ``plans.predict_graph``) with the conv nets' finite-width
+        band; verdicts as the conv nets': ``preserved`` -- the typical forward ratio at the last
+        site and backward ratio at the first inside ``gate.band`` around 1 (per element: the
+        input's scale); ``theory`` -- the same inside the prediction's band (not testable where
+        no map reaches)."""
+        E = len(plan.sites)
+        pf = _rms_over_draws(arrays["pred_fwd"])
+        pb = _rms_over_draws(arrays["pred_bwd"])
+        rounding = stats.rounding_ln(probe.dtype, E)
+        layers = []
+        for i in range(E):
+            f = stats.ratio_stats(arrays["fwd"][:, i, :])
+            b = stats.ratio_stats(arrays["bwd"][:, i, :])
+            stats.attach_prediction(f, pf[i], plan.spread_forward[i], rounding=rounding)
+            stats.attach_prediction(b, pb[i], plan.spread_backward[i], rounding=rounding)
+            layers.append(
+                LayerRecord(index=i + 1, width=plan.entries[i], forward=f, backward=b, name=plan.sites[i])
+            )
+        band = gate.band or specs.DECADE_BAND
+        checks, own = [], []
+        named = (
+            (f"forward ratio at site {plan.sites[-1]}", layers[-1].forward, pf[-1], plan.spread_forward[-1]),
+            (f"backward ratio at site {plan.sites[0]}", layers[0].backward, pb[0], plan.spread_backward[0]),
+        )
+        for cname, st, p, var in named:
+            c = stats.gate(cname, "preserved", st, math.log(band[0]), math.log(band[1]))
+            if not c.passed and st.dead_fraction > 0:
+                c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
+            checks.append(c)
+            if p is None:
+                why = plan.notes[0] if plan.notes else stats.NO_CLOSED_FORM
+                own.append(Check(cname, False, st.log10_mean, math.nan, math.nan, "theory", why))
+                continue
+            t = stats.gate(cname, "theory", st, *theory.log_band(p, var, z))
+            if not t.passed:
+                t.note = f"the traced theory predicts a typical ratio of {stats.fmt((p - var) / stats.LN10)}"
+            own.append(t)
+        return RunResult(
+            init=name,
+            widths=list(plan.entries),
+            layers=layers,
+            checks=checks + own,
+            description=scheme.description,
+            gate=gate.gate,
+        )
+
+
+def _rms_over_draws(ln_pred: np.ndarray) -> list[float | None]:
+    """Per site the ln of the RMS over draws of each draw's predicted RMS ratio (None: no map)."""
+    out: list[float | None] = []
+    for col in np.asarray(ln_pred, dtype=np.float64).T:
+        out.append(None if not np.all(np.isfinite(col)) else 0.5 * math.log(float(np.mean(np.exp(2 * col)))))
+    return out

@@ -1,0 +1,338 @@
+"""The user's own network (issue 29): ``sigprop.probe_module`` / ``sigprop module`` on small
+hand-written models -- the oracle (sigprop's MLP rebuilt as an nn.Module with the same weights
+measures the walker's numbers), the traced theory against the closed forms, the paper's init
+applied by ``sigprop.init_`` (a WN ResNet then holds the [sqrt 2, sqrt e] band), models the
+theory cannot follow, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from torch.nn.utils.parametrizations import weight_norm
+
+import sigprop
+from sigprop import api, plans, theory
+from sigprop.cli import main
+from sigprop.errors import SigpropError
+from sigprop.kernels import modules
+
+
+def mlp(depth: int = 6, width: int = 64, d: int = 48) -> nn.Sequential:
+    layers, n = [], d
+    for _ in range(depth):
+        layers += [nn.Linear(n, width, bias=False), nn.ReLU()]
+        n = width
+    return nn.Sequential(*layers)
+
+
+class Block(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv1 = weight_norm(nn.Conv2d(c, c, 3, padding=1))
+        self.conv2 = weight_norm(nn.Conv2d(c, c, 3, padding=1))
+
+    def forward(self, x):
+        return x + self.conv2(torch.relu(self.conv1(x)))
+
+
+def wn_resnet(blocks: int = 8, channels: int = 32) -> nn.Sequential:
+    return nn.Sequential(
+        weight_norm(nn.Conv2d(3, channels, 3, padding=1)), *[Block(channels) for _ in range(blocks)]
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the oracle: sigprop's MLP as a module measures what the walker measures
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("init", ["he", "proposed"])
+def test_mlp_as_a_module_measures_the_walkers_numbers(init):
+    """Same weights (``init_`` draws each layer with the walker's generator and sampler), same
+    inputs and errors: the forward ratio at each ReLU and the backward ratio at each Linear equal
+    the walker's, up to the per-element normalisation sqrt(n_0/n_l) (1 here: n_0 = n_l).  Float32
+    through 6 layers of width 64 by two different kernels (batched log-space against plain
+    matmuls): each layer rounds at most a few u = 6e-8 per element, so 1e-5 relative is 20 u per
+    layer of margin."""
+    d = w = 64
+    ref = sigprop.probe_mlp(depth=6, width=w, input_dim=d, inits=init, samples=40, seeds=2, device="cpu")
+    # the walker's error e is dl/da^L, at the last pre-activation: the module ends there, and
+    # its last layer keeps the walker's ReLU-layer gain (its role overridden); the factory draws
+    # the weights itself, draw after draw, and the probe keeps them (as-is)
+    draws = iter(range(2))
+
+    def factory():
+        m = mlp(6, w, d)[:-1]
+        modules.init_(m, init, seed=0, draw=next(draws), roles_={"10": "relu"})
+        return m
+
+    got = sigprop.probe_module(
+        model=factory, input_shape=(d,), inits="as-is", sites="leaves", samples=40, seeds=2, device="cpu"
+    )
+    r_ref, r_got = ref.runs[0], got.runs[0]
+    relus = [l for l in r_got.layers if int(l.name) % 2 == 1]
+    linears = [l for l in r_got.layers if int(l.name) % 2 == 0]
+    assert len(relus) == 5 and len(linears) == 6
+    for a, f in zip(r_ref.layers, relus):
+        assert f.forward.rms == pytest.approx(a.forward.rms, rel=1e-5)
+        assert f.forward.mean == pytest.approx(a.forward.mean, rel=1e-5)
+    for a, b in zip(r_ref.layers, linears):
+        assert b.backward.rms == pytest.approx(a.backward.rms, rel=1e-5)
+        assert b.backward.mean == pytest.approx(a.backward.mean, rel=1e-5)
+
+
+def test_traced_theory_of_an_mlp_is_the_closed_form():
+    """The composed moment maps of a traced WN MLP (``plans.predict_graph``) give the closed
+    form of docs/theory.md §3 for he (g = 1: each layer halves E||h||^2 per row norm 1) and for
+    proposed (norm preserved), per element; float64 rounding only."""
+    model = mlp(5, 32, 32).double()
+    x = torch.randn(16, 32, dtype=torch.float64)
+    for init, per_layer in (("he", 0.5 / 32), ("proposed", 1.0 / 32)):
+        modules.init_(model, init)
+        nodes, where, why = modules.trace(model, x, [str(i) for i in range(1, 10, 2)])
+        assert why == ""
+        pred = plans.predict_graph(nodes, 1.0)
+        for l, j in enumerate(where, start=1):
+            # per element: E||h^l||^2 / n_l with rows of squared norm g^2, ReLU halving
+            g2 = {"he": 1.0, "proposed": 2.0 * 32 / 32}[init]
+            assert pred.q[j] == pytest.approx((g2 / 2) ** l, rel=1e-12)
+        del per_layer
+
+
+def test_activation_moments_by_quadrature():
+    """ReLU: E[phi^2] = q/2, E[phi'^2] = 1/2, E[phi] = sqrt(q/(2 pi)) at mean 0, and with a mean
+    mu the rectified Gaussian's moments (closed forms in the normal cdf/pdf) -- to 1e-12, the
+    quadrature split at the kink; tanh against a 10^6-sample Monte Carlo (sd of the estimate
+    below 5e-4)."""
+    from scipy.stats import norm
+
+    relu = modules._numpy_fn(torch.relu)
+    m, q, d2 = theory.activation_moments(*relu, 0.0, 2.0)
+    assert (m, q, d2) == pytest.approx((math.sqrt(2.0 / (2 * math.pi)), 1.0, 0.5), rel=1e-12)
+    mu, s = 0.7, 1.3
+    a = mu / s
+    m, q, d2 = theory.activation_moments(*relu, mu, s * s + mu * mu)
+    assert m == pytest.approx(mu * norm.cdf(a) + s * norm.pdf(a), rel=1e-12)
+    assert q == pytest.approx((mu * mu + s * s) * norm.cdf(a) + mu * s * norm.pdf(a), rel=1e-12)
+    assert d2 == pytest.approx(norm.cdf(a), rel=1e-12)
+    z = np.random.default_rng(0).standard_normal(1_000_000) * math.sqrt(1.5)
+    m, q, d2 = theory.activation_moments(*modules._numpy_fn(torch.tanh), 0.0, 1.5)
+    assert q == pytest.approx(np.mean(np.tanh(z) ** 2), abs=3e-3)
+    assert d2 == pytest.approx(np.mean((1 - np.tanh(z) ** 2) ** 2), abs=3e-3)
+
+
+def test_gelu_layernorm_model_is_predicted():
+    """GELU and LayerNorm have maps: every site has a prediction and the measured RMS sits
+    within the finite-width band (the theory verdict)."""
+
+    def factory():
+        layers = []
+        for _ in range(4):
+            layers += [nn.Linear(96, 96), nn.LayerNorm(96), nn.GELU()]
+        return nn.Sequential(*layers)
+
+    r = sigprop.probe_module(model=factory, input_shape=(96,), samples=64, device="cpu", gate="theory")
+    run = r.runs[0]
+    assert all(l.forward.predicted is not None and l.backward.predicted is not None for l in run.layers)
+    assert run.agrees_with_theory
+    assert not r.config["theory_notes"]
+
+
+# --------------------------------------------------------------------------------------------
+# the paper's init for a user's model
+# --------------------------------------------------------------------------------------------
+def test_init_reads_residual_roles_from_the_graph():
+    recs = {r.name: r for r in modules.init_(wn_resnet(4), "proposed")}
+    assert recs["0"].role == "linear"
+    assert [recs[f"{b}.conv1"].role for b in range(1, 5)] == ["relu"] * 4
+    assert [(recs[f"{b}.conv2"].role, recs[f"{b}.conv2"].blocks_in_stage) for b in range(1, 5)] == [
+        ("block_last", 4)
+    ] * 4
+    assert all(r.weight_norm and r.set for r in recs.values())
+
+
+def test_proposed_init_holds_the_resnet_band_on_a_users_wn_resnet():
+    """Arpit et al. 2019, Theorem 3-4: with the branch's last layer at 1/B, the stage's
+    end-to-end ratio lies in [sqrt 2, sqrt e] -- measured on the user's module (rms of the last
+    block's output over the stem's, forward; first over last, backward), within the band's
+    finite-width allowance (64 channels: a 5% margin)."""
+    r = sigprop.probe_module(
+        model=lambda: wn_resnet(10, 64), input_shape=(3, 16, 16), inits="proposed", samples=32, device="cpu"
+    )
+    layers = r.runs[0].layers
+    fwd = layers[-1].forward.rms / layers[0].forward.rms
+    bwd = layers[0].backward.rms / layers[-1].backward.rms
+    for ratio in (fwd, bwd):
+        assert math.sqrt(2) / 1.05 <= ratio <= math.sqrt(math.e) * 1.05
+    # and without the 1/B (he: g = 1 on every layer) the stage grows past the band
+    he = (
+        sigprop.probe_module(
+            model=lambda: wn_resnet(10, 64), input_shape=(3, 16, 16), inits="he", samples=32, device="cpu"
+        )
+        .runs[0]
+        .layers
+    )
+    assert he[-1].forward.rms / he[0].forward.rms > 2 * math.sqrt(math.e)
+
+
+def test_init_adds_weight_norm_and_keeps_unnormalised_layers_plain():
+    model = mlp(3, 16, 16)
+    recs = modules.init_(model, "proposed", wn=True)
+    assert all(r.weight_norm for r in recs)
+    assert modules._wn_parts(model[0]) is not None
+    plain = mlp(3, 16, 16)
+    modules.init_(plain, "proposed")
+    row = plain[0].weight.detach().norm(dim=1)
+    assert torch.allclose(row, torch.full_like(row, math.sqrt(2.0)), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# what the theory cannot follow, and outputs of other shapes
+# --------------------------------------------------------------------------------------------
+class Untraceable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: torch.fx cannot trace it
+            return self.b(torch.relu(self.a(x)))
+        return self.b(torch.relu(self.a(x)))
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 16)
+        self.att = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.out = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.inp(x)
+        a, _ = self.att(h, h, h)
+        return (self.out(a), a)  # a tuple output: the first tensor is read
+
+
+def test_untraceable_model_is_measured_only_and_says_why():
+    r = sigprop.probe_module(model=Untraceable, input_shape=(16,), samples=16, device="cpu")
+    run = r.runs[0]
+    assert all(l.forward.predicted is None for l in run.layers)
+    assert any("could not trace" in n for n in r.config["theory_notes"])
+    assert all(l.forward.rms > 0 for l in run.layers)
+
+
+def test_unmapped_op_marks_the_rest_and_is_named_once():
+    r = sigprop.probe_module(model=Attention, input_shape=(5, 16), samples=8, device="cpu")
+    layers = {l.name: l for l in r.runs[0].layers}
+    assert layers["inp"].forward.predicted is not None
+    assert layers["out"].forward.predicted is None
+    assert len(r.config["theory_notes"]) == 1 and "MultiheadAttention" in r.config["theory_notes"][0]
+
+
+# --------------------------------------------------------------------------------------------
+# the CLI, the record, bad input
+# --------------------------------------------------------------------------------------------
+@pytest.fixture
+def nets_file(tmp_path):
+    path = tmp_path / "nets.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import torch.nn as nn
+
+            def mlp(depth=4, width=32, pretrained=False):
+                layers, n = [], 24
+                for _ in range(depth):
+                    layers += [nn.Linear(n, width), nn.ReLU()]
+                    n = width
+                return nn.Sequential(*layers)
+
+            def broken():
+                raise RuntimeError("no such layer")
+
+            def needs(x):
+                return nn.Linear(x, x)
+
+            def ints():
+                class M(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.lin = nn.Linear(5, 5)
+
+                    def forward(self, x):
+                        return self.lin(x).argmax(-1)
+                return M()
+            """
+        )
+    )
+    return path
+
+
+def test_cli_runs_checks_and_reruns(nets_file, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    target = f"{nets_file}:mlp"
+    argv = [
+        "module",
+        target,
+        "--arg",
+        "depth=5",
+        "--input-shape",
+        "24",
+        "--init",
+        "as-is",
+        "--init",
+        "proposed",
+    ]
+    assert main([*argv, "--samples", "16", "--format", "json", "--output", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["command"] == "module" and doc["config"]["args"] == ["depth=5"]
+    assert [l["site"] for l in doc["runs"][0]["layers"]] == ["1", "3", "5", "7", "9"]
+    assert main(["rerun", str(out)]) == 0
+    assert "identical" in capsys.readouterr().err
+    # he on a plain MLP halves the signal every layer
+    argv = ["module", target, "--arg", "depth=20", "--input-shape", "24", "--init", "he"]
+    assert main([*argv, "--samples", "8", "--check"]) == 1
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["{f}:broken", "--input-shape", "4"], "factory raised RuntimeError: no such layer"),
+        (["{f}:needs", "--input-shape", "4"], "factory raised TypeError"),
+        (["{f}:mlp", "--input-shape", "24", "--arg", "pretrained=True"], "--arg: pretrained=True would load"),
+        (["{f}:mlp", "--input-shape", "5"], "--input-shape: the model's forward on inputs of shape (5,)"),
+        (["{f}:ints", "--input-shape", "5"], "torch.int64 tensor"),
+        (["{f}:mlp", "--input-shape", "24", "--sites", "3,lauer"], "--sites: site 'lauer' matches no module"),
+        (["{f}:nope", "--input-shape", "24"], "has no 'nope'"),
+        (["{f}", "--input-shape", "24"], "expected MODULE:CALLABLE"),
+        (["{f}:mlp", "--input-shape", "a,b"], "--input-shape: expected sizes"),
+        (["{f}:mlp", "--input-shape", "24", "--arg", "depth"], "--arg: expected name=value"),
+        (["{f}:mlp", "--input-shape", "24", "--init", "datadep"], "--init"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(nets_file, argv, words, capsys):
+    code = main(["module", *[a.format(f=nets_file) for a in argv], "--samples", "4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and words in err[0], err
+
+
+def test_instance_with_several_as_is_draws_is_refused():
+    with pytest.raises(SigpropError, match="factory"):
+        sigprop.probe_module(model=mlp(2, 8, 8), input_shape=(8,), seeds=2, device="cpu")
+    # a named init re-draws the weights of a copy: several draws are fine, and the caller's
+    # module is not changed
+    m = mlp(2, 8, 8)
+    before = m[0].weight.detach().clone()
+    sigprop.probe_module(model=m, input_shape=(8,), inits="proposed", seeds=2, samples=4, device="cpu")
+    assert torch.equal(m[0].weight, before)
+
+
+def test_api_lists_probe_module_and_init():
+    assert "probe_module" in api.keyword_names()
+    assert sigprop.init_ is modules.init_
