@@ -296,6 +296,8 @@ def build_probe_figure(result):
             ax.set_title(title if r == 0 else f"{title.split(':')[0]}, zoom (linear axis)", fontsize=10)
             ax.grid(True, alpha=0.3)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if hints.names:  # rows with names (a model's sites): the names on the axis, thinned
+                _name_ticks(ax, result.runs[0].layers)
         row[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     if cosines:
         _draw_cosines(axes[-1 - bool(measured)], result, colours, xlabel)
@@ -314,6 +316,18 @@ def build_probe_figure(result):
     )
     fig.tight_layout()
     return fig
+
+
+#: at most this many site names on an axis (every k-th beyond it)
+MAX_NAME_TICKS = 24
+
+
+def _name_ticks(ax, layers) -> None:
+    """Row names (a model's module paths) as the x ticks, rotated; every k-th when there are many."""
+    step = max(1, -(-len(layers) // MAX_NAME_TICKS))
+    shown = layers[::step]
+    ax.set_xticks([r.index for r in shown])
+    ax.set_xticklabels([r.name or str(r.index) for r in shown], rotation=60, ha="right", fontsize=7)
 
 
 #: one line style per input cosine c0 in the correlation row (never "--": that is the theory's)

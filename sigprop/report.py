@@ -402,6 +402,8 @@ def render_table(result: ProbeResult, console: Console) -> None:
             console.print(line, highlight=False, soft_wrap=True)
     for note in result.config.get("theory_notes") or ():  # what the theory could not follow, said once
         console.print(f"[yellow]theory: {escape(note)}[/yellow]", soft_wrap=True)
+    for note in result.config.get("init_notes") or ():  # what an init could not set, said once
+        console.print(f"[yellow]{escape(note)}[/yellow]", soft_wrap=True)
     console.print(f"[dim]{escape(hints.footer)}[/dim]", soft_wrap=True)
     for run in result.runs:
         console.print(run_summary(run, int(result.config.get("seeds", 1))), soft_wrap=True)
@@ -450,12 +452,15 @@ def _csv_cells(s: RatioStats | None) -> list[Any]:
 
 
 def to_csv(result: ProbeResult) -> str:
-    """One row per layer (MLP) or per state h^b (ResNet: with stage, branch and BN columns)."""
+    """One row per layer (MLP), per state h^b (ResNet: with stage, branch and BN columns) or per
+    site (a model: with the site's module path)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     resnet = any(run.stages is not None for run in result.runs)
     bn = any(r.bn is not None for run in result.runs for r in run.layers)
-    header = ["init", "index" if resnet else "layer"] + (["stage"] if resnet else []) + ["width"]
+    named = any(r.name is not None for run in result.runs for r in run.layers)
+    header = ["init", "index" if resnet else "layer"] + (["site"] if named else [])
+    header += (["stage"] if resnet else []) + ["width"]
     header += [f"forward_{k}" for k in CSV_FIELDS] + [f"backward_{k}" for k in CSV_FIELDS]
     if resnet:
         header += [f"branch_{k}" for k in CSV_FIELDS]
@@ -472,7 +477,8 @@ def to_csv(result: ProbeResult) -> str:
     w.writerow(header)
     for run in result.runs:
         for r_i, r in enumerate(run.layers):
-            row: list[Any] = [run.init, r.index] + ([r.stage] if resnet else []) + [r.width]
+            row: list[Any] = [run.init, r.index] + ([r.name] if named else [])
+            row += ([r.stage] if resnet else []) + [r.width]
             row += _csv_cells(r.forward) + _csv_cells(r.backward)
             if resnet:
                 row += _csv_cells(r.branch)

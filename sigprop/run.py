@@ -380,7 +380,10 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     }
     factory = spec.factory()
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(probe_spec.seed, specs.STREAM_INPUTS))
-    x = torch.randn(probe_spec.samples, *spec.input_shape, generator=gx, device=device, dtype=dtype)
+    if spec.vocab is None:
+        x = torch.randn(probe_spec.samples, *spec.input_shape, generator=gx, device=device, dtype=dtype)
+    else:  # token ids, uniform over the vocabulary
+        x = torch.randint(spec.vocab, (probe_spec.samples, *spec.input_shape), generator=gx, device=device)
     e_seed = specs.derive_seed(probe_spec.seed, specs.STREAM_ERRORS)
     plan = kind.plan(spec, probe_spec.seed)
     total, done = len(names) * probe_spec.seeds, 0
@@ -390,7 +393,11 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
         got: dict[str, list] = {"fwd": [], "bwd": [], "pred_fwd": [], "pred_bwd": []}
         for draw in range(probe_spec.seeds):
             model = modules.build(factory, probe_spec.seed, draw)
-            modules.init_(model, scheme, probe_spec.seed, draw)
+            records = modules.init_(model, scheme, probe_spec.seed, draw)
+            left = [f"{r.name} ({r.kind}: {r.note})" for r in records if not r.set]
+            if left and draw == 0:  # what the init could not set, said once per init
+                shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+                plan.init_notes.append(f"init {name!r} left {len(left)} weight(s) as they were: {shown}")
             model = modules.prepare(model, device, dtype)
             if not plan.sites:
                 plan.sites = modules.resolve_sites(model, spec.sites)
@@ -420,6 +427,13 @@ def _model_prediction(model, x, plan, kind) -> tuple[np.ndarray, np.ndarray]:
     if nodes is None:
         if why not in plan.notes:
             plan.notes.append(why)
+        if not plan.spread_forward:
+            plan.spread_forward, plan.spread_backward = [0.0] * E, [0.0] * E
+        return np.full(E, np.nan), np.full(E, np.nan)
+    if not x.is_floating_point():  # token ids: no moment map for the embedding yet
+        note = "token inputs: the theory starts at a float input, measured only"
+        if note not in plan.notes:
+            plan.notes.append(note)
         if not plan.spread_forward:
             plan.spread_forward, plan.spread_backward = [0.0] * E, [0.0] * E
         return np.full(E, np.nan), np.full(E, np.nan)

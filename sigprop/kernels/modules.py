@@ -70,7 +70,16 @@ IDENTITY_METHODS = (
     "squeeze",
     "unsqueeze",
 )
-NORM_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+NORM_MODULES = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+)
 DENSE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
@@ -139,21 +148,34 @@ def output_tensor(y, where: str = "the model's output"):
 # sites
 # --------------------------------------------------------------------------------------------
 def auto_sites(model: nn.Module) -> list[str]:
-    """The default sites: the outputs of the model's top-level blocks (descending while a module
-    has a single child that has children), where a block without parameters (an activation, a
+    """The default sites: the outputs of the model's top-level blocks, where a plain
+    ``nn.Sequential``, ``nn.ModuleList`` or ``nn.ModuleDict`` (a container, not a block: exactly
+    those classes) is opened into its own children (torchvision's ResNet reads ``layer3.4``,
+    MONAI's DenseNet ``features.denseblock2``), and a block without parameters (an activation, a
     pooling, a dropout) stands for the block before it: it replaces that block's site (so an
-    MLP's sites are its post-activation states)."""
-    prefix, module = "", model
-    while len(list(module.named_children())) == 1 and list(next(iter(module.children())).children()):
-        name, module = next(iter(module.named_children()))
-        prefix = f"{prefix}{name}."
+    MLP's sites are its post-activation states; one before any block, such as a shared
+    activation module, is skipped)."""
+    blocks: list[tuple[str, nn.Module]] = []
+
+    def open_(prefix: str, module: nn.Module) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            if type(child) in (nn.Sequential, nn.ModuleList, nn.ModuleDict) or (
+                len(list(module.named_children())) == 1 and list(child.children()) and module is model
+            ):
+                open_(path + ".", child)
+            else:
+                blocks.append((path, child))
+
+    open_("", model)
     sites: list[str] = []
-    for name, child in module.named_children():
+    for path, child in blocks:
         has_params = any(True for _ in child.parameters())
-        if not has_params and sites:
-            sites[-1] = prefix + name
+        if not has_params:
+            if sites:
+                sites[-1] = path
         else:
-            sites.append(prefix + name)
+            sites.append(path)
     return sites
 
 
@@ -161,11 +183,11 @@ def resolve_sites(model: nn.Module, sites: str) -> list[str]:
     """``auto`` (``auto_sites``), ``leaves`` (every leaf module), or a comma list of module
     paths and fnmatch patterns (``layer3.*``); a name that matches nothing is refused with the
     closest path."""
-    names = [n for n, _ in model.named_modules() if n]
+    names = [n for n, _ in model.named_modules(remove_duplicate=False) if n]
     if sites == "auto":
         out = auto_sites(model)
     elif sites == "leaves":
-        out = [n for n, m in model.named_modules() if n and not list(m.children())]
+        out = [n for n, m in model.named_modules(remove_duplicate=False) if n and not list(m.children())]
     else:
         out = []
         for pat in (s.strip() for s in sites.split(",")):
@@ -185,9 +207,10 @@ def resolve_sites(model: nn.Module, sites: str) -> list[str]:
 # --------------------------------------------------------------------------------------------
 def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str]):
     """ln of the forward and backward per-element RMS ratios at every site, per sample: two
-    float64 arrays [E, N]; and each site's units per sample.  The error e at the output is drawn from
+    float64 arrays [E, N]; and each site's units per sample.  Token ids (an integer ``x``) have
+    no scale: the forward ratios are then relative to the first site.  The error e at the output is drawn from
     ``e_seed`` (the same for every init and draw)."""
-    modules = dict(model.named_modules())
+    modules = dict(model.named_modules(remove_duplicate=False))
     N = x.shape[0]
     fwd: dict[str, torch.Tensor] = {}
     bwd: dict[str, torch.Tensor] = {}
@@ -206,6 +229,8 @@ def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str]):
                 )
             fwd[name] = per_sample_ms(t)
             numel[name] = t[0].numel()
+            if not t.requires_grad and t.grad_fn is None and t.is_floating_point():
+                t.requires_grad_(True)  # token inputs: the graph starts at the first site
             if t.requires_grad:
                 t.register_hook(lambda g: bwd.__setitem__(name, per_sample_ms(g)))
 
@@ -213,7 +238,7 @@ def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str]):
 
     handles = [modules[n].register_forward_hook(hook(n)) for n in sites]
     try:
-        x = x.detach().requires_grad_(True)
+        x = x.detach().requires_grad_(x.is_floating_point())
         with torch.enable_grad():
             y = output_tensor(_call(model, x))
             gen = torch.Generator(device=y.device).manual_seed(e_seed)
@@ -223,7 +248,9 @@ def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str]):
     finally:
         for h in handles:
             h.remove()
-    ms_x, ms_e = per_sample_ms(x), per_sample_ms(e)
+    # token ids have no scale: the forward ratios are then relative to the first site
+    ms_x = per_sample_ms(x) if x.is_floating_point() else fwd[sites[0]]
+    ms_e = per_sample_ms(e)
     missing = [n for n in sites if n not in fwd]
     if missing:
         raise SigpropError(f"site {missing[0]!r} was not called by the model's forward", field="sites")
@@ -558,6 +585,10 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
                 node = plans.GraphNode(n.target, "act", tensor_inputs, fn=_numpy_fn(m))
             elif isinstance(m, IDENTITY_MODULES):
                 node = plans.GraphNode(n.target, "identity", tensor_inputs)
+            elif isinstance(m, nn.Upsample) and m.mode == "nearest" and shape(n.args[0]) and shape(n):
+                # each element copied s^d times: q kept; each input's gradient sums its copies'
+                ratio = math.prod(shape(n)) / math.prod(shape(n.args[0]))
+                node = plans.GraphNode(n.target, "dense", tensor_inputs, forward=1.0, backward=ratio)
             else:
                 node = plans.GraphNode(n.target, "unknown", tensor_inputs, why=type(m).__name__)
         elif n.op == "call_function" and n.target in ACTIVATION_FUNCTIONS:

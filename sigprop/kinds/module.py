@@ -106,6 +106,7 @@ class ModuleSpec:
     args: tuple[str, ...] = ()
     input_shape: tuple[int, ...] | str = ()
     sites: str = "auto"
+    vocab: int | None = None
     inits: tuple[str, ...] = ("as-is",)
     model: Any = field(default=None, compare=False, repr=False)
 
@@ -128,6 +129,8 @@ class ModuleSpec:
         object.__setattr__(self, "input_shape", shape)
         object.__setattr__(self, "args", tuple(self.args))
         parse_args(self.args)
+        if self.vocab is not None:
+            specs.check_size(self.vocab, "vocab")
         if not isinstance(self.sites, str) or not self.sites.strip():
             raise SigpropError("auto, leaves, or a comma list of module names", field="sites")
         base.init_tuple(self, ModuleKind.provides, ModuleKind.noun)
@@ -158,6 +161,7 @@ class ModuleSpec:
             "args": list(self.args),
             "input_shape": ",".join(str(s) for s in self.input_shape),
             "sites": self.sites,
+            "vocab": self.vocab,
             "inits": list(self.inits),
         }
 
@@ -171,18 +175,24 @@ def _is_factory(obj) -> bool:
 class ModulePlan:
     """What the trace found, filled in by the driver (the model is built only there): the sites'
     names and units per sample (``entries``), the per-site spread of ln ratio forward and
-    backward, and the notes (which op ended the theory, why the trace failed)."""
+    backward, and the notes (which op ended the theory, why the trace failed; what an init could
+    not set)."""
 
     sites: list[str] = field(default_factory=list)
     entries: list[int] = field(default_factory=list)
     spread_forward: list[float] = field(default_factory=list)
     spread_backward: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    init_notes: list[str] = field(default_factory=list)
     steps: tuple = ()
 
     @property
     def config(self) -> dict:
-        return {"site_names": list(self.sites), "theory_notes": list(self.notes)}
+        return {
+            "site_names": list(self.sites),
+            "theory_notes": list(self.notes),
+            "init_notes": list(self.init_notes),
+        }
 
 
 def spreads(widths_before: list[list[int]], widths_after: list[list[int]]) -> tuple[list[float], list[float]]:
@@ -240,6 +250,14 @@ class ModuleKind(Kind):
             "Where to measure: auto (the outputs of the top-level blocks), leaves (every leaf module), or "
             "a comma list of module paths and patterns (layer3.*).",
         ),
+        Opt(
+            "vocab",
+            int,
+            None,
+            "Token inputs: ids uniform in [0, VOCAB) of --input-shape (a sequence length); forward "
+            "ratios are then relative to the first site.",
+            min=1,
+        ),
     )
     hints = Hints(
         width="units",
@@ -262,8 +280,9 @@ class ModuleKind(Kind):
             v.pop("args", None)
         elif isinstance(v["args"], dict):
             v["args"] = tuple(f"{k}={val!r}" for k, val in v["args"].items())
-        if v.get("input_shape") is None:
-            v.pop("input_shape", None)
+        for name in ("input_shape", "vocab"):
+            if v.get(name) is None:
+                v.pop(name, None)
         return ModuleSpec(**v, inits=("as-is",) if inits_ is None else inits_)
 
     def sweep_spec(self, size, width, init, input_dim):

@@ -336,3 +336,32 @@ def test_instance_with_several_as_is_draws_is_refused():
 def test_api_lists_probe_module_and_init():
     assert "probe_module" in api.keyword_names()
     assert sigprop.init_ is modules.init_
+
+
+class Tokens(nn.Module):
+    """A token model with a layer init_ does not understand (a bilinear weight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.lin = nn.Linear(16, 16)
+        self.odd = nn.Bilinear(16, 16, 16)
+
+    def forward(self, ids):
+        h = torch.relu(self.lin(self.emb(ids)))
+        return self.odd(h, h)
+
+
+def test_token_inputs_and_what_an_init_leaves_are_said():
+    """--vocab: ids in [0, vocab), forward ratios relative to the first site (exactly 1 there),
+    gradients from the first site on; a weight init_ does not understand is named once."""
+    r = sigprop.probe_module(
+        model=Tokens, input_shape=(7,), vocab=50, inits=["as-is", "proposed"], samples=8, device="cpu"
+    )
+    for run in r.runs:
+        assert run.layers[0].forward.rms == pytest.approx(1.0, rel=1e-12)
+        assert all(l.backward.rms > 0 for l in run.layers)
+    assert r.config["init_notes"] == [
+        "init 'proposed' left 1 weight(s) as they were: odd (Bilinear: not understood)"
+    ]
+    assert any("token inputs" in n for n in r.config["theory_notes"])
