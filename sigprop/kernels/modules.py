@@ -552,7 +552,8 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
     graph), or (None, None, why) when torch.fx cannot trace it."""
     try:
         gm = fx.symbolic_trace(model)
-        ShapeProp(gm).propagate(x)
+        with torch.no_grad():  # shapes per sample: two samples suffice (a batch norm needs two)
+            ShapeProp(gm).propagate(x[:2])
     except Exception as exc:
         return None, None, f"torch.fx could not trace the model ({type(exc).__name__}: {_first_line(exc)})"
     index: dict[fx.Node, int] = {}
