@@ -458,7 +458,9 @@ class GraphNode:
     * ``act`` (elementwise phi, ``fn`` = (phi, phi') as float64 numpy functions): the
       Gauss-Hermite moments of phi(z), z ~ N(mean, q - mean^2) (theory.activation_moments);
     * ``add`` (a residual join of two states): q' = q_a + q_b + 2 m_a m_b (independent
-      summands), r passed to both; ``scale`` (times a constant c, ``forward`` = c^2);
+      summands), r passed to both; ``cat`` (a concatenation): q' the mean of the inputs' q
+      weighted by their ``shares`` of the units, each input's r the output's; ``scale``
+      (times a constant c, ``forward`` = c^2);
       ``identity`` (reshape, flatten, dropout at init); ``input``, ``output``, ``const``;
     * ``unknown``: no map (``why`` names the op): measured only, from there on.
     """
@@ -471,6 +473,8 @@ class GraphNode:
     bias: float = 0.0
     width: int = 0
     fn: tuple | None = field(default=None, compare=False, repr=False)
+    #: ``cat``: each input's share of the output's units
+    shares: tuple[float, ...] = ()
     why: str = ""
 
 
@@ -518,6 +522,9 @@ def predict_graph(nodes: Sequence[GraphNode], q_input: float, mean_input: float 
             q[i], mean[i] = q[a] + q[b] + 2.0 * mean[a] * mean[b], mean[a] + mean[b]
         elif nd.op == "scale":
             q[i], mean[i] = nd.forward * q[a], math.copysign(math.sqrt(nd.forward), 1.0) * mean[a]
+        elif nd.op == "cat" and len(nd.shares) == len(ins):
+            q[i] = sum(w * q[j] for w, j in zip(nd.shares, ins))
+            mean[i] = sum(w * mean[j] for w, j in zip(nd.shares, ins))
         elif nd.op in ("identity", "output"):
             q[i], mean[i] = q[a], mean[a]
         elif not unmapped:
@@ -550,7 +557,7 @@ def predict_graph(nodes: Sequence[GraphNode], q_input: float, mean_input: float 
                 c = act[i][2] * r[i]
             elif nd.op == "scale":
                 c = nd.forward * r[i]
-            else:  # add, identity, output
+            else:  # add, cat, identity, output: each input element's gradient is the output's
                 c = r[i]
             r[j] = c if r[j] is None else r[j] + c
     r = [None if poisoned[i] else r[i] for i in range(n)]

@@ -401,6 +401,11 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
             model = modules.prepare(model, device, dtype)
             if not plan.sites:
                 plan.sites = modules.resolve_sites(model, spec.sites)
+                weights = sum(p.numel() * p.element_size() for p in model.parameters())
+                per_sample = modules.activation_bytes(model, x[:2]) // min(2, probe_spec.samples)
+                # the leaf outputs of the batch: 9.2 GiB estimated, 9.0 GiB peak measured for
+                # DenseNet121 at 3x224x224 with 64 samples (benchmarks/module.py)
+                dev.check_memory(weights + per_sample * probe_spec.samples, device, kind.fields)
             ln_f, ln_b, numels = modules.measure(model, x, e_seed, plan.sites)
             if not started:  # the banner once the model has run: a model that cannot, says only why
                 started = True

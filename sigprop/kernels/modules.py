@@ -261,6 +261,30 @@ def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str]):
     return ln_f.cpu().numpy(), ln_b.cpu().numpy(), [numel[n] for n in sites]
 
 
+def activation_bytes(model: nn.Module, x1: torch.Tensor) -> int:
+    """The bytes of every leaf module's output on the batch ``x1`` (a forward with no graph):
+    what autograd keeps for the backward, about one tensor per op.  The driver divides by the
+    batch, multiplies by the samples, adds the weights, and refuses a run that would not fit
+    before it starts (docs/cli.md)."""
+    total = 0
+
+    def count(mod, args, out):
+        nonlocal total
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(count) for m in leaves]
+    try:
+        with torch.no_grad():
+            _call(model, x1)
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
 def _call(model, x):
     try:
         return model(x)
@@ -599,6 +623,15 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
             node = plans.GraphNode(label, "act", tensor_inputs, fn=_numpy_fn(lambda t: fn(t, *extra, **kw)))
         elif n.op == "call_function" and n.target in IDENTITY_FUNCTIONS:
             node = plans.GraphNode(label, "identity", tensor_inputs)
+        elif (
+            n.op == "call_function"
+            and n.target is torch.cat
+            and shape(n)
+            and all(shape(a) for a in n.all_input_nodes)
+            and len(tensor_inputs) == len(n.all_input_nodes)
+        ):  # each input's elements, unchanged: q the units-weighted mean, each gradient its part
+            sizes = [math.prod(shape(a)) for a in n.all_input_nodes]
+            node = plans.GraphNode(label, "cat", tensor_inputs, shares=tuple(z / sum(sizes) for z in sizes))
         elif n.op == "call_method" and n.target in ACTIVATION_METHODS:
             node = plans.GraphNode(label, "act", tensor_inputs, fn=_numpy_fn(ACTIVATION_METHODS[n.target]))
         elif n.op == "call_method" and n.target in IDENTITY_METHODS:

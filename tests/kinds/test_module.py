@@ -365,3 +365,45 @@ def test_token_inputs_and_what_an_init_leaves_are_said():
         "init 'proposed' left 1 weight(s) as they were: odd (Bilinear: not understood)"
     ]
     assert any("token inputs" in n for n in r.config["theory_notes"])
+
+
+def test_a_model_too_large_is_refused_before_it_runs(monkeypatch):
+    """The leaf outputs of the batch and the weights, against the free memory, before any draw
+    is measured: one line naming the fields to reduce and the sizes."""
+    from sigprop.kernels import device
+
+    monkeypatch.setattr(device, "available_bytes", lambda dev: 10_000)
+    with pytest.raises(SigpropError, match=r"needs about .* GiB on cpu .* reduce samples or input shape"):
+        sigprop.probe_module(model=lambda: mlp(3, 64, 64), input_shape=(64,), samples=64, device="cpu")
+
+
+class DenseStack(nn.Module):
+    """Dense connectivity (Huang et al.'s DenseNet, without pooling): each layer reads the
+    concatenation of all earlier states."""
+
+    def __init__(self, c: int = 32, layers: int = 3) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(c * (i + 1), c, 3, padding=1) for i in range(layers))
+
+    def forward(self, x):
+        feats = [x]
+        for conv in self.convs:
+            feats.append(torch.relu(conv(torch.cat(feats, 1))))
+        return torch.cat(feats, 1)
+
+
+def test_concatenation_has_a_map():
+    """torch.cat: the output's per-element q is the units-weighted mean of the inputs' (exact);
+    the probe's measured ratios sit inside the traced theory's band at every site."""
+    r = sigprop.probe_module(
+        model=lambda: DenseStack(32, 3),
+        input_shape=(32, 12, 12),
+        inits="proposed",
+        samples=32,
+        device="cpu",
+        gate="theory",
+    )
+    run = r.runs[0]
+    assert not r.config["theory_notes"]
+    assert all(l.forward.predicted is not None and l.forward.agrees for l in run.layers)
+    assert run.agrees_with_theory
