@@ -1,0 +1,68 @@
+"""The curvature's per-product cost against a plain double backward on the same units (issue 28,
+item 7).
+
+sigprop's eigenvalue search (``hessian.largest_eigenvalue``: restarted Lanczos with full
+reorthogonalisation) spends each iteration on one Hessian-vector product through the kept graph
+of the gradient, plus its own bookkeeping: splitting the flat vector into parameter shapes,
+flattening the product, the Lanczos basis.  The floor is the product alone: the same HVP's
+``torch.autograd.grad(grads, leaves, grad_outputs=v_parts, retain_graph=True)`` on the same
+loss, units and parameters, timed back to back.  Peak memory is not compared here: both share
+the one graph.
+
+Usage: python benchmarks/hvp.py [blocks] [widen] [samples] [threads]   (default 1 1 32 1)
+Prints the seconds per product of each and their ratio (median of 3 rounds of 10 products).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from sigprop import api, hessian
+from sigprop.kinds import wrn
+
+
+def main() -> None:
+    args = (sys.argv[1:] + ["1", "1", "32", "1"][len(sys.argv) - 1 :])[:4]
+    blocks, widen, samples, threads = (int(a) for a in args)
+    torch.set_num_threads(threads)
+    spec = api.spec("wrn", blocks=blocks, widen=widen, inits="proposed")
+    kind = wrn.WRN()
+    plan = kind.plan(spec, 0)
+    dtype = torch.float64
+    shape = (3, 32, 32)
+    x, y = hessian.data(0, samples, shape, torch.device("cpu"), dtype)
+    m = hessian.build(plan.steps, kind.scheme(spec, "proposed"), kind.space(spec), x, 0, 0)
+    h = hessian.HVP(m, x, y)
+    gen = torch.Generator().manual_seed(0)
+    ratios = []
+    for _ in range(3):
+        h.calls = 0
+        t0 = time.perf_counter()
+        hessian.largest_eigenvalue(h, gen, iters=10, tol=1e-12)  # a tol it never meets: 10 products
+        per_sigprop = (time.perf_counter() - t0) / h.calls
+        v = torch.randn(h.size, dtype=dtype, generator=gen)
+        parts, k = [], 0
+        for sh in h.shapes:
+            n = sh.numel()
+            parts.append(v[k : k + n].reshape(sh))
+            k += n
+        t0 = time.perf_counter()
+        for _ in range(h.calls):
+            torch.autograd.grad(h.grads, h.leaves, grad_outputs=parts, retain_graph=True, allow_unused=True)
+        per_floor = (time.perf_counter() - t0) / h.calls
+        ratios.append((per_sigprop / per_floor, per_sigprop, per_floor))
+    ratios.sort()
+    r, s, f = ratios[len(ratios) // 2]
+    print(
+        f"WRN N={blocks} k={widen} 3x32x32, {samples} samples, float64, {threads} thread(s), "
+        f"{h.size} parameters: sigprop {s * 1e3:.1f} ms per product, plain double backward "
+        f"{f * 1e3:.1f} ms: ratio {r:.2f} "
+        f"[{ratios[0][0]:.2f}-{ratios[-1][0]:.2f}] over 3 rounds"
+    )
+
+
+if __name__ == "__main__":
+    main()
