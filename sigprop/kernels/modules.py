@@ -197,8 +197,13 @@ def resolve_sites(model: nn.Module, sites: str) -> list[str]:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise SigpropError(f"site {pat!r} matches no module of the model{hint}", field="sites")
             out += [n for n in hit if n not in out]
+    if not out and not names:
+        raise SigpropError(
+            f"the model ({type(model).__name__}) has no submodules: sites are submodules' outputs",
+            field="sites",
+        )
     if not out:
-        raise SigpropError("the model has no submodule to measure: name sites with --sites", field="sites")
+        raise SigpropError("no submodule with parameters to measure: name sites with --sites", field="sites")
     return out
 
 
