@@ -228,6 +228,21 @@ def probe(
     )
 
 
+def _environment(probe_spec: specs.ProbeSpec, device, stream: bool, batch: int) -> dict:
+    """The environment record of a probe (``graphs`` is filled in once the walks have run)."""
+    return {
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": dev.device_name(device),
+        "dtype": probe_spec.dtype,
+        "precision": probe_spec.precision,
+        "threads": torch.get_num_threads(),
+        "stream": stream,
+        "batch": batch,
+        "graphs": "off",
+    }
+
+
 def _walk_all(
     kind,
     spec,
@@ -259,17 +274,7 @@ def _walk_all(
         batch = min(probe_spec.batch, probe_spec.seeds)
     elif walker.one_draw_at_a_time(plan.steps, device):
         batch = 1
-    env = {
-        "torch": torch.__version__,
-        "device": str(device),
-        "device_name": dev.device_name(device),
-        "dtype": probe_spec.dtype,
-        "precision": probe_spec.precision,
-        "threads": torch.get_num_threads(),
-        "stream": bool(stream),
-        "batch": batch,
-        "graphs": "off",
-    }
+    env = _environment(probe_spec, device, bool(stream), batch)
     if on_start is not None:
         on_start(env)
     dtype = dev.DTYPES[probe_spec.dtype]
@@ -367,17 +372,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
             "the model) for several as-is draws, or --seeds 1",
             field="seeds",
         )
-    env = {
-        "torch": torch.__version__,
-        "device": str(device),
-        "device_name": dev.device_name(device),
-        "dtype": probe_spec.dtype,
-        "precision": probe_spec.precision,
-        "threads": torch.get_num_threads(),
-        "stream": False,
-        "batch": 1,
-        "graphs": "off",
-    }
+    env = _environment(probe_spec, device, stream=False, batch=1)
     factory = spec.factory()
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(probe_spec.seed, specs.STREAM_INPUTS))
     if spec.vocab is None:
@@ -428,20 +423,19 @@ def _model_prediction(model, x, plan, kind) -> tuple[np.ndarray, np.ndarray]:
     """ln of the predicted RMS ratios at the sites for this draw's weights (nan where no map
     reaches), and, once, the sites' finite-width spread and the notes (sigprop/kinds/module.py)."""
     E = len(plan.sites)
-    nodes, where, why = modules.trace(model, x, plan.sites)
-    if nodes is None:
+
+    def none(why: str) -> tuple[np.ndarray, np.ndarray]:  # measured only, said once
         if why not in plan.notes:
             plan.notes.append(why)
         if not plan.spread_forward:
             plan.spread_forward, plan.spread_backward = [0.0] * E, [0.0] * E
         return np.full(E, np.nan), np.full(E, np.nan)
+
     if not x.is_floating_point():  # token ids: no moment map for the embedding yet
-        note = "token inputs: the theory starts at a float input, measured only"
-        if note not in plan.notes:
-            plan.notes.append(note)
-        if not plan.spread_forward:
-            plan.spread_forward, plan.spread_backward = [0.0] * E, [0.0] * E
-        return np.full(E, np.nan), np.full(E, np.nan)
+        return none("token inputs: the theory starts at a float input, measured only")
+    nodes, where, why = modules.trace(model, x, plan.sites)
+    if nodes is None:
+        return none(why)
     q_in = float(x.double().pow(2).mean())
     pred = plans.predict_graph(nodes, q_in, float(x.double().mean()))
     if pred.unmapped:

@@ -336,6 +336,40 @@ def _wn_parts(m: nn.Module):
     return None
 
 
+ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
+MUL_FUNCTIONS = (operator.mul, operator.imul, torch.mul)
+
+
+def op_kind(gm: fx.GraphModule, n: fx.Node) -> str:
+    """What an fx node is, for the trace's moment maps and for ``init_``'s roles alike: input,
+    const, output, dense, norm, act, identity, upsample (nearest), cat, add, mul, or other."""
+    if n.op in ("placeholder", "get_attr", "output"):
+        return {"placeholder": "input", "get_attr": "const", "output": "output"}[n.op]
+    if n.op == "call_module":
+        m = gm.get_submodule(n.target)
+        for classes, name in (
+            (DENSE_MODULES, "dense"),
+            (NORM_MODULES, "norm"),
+            (ACTIVATION_MODULES, "act"),
+            (IDENTITY_MODULES, "identity"),
+        ):
+            if isinstance(m, classes):
+                return name
+        return "upsample" if isinstance(m, nn.Upsample) and m.mode == "nearest" else "other"
+    fn, method = n.op == "call_function", n.op == "call_method"
+    if (fn and n.target in ACTIVATION_FUNCTIONS) or (method and n.target in ACTIVATION_METHODS):
+        return "act"
+    if (fn and n.target in IDENTITY_FUNCTIONS) or (method and n.target in IDENTITY_METHODS):
+        return "identity"
+    if fn and n.target is torch.cat:
+        return "cat"
+    if (fn and n.target in ADD_FUNCTIONS) or (method and n.target in ("add", "add_")):
+        return "add"
+    if (fn and n.target in MUL_FUNCTIONS) or (method and n.target in ("mul", "mul_")):
+        return "mul"
+    return "other"
+
+
 PASS_THROUGH = ("identity", "scale")
 
 
@@ -356,37 +390,12 @@ def roles(model: nn.Module) -> tuple[dict[str, tuple[str, int, int]], str]:
     nodes = list(gm.graph.nodes)
     kind_of: dict[fx.Node, str] = {}
     for n in nodes:
-        if n.op == "call_module":
-            m = gm.get_submodule(n.target)
-            kind_of[n] = (
-                "dense"
-                if isinstance(m, DENSE_MODULES)
-                else "norm"
-                if isinstance(m, NORM_MODULES)
-                else "act"
-                if isinstance(m, ACTIVATION_MODULES)
-                else "identity"
-                if isinstance(m, IDENTITY_MODULES)
-                else "other"
-            )
-        elif n.op == "call_function" and n.target in ACTIVATION_FUNCTIONS:
-            kind_of[n] = "act"
-        elif n.op == "call_method" and n.target in ACTIVATION_METHODS:
-            kind_of[n] = "act"
-        elif (n.op == "call_function" and n.target in (operator.add, operator.iadd, torch.add)) or (
-            n.op == "call_method" and n.target in ("add", "add_")
-        ):
-            kind_of[n] = "add" if len(n.all_input_nodes) == 2 else "identity"
-        elif (
-            n.op == "call_function" and n.target in (operator.mul, torch.mul) and len(n.all_input_nodes) == 1
-        ):
-            kind_of[n] = "scale"
-        elif (n.op == "call_function" and n.target in IDENTITY_FUNCTIONS) or (
-            n.op == "call_method" and n.target in IDENTITY_METHODS
-        ):
-            kind_of[n] = "identity"
-        else:
-            kind_of[n] = "other"
+        k = op_kind(gm, n)
+        if k == "add" and len(n.all_input_nodes) != 2:
+            k = "identity"  # x + a constant: no join
+        elif k == "mul":
+            k = "scale" if len(n.all_input_nodes) == 1 else "other"
+        kind_of[n] = k
     ancestors: dict[fx.Node, set] = {}
     for n in nodes:
         a = {n}
@@ -576,6 +585,19 @@ def _norm_node(m: nn.Module, name, inputs) -> plans.GraphNode:
     return plans.GraphNode(name, "norm", inputs, forward=g2, bias=b2)
 
 
+def _activation(n: fx.Node, m: nn.Module | None):
+    """The elementwise function an ``act`` node applies: the module, or the function or tensor
+    method with the node's constant arguments (in-place flags dropped)."""
+    if m is not None:
+        return m
+    if n.op == "call_method":
+        return ACTIVATION_METHODS[n.target]
+    fn = ACTIVATION_FUNCTIONS[n.target]
+    kw = {k: v for k, v in n.kwargs.items() if k != "inplace"}
+    extra = [a for a in n.args[1:] if not isinstance(a, fx.Node)]
+    return lambda t: fn(t, *extra, **kw)
+
+
 def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
     """The model's graph of moment maps and each site's node (None where the site is not in the
     graph), or (None, None, why) when torch.fx cannot trace it."""
@@ -598,52 +620,34 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
             index[a] for a in n.all_input_nodes if a in index and nodes[index[a]].op != "const"
         )
         label = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+        k = op_kind(gm, n)
+        m = gm.get_submodule(n.target) if n.op == "call_module" else None
         node: plans.GraphNode
-        if n.op == "placeholder":
-            node = plans.GraphNode(n.name, "input", ())
-        elif n.op == "get_attr":
-            node = plans.GraphNode(n.name, "const", ())
-        elif n.op == "output":
+        if k in ("input", "const"):
+            node = plans.GraphNode(n.name, k, ())
+        elif k == "output":
             node = plans.GraphNode(n.name, "output", tensor_inputs[:1])
-        elif n.op == "call_module":
-            m = gm.get_submodule(n.target)
-            if isinstance(m, DENSE_MODULES) and shape(n.args[0]) and shape(n):
-                node = _dense_node(m, shape(n.args[0]), shape(n), n.target, tensor_inputs)
-            elif isinstance(m, NORM_MODULES):
-                node = _norm_node(m, n.target, tensor_inputs)
-            elif isinstance(m, ACTIVATION_MODULES):
-                node = plans.GraphNode(n.target, "act", tensor_inputs, fn=_numpy_fn(m))
-            elif isinstance(m, IDENTITY_MODULES):
-                node = plans.GraphNode(n.target, "identity", tensor_inputs)
-            elif isinstance(m, nn.Upsample) and m.mode == "nearest" and shape(n.args[0]) and shape(n):
-                # each element copied s^d times: q kept; each input's gradient sums its copies'
-                ratio = math.prod(shape(n)) / math.prod(shape(n.args[0]))
-                node = plans.GraphNode(n.target, "dense", tensor_inputs, forward=1.0, backward=ratio)
-            else:
-                node = plans.GraphNode(n.target, "unknown", tensor_inputs, why=type(m).__name__)
-        elif n.op == "call_function" and n.target in ACTIVATION_FUNCTIONS:
-            fn = ACTIVATION_FUNCTIONS[n.target]
-            kw = {k: v for k, v in n.kwargs.items() if k != "inplace"}
-            extra = [a for a in n.args[1:] if not isinstance(a, fx.Node)]
-            node = plans.GraphNode(label, "act", tensor_inputs, fn=_numpy_fn(lambda t: fn(t, *extra, **kw)))
-        elif n.op == "call_function" and n.target in IDENTITY_FUNCTIONS:
+        elif k == "dense" and shape(n.args[0]) and shape(n):
+            node = _dense_node(m, shape(n.args[0]), shape(n), n.target, tensor_inputs)
+        elif k == "norm":
+            node = _norm_node(m, n.target, tensor_inputs)
+        elif k == "act":
+            node = plans.GraphNode(label, "act", tensor_inputs, fn=_numpy_fn(_activation(n, m)))
+        elif k == "identity":
             node = plans.GraphNode(label, "identity", tensor_inputs)
+        elif k == "upsample" and shape(n.args[0]) and shape(n):
+            # each element copied s^d times: q kept; each input's gradient sums its copies'
+            ratio = math.prod(shape(n)) / math.prod(shape(n.args[0]))
+            node = plans.GraphNode(label, "dense", tensor_inputs, forward=1.0, backward=ratio)
         elif (
-            n.op == "call_function"
-            and n.target is torch.cat
+            k == "cat"
             and shape(n)
             and all(shape(a) for a in n.all_input_nodes)
             and len(tensor_inputs) == len(n.all_input_nodes)
         ):  # each input's elements, unchanged: q the units-weighted mean, each gradient its part
             sizes = [math.prod(shape(a)) for a in n.all_input_nodes]
             node = plans.GraphNode(label, "cat", tensor_inputs, shares=tuple(z / sum(sizes) for z in sizes))
-        elif n.op == "call_method" and n.target in ACTIVATION_METHODS:
-            node = plans.GraphNode(label, "act", tensor_inputs, fn=_numpy_fn(ACTIVATION_METHODS[n.target]))
-        elif n.op == "call_method" and n.target in IDENTITY_METHODS:
-            node = plans.GraphNode(label, "identity", tensor_inputs)
-        elif (n.op == "call_function" and n.target in (operator.add, operator.iadd, torch.add)) or (
-            n.op == "call_method" and n.target in ("add", "add_")
-        ):
+        elif k == "add":
             consts = [a for a in n.args if not isinstance(a, fx.Node)]
             if len(tensor_inputs) == 2 and not n.kwargs:
                 node = plans.GraphNode(label, "add", tensor_inputs)
@@ -651,16 +655,16 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
                 node = plans.GraphNode(label, "identity", tensor_inputs)
             else:
                 node = plans.GraphNode(label, "unknown", tensor_inputs, why=f"{label} with a constant")
-        elif (n.op == "call_function" and n.target in (operator.mul, operator.imul, torch.mul)) or (
-            n.op == "call_method" and n.target in ("mul", "mul_")
-        ):
+        elif k == "mul":
             consts = [a for a in n.args if isinstance(a, (int, float))]
             if len(tensor_inputs) == 1 and len(consts) == 1:
                 node = plans.GraphNode(label, "scale", tensor_inputs, forward=float(consts[0]) ** 2)
             else:
                 node = plans.GraphNode(label, "unknown", tensor_inputs, why="a product of two states")
         else:
-            node = plans.GraphNode(label, "unknown", tensor_inputs, why=label)
+            node = plans.GraphNode(
+                label, "unknown", tensor_inputs, why=type(m).__name__ if m is not None else label
+            )
         index[n] = len(nodes)
         nodes.append(node)
         for path in (n.meta.get("nn_module_stack") or {}).keys():
