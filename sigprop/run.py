@@ -375,7 +375,10 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     env = _environment(probe_spec, device, stream=False, batch=1)
     factory = spec.factory()
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(probe_spec.seed, specs.STREAM_INPUTS))
-    if spec.vocab is None:
+    if spec.data is not None:  # the user's inputs, checked before anything is built
+        d = data_mod.take(data_mod.load(spec.data, spec.input_shape, 2**62), probe_spec.samples)
+        x = torch.as_tensor(d.x, device=device, dtype=dtype).reshape(d.count, *spec.input_shape)
+    elif spec.vocab is None:
         x = torch.randn(probe_spec.samples, *spec.input_shape, generator=gx, device=device, dtype=dtype)
     else:  # token ids, uniform over the vocabulary
         x = torch.randint(spec.vocab, (probe_spec.samples, *spec.input_shape), generator=gx, device=device)
@@ -437,7 +440,10 @@ def _model_prediction(model, x, plan, kind) -> tuple[np.ndarray, np.ndarray]:
     if nodes is None:
         return none(why)
     q_in = float(x.double().pow(2).mean())
-    pred = plans.predict_graph(nodes, q_in, float(x.double().mean()))
+    try:
+        pred = plans.predict_graph(nodes, q_in, float(x.double().mean()))
+    except Exception as exc:  # a map sigprop got wrong must not cost the user the measurement
+        return none(f"the moment maps failed ({type(exc).__name__}: {exc}); measured only; please report it")
     if pred.unmapped:
         note = f"no moment map for {pred.unmapped}: measured only from there on"
         if note not in plan.notes:

@@ -14,6 +14,7 @@ read: the autograd floor of benchmarks/floor.py).
 
 from __future__ import annotations
 
+import copy
 import difflib
 import fnmatch
 import math
@@ -355,6 +356,8 @@ def op_kind(gm: fx.GraphModule, n: fx.Node) -> str:
         ):
             if isinstance(m, classes):
                 return name
+        if isinstance(m, nn.PReLU) and m.weight.numel() == 1:  # one slope: elementwise
+            return "act"
         return "upsample" if isinstance(m, nn.Upsample) and m.mode == "nearest" else "other"
     fn, method = n.op == "call_function", n.op == "call_method"
     if (fn and n.target in ACTIVATION_FUNCTIONS) or (method and n.target in ACTIVATION_METHODS):
@@ -588,8 +591,8 @@ def _norm_node(m: nn.Module, name, inputs) -> plans.GraphNode:
 def _activation(n: fx.Node, m: nn.Module | None):
     """The elementwise function an ``act`` node applies: the module, or the function or tensor
     method with the node's constant arguments (in-place flags dropped)."""
-    if m is not None:
-        return m
+    if m is not None:  # in float64, as the quadrature evaluates it (PReLU's slope is a parameter)
+        return copy.deepcopy(m).double()
     if n.op == "call_method":
         return ACTIVATION_METHODS[n.target]
     fn = ACTIVATION_FUNCTIONS[n.target]

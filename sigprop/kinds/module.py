@@ -107,6 +107,7 @@ class ModuleSpec:
     input_shape: tuple[int, ...] | str = ()
     sites: str = "auto"
     vocab: int | None = None
+    data: str | None = None
     inits: tuple[str, ...] = ("as-is",)
     model: Any = field(default=None, compare=False, repr=False)
 
@@ -131,6 +132,8 @@ class ModuleSpec:
         parse_args(self.args)
         if self.vocab is not None:
             specs.check_size(self.vocab, "vocab")
+        if self.data is not None and self.vocab is not None:
+            raise SigpropError("token inputs are drawn (--vocab) or read (--data), not both", field="data")
         if not isinstance(self.sites, str) or not self.sites.strip():
             raise SigpropError("auto, leaves, or a comma list of module names", field="sites")
         base.init_tuple(self, ModuleKind.provides, ModuleKind.noun)
@@ -162,6 +165,7 @@ class ModuleSpec:
             "input_shape": ",".join(str(s) for s in self.input_shape),
             "sites": self.sites,
             "vocab": self.vocab,
+            "data": self.data,
             "inits": list(self.inits),
         }
 
@@ -258,6 +262,13 @@ class ModuleKind(Kind):
             "ratios are then relative to the first site.",
             min=1,
         ),
+        Opt(
+            "data",
+            str,
+            None,
+            "Real inputs instead of Gaussian ones: the first --samples rows of x from a .pt (a dict with "
+            "x and y) or .npz, as sigprop hessian --data reads it (y is checked, not used).",
+        ),
     )
     hints = Hints(
         width="units",
@@ -280,7 +291,7 @@ class ModuleKind(Kind):
             v.pop("args", None)
         elif isinstance(v["args"], dict):
             v["args"] = tuple(f"{k}={val!r}" for k, val in v["args"].items())
-        for name in ("input_shape", "vocab"):
+        for name in ("input_shape", "vocab", "data"):
             if v.get(name) is None:
                 v.pop(name, None)
         return ModuleSpec(**v, inits=("as-is",) if inits_ is None else inits_)

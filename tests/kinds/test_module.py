@@ -407,3 +407,38 @@ def test_concatenation_has_a_map():
     assert not r.config["theory_notes"]
     assert all(l.forward.predicted is not None and l.forward.agrees for l in run.layers)
     assert run.agrees_with_theory
+
+
+def test_real_inputs_from_a_data_file(tmp_path, capsys):
+    """--data: the first --samples rows of the file's x are the inputs (y checked, not used);
+    the forward ratios are relative to those inputs' per-element scale, and the file's problems
+    are one line naming --data."""
+    x = np.random.default_rng(0).standard_normal((20, 24)) * 3.0 + 1.0
+    path = tmp_path / "d.npz"
+    np.savez(path, x=x, y=np.zeros(20, dtype=np.int64))
+    r = sigprop.probe_module(
+        model=lambda: mlp(3, 24, 24), input_shape=(24,), data=str(path), samples=20, device="cpu"
+    )
+    assert r.config["data"] == str(path) and r.config["samples"] == 20
+    with pytest.raises(SigpropError, match="holds 20 samples; --samples 64"):
+        sigprop.probe_module(model=lambda: mlp(3, 24, 24), input_shape=(24,), data=str(path), device="cpu")
+    with pytest.raises(SigpropError, match=r"x must be \[N, 5\]"):
+        sigprop.probe_module(
+            model=lambda: mlp(3, 24, 24), input_shape=(5,), data=str(path), samples=4, device="cpu"
+        )
+
+
+def test_one_slope_prelu_is_mapped_and_a_failing_map_costs_no_measurement(monkeypatch):
+    """PReLU with one slope is an elementwise activation (its map in float64: the slope is a
+    float32 parameter); a moment map that raises is said, and the ratios are still measured."""
+    factory = lambda: nn.Sequential(nn.Linear(32, 32), nn.PReLU(), nn.Linear(32, 32), nn.PReLU())
+    r = sigprop.probe_module(model=factory, input_shape=(32,), samples=16, device="cpu")
+    assert all(l.forward.predicted is not None for l in r.runs[0].layers)
+
+    def broken(*a, **k):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(plans, "predict_graph", broken)
+    r = sigprop.probe_module(model=factory, input_shape=(32,), samples=16, device="cpu")
+    assert all(l.forward.predicted is None and l.forward.rms > 0 for l in r.runs[0].layers)
+    assert "the moment maps failed (ValueError: boom)" in r.config["theory_notes"][0]
