@@ -34,6 +34,7 @@ from sigprop.version import __version__
 BUILT_IN = (ratios, bn, correlation)
 #: progress(done, total, label): steps done of the run's total, and what runs now ("he: forward")
 ProgressFn = Callable[[int, int, str], None]
+MODEL_MEMORY_HINT = ", or run the samples in chunks (--batch-size)"
 STREAM_HINT = ", or stream the weights (--stream; stream=True in the API: redrawn, not stored)"
 #: the tolerances a result records (docs/theory.md §4; the band is the kind's)
 TOLERANCES = {
@@ -403,8 +404,9 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
                 per_sample = modules.activation_bytes(model, x[:2]) // min(2, probe_spec.samples)
                 # the leaf outputs of the batch: 9.2 GiB estimated, 9.0 GiB peak measured for
                 # DenseNet121 at 3x224x224 with 64 samples (benchmarks/module.py)
-                dev.check_memory(weights + per_sample * probe_spec.samples, device, kind.fields)
-            ln_f, ln_b, numels = modules.measure(model, x, e_seed, plan.sites)
+                rows = min(spec.batch_size or probe_spec.samples, probe_spec.samples)
+                dev.check_memory(weights + per_sample * rows, device, kind.fields, MODEL_MEMORY_HINT)
+            ln_f, ln_b, numels = modules.measure(model, x, e_seed, plan.sites, spec.batch_size)
             if not started:  # the banner once the model has run: a model that cannot, says only why
                 started = True
                 if on_start is not None:

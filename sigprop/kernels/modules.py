@@ -211,59 +211,75 @@ def resolve_sites(model: nn.Module, sites: str) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # measuring one draw
 # --------------------------------------------------------------------------------------------
-def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str]):
+def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str], batch: int | None = None):
     """ln of the forward and backward per-element RMS ratios at every site, per sample: two
     float64 arrays [E, N]; and each site's units per sample.  Token ids (an integer ``x``) have
-    no scale: the forward ratios are then relative to the first site.  The error e at the output is drawn from
-    ``e_seed`` (the same for every init and draw)."""
+    no scale: the forward ratios are then relative to the first site.  The error e at the output
+    is drawn once for all N samples from ``e_seed`` (the same for every init and draw).
+    ``batch``: the samples run in chunks of that many, each chunk's graph freed before the next
+    (the memory of one chunk; a batch norm then normalises each chunk by its own statistics)."""
     modules = dict(model.named_modules(remove_duplicate=False))
     N = x.shape[0]
-    fwd: dict[str, torch.Tensor] = {}
-    bwd: dict[str, torch.Tensor] = {}
+    step = N if batch is None else max(1, min(batch, N))
+    parts_f: dict[str, list] = {n: [] for n in sites}
+    parts_b: dict[str, list] = {n: [] for n in sites}
     numel: dict[str, int] = {}
+    e_all: torch.Tensor | None = None
 
     def per_sample_ms(t: torch.Tensor) -> torch.Tensor:
         return t.detach().reshape(t.shape[0], -1).double().pow(2).mean(1)
 
-    def hook(name):
-        def fn(mod, args, out):
-            t = output_tensor(out, f"site {name!r}'s output")
-            if t.shape[0] != N:
-                raise SigpropError(
-                    f"site {name!r}'s output has {t.shape[0]} rows for {N} samples: not a per-sample state",
-                    field="sites",
-                )
-            fwd[name] = per_sample_ms(t)
-            numel[name] = t[0].numel()
-            if not t.requires_grad and t.grad_fn is None and t.is_floating_point():
-                t.requires_grad_(True)  # token inputs: the graph starts at the first site
-            if t.requires_grad:
-                t.register_hook(lambda g: bwd.__setitem__(name, per_sample_ms(g)))
+    for lo in range(0, N, step):
+        xc = x[lo : lo + step].detach().requires_grad_(x.is_floating_point())
+        rows = xc.shape[0]
+        fwd: dict[str, torch.Tensor] = {}
+        bwd: dict[str, torch.Tensor] = {}
 
-        return fn
+        def hook(name, rows=rows, fwd=fwd, bwd=bwd):
+            def fn(mod, args, out):
+                t = output_tensor(out, f"site {name!r}'s output")
+                if t.shape[0] != rows:
+                    raise SigpropError(
+                        f"site {name!r}'s output has {t.shape[0]} rows for {rows} samples: not a per-sample "
+                        "state",
+                        field="sites",
+                    )
+                fwd[name] = per_sample_ms(t)
+                numel[name] = t[0].numel()
+                if not t.requires_grad and t.grad_fn is None and t.is_floating_point():
+                    t.requires_grad_(True)  # token inputs: the graph starts at the first site
+                if t.requires_grad:
+                    t.register_hook(lambda g: bwd.__setitem__(name, per_sample_ms(g)))
 
-    handles = [modules[n].register_forward_hook(hook(n)) for n in sites]
-    try:
-        x = x.detach().requires_grad_(x.is_floating_point())
-        with torch.enable_grad():
-            y = output_tensor(_call(model, x))
-            gen = torch.Generator(device=y.device).manual_seed(e_seed)
-            e = torch.randn(y.shape, generator=gen, device=y.device, dtype=y.dtype)
-            if y.requires_grad:
-                torch.autograd.backward(y, grad_tensors=e)
-    finally:
-        for h in handles:
-            h.remove()
-    # token ids have no scale: the forward ratios are then relative to the first site
-    ms_x = per_sample_ms(x) if x.is_floating_point() else fwd[sites[0]]
-    ms_e = per_sample_ms(e)
-    missing = [n for n in sites if n not in fwd]
-    if missing:
-        raise SigpropError(f"site {missing[0]!r} was not called by the model's forward", field="sites")
-    ln_f = torch.stack([0.5 * (fwd[n] / ms_x).log() for n in sites])
-    # a site the output's gradient never reaches has dl/dh = 0: ratio 0 (ln -inf), as a dead ReLU
-    zero = torch.full((N,), -math.inf, dtype=torch.float64, device=x.device)
-    ln_b = torch.stack([0.5 * (bwd[n] / ms_e).log() if n in bwd else zero for n in sites])
+            return fn
+
+        handles = [modules[n].register_forward_hook(hook(n)) for n in sites]
+        try:
+            with torch.enable_grad():
+                y = output_tensor(_call(model, xc))
+                if e_all is None:  # all N errors at once: the same e whatever the chunks
+                    gen = torch.Generator(device=y.device).manual_seed(e_seed)
+                    e_all = torch.randn((N, *y.shape[1:]), generator=gen, device=y.device, dtype=y.dtype)
+                e = e_all[lo : lo + rows]
+                if y.requires_grad:
+                    torch.autograd.backward(y, grad_tensors=e)
+        finally:
+            for h in handles:
+                h.remove()
+        missing = [n for n in sites if n not in fwd]
+        if missing:
+            raise SigpropError(f"site {missing[0]!r} was not called by the model's forward", field="sites")
+        # token ids have no scale: the forward ratios are then relative to the first site
+        ms_x = per_sample_ms(xc) if x.is_floating_point() else fwd[sites[0]]
+        ms_e = per_sample_ms(e)
+        # a site the output's gradient never reaches has dl/dh = 0: ratio 0 (ln -inf), as a dead ReLU
+        zero = torch.full((rows,), -math.inf, dtype=torch.float64, device=x.device)
+        for n in sites:
+            parts_f[n].append(0.5 * (fwd[n] / ms_x).log())
+            parts_b[n].append(0.5 * (bwd[n] / ms_e).log() if n in bwd else zero)
+        del y, e, fwd, bwd
+    ln_f = torch.stack([torch.cat(parts_f[n]) for n in sites])
+    ln_b = torch.stack([torch.cat(parts_b[n]) for n in sites])
     return ln_f.cpu().numpy(), ln_b.cpu().numpy(), [numel[n] for n in sites]
 
 

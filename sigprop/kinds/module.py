@@ -108,6 +108,7 @@ class ModuleSpec:
     sites: str = "auto"
     vocab: int | None = None
     data: str | None = None
+    batch_size: int | None = None
     inits: tuple[str, ...] = ("as-is",)
     model: Any = field(default=None, compare=False, repr=False)
 
@@ -132,6 +133,8 @@ class ModuleSpec:
         parse_args(self.args)
         if self.vocab is not None:
             specs.check_size(self.vocab, "vocab")
+        if self.batch_size is not None:
+            specs.check_size(self.batch_size, "batch_size")
         if self.data is not None and self.vocab is not None:
             raise SigpropError("token inputs are drawn (--vocab) or read (--data), not both", field="data")
         if not isinstance(self.sites, str) or not self.sites.strip():
@@ -166,6 +169,7 @@ class ModuleSpec:
             "sites": self.sites,
             "vocab": self.vocab,
             "data": self.data,
+            "batch_size": self.batch_size,
             "inits": list(self.inits),
         }
 
@@ -269,6 +273,15 @@ class ModuleKind(Kind):
             "Real inputs instead of Gaussian ones: the first --samples rows of x from a .pt (a dict with "
             "x and y) or .npz, as sigprop hessian --data reads it (y is checked, not used).",
         ),
+        Opt(
+            "batch_size",
+            int,
+            None,
+            "Run the samples in chunks of B, each chunk's graph freed before the next: the memory of one "
+            "chunk (a batch norm then normalises each chunk by its own statistics).",
+            min=1,
+            shown="all at once",
+        ),
     )
     hints = Hints(
         width="units",
@@ -291,7 +304,7 @@ class ModuleKind(Kind):
             v.pop("args", None)
         elif isinstance(v["args"], dict):
             v["args"] = tuple(f"{k}={val!r}" for k, val in v["args"].items())
-        for name in ("input_shape", "vocab", "data"):
+        for name in ("input_shape", "vocab", "data", "batch_size"):
             if v.get(name) is None:
                 v.pop(name, None)
         return ModuleSpec(**v, inits=("as-is",) if inits_ is None else inits_)
