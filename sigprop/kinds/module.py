@@ -99,8 +99,9 @@ def resolve_target(target: str) -> Callable:
 class ModuleSpec:
     """The user's model: ``target`` (``MODULE:CALLABLE`` or ``FILE.py:CALLABLE``) called with
     ``args``, or ``model`` (a module, or a zero-argument factory: the API); the input's
-    ``input_shape`` (no batch dim); the ``sites`` (``auto``, ``leaves`` or a comma list of module
-    paths and patterns); the ``inits`` (``as-is``: the model's own)."""
+    ``input_shape`` (no batch dim), or token ids below ``vocab``, or rows of x from ``data``; the
+    ``sites`` (``auto``, ``leaves`` or a comma list of module paths and patterns); the samples in
+    chunks of ``batch_size``; the ``inits`` (``as-is``: the model's own)."""
 
     target: str | None = None
     args: tuple[str, ...] = ()
@@ -241,6 +242,7 @@ class ModuleKind(Kind):
             None,
             "A torch.nn.Module, or a zero-argument factory of one (the API).",
             cli=False,
+            toml=(type(None),),  # no TOML value names a Python object: a check names a TARGET
         ),
         Opt(
             "args",
@@ -249,6 +251,7 @@ class ModuleKind(Kind):
             "A keyword argument of the callable, name=value (a Python literal; repeatable).",
             flag="--arg",
             repeat=True,
+            toml=(list,),
         ),
         Opt("input_shape", str, None, "The input's shape without the batch, e.g. 3,64,64.", shown="required"),
         Opt(

@@ -458,3 +458,34 @@ def test_chunked_samples_measure_the_same_numbers():
         assert b.forward.mean == pytest.approx(a.forward.mean, rel=1e-6)
         assert b.backward.mean == pytest.approx(a.backward.mean, rel=1e-6)
         assert b.forward.std == pytest.approx(a.forward.std, rel=1e-4)
+
+
+def test_sigprop_check_gates_a_users_model(nets_file, tmp_path, monkeypatch, capsys):
+    """A check in pyproject.toml names the model by TARGET and its --arg list."""
+    (tmp_path / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [tool.sigprop.checks.mine]
+            command = "module"
+            target = "{nets_file}:mlp"
+            args = ["depth=3"]
+            input-shape = "24"
+            init = ["proposed"]
+            samples = 8
+            device = "cpu"
+
+            [tool.sigprop.checks.mine-he]
+            command = "module"
+            target = "{nets_file}:mlp"
+            args = ["depth=30"]
+            input-shape = "24"
+            init = "he"
+            samples = 8
+            expect = "fail"
+            device = "cpu"
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["check"]) == 0
+    assert "2 passed, 0 failed" in capsys.readouterr().out
