@@ -135,6 +135,12 @@ def fmt(log10: float | None) -> str:
     return f"{10.0**log10:.3g}" if -4 <= log10 <= 4 else f"10^{log10:.1f}"
 
 
+def untestable(name: str, log10_measured: float | None, why: str | None = None) -> Check:
+    """The ``theory`` verdict of a ratio with no prediction: not passed, no band, and why
+    (default ``NO_CLOSED_FORM``)."""
+    return Check(name, False, log10_measured, math.nan, math.nan, "theory", why or NO_CLOSED_FORM)
+
+
 def gate(name: str, verdict: str, st: RatioStats, low_ln: float, high_ln: float) -> Check:
     """measured = the geometric-mean ratio (over samples and draws) inside [low, high] (ln);
     a dead sample (ratio 0) fails."""

@@ -12,23 +12,9 @@ from sigprop import inits, kinds, run, specs, walker
 from sigprop.kernels import logspace as ls
 from sigprop.kinds import mlp as mlp_kind
 
-
-def walk(
-    steps,
-    scheme,
-    x,
-    e,
-    seed: int,
-    draws,
-    observe=("fwd", "bwd"),
-    space: str = "log",
-    stream: bool = False,
-    runner=None,
-    progress=None,
-) -> walker.Walked:
-    """``steps`` compiled for ``scheme`` and walked for ``draws`` with the named observers
-    (``run.walk_plan``: the driver's own walk of one plan)."""
-    return run.walk_plan(steps, scheme, x, e, seed, draws, observe, space, stream, runner, progress)
+#: ``steps`` compiled for ``scheme`` and walked for ``draws`` with the named observers: the
+#: driver's own walk of one plan
+walk = run.walk_plan
 
 
 def mlp(scheme, widths, x, e, seed: int, draws, stream: bool = False, runner=None, progress=None):

@@ -16,7 +16,7 @@ from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Memory, Opt
-from sigprop.results import Check, LayerRecord, RunResult
+from sigprop.results import LayerRecord, RunResult
 
 #: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
 #: Xiao et al. 2018 (whose architecture it is) use for deep CNNs
@@ -303,9 +303,7 @@ class CNN(Kind):
                     )
             checks.append(c)
             if p is None:
-                own.append(
-                    Check(cname, False, st.log10_mean, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM)
-                )
+                own.append(stats.untestable(cname, st.log10_mean))
                 continue
             t = stats.gate(cname, "theory", st, *theory.log_band(p, var, z))
             if not t.passed:

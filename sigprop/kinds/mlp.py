@@ -148,9 +148,7 @@ def checks(
         c.note = stats.explain_preserved(c, st, pred, typical, L, width)
         preserved.append(c)
         if pred is None:
-            agrees.append(
-                Check(name, False, st.log10_mean, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM)
-            )
+            agrees.append(stats.untestable(name, st.log10_mean))
             continue
         c = stats.gate(name, "theory", st, *theory.cornish_fisher_band(pred, pred, cum, z))
         if not c.passed:

@@ -28,7 +28,7 @@ from sigprop import inits, specs, stats, theory
 from sigprop.errors import SigpropError
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Memory, Opt
-from sigprop.results import Check, LayerRecord, RunResult
+from sigprop.results import LayerRecord, RunResult
 
 #: the structure only a model provides: inits that keep or read its own weights (``as-is``)
 MODEL = inits.MODEL
@@ -369,8 +369,7 @@ class ModuleKind(Kind):
                 c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
             checks.append(c)
             if p is None:
-                why = plan.notes[0] if plan.notes else stats.NO_CLOSED_FORM
-                own.append(Check(cname, False, st.log10_mean, math.nan, math.nan, "theory", why))
+                own.append(stats.untestable(cname, st.log10_mean, plan.notes[0] if plan.notes else None))
                 continue
             t = stats.gate(cname, "theory", st, *theory.log_band(p, var, z))
             if not t.passed:

@@ -18,7 +18,7 @@ from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Memory, Opt
-from sigprop.results import BNStats, Check, LayerRecord, RunResult, StageInfo
+from sigprop.results import BNStats, LayerRecord, RunResult, StageInfo
 
 NORMS = ("wn", "bn", "none")
 #: Figure 1 (bottom) of Arpit et al. 2019, appendix A.2: the three schemes compared there
@@ -564,9 +564,7 @@ class ResNet(Kind):
                     c.note = "outside Theorem 3's band [sqrt 2, sqrt e] with its finite-width allowance"
                 checks.append(c)
                 if not lnp:
-                    theory_checks.append(
-                        Check(cname, False, None, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM)
-                    )
+                    theory_checks.append(stats.untestable(cname, None))
                     continue
                 centre, own_var = lnp[a] - lnp[e], abs(float(var[a] - var[e]))
                 if not c.passed:

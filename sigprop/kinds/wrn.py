@@ -20,7 +20,7 @@ from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds import cnn as conv
 from sigprop.kinds.base import Hints, Kind, Memory, Opt
-from sigprop.results import Check, LayerRecord, RunResult, StageInfo
+from sigprop.results import LayerRecord, RunResult, StageInfo
 
 NORMS = ("wn", "bn", "none")
 #: named architectures of Arpit et al. 2019, Table 1 (N blocks per group, widening k, bottleneck):
@@ -469,11 +469,7 @@ class WRN(Kind):
                         )
                 checks.append(c)
                 if lnp is None:
-                    own_checks.append(
-                        Check(
-                            cname, False, c.log10_measured, math.nan, math.nan, "theory", stats.NO_CLOSED_FORM
-                        )
-                    )
+                    own_checks.append(stats.untestable(cname, c.log10_measured))
                     continue
                 centre, own_var = lnp[a] - lnp[e], abs(float(v[a] - v[e]))
                 t = stats.stage_check(cname, ln, (centre, centre), own_var, z, verdict="theory")
