@@ -447,21 +447,26 @@ def predict_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float, ba
 @dataclass(frozen=True)
 class GraphNode:
     """One node of a traced model (built by sigprop/kernels/modules.py), with what its moment
-    map needs, per element of its output:
+    map needs (composed by ``predict_graph``; the formulas with their reasons in docs/theory.md
+    §13).  The state per element is its second moment q, its mean m and its *shared* moment
+    k = E[x(a) x(b)] for the same unit at two different samples (or, in a conv map, two
+    positions of one channel): k - m^2 is the variance of the units' offsets.  Ops:
 
-    * ``dense`` (Linear, ConvNd with weight W of c_out rows, bias b): q' = (||W||^2/c_out) q +
-      ||b||^2/c_out (``forward``, ``bias``), the mean zero; backward r = (||W||^2 numel_out /
-      (c_out numel_in)) r' (``backward``): each output element's gradient spreads over one row's
-      weights, and the row's elements over the input (zero padding's border loss not counted);
-    * ``norm`` (batch, layer or group norm in training mode): q' = mean gamma^2 + mean beta^2
-      (``forward``, ``bias``), r = r' mean gamma^2 / var(input);
-    * ``act`` (elementwise phi, ``fn`` = (phi, phi') as float64 numpy functions): the
-      Gauss-Hermite moments of phi(z), z ~ N(mean, q - mean^2) (theory.activation_moments);
-    * ``add`` (a residual join of two states): q' = q_a + q_b + 2 m_a m_b (independent
-      summands), r passed to both; ``cat`` (a concatenation): q' the mean of the inputs' q
-      weighted by their ``shares`` of the units, each input's r the output's; ``scale``
-      (times a constant c, ``forward`` = c^2);
-      ``identity`` (reshape, flatten, dropout at init); ``input``, ``output``, ``const``;
+    * ``dense`` (Linear, ConvNd, ConvTransposeNd): q' = ``forward`` M q + ``bias``, k' alike,
+      m' = 0, M the window over the positions (``mats``; none for a Linear); backward r =
+      ``backward`` M^T r' (||W||^2/c_in for a conv; ||W||^2/n_in for a Linear);
+    * ``norm`` (training-mode normalisation, gain ``forward`` = mean gamma^2, ``bias`` = mean
+      beta^2): ``group`` = 0 for batch statistics (var = q - k: the units' offsets removed),
+      else per-sample statistics over ``units`` elements holding ``group`` offsets;
+    * ``act`` (elementwise phi, ``fn`` = (phi, phi') as float64 numpy functions): quadrature
+      (theory.activation_moments, theory.shared_moments);
+    * ``mix`` (a fixed linear map A per channel, ``mats``: average pooling, a mean over the
+      positions, interpolation): fluctuations through A^2, the shared part through A;
+      ``backward_cross`` the mean entry of A^T A off its diagonal;
+    * ``maxpool`` (``pool`` elements a window after a nondecreasing activation ``fn`` -- or
+      none, the input itself Gaussian --), ``backward`` = numel_out/numel_in;
+    * ``add``, ``cat`` (``shares`` of the units), ``scale`` (times c, ``forward`` = c^2),
+      ``identity``, ``input``, ``output``, ``const``;
     * ``unknown``: no map (``why`` names the op): measured only, from there on.
     """
 
@@ -475,90 +480,314 @@ class GraphNode:
     fn: tuple | None = field(default=None, compare=False, repr=False)
     #: ``cat``: each input's share of the output's units
     shares: tuple[float, ...] = ()
+    #: ``norm``: the elements one statistic is taken over, and how many offsets they hold (0:
+    #: batch statistics)
+    units: int = 0
+    group: int = 0
+    #: ``maxpool``: the elements of a window
+    pool: int = 1
+    #: ``dense`` (a conv), ``mix``, ``maxpool``: the map per channel over the positions, one
+    #: matrix per spatial axis (n_out x n_in): a conv's taps inside the map over k (``along``),
+    #: a pooling's or interpolation's weights, a max pooling's window means
+    mats: tuple = field(default=(), compare=False, repr=False)
+    #: the output's shape per sample
+    shape: tuple = ()
+    #: ``mix`` backward: the mean of (A^T A) off its diagonal
+    backward_cross: float = 0.0
+    #: ``dense``: False for a Linear on a vector (its input's elements share no weights, so the
+    #: gradient's shared moment does not pass)
+    positions: bool = True
     why: str = ""
 
 
 @dataclass
 class GraphPrediction:
     """Per node the predicted second moment of its output per element (``q``), its mean
-    (``mean``), and of the gradient at it (``r``, the output's error at r = 1); None where an
-    unmapped op lies on the way (``unmapped``: the first such op's name)."""
+    (``mean``), its shared moment (``shared``, see ``GraphNode``) and the gradient's second
+    moment at it (``r``, the output's error at r = 1); None where an unmapped op lies on the way
+    (``unmapped``: the first such op's name)."""
 
     q: list[float | None]
     mean: list[float | None]
     r: list[float | None]
     unmapped: str
+    shared: list[float | None] = field(default_factory=list)
 
 
-def predict_graph(nodes: Sequence[GraphNode], q_input: float, mean_input: float = 0.0) -> GraphPrediction:
+#: the map of no activation (a max pooling of a Gaussian state)
+_IDENTITY = (lambda z: z, lambda z: np.ones_like(z))
+
+
+def _norm_variance(nd: GraphNode, q: float, m: float, k: float) -> float:
+    """The variance a normalisation divides by (``GraphNode``, ``norm``)."""
+    if nd.group == 0:
+        return q - k
+    return (q - k) * (1.0 - 1.0 / max(nd.units, 1)) + (k - m * m) * (1.0 - 1.0 / nd.group)
+
+
+def along(
+    mats: Sequence[np.ndarray], field_: np.ndarray, transpose: bool = False, power: int = 1
+) -> np.ndarray:
+    """The separable map whose axis matrices are ``mats`` (each n_out x n_in; transposed, or
+    entrywise to a ``power``) applied to ``field_`` over its last len(mats) axes."""
+    out = field_
+    d = len(mats)
+    for ax, A in enumerate(mats):
+        A = A.T if transpose else A
+        A = A**power if power != 1 else A
+        axis = out.ndim - d + ax
+        out = np.moveaxis(np.tensordot(A, out, axes=([1], [axis])), 0, axis)
+    return out
+
+
+def _profile(p: np.ndarray | None, mats: Sequence[np.ndarray], transpose: bool = False) -> np.ndarray:
+    """A profile over the positions (mean 1), the uniform one where there is none or where its
+    shape is not the one ``mats`` read."""
+    shape = tuple(A.shape[0 if transpose else 1] for A in mats)
+    return p if p is not None and p.shape == shape else np.ones(shape)
+
+
+def _blend(parts) -> np.ndarray | None:
+    """The profile of a sum of fields w * p (None where the shapes differ or none has one)."""
+    shapes = {p.shape for _, p in parts if p is not None}
+    tot = sum(w for w, _ in parts)
+    if len(shapes) != 1 or tot <= 0.0:
+        return None
+    shape = shapes.pop()
+    return sum(w * (np.ones(shape) if p is None else p) for w, p in parts) / tot
+
+
+def _normalised(fld: np.ndarray) -> np.ndarray | None:
+    mu = float(fld.mean())
+    return fld / mu if mu > 0 and fld.ndim else None
+
+
+@dataclass
+class _Seg:
+    """One part of a state whose units differ (a concatenation's inputs): its share of the
+    units, its per-element second moment, mean and shared moment, and its profile over the
+    positions (mean 1; None: uniform)."""
+
+    w: float
+    q: float
+    m: float
+    k: float
+    p: np.ndarray | None = None
+
+
+def _merged(segs: list[_Seg]) -> _Seg:
+    """A state's parts as one (what a layer that mixes all units reads)."""
+    if len(segs) == 1:
+        return segs[0]
+    q = sum(s.w * s.q for s in segs)
+    return _Seg(
+        1.0,
+        q,
+        sum(s.w * s.m for s in segs),
+        sum(s.w * s.k for s in segs),
+        _blend([(s.w * s.q, s.p) for s in segs]),
+    )
+
+
+def _split(total: list[float], parts: list[list[_Seg]]) -> list[list[float]]:
+    """Per input of a concatenation, its parts' slice of the output's per-part list."""
+    out, at = [], 0
+    for segs in parts:
+        out.append(total[at : at + len(segs)])
+        at += len(segs)
+    return out
+
+
+def predict_graph(
+    nodes: Sequence[GraphNode], q_input: float, mean_input: float = 0.0, shared_input: float | None = None
+) -> GraphPrediction:
     """Compose a traced model's moment maps (``GraphNode``): forward in graph order from the
-    input's per-element second moment, then the gradients' back from the output (r = 1), a
-    node's r the sum over the nodes that read it (independent paths, as a residual stream's
-    skip and branch).  The ratios a probe measures are then sqrt(q/q_input) and sqrt(r)."""
+    input's per-element second moment, mean and shared moment (default mean^2: independent
+    samples and positions), then the gradients' back from the output (r = 1), a node's r the
+    sum over the nodes that read it (independent paths, as a residual stream's skip and branch).
+    A state is kept in parts where its units differ -- the inputs of a concatenation, until a
+    layer mixes them -- since a later batch norm scales each channel's gradient by its own
+    variance; and over a conv map each part carries its profile over the positions (mean 1): a
+    padded conv's window sums fewer taps at the border, and that loss compounds layer after
+    layer as the box filter of §11 does (docs/theory.md §13).  The ratios a probe measures are
+    then sqrt(q/q_input) and sqrt(r), q and r the means over the units."""
     n = len(nodes)
-    q: list[float | None] = [None] * n
-    mean: list[float | None] = [None] * n
-    act: dict[int, tuple[float, float, float]] = {}
+    st: list[list[_Seg] | None] = [None] * n
+    dmom: dict[int, list[tuple[float, float]]] = {}  # act, maxpool: per part E[phi'^2], its cross
     unmapped = ""
     for i, nd in enumerate(nodes):
         ins = nd.inputs
         if nd.op == "input":
-            q[i], mean[i] = q_input, mean_input
+            st[i] = [_Seg(1.0, q_input, mean_input, mean_input**2 if shared_input is None else shared_input)]
             continue
-        if nd.op == "const" or any(q[j] is None for j in ins) or not ins:
+        if nd.op == "const" or not ins or any(st[j] is None for j in ins):
             if nd.op == "unknown" and not unmapped:
                 unmapped = nd.why or nd.name
             continue
-        a = ins[0]
+        src = st[ins[0]]
         if nd.op == "dense":
-            q[i], mean[i] = nd.forward * q[a] + nd.bias, 0.0
+            x = _merged(src)
+            if nd.mats:  # a conv: each output sums its taps inside the map (q' = f M q + b)
+                fld = nd.forward * x.q * along(nd.mats, _profile(x.p, nd.mats)) + nd.bias
+                box = (float(fld.mean()) - nd.bias) / (nd.forward * x.q) if x.q > 0 else 1.0
+                st[i] = [
+                    _Seg(1.0, float(fld.mean()), 0.0, nd.forward * box * x.k + nd.bias, _normalised(fld))
+                ]
+            else:
+                st[i] = [_Seg(1.0, nd.forward * x.q + nd.bias, 0.0, nd.forward * x.k + nd.bias)]
         elif nd.op == "norm":
-            q[i], mean[i] = nd.forward + nd.bias, 0.0
+            parts = src if nd.group in (0, 1) else [_merged(src)]  # per channel, or over them all
+            out = []
+            for s in parts:
+                var = _norm_variance(nd, s.q, s.m, s.k)
+                kept = (s.k - s.m**2) * (1.0 - 1.0 / nd.group) / var if nd.group and var > 0.0 else 0.0
+                out.append(_Seg(s.w, nd.forward + nd.bias, 0.0, nd.forward * kept + nd.bias, s.p))
+            st[i] = out
         elif nd.op == "act":
-            m1, q1, d2 = theory.activation_moments(nd.fn[0], nd.fn[1], mean[a], q[a])
-            q[i], mean[i], act[i] = q1, m1, (m1, q1, d2)
+            out, dm = [], []
+            for s in src:
+                m1, q1, d2 = theory.activation_moments(nd.fn[0], nd.fn[1], s.m, s.q)
+                k1 = min(theory.shared_moments(nd.fn[0], nd.fn[1], s.m, s.q, s.k)[2], q1)
+                dm.append((d2, theory.shared_moments(nd.fn[1], nd.fn[1], s.m, s.q, s.k)[2]))
+                out.append(_Seg(s.w, q1, m1, k1, s.p))
+            st[i], dmom[i] = out, dm
+        elif nd.op == "maxpool":
+            fn = _IDENTITY if nd.fn is None else nd.fn
+            pre = src if nd.fn is None else st[nodes[ins[0]].inputs[0]]
+            out, dm = [], []
+            for s, z in zip(src, pre):
+                m1, q1, k1, d2 = theory.shared_moments(fn[0], fn[1], z.m, z.q, z.k, nd.pool)
+                dm.append((d2, theory.shared_moments(fn[1], fn[1], z.m, z.q, z.k, nd.pool)[2]))
+                p = _normalised(along(nd.mats, _profile(s.p, nd.mats))) if nd.mats else None
+                out.append(_Seg(s.w, q1, m1, min(k1, q1), p))
+            st[i], dmom[i] = out, dm
+        elif nd.op == "mix":  # y = A x: fluctuations through A^2, the shared part through A
+            out = []
+            for s in src:
+                p = _profile(s.p, nd.mats)
+                fluct, shared = along(nd.mats, p, power=2), along(nd.mats, np.sqrt(p)) ** 2
+                fld = (s.q - s.k) * fluct + s.k * shared
+                b = float(shared.mean())
+                out.append(_Seg(s.w, float(fld.mean()), s.m * math.sqrt(b), s.k * b, _normalised(fld)))
+            st[i] = out
         elif nd.op == "add" and len(ins) == 2:
-            b = ins[1]
-            q[i], mean[i] = q[a] + q[b] + 2.0 * mean[a] * mean[b], mean[a] + mean[b]
+            a, b = src, st[ins[1]]
+            if [s.w for s in a] != [s.w for s in b]:
+                a, b = [_merged(a)], [_merged(b)]
+            st[i] = [
+                _Seg(
+                    x.w,
+                    x.q + y.q + 2 * x.m * y.m,
+                    x.m + y.m,
+                    x.k + y.k + 2 * x.m * y.m,
+                    _blend([(x.q, x.p), (y.q, y.p)]),
+                )
+                for x, y in zip(a, b)
+            ]
         elif nd.op == "scale":
-            q[i], mean[i] = nd.forward * q[a], math.copysign(math.sqrt(nd.forward), 1.0) * mean[a]
+            c2 = nd.forward
+            st[i] = [_Seg(s.w, c2 * s.q, math.sqrt(c2) * s.m, c2 * s.k, s.p) for s in src]
         elif nd.op == "cat" and len(nd.shares) == len(ins):
-            q[i] = sum(w * q[j] for w, j in zip(nd.shares, ins))
-            mean[i] = sum(w * mean[j] for w, j in zip(nd.shares, ins))
+            st[i] = [_Seg(share * s.w, s.q, s.m, s.k, s.p) for share, j in zip(nd.shares, ins) for s in st[j]]
         elif nd.op in ("identity", "output"):
-            q[i], mean[i] = q[a], mean[a]
+            same = nd.shape == nodes[ins[0]].shape
+            st[i] = [s if same else _Seg(s.w, s.q, s.m, s.k, None) for s in src]
         elif not unmapped:
             unmapped = nd.why or nd.name
-    r: list[float | None] = [None] * n
+    # the gradients: per node and part, (r, rk, profile) summed over the readers
+    grads: list[list | None] = [None] * n
+    through: dict[int, list[list[float]]] = {}  # act: per part, r times E[phi'^2] and rk times its cross
     poisoned = [False] * n
-    out = [i for i, nd in enumerate(nodes) if nd.op == "output"]
-    for i in out:
-        r[i] = 1.0
+
+    def give(j: int, parts: list[tuple[float, float, np.ndarray | None]], reader: int) -> None:
+        """Add a reader's gradient at node j (one per part of j, or one for all its parts); at an
+        activation also what passes through it: E[phi'^2] times r, and the derivative's cross
+        moment times rk (at a max pooling's maximum where the reader is one)."""
+        segs = st[j]
+        if len(parts) != len(segs):
+            parts = parts[:1] * len(segs)
+        if grads[j] is None:
+            grads[j] = [[0.0, 0.0, []] for _ in segs]
+        for g, (c, ck, p) in zip(grads[j], parts):
+            g[0] += c
+            g[1] += ck
+            g[2].append((c, p))
+        if nodes[j].op == "act":
+            dm = dmom[reader] if nodes[reader].op == "maxpool" else dmom[j]
+            th = through.setdefault(j, [[0.0, 0.0] for _ in segs])
+            for t, (f, fk), (c, ck, _) in zip(th, dm, parts):
+                t[0] += c * f
+                t[1] += ck * fk
+
+    for i in (i for i, nd in enumerate(nodes) if nd.op == "output"):
+        grads[i] = [[1.0, 0.0, []] for _ in st[i]] if st[i] is not None else None
     for i in range(n - 1, -1, -1):
         nd = nodes[i]
-        if r[i] is None and not poisoned[i]:
+        if grads[i] is None and not poisoned[i]:
             continue
-        for k, j in enumerate(nd.inputs):
-            if poisoned[i] or nd.op == "unknown":
+        if poisoned[i] or nd.op == "unknown" or st[i] is None:
+            for j in nd.inputs:
                 poisoned[j] = True
-                continue
-            if nd.op == "dense":
-                c = nd.backward * r[i]
+            continue
+        g = [(r, rk, _blend(parts)) for r, rk, parts in grads[i]]
+        mine = st[i]
+        for pos, j in enumerate(nd.inputs):
+            if nd.op == "dense":  # every input unit reads all outputs: one gradient for all parts
+                r = sum(s.w * x[0] for s, x in zip(mine, g))
+                rk = sum(s.w * x[1] for s, x in zip(mine, g))
+                rp = _blend([(s.w * x[0], x[2]) for s, x in zip(mine, g)])
+                box, pj = 1.0, None
+                if nd.mats:  # each input element's gradient sums the outputs whose taps it is
+                    bp = along(nd.mats, _profile(rp, nd.mats, transpose=True), transpose=True)
+                    box, pj = float(bp.mean()), _normalised(bp)
+                give(j, [(nd.backward * box * r, nd.backward * box * rk if nd.positions else 0.0, pj)], i)
             elif nd.op == "norm":
-                var = None if q[j] is None else q[j] - mean[j] ** 2
-                if var is None or var <= 0:
-                    poisoned[j] = True
-                    continue
-                c = nd.forward / var * r[i]
+                parts = st[j] if nd.group in (0, 1) else [_merged(st[j])]
+                out = []
+                for s, (r, rk, p) in zip(parts, g if len(g) == len(parts) else g[:1] * len(parts)):
+                    var = _norm_variance(nd, s.q, s.m, s.k)
+                    if var <= 0.0:
+                        poisoned[j] = True
+                        break
+                    if nd.group == 0:  # batch statistics: a sample's own shared part is kept
+                        out.append((nd.forward / var * r, nd.forward / var * rk, p))
+                    else:  # the group's mean goes: 1/group of the shared part, 2 of `units` directions
+                        ck = nd.forward / var * rk * (1.0 - 1.0 / nd.group)
+                        out.append((nd.forward / var * (r - rk) * (1.0 - 2.0 / max(nd.units, 2)) + ck, ck, p))
+                if not poisoned[j]:
+                    give(j, out, i)
             elif nd.op == "act":
-                if i not in act:
-                    poisoned[j] = True
-                    continue
-                c = act[i][2] * r[i]
+                give(j, [(t[0], t[1], x[2]) for t, x in zip(through[i], g)], i)
             elif nd.op == "scale":
-                c = nd.forward * r[i]
-            else:  # add, cat, identity, output: each input element's gradient is the output's
-                c = r[i]
-            r[j] = c if r[j] is None else r[j] + c
-    r = [None if poisoned[i] else r[i] for i in range(n)]
-    return GraphPrediction(q, mean, r, unmapped)
+                give(j, [(nd.forward * r, nd.forward * rk, p) for r, rk, p in g], i)
+            elif nd.op == "mix":  # dx = A^T dy
+                out = []
+                for r, rk, p in g:
+                    p = _profile(p, nd.mats, transpose=True)
+                    fluct = along(nd.mats, p, transpose=True, power=2)
+                    shared = along(nd.mats, np.sqrt(p), transpose=True) ** 2
+                    fld = (r - rk) * fluct + rk * shared
+                    ck = rk * float(shared.mean()) + nd.backward_cross * (r - rk)
+                    out.append((float(fld.mean()), ck, _normalised(fld)))
+                give(j, out, i)
+            elif nd.op == "maxpool":  # each window's gradient on its maximum
+                out = []
+                for r, rk, p in g:
+                    if nd.mats:
+                        p = _normalised(along(nd.mats, _profile(p, nd.mats, transpose=True), transpose=True))
+                    out.append((nd.backward * r, nd.backward**2 * rk, p))
+                give(j, out, i)
+            elif nd.op == "cat":
+                part = _split(list(range(len(g))), [st[x] for x in nd.inputs])[pos]
+                give(j, [g[t] for t in part], i)
+            else:  # add, identity, output: each input element's gradient is the output's
+                same = nd.shape == nodes[j].shape
+                give(j, [(r, rk, p if same else None) for r, rk, p in g], i)
+    q = [None if s is None else sum(x.w * x.q for x in s) for s in st]
+    mean = [None if s is None else sum(x.w * x.m for x in s) for s in st]
+    shared_ = [None if s is None else sum(x.w * x.k for x in s) for s in st]
+    r = [
+        None if poisoned[i] or grads[i] is None else sum(x.w * gi[0] for x, gi in zip(st[i], grads[i]))
+        for i in range(n)
+    ]
+    return GraphPrediction(q, mean, r, unmapped, shared_)

@@ -678,3 +678,57 @@ def activation_moments(phi, dphi, mean: float, second: float) -> tuple[float, fl
     x = mean + sd * xi
     f, d = phi(x), dphi(x)
     return float(wi @ f), float(wi @ (f * f)), float(wi @ (d * d))
+
+
+def _split_nodes(kink) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss-Legendre nodes and weights on [-QUAD_SPAN, QUAD_SPAN] split at ``kink`` (an array:
+    one row of nodes per kink), the standard normal density not yet applied."""
+    k = np.clip(np.asarray(kink, dtype=np.float64), -QUAD_SPAN, QUAD_SPAN)[..., None]
+    t, w = _legendre(QUAD_NODES)
+    lo_x = 0.5 * (k + QUAD_SPAN) * t + 0.5 * (k - QUAD_SPAN)
+    hi_x = 0.5 * (QUAD_SPAN - k) * t + 0.5 * (QUAD_SPAN + k)
+    x = np.concatenate([lo_x, hi_x], axis=-1)
+    wt = np.concatenate([0.5 * (k + QUAD_SPAN) * w, 0.5 * (QUAD_SPAN - k) * w], axis=-1)
+    return x, wt
+
+
+def shared_moments(phi, dphi, mean: float, second: float, shared: float, pool: int = 1):
+    """The mean-field moments of y = phi(max of ``pool`` pre-activations) of one unit, where the
+    pre-activations z_j = mu + eps_j share the unit's offset mu ~ N(mean, shared - mean^2) (what
+    the unit's weights make common to every sample and position: ``shared`` = E[z(a) z(b)] for
+    two different samples or positions) and have independent fluctuations eps_j ~ N(0, second -
+    shared).  Returns (E[y], E[y^2], E[y(a) y(b)] -- two independent draws of the fluctuations,
+    the same mu --, E[phi'(z*)^2] at the maximising z*).  ``pool`` = 1 is the activation's own
+    map with the cross moment added (for ReLU at mean 0 the arc-cosine kernel, Cho & Saul 2009);
+    ``pool`` = P > 1 is a P-element max pooling after a nondecreasing phi (max phi(z_j) =
+    phi(max z_j)), the maximum of P standard normals having density P phi(u) Phi(u)^(P-1).
+    Nested Gauss-Legendre (``QUAD_NODES`` per side of each kink, on +-``QUAD_SPAN``), docs/theory.md
+    §13."""
+    tau = math.sqrt(max(shared - mean * mean, 0.0))
+    s = math.sqrt(max(second - max(shared, mean * mean), 0.0))
+    if tau > 0.0:
+        t, wo = _split_nodes(-mean / tau)
+        wo = wo * np.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)
+        mu = mean + tau * t
+    else:
+        mu, wo = np.array([mean]), np.array([1.0])
+    if s > 0.0:
+        u, wi = _split_nodes(-mu / s)
+        dens = np.exp(-0.5 * u * u) / math.sqrt(2.0 * math.pi)
+        if pool > 1:
+            from scipy.special import ndtr  # as poch above: loaded only when a max pooling is mapped
+
+            dens = pool * dens * ndtr(u) ** (pool - 1)
+        wi = wi * dens
+        z = mu[:, None] + s * u
+    else:
+        wi, z = np.ones((mu.size, 1)), mu[:, None]
+    f = phi(z.ravel()).reshape(z.shape)
+    d = dphi(z.ravel()).reshape(z.shape)
+    inner_f, inner_f2, inner_d2 = (wi * f).sum(1), (wi * f * f).sum(1), (wi * d * d).sum(1)
+    return (
+        float(wo @ inner_f),
+        float(wo @ inner_f2),
+        float(wo @ (inner_f * inner_f)),
+        float(wo @ inner_d2),
+    )

@@ -15,6 +15,7 @@ read: the autograd floor of benchmarks/floor.py).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import fnmatch
 import math
@@ -82,6 +83,41 @@ NORM_MODULES = (
     nn.InstanceNorm3d,
 )
 DENSE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+TRANSPOSED_MODULES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+#: fixed per-channel maps (``mix``) and max pooling, as modules; a call of the matching function
+#: is turned into its module (``_as_module``) so that one reading serves both
+MIX_MODULES = (
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.Upsample,
+)
+MAXPOOL_MODULES = (
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.MaxPool3d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d,
+)
+POOL_FUNCTIONS = {
+    F.avg_pool1d: nn.AvgPool1d,
+    F.avg_pool2d: nn.AvgPool2d,
+    F.avg_pool3d: nn.AvgPool3d,
+    F.adaptive_avg_pool1d: nn.AdaptiveAvgPool1d,
+    F.adaptive_avg_pool2d: nn.AdaptiveAvgPool2d,
+    F.adaptive_avg_pool3d: nn.AdaptiveAvgPool3d,
+    F.interpolate: nn.Upsample,
+    F.max_pool1d: nn.MaxPool1d,
+    F.max_pool2d: nn.MaxPool2d,
+    F.max_pool3d: nn.MaxPool3d,
+    F.adaptive_max_pool1d: nn.AdaptiveMaxPool1d,
+    F.adaptive_max_pool2d: nn.AdaptiveMaxPool2d,
+    F.adaptive_max_pool3d: nn.AdaptiveMaxPool3d,
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,7 +395,8 @@ MUL_FUNCTIONS = (operator.mul, operator.imul, torch.mul)
 
 def op_kind(gm: fx.GraphModule, n: fx.Node) -> str:
     """What an fx node is, for the trace's moment maps and for ``init_``'s roles alike: input,
-    const, output, dense, norm, act, identity, upsample (nearest), cat, add, mul, or other."""
+    const, output, dense, transposed, norm, act, identity, mix (average pooling, interpolation,
+    a mean over the positions), maxpool, cat, add, mul, or other."""
     if n.op in ("placeholder", "get_attr", "output"):
         return {"placeholder": "input", "get_attr": "const", "output": "output"}[n.op]
     if n.op == "call_module":
@@ -374,7 +411,14 @@ def op_kind(gm: fx.GraphModule, n: fx.Node) -> str:
                 return name
         if isinstance(m, nn.PReLU) and m.weight.numel() == 1:  # one slope: elementwise
             return "act"
-        return "upsample" if isinstance(m, nn.Upsample) and m.mode == "nearest" else "other"
+        for classes, name in (
+            (TRANSPOSED_MODULES, "transposed"),
+            (MIX_MODULES, "mix"),
+            (MAXPOOL_MODULES, "maxpool"),
+        ):
+            if isinstance(m, classes):
+                return name
+        return "other"
     fn, method = n.op == "call_function", n.op == "call_method"
     if (fn and n.target in ACTIVATION_FUNCTIONS) or (method and n.target in ACTIVATION_METHODS):
         return "act"
@@ -382,6 +426,10 @@ def op_kind(gm: fx.GraphModule, n: fx.Node) -> str:
         return "identity"
     if fn and n.target is torch.cat:
         return "cat"
+    if fn and n.target in POOL_FUNCTIONS:
+        return "maxpool" if issubclass(POOL_FUNCTIONS[n.target], MAXPOOL_MODULES) else "mix"
+    if (fn and n.target is torch.mean) or (method and n.target == "mean"):
+        return "mix"
     if (fn and n.target in ADD_FUNCTIONS) or (method and n.target in ("add", "add_")):
         return "add"
     if (fn and n.target in MUL_FUNCTIONS) or (method and n.target in ("mul", "mul_")):
@@ -580,28 +628,243 @@ def _numpy_fn(fn):
 
 
 def _dense_node(m: nn.Module, shape_in, shape_out, name, inputs) -> plans.GraphNode:
+    """A Linear or ConvNd: q' = (||W||^2/c_out) q + ||b||^2/c_out per element.  A conv carries
+    its taps' box over the positions (``_conv_matrices``), so its gradient reads r = (||W||^2 /
+    c_in) M^T r' (each input element in c_out k^d products, fewer at a padded border); where the
+    box cannot be built (or for a Linear) r = ||W||^2 numel_out/(c_out numel_in) r'."""
     w = m.weight.detach().double()
     sq = float(w.pow(2).sum())
     c_out = w.shape[0]
     bias = 0.0 if m.bias is None else float(m.bias.detach().double().pow(2).sum()) / c_out
     numel_in, numel_out = math.prod(shape_in), math.prod(shape_out)
+    mats = _conv_matrices(m, shape_in, shape_out) if not isinstance(m, nn.Linear) else ()
+    c_in = w.shape[1] * getattr(m, "groups", 1)
     return plans.GraphNode(
         name,
         "dense",
         inputs,
         forward=sq / c_out,
-        backward=sq * numel_out / (c_out * numel_in),
+        backward=sq / c_in if mats else sq * numel_out / (c_out * numel_in),
         bias=bias,
         width=c_out,
+        positions=len(shape_in) > 1,
+        mats=mats,
     )
 
 
-def _norm_node(m: nn.Module, name, inputs) -> plans.GraphNode:
+def _conv_matrices(m: nn.Module, shape_in, shape_out, transposed: bool = False) -> tuple:
+    """A conv's (or transposed conv's) window over the positions, one matrix per spatial axis
+    (n_out x n_in, entry: the taps joining the two positions over k), each from torch's own 1-D
+    conv of the identity with a kernel of 1/k (so stride, padding, dilation and the padding mode
+    are torch's); () where the shapes do not read as (channels, *positions)."""
+    d = len(m.kernel_size)
+    if len(shape_in) != d + 1 or len(shape_out) != d + 1:
+        return ()
+    mats = []
+    for i in range(d):
+        n_in, n_out = shape_in[1 + i], shape_out[1 + i]
+        k, st, dil = m.kernel_size[i], m.stride[i], m.dilation[i]
+        eye = torch.eye(n_in, dtype=torch.float64).reshape(n_in, 1, n_in)
+        ker = torch.full((1, 1, k), 1.0 / k, dtype=torch.float64)
+        try:
+            if transposed:
+                pad, extra = m.padding[i], m.output_padding[i]
+                a = F.conv_transpose1d(eye, ker, stride=st, padding=pad, output_padding=extra, dilation=dil)
+            elif isinstance(m.padding, str):
+                if m.padding_mode != "zeros":
+                    return ()
+                a = F.conv1d(eye, ker, stride=st, padding=m.padding, dilation=dil)
+            elif m.padding_mode != "zeros":
+                padded = F.pad(eye, (m.padding[i],) * 2, mode=m.padding_mode)
+                a = F.conv1d(padded, ker, stride=st, dilation=dil)
+            else:
+                a = F.conv1d(eye, ker, stride=st, padding=m.padding[i], dilation=dil)
+        except (RuntimeError, NotImplementedError, ValueError):
+            return ()
+        if a.shape[-1] != n_out:
+            return ()
+        mats.append(a.reshape(n_in, n_out).T.numpy())
+    return tuple(mats)
+
+
+def _norm_node(m: nn.Module, name, inputs, shape_in) -> plans.GraphNode:
+    """A normalisation's node: its gain and bias, and what one of its statistics is taken over
+    (``plans.GraphNode``): batch norm over the batch (group 0); layer norm over its normalized
+    shape, one offset per leading entry; group norm over a group's channels and positions;
+    instance norm over one channel's positions."""
     gamma = getattr(m, "weight", None)
     beta = getattr(m, "bias", None)
     g2 = 1.0 if gamma is None else float(gamma.detach().double().pow(2).mean())
     b2 = 0.0 if beta is None else float(beta.detach().double().pow(2).mean())
-    return plans.GraphNode(name, "norm", inputs, forward=g2, bias=b2)
+    units = group = 0
+    positions = math.prod(shape_in[1:]) if shape_in else 1
+    if isinstance(m, nn.LayerNorm):
+        units, group = math.prod(m.normalized_shape), m.normalized_shape[0]
+    elif isinstance(m, nn.GroupNorm):
+        group = m.num_channels // m.num_groups
+        units = group * positions
+    elif isinstance(m, (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)):
+        units, group = positions, 1
+    return plans.GraphNode(name, "norm", inputs, forward=g2, bias=b2, units=units, group=group)
+
+
+def _transposed_node(m: nn.Module, shape_in, shape_out, name, inputs) -> plans.GraphNode:
+    """A transposed conv (weight [c_in, c_out/groups, k...]): the adjoint of a conv, so each
+    output element sums c_in (k/s)^d products on average -- q' = (||W||^2/c_out) T q with T its
+    window over the positions (``_conv_matrices``: 1/s per axis inside the map) -- and each
+    input element's gradient a row of c_out k^d weights: r = (||W||^2/c_in) T^T r'."""
+    w = m.weight.detach().double()
+    sq, c_in = float(w.pow(2).sum()), w.shape[0]
+    c_out = shape_out[0]
+    bias = 0.0 if m.bias is None else float(m.bias.detach().double().pow(2).sum()) / c_out
+    mats = _conv_matrices(m, shape_in, shape_out, transposed=True)
+    numel_in, numel_out = math.prod(shape_in), math.prod(shape_out)
+    return plans.GraphNode(
+        name,
+        "dense",
+        inputs,
+        forward=sq / c_out if mats else sq * numel_in / (c_in * numel_out),
+        backward=sq / c_in,
+        bias=bias,
+        width=c_out,
+        mats=mats,
+    )
+
+
+def _as_module(gm: fx.GraphModule, n: fx.Node) -> nn.Module | None:
+    """The module a pooling/interpolation node applies (a call of ``F.avg_pool2d`` and its kin
+    made into the module with its arguments), or None where its arguments are not constants."""
+    if n.op == "call_module":
+        return gm.get_submodule(n.target)
+    cls = POOL_FUNCTIONS.get(n.target) if n.op == "call_function" else None
+    if cls is None:
+        return None
+    try:
+        kw = dict(n.normalized_arguments(gm, normalize_to_only_use_kwargs=True).kwargs)
+    except Exception:
+        return None
+    kw.pop("input", None)
+    if cls is nn.Upsample and kw.pop("antialias", False):
+        return None
+    if any(isinstance(v, fx.Node) for v in kw.values()):
+        return None
+    try:
+        return cls(**kw)
+    except (TypeError, ValueError):
+        return None
+
+
+def _per_axis(v, d: int) -> tuple:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * d
+
+
+def _axis_matrices(m, shape_in, shape_out) -> list[np.ndarray] | None:
+    """The per-channel map of a separable pooling or interpolation module as one matrix per
+    spatial axis (n_out x n_in), each the module's own 1-D operation applied to the identity (so
+    borders, padding, ceil mode and align_corners are torch's); None where not separable here."""
+    d = len(shape_in) - 1 if isinstance(m, nn.Upsample) else int(type(m).__name__[-2])
+    if len(shape_in) != len(shape_out) or len(shape_in) < d + 1 or shape_in[:-d] != shape_out[:-d]:
+        return None
+    out = []
+    for i in range(d):
+        n_in, n_out = shape_in[len(shape_in) - d + i], shape_out[len(shape_out) - d + i]
+        eye = torch.eye(n_in, dtype=torch.float64).reshape(n_in, 1, n_in)
+        if isinstance(m, (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)):
+            if m.divisor_override:
+                return None
+            k, st, pad = (_per_axis(v, d)[i] for v in (m.kernel_size, m.stride or m.kernel_size, m.padding))
+            a = F.avg_pool1d(eye, k, st, pad, m.ceil_mode, m.count_include_pad)
+        elif isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)):
+            a = F.adaptive_avg_pool1d(eye, n_out)
+        else:  # nn.Upsample: separable per axis for these modes
+            mode = {"nearest": "nearest", "nearest-exact": "nearest-exact"}.get(m.mode)
+            if m.mode in ("linear", "bilinear", "trilinear"):
+                mode = "linear"
+            if mode is None:
+                return None
+            sf = None if m.scale_factor is None else _per_axis(m.scale_factor, d)[i]
+            ac = m.align_corners if mode == "linear" else None
+            kw = {"size": n_out}
+            if sf is not None:
+                kw = {"scale_factor": sf, "recompute_scale_factor": m.recompute_scale_factor}
+            a = F.interpolate(eye, mode=mode, align_corners=ac, **kw)
+        if a.shape[-1] != n_out:
+            return None
+        out.append(a.reshape(n_in, n_out).T.numpy())
+    return out
+
+
+def _mix_node(label, inputs, mats: list[np.ndarray]) -> plans.GraphNode:
+    """A fixed per-channel linear map A (the Kronecker product of ``mats``) as a ``mix`` node:
+    for inputs whose fluctuations are independent across positions and whose offsets are
+    shared, q' = A^2 (q - k) + (A 1)^2 k per output position, and back r = (A^2)^T (r' - rk') +
+    (A^T 1)^2 rk' (``plans.predict_graph``); and o, the mean entry of A^T A off its diagonal,
+    which every pair of inputs shares of the fluctuations' gradient (1/P^2 for a global mean of
+    P positions: every position receives the same gradient)."""
+    fro_all = ones_all = 1.0
+    n_in_all = 1
+    for A in mats:
+        fro_all *= float((A * A).sum())
+        ones_all *= float((A.sum(1) ** 2).sum())  # 1^T A^T A 1, the sum of all its entries
+        n_in_all *= A.shape[1]
+    pairs = n_in_all * (n_in_all - 1)
+    cross = (ones_all - fro_all) / pairs if pairs else 0.0
+    return plans.GraphNode(label, "mix", inputs, backward_cross=cross, mats=tuple(mats))
+
+
+def _mean_matrices(n: fx.Node, shape_in) -> list[np.ndarray] | None:
+    """A mean over positions (``x.mean((2, 3))``, ``torch.mean``): an averaging row for each
+    reduced axis, the identity for the others; None when the dims are not constants or include
+    the batch or the channel axis (dim 1 is the channels of a conv map but the positions of a
+    token sequence: not guessed)."""
+    dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    if isinstance(dims, int):
+        dims = (dims,)
+    if not isinstance(dims, (tuple, list)) or not dims or not all(isinstance(v, int) for v in dims):
+        return None
+    rank = len(shape_in) + 1
+    dims = {v % rank for v in dims}
+    if min(dims) < 2:
+        return None
+    return [
+        np.full((1, shape_in[v - 1]), 1.0 / shape_in[v - 1]) if v in dims else np.eye(shape_in[v - 1])
+        for v in range(2, rank)
+    ]
+
+
+def _maxpool_node(m, label, inputs, shape_in, shape_out, source: plans.GraphNode | None) -> plans.GraphNode:
+    """A max pooling of P = the kernel's elements (adaptive: the largest bin) after a
+    nondecreasing activation (max phi(z) = phi(max z)) or of a Gaussian state (a dense or norm
+    output); else no map."""
+    if getattr(m, "return_indices", False) or source is None:
+        return plans.GraphNode(label, "unknown", inputs, why="a max pooling with indices")
+    d = int(type(m).__name__[-2])
+    if type(m).__name__.startswith("Adaptive"):
+        pool = math.prod(math.ceil(a / b) for a, b in zip(shape_in[-d:], shape_out[-d:]))
+    else:
+        pool = math.prod(_per_axis(m.kernel_size, d))
+    ratio = math.prod(shape_out) / math.prod(shape_in)
+    mats = ()
+    if type(m).__name__.startswith("Adaptive"):
+        mats = _axis_matrices(_ADAPTIVE_AVG[d](1), shape_in, shape_out)
+    elif _per_axis(m.dilation, d) == (1,) * d:
+        avg = _AVG[d](m.kernel_size, m.stride, m.padding, m.ceil_mode, count_include_pad=False)
+        mats = _axis_matrices(avg, shape_in, shape_out)
+    mats = tuple(mats or ())
+    if source.op == "act" and _nondecreasing(source.fn[0]):
+        return plans.GraphNode(label, "maxpool", inputs, backward=ratio, pool=pool, fn=source.fn, mats=mats)
+    if source.op in ("dense", "norm"):
+        return plans.GraphNode(label, "maxpool", inputs, backward=ratio, pool=pool, mats=mats)
+    return plans.GraphNode(label, "unknown", inputs, why=f"a max pooling after {source.name}")
+
+
+_AVG = {1: nn.AvgPool1d, 2: nn.AvgPool2d, 3: nn.AvgPool3d}
+_ADAPTIVE_AVG = {1: nn.AdaptiveAvgPool1d, 2: nn.AdaptiveAvgPool2d, 3: nn.AdaptiveAvgPool3d}
+
+
+def _nondecreasing(phi) -> bool:
+    z = np.linspace(-50.0, 50.0, 4001)
+    return bool(np.all(np.diff(phi(z)) >= -1e-12))
 
 
 def _activation(n: fx.Node, m: nn.Module | None):
@@ -648,16 +911,37 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
             node = plans.GraphNode(n.name, "output", tensor_inputs[:1])
         elif k == "dense" and shape(n.args[0]) and shape(n):
             node = _dense_node(m, shape(n.args[0]), shape(n), n.target, tensor_inputs)
+        elif k == "transposed" and shape(n.args[0]) and shape(n) and m.groups == 1:
+            node = _transposed_node(m, shape(n.args[0]), shape(n), n.target, tensor_inputs)
         elif k == "norm":
-            node = _norm_node(m, n.target, tensor_inputs)
+            node = _norm_node(m, n.target, tensor_inputs, shape(n.args[0]))
         elif k == "act":
             node = plans.GraphNode(label, "act", tensor_inputs, fn=_numpy_fn(_activation(n, m)))
         elif k == "identity":
             node = plans.GraphNode(label, "identity", tensor_inputs)
-        elif k == "upsample" and shape(n.args[0]) and shape(n):
-            # each element copied s^d times: q kept; each input's gradient sums its copies'
-            ratio = math.prod(shape(n)) / math.prod(shape(n.args[0]))
-            node = plans.GraphNode(label, "dense", tensor_inputs, forward=1.0, backward=ratio)
+        elif k == "mix" and shape(n.args[0]) and shape(n) and len(tensor_inputs) == 1:
+            is_mean = n.op == "call_method" or n.target is torch.mean
+            pm = None if is_mean else _as_module(gm, n)
+            mats = None
+            if is_mean:
+                mats = _mean_matrices(n, shape(n.args[0]))
+            elif pm is not None:
+                mats = _axis_matrices(pm, shape(n.args[0]), shape(n))
+            what = "a mean over these dims" if is_mean else type(pm).__name__ if pm else "its arguments"
+            why = f"{label} ({what})"
+            node = (
+                plans.GraphNode(label, "unknown", tensor_inputs, why=why)
+                if mats is None
+                else _mix_node(label, tensor_inputs, list(mats))
+            )
+        elif k == "maxpool" and shape(n.args[0]) and shape(n) and len(tensor_inputs) == 1:
+            pm = _as_module(gm, n)
+            source = nodes[tensor_inputs[0]]
+            node = (
+                plans.GraphNode(label, "unknown", tensor_inputs, why=label)
+                if pm is None
+                else _maxpool_node(pm, label, tensor_inputs, shape(n.args[0]), shape(n), source)
+            )
         elif (
             k == "cat"
             and shape(n)
@@ -685,7 +969,7 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
                 label, "unknown", tensor_inputs, why=type(m).__name__ if m is not None else label
             )
         index[n] = len(nodes)
-        nodes.append(node)
+        nodes.append(dataclasses.replace(node, shape=shape(n) or ()))
         for path in (n.meta.get("nn_module_stack") or {}).keys():
             last_in[path] = index[n]
         if n.op == "call_module":
