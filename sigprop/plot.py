@@ -211,7 +211,7 @@ def _draw(
                         color=colours[run.init][0],
                         ls=":",
                         lw=1.2,
-                        label="theory (dotted): energy-map RMS ratio"
+                        label=f"theory (dotted): {kinds.get(result.command, field='result').hints.rms_label}"
                         if first_panel and not labelled
                         else None,
                     )

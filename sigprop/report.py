@@ -440,6 +440,32 @@ def to_json(obj: Any) -> str:
     return json.dumps(obj.to_dict(), indent=2, allow_nan=False) + "\n"
 
 
+def to_json_line(obj: Any) -> str:
+    """One result as one JSON line (a sweep of ``--arg``: one line per configuration)."""
+    return json.dumps(obj.to_dict(), allow_nan=False) + "\n"
+
+
+def render_sweep_summary(labels: Sequence[str], results: Sequence[ProbeResult], console: Console) -> None:
+    """After a sweep's tables: per configuration and init the typical end-to-end ratios (forward
+    at the last site, backward at the first: what the verdicts read) and both verdicts."""
+    t = _table("[bold]sweep[/bold] — typical end-to-end ratios per configuration")
+    for name in ("configuration", "init", "forward", "backward", "preserved", "theory"):
+        t.add_column(name, justify="left" if name in ("configuration", "init") else "right")
+    for label, result in zip(labels, results):
+        for run in result.runs:
+            fwd, bwd = run.layers[-1].forward, run.layers[0].backward
+            theory = "·" if run.agrees_with_theory is None else ("=" if run.agrees_with_theory else "≠")
+            t.add_row(
+                escape(label),
+                escape(run.init),
+                fmt_log10(fwd.log10_mean),
+                fmt_log10(bwd.log10_mean),
+                "yes" if run.preserved else "NO",
+                theory,
+            )
+    console.print(t)
+
+
 CSV_FIELDS = ("mean", "std", "rms", "log10_mean", "log10_std", "predicted", "log10_predicted", "agrees")
 
 

@@ -17,6 +17,7 @@ from sigprop.cli.output import (
     render_rich,
     write_output,
 )
+from sigprop.errors import SigpropError
 
 HESSIAN_HELP = (
     "The curvature at init: the largest-magnitude eigenvalue of the loss Hessian (restarted Lanczos), and on "
@@ -44,43 +45,85 @@ def _plot_target(path):
     return plot_mod
 
 
+def _point_path(path, label: str):
+    """A sweep point's own file beside ``path``: ``d.png`` -> ``d-depth=10.png``."""
+    label = "-".join(label.split())
+    safe = "".join(c if c.isalnum() or c in "=._-," else "_" for c in label)
+    return path.with_name(f"{path.stem}-{safe}{path.suffix}")
+
+
 def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
-    """Validate the output targets, run the core with a progress bar, render, plot, apply --check."""
+    """Validate the output targets, run the core with a progress bar, render, plot, apply --check.
+    A spec that is a sweep (``kind.expand``: ``--arg depth=10,20``) runs once per configuration:
+    a table each and a summary, or one JSON line each; figures beside --plot, one each."""
     probe, gate = opts.probe_spec(), opts.gate_spec()
+    points = kind.expand(spec)
+    labels = kind.point_labels(points)
     _check_output_target(opts.output)
+    if len(points) > 1 and opts.fmt.value == "csv":
+        raise SigpropError(
+            f"a sweep of {len(points)} configurations is not one CSV table: use --format json (one "
+            "line per configuration) or table",
+            field="format",
+        )
+    plots = [None] * len(points)
     plot_mod = _plot_target(opts.plot)
+    if plot_mod is not None:
+        plots = [opts.plot] if len(points) == 1 else [_point_path(opts.plot, label) for label in labels]
+        for path in plots:
+            plot_mod.check_target(path)
 
     from sigprop import api  # the lazy torch import at the CLI's edge: --help never loads it
 
-    prog, update = _progress_callback("probing")
-    banner = _banner(kind, spec, probe.seed, probe.seeds)
-    if prog is not None:
-        prog.start()
-    try:
-        result = api.probe(
-            spec,
-            probe,
-            progress=update,
-            on_start=lambda env: _say(banner({"samples": probe.samples, **env})),
-            gate=gate,
-        )
-    finally:
+    results = []
+    for point, label in zip(points, labels):
+        prog, update = _progress_callback("probing")
+        banner = _banner(kind, point, probe.seed, probe.seeds)
         if prog is not None:
-            prog.stop()
-    render(result, opts.fmt, opts.output)
-    if plot_mod is not None:
-        plot_mod.probe_figure(result, opts.plot)
-        _say(f"sigprop: wrote {opts.plot}")
-    if opts.check and not result.passed:
+            prog.start()
+        try:
+            result = api.probe(
+                point,
+                probe,
+                progress=update,
+                on_start=lambda env, banner=banner: _say(banner({"samples": probe.samples, **env})),
+                gate=gate,
+            )
+        except SigpropError as exc:  # which configuration of a sweep it was
+            if len(points) == 1:
+                raise
+            raise SigpropError(f"{label}: {exc.message}", field=exc.field, exit_code=exc.exit_code) from None
+        finally:
+            if prog is not None:
+                prog.stop()
+        results.append(result)
+        if len(points) == 1 or opts.fmt.value == "table":
+            render(result, opts.fmt, opts.output if len(points) == 1 else None)
+    if len(points) > 1:
+        if opts.fmt.value == "json":
+            write_output("".join(report.to_json_line(r) for r in results), opts.output)
+        else:
+            render_rich(lambda console: report.render_sweep_summary(labels, results, console), opts.output)
+    for result, path in zip(results, plots):
+        if path is not None:
+            plot_mod.probe_figure(result, path)
+            _say(f"sigprop: wrote {path}")
+    failed = False
+    for result, label in zip(results, labels):
+        if not opts.check or result.passed:
+            continue
+        failed = True
+        where = f"{label}: " if len(points) > 1 else ""
         for run in result.runs:
             for c in run.gate_checks():
                 if not c.passed:
                     # a plug-in's gate says why in its note (the verdicts' notes are in the table)
                     why = f"; {c.note}" if c.note and c.verdict not in ("preserved", "theory") else ""
                     _say(
-                        f"sigprop: check failed ({report.verdict_words(c.verdict)}): {run.init}: "
+                        f"sigprop: check failed ({report.verdict_words(c.verdict)}): {where}{run.init}: "
                         f"{report.gate_text(c)}{why}"
                     )
+    if failed:
         raise typer.Exit(1)
 
 

@@ -66,6 +66,8 @@ class Hints:
     backward: str = r"$\|\partial\ell/\partial a^l\| \,/\, \|\partial\ell/\partial a^L\|$"
     units: str = "layers"
     energy: bool = False
+    #: what the dotted RMS prediction is, in the figure's legend
+    rms_label: str = "energy-map RMS ratio"
     #: rows carry names (a model's sites: ``layer3.4``), shown beside the index
     names: bool = False
 
@@ -131,6 +133,15 @@ class Kind:
     def sweep_config(self, spec) -> dict:
         """What a sweep line's ``config`` adds for this kind (part of its resume key)."""
         return {}
+
+    def expand(self, spec) -> list:
+        """The specs one command line runs (a kind with a sweep in its options returns one per
+        configuration: ``sigprop module --arg depth=10,20``)."""
+        return [spec]
+
+    def point_labels(self, points: list) -> list[str]:
+        """The configurations of an expanded spec in words, what tells them apart (``depth=10``)."""
+        return [""] * len(points)
 
     def banner(self, spec) -> str:
         """The net in words, for the line a run starts with."""

@@ -16,10 +16,11 @@ import copy
 import difflib
 import importlib
 import importlib.util
+import itertools
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -58,6 +59,32 @@ def parse_args(items) -> dict:
                 field="arg",
             )
     return out
+
+
+def arg_values(name: str, text: str) -> list[str]:
+    """The values of one ``--arg name=...``: a bare comma list (``10,20,50``) sweeps, one value
+    each; a bracketed or quoted literal (``(16, 32)``, ``'a,b'``) is one value."""
+    t = text.strip()
+    if t[:1] in "([{'\"" or "," not in t:
+        return [t]
+    parts = [p.strip() for p in t.split(",")]
+    if not all(parts):
+        raise SigpropError(f"an empty value in {name}={text}", field="arg")
+    if len(set(parts)) != len(parts):
+        raise SigpropError(f"a value is repeated in {name}={text}", field="arg")
+    return parts
+
+
+def arg_points(items) -> list[tuple[str, ...]]:
+    """Every combination of the ``--arg`` items' values (one when no item is a comma list), each
+    as its ``name=value`` items, in the order given."""
+    axes = []
+    for item in items:
+        if "=" not in item:
+            raise SigpropError(f"expected name=value, got {item!r}", field="arg")
+        name, text = item.split("=", 1)
+        axes.append([f"{name.strip()}={v}" for v in arg_values(name.strip(), text)])
+    return [tuple(point) for point in itertools.product(*axes)]
 
 
 def resolve_target(target: str) -> Callable:
@@ -131,7 +158,8 @@ class ModuleSpec:
             specs.check_size(s, "input_shape")
         object.__setattr__(self, "input_shape", shape)
         object.__setattr__(self, "args", tuple(self.args))
-        parse_args(self.args)
+        for point in arg_points(self.args):  # every configuration of a sweep checked up front
+            parse_args(point)
         if self.vocab is not None:
             specs.check_size(self.vocab, "vocab")
         if self.batch_size is not None:
@@ -155,8 +183,21 @@ class ModuleSpec:
                 return self.model
             instance = self.model
             return lambda: copy.deepcopy(instance)
+        if len(self.points()) > 1:
+            raise SigpropError(
+                f"{' '.join(self.args)} is a sweep of {len(self.points())} configurations: run it with "
+                "sigprop module, or build one model per value",
+                field="arg",
+            )
         fn, kwargs = resolve_target(self.target), parse_args(self.args)
         return lambda: fn(**kwargs)
+
+    def points(self) -> list["ModuleSpec"]:
+        """One spec per configuration of a ``--arg name=a,b,c`` sweep (itself when none)."""
+        grid = arg_points(self.args)
+        if len(grid) == 1:
+            return [self]
+        return [replace(self, args=point) for point in grid]
 
     def reinitializes_one_instance(self) -> bool:
         """A module instance (not a factory) keeps one set of own weights: ``as-is`` is one draw."""
@@ -248,7 +289,8 @@ class ModuleKind(Kind):
             "args",
             str,
             None,
-            "A keyword argument of the callable, name=value (a Python literal; repeatable).",
+            "A keyword argument of the callable, name=value (a Python literal; repeatable); a bare "
+            "comma list sweeps (depth=10,20,50: one probe per value), a bracketed tuple is one value.",
             flag="--arg",
             repeat=True,
             toml=(list,),
@@ -296,6 +338,7 @@ class ModuleKind(Kind):
         backward=r"$\mathrm{rms}(\partial\ell/\partial h) \,/\, \mathrm{rms}(\partial\ell/\partial y)$",
         units="sites",
         energy=True,
+        rms_label="traced moment maps' RMS ratio",
         names=True,
     )
     band_help = "0.1:10 around the input's per-element scale"
@@ -315,13 +358,21 @@ class ModuleKind(Kind):
     def sweep_spec(self, size, width, init, input_dim):
         raise SigpropError("sweep a model with --arg name=a,b,c (not yet)", field="command")
 
+    def expand(self, spec) -> list:
+        return spec.points()
+
+    def point_labels(self, points: list) -> list[str]:
+        varying = [i for i in range(len(points[0].args)) if len({p.args[i] for p in points}) > 1]
+        return [" ".join(p.args[i] for i in varying) for p in points]
+
     def banner(self, spec) -> str:
         what = spec.target or type(spec.model).__name__
         args = (" " + " ".join(spec.args)) if spec.args else ""
         return f"{what}{args}, input {'x'.join(map(str, spec.input_shape))}, sites {spec.sites}"
 
     def describe(self, config: dict) -> str:
-        return f"{config.get('target')}, input {config.get('input_shape')}"
+        args = "".join(" " + a for a in config.get("args") or [])
+        return f"{config.get('target')}{args}, input {config.get('input_shape')}"
 
     def spreads(self, before, after) -> tuple[list[float], list[float]]:
         return spreads(before, after)

@@ -481,6 +481,10 @@ def test_cli_runs_checks_and_reruns(nets_file, tmp_path, capsys):
         (["{f}:mlp", "--input-shape", "a,b"], "--input-shape: expected sizes"),
         (["{f}:mlp", "--input-shape", "24", "--arg", "depth"], "--arg: expected name=value"),
         (["{f}:mlp", "--input-shape", "24", "--init", "datadep"], "--init"),
+        (["{f}:mlp", "--input-shape", "24", "--arg", "depth=2,2"], "--arg: a value is repeated"),
+        (["{f}:mlp", "--input-shape", "24", "--arg", "depth=2,"], "--arg: an empty value"),
+        (["{f}:mlp", "--input-shape", "24", "--arg", "depth=2,3", "--format", "csv"], "--format: a sweep"),
+        (["{f}:mlp", "--input-shape", "24", "--arg", "pretrained=False,True"], "pretrained=True would load"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(nets_file, argv, words, capsys):
@@ -488,6 +492,39 @@ def test_bad_input_is_one_line_exit_2(nets_file, argv, words, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and words in err[0], err
+
+
+def test_a_comma_list_sweeps_the_factory(nets_file, tmp_path, capsys):
+    """``--arg depth=2,6``: one probe per value (every combination of several lists), a table
+    each and a summary; JSON one line per configuration; one figure each; --check fails when
+    one configuration fails, naming it; a bracketed tuple stays one value."""
+    target = f"{nets_file}:mlp"
+    argv = ["module", target, "--arg", "depth=2,12", "--input-shape", "24", "--init", "he", "--samples", "8"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "sweep" in out and "depth=2 " in out and "depth=12 " in out
+    assert main([*argv, "--format", "json", "--output", str(tmp_path / "s.jsonl")]) == 0
+    lines = (tmp_path / "s.jsonl").read_text().splitlines()
+    assert [json.loads(line)["config"]["args"] for line in lines] == [["depth=2"], ["depth=12"]]
+    assert main([*argv, "--plot", str(tmp_path / "f.png")]) == 0
+    assert (tmp_path / "f-depth=2.png").is_file() and (tmp_path / "f-depth=12.png").is_file()
+    capsys.readouterr()
+    # he halves the signal per layer: 12 layers leave 2^-6 < 0.1, 2 layers keep 1/2
+    assert main([*argv, "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "depth=12: he" in err and "depth=2: he" not in err
+    make = sigprop.kinds.KINDS["module"].spec
+    spec = make(target=target, args=("depth=2,3", "width=(4)"), input_shape="24")
+    assert [p.args for p in spec.points()] == [("depth=2", "width=(4)"), ("depth=3", "width=(4)")]
+    with pytest.raises(SigpropError, match="a sweep of 2 configurations"):
+        spec.factory()
+    # a configuration that fails after others ran says which it was, exit 2
+    assert main(["module", target, "--arg", "width=8,x", "--input-shape", "24", "--samples", "4"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith("sigprop: error: TARGET: width=x: the model factory raised TypeError")
+    )
 
 
 def test_instance_with_several_as_is_draws_is_refused():
