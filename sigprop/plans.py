@@ -599,7 +599,10 @@ def _split(total: list[float], parts: list[list[_Seg]]) -> list[list[float]]:
 
 
 def predict_graph(
-    nodes: Sequence[GraphNode], q_input: float, mean_input: float = 0.0, shared_input: float | None = None
+    nodes: Sequence[GraphNode],
+    q_input: float | Sequence[float],
+    mean_input: float | Sequence[float] = 0.0,
+    shared_input: float | Sequence[float] | None = None,
 ) -> GraphPrediction:
     """Compose a traced model's moment maps (``GraphNode``): forward in graph order from the
     input's per-element second moment, mean and shared moment (default mean^2: independent
@@ -610,15 +613,27 @@ def predict_graph(
     variance; and over a conv map each part carries its profile over the positions (mean 1): a
     padded conv's window sums fewer taps at the border, and that loss compounds layer after
     layer as the box filter of §11 does (docs/theory.md §13).  The ratios a probe measures are
-    then sqrt(q/q_input) and sqrt(r), q and r the means over the units."""
+    then sqrt(q/q_input) and sqrt(r), q and r the means over the units.  A forward of several
+    tensors: ``q_input`` (and the mean, the shared moment) one per input node, in order."""
     n = len(nodes)
+    n_in = sum(1 for nd in nodes if nd.op == "input")
+
+    def per_input(v) -> list:
+        return list(v) if isinstance(v, (list, tuple)) else [v] * n_in
+
+    q_ins, m_ins = per_input(q_input), per_input(mean_input)
+    k_ins = [m * m for m in m_ins] if shared_input is None else per_input(shared_input)
+    if not len(q_ins) == len(m_ins) == len(k_ins) == n_in:
+        raise ValueError(f"{n_in} input nodes, {len(q_ins)} input moments")
+    seen = 0
     st: list[list[_Seg] | None] = [None] * n
     dmom: dict[int, list[tuple[float, float]]] = {}  # act, maxpool: per part E[phi'^2], its cross
     unmapped = ""
     for i, nd in enumerate(nodes):
         ins = nd.inputs
         if nd.op == "input":
-            st[i] = [_Seg(1.0, q_input, mean_input, mean_input**2 if shared_input is None else shared_input)]
+            st[i] = [_Seg(1.0, q_ins[seen], m_ins[seen], k_ins[seen])]
+            seen += 1
             continue
         if nd.op == "const" or not ins or any(st[j] is None for j in ins):
             if nd.op == "unknown" and not unmapped:

@@ -376,11 +376,32 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     env = _environment(probe_spec, device, stream=False, batch=1)
     factory = spec.factory()
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(probe_spec.seed, specs.STREAM_INPUTS))
-    if spec.data is not None:  # the user's inputs, checked before anything is built
+    x: torch.Tensor | tuple
+    if spec.inputs is not None:  # the API's own tensors: their first `samples` rows
+        given = [
+            torch.as_tensor(t)
+            for t in (spec.inputs if isinstance(spec.inputs, (tuple, list)) else [spec.inputs])
+        ]
+        if given[0].shape[0] < probe_spec.samples:
+            raise SigpropError(
+                f"inputs= have {given[0].shape[0]} rows for {probe_spec.samples} samples: pass "
+                f"samples={given[0].shape[0]} or more rows",
+                field="inputs",
+            )
+        xs = tuple(
+            t[: probe_spec.samples].to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+            for t in given
+        )
+        x = xs[0] if len(xs) == 1 else xs
+    elif spec.data is not None:  # the user's inputs, checked before anything is built
         d = data_mod.take(data_mod.load(spec.data, spec.input_shape, 2**62), probe_spec.samples)
         x = torch.as_tensor(d.x, device=device, dtype=dtype).reshape(d.count, *spec.input_shape)
-    elif spec.vocab is None:
-        x = torch.randn(probe_spec.samples, *spec.input_shape, generator=gx, device=device, dtype=dtype)
+    elif spec.vocab is None:  # N(0, I), one tensor per input the forward takes
+        xs = tuple(
+            torch.randn(probe_spec.samples, *shape, generator=gx, device=device, dtype=dtype)
+            for shape in spec.shapes
+        )
+        x = xs[0] if len(xs) == 1 else xs
     else:  # token ids, uniform over the vocabulary
         x = torch.randint(spec.vocab, (probe_spec.samples, *spec.input_shape), generator=gx, device=device)
     e_seed = specs.derive_seed(probe_spec.seed, specs.STREAM_ERRORS)
@@ -401,7 +422,9 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
             if not plan.sites:
                 plan.sites = modules.resolve_sites(model, spec.sites)
                 weights = sum(p.numel() * p.element_size() for p in model.parameters())
-                per_sample = modules.activation_bytes(model, x[:2]) // min(2, probe_spec.samples)
+                per_sample = modules.activation_bytes(model, modules.rows(x, 0, 2)) // min(
+                    2, probe_spec.samples
+                )
                 # the leaf outputs of the batch: 9.2 GiB estimated, 9.0 GiB peak measured for
                 # DenseNet121 at 3x224x224 with 64 samples (benchmarks/module.py)
                 rows = min(spec.batch_size or probe_spec.samples, probe_spec.samples)
@@ -436,14 +459,20 @@ def _model_prediction(model, x, plan, kind) -> tuple[np.ndarray, np.ndarray]:
             plan.spread_forward, plan.spread_backward = [0.0] * E, [0.0] * E
         return np.full(E, np.nan), np.full(E, np.nan)
 
-    if not x.is_floating_point():  # token ids: no moment map for the embedding yet
+    xs = x if isinstance(x, tuple) else (x,)
+    if not all(t.is_floating_point() for t in xs):  # token ids: no moment map for the embedding yet
         return none("token inputs: the theory starts at a float input, measured only")
     nodes, where, why = modules.trace(model, x, plan.sites)
     if nodes is None:
         return none(why)
-    q_in = float(x.double().pow(2).mean())
+    # the ratios' reference: all inputs' elements together; each input node starts from its own
+    q_in = sum(float(t.double().pow(2).sum()) for t in xs) / sum(t.numel() for t in xs)
     try:
-        pred = plans.predict_graph(nodes, q_in, float(x.double().mean()))
+        pred = plans.predict_graph(
+            nodes,
+            [float(t.double().pow(2).mean()) for t in xs],
+            [float(t.double().mean()) for t in xs],
+        )
     except Exception as exc:  # a map sigprop got wrong must not cost the user the measurement
         return none(f"the moment maps failed ({type(exc).__name__}: {exc}); measured only; please report it")
     if pred.unmapped:

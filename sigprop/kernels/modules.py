@@ -255,7 +255,9 @@ def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str], ba
     ``batch``: the samples run in chunks of that many, each chunk's graph freed before the next
     (the memory of one chunk; a batch norm then normalises each chunk by its own statistics)."""
     modules = dict(model.named_modules(remove_duplicate=False))
-    N = x.shape[0]
+    xs = x if isinstance(x, tuple) else (x,)
+    floating = all(t.is_floating_point() for t in xs)
+    N = xs[0].shape[0]
     step = N if batch is None else max(1, min(batch, N))
     parts_f: dict[str, list] = {n: [] for n in sites}
     parts_b: dict[str, list] = {n: [] for n in sites}
@@ -266,8 +268,8 @@ def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str], ba
         return t.detach().reshape(t.shape[0], -1).double().pow(2).mean(1)
 
     for lo in range(0, N, step):
-        xc = x[lo : lo + step].detach().requires_grad_(x.is_floating_point())
-        rows = xc.shape[0]
+        xc = tuple(t[lo : lo + step].detach().requires_grad_(t.is_floating_point()) for t in xs)
+        rows = xc[0].shape[0]
         fwd: dict[str, torch.Tensor] = {}
         bwd: dict[str, torch.Tensor] = {}
 
@@ -292,7 +294,7 @@ def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str], ba
         handles = [modules[n].register_forward_hook(hook(n)) for n in sites]
         try:
             with torch.enable_grad():
-                y = output_tensor(_call(model, xc))
+                y = output_tensor(_call(model, xc if len(xc) > 1 else xc[0]))
                 if e_all is None:  # all N errors at once: the same e whatever the chunks
                     gen = torch.Generator(device=y.device).manual_seed(e_seed)
                     e_all = torch.randn((N, *y.shape[1:]), generator=gen, device=y.device, dtype=y.dtype)
@@ -305,11 +307,15 @@ def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str], ba
         missing = [n for n in sites if n not in fwd]
         if missing:
             raise SigpropError(f"site {missing[0]!r} was not called by the model's forward", field="sites")
-        # token ids have no scale: the forward ratios are then relative to the first site
-        ms_x = per_sample_ms(xc) if x.is_floating_point() else fwd[sites[0]]
+        # token ids have no scale: the forward ratios are then relative to the first site; several
+        # inputs: their elements together
+        if floating:
+            ms_x = sum(per_sample_ms(t) * t[0].numel() for t in xc) / sum(t[0].numel() for t in xc)
+        else:
+            ms_x = fwd[sites[0]]
         ms_e = per_sample_ms(e)
         # a site the output's gradient never reaches has dl/dh = 0: ratio 0 (ln -inf), as a dead ReLU
-        zero = torch.full((rows,), -math.inf, dtype=torch.float64, device=x.device)
+        zero = torch.full((rows,), -math.inf, dtype=torch.float64, device=xs[0].device)
         for n in sites:
             parts_f[n].append(0.5 * (fwd[n] / ms_x).log())
             parts_b[n].append(0.5 * (bwd[n] / ms_e).log() if n in bwd else zero)
@@ -343,15 +349,26 @@ def activation_bytes(model: nn.Module, x1: torch.Tensor) -> int:
     return total
 
 
+def rows(x, lo: int, hi: int):
+    """Rows lo:hi of the inputs (one tensor, or a tuple of them for a forward of several)."""
+    return tuple(t[lo:hi] for t in x) if isinstance(x, tuple) else x[lo:hi]
+
+
 def _call(model, x):
+    """The model's forward on one input tensor or, for a tuple, on its tensors as arguments."""
+    xs = x if isinstance(x, tuple) else (x,)
     try:
-        return model(x)
+        return model(*xs)
     except SigpropError:
         raise
     except Exception as exc:
+        shapes = ";".join(",".join(map(str, t.shape[1:])) for t in xs)
+        hint = ""
+        if isinstance(exc, TypeError) and "positional argument" in str(exc):
+            hint = " (a forward of several tensors: give their shapes as --input-shape a;b, or inputs=)"
         raise SigpropError(
-            f"the model's forward on inputs of shape {tuple(x.shape[1:])} raised {type(exc).__name__}: "
-            f"{_first_line(exc)}",
+            f"the model's forward on inputs of shape {shapes} raised {type(exc).__name__}: "
+            f"{_first_line(exc)}{hint}",
             field="input_shape",
         ) from None
 
@@ -886,7 +903,7 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
     try:
         gm = fx.symbolic_trace(model)
         with torch.no_grad():  # shapes per sample: two samples suffice (a batch norm needs two)
-            ShapeProp(gm).propagate(x[:2])
+            ShapeProp(gm).propagate(*(rows(x, 0, 2) if isinstance(x, tuple) else (x[:2],)))
     except Exception as exc:
         return None, None, f"torch.fx could not trace the model ({type(exc).__name__}: {_first_line(exc)})"
     index: dict[fx.Node, int] = {}

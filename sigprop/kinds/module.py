@@ -139,24 +139,66 @@ class ModuleSpec:
     batch_size: int | None = None
     inits: tuple[str, ...] = ("as-is",)
     model: Any = field(default=None, compare=False, repr=False)
+    #: the API's own inputs: a tensor [N, ...] or a tuple of them (a forward of several tensors)
+    inputs: Any = field(default=None, compare=False, repr=False)
+
+    @staticmethod
+    def _shapes_of(shape) -> tuple:
+        """``3,64,64`` or ``3,32,32;10`` (several inputs) or tuples, as a tuple of ints (one
+        input) or of tuples (several); () when none is given."""
+        if isinstance(shape, str):
+            parts = [p for p in shape.split(";")]
+            try:
+                out = [tuple(int(s) for s in p.replace("x", ",").split(",") if s.strip()) for p in parts]
+            except ValueError:
+                raise SigpropError(
+                    f"expected sizes like 3,64,64 (several inputs: 3,32,32;10), got {shape!r}",
+                    field="input_shape",
+                ) from None
+        elif shape and all(isinstance(s, (tuple, list)) for s in shape):
+            out = [tuple(int(d) for d in s) for s in shape]
+        else:
+            out = [tuple(int(s) for s in shape)]
+        if out == [()]:
+            return ()
+        for s in out:
+            if not s:
+                raise SigpropError(f"an input without sizes in {shape!r}", field="input_shape")
+            for d in s:
+                specs.check_size(d, "input_shape")
+        return out[0] if len(out) == 1 else tuple(out)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The inputs' shapes without the batch, one per tensor the forward takes."""
+        s = self.input_shape
+        return s if s and isinstance(s[0], tuple) else (s,)
 
     def __post_init__(self) -> None:
         if self.target is None and self.model is None:
             raise SigpropError("name the model: TARGET (MODULE:CALLABLE) or model=", field="target")
-        shape = self.input_shape
-        if isinstance(shape, str):
-            try:
-                shape = tuple(int(s) for s in shape.replace("x", ",").split(",") if s.strip())
-            except ValueError:
+        object.__setattr__(self, "input_shape", self._shapes_of(self.input_shape))
+        if self.inputs is not None:
+            given = _tensors(self.inputs)
+            shapes = tuple(tuple(int(d) for d in t.shape[1:]) for t in given)
+            if self.input_shape and self.shapes != shapes:
                 raise SigpropError(
-                    f"expected sizes like 3,64,64, got {self.input_shape!r}", field="input_shape"
-                ) from None
-        shape = tuple(int(s) for s in shape)
-        if not shape:
+                    f"inputs= have shapes {';'.join(','.join(map(str, s)) for s in shapes)} without the "
+                    f"batch, input_shape says {';'.join(','.join(map(str, s)) for s in self.shapes)}",
+                    field="input_shape",
+                )
+            if len({t.shape[0] for t in given}) != 1:
+                raise SigpropError("inputs= must have the same number of rows (samples)", field="inputs")
+            object.__setattr__(self, "input_shape", shapes[0] if len(shapes) == 1 else shapes)
+            if self.data is not None or self.vocab is not None:
+                raise SigpropError("inputs= are the inputs: no data= or vocab= beside them", field="inputs")
+        if not self.input_shape:
             raise SigpropError("give the input's shape without the batch, e.g. 3,64,64", field="input_shape")
-        for s in shape:
-            specs.check_size(s, "input_shape")
-        object.__setattr__(self, "input_shape", shape)
+        if len(self.shapes) > 1 and (self.data is not None or self.vocab is not None):
+            raise SigpropError(
+                "several inputs (a;b) are drawn as Gaussians: --data and --vocab take one input",
+                field="input_shape",
+            )
         object.__setattr__(self, "args", tuple(self.args))
         for point in arg_points(self.args):  # every configuration of a sweep checked up front
             parse_args(point)
@@ -207,13 +249,21 @@ class ModuleSpec:
         return {
             "target": self.target if self.target is not None else f"<{type(self.model).__name__} object>",
             "args": list(self.args),
-            "input_shape": ",".join(str(s) for s in self.input_shape),
+            "input_shape": ";".join(",".join(str(d) for d in s) for s in self.shapes),
             "sites": self.sites,
             "vocab": self.vocab,
             "data": self.data,
             "batch_size": self.batch_size,
             "inits": list(self.inits),
         }
+
+
+def _tensors(inputs) -> tuple:
+    """``inputs=`` as a tuple of tensors with a batch dimension, or one line naming the field."""
+    given = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    if not given or not all(hasattr(t, "shape") and hasattr(t, "dtype") and len(t.shape) >= 1 for t in given):
+        raise SigpropError("inputs= takes a tensor [samples, ...] or a tuple of them", field="inputs")
+    return given
 
 
 def _is_factory(obj) -> bool:
@@ -286,6 +336,15 @@ class ModuleKind(Kind):
             toml=(type(None),),  # no TOML value names a Python object: a check names a TARGET
         ),
         Opt(
+            "inputs",
+            object,
+            None,
+            "The inputs themselves (the API): a tensor [samples, ...], or a tuple of them for a forward "
+            "of several tensors; the probe reads its first --samples rows.",
+            cli=False,
+            toml=(type(None),),
+        ),
+        Opt(
             "args",
             str,
             None,
@@ -295,7 +354,14 @@ class ModuleKind(Kind):
             repeat=True,
             toml=(list,),
         ),
-        Opt("input_shape", str, None, "The input's shape without the batch, e.g. 3,64,64.", shown="required"),
+        Opt(
+            "input_shape",
+            str,
+            None,
+            "The input's shape without the batch, e.g. 3,64,64; a forward of several tensors: their "
+            "shapes joined by ';' (3,32,32;10), each drawn N(0, I).",
+            shown="required",
+        ),
         Opt(
             "sites",
             str,
@@ -350,7 +416,7 @@ class ModuleKind(Kind):
             v.pop("args", None)
         elif isinstance(v["args"], dict):
             v["args"] = tuple(f"{k}={val!r}" for k, val in v["args"].items())
-        for name in ("input_shape", "vocab", "data", "batch_size"):
+        for name in ("input_shape", "vocab", "data", "batch_size", "inputs"):
             if v.get(name) is None:
                 v.pop(name, None)
         return ModuleSpec(**v, inits=("as-is",) if inits_ is None else inits_)
@@ -368,7 +434,9 @@ class ModuleKind(Kind):
     def banner(self, spec) -> str:
         what = spec.target or type(spec.model).__name__
         args = (" " + " ".join(spec.args)) if spec.args else ""
-        return f"{what}{args}, input {'x'.join(map(str, spec.input_shape))}, sites {spec.sites}"
+        shapes = " and ".join("x".join(map(str, s)) for s in spec.shapes)
+        given = " (given)" if spec.inputs is not None else ""
+        return f"{what}{args}, input {shapes}{given}, sites {spec.sites}"
 
     def describe(self, config: dict) -> str:
         args = "".join(" " + a for a in config.get("args") or [])
@@ -381,7 +449,7 @@ class ModuleKind(Kind):
         return ModulePlan()
 
     def memory(self, spec, probe, itemsize, free, check) -> Memory:
-        bound = probe.samples * math.prod(spec.input_shape) * itemsize * 4
+        bound = probe.samples * sum(math.prod(s) for s in spec.shapes) * itemsize * 4
         check(bound, self.fields)
         return Memory(ModulePlan(), bound, False, self.fields)
 

@@ -473,7 +473,7 @@ def test_cli_runs_checks_and_reruns(nets_file, tmp_path, capsys):
         (["{f}:broken", "--input-shape", "4"], "factory raised RuntimeError: no such layer"),
         (["{f}:needs", "--input-shape", "4"], "factory raised TypeError"),
         (["{f}:mlp", "--input-shape", "24", "--arg", "pretrained=True"], "--arg: pretrained=True would load"),
-        (["{f}:mlp", "--input-shape", "5"], "--input-shape: the model's forward on inputs of shape (5,)"),
+        (["{f}:mlp", "--input-shape", "5"], "--input-shape: the model's forward on inputs of shape 5 raised"),
         (["{f}:ints", "--input-shape", "5"], "torch.int64 tensor"),
         (["{f}:mlp", "--input-shape", "24", "--sites", "3,lauer"], "--sites: site 'lauer' matches no module"),
         (["{f}:nope", "--input-shape", "24"], "has no 'nope'"),
@@ -525,6 +525,43 @@ def test_a_comma_list_sweeps_the_factory(nets_file, tmp_path, capsys):
         .err.splitlines()[-1]
         .startswith("sigprop: error: TARGET: width=x: the model factory raised TypeError")
     )
+
+
+class TwoInputs(nn.Module):
+    """A forward of two tensors: h = relu(A x + B y), then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(32, 64), nn.Linear(16, 64), nn.Linear(64, 10)
+
+    def forward(self, x, y):
+        return self.c(torch.relu(self.a(x) + self.b(y)))
+
+
+def test_a_forward_of_several_tensors():
+    """--input-shape 32;16 draws one Gaussian per argument; the forward ratio is against all the
+    inputs' elements together (rms over the 48), each input node starts the maps from its own
+    moments; given tensors (inputs=) are the same numbers as the drawn ones they equal."""
+    r = sigprop.probe_module(model=TwoInputs, input_shape="32;16", samples=64, sites="leaves")
+    assert r.config["input_shape"] == "32;16" and not r.config["theory_notes"]
+    layers = {l.name: l for l in r.runs[0].layers}
+    assert all(l.forward.predicted is not None for l in layers.values())
+    # per sample the ratio is rms(h)/rms(x, y): checked by hand on the same draws
+    gen = torch.Generator().manual_seed(sigprop.specs.derive_seed(0, sigprop.specs.STREAM_INPUTS))
+    x, y = torch.randn(64, 32, generator=gen), torch.randn(64, 16, generator=gen)
+    given = sigprop.probe_module(model=TwoInputs, inputs=(x, y), samples=64, sites="leaves")
+    for a, b in zip(r.runs[0].layers, given.runs[0].layers):
+        assert a.forward.rms == b.forward.rms and a.backward.rms == b.backward.rms
+    model = modules.build(TwoInputs, 0, 0).requires_grad_(False)
+    want = (model.a(x).pow(2).mean(1) / torch.cat([x, y], 1).pow(2).mean(1)).sqrt()
+    got = layers["a"].forward.rms
+    assert got == pytest.approx(float(want.pow(2).mean().sqrt()), rel=1e-5)
+    with pytest.raises(SigpropError, match="inputs= have 64 rows for 100 samples"):
+        sigprop.probe_module(model=TwoInputs, inputs=(x, y), samples=100)
+    with pytest.raises(SigpropError, match="input_shape says 32;8"):
+        sigprop.probe_module(model=TwoInputs, inputs=(x, y), input_shape="32;8", samples=64)
+    with pytest.raises(SigpropError, match="--input-shape a;b"):
+        sigprop.probe_module(model=TwoInputs, input_shape="32", samples=4)
 
 
 def test_instance_with_several_as_is_draws_is_refused():
