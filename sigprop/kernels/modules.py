@@ -556,8 +556,9 @@ def init_(
     nonlinear gain 1. ``blocks``: {module path of a branch's last layer: B} overrides the B the graph
     gives; ``roles_``: {module path: "relu" | "linear" | "projection"} the role. A weight-normalized
     layer gets g and v; a plain one w = g v/||v|| (``wn=True`` adds weight normalization first).
-    Returns what it did per layer; a layer it does not understand (grouped convs, other weights) is
-    left as it is, named."""
+    A grouped conv draws each group's rows as one layer's (fans per group: c_in k^2/groups and
+    c_out/groups).  Returns what it did per layer; a layer it does not understand (a transposed
+    conv, transformers' Conv1D, an embedding's table) is left as it is, named."""
     if isinstance(scheme, str):
         scheme = inits.get(scheme, frozenset({"taps"}), "a model")
     if scheme.name == "as-is":
@@ -578,17 +579,13 @@ def init_(
                         InitRecord(name, type(m).__name__, 0, 0, False, False, note="not understood")
                     )
             continue
-        if getattr(m, "groups", 1) != 1:
-            records.append(
-                InitRecord(name, type(m).__name__, 0, 0, False, False, note="grouped conv left as is")
-            )
-            continue
         if wn and _wn_parts(m) is None:
             torch.nn.utils.parametrizations.weight_norm(m)
         parts = _wn_parts(m)
         w = m.weight.detach()
         shape = w.shape
-        fan_out, fan_in = shape[0], int(np.prod(shape[1:]))
+        groups = getattr(m, "groups", 1)  # a grouped conv: each group's rows drawn as one layer's
+        fan_out, fan_in = shape[0] // groups, int(np.prod(shape[1:]))
         taps = int(np.prod(shape[2:])) if w.dim() > 2 else 1
         kind, B, b_index = found.get(name, ("relu", 1, 0))
         if blocks and name in blocks:
@@ -600,7 +597,18 @@ def init_(
             fan_in=fan_in, fan_out=fan_out, kind=kind, blocks_in_stage=B, block_index=b_index, taps=taps
         )
         gen = sampling.layer_generator(seed, draw, index, w.device)
-        p = sampling.sample(scheme, role, gen, w.device, w.dtype)  # as the walker draws in this dtype
+        # as the walker draws in this dtype; the groups one after another from the layer's generator
+        drawn = [sampling.sample(scheme, role, gen, w.device, w.dtype) for _ in range(groups)]
+        p = drawn[0]
+        if groups > 1:
+            cat = lambda xs: None if xs[0] is None else torch.cat([x.reshape(-1) for x in xs])  # noqa: E731
+            p = dataclasses.replace(
+                p,
+                v=torch.cat([d.v.reshape(fan_out, -1) for d in drawn]),
+                g=cat([d.g for d in drawn]),
+                scale=cat([d.scale for d in drawn]),
+                bias=cat([d.bias for d in drawn]),
+            )
         with torch.no_grad():
             v = p.v.reshape(shape).to(w.dtype)
             row_scale = p.scale.reshape(-1, *([1] * (w.dim() - 1))).to(w.dtype)

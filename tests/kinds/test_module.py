@@ -347,6 +347,17 @@ def test_proposed_init_holds_the_resnet_band_on_a_users_wn_resnet():
     assert he[-1].forward.rms / he[0].forward.rms > 2 * math.sqrt(math.e)
 
 
+def test_init_draws_a_grouped_conv_group_by_group():
+    """groups = 8 of a 64 -> 64 conv: each group's 8 rows of 8 x 9 entries drawn as one layer's:
+    orthogonal within the group, norm sqrt(2 c_in/c_out) = sqrt(2) for proposed (float32)."""
+    conv = nn.Conv2d(64, 64, 3, padding=1, groups=8)
+    (rec,) = modules.init_(nn.Sequential(conv, nn.ReLU()), "proposed")
+    assert rec.set and (rec.fan_in, rec.fan_out) == (72, 8)
+    w = conv.weight.detach().reshape(8, 8, 72)
+    gram = w @ w.transpose(1, 2)
+    assert torch.allclose(gram, 2.0 * torch.eye(8).expand(8, 8, 8), atol=1e-5)
+
+
 def test_init_adds_weight_norm_and_keeps_unnormalised_layers_plain():
     model = mlp(3, 16, 16)
     recs = modules.init_(model, "proposed", wn=True)
