@@ -455,6 +455,8 @@ class GraphNode:
     * ``dense`` (Linear, ConvNd, ConvTransposeNd): q' = ``forward`` M q + ``bias``, k' alike,
       m' = 0, M the window over the positions (``mats``; none for a Linear); backward r =
       ``backward`` M^T r' (||W||^2/c_in for a conv; ||W||^2/n_in for a Linear);
+    * ``standardized``: a dense layer a data-dependent init calibrated on the probe's batch
+      (each unit mean 0 and sd 1 there: q' = 1, k' = 0), its backward a dense layer's;
     * ``norm`` (training-mode normalisation, gain ``forward`` = mean gamma^2, ``bias`` = mean
       beta^2): ``group`` = 0 for batch statistics (var = q - k: the units' offsets removed),
       else per-sample statistics over ``units`` elements holding ``group`` offsets;
@@ -650,6 +652,8 @@ def predict_graph(
                 ]
             else:
                 st[i] = [_Seg(1.0, nd.forward * x.q + nd.bias, 0.0, nd.forward * x.k + nd.bias)]
+        elif nd.op == "standardized":  # a layer calibrated on this batch: each unit mean 0, sd 1
+            st[i] = [_Seg(1.0, 1.0, 0.0, 0.0, None)]
         elif nd.op == "norm":
             parts = src if nd.group in (0, 1) else [_merged(src)]  # per channel, or over them all
             out = []
@@ -747,7 +751,7 @@ def predict_graph(
         g = [(r, rk, _blend(parts)) for r, rk, parts in grads[i]]
         mine = st[i]
         for pos, j in enumerate(nd.inputs):
-            if nd.op == "dense":  # every input unit reads all outputs: one gradient for all parts
+            if nd.op in ("dense", "standardized"):  # every input unit reads all outputs: one gradient
                 r = sum(s.w * x[0] for s, x in zip(mine, g))
                 rk = sum(s.w * x[1] for s, x in zip(mine, g))
                 rp = _blend([(s.w * x[0], x[2]) for s, x in zip(mine, g)])

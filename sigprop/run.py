@@ -413,7 +413,9 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
         got: dict[str, list] = {"fwd": [], "bwd": [], "pred_fwd": [], "pred_bwd": []}
         for draw in range(probe_spec.seeds):
             model = modules.build(factory, probe_spec.seed, draw)
-            records = modules.init_(model, scheme, probe_spec.seed, draw)
+            # a data-dependent init calibrates on the probe's inputs (a chunk's worth with --batch-size)
+            calib = modules.rows(x, 0, spec.batch_size) if spec.batch_size else x
+            records = modules.init_(model, scheme, probe_spec.seed, draw, batch=calib)
             left = [f"{r.name} ({r.kind}: {r.note})" for r in records if not r.set]
             if left and draw == 0:  # what the init could not set, said once per init
                 shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
@@ -488,7 +490,7 @@ def _model_prediction(model, x, plan, kind) -> tuple[np.ndarray, np.ndarray]:
         if pred.r[j] is not None and pred.r[j] > 0:
             pb[i] = 0.5 * math.log(pred.r[j])
     if not plan.spread_forward:
-        widths = [(k, nd.width) for k, nd in enumerate(nodes) if nd.op == "dense"]
+        widths = [(k, nd.width) for k, nd in enumerate(nodes) if nd.op in ("dense", "standardized")]
         before = [[w for k, w in widths if j is not None and k <= j] for j in where]
         after = [[w for k, w in widths if j is not None and k > j] for j in where]
         plan.spread_forward, plan.spread_backward = kind.spreads(before, after)

@@ -544,6 +544,7 @@ def init_(
     wn: bool = False,
     blocks: dict | None = None,
     roles_: dict | None = None,
+    batch=None,
 ) -> list[InitRecord]:
     """Apply the init scheme ``scheme`` (a name or an ``inits.InitScheme``) to every Linear and
     ConvNd of ``model`` (Arpit et al. 2019's schemes and their baselines), each layer's weights
@@ -557,16 +558,100 @@ def init_(
     gives; ``roles_``: {module path: "relu" | "linear" | "projection"} the role. A weight-normalized
     layer gets g and v; a plain one w = g v/||v|| (``wn=True`` adds weight normalization first).
     A grouped conv draws each group's rows as one layer's (fans per group: c_in k^2/groups and
-    c_out/groups).  Returns what it did per layer; a layer it does not understand (a transposed
-    conv, transformers' Conv1D, an embedding's table) is left as it is, named."""
+    c_out/groups).  A data-dependent scheme (``datadep``: Salimans & Kingma 2016, section 3)
+    then calibrates the layers in the order the forward calls them on ``batch`` (the inputs: a
+    tensor or a tuple of them), ``calibrate``.  Returns what it did per layer; a layer it does
+    not understand (a transposed conv, transformers' Conv1D, an embedding's table) is left as it
+    is, named."""
     if isinstance(scheme, str):
         scheme = inits.get(scheme, frozenset({"taps"}), "a model")
     if scheme.name == "as-is":
         return []
-    if scheme.standardizes:
+    if scheme.standardizes and batch is None:
         raise SigpropError(
-            f"init {scheme.name!r} calibrates on a batch: not available for a model yet", field="init"
+            f"init {scheme.name!r} calibrates on a batch: pass batch= (the inputs)", field="init"
         )
+    records = _draw(model, scheme, seed, draw, wn, blocks, roles_)
+    if scheme.standardizes:
+        calibrate(model, [r.name for r in records if r.set], batch)
+        layers = dict(model.named_modules())
+        for r in records:
+            if r.set and layers[r.name].bias is None:
+                r.note = "no bias to centre it: scaled to sd 1 only"
+    return records
+
+
+def calibrate(model: nn.Module, names: list[str], batch) -> None:
+    """The data-dependent init of a model (Salimans & Kingma 2016, eq. 5-6, as sigprop's own
+    nets: ``sampling.CALIBRATIONS``): layer after layer in the order the forward calls them, a
+    forward on ``batch`` (no graph) up to the layer reads its pre-activation t = v.x/||v|| per
+    unit -- a Linear's last axis, a conv's channels, over the samples and positions -- and sets
+    g = 1/sigma[t], b = -mu[t]/sigma[t]: each unit standardised on the batch by everything before
+    it already calibrated.  One forward per layer, stopped at the layer."""
+    layers = dict(model.named_modules())
+    order: list[str] = []
+    seen = {id(layers[n]): n for n in names}
+
+    def note(mod, args, out):
+        n = seen.get(id(mod))
+        if n is not None and n not in order:
+            order.append(n)
+
+    handles = [layers[n].register_forward_hook(note) for n in names]
+    try:
+        with torch.no_grad():
+            _call(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+
+    for n in order:
+        m, got = layers[n], {}
+
+        def grab(mod, args, out, got=got):
+            got["t"] = out.detach()
+            raise _Stop
+
+        h = m.register_forward_hook(grab)
+        try:
+            with torch.no_grad():
+                _call(model, batch)
+        except _Stop:
+            pass
+        finally:
+            h.remove()
+        t = got["t"].double()
+        axis = t.dim() - 1 if isinstance(m, nn.Linear) else 1
+        if m.bias is not None:  # t is v.x/||v||: the drawn bias is 0, but a kept one is taken off
+            t = t - m.bias.detach().double().reshape([-1 if d == axis else 1 for d in range(t.dim())])
+        dims = [d for d in range(t.dim()) if d != axis]
+        mu, sigma = t.mean(dim=dims), t.std(dim=dims, unbiased=False)
+        if not bool((sigma > 0).all()):
+            raise SigpropError(
+                f"datadep: a unit of {n!r} has zero variance over the batch; use more samples",
+                field="samples",
+            )
+        w_scale = (1.0 / sigma).to(m.weight.dtype)
+        parts = _wn_parts(m)
+        with torch.no_grad():
+            if parts is not None:
+                g_param, _ = parts
+                g_param.mul_(w_scale.reshape(g_param.shape))
+            else:
+                m.weight.mul_(w_scale.reshape(-1, *([1] * (m.weight.dim() - 1))))
+            if m.bias is not None:
+                m.bias.copy_((-mu / sigma).to(m.bias.dtype))
+        # the trace maps it as standardised (its bias is not independent of its input: it cancels
+        # the units' offsets on this batch), not as a random layer with a bias
+        m._sigprop_standardized = m.bias is not None
+
+
+class _Stop(BaseException):
+    """Ends a calibration's forward at the layer it reads (not an Exception: ``_call`` lets it by)."""
+
+
+def _draw(model, scheme, seed, draw, wn, blocks, roles_) -> list[InitRecord]:
+    """``init_``'s draw of every layer (before any calibration)."""
     found, why = roles(model)
     records: list[InitRecord] = []
     index = 0
@@ -666,7 +751,7 @@ def _dense_node(m: nn.Module, shape_in, shape_out, name, inputs) -> plans.GraphN
     c_in = w.shape[1] * getattr(m, "groups", 1)
     return plans.GraphNode(
         name,
-        "dense",
+        "standardized" if getattr(m, "_sigprop_standardized", False) else "dense",
         inputs,
         forward=sq / c_out,
         backward=sq / c_in if mats else sq * numel_out / (c_out * numel_in),

@@ -211,11 +211,6 @@ class ModuleSpec:
         if not isinstance(self.sites, str) or not self.sites.strip():
             raise SigpropError("auto, leaves, or a comma list of module names", field="sites")
         base.init_tuple(self, ModuleKind.provides, ModuleKind.noun)
-        for name in self.inits:
-            if inits.INITS[name].standardizes:
-                raise SigpropError(
-                    f"init {name!r} calibrates on a batch: not available for a model yet", field="init"
-                )
 
     def factory(self) -> Callable:
         """A zero-argument callable that builds a fresh model (a module given as is is returned by
@@ -320,7 +315,6 @@ class ModuleKind(Kind):
     sweeps = False
     curvature = False
     provides = frozenset({"taps", MODEL})
-    excluded_inits = frozenset({"datadep"})
     fields = "samples/input_shape"
     default_inits = ("as-is",)
     init_help = "Init (repeatable): as-is keeps the model's own; the others are applied by sigprop.init_."

@@ -358,6 +358,36 @@ def test_init_draws_a_grouped_conv_group_by_group():
     assert torch.allclose(gram, 2.0 * torch.eye(8).expand(8, 8, 8), atol=1e-5)
 
 
+def test_datadep_calibrates_each_layer_on_the_batch():
+    """Salimans & Kingma 2016's data-dependent init on a model: after ``init_`` with a batch
+    every Linear's output has mean 0 and sd 1 per unit on that batch (float32: 1e-5), layer
+    after layer in forward order; the probe maps those layers as standardised, so the traced
+    forward ratio equals the measured to 1% (the sd of the ReLU outputs is the only moment left
+    to the maps); without a batch it is refused."""
+
+    def biased():
+        return nn.Sequential(*[m for n in (48, 64, 64, 64) for m in (nn.Linear(n, 64), nn.ReLU())])
+
+    model, x = biased(), torch.randn(128, 48)
+    with pytest.raises(SigpropError, match="pass batch="):
+        modules.init_(model, "datadep")
+    records = modules.init_(model, "datadep", batch=x)
+    assert [r.name for r in records] == ["0", "2", "4", "6"]
+    h = x
+    with torch.no_grad():
+        for layer in model:
+            h = layer(h)
+            if isinstance(layer, nn.Linear):
+                assert torch.allclose(h.mean(0), torch.zeros(64), atol=1e-5)
+                assert torch.allclose(h.std(0, unbiased=False), torch.ones(64), atol=1e-5)
+    r = sigprop.probe_module(model=biased, input_shape=(48,), inits="datadep", samples=128)
+    for layer in r.runs[0].layers:
+        assert layer.forward.rms == pytest.approx(layer.forward.predicted, rel=0.02)
+    # without a bias a layer is scaled, not centred: said in its record
+    records = modules.init_(mlp(2, 64, 48), "datadep", batch=x)
+    assert all("no bias" in rec.note for rec in records)
+
+
 def test_init_adds_weight_norm_and_keeps_unnormalised_layers_plain():
     model = mlp(3, 16, 16)
     recs = modules.init_(model, "proposed", wn=True)
@@ -491,7 +521,6 @@ def test_cli_runs_checks_and_reruns(nets_file, tmp_path, capsys):
         (["{f}", "--input-shape", "24"], "expected MODULE:CALLABLE"),
         (["{f}:mlp", "--input-shape", "a,b"], "--input-shape: expected sizes"),
         (["{f}:mlp", "--input-shape", "24", "--arg", "depth"], "--arg: expected name=value"),
-        (["{f}:mlp", "--input-shape", "24", "--init", "datadep"], "--init"),
         (["{f}:mlp", "--input-shape", "24", "--arg", "depth=2,2"], "--arg: a value is repeated"),
         (["{f}:mlp", "--input-shape", "24", "--arg", "depth=2,"], "--arg: an empty value"),
         (["{f}:mlp", "--input-shape", "24", "--arg", "depth=2,3", "--format", "csv"], "--format: a sweep"),
