@@ -14,7 +14,18 @@ import importlib
 from sigprop.version import __version__  # noqa: F401  (sigprop.__version__)
 
 #: what ``sigprop.NAME`` reaches in sigprop/api.py (``probe_<kind>`` besides: one per net kind)
-API = ("probe", "init_", "hessian", "spec", "keywords", "run_checks", "rerun", "rerun_specs", "theory_table")
+API = (
+    "probe",
+    "init_",
+    "hessian",
+    "spectrum",
+    "spec",
+    "keywords",
+    "run_checks",
+    "rerun",
+    "rerun_specs",
+    "theory_table",
+)
 
 
 def __getattr__(name: str):

@@ -67,6 +67,13 @@ def hessian(
     return run.curvature(spec, hs or specs.HessianSpec(), progress, on_start)
 
 
+def spectrum(spec, ss: specs.SpectrumSpec | None = None, progress: ProgressFn | None = None, on_start=None):
+    """The input-output Jacobian's spectrum of every init of ``spec`` (``sigprop spectrum``;
+    sigprop/run.py): ``sigprop.spectrum(sigprop.spec("mlp", depth=10, width="200",
+    input_dim=200), sigprop.specs.SpectrumSpec(samples=4))``."""
+    return run.spectrum(spec, ss or specs.SpectrumSpec(), progress, on_start)
+
+
 def spec(command: str, inits=None, **options):
     """The spec of net kind ``command`` from its options as keywords (``inits`` None: the kind's
     defaults): ``spec("mlp", depth=50, width=256, inits="proposed")``."""

@@ -60,19 +60,8 @@ def build(steps, scheme, space: str, x: torch.Tensor, seed: int, draw: int, head
     data-dependent init, calibrates on x) the weights exactly as the probe does, and the units it
     walked are the function -- each unit's ``apply`` over its ``parameters`` (sigprop/walker.py),
     ``u_i.apply(p_i, h)`` composed; the head (``specs.HEADS``) is drawn from its own generator."""
-    units, record_input = walker.compile_plan(steps, scheme)
-    last = units[-1].shape_out
-    with torch.no_grad():  # a walk with an error vector keeps its weights (its ratios are not observed)
-        e = torch.ones(x.shape[0], math.prod(last), device=x.device, dtype=x.dtype)
-        kept = walker.walk(
-            units, scheme, x, e, seed, [draw], [], record_input, space=walker.SPACES[space]()
-        ).kept
-    params: dict[str, torch.Tensor] = {}
-    keys: list[list[tuple[str, str]]] = []
-    for i, (u, k) in enumerate(zip(units, kept)):
-        own = u.parameters(k, scheme.normalized, x.device, x.dtype)
-        keys.append([(name, f"{i}.{name}") for name, _ in own])
-        params.update({f"{i}.{name}": t for name, t in own})
+    fn = walker.as_function(steps, scheme, x, seed, draw, space)
+    units, params, last = fn.units, dict(fn.params), fn.shape_out
     conv = len(last) == 3  # a conv net's last state is globally average-pooled into the head
     head_scheme = scheme if head == "init" else inits.INITS["pytorch"]
     params.update(
@@ -89,9 +78,7 @@ def build(steps, scheme, space: str, x: torch.Tensor, seed: int, draw: int, head
 
     def features(p: dict, xb: torch.Tensor) -> torch.Tensor:
         """The net's last state (conv nets: globally average-pooled): the head's input."""
-        h = xb
-        for u, names in zip(units, keys):
-            h = u.apply({name: p[full] for name, full in names}, h)
+        h = fn.forward(p, xb)
         return h.reshape(h.shape[0], last[0], -1).mean(dim=-1) if conv else h
 
     def loss(p: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:

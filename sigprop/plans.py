@@ -810,3 +810,47 @@ def predict_graph(
         for i in range(n)
     ]
     return GraphPrediction(q, mean, r, unmapped, shared_)
+
+
+# --------------------------------------------------------------------------------------------
+# the input-output Jacobian's spectrum (sigprop/spectra.py; docs/theory.md §14)
+# --------------------------------------------------------------------------------------------
+def predict_jacobian(steps: Sequence[Step], scheme: InitScheme) -> theory.SpectrumPrediction:
+    """The large-width mean and variance of the eigenvalues of J J^T (J the Jacobian of the
+    plan's last state in its input).  A chain of Linear layers composes its layers
+    (``theory.jacobian_spectrum``): each one's mean squared row norm (the scheme's) and its ReLU's
+    derivative moments; the variance is derived for equal widths.  Other plans (residual blocks,
+    convolutions) take the mean from the backward map of ``predict`` where the input and the last
+    state are recorded states (mean sigma^2 = the squared RMS backward ratio); their variance is
+    not derived yet (``why`` says so)."""
+    layers, why = [], ""
+    for st in steps:
+        if isinstance(st, Record):
+            continue
+        if not isinstance(st, Linear) or st.bn or scheme.moments is None or scheme.standardizes:
+            if isinstance(st, (Open, Close)):
+                why = "residual blocks"
+            elif isinstance(st, Conv):
+                why = "convolutions"
+            elif isinstance(st, BatchNorm) or st.bn:
+                why = "batch norm"
+            else:
+                why = f"init {scheme.name}"
+            break
+        m = scheme.moments(st.role)
+        mu1, mu2 = theory.RELU_MU if st.relu else (1.0, 1.0)
+        square = st.role.fan_in == st.role.fan_out
+        s1 = theory.S1_OF_DIRECTION.get(scheme.direction) if square else None
+        layers.append((m.row_sq, mu1, mu2, s1))
+    if not why:
+        pred = theory.jacobian_spectrum(layers)
+        if pred.variance is None:
+            return theory.SpectrumPrediction(pred.mean, None, "the variance is derived for equal widths only")
+        return pred
+    mean = math.nan
+    states = isinstance(steps[0], Record) and isinstance(steps[-1], Record) and not steps[-1].pre_activation
+    if states and not scheme.standardizes and not any(isinstance(st, BatchNorm) for st in steps):
+        back = predict(steps, scheme).ln_backward
+        if back and back[0] is not None:
+            mean = math.exp(2.0 * back[0])
+    return theory.SpectrumPrediction(mean, None, f"the variance is not derived for {why} yet")

@@ -744,3 +744,52 @@ def render_hessian(result, console: Console) -> None:
         "hessian)[/dim]",
         soft_wrap=True,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# the input-output Jacobian's spectrum (``sigprop spectrum``)
+# --------------------------------------------------------------------------------------------
+def _ratio_cell(measured: float | None, predicted: float | None) -> str:
+    if measured is None:
+        return "—"
+    if predicted is None or predicted == 0:
+        return fmt_num(measured)
+    return f"{fmt_num(measured)} ({fmt_num(predicted)})"
+
+
+def render_spectrum(result, console: Console) -> None:
+    """Per init the eigenvalues sigma^2 of J J^T (mean over draws of each draw's summaries) with
+    the large-width prediction in parentheses, then what was not derived."""
+    t = _table("[bold]input-output Jacobian[/bold] — eigenvalues σ² of J Jᵀ, mean over draws (theory)")
+    for name in ("init", "mean σ²", "var σ²", "var/mean²", "σ_max", "σ_min", "cond (median)", "σ² in [½, 2]"):
+        t.add_column(name, justify="left" if name == "init" else "right")
+    for run in result.runs:
+        d = run.to_dict()
+        mean, var = d["mean"], d["variance"]
+        pm, pv = run.predicted_mean, run.predicted_variance
+        norm = None if not mean else var / (mean * mean)
+        pnorm = None if pv is None or not pm else pv / (pm * pm)
+        t.add_row(
+            escape(run.init),
+            _ratio_cell(mean, pm),
+            _ratio_cell(var, pv),
+            _ratio_cell(norm, pnorm),
+            fmt_num(d["sigma_max"]),
+            fmt_num(d["sigma_min"]),
+            "∞" if d["condition"] is None else fmt_num(d["condition"]),
+            f"{100 * d['near_one']:.1f}%",
+        )
+    console.print(t)
+    env = result.environment
+    notes = sorted({run.why for run in result.runs if run.why})
+    for why in notes:
+        console.print(f"theory: {escape(why)}", highlight=False)
+    console.print(
+        f"[dim]J = ∂h^L/∂x exactly at {env['samples']} inputs x ~ N(0, I) per draw "
+        f"({env['output_units']} × {env['input_units']}, {env['reverse_products']} reverse products a "
+        "sample), singular values in float64; mean σ² = tr(J Jᵀ)/n_out = E‖Jᵀe‖²/‖e‖², the squared "
+        "backward ratio; theory (large width, equal widths for the variance): mean ∏ g² E[φ'²], var/mean² = "
+        "Σ (μ₂/μ₁² − 1 − s₁) (Pennington, Schoenholz & Ganguli 2018); a ReLU output's inactive units "
+        "make σ_min = 0 (docs/theory.md §14)[/dim]",
+        soft_wrap=True,
+    )

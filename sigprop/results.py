@@ -782,3 +782,60 @@ def curvature_row(
         "seconds": round(seconds, 3),
         "environment": result.environment,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# the input-output Jacobian's spectrum (``sigprop spectrum``, issue 30)
+# --------------------------------------------------------------------------------------------
+SPECTRUM_SCHEMA = "sigprop.spectrum.v1"
+#: the per-draw summaries of the eigenvalues sigma^2 of J J^T (sigprop/spectra.py)
+SPECTRUM_KEYS = ("mean", "variance", "sigma_max", "sigma_min", "condition", "near_one")
+
+
+@dataclass
+class SpectrumRun:
+    """One init: per weight draw the summaries (``SPECTRUM_KEYS``), the large-width prediction of
+    the mean and variance of sigma^2 (None where not derived: ``why``), and a histogram of the
+    eigenvalues pooled over draws and samples (log10 bin edges and counts)."""
+
+    init: str
+    description: str
+    draws: list[dict]
+    predicted_mean: float | None
+    predicted_variance: float | None
+    why: str
+    histogram: dict
+
+    def averaged(self, key: str) -> float | None:
+        """The mean over draws (None when a draw has none: a singular J's condition number)."""
+        values = [d[key] for d in self.draws]
+        return None if any(v is None for v in values) else statistics.fmean(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "init": self.init,
+            "description": self.description,
+            **{key: self.averaged(key) for key in SPECTRUM_KEYS},
+            "predicted_mean": self.predicted_mean,
+            "predicted_variance": self.predicted_variance,
+            "theory_note": self.why,
+            "draws": self.draws,
+            "histogram": self.histogram,
+        }
+
+
+@dataclass
+class SpectrumResult:
+    command: str
+    config: dict
+    environment: dict
+    runs: list[SpectrumRun]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SPECTRUM_SCHEMA,
+            "command": self.command,
+            "config": self.config,
+            "environment": self.environment,
+            "runs": [r.to_dict() for r in self.runs],
+        }

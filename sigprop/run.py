@@ -22,12 +22,19 @@ import torch
 
 from sigprop import data as data_mod
 from sigprop import hessian as H
-from sigprop import kinds, observers, plans, specs, theory, walker
+from sigprop import kinds, observers, plans, specs, spectra, theory, walker
 from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev
 from sigprop.kernels import modules, replay, sampling
 from sigprop.observers import bn, correlation, ratios
-from sigprop.results import CurvatureDraw, CurvatureRun, HessianResult, ProbeResult
+from sigprop.results import (
+    CurvatureDraw,
+    CurvatureRun,
+    HessianResult,
+    ProbeResult,
+    SpectrumResult,
+    SpectrumRun,
+)
 from sigprop.version import __version__
 
 #: the built-in observers' files: importing them registers their collectors (observers.COLLECTORS)
@@ -655,3 +662,81 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
     # the data actually measured: a file's own count (or the first --samples of it)
     config = {"command": kind.name, **spec.to_dict(), **hs.__dict__, "samples": int(x.shape[0])}
     return HessianResult(kind.name, config, {"sigprop": __version__, **env}, runs)
+
+
+# --------------------------------------------------------------------------------------------
+# the input-output Jacobian's spectrum (``sigprop spectrum``, issue 30)
+# --------------------------------------------------------------------------------------------
+def spectrum(
+    spec, ss: specs.SpectrumSpec, progress: ProgressFn | None = None, on_start=None
+) -> SpectrumResult:
+    """Per init and weight draw the exact Jacobian of the net's last state in its input at
+    ``ss.samples`` inputs x ~ N(0, I), its singular values and their summaries
+    (sigprop/spectra.py), beside the large-width prediction (``plans.predict_jacobian``)."""
+    with dev.using_threads(ss.threads):
+        return _spectrum(spec, ss, progress, on_start)
+
+
+def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResult:
+    kind = kinds.of(spec)
+    if kind.engine == "model":
+        raise SigpropError("the Jacobian spectrum of your own model is not measured yet", field="command")
+    device = dev.resolve_device(ss.device)
+    dtype = dev.DTYPES[ss.dtype]
+    plan = kind.plan(spec, ss.seed)
+    n_in, n_out = _inputs_units(plan)
+    # the exact path: J for every sample (float32, and float64 for the SVD), and the reverse pass
+    # of all n_out outputs at once over one sample's activations (jacrev, vectorised)
+    layers = plans.layers(plan.steps)
+    activations = n_in + sum(st.units_out for st in layers)
+    itemsize = dev.itemsize(ss.dtype)
+    need = ss.samples * n_out * n_in * (itemsize + 8 + 8) + 4 * n_out * activations * itemsize
+    dev.check_memory(
+        need, device, kind.fields, hint="; the exact Jacobian holds n_out x n_in entries a sample"
+    )
+    gx = torch.Generator(device=device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_INPUTS))
+    x = torch.randn(ss.samples, n_in, generator=gx, device=device, dtype=dtype)  # the probe's inputs
+    names = kind.inits(spec)
+    env = {
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": dev.device_name(device),
+        "dtype": ss.dtype,
+        "threads": torch.get_num_threads(),
+        "samples": ss.samples,
+        "input_units": n_in,
+        "output_units": n_out,
+        "path": "exact",
+        "reverse_products": n_out,
+    }
+    if on_start is not None:
+        on_start(env)
+    runs = []
+    total, done = len(names) * ss.seeds, 0
+    for name in names:
+        scheme = kind.scheme(spec, name)
+        draws, pooled = [], []
+        for draw in range(ss.seeds):
+            fn = walker.as_function(plan.steps, scheme, x, ss.seed, draw, kind.space(spec))
+            J = spectra.jacobian(fn, x)
+            lam = spectra.eigenvalues(J.detach())
+            draws.append({"draw": draw, **spectra.summary(lam, min(n_in, n_out))})
+            pooled.append(lam.reshape(-1))
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{name}: draw {draw}")
+        pred = plans.predict_jacobian(plan.steps, scheme)
+        mean = None if pred is None or not math.isfinite(pred.mean) else pred.mean
+        runs.append(
+            SpectrumRun(
+                name,
+                scheme.description,
+                draws,
+                mean,
+                None if pred is None else pred.variance,
+                "" if pred is None else pred.why,
+                spectra.histogram(np.concatenate(pooled)),
+            )
+        )
+    config = {"command": kind.name, **spec.to_dict(), **ss.__dict__}
+    return SpectrumResult(kind.name, config, {"sigprop": __version__, **env}, runs)

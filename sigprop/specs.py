@@ -326,3 +326,25 @@ class HessianSpec:
                 raise SigpropError(f"must be an integer >= 0, got {v!r}", field=field_)
         if self.trace == 1:
             raise SigpropError("Hutchinson's standard error needs >= 2 probes", field="trace")
+
+
+@dataclass(frozen=True)
+class SpectrumSpec:
+    """How to measure the input-output Jacobian's spectrum (``sigprop spectrum``, issue 30):
+    ``samples`` inputs x ~ N(0, I) at which J is taken exactly, ``seeds`` weight draws, the
+    device, the dtype of the net (the singular values are computed in float64) and the CPU
+    threads."""
+
+    samples: int = 8
+    seed: int = 0
+    seeds: int = 3
+    device: str = "auto"
+    dtype: str = "float32"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None:
+            check_size(self.threads, "threads")
+        ProbeSpec(
+            samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype
+        )

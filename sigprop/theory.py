@@ -732,3 +732,45 @@ def shared_moments(phi, dphi, mean: float, second: float, shared: float, pool: i
         float(wo @ (inner_f * inner_f)),
         float(wo @ inner_d2),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# The input-output Jacobian's spectrum (issue 30; docs/theory.md §14)
+# --------------------------------------------------------------------------------------------
+#: the first S-transform coefficient s1 of W W^T for a layer's directions (Pennington, Schoenholz
+#: & Ganguli 2018): 0 for orthogonal rows (W W^T = g^2 I), -1 for Gaussian or iid
+#: entries (Marchenko-Pastur at aspect ratio 1; rows normalised to a fixed norm change it by
+#: O(1/n) only: the Gram matrix's off-diagonal entries keep their variance 1/n)
+S1_OF_DIRECTION = {"orthogonal": 0.0, "gaussian": -1.0, "uniform": -1.0}
+#: E[phi'(z)^2] and E[phi'(z)^4] of ReLU at zero-mean pre-activations: its derivative is 0 or 1,
+#: each with probability 1/2
+RELU_MU = (0.5, 0.5)
+
+
+@dataclass(frozen=True)
+class SpectrumPrediction:
+    """The eigenvalues lambda = sigma^2 of J J^T predicted at large width: their mean, and their
+    variance (None where not derived: ``why`` says what is missing)."""
+
+    mean: float
+    variance: float | None
+    why: str = ""
+
+
+def jacobian_spectrum(layers: Sequence[tuple[float, float, float, float | None]]) -> SpectrumPrediction:
+    """Mean and variance of the eigenvalues of J J^T for J = D_L W_L ... D_1 W_1, each layer given
+    as (g2, mu1, mu2, s1): g2 the mean squared row norm of W_l (a gradient d at its output comes
+    back with E||W^T d||^2 = g2 ||d||^2, rows in random directions), mu1 = E[phi'^2] and mu2 =
+    E[phi'^4] of its activation (1, 1 for none), s1 the S-transform coefficient of W W^T (None:
+    unknown).  The mean is prod g2 mu1 (any widths: E||J^T e||^2/||e||^2 = tr(J J^T)/n_out); by
+    the multiplicativity of S-transforms of free matrices, the normalised variance adds over the
+    layers (Pennington, Schoenholz & Ganguli 2018; at mean 1 their sigma^2 = L(mu2/mu1^2 - 1 - s1)):
+    var/mean^2 = sum_l (mu2/mu1^2 - 1 - s1) -- for square layers (equal widths) at large width."""
+    mean = 1.0
+    var_norm = 0.0
+    for g2, mu1, mu2, s1 in layers:
+        mean *= g2 * mu1
+        var_norm = None if var_norm is None or s1 is None else var_norm + mu2 / (mu1 * mu1) - 1.0 - s1
+    if var_norm is None:
+        return SpectrumPrediction(mean, None, "a layer's weight spectrum is not derived")
+    return SpectrumPrediction(mean, var_norm * mean * mean)

@@ -901,3 +901,43 @@ def compile_plan(steps: Sequence, scheme: InitScheme) -> tuple[list, bool]:
 
 
 SPACES = {"log": LogSpace, "plain": PlainSpace}
+
+
+@dataclass
+class Function:
+    """A plan's net at init as an ordinary differentiable function: ``params`` (name -> leaf
+    tensor, one draw; unit i's as ``i.name``) and ``forward(params, x)`` -- each unit's ``apply``
+    over its parameters, composed (its last state: [N, *shape_out] flattened as the walker's)."""
+
+    units: list
+    params: dict
+    forward: Callable
+    shape_out: tuple
+
+
+def as_function(
+    steps, scheme: InitScheme, x: torch.Tensor, seed: int, draw: int, space: str = "log"
+) -> Function:
+    """The net of the plan ``steps`` under ``scheme``, draw ``draw``, as a function: the walker
+    draws (and, for a data-dependent init, calibrates on x) the weights exactly as the probe
+    does, and keeps them (used by the Hessian, sigprop/hessian.py, and the spectra,
+    sigprop/spectra.py)."""
+    units, record_input = compile_plan(steps, scheme)
+    last = units[-1].shape_out
+    with torch.no_grad():  # a walk with an error vector keeps its weights (its ratios are not observed)
+        e = torch.ones(x.shape[0], math.prod(last), device=x.device, dtype=x.dtype)
+        kept = walk(units, scheme, x, e, seed, [draw], [], record_input, space=SPACES[space]()).kept
+    params: dict[str, torch.Tensor] = {}
+    keys: list[list[tuple[str, str]]] = []
+    for i, (u, k) in enumerate(zip(units, kept)):
+        own = u.parameters(k, scheme.normalized, x.device, x.dtype)
+        keys.append([(name, f"{i}.{name}") for name, _ in own])
+        params.update({f"{i}.{name}": t for name, t in own})
+
+    def forward(p: dict, xb: torch.Tensor) -> torch.Tensor:
+        h = xb
+        for u, names in zip(units, keys):
+            h = u.apply({name: p[full] for name, full in names}, h)
+        return h
+
+    return Function(units, params, forward, tuple(last))

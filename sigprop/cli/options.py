@@ -275,6 +275,40 @@ class HessianOptions(RunOptions):
         )
 
 
+@dataclass(frozen=True)
+class SpectrumOptions(RunOptions):
+    """The options of every ``sigprop spectrum NET`` command (the net's own are the probe's)."""
+
+    def spectrum_spec(self) -> specs.SpectrumSpec:
+        return specs.SpectrumSpec(
+            samples=8 if self.samples is None else self.samples,
+            seed=self.seed,
+            seeds=self.seeds,
+            device=self.device,
+            dtype=self.dtype.value,
+            threads=self.threads,
+        )
+
+
+SPECTRUM_OPTIONS = (
+    (
+        "samples",
+        Annotated[
+            Optional[int],
+            Option(min=1, help="Inputs x ~ N(0, I) at which the Jacobian is taken exactly. [default: 8]"),
+        ],
+        None,
+    ),
+    ("seed", SeedOpt, 0),
+    ("seeds", Annotated[int, Option(min=1, help="Weight draws.")], 3),
+    ("device", DeviceOpt, "auto"),
+    ("dtype", DTypeOpt, DType.float32),
+    ("fmt", Annotated[TableFormat, Option("--format", help="Output format.")], TableFormat.table),
+    ("output", OutputOpt, None),
+    ("threads", ThreadsOpt, None),
+)
+
+
 HESSIAN_OPTIONS = (
     (
         "samples",

@@ -8,7 +8,15 @@ import typer
 from rich.markup import escape
 
 from sigprop import kinds, report
-from sigprop.cli.options import HESSIAN_OPTIONS, HessianOptions, ProbeOptions, command, probe_table
+from sigprop.cli.options import (
+    HESSIAN_OPTIONS,
+    SPECTRUM_OPTIONS,
+    HessianOptions,
+    ProbeOptions,
+    SpectrumOptions,
+    command,
+    probe_table,
+)
 from sigprop.cli.output import (
     _check_output_target,
     _progress_callback,
@@ -155,6 +163,36 @@ def run_hessian(kind: kinds.Kind, spec, opts: HessianOptions) -> None:
         _say(f"sigprop: wrote {opts.plot}")
 
 
+SPECTRUM_HELP = (
+    "The input-output Jacobian's spectrum at init: its singular values, exactly at a few inputs, per init "
+    "and draw, beside the large-width theory (Pennington, Schoenholz & Ganguli 2018)."
+)
+
+
+def run_spectrum(kind: kinds.Kind, spec, opts: SpectrumOptions) -> None:
+    """``sigprop spectrum KIND``: validate, measure the spectra with a progress bar, render."""
+    ss = opts.spectrum_spec()
+    _check_output_target(opts.output)
+
+    from sigprop import api  # the lazy torch import at the CLI's edge
+
+    prog, update = _progress_callback("spectrum")
+    banner = _banner(kind, spec, ss.seed, ss.seeds)
+    if prog is not None:
+        prog.start()
+    try:
+        result = api.spectrum(
+            spec, ss, progress=update, on_start=lambda env: _say("sigprop spectrum" + banner(env)[7:])
+        )
+    finally:
+        if prog is not None:
+            prog.stop()
+    if opts.fmt.value == "json":
+        write_output(report.to_json(result), opts.output)
+    else:
+        render_rich(lambda console: report.render_spectrum(result, console), opts.output)
+
+
 def register(app: typer.Typer) -> None:
     """One probe command per registered kind, and ``sigprop hessian`` with one command per kind."""
     for kind in kinds.KINDS.values():
@@ -171,3 +209,13 @@ def register(app: typer.Typer) -> None:
                 "10-way linear head and cross-entropy; per init, mean ± sd over --seeds draws."
             ),
         )(command(kind, HESSIAN_OPTIONS, HessianOptions, run_hessian))
+    spectrum_app = typer.Typer(help=SPECTRUM_HELP, no_args_is_help=True)
+    app.add_typer(spectrum_app, name="spectrum")
+    for kind in (k for k in kinds.KINDS.values() if k.engine != "model"):
+        spectrum_app.command(
+            kind.name,
+            help=escape(
+                f"The input-output Jacobian's singular values of the net of `sigprop {kind.name}` (same net "
+                "options), exactly at a few inputs, per init and draw, beside the large-width theory."
+            ),
+        )(command(kind, SPECTRUM_OPTIONS, SpectrumOptions, run_spectrum))

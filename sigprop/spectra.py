@@ -1,0 +1,85 @@
+"""The input-output Jacobian's spectrum at init (``sigprop spectrum``; issue 30; torch).
+
+For each weight draw and each of N inputs x, J = d h^L / d x (the plan's last state in its
+input, the net the probe walks: ``walker.as_function``) exactly, by reverse mode over every
+output (``torch.func.jacrev``, vectorised over the samples), then its singular values in
+float64.  The eigenvalues of J J^T (n_out of them: the squared singular values and, where n_out >
+n_in, zeros) are what the summaries read: their mean is tr(J J^T)/n_out = E||J^T e||^2/||e||^2
+for e ~ N(0, I), the squared backward ratio sigprop's probe measures (docs/theory.md §14).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from sigprop import walker
+
+#: the fraction's band: eigenvalues within a factor 2 of one
+NEAR = 2.0
+
+
+def jacobian(fn: walker.Function, x: torch.Tensor) -> torch.Tensor:
+    """J [N, n_out, n_in] of ``fn``'s output (flattened) in its input, one per sample."""
+
+    def one(xi: torch.Tensor) -> torch.Tensor:
+        return fn.forward(fn.params, xi.unsqueeze(0)).reshape(-1)
+
+    return torch.func.vmap(torch.func.jacrev(one))(x).reshape(x.shape[0], -1, math.prod(x.shape[1:]))
+
+
+def eigenvalues(J: torch.Tensor) -> np.ndarray:
+    """The eigenvalues of J J^T per sample [N, n_out]: the squared singular values (float64; those
+    below the rank tolerance of J's own dtype set to 0) and n_out - n_in zeros where the output
+    is the wider."""
+    s = torch.linalg.svdvals(J.double()).cpu().numpy()
+    n_out = J.shape[1]
+    # J is as precise as its dtype: singular values below the rank tolerance (sigma_max times the
+    # larger size times that dtype's epsilon, numpy's matrix_rank rule) are zeros, not data
+    tol = s[:, :1] * max(J.shape[1:]) * torch.finfo(J.dtype).eps
+    s = np.where(s > tol, s, 0.0)
+    lam = s * s
+    if lam.shape[1] < n_out:
+        lam = np.concatenate([lam, np.zeros((lam.shape[0], n_out - lam.shape[1]))], axis=1)
+    return lam
+
+
+def summary(lam: np.ndarray, k: int) -> dict:
+    """One draw's summaries over its samples' eigenvalues [N, n_out] (the first ``k`` the squared
+    singular values, in decreasing order): mean and variance of the eigenvalues (pooled), the
+    largest and smallest singular value, the median over samples of the condition number
+    sigma_max/sigma_min (inf where J is singular), and the fraction of the eigenvalues within a
+    factor ``NEAR`` of one."""
+    flat = lam.reshape(-1)
+    s_max = np.sqrt(lam[:, 0])
+    s_min = np.sqrt(lam[:, k - 1])
+    with np.errstate(divide="ignore"):
+        cond = np.where(s_min > 0, s_max / np.where(s_min > 0, s_min, 1.0), np.inf)
+    cond_median = float(np.median(cond))
+    return {
+        "mean": float(flat.mean()),
+        "variance": float(flat.var()),
+        "sigma_max": float(s_max.max()),
+        "sigma_min": float(s_min.min()),
+        "condition": cond_median if math.isfinite(cond_median) else None,
+        "near_one": float(np.mean((flat >= 1.0 / NEAR) & (flat <= NEAR))),
+    }
+
+
+def histogram(lam: np.ndarray, bins: int = 40) -> dict:
+    """The eigenvalues' histogram on a log10 axis: bin edges (log10 sigma^2) over the positive
+    ones, their counts, and how many are zero."""
+    pos = lam[lam > 0]
+    if pos.size == 0:
+        return {"log10_edges": [], "counts": [], "zeros": int(lam.size)}
+    lo, hi = np.log10(pos.min()), np.log10(pos.max())
+    if hi - lo < 1e-9:
+        lo, hi = lo - 0.5, hi + 0.5
+    counts, edges = np.histogram(np.log10(pos), bins=bins, range=(lo, hi))
+    return {
+        "log10_edges": [float(e) for e in edges],
+        "counts": [int(c) for c in counts],
+        "zeros": int(lam.size - pos.size),
+    }
