@@ -815,6 +815,19 @@ def predict_graph(
 # --------------------------------------------------------------------------------------------
 # the input-output Jacobian's spectrum (sigprop/spectra.py; docs/theory.md §14)
 # --------------------------------------------------------------------------------------------
+def upto(steps: Sequence[Step], units: int) -> tuple:
+    """The plan of its first ``units`` recorded states (a leading input Record kept): the steps
+    up to the (units)-th Record after it."""
+    lead = 1 if steps and isinstance(steps[0], Record) else 0
+    seen = 0
+    for i, st in enumerate(steps[lead:], start=lead):
+        if isinstance(st, Record):
+            seen += 1
+            if seen == units:
+                return tuple(steps[: i + 1])
+    return tuple(steps)
+
+
 def predict_jacobian(steps: Sequence[Step], scheme: InitScheme) -> theory.SpectrumPrediction:
     """The large-width mean and variance of the eigenvalues of J J^T (J the Jacobian of the
     plan's last state in its input).  A chain of Linear layers composes its layers

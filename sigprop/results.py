@@ -805,6 +805,9 @@ class SpectrumRun:
     predicted_variance: float | None
     why: str
     histogram: dict
+    #: with ``depths``: per unit output (depth l = 1..L) the mean over draws of the mean and
+    #: variance of sigma^2 of d h^l/d x, and their predictions (None: not derived)
+    depths: list[dict] = field(default_factory=list)
 
     def averaged(self, key: str) -> float | None:
         """The mean over draws (None when a draw has none: a singular J's condition number)."""
@@ -821,6 +824,7 @@ class SpectrumRun:
             "theory_note": self.why,
             "draws": self.draws,
             "histogram": self.histogram,
+            **({"depths": self.depths} if self.depths else {}),
         }
 
 

@@ -13,6 +13,7 @@ per init and draw.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -690,7 +691,8 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
     layers = plans.layers(plan.steps)
     activations = n_in + sum(st.units_out for st in layers)
     itemsize = dev.itemsize(ss.dtype)
-    need = ss.samples * n_out * n_in * (itemsize + 8 + 8) + 4 * n_out * activations * itemsize
+    widest = max([n_out] + ([st.units_out for st in layers] if ss.depths else []))
+    need = ss.samples * widest * n_in * (itemsize + 8 + 8) + 4 * widest * activations * itemsize
     dev.check_memory(
         need, device, kind.fields, hint="; the exact Jacobian holds n_out x n_in entries a sample"
     )
@@ -715,18 +717,37 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
     total, done = len(names) * ss.seeds, 0
     for name in names:
         scheme = kind.scheme(spec, name)
-        draws, pooled = [], []
+        draws, pooled, per_depth = [], [], []
         for draw in range(ss.seeds):
             fn = walker.as_function(plan.steps, scheme, x, ss.seed, draw, kind.space(spec))
             J = spectra.jacobian(fn, x)
             lam = spectra.eigenvalues(J.detach())
             draws.append({"draw": draw, **spectra.summary(lam, min(n_in, n_out))})
             pooled.append(lam.reshape(-1))
+            if ss.depths:  # every unit's output in the input: the spectrum against depth
+                rows = []
+                for depth in range(1, len(fn.units) + 1):
+                    Jl = spectra.jacobian(fn, x, depth).detach()
+                    lam_l = spectra.eigenvalues(Jl)
+                    rows.append((float(lam_l.mean()), float(lam_l.var())))
+                per_depth.append(rows)
             done += 1
             if progress is not None:
                 progress(done, total, f"{name}: draw {draw}")
         pred = plans.predict_jacobian(plan.steps, scheme)
         mean = None if pred is None or not math.isfinite(pred.mean) else pred.mean
+        depths = []
+        for depth in range(1, len(per_depth[0]) + 1 if per_depth else 1):
+            p = plans.predict_jacobian(plans.upto(plan.steps, depth), scheme)
+            depths.append(
+                {
+                    "depth": depth,
+                    "mean": statistics.fmean(r[depth - 1][0] for r in per_depth),
+                    "variance": statistics.fmean(r[depth - 1][1] for r in per_depth),
+                    "predicted_mean": p.mean if math.isfinite(p.mean) else None,
+                    "predicted_variance": p.variance,
+                }
+            )
         runs.append(
             SpectrumRun(
                 name,
@@ -736,6 +757,7 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
                 None if pred is None else pred.variance,
                 "" if pred is None else pred.why,
                 spectra.histogram(np.concatenate(pooled)),
+                depths,
             )
         )
     config = {"command": kind.name, **spec.to_dict(), **ss.__dict__}

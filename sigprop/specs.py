@@ -332,8 +332,8 @@ class HessianSpec:
 class SpectrumSpec:
     """How to measure the input-output Jacobian's spectrum (``sigprop spectrum``, issue 30):
     ``samples`` inputs x ~ N(0, I) at which J is taken exactly, ``seeds`` weight draws, the
-    device, the dtype of the net (the singular values are computed in float64) and the CPU
-    threads."""
+    device, the dtype of the net (the singular values are computed in float64), the CPU threads,
+    and ``depths``: the Jacobian of every unit's output too (the spectrum against depth)."""
 
     samples: int = 8
     seed: int = 0
@@ -341,6 +341,9 @@ class SpectrumSpec:
     device: str = "auto"
     dtype: str = "float32"
     threads: int | None = None
+    #: also the Jacobian of every recorded state (each unit's output) in the input: the spectrum
+    #: against depth
+    depths: bool = False
 
     def __post_init__(self) -> None:
         if self.threads is not None:

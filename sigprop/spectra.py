@@ -21,11 +21,12 @@ from sigprop import walker
 NEAR = 2.0
 
 
-def jacobian(fn: walker.Function, x: torch.Tensor) -> torch.Tensor:
-    """J [N, n_out, n_in] of ``fn``'s output (flattened) in its input, one per sample."""
+def jacobian(fn: walker.Function, x: torch.Tensor, upto: int | None = None) -> torch.Tensor:
+    """J [N, n_out, n_in] of ``fn``'s output (flattened; the state after the first ``upto``
+    units when given) in its input, one per sample."""
 
     def one(xi: torch.Tensor) -> torch.Tensor:
-        return fn.forward(fn.params, xi.unsqueeze(0)).reshape(-1)
+        return fn.forward(fn.params, xi.unsqueeze(0), upto).reshape(-1)
 
     return torch.func.vmap(torch.func.jacrev(one))(x).reshape(x.shape[0], -1, math.prod(x.shape[1:]))
 

@@ -906,8 +906,9 @@ SPACES = {"log": LogSpace, "plain": PlainSpace}
 @dataclass
 class Function:
     """A plan's net at init as an ordinary differentiable function: ``params`` (name -> leaf
-    tensor, one draw; unit i's as ``i.name``) and ``forward(params, x)`` -- each unit's ``apply``
-    over its parameters, composed (its last state: [N, *shape_out] flattened as the walker's)."""
+    tensor, one draw; unit i's as ``i.name``) and ``forward(params, x, upto=None)`` -- each unit's
+    ``apply`` over its parameters, composed (the last state, or the state after the first
+    ``upto`` units)."""
 
     units: list
     params: dict
@@ -934,9 +935,10 @@ def as_function(
         keys.append([(name, f"{i}.{name}") for name, _ in own])
         params.update({f"{i}.{name}": t for name, t in own})
 
-    def forward(p: dict, xb: torch.Tensor) -> torch.Tensor:
+    def forward(p: dict, xb: torch.Tensor, upto: int | None = None) -> torch.Tensor:
+        """The state after the first ``upto`` units (all when None)."""
         h = xb
-        for u, names in zip(units, keys):
+        for u, names in list(zip(units, keys))[:upto]:
             h = u.apply({name: p[full] for name, full in names}, h)
         return h
 

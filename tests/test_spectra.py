@@ -127,3 +127,28 @@ def test_spectrum_command(tmp_path, capsys):
     with pytest.raises(SigpropError, match="your own model"):
         sigprop.spectrum(api.spec("module", model=torch.nn.Linear(3, 3), input_shape=(3,)))
     assert math.isfinite(doc["runs"][0]["mean"])
+
+
+def test_spectrum_against_depth_and_its_figure(tmp_path):
+    """--depths: the Jacobian of every layer's output in the input, its var/mean^2 beside the
+    free-probability line l (proposed) -- within 0.1 + 1.5 l/n as above --; the figure has the
+    histogram (one curve per init) and the spread against depth (measured and predicted)."""
+    from sigprop import plot
+
+    spec = api.spec("mlp", depth=4, width="64", input_dim=64, inits=["proposed", "he"])
+    r = sigprop.spectrum(spec, specs.SpectrumSpec(samples=8, seeds=3, device="cpu", depths=True))
+    for run, per_layer in zip(r.runs, (1.0, 2.0)):
+        assert [d["depth"] for d in run.depths] == [1, 2, 3, 4]
+        for d in run.depths:
+            predicted = d["predicted_variance"] / d["predicted_mean"] ** 2
+            assert predicted == pytest.approx(per_layer * d["depth"], rel=1e-12)
+            assert d["variance"] / d["mean"] ** 2 / predicted == pytest.approx(
+                1, abs=0.1 + 1.5 * d["depth"] / 64
+            )
+    assert r.to_dict()["runs"][0]["depths"][-1]["depth"] == 4
+    fig = plot.build_spectrum_figure(r)
+    hist, depth_ax = fig.axes[:2]
+    assert len(hist.patches) == 2 and depth_ax.get_xlabel().startswith("depth")
+    assert len(depth_ax.lines) == 4  # measured and predicted per init
+    plot.spectrum_figure(r, tmp_path / "s.png")
+    assert (tmp_path / "s.png").stat().st_size > 10_000

@@ -279,6 +279,9 @@ class HessianOptions(RunOptions):
 class SpectrumOptions(RunOptions):
     """The options of every ``sigprop spectrum NET`` command (the net's own are the probe's)."""
 
+    depths: bool
+    plot: Optional[Path]
+
     def spectrum_spec(self) -> specs.SpectrumSpec:
         return specs.SpectrumSpec(
             samples=8 if self.samples is None else self.samples,
@@ -287,6 +290,7 @@ class SpectrumOptions(RunOptions):
             device=self.device,
             dtype=self.dtype.value,
             threads=self.threads,
+            depths=self.depths,
         )
 
 
@@ -306,6 +310,29 @@ SPECTRUM_OPTIONS = (
     ("fmt", Annotated[TableFormat, Option("--format", help="Output format.")], TableFormat.table),
     ("output", OutputOpt, None),
     ("threads", ThreadsOpt, None),
+    (
+        "depths",
+        Annotated[
+            bool,
+            Option(
+                "--depths",
+                help="Also the Jacobian of every layer's (block's) output in the input: the spread against "
+                "depth beside its theory (n_l reverse products a sample for each depth l).",
+            ),
+        ],
+        False,
+    ),
+    (
+        "plot",
+        Annotated[
+            Optional[Path],
+            Option(
+                help="Write the figure (.png/.svg/.pdf; needs the plot extra): the spectrum's histogram per "
+                "init, and with --depths the spread against depth."
+            ),
+        ],
+        None,
+    ),
 )
 
 

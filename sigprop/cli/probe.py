@@ -173,6 +173,7 @@ def run_spectrum(kind: kinds.Kind, spec, opts: SpectrumOptions) -> None:
     """``sigprop spectrum KIND``: validate, measure the spectra with a progress bar, render."""
     ss = opts.spectrum_spec()
     _check_output_target(opts.output)
+    plot_mod = _plot_target(opts.plot)
 
     from sigprop import api  # the lazy torch import at the CLI's edge
 
@@ -191,6 +192,9 @@ def run_spectrum(kind: kinds.Kind, spec, opts: SpectrumOptions) -> None:
         write_output(report.to_json(result), opts.output)
     else:
         render_rich(lambda console: report.render_spectrum(result, console), opts.output)
+    if plot_mod is not None:
+        plot_mod.spectrum_figure(result, opts.plot)
+        _say(f"sigprop: wrote {opts.plot}")
 
 
 def register(app: typer.Typer) -> None:
