@@ -327,6 +327,60 @@ def hutchinson_trace(hvp, probes: int, gen: torch.Generator) -> tuple[float, flo
     return float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(probes)) if probes > 1 else math.nan
 
 
+@dataclass
+class Density:
+    """Stochastic Lanczos quadrature of the Hessian's eigenvalue density: per probe the Gauss
+    nodes (Ritz values) and their weights, which sum to 1; ``products`` Hessian-vector products
+    spent."""
+
+    nodes: list[list[float]]
+    weights: list[list[float]]
+    products: int
+
+    @property
+    def trace(self) -> float:
+        """size x the mean over probes of sum_k w_k theta_k = z.Hz/||z||^2: Hutchinson's estimate
+        on the same probes (set by the caller's ``size``)."""
+        return self.size * float(np.mean([np.dot(w, t) for w, t in zip(self.weights, self.nodes)]))
+
+    size: int = 0
+
+
+def slq(hvp, probes: int, steps: int, gen: torch.Generator) -> Density:
+    """Stochastic Lanczos quadrature (Lin, Saad & Yang 2016; Ghorbani, Krishnan & Xiao 2019): per
+    Rademacher probe z (unit length), ``steps`` Lanczos steps with full reorthogonalisation build
+    the tridiagonal T; its eigenpairs (theta_k, y_k) are the nodes and weights y_k[0]^2 of the
+    Gauss quadrature of the spectral measure of H seen from z, sum_i (z.q_i)^2 delta(lambda -
+    lambda_i), whose mean over z is the density (1/P) sum_i delta(lambda - lambda_i).  A step
+    whose residual vanishes (an invariant subspace) ends the probe early: T is then exact."""
+    dev, dtype = hvp.device, hvp.dtype
+    nodes, weights, products = [], [], 0
+    for _ in range(probes):
+        z = (torch.randint(0, 2, (hvp.size,), generator=gen, device=gen.device) * 2 - 1).to(
+            device=dev, dtype=dtype
+        )
+        V = [z / torch.linalg.vector_norm(z)]
+        alpha: list[float] = []
+        beta: list[float] = []
+        for j in range(steps):
+            w = hvp(V[j])
+            products += 1
+            alpha.append(float(torch.dot(w, V[j])))
+            Q = torch.stack(V)
+            for _ in range(2):  # full reorthogonalisation, twice
+                w = w - Q.T @ (Q @ w)
+            b = float(torch.linalg.vector_norm(w))
+            scale = max(abs(a) for a in alpha) or 1.0
+            if j == steps - 1 or b <= 1e-10 * scale:
+                break
+            beta.append(b)
+            V.append(w / b)
+        vals, vecs = np.linalg.eigh(np.diag(alpha) + np.diag(beta, 1) + np.diag(beta, -1))
+        nodes.append([float(v) for v in vals])
+        weights.append([float(v) for v in vecs[0] ** 2])
+    return Density(nodes, weights, products, hvp.size)
+
+
 def data(seed: int, samples: int, shape, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Synthetic data: x ~ N(0, I) (the probe's inputs, ``sampling.probe_inputs``) and labels
     uniform over the 10 classes from their own stream."""

@@ -15,8 +15,11 @@ JSON lines.
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Sequence
+
+import numpy as np
 
 from sigprop import files, kinds
 from sigprop.errors import SigpropError
@@ -562,7 +565,12 @@ def build_hessian_figure(result):
     log10 spectral norm over the weight draws with its sd, each draw a point; an init whose every
     draw diverged is named on the axis with no bar."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(result.runs) + 2), 4.0))
+    density = any(d.density for run in result.runs for d in run.draws)
+    width = max(4.5, 1.3 * len(result.runs) + 2)
+    fig, axes = plt.subplots(
+        1, 2 if density else 1, figsize=(width + (6.5 if density else 0), 4.0), squeeze=False
+    )
+    ax = axes[0][0]
     for k, run in enumerate(result.runs):
         m, sd = run.summary()
         if m is not None:
@@ -588,8 +596,65 @@ def build_hessian_figure(result):
         fontsize=9,
     )
     ax.grid(True, axis="y", alpha=0.3)
+    if density:
+        _draw_density(axes[0][1], result)
     fig.tight_layout()
     return fig
+
+
+#: the density's Gaussian smoothing, in the symmetric-log coordinate asinh(lambda/c), as a
+#: fraction of the nodes' span there
+DENSITY_SMOOTHING = 0.01
+
+
+def density_curve(nodes, weights, c: float, points: int = 800):
+    """The quadrature measure sum w_k delta(lambda - theta_k) (weights summing to 1 over all
+    probes) smoothed by a Gaussian in u = asinh(lambda/c): (lambda grid, density per unit u)."""
+    u_nodes = np.arcsinh(np.asarray(nodes) / c)
+    lo, hi = float(u_nodes.min()), float(u_nodes.max())
+    span = max(hi - lo, 1e-9)
+    sigma = DENSITY_SMOOTHING * span
+    u = np.linspace(lo - 4 * sigma, hi + 4 * sigma, points)
+    w = np.asarray(weights)
+    dens = (w[None, :] * np.exp(-0.5 * ((u[:, None] - u_nodes[None, :]) / sigma) ** 2)).sum(1)
+    dens /= sigma * math.sqrt(2 * math.pi)
+    return c * np.sinh(u), dens
+
+
+def _draw_density(ax, result) -> None:
+    """Per init the SLQ eigenvalue density (every probe of every draw pooled) on a symmetric
+    log axis, its top eigenvalue (Lanczos) a solid tick and the trace/P (the mean eigenvalue)
+    dashed."""
+    all_nodes = [
+        v for run in result.runs for d in run.draws if d.density for p in d.density["nodes"] for v in p
+    ]
+    scale = max(abs(v) for v in all_nodes) or 1.0
+    c = 1e-3 * scale  # linear within a thousandth of the largest |eigenvalue|
+    for k, run in enumerate(result.runs):
+        dens = [d for d in run.draws if d.density]
+        if not dens:
+            continue
+        nodes = [v for d in dens for p in d.density["nodes"] for v in p]
+        total = sum(len(d.density["nodes"]) for d in dens)
+        weights = [w / total for d in dens for p in d.density["weights"] for w in p]
+        lam, y = density_curve(nodes, weights, c)
+        ax.plot(lam, y, color=f"C{k % 10}", lw=1.4, label=run.init)
+        top = [d.eigenvalue for d in dens if d.eigenvalue is not None]
+        if top:
+            ax.axvline(statistics.fmean(top), color=f"C{k % 10}", lw=1.0)
+        mean = statistics.fmean(d.density["trace"] / d.parameters for d in dens)
+        ax.axvline(mean, color=f"C{k % 10}", lw=1.0, ls="--")
+    ax.set_xscale("symlog", linthresh=c)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=1e-4)
+    ax.set_xlabel("eigenvalue of the loss Hessian (symmetric log axis)")
+    ax.set_ylabel("density (per unit asinh(λ/c))")
+    ax.set_title(
+        "eigenvalue density by stochastic Lanczos quadrature\nsolid: top eigenvalue; dashed: trace / P",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
 
 
 def spectrum_figure(result, path: Path) -> None:

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import math
+import statistics
 import xml.etree.ElementTree as ET
 from typing import Any, Sequence
 
@@ -719,6 +720,18 @@ def render_hessian(result, console: Console) -> None:
             f"{run.init}: log10 spectral norm {text} ({over}) [dim]— {escape(run.description)}[/dim]",
             highlight=False,
         )
+    for run in result.runs:
+        dens = [d.density for d in run.draws if d.density is not None]
+        if dens:
+            nodes = [v for q in dens for probe in q["nodes"] for v in probe]
+            products = sum(q["products"] for q in dens)
+            console.print(
+                f"{run.init}: eigenvalue density (stochastic Lanczos quadrature, {products} products over "
+                f"{len(dens)} draw(s)): its nodes from {fmt_num(min(nodes))} to {fmt_num(max(nodes))}, "
+                f"trace ≈ {fmt_num(statistics.fmean(q['trace'] for q in dens))} (--format json: every node "
+                "and weight; --plot draws it)",
+                highlight=False,
+            )
     done = [r for r in result.runs if not r.diverged]
     order = sorted(done, key=lambda r: r.summary()[0])
     if order:

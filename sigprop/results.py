@@ -693,6 +693,9 @@ class CurvatureDraw:
     loss: float | None = None
     parameters: int = 0
     seconds: float = 0.0
+    #: ``--density``: per probe the stochastic Lanczos quadrature's nodes and weights, and its
+    #: trace estimate (sigprop/hessian.py, ``slq``)
+    density: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         f = lambda v: None if v is None or not math.isfinite(v) else v
@@ -709,6 +712,7 @@ class CurvatureDraw:
             "loss": f(self.loss),
             "parameters": self.parameters,
             "seconds": round(self.seconds, 3),
+            **({"density": self.density} if self.density is not None else {}),
         }
 
 

@@ -588,6 +588,12 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
     counts = {n: H.parameter_count(plan.steps, schemes[n], hs.head) for n in names}
     params = max(counts.values())
     fewest = min(names, key=counts.get)
+    if hs.density and hs.steps > counts[fewest]:
+        raise SigpropError(
+            f"at most {counts[fewest]}: the net has {counts[fewest]} trainable parameters under init "
+            f"{fewest!r} (a Lanczos run has at most that many steps)",
+            field="steps",
+        )
     if hs.top >= counts[fewest]:
         raise SigpropError(
             f"at most {counts[fewest] - 1}: the net has {counts[fewest]} trainable parameters under init "
@@ -604,7 +610,8 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
     fields = kind.fields
     rows = min(x.shape[0], hs.batch_size or x.shape[0])
     whole = hs.batch_size is None
-    need = (8 * rows * sum(units) + 6 * weights + H.LANCZOS_BASIS * params) * itemsize
+    basis = max(H.LANCZOS_BASIS, hs.steps if hs.density else 0)  # --density keeps --steps vectors
+    need = (8 * rows * sum(units) + 6 * weights + basis * params) * itemsize
     top_basis = H.arpack_basis(hs.top, params) if hs.top else 0
     host = top_basis * params * 8
     dev.check_memory(
@@ -653,6 +660,16 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
                 d = CurvatureDraw(
                     draw, pr.eigenvalue, pr.iterations, pr.residual, pr.status, top, tr, se, h.loss, h.size
                 )
+                if hs.density and pr.status != "diverged":
+                    g = torch.Generator(device=device)
+                    g.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_DENSITY, draw))
+                    q = H.slq(h, hs.probes, hs.steps, g)
+                    d.density = {
+                        "nodes": q.nodes,
+                        "weights": q.weights,
+                        "trace": q.trace,
+                        "products": q.products,
+                    }
             d.seconds = time.perf_counter() - t0
             draws.append(d)
             done += 1

@@ -37,6 +37,8 @@ def check_size(value: int, field: str) -> None:
 STREAM_WIDTHS, STREAM_INPUTS, STREAM_ERRORS, STREAM_WEIGHTS, STREAM_PAIRS = 0, 1, 2, 3, 4
 #: ``sigprop hessian``: the synthetic labels and the eigenvalue search's start vectors
 STREAM_LABELS, STREAM_POWER = 5, 6
+#: the stochastic Lanczos quadrature's probes (``sigprop hessian --density``)
+STREAM_DENSITY = 7
 #: ``sigprop module``: torch's global generator while a draw of the user's model is built
 STREAM_MODEL = 7
 
@@ -303,10 +305,18 @@ class HessianSpec:
     batch_size: int | None = None
     #: CPU threads (None: ``environment.probe_threads``), as ``ProbeSpec.threads``
     threads: int | None = None
+    #: the eigenvalue density by stochastic Lanczos quadrature: ``probes`` Rademacher probes of
+    #: ``steps`` Lanczos steps each
+    density: bool = False
+    probes: int = 10
+    steps: int = 40
 
     def __post_init__(self) -> None:
         if self.threads is not None:
             check_size(self.threads, "threads")
+        check_size(self.probes, "probes")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 2:
+            raise SigpropError(f"must be an integer >= 2, got {self.steps!r}", field="steps")
         if self.head not in HEADS:
             raise SigpropError(f"expected one of {', '.join(HEADS)}, got {self.head!r}", field="head")
         if self.batch_size is not None:

@@ -4,6 +4,7 @@ search and ARPACK's Lanczos against numpy's eigvalsh, Hutchinson against the exa
 against
 autograd's hvp, the model against the probe's own weights, determinism per seed."""
 
+import json
 import math
 
 import numpy as np
@@ -11,7 +12,8 @@ import pytest
 import torch
 import walks
 
-from sigprop import hessian, inits, kinds
+from sigprop import api, hessian, inits, kinds
+from sigprop.cli import main
 from sigprop.kernels import ops, sampling
 from sigprop.kinds import cnn, mlp, resnet, wrn
 from sigprop.kinds.mlp import MLPSpec
@@ -388,3 +390,50 @@ def test_torchs_fused_weight_norm_gives_an_asymmetric_hessian():
     assert asymmetry(fused=True) > 0.1, (
         "torch._weight_norm's second derivative is symmetric now: see the docstring"
     )
+
+
+def _w1(a, wa, b, wb) -> float:
+    """The Wasserstein-1 distance of two weighted point sets on the line: the area between their
+    CDFs."""
+    pts = np.sort(np.concatenate([a, b]))
+    fa = np.array([wa[a <= p].sum() for p in pts])
+    fb = np.array([wb[b <= p].sum() for p in pts])
+    return float(np.sum(np.abs(fa - fb)[:-1] * np.diff(pts)))
+
+
+def test_density_by_stochastic_lanczos_quadrature_against_the_dense_spectrum():
+    """A 310-parameter MLP's loss Hessian decomposed densely: the SLQ measure (10 probes x 30
+    steps) lies within 0.02 of the spectrum's span in Wasserstein-1 distance (measured 0.006; 10
+    steps: 0.016, 60: 0.003), its extreme nodes are the extreme eigenvalues (30 Lanczos steps
+    converge the edges: 1e-9 relative), and its trace estimate is Hutchinson's on the same
+    probes (sum_k w_k theta_k = z.Hz/||z||^2: the same number to rounding)."""
+    spec = api.spec("mlp", depth=2, width="10", input_dim=6, inits="proposed")
+    kind = kinds.of(spec)
+    plan = kind.plan(spec, 0)
+    x, y = hessian.data(0, 32, (6,), torch.device("cpu"), torch.float64)
+    h = hessian.HVP(hessian.build(plan.steps, kind.scheme(spec, "proposed"), kind.space(spec), x, 0, 0), x, y)
+    dense = h.dense()
+    ev = np.linalg.eigvalsh(0.5 * (dense + dense.T).numpy())
+    q = hessian.slq(h, 10, 30, torch.Generator().manual_seed(0))
+    nodes = np.concatenate(q.nodes)
+    weights = np.concatenate(q.weights) / len(q.nodes)
+    assert weights.sum() == pytest.approx(1.0, rel=1e-12) and q.products == 300
+    assert _w1(nodes, weights, ev, np.full(ev.size, 1.0 / ev.size)) <= 0.02 * (ev.max() - ev.min())
+    assert nodes.max() == pytest.approx(ev.max(), rel=1e-9) and nodes.min() == pytest.approx(
+        ev.min(), rel=1e-9
+    )
+    tr, _ = hessian.hutchinson_trace(h, 10, torch.Generator().manual_seed(0))
+    assert q.trace == pytest.approx(tr, rel=1e-9)
+
+
+def test_hessian_density_command(tmp_path):
+    out = tmp_path / "h.json"
+    argv = ["hessian", "mlp", "--depth", "2", "--width", "8", "--input-dim", "6", "--samples", "16"]
+    argv += ["--seeds", "1", "--init", "proposed", "--density", "--probes", "3", "--steps", "8"]
+    assert main([*argv, "--format", "json", "--output", str(out)]) == 0
+    d = json.loads(out.read_text())["runs"][0]["draws"][0]["density"]
+    assert len(d["nodes"]) == 3 and all(len(n) == 8 for n in d["nodes"]) and d["products"] == 24
+    assert main([*argv, "--plot", str(tmp_path / "h.png")]) == 0
+    assert (tmp_path / "h.png").stat().st_size > 10_000
+    # more steps than parameters: refused before anything is drawn, naming --steps
+    assert main([*argv[:-2], "--steps", "100000"]) == 2

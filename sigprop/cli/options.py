@@ -252,6 +252,9 @@ class HessianOptions(RunOptions):
     tol: float
     top: int
     trace: int
+    density: bool
+    probes: int
+    steps: int
     data: Optional[Path]
     head: Head
     batch_size: Optional[int]
@@ -268,6 +271,9 @@ class HessianOptions(RunOptions):
             tol=self.tol,
             top=self.top,
             trace=self.trace,
+            density=self.density,
+            probes=self.probes,
+            steps=self.steps,
             data=None if self.data is None else str(self.data),
             head=self.head.value,
             batch_size=self.batch_size,
@@ -391,6 +397,20 @@ HESSIAN_OPTIONS = (
         ],
         0,
     ),
+    (
+        "density",
+        Annotated[
+            bool,
+            Option(
+                "--density",
+                help="Also the eigenvalue density by stochastic Lanczos quadrature (--probes x --steps "
+                "Hessian-vector products a draw); --plot draws it on a symmetric log axis.",
+            ),
+        ],
+        False,
+    ),
+    ("probes", Annotated[int, Option(min=1, help="--density: Rademacher probes.")], 10),
+    ("steps", Annotated[int, Option(min=2, help="--density: Lanczos steps a probe (quadrature nodes).")], 40),
     (
         "data",
         Annotated[
