@@ -327,6 +327,39 @@ def hutchinson_trace(hvp, probes: int, gen: torch.Generator) -> tuple[float, flo
     return float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(probes)) if probes > 1 else math.nan
 
 
+class Block:
+    """The diagonal block of ``hvp`` on one layer's parameters (``names``, a slice of the flat
+    vector): u -> (H [u on the block, 0 elsewhere]) restricted to the block; the operator
+    ``largest_eigenvalue`` reads (``size``, ``device``, ``dtype``, a call)."""
+
+    def __init__(self, hvp, start: int, stop: int) -> None:
+        self.hvp, self.start, self.stop = hvp, start, stop
+        self.size = stop - start
+        self.device, self.dtype = hvp.device, hvp.dtype
+
+    def __call__(self, u: torch.Tensor) -> torch.Tensor:
+        v = torch.zeros(self.hvp.size, device=u.device, dtype=u.dtype)
+        v[self.start : self.stop] = u
+        return self.hvp(v)[self.start : self.stop]
+
+
+def layer_blocks(hvp) -> list[tuple[str, int, int]]:
+    """The flat vector's layers, in order: (layer, start, stop), a layer's parameters being those
+    whose names share everything but the last part (``3.v``, ``3.g``, ``3.b`` -> layer ``3``; a
+    residual block's ``5.1.v`` -> ``5.1``; the head's ``head``)."""
+    out: list[list] = []
+    k = 0
+    for name, sh in zip(hvp.names, hvp.shapes):
+        layer = name.rsplit(".", 1)[0]
+        n = math.prod(sh)
+        if out and out[-1][0] == layer:
+            out[-1][2] = k + n
+        else:
+            out.append([layer, k, k + n])
+        k += n
+    return [tuple(b) for b in out]
+
+
 @dataclass
 class Density:
     """Stochastic Lanczos quadrature of the Hessian's eigenvalue density: per probe the Gauss

@@ -566,10 +566,10 @@ def build_hessian_figure(result):
     draw diverged is named on the axis with no bar."""
     plt = _pyplot()
     density = any(d.density for run in result.runs for d in run.draws)
+    per_layer = any(d.blocks for run in result.runs for d in run.draws)
+    panels = 1 + density + per_layer
     width = max(4.5, 1.3 * len(result.runs) + 2)
-    fig, axes = plt.subplots(
-        1, 2 if density else 1, figsize=(width + (6.5 if density else 0), 4.0), squeeze=False
-    )
+    fig, axes = plt.subplots(1, panels, figsize=(width + 6.5 * (panels - 1), 4.0), squeeze=False)
     ax = axes[0][0]
     for k, run in enumerate(result.runs):
         m, sd = run.summary()
@@ -598,8 +598,34 @@ def build_hessian_figure(result):
     ax.grid(True, axis="y", alpha=0.3)
     if density:
         _draw_density(axes[0][1], result)
+    if per_layer:
+        _draw_per_layer(axes[0][panels - 1], result)
     fig.tight_layout()
     return fig
+
+
+def _draw_per_layer(ax, result) -> None:
+    """Per init the largest |eigenvalue| of each layer's diagonal block (mean over draws) against
+    the layer's place in the net: where the curvature sits."""
+    for k, run in enumerate(result.runs):
+        per = [d.blocks for d in run.draws if d.blocks]
+        if not per:
+            continue
+        names = [b["layer"] for b in per[0]]
+        ys = []
+        for j in range(len(names)):
+            vals = [abs(b[j]["eigenvalue"]) for b in per if b[j]["eigenvalue"]]
+            ys.append(statistics.fmean(vals) if vals else math.nan)
+        ax.plot(range(len(names)), ys, "o-", color=f"C{k % 10}", ms=3, label=run.init)
+        ticks = names
+    step = max(1, len(ticks) // 12)
+    ax.set_xticks(range(0, len(ticks), step), ticks[::step], rotation=45, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("layer (parameter block)")
+    ax.set_ylabel("largest |eigenvalue| of its diagonal block")
+    ax.set_title("where the curvature sits (--per-layer)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
 
 
 #: the density's Gaussian smoothing, in the symmetric-log coordinate asinh(lambda/c), as a

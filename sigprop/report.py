@@ -732,6 +732,22 @@ def render_hessian(result, console: Console) -> None:
                 "and weight; --plot draws it)",
                 highlight=False,
             )
+    for run in result.runs:
+        per = [d.blocks for d in run.draws if d.blocks]
+        if per:
+            layers = [b["layer"] for b in per[0]]
+            mean = {
+                name: statistics.fmean(abs(b[k]["eigenvalue"]) for b in per if b[k]["eigenvalue"] is not None)
+                for k, name in enumerate(layers)
+                if any(b[k]["eigenvalue"] is not None for b in per)
+            }
+            top = sorted(mean, key=mean.get, reverse=True)[:TOP_SHOWN]
+            more = f"; all {len(layers)} layers: --format json" if len(layers) > TOP_SHOWN else ""
+            console.print(
+                f"{run.init}: largest |eigenvalue| of each layer's diagonal block (mean over draws), the "
+                f"largest first: " + ", ".join(f"{name} {fmt_num(mean[name])}" for name in top) + more,
+                highlight=False,
+            )
     done = [r for r in result.runs if not r.diverged]
     order = sorted(done, key=lambda r: r.summary()[0])
     if order:

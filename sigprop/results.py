@@ -696,6 +696,9 @@ class CurvatureDraw:
     #: ``--density``: per probe the stochastic Lanczos quadrature's nodes and weights, and its
     #: trace estimate (sigprop/hessian.py, ``slq``)
     density: dict | None = None
+    #: ``--per-layer``: per layer (in order) its name, parameter count and the largest-magnitude
+    #: eigenvalue of its diagonal block (None: diverged), with the products spent
+    blocks: list[dict] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         f = lambda v: None if v is None or not math.isfinite(v) else v
@@ -713,6 +716,7 @@ class CurvatureDraw:
             "parameters": self.parameters,
             "seconds": round(self.seconds, 3),
             **({"density": self.density} if self.density is not None else {}),
+            **({"blocks": self.blocks} if self.blocks is not None else {}),
         }
 
 

@@ -660,6 +660,19 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
                 d = CurvatureDraw(
                     draw, pr.eigenvalue, pr.iterations, pr.residual, pr.status, top, tr, se, h.loss, h.size
                 )
+                if hs.per_layer and pr.status != "diverged":
+                    d.blocks = []
+                    for layer, start, stop in H.layer_blocks(h):
+                        b = H.largest_eigenvalue(H.Block(h, start, stop), gen, hs.iters, hs.tol)
+                        d.blocks.append(
+                            {
+                                "layer": layer,
+                                "parameters": stop - start,
+                                "eigenvalue": b.eigenvalue,
+                                "status": b.status,
+                                "products": b.iterations,
+                            }
+                        )
                 if hs.density and pr.status != "diverged":
                     g = torch.Generator(device=device)
                     g.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_DENSITY, draw))

@@ -310,6 +310,8 @@ class HessianSpec:
     density: bool = False
     probes: int = 10
     steps: int = 40
+    #: also the largest-magnitude eigenvalue of each layer's diagonal block
+    per_layer: bool = False
 
     def __post_init__(self) -> None:
         if self.threads is not None:

@@ -437,3 +437,47 @@ def test_hessian_density_command(tmp_path):
     assert (tmp_path / "h.png").stat().st_size > 10_000
     # more steps than parameters: refused before anything is drawn, naming --steps
     assert main([*argv[:-2], "--steps", "100000"]) == 2
+
+
+def test_per_layer_blocks_are_the_dense_hessians_diagonal_blocks(tmp_path):
+    """--per-layer: the flat vector splits into the layers in order (every parameter once: v, g, b
+    of layer i are ``i``; the head ``head``), and each block's largest-magnitude eigenvalue by
+    restarted Lanczos on the restricted product is the dense Hessian's block's (tol 1e-6)."""
+    spec = api.spec("mlp", depth=2, width="10", input_dim=6, inits="proposed")
+    kind = kinds.of(spec)
+    plan = kind.plan(spec, 0)
+    x, y = hessian.data(0, 32, (6,), torch.device("cpu"), torch.float64)
+    h = hessian.HVP(hessian.build(plan.steps, kind.scheme(spec, "proposed"), kind.space(spec), x, 0, 0), x, y)
+    blocks = hessian.layer_blocks(h)
+    assert [b[0] for b in blocks] == ["0", "1", "head"]
+    assert (
+        blocks[0][1] == 0
+        and blocks[-1][2] == h.size
+        and all(a[2] == b[1] for a, b in zip(blocks, blocks[1:]))
+    )
+    dense = h.dense()
+    for _, start, stop in blocks:
+        ev = np.linalg.eigvalsh(0.5 * (dense + dense.T)[start:stop, start:stop].numpy())
+        want = ev[np.argmax(np.abs(ev))]
+        got = hessian.largest_eigenvalue(
+            hessian.Block(h, start, stop), torch.Generator().manual_seed(1), 200, 1e-6
+        )
+        assert got.eigenvalue == pytest.approx(want, rel=1e-5)
+    out = tmp_path / "h.json"
+    argv = [
+        "hessian",
+        "mlp",
+        "--depth",
+        "2",
+        "--width",
+        "8",
+        "--input-dim",
+        "6",
+        "--samples",
+        "16",
+        "--seeds",
+        "1",
+    ]
+    assert main([*argv, "--init", "proposed", "--per-layer", "--format", "json", "--output", str(out)]) == 0
+    per = json.loads(out.read_text())["runs"][0]["draws"][0]["blocks"]
+    assert [b["layer"] for b in per] == ["0", "1", "head"] and sum(b["parameters"] for b in per) > 0

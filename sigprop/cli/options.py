@@ -255,6 +255,7 @@ class HessianOptions(RunOptions):
     density: bool
     probes: int
     steps: int
+    per_layer: bool
     data: Optional[Path]
     head: Head
     batch_size: Optional[int]
@@ -274,6 +275,7 @@ class HessianOptions(RunOptions):
             density=self.density,
             probes=self.probes,
             steps=self.steps,
+            per_layer=self.per_layer,
             data=None if self.data is None else str(self.data),
             head=self.head.value,
             batch_size=self.batch_size,
@@ -411,6 +413,18 @@ HESSIAN_OPTIONS = (
     ),
     ("probes", Annotated[int, Option(min=1, help="--density: Rademacher probes.")], 10),
     ("steps", Annotated[int, Option(min=2, help="--density: Lanczos steps a probe (quadrature nodes).")], 40),
+    (
+        "per_layer",
+        Annotated[
+            bool,
+            Option(
+                "--per-layer",
+                help="Also the largest-magnitude eigenvalue of each layer's diagonal block of the Hessian "
+                "(restarted Lanczos, up to --iters products a layer): where the curvature sits.",
+            ),
+        ],
+        False,
+    ),
     (
         "data",
         Annotated[
