@@ -792,6 +792,8 @@ def render_spectrum(result, console: Console) -> None:
     t = _table("[bold]input-output Jacobian[/bold] — eigenvalues σ² of J Jᵀ, mean over draws (theory)")
     for name in ("init", "mean σ²", "var σ²", "var/mean²", "σ_max", "σ_min", "cond (median)", "σ² in [½, 2]"):
         t.add_column(name, justify="left" if name == "init" else "right")
+    # the lanczos path's sigma_min is the smallest Ritz value: an upper bound
+    bound = "≤ " if result.environment.get("path") == "lanczos" else ""
     for run in result.runs:
         d = run.to_dict()
         mean, var = d["mean"], d["variance"]
@@ -804,8 +806,8 @@ def render_spectrum(result, console: Console) -> None:
             _ratio_cell(var, pv),
             _ratio_cell(norm, pnorm),
             fmt_num(d["sigma_max"]),
-            fmt_num(d["sigma_min"]),
-            "∞" if d["condition"] is None else fmt_num(d["condition"]),
+            bound + fmt_num(d["sigma_min"]),
+            "∞" if d["condition"] is None else ("≥ " if bound else "") + fmt_num(d["condition"]),
             f"{100 * d['near_one']:.1f}%",
         )
     console.print(t)
@@ -813,10 +815,18 @@ def render_spectrum(result, console: Console) -> None:
     notes = sorted({run.why for run in result.runs if run.why})
     for why in notes:
         console.print(f"theory: {escape(why)}", highlight=False)
+    how = (
+        f"exactly at {env['samples']} inputs x ~ N(0, I) per draw ({env['output_units']} × "
+        f"{env['input_units']}, {env['reverse_products']} reverse products a sample), singular values in "
+        "float64"
+        if env.get("path") != "lanczos"
+        else f"as the operator JᵀJ at {env['samples']} inputs per draw ({env['output_units']} × "
+        f"{env['input_units']}, not formed): σ_max by Lanczos, the rest by stochastic Lanczos "
+        f"quadrature ({env['products_per_sample']} products a sample; σ_min the smallest Ritz value, an "
+        "upper bound)"
+    )
     console.print(
-        f"[dim]J = ∂h^L/∂x exactly at {env['samples']} inputs x ~ N(0, I) per draw "
-        f"({env['output_units']} × {env['input_units']}, {env['reverse_products']} reverse products a "
-        "sample), singular values in float64; mean σ² = tr(J Jᵀ)/n_out = E‖Jᵀe‖²/‖e‖², the squared "
+        f"[dim]J = ∂h^L/∂x {how}; mean σ² = tr(J Jᵀ)/n_out = E‖Jᵀe‖²/‖e‖², the squared "
         "backward ratio; theory (large width, equal widths for the variance): mean ∏ g² E[φ'²], var/mean² = "
         "Σ (μ₂/μ₁² − 1 − s₁) (Pennington, Schoenholz & Ganguli 2018); a ReLU output's inactive units "
         "make σ_min = 0 (docs/theory.md §14)[/dim]",

@@ -722,10 +722,24 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
     activations = n_in + sum(st.units_out for st in layers)
     itemsize = dev.itemsize(ss.dtype)
     widest = max([n_out] + ([st.units_out for st in layers] if ss.depths else []))
-    need = ss.samples * widest * n_in * (itemsize + 8 + 8) + 4 * widest * activations * itemsize
-    dev.check_memory(
-        need, device, kind.fields, hint="; the exact Jacobian holds n_out x n_in entries a sample"
-    )
+    weights = sum(st.role.fan_in * st.role.fan_out for st in layers) * itemsize * 2  # drawn and kept
+    jacobians = ss.samples * widest * n_in * (itemsize + 8 + 8) + 4 * widest * activations * itemsize
+    need = weights + jacobians
+    path = ss.path
+    if path == "auto":
+        path = "exact" if dev.fits(need, device) else "lanczos"
+    if path == "lanczos" and ss.depths:
+        raise SigpropError(
+            "the exact Jacobians do not fit in memory, and the spectrum against depth needs them",
+            field="depths",
+        )
+    if path == "exact":
+        dev.check_memory(
+            need, device, kind.fields, hint="; the exact Jacobian holds n_out x n_in entries a sample"
+        )
+    else:  # one sample's graph at a time, and the Lanczos basis of --steps input vectors
+        lanczos_need = weights + (8 * activations + (ss.steps + 4) * n_in) * itemsize
+        dev.check_memory(lanczos_need, device, kind.fields, hint="")
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_INPUTS))
     x = torch.randn(ss.samples, n_in, generator=gx, device=device, dtype=dtype)  # the probe's inputs
     names = kind.inits(spec)
@@ -738,8 +752,9 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
         "samples": ss.samples,
         "input_units": n_in,
         "output_units": n_out,
-        "path": "exact",
-        "reverse_products": n_out,
+        "path": path,
+        "reverse_products": n_out if path == "exact" else None,
+        "products_per_sample": None if path == "exact" else 2 * ss.probes * ss.steps,
     }
     if on_start is not None:
         on_start(env)
@@ -750,10 +765,26 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
         draws, pooled, per_depth = [], [], []
         for draw in range(ss.seeds):
             fn = walker.as_function(plan.steps, scheme, x, ss.seed, draw, kind.space(spec))
-            J = spectra.jacobian(fn, x)
-            lam = spectra.eigenvalues(J.detach())
-            draws.append({"draw": draw, **spectra.summary(lam, min(n_in, n_out))})
-            pooled.append(lam.reshape(-1))
+            if path == "exact":
+                J = spectra.jacobian(fn, x)
+                lam = spectra.eigenvalues(J.detach())
+                draws.append({"draw": draw, **spectra.summary(lam, min(n_in, n_out))})
+                pooled.append(lam.reshape(-1))
+            else:
+                gen = torch.Generator(device=device).manual_seed(
+                    specs.derive_seed(ss.seed, specs.STREAM_DENSITY, draw)
+                )
+                grams = [spectra.Gram(fn, x[i]) for i in range(ss.samples)]
+                largest, nodes, weights = [], [], []
+                for g in grams:
+                    top = H.largest_eigenvalue(g, gen, 100, 1e-3)
+                    largest.append(top.eigenvalue or 0.0)
+                    q = H.slq(g, ss.probes, ss.steps, gen)
+                    nodes += q.nodes
+                    weights += q.weights
+                summary, lam, mass = spectra.lanczos_summary(grams, largest, nodes, weights)
+                draws.append({"draw": draw, **summary})
+                pooled.append((lam, mass))
             if ss.depths:  # every unit's output in the input: the spectrum against depth
                 rows = []
                 for depth in range(1, len(fn.units) + 1):
@@ -786,7 +817,11 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
                 mean,
                 None if pred is None else pred.variance,
                 "" if pred is None else pred.why,
-                spectra.histogram(np.concatenate(pooled)),
+                spectra.histogram(np.concatenate(pooled))
+                if path == "exact"
+                else spectra.histogram(
+                    np.concatenate([p[0] for p in pooled]), weights=np.concatenate([p[1] for p in pooled])
+                ),
                 depths,
             )
         )

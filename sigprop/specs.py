@@ -356,10 +356,23 @@ class SpectrumSpec:
     #: also the Jacobian of every recorded state (each unit's output) in the input: the spectrum
     #: against depth
     depths: bool = False
+    #: "exact" (J formed, an SVD), "lanczos" (J^T J as an operator: restarted Lanczos for
+    #: sigma_max, stochastic Lanczos quadrature of ``probes`` x ``steps`` for the rest), or
+    #: "auto": exact when it fits in memory
+    path: str = "auto"
+    probes: int = 10
+    steps: int = 30
 
     def __post_init__(self) -> None:
         if self.threads is not None:
             check_size(self.threads, "threads")
+        if self.path not in ("auto", "exact", "lanczos"):
+            raise SigpropError(f"expected auto, exact or lanczos, got {self.path!r}", field="path")
+        check_size(self.probes, "probes")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 2:
+            raise SigpropError(f"must be an integer >= 2, got {self.steps!r}", field="steps")
+        if self.depths and self.path == "lanczos":
+            raise SigpropError("the spectrum against depth is measured on the exact path", field="depths")
         ProbeSpec(
             samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype
         )

@@ -69,18 +69,76 @@ def summary(lam: np.ndarray, k: int) -> dict:
     }
 
 
-def histogram(lam: np.ndarray, bins: int = 40) -> dict:
+def histogram(lam: np.ndarray, bins: int = 40, weights: np.ndarray | None = None) -> dict:
     """The eigenvalues' histogram on a log10 axis: bin edges (log10 sigma^2) over the positive
-    ones, their counts, and how many are zero."""
-    pos = lam[lam > 0]
-    if pos.size == 0:
-        return {"log10_edges": [], "counts": [], "zeros": int(lam.size)}
-    lo, hi = np.log10(pos.min()), np.log10(pos.max())
+    ones, their counts (with ``weights``: the quadrature's weighted counts), and how many are
+    zero."""
+    w = np.ones_like(lam) if weights is None else weights
+    pos = lam > 0
+    if not pos.any():
+        return {"log10_edges": [], "counts": [], "zeros": float(w.sum())}
+    lo, hi = np.log10(lam[pos].min()), np.log10(lam[pos].max())
     if hi - lo < 1e-9:
         lo, hi = lo - 0.5, hi + 0.5
-    counts, edges = np.histogram(np.log10(pos), bins=bins, range=(lo, hi))
+    counts, edges = np.histogram(np.log10(lam[pos]), bins=bins, range=(lo, hi), weights=w[pos])
+    as_int = weights is None
     return {
         "log10_edges": [float(e) for e in edges],
-        "counts": [int(c) for c in counts],
-        "zeros": int(lam.size - pos.size),
+        "counts": [int(c) if as_int else float(c) for c in counts],
+        "zeros": int(w[~pos].sum()) if as_int else float(w[~pos].sum()),
     }
+
+
+class Gram:
+    """J^T J at one input as an operator (``size``, ``device``, ``dtype``, a call): v -> J^T (J v),
+    one forward-mode product (``torch.func.jvp``) and one reverse (``vjp``) -- what Lanczos and
+    stochastic Lanczos quadrature read when J is too large to form."""
+
+    def __init__(self, fn: walker.Function, xi: torch.Tensor) -> None:
+        self.f = lambda z: fn.forward(fn.params, z.unsqueeze(0)).reshape(-1)
+        self.xi = xi
+        self.n_out = int(self.f(xi).numel())
+        _, self.pullback = torch.func.vjp(self.f, xi)
+        self.size, self.device, self.dtype = xi.numel(), xi.device, xi.dtype
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        _, jv = torch.func.jvp(self.f, (self.xi,), (v.reshape(self.xi.shape),))
+        (g,) = self.pullback(jv)
+        return g.reshape(-1).detach()
+
+
+def lanczos_summary(
+    grams: list, largest: list, nodes: list, weights: list
+) -> tuple[dict, np.ndarray, np.ndarray]:
+    """One draw's summaries from its samples' J^T J operators (``grams``), their largest
+    eigenvalues (restarted Lanczos) and their stochastic Lanczos quadratures (nodes and
+    weights per probe, over the n_in eigenvalues of J^T J): the mean of the n_out eigenvalues of
+    J J^T is n_in E[sum w theta]/n_out (the trace), their second moment n_in E[sum w theta^2]/n_out,
+    sigma_max from Lanczos, sigma_min from the smallest Ritz value (an upper bound that Lanczos
+    approaches from above: exact when the quadrature resolves the lower edge; 0 when n_in > n_out
+    makes J^T J singular), and the fraction within a factor ``NEAR`` of one from the quadrature.
+    Also the pooled nodes and their weights in units of eigenvalues (for the histogram)."""
+    n_in, n_out = grams[0].size, grams[0].n_out
+    m1 = np.mean([sum(w * t for w, t in zip(ws, ts)) for ws, ts in zip(weights, nodes)])
+    m2 = np.mean([sum(w * t * t for w, t in zip(ws, ts)) for ws, ts in zip(weights, nodes)])
+    near = np.mean(
+        [sum(w for w, t in zip(ws, ts) if 1.0 / NEAR <= t <= NEAR) for ws, ts in zip(weights, nodes)]
+    )
+    mean, second = n_in * m1 / n_out, n_in * m2 / n_out
+    s_max = math.sqrt(max(largest))
+    low = 0.0 if n_in > n_out else max(0.0, min(min(ts) for ts in nodes))
+    s_min = math.sqrt(low)
+    pooled = np.concatenate([np.asarray(ts) for ts in nodes])
+    mass = np.concatenate([np.asarray(ws) for ws in weights]) * n_in / len(nodes) * len(grams)
+    return (
+        {
+            "mean": float(mean),
+            "variance": float(second - mean * mean),
+            "sigma_max": s_max,
+            "sigma_min": s_min,
+            "condition": s_max / s_min if s_min > 0 else None,
+            "near_one": float(near * n_in / n_out),
+        },
+        pooled,
+        mass,
+    )

@@ -289,6 +289,9 @@ class SpectrumOptions(RunOptions):
 
     depths: bool
     plot: Optional[Path]
+    path: str
+    probes: int
+    steps: int
 
     def spectrum_spec(self) -> specs.SpectrumSpec:
         return specs.SpectrumSpec(
@@ -299,6 +302,9 @@ class SpectrumOptions(RunOptions):
             dtype=self.dtype.value,
             threads=self.threads,
             depths=self.depths,
+            path=self.path,
+            probes=self.probes,
+            steps=self.steps,
         )
 
 
@@ -341,6 +347,20 @@ SPECTRUM_OPTIONS = (
         ],
         None,
     ),
+    (
+        "path",
+        Annotated[
+            str,
+            Option(
+                help="exact (J formed, an SVD a sample), lanczos (J^T J as an operator: Lanczos for "
+                "sigma_max, stochastic Lanczos quadrature for the rest), or auto: exact when it fits in "
+                "memory."
+            ),
+        ],
+        "auto",
+    ),
+    ("probes", Annotated[int, Option(min=1, help="lanczos path: quadrature probes a sample.")], 10),
+    ("steps", Annotated[int, Option(min=2, help="lanczos path: Lanczos steps a probe.")], 30),
 )
 
 
