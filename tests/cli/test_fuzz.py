@@ -128,6 +128,24 @@ COMMANDS = {
         "--blocks": st.sampled_from(["1", "0"]),
         "--format": st.sampled_from(["table", "json", "csv"]),
         "--init": st.sampled_from(["proposed", "he", "datadep", "nope"]),
+        "--density": st.just(""),
+        "--probes": st.sampled_from(["1", "0", "x"]),
+        "--steps": st.sampled_from(["2", "1", "1000000"]),
+        "--per-layer": st.just(""),
+    },
+    "spectrum": {
+        "--samples": st.sampled_from(["2", "0", "x"]),
+        "--seeds": st.sampled_from(["1", "0"]),
+        "--depth": st.sampled_from(["2", "0"]),
+        "--width": st.sampled_from(["4", "0", "1000000000"]),
+        "--blocks": st.sampled_from(["1", "0"]),
+        "--format": st.sampled_from(["table", "json", "csv"]),
+        "--init": st.sampled_from(["proposed", "he", "datadep", "nope"]),
+        "--depths": st.just(""),
+        "--path": st.sampled_from(["auto", "exact", "lanczos", "x"]),
+        "--probes": st.sampled_from(["1", "0"]),
+        "--steps": st.sampled_from(["2", "1"]),
+        "--plot": st.sampled_from(["fig.png", "fig.xyz"]),
     },
     "theory": {
         "--n": st.sampled_from(["2", "1", "1000000000000", "0", "x"]),
@@ -212,16 +230,16 @@ def argv(draw):
         # small maps unless the draw sets --image again (the last one counts): the default net is
         # 4 inits x 100 samples
         args += ["--image", "3x8x8"]
-    if cmd == "hessian":  # a net and small defaults (later draws may override them)
+    if cmd in ("hessian", "spectrum"):  # a net and small defaults (later draws may override them)
         args += [
             draw(st.sampled_from(["mlp", "resnet", "cnn", "wrn", "", "nope"])),
             "--samples",
-            "4",
+            "4" if cmd == "hessian" else "2",
             "--seeds",
             "1",
-            "--iters",
-            "3",
         ]
+        if cmd == "hessian":
+            args += ["--iters", "3"]
         if args[1] in ("cnn", "wrn"):
             args += ["--image", "3x4x4"] + (
                 ["--channels", "2", "--depth", "2"] if args[1] == "cnn" else ["--blocks", "1"]
