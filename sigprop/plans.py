@@ -830,40 +830,60 @@ def upto(steps: Sequence[Step], units: int) -> tuple:
 
 def predict_jacobian(steps: Sequence[Step], scheme: InitScheme) -> theory.SpectrumPrediction:
     """The large-width mean and variance of the eigenvalues of J J^T (J the Jacobian of the
-    plan's last state in its input).  A chain of Linear layers composes its layers
-    (``theory.jacobian_spectrum``): each one's mean squared row norm (the scheme's) and its ReLU's
-    derivative moments; the variance is derived for equal widths.  Other plans (residual blocks,
-    convolutions) take the mean from the backward map of ``predict`` where the input and the last
-    state are recorded states (mean sigma^2 = the squared RMS backward ratio); their variance is
-    not derived yet (``why`` says so)."""
-    layers, why = [], ""
-    for st in steps:
-        if isinstance(st, Record):
-            continue
-        if not isinstance(st, Linear) or st.bn or scheme.moments is None or scheme.standardizes:
-            if isinstance(st, (Open, Close)):
-                why = "residual blocks"
-            elif isinstance(st, Conv):
-                why = "convolutions"
-            elif isinstance(st, BatchNorm) or st.bn:
-                why = "batch norm"
-            else:
-                why = f"init {scheme.name}"
-            break
-        m = scheme.moments(st.role)
-        mu1, mu2 = theory.RELU_MU if st.relu else (1.0, 1.0)
-        square = st.role.fan_in == st.role.fan_out
-        s1 = theory.S1_OF_DIRECTION.get(scheme.direction) if square else None
-        layers.append((m.row_sq, mu1, mu2, s1))
-    if not why:
-        pred = theory.jacobian_spectrum(layers)
-        if pred.variance is None:
-            return theory.SpectrumPrediction(pred.mean, None, "the variance is derived for equal widths only")
-        return pred
+    plan's last state in its input; docs/theory.md §14).  Dense layers compose by
+    ``theory.chain_variance`` (any widths: each one's mean squared row norm, the scheme's, its
+    ReLU's derivative moments and its directions' S-transform coefficient); a residual block with
+    an identity skip and a dense branch multiplies the mean by 1 + a and adds
+    ``theory.block_variance`` (a = alpha^2 times the branch's mean).  Other plans
+    (convolutions, projection shortcuts, batch norm) take the mean from the backward map of
+    ``predict`` where the input and the last state are recorded states (mean sigma^2 = the
+    squared RMS backward ratio); their variance is not derived (``why`` says which step)."""
+
+    def dense(st) -> tuple[float, float] | str:
+        """(mean squared row norm, S-transform coefficient) of a Linear step, or why not derived."""
+        if not isinstance(st, Linear) or st.bn:
+            return "convolutions" if isinstance(st, Conv) else "batch norm"
+        s1 = theory.S1_OF_DIRECTION.get(scheme.direction)
+        if s1 is None:
+            return f"{scheme.direction} directions"
+        return scheme.moments(st.role).row_sq, s1
+
+    def chain(items, mean: float, v: float) -> tuple[float, float] | str:
+        for it in items:
+            if isinstance(it, Record):
+                continue
+            if isinstance(it, tuple):
+                inner, close = it
+                if close.projection is not None:
+                    return "projection shortcuts"
+                branch = chain(inner, 1.0, 0.0)
+                if isinstance(branch, str):
+                    return branch
+                a = scheme.alpha(close.blocks_in_stage) ** 2 * branch[0]
+                mean, v = mean * (1.0 + a), v + theory.block_variance(a, branch[1])
+                continue
+            if isinstance(it, BatchNorm):
+                return "batch norm"
+            layer = dense(it)
+            if isinstance(layer, str):
+                return layer
+            g2, s1 = layer
+            mu1, mu2 = theory.RELU_MU if it.relu else (1.0, 1.0)
+            mean *= g2 * mu1
+            v = theory.chain_variance(v, it.role.fan_out / it.role.fan_in, mu1, mu2, s1)
+        return mean, v
+
+    if scheme.moments is None or scheme.standardizes:
+        got: tuple[float, float] | str = f"init {scheme.name}"
+    else:
+        got = chain(nest(steps), 1.0, 0.0)
+    if not isinstance(got, str):
+        mean, v = got
+        return theory.SpectrumPrediction(mean, v * mean * mean)
     mean = math.nan
     states = isinstance(steps[0], Record) and isinstance(steps[-1], Record) and not steps[-1].pre_activation
     if states and not scheme.standardizes and not any(isinstance(st, BatchNorm) for st in steps):
         back = predict(steps, scheme).ln_backward
         if back and back[0] is not None:
             mean = math.exp(2.0 * back[0])
-    return theory.SpectrumPrediction(mean, None, f"the variance is not derived for {why} yet")
+    return theory.SpectrumPrediction(mean, None, f"the variance is not derived for {got} yet")

@@ -815,8 +815,9 @@ def render_spectrum(result, console: Console) -> None:
     notes = sorted({run.why for run in result.runs if run.why})
     for why in notes:
         console.print(f"theory: {escape(why)}", highlight=False)
+    inputs = "inputs from --data" if result.config.get("data") else "inputs x ~ N(0, I)"
     how = (
-        f"exactly at {env['samples']} inputs x ~ N(0, I) per draw ({env['output_units']} × "
+        f"exactly at {env['samples']} {inputs} per draw ({env['output_units']} × "
         f"{env['input_units']}, {env['reverse_products']} reverse products a sample), singular values in "
         "float64"
         if env.get("path") != "lanczos"
@@ -827,8 +828,9 @@ def render_spectrum(result, console: Console) -> None:
     )
     console.print(
         f"[dim]J = ∂h^L/∂x {how}; mean σ² = tr(J Jᵀ)/n_out = E‖Jᵀe‖²/‖e‖², the squared "
-        "backward ratio; theory (large width, equal widths for the variance): mean ∏ g² E[φ'²], var/mean² = "
-        "Σ (μ₂/μ₁² − 1 − s₁) (Pennington, Schoenholz & Ganguli 2018); a ReLU output's inactive units "
-        "make σ_min = 0 (docs/theory.md §14)[/dim]",
+        "backward ratio; theory (large width): mean ∏ g² E[φ'²]; var/mean² gains r·v + μ₂/μ₁² − 1 + "
+        "max(r − 1, 0) − s₁ min(r, 1) a layer (r = n_out/n_in) and (2a + a² v_A)/(1 + a)² a residual block "
+        "(free probability: Pennington, Schoenholz & Ganguli 2018); a ReLU output's inactive units make "
+        "σ_min = 0 (docs/theory.md §14)[/dim]",
         soft_wrap=True,
     )

@@ -353,6 +353,49 @@ def _walk_all(
     return out, env
 
 
+def _check_instance_draws(spec, names, seeds: int) -> None:
+    if spec.reinitializes_one_instance() and "as-is" in names and seeds > 1:
+        raise SigpropError(
+            "a model instance has one set of its own weights: pass a factory (a callable that builds "
+            "the model) for several as-is draws, or --seeds 1",
+            field="seeds",
+        )
+
+
+def _model_inputs(spec, samples: int, seed: int, device, dtype):
+    """A model kind's inputs: the API's own tensors (their first ``samples`` rows), the user's
+    --data, N(0, I) of each --input-shape, or token ids uniform over --vocab (one tensor, or a
+    tuple for a forward of several)."""
+    gx = torch.Generator(device=device).manual_seed(specs.derive_seed(seed, specs.STREAM_INPUTS))
+    x: torch.Tensor | tuple
+    if spec.inputs is not None:  # the API's own tensors: their first `samples` rows
+        given = [
+            torch.as_tensor(t)
+            for t in (spec.inputs if isinstance(spec.inputs, (tuple, list)) else [spec.inputs])
+        ]
+        if given[0].shape[0] < samples:
+            raise SigpropError(
+                f"inputs= have {given[0].shape[0]} rows for {samples} samples: pass "
+                f"samples={given[0].shape[0]} or more rows",
+                field="inputs",
+            )
+        xs = tuple(
+            t[:samples].to(device=device, dtype=dtype if t.is_floating_point() else t.dtype) for t in given
+        )
+        x = xs[0] if len(xs) == 1 else xs
+    elif spec.data is not None:  # the user's inputs, checked before anything is built
+        d = data_mod.take(data_mod.load(spec.data, spec.input_shape, 2**62), samples)
+        x = torch.as_tensor(d.x, device=device, dtype=dtype).reshape(d.count, *spec.input_shape)
+    elif spec.vocab is None:  # N(0, I), one tensor per input the forward takes
+        xs = tuple(
+            torch.randn(samples, *shape, generator=gx, device=device, dtype=dtype) for shape in spec.shapes
+        )
+        x = xs[0] if len(xs) == 1 else xs
+    else:  # token ids, uniform over the vocabulary
+        x = torch.randint(spec.vocab, (samples, *spec.input_shape), generator=gx, device=device)
+    return x
+
+
 def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, extra) -> Measured:
     """A kind whose spec builds a ``torch.nn.Module`` (``Kind.engine == "model"``): per init and
     draw, build the model (its factory under a seeded generator), apply the init
@@ -375,43 +418,10 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     dtype = dev.DTYPES[probe_spec.dtype]
     names = kind.inits(spec)
     schemes = [kind.scheme(spec, n) for n in names]
-    if spec.reinitializes_one_instance() and "as-is" in names and probe_spec.seeds > 1:
-        raise SigpropError(
-            "a model instance has one set of its own weights: pass a factory (a callable that builds "
-            "the model) for several as-is draws, or --seeds 1",
-            field="seeds",
-        )
+    _check_instance_draws(spec, names, probe_spec.seeds)
     env = _environment(probe_spec, device, stream=False, batch=1)
     factory = spec.factory()
-    gx = torch.Generator(device=device).manual_seed(specs.derive_seed(probe_spec.seed, specs.STREAM_INPUTS))
-    x: torch.Tensor | tuple
-    if spec.inputs is not None:  # the API's own tensors: their first `samples` rows
-        given = [
-            torch.as_tensor(t)
-            for t in (spec.inputs if isinstance(spec.inputs, (tuple, list)) else [spec.inputs])
-        ]
-        if given[0].shape[0] < probe_spec.samples:
-            raise SigpropError(
-                f"inputs= have {given[0].shape[0]} rows for {probe_spec.samples} samples: pass "
-                f"samples={given[0].shape[0]} or more rows",
-                field="inputs",
-            )
-        xs = tuple(
-            t[: probe_spec.samples].to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
-            for t in given
-        )
-        x = xs[0] if len(xs) == 1 else xs
-    elif spec.data is not None:  # the user's inputs, checked before anything is built
-        d = data_mod.take(data_mod.load(spec.data, spec.input_shape, 2**62), probe_spec.samples)
-        x = torch.as_tensor(d.x, device=device, dtype=dtype).reshape(d.count, *spec.input_shape)
-    elif spec.vocab is None:  # N(0, I), one tensor per input the forward takes
-        xs = tuple(
-            torch.randn(probe_spec.samples, *shape, generator=gx, device=device, dtype=dtype)
-            for shape in spec.shapes
-        )
-        x = xs[0] if len(xs) == 1 else xs
-    else:  # token ids, uniform over the vocabulary
-        x = torch.randint(spec.vocab, (probe_spec.samples, *spec.input_shape), generator=gx, device=device)
+    x = _model_inputs(spec, probe_spec.samples, probe_spec.seed, device, dtype)
     e_seed = specs.derive_seed(probe_spec.seed, specs.STREAM_ERRORS)
     plan = kind.plan(spec, probe_spec.seed)
     total, done = len(names) * probe_spec.seeds, 0
@@ -708,10 +718,137 @@ def spectrum(
         return _spectrum(spec, ss, progress, on_start)
 
 
+def _spectrum_draw(
+    path: str, jacobians, functions: list, x: torch.Tensor, ss: specs.SpectrumSpec, draw: int, n_out: int
+):
+    """One draw's summaries and its eigenvalues (exact: [N, n_out]; lanczos: the quadrature's
+    nodes and their weights): ``jacobians()`` the exact J [N, n_out, n_in], ``functions`` per
+    sample the map its input -> the output, flattened (for the J^T J operator)."""
+    n_in = x[0].numel()
+    if path == "exact":
+        lam = spectra.eigenvalues(jacobians())
+        return {"draw": draw, **spectra.summary(lam, min(n_in, n_out))}, lam.reshape(-1)
+    gen = torch.Generator(device=x.device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_DENSITY, draw))
+    grams = [spectra.Gram(f, x[i]) for i, f in enumerate(functions)]
+    largest, nodes, weights = [], [], []
+    for g in grams:
+        top = H.largest_eigenvalue(g, gen, 100, 1e-3)
+        largest.append(top.eigenvalue or 0.0)
+        q = H.slq(g, ss.probes, ss.steps, gen)
+        nodes += q.nodes
+        weights += q.weights
+    summary, lam, mass = spectra.lanczos_summary(grams, largest, nodes, weights)
+    return {"draw": draw, **summary}, (lam, mass)
+
+
+def _pooled_histogram(path: str, pooled: list) -> dict:
+    if path == "exact":
+        return spectra.histogram(np.concatenate(pooled))
+    return spectra.histogram(
+        np.concatenate([p[0] for p in pooled]), weights=np.concatenate([p[1] for p in pooled])
+    )
+
+
+#: the bytes the reverse products of one chunk of a model's outputs may hold at once
+MODEL_JACOBIAN_CHUNK_BYTES = 2**30
+
+
+def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResult:
+    """The module kind: per init and draw, build the model, apply the init (as the probe does),
+    and read J of its output in its input through its own forward (``spectra.model_jacobians``,
+    or the J^T J operator); exact when S x n_out x n_in fits.  The large-width theory of a
+    model's spectrum is not derived (said in ``why``)."""
+    device = dev.resolve_device(ss.device)
+    dtype = dev.DTYPES[ss.dtype]
+    if spec.vocab is not None:
+        raise SigpropError("token ids have no Jacobian: the spectrum needs a floating input", field="vocab")
+    if ss.depths:
+        raise SigpropError(
+            "the spectrum against depth is measured for sigprop's own nets only", field="depths"
+        )
+    names = kind.inits(spec)
+    _check_instance_draws(spec, names, ss.seeds)
+    x = _model_inputs(spec, ss.samples, ss.seed, device, dtype)
+    if isinstance(x, tuple):
+        raise SigpropError(
+            f"the spectrum is taken in one input, and this forward takes {len(x)}", field="input_shape"
+        )
+    factory = spec.factory()
+    itemsize = dev.itemsize(ss.dtype)
+    n_in = x[0].numel()
+    env: dict = {}
+    runs, total, done = [], len(names) * ss.seeds, 0
+    for name in names:
+        scheme = kind.scheme(spec, name)
+        draws, pooled = [], []
+        for draw in range(ss.seeds):
+            model = modules.build(factory, ss.seed, draw)
+            modules.init_(model, scheme, ss.seed, draw, batch=x)
+            model = spectra.functional(modules.prepare(model, device, dtype))
+            if not env:  # sizes from the first draw: the path, the memory, the banner
+                with torch.no_grad():
+                    n_out = modules.output_tensor(model(x[:2] if spectra.batch_dependent(model) else x[:1]))[
+                        0
+                    ].numel()
+                rows = ss.samples if spectra.batch_dependent(model) else 1
+                per_output = (
+                    modules.activation_bytes(model, x[: min(2, ss.samples)]) // min(2, ss.samples) * rows
+                )
+                chunk = max(1, min(n_out, MODEL_JACOBIAN_CHUNK_BYTES // max(1, per_output)))
+                weights = sum(p.numel() * p.element_size() for p in model.parameters())
+                need = weights + ss.samples * n_out * n_in * (itemsize + 16) + chunk * per_output
+                path = ss.path if ss.path != "auto" else ("exact" if dev.fits(need, device) else "lanczos")
+                if path == "exact":
+                    dev.check_memory(
+                        need,
+                        device,
+                        kind.fields,
+                        hint="; the exact Jacobian holds n_out x n_in entries a sample",
+                    )
+                env = {
+                    "torch": torch.__version__,
+                    "device": str(device),
+                    "device_name": dev.device_name(device),
+                    "dtype": ss.dtype,
+                    "threads": torch.get_num_threads(),
+                    "samples": ss.samples,
+                    "input_units": n_in,
+                    "output_units": n_out,
+                    "path": path,
+                    "reverse_products": n_out if path == "exact" else None,
+                    "products_per_sample": None if path == "exact" else 2 * ss.probes * ss.steps,
+                }
+                if on_start is not None:
+                    on_start(env)
+            functions = [spectra.model_function(model, x, i) for i in range(ss.samples)]
+            summary, lam = _spectrum_draw(
+                path, lambda: spectra.model_jacobians(model, x, chunk), functions, x, ss, draw, n_out
+            )
+            draws.append(summary)
+            pooled.append(lam)
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{name}: draw {draw}")
+        runs.append(
+            SpectrumRun(
+                name,
+                scheme.description,
+                draws,
+                None,
+                None,
+                "a model's spectrum theory is not derived yet (its ratios' is: sigprop module)",
+                _pooled_histogram(path, pooled),
+                [],
+            )
+        )
+    config = {"command": kind.name, **spec.to_dict(), **ss.__dict__}
+    return SpectrumResult(kind.name, config, {"sigprop": __version__, **env}, runs)
+
+
 def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResult:
     kind = kinds.of(spec)
     if kind.engine == "model":
-        raise SigpropError("the Jacobian spectrum of your own model is not measured yet", field="command")
+        return _spectrum_model(kind, spec, ss, progress, on_start)
     device = dev.resolve_device(ss.device)
     dtype = dev.DTYPES[ss.dtype]
     plan = kind.plan(spec, ss.seed)
@@ -765,26 +902,12 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
         draws, pooled, per_depth = [], [], []
         for draw in range(ss.seeds):
             fn = walker.as_function(plan.steps, scheme, x, ss.seed, draw, kind.space(spec))
-            if path == "exact":
-                J = spectra.jacobian(fn, x)
-                lam = spectra.eigenvalues(J.detach())
-                draws.append({"draw": draw, **spectra.summary(lam, min(n_in, n_out))})
-                pooled.append(lam.reshape(-1))
-            else:
-                gen = torch.Generator(device=device).manual_seed(
-                    specs.derive_seed(ss.seed, specs.STREAM_DENSITY, draw)
-                )
-                grams = [spectra.Gram(fn, x[i]) for i in range(ss.samples)]
-                largest, nodes, weights = [], [], []
-                for g in grams:
-                    top = H.largest_eigenvalue(g, gen, 100, 1e-3)
-                    largest.append(top.eigenvalue or 0.0)
-                    q = H.slq(g, ss.probes, ss.steps, gen)
-                    nodes += q.nodes
-                    weights += q.weights
-                summary, lam, mass = spectra.lanczos_summary(grams, largest, nodes, weights)
-                draws.append({"draw": draw, **summary})
-                pooled.append((lam, mass))
+            f = spectra.sample_function(fn)
+            summary, lam = _spectrum_draw(
+                path, lambda: spectra.jacobian(fn, x).detach(), [f] * ss.samples, x, ss, draw, n_out
+            )
+            draws.append(summary)
+            pooled.append(lam)
             if ss.depths:  # every unit's output in the input: the spectrum against depth
                 rows = []
                 for depth in range(1, len(fn.units) + 1):
@@ -817,11 +940,7 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
                 mean,
                 None if pred is None else pred.variance,
                 "" if pred is None else pred.why,
-                spectra.histogram(np.concatenate(pooled))
-                if path == "exact"
-                else spectra.histogram(
-                    np.concatenate([p[0] for p in pooled]), weights=np.concatenate([p[1] for p in pooled])
-                ),
+                _pooled_histogram(path, pooled),
                 depths,
             )
         )

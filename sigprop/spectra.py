@@ -6,16 +6,20 @@ output (``torch.func.jacrev``, vectorised over the samples), then its singular v
 float64.  The eigenvalues of J J^T (n_out of them: the squared singular values and, where n_out >
 n_in, zeros) are what the summaries read: their mean is tr(J J^T)/n_out = E||J^T e||^2/||e||^2
 for e ~ N(0, I), the squared backward ratio sigprop's probe measures (docs/theory.md §14).
+A user's model (the module kind) is read the same way through its own forward
+(``model_jacobians``, ``model_function``).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 import torch
 
 from sigprop import walker
+from sigprop.kernels import modules
 
 #: the fraction's band: eigenvalues within a factor 2 of one
 NEAR = 2.0
@@ -29,6 +33,50 @@ def jacobian(fn: walker.Function, x: torch.Tensor, upto: int | None = None) -> t
         return fn.forward(fn.params, xi.unsqueeze(0), upto).reshape(-1)
 
     return torch.func.vmap(torch.func.jacrev(one))(x).reshape(x.shape[0], -1, math.prod(x.shape[1:]))
+
+
+def sample_function(fn: walker.Function) -> Callable[[torch.Tensor], torch.Tensor]:
+    """One input (no batch dimension) -> the plan's last state, flattened."""
+    return lambda z: fn.forward(fn.params, z.unsqueeze(0)).reshape(-1)
+
+
+def batch_dependent(model: torch.nn.Module) -> bool:
+    """Whether a sample's output depends on the rest of the batch: a batch norm in training mode
+    (a probe runs the model so, ``modules.prepare``)."""
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
+
+
+def model_function(model: torch.nn.Module, x: torch.Tensor, i: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Sample i's input -> the model's output for it (the probe's output tensor,
+    ``modules.output_tensor``), flattened.  A batch norm in training mode normalises by the batch:
+    then sample i runs inside the batch ``x`` (the others held fixed, their dependence on it
+    included: J = d y_i / d x_i of the batch map); otherwise alone."""
+    if not batch_dependent(model):
+        return lambda z: modules.output_tensor(model(z.unsqueeze(0))).reshape(-1)
+
+    def f(z: torch.Tensor) -> torch.Tensor:
+        xb = torch.cat([x[:i], z.unsqueeze(0), x[i + 1 :]])
+        return modules.output_tensor(model(xb))[i].reshape(-1)
+
+    return f
+
+
+def functional(model: torch.nn.Module) -> torch.nn.Module:
+    """The model ready for torch.func's transforms: a batch norm in training mode keeps no running
+    statistics (their in-place update of a captured buffer is refused inside a transform; its
+    output, from the batch's statistics, is unchanged: ``torch.func.replace_all_batch_norm_modules_``)."""
+    torch.func.replace_all_batch_norm_modules_(model)
+    return model
+
+
+def model_jacobians(model: torch.nn.Module, x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+    """J [N, n_out, n_in] of the model's output in its input, one per sample (``model_function``):
+    one reverse product per output, ``chunk`` of them at a time (vectorised by torch.func.jacrev)."""
+    out = []
+    for i in range(x.shape[0]):
+        J = torch.func.jacrev(model_function(model, x, i), chunk_size=chunk)(x[i])
+        out.append(J.reshape(J.shape[0], -1).detach())
+    return torch.stack(out)
 
 
 def eigenvalues(J: torch.Tensor) -> np.ndarray:
@@ -94,8 +142,10 @@ class Gram:
     one forward-mode product (``torch.func.jvp``) and one reverse (``vjp``) -- what Lanczos and
     stochastic Lanczos quadrature read when J is too large to form."""
 
-    def __init__(self, fn: walker.Function, xi: torch.Tensor) -> None:
-        self.f = lambda z: fn.forward(fn.params, z.unsqueeze(0)).reshape(-1)
+    def __init__(self, f: Callable[[torch.Tensor], torch.Tensor], xi: torch.Tensor) -> None:
+        """``f``: one input (the shape of ``xi``) -> the output, flattened (``sample_function``,
+        ``model_function``)."""
+        self.f = f
         self.xi = xi
         self.n_out = int(self.f(xi).numel())
         _, self.pullback = torch.func.vjp(self.f, xi)

@@ -757,20 +757,49 @@ class SpectrumPrediction:
     why: str = ""
 
 
+def gram_variance(ratio: float, s1: float) -> float:
+    """The normalised variance var/mean^2 of the eigenvalues of W W^T (n_out x n_out) for a layer
+    W of n_out/n_in = ``ratio`` with directions of S-transform coefficient ``s1`` at aspect 1:
+    iid entries (s1 = -1) give Marchenko-Pastur's ``ratio``; orthogonal rows (s1 = 0, ratio <= 1)
+    give 0, and orthonormal columns of a tall W (ratio > 1) a projection of rank 1/ratio:
+    ratio - 1.  Both in one: max(ratio - 1, 0) - s1 min(ratio, 1) (docs/theory.md §14)."""
+    return max(ratio - 1.0, 0.0) - s1 * min(ratio, 1.0)
+
+
+def chain_variance(v: float, ratio: float, mu1: float, mu2: float, s1: float) -> float:
+    """One layer h -> phi(W h) appended to a Jacobian J whose J J^T has normalised variance ``v``
+    (in its n_in-space): the new J' = D W J has, in n_out-space, ratio * v + (mu2/mu1^2 - 1) +
+    ``gram_variance(ratio, s1)``.  Free multiplicative convolution at large width: J' J'^T has the
+    moments of (J J^T)(W^T D^2 W) in n_in-space, where normalised variances of free elements add;
+    moving between the spaces of B B^T and B^T B keeps (1 + v)/n (their traces' nonzero parts
+    agree) (docs/theory.md §14)."""
+    return ratio * v + mu2 / (mu1 * mu1) - 1.0 + gram_variance(ratio, s1)
+
+
+def block_variance(a: float, v_branch: float) -> float:
+    """The normalised variance of (I + A)(I + A)^T for a residual branch A whose A A^T has mean
+    ``a`` and normalised variance ``v_branch``: A is R-diagonal (a Haar rotation times the rest),
+    so every word with unequal numbers of A and A^T has trace 0 and tr((I + A)(I + A)^T)^2 / n
+    = 1 + 4a + a^2 (1 + v_branch) against (1 + a)^2: (2a + a^2 v_branch)/(1 + a)^2
+    (docs/theory.md §14)."""
+    return (2.0 * a + a * a * v_branch) / ((1.0 + a) ** 2)
+
+
 def jacobian_spectrum(layers: Sequence[tuple[float, float, float, float | None]]) -> SpectrumPrediction:
-    """Mean and variance of the eigenvalues of J J^T for J = D_L W_L ... D_1 W_1, each layer given
-    as (g2, mu1, mu2, s1): g2 the mean squared row norm of W_l (a gradient d at its output comes
-    back with E||W^T d||^2 = g2 ||d||^2, rows in random directions), mu1 = E[phi'^2] and mu2 =
-    E[phi'^4] of its activation (1, 1 for none), s1 the S-transform coefficient of W W^T (None:
-    unknown).  The mean is prod g2 mu1 (any widths: E||J^T e||^2/||e||^2 = tr(J J^T)/n_out); by
-    the multiplicativity of S-transforms of free matrices, the normalised variance adds over the
-    layers (Pennington, Schoenholz & Ganguli 2018; at mean 1 their sigma^2 = L(mu2/mu1^2 - 1 - s1)):
-    var/mean^2 = sum_l (mu2/mu1^2 - 1 - s1) -- for square layers (equal widths) at large width."""
+    """Mean and variance of the eigenvalues of J J^T for J = D_L W_L ... D_1 W_1 of square layers,
+    each given as (g2, mu1, mu2, s1): g2 the mean squared row norm of W_l (a gradient d at its
+    output comes back with E||W^T d||^2 = g2 ||d||^2, rows in random directions), mu1 = E[phi'^2]
+    and mu2 = E[phi'^4] of its activation (1, 1 for none), s1 the S-transform coefficient of
+    W W^T (None: unknown).  The mean is prod g2 mu1 (any widths: E||J^T e||^2/||e||^2 =
+    tr(J J^T)/n_out); by the multiplicativity of S-transforms of free matrices, the normalised
+    variance adds over the layers (Pennington, Schoenholz & Ganguli 2018; at mean 1 their
+    sigma^2 = L(mu2/mu1^2 - 1 - s1)): var/mean^2 = sum_l (mu2/mu1^2 - 1 - s1) at large width.
+    ``chain_variance`` is the step for unequal widths."""
     mean = 1.0
     var_norm = 0.0
     for g2, mu1, mu2, s1 in layers:
         mean *= g2 * mu1
-        var_norm = None if var_norm is None or s1 is None else var_norm + mu2 / (mu1 * mu1) - 1.0 - s1
+        var_norm = None if var_norm is None or s1 is None else chain_variance(var_norm, 1.0, mu1, mu2, s1)
     if var_norm is None:
         return SpectrumPrediction(mean, None, "a layer's weight spectrum is not derived")
     return SpectrumPrediction(mean, var_norm * mean * mean)

@@ -215,7 +215,7 @@ def register(app: typer.Typer) -> None:
         )(command(kind, HESSIAN_OPTIONS, HessianOptions, run_hessian))
     spectrum_app = typer.Typer(help=SPECTRUM_HELP, no_args_is_help=True)
     app.add_typer(spectrum_app, name="spectrum")
-    for kind in (k for k in kinds.KINDS.values() if k.engine != "model"):
+    for kind in kinds.KINDS.values():
         spectrum_app.command(
             kind.name,
             help=escape(
