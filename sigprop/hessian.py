@@ -27,6 +27,7 @@ budget as ``not converged``, with its residual.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -37,7 +38,7 @@ from scipy.sparse.linalg import LinearOperator, eigsh
 
 from sigprop import inits, walker
 from sigprop.inits import LayerRole
-from sigprop.kernels import ops, sampling
+from sigprop.kernels import modules, ops, sampling
 from sigprop.kernels.logspace import LayerParams
 
 CLASSES = 10
@@ -95,6 +96,34 @@ def build(steps, scheme, space: str, x: torch.Tensor, seed: int, draw: int, head
             cal = calibrate(LayerParams(v=v, g=params["head.g"], bias=params["head.b"], scale=None), t)
             params["head.g"], params["head.b"] = cal.g, cal.bias
     return Model(units, params, loss)
+
+
+#: the head's parameters in a model's dict: a name no module path takes (a model may have a
+#: ``head`` of its own)
+MODEL_HEAD = "(head)"
+
+
+def build_module(model: torch.nn.Module, x: torch.Tensor, seed: int, draw: int) -> Model:
+    """A user's model (the module kind, already drawn, initialised and prepared) as the loss's
+    function: every parameter of the model (a layer's together, ``modules.trainable``; weight
+    normalization written out, ``modules.exact_weight_norm``, for a symmetric Hessian), its
+    forward by ``torch.func.functional_call``, its output (``modules.output_tensor``) flattened
+    into the 10-way head -- PyTorch's default nn.Linear, as for sigprop's own nets."""
+    modules.exact_weight_norm(model)
+    own = {n: p.detach() for n, p in modules.trainable(model).items()}
+    with torch.no_grad():
+        width = modules.output_tensor(model(x[:2]))[0].numel()
+    head = _head(
+        inits.INITS["pytorch"], False, LayerRole(width, CLASSES, "linear"), seed, draw, x.device, x.dtype
+    )
+    params = {**own, **{f"{MODEL_HEAD}.{k.split('.', 1)[1]}": v for k, v in head.items()}}
+
+    def loss(p: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        y = modules.output_tensor(torch.func.functional_call(model, {n: p[n] for n in own}, (xb,)))
+        logits = y.reshape(y.shape[0], -1) @ p[f"{MODEL_HEAD}.v"].T + p[f"{MODEL_HEAD}.b"]
+        return F.cross_entropy(logits, yb)
+
+    return Model([], params, loss)
 
 
 def _head(scheme, normalized: bool, role: LayerRole, seed: int, draw: int, device, dtype) -> dict:
@@ -346,11 +375,17 @@ class Block:
 def layer_blocks(hvp) -> list[tuple[str, int, int]]:
     """The flat vector's layers, in order: (layer, start, stop), a layer's parameters being those
     whose names share everything but the last part (``3.v``, ``3.g``, ``3.b`` -> layer ``3``; a
-    residual block's ``5.1.v`` -> ``5.1``; the head's ``head``)."""
+    residual block's ``5.1.v`` -> ``5.1``; the head's ``head``; a model's
+    ``conv1.parametrizations.weight.original0`` -> ``conv1``)."""
     out: list[list] = []
     k = 0
     for name, sh in zip(hvp.names, hvp.shapes):
-        layer = name.rsplit(".", 1)[0]
+        # a model's weight normalization keeps g and v in LAYER.parametrizations.weight.original0/1
+        stripped = re.sub(r"\.?parametrizations\.[^.]+\.original\d+$", "", name)
+        if stripped != name:
+            layer = stripped or "(model)"
+        else:  # a model's root module's own parameters: "(model)"
+            layer = name.rsplit(".", 1)[0] if "." in name else "(model)"
         n = math.prod(sh)
         if out and out[-1][0] == layer:
             out[-1][2] = k + n

@@ -762,10 +762,11 @@ def render_hessian(result, console: Console) -> None:
             highlight=False,
         )
     head = specs.HEADS.get(result.config.get("head", "pytorch"), "the head")
+    parameters = kinds.get(result.command, field="result").hints.curvature_parameters.format(head=head)
     console.print(
         "[dim]λ by restarted Lanczos on Hessian-vector products (double backward) of the 10-way "
         "cross-entropy at "
-        f"init, every trainable parameter (WN g, v, b; BN gamma, beta; {escape(head)}); converged: its "
+        f"init, {escape(parameters)}; converged: its "
         f"residual "
         "||Hy - λy||/|λ| is within --tol (an eigenvalue lies that close); 'not converged': --iters products "
         "ran out, "

@@ -583,21 +583,9 @@ def curvature(
         return _curvature(spec, hs, progress, on_start)
 
 
-def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult:
-    kind = kinds.of(spec)
-    device = dev.resolve_device(hs.device)
-    dtype = dev.DTYPES[hs.dtype]
-    plan = kind.plan(spec, hs.seed)
-    shape = plans.input_shape(plan.steps)
-    shape = shape if shape[1:] != (1, 1) else (shape[0],)
-    x, y = _curvature_data(hs, shape, device, dtype)
-    names = kind.inits(spec)
-    schemes = {n: kind.scheme(spec, n) for n in names}
-    itemsize = dev.itemsize(hs.dtype)
-    # --top K: Lanczos needs K below the parameter count, which the plan gives before any draw
-    counts = {n: H.parameter_count(plan.steps, schemes[n], hs.head) for n in names}
-    params = max(counts.values())
-    fewest = min(names, key=counts.get)
+def _check_parameter_count(hs: specs.HessianSpec, counts: dict[str, int]) -> None:
+    """--top and --steps against the fewest trainable parameters an init gives the net."""
+    fewest = min(counts, key=counts.get)
     if hs.density and hs.steps > counts[fewest]:
         raise SigpropError(
             f"at most {counts[fewest]}: the net has {counts[fewest]} trainable parameters under init "
@@ -610,6 +598,142 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
             f"{fewest!r} (Lanczos finds fewer eigenvalues than the dimension)",
             field="top",
         )
+
+
+def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult:
+    """The module kind: per init and draw, build the model and apply the init as the probe does,
+    then the same estimators on the loss of ``hessian.build_module`` (every parameter of the
+    model and the 10-way head, the output flattened into it)."""
+    device = dev.resolve_device(hs.device)
+    dtype = dev.DTYPES[hs.dtype]
+    if hs.head != "pytorch":
+        raise SigpropError("a model's head is PyTorch's default nn.Linear: --head pytorch", field="head")
+    if spec.vocab is not None:
+        raise SigpropError("token ids: a model's curvature is measured on floating inputs", field="vocab")
+    if len(spec.shapes) != 1:
+        raise SigpropError(
+            f"the curvature is measured on one input, and this forward takes {len(spec.shapes)}",
+            field="input_shape",
+        )
+    names = kind.inits(spec)
+    _check_instance_draws(spec, names, hs.seeds)
+    shape = tuple(spec.shapes[0])
+    x, y = _curvature_data(hs, shape, device, dtype)
+    x = x.reshape(x.shape[0], *shape)
+    factory = spec.factory()
+    itemsize = dev.itemsize(hs.dtype)
+    rows = min(x.shape[0], hs.batch_size or x.shape[0])
+    whole = hs.batch_size is None
+    env: dict = {}
+    runs, total, done = [], len(names) * hs.seeds, 0
+    for name in names:
+        scheme = kind.scheme(spec, name)
+        draws = []
+        for draw in range(hs.seeds):
+            t0 = time.perf_counter()
+            model = modules.build(factory, hs.seed, draw)
+            modules.init_(model, scheme, hs.seed, draw, batch=x[:rows])
+            model = modules.prepare(model, device, dtype)
+            m = H.build_module(model, x[:rows], hs.seed, draw)
+            size = sum(p.numel() for p in m.params.values())
+            if draw == 0:  # --top and --steps against this init's parameters
+                _check_parameter_count(hs, {name: size})
+            if not env:  # the graph of the gradient, the parameters' vectors, the Lanczos bases
+                per_sample = modules.activation_bytes(model, x[: min(2, rows)]) // min(2, rows)
+                basis = max(H.LANCZOS_BASIS, hs.steps if hs.density else 0)
+                top_basis = H.arpack_basis(hs.top, size) if hs.top else 0
+                need = 8 * rows * per_sample + (6 + basis) * size * itemsize
+                host = top_basis * size * 8
+                dev.check_memory(
+                    need + (host if device.type == "cpu" else 0),
+                    device,
+                    kind.fields if whole else kind.fields.replace("samples", "batch_size"),
+                    hint="; or take the data in minibatches with --batch-size" if whole else "",
+                )
+                env = {
+                    "torch": torch.__version__,
+                    "device": str(device),
+                    "device_name": dev.device_name(device),
+                    "dtype": hs.dtype,
+                    "threads": torch.get_num_threads(),
+                    "samples": int(x.shape[0]),
+                    "parameters": size,
+                    "top_products": top_basis,
+                }
+                if on_start is not None:
+                    on_start(env)
+            d = _curvature_draw(H.HVP(m, x, y, hs.batch_size), hs, draw, device)
+            d.seconds = time.perf_counter() - t0
+            draws.append(d)
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{name}: draw {draw}")
+        runs.append(CurvatureRun(name, kind.curvature_description(spec, scheme), draws))
+    config = {"command": kind.name, **spec.to_dict(), **hs.__dict__, "samples": int(x.shape[0])}
+    return HessianResult(kind.name, config, {"sigprop": __version__, **env}, runs)
+
+
+def _curvature_draw(h, hs: specs.HessianSpec, draw: int, device) -> CurvatureDraw:
+    """One draw's curvature from its Hessian-vector product ``h``: the largest eigenvalue, and as
+    ``hs`` asks the top-k, the trace, each layer's block and the density."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_POWER, draw))
+    if not math.isfinite(h.loss):
+        d = CurvatureDraw(draw, None, 0, None, "diverged", loss=h.loss, parameters=h.size)
+    else:
+        pr = H.largest_eigenvalue(h, gen, hs.iters, hs.tol)
+        top = H.lanczos_top(h, hs.top, seed=draw) if hs.top and pr.status != "diverged" else []
+        tr, se = (
+            H.hutchinson_trace(h, hs.trace, gen)
+            if hs.trace and pr.status != "diverged"
+            else (None, None)
+        )
+        d = CurvatureDraw(
+            draw, pr.eigenvalue, pr.iterations, pr.residual, pr.status, top, tr, se, h.loss, h.size
+        )
+        if hs.per_layer and pr.status != "diverged":
+            d.blocks = []
+            for layer, start, stop in H.layer_blocks(h):
+                b = H.largest_eigenvalue(H.Block(h, start, stop), gen, hs.iters, hs.tol)
+                d.blocks.append(
+                    {
+                        "layer": layer,
+                        "parameters": stop - start,
+                        "eigenvalue": b.eigenvalue,
+                        "status": b.status,
+                        "products": b.iterations,
+                    }
+                )
+        if hs.density and pr.status != "diverged":
+            g = torch.Generator(device=device)
+            g.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_DENSITY, draw))
+            q = H.slq(h, hs.probes, hs.steps, g)
+            d.density = {
+                "nodes": q.nodes,
+                "weights": q.weights,
+                "trace": q.trace,
+                "products": q.products,
+            }
+    return d
+
+
+def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult:
+    kind = kinds.of(spec)
+    if kind.engine == "model":
+        return _curvature_model(kind, spec, hs, progress, on_start)
+    device = dev.resolve_device(hs.device)
+    dtype = dev.DTYPES[hs.dtype]
+    plan = kind.plan(spec, hs.seed)
+    shape = plans.input_shape(plan.steps)
+    shape = shape if shape[1:] != (1, 1) else (shape[0],)
+    x, y = _curvature_data(hs, shape, device, dtype)
+    names = kind.inits(spec)
+    schemes = {n: kind.scheme(spec, n) for n in names}
+    itemsize = dev.itemsize(hs.dtype)
+    # --top K: Lanczos needs K below the parameter count, which the plan gives before any draw
+    counts = {n: H.parameter_count(plan.steps, schemes[n], hs.head) for n in names}
+    params = max(counts.values())
+    _check_parameter_count(hs, counts)
     # the graph of the gradient keeps ~8 copies of every activation (of one minibatch with
     # --batch-size); parameters, gradient, product; the largest-eigenvalue search's Lanczos
     # basis (hessian.LANCZOS_BASIS parameter vectors); --top's ARPACK basis of max(2K + 1, 20)
@@ -654,45 +778,7 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
             # the weights: drawn as the probe draws them; a data-dependent init calibrated on the
             # first minibatch with --batch-size (the authors' code calibrates on one training batch)
             m = H.build(plan.steps, scheme, kind.space(spec), x[:rows], hs.seed, draw, hs.head)
-            h = H.HVP(m, x, y, hs.batch_size)
-            gen = torch.Generator(device=device)
-            gen.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_POWER, draw))
-            if not math.isfinite(h.loss):
-                d = CurvatureDraw(draw, None, 0, None, "diverged", loss=h.loss, parameters=h.size)
-            else:
-                pr = H.largest_eigenvalue(h, gen, hs.iters, hs.tol)
-                top = H.lanczos_top(h, hs.top, seed=draw) if hs.top and pr.status != "diverged" else []
-                tr, se = (
-                    H.hutchinson_trace(h, hs.trace, gen)
-                    if hs.trace and pr.status != "diverged"
-                    else (None, None)
-                )
-                d = CurvatureDraw(
-                    draw, pr.eigenvalue, pr.iterations, pr.residual, pr.status, top, tr, se, h.loss, h.size
-                )
-                if hs.per_layer and pr.status != "diverged":
-                    d.blocks = []
-                    for layer, start, stop in H.layer_blocks(h):
-                        b = H.largest_eigenvalue(H.Block(h, start, stop), gen, hs.iters, hs.tol)
-                        d.blocks.append(
-                            {
-                                "layer": layer,
-                                "parameters": stop - start,
-                                "eigenvalue": b.eigenvalue,
-                                "status": b.status,
-                                "products": b.iterations,
-                            }
-                        )
-                if hs.density and pr.status != "diverged":
-                    g = torch.Generator(device=device)
-                    g.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_DENSITY, draw))
-                    q = H.slq(h, hs.probes, hs.steps, g)
-                    d.density = {
-                        "nodes": q.nodes,
-                        "weights": q.weights,
-                        "trace": q.trace,
-                        "products": q.products,
-                    }
+            d = _curvature_draw(H.HVP(m, x, y, hs.batch_size), hs, draw, device)
             d.seconds = time.perf_counter() - t0
             draws.append(d)
             done += 1

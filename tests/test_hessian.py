@@ -481,3 +481,79 @@ def test_per_layer_blocks_are_the_dense_hessians_diagonal_blocks(tmp_path):
     assert main([*argv, "--init", "proposed", "--per-layer", "--format", "json", "--output", str(out)]) == 0
     per = json.loads(out.read_text())["runs"][0]["draws"][0]["blocks"]
     assert [b["layer"] for b in per] == ["0", "1", "head"] and sum(b["parameters"] for b in per) > 0
+
+
+# --------------------------------------------------------------------------------------------
+# the user's own model (the module kind)
+# --------------------------------------------------------------------------------------------
+def _wn_model(hook: bool = False) -> torch.nn.Sequential:
+    wn = torch.nn.utils.weight_norm if hook else torch.nn.utils.parametrizations.weight_norm
+    return torch.nn.Sequential(wn(torch.nn.Linear(6, 8)), torch.nn.ReLU(), wn(torch.nn.Linear(8, 5)))
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_a_models_hessian_is_the_hand_written_losss(hook):
+    """A WN model's loss Hessian (``hessian.build_module``: its weight normalization written
+    out, the parametrization's or the old hook's) is symmetric and equals the dense Hessian of
+    the same loss written by hand -- rows w = g v/||v||, ReLU, the 10-way head on the output --
+    over the same parameters in the same order (float64: 1e-10); the layers' blocks are named by
+    module path."""
+    torch.manual_seed(0)
+    model = _wn_model(hook).double()
+    x, y = hessian.data(0, 16, (6,), torch.device("cpu"), torch.float64)
+    m = hessian.build_module(model, x, 0, 0)
+    h = hessian.HVP(m, x, y)
+    dense = h.dense()
+    assert torch.allclose(dense, dense.T, atol=1e-10)
+    names = list(m.params)
+    wn = (
+        ("weight_g", "weight_v")
+        if hook
+        else ("parametrizations.weight.original0", "parametrizations.weight.original1")
+    )
+
+    def loss(*flat):
+        p = dict(zip(names, flat))
+        a = x
+        for i, layer in enumerate(("0", "2")):
+            g, v = p[f"{layer}.{wn[0]}"], p[f"{layer}.{wn[1]}"]
+            a = a @ (g * v / torch.linalg.vector_norm(v, dim=1, keepdim=True)).T + p[f"{layer}.bias"]
+            a = torch.relu(a) if i == 0 else a
+        return torch.nn.functional.cross_entropy(a @ p["(head).v"].T + p["(head).b"], y)
+
+    parts = torch.autograd.functional.hessian(loss, tuple(t.detach() for t in m.params.values()))
+    sizes = [t.numel() for t in m.params.values()]
+    ref = torch.cat(
+        [
+            torch.cat([parts[i][j].reshape(sizes[i], sizes[j]) for j in range(len(sizes))], 1)
+            for i in range(len(sizes))
+        ]
+    )
+    assert torch.allclose(dense, ref, atol=1e-10)
+    assert [b[0] for b in hessian.layer_blocks(h)] == ["0", "2", "(head)"]
+
+
+def test_hessian_module_command(tmp_path, capsys):
+    """``sigprop hessian module TARGET``: the largest eigenvalue, the density and the layers'
+    blocks of the user's model beside its own init; the paper's head only (--head init: exit 2,
+    one line)."""
+    nets = tmp_path / "nets.py"
+    nets.write_text(
+        "import torch.nn as nn\n\ndef net(width=8):\n"
+        "    return nn.Sequential(nn.Linear(6, width), nn.ReLU(), nn.Linear(width, 4))\n"
+    )
+    out = tmp_path / "h.json"
+    argv = ["hessian", "module", f"{nets}:net", "--input-shape", "6", "--samples", "16", "--seeds", "1"]
+    more = ["--init", "as-is", "--init", "proposed", "--density", "--steps", "10", "--per-layer"]
+    assert main([*argv, *more, "--format", "json", "--output", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["init"] for r in doc["runs"]] == ["as-is", "proposed"]
+    for run in doc["runs"]:
+        d = run["draws"][0]
+        assert d["status"] == "converged" and len(d["density"]["nodes"]) == 10
+        assert [b["layer"] for b in d["blocks"]] == ["0", "2", "(head)"]
+        assert d["parameters"] == 6 * 8 + 8 + 8 * 4 + 4 + 4 * 10 + 10
+    capsys.readouterr()
+    assert main([*argv, "--head", "init"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--head" in err[0]

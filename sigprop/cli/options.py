@@ -561,14 +561,17 @@ def command(kind: kinds.Kind, table, cls, body):
     """A typer command for ``kind``: its own parameters, then the shared ones of ``table``
     (typer reads ``__signature__``); called as ``body(kind, spec, opts)`` with the spec the kind
     makes of its values and the shared options gathered into ``opts: cls``."""
-    own = kind_parameters(kind)
+    # an option both declare (the module kind's --data under `sigprop hessian`) is the shared
+    # one, and its value goes to both
+    both = {name for name, _, _ in table} & {o.name for o in kind.options if o.cli}
+    own = [p for p in kind_parameters(kind) if p.name not in both]
     shared = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=option)
         for name, option, default in table
     ]
 
     def run_command(**kw):
-        opts = cls(**{name: kw.pop(name) for name, _, _ in table})
+        opts = cls(**{name: kw[name] if name in both else kw.pop(name) for name, _, _ in table})
         values, names = kind_values(kind, kw)
         return body(kind, kind.make(values, names), opts)
 

@@ -28,6 +28,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.passes.shape_prop import ShapeProp
+from torch.nn.utils.parametrizations import _WeightNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 from sigprop import inits, plans, specs
 from sigprop.errors import SigpropError
@@ -161,6 +163,44 @@ def prepare(model: nn.Module, device, dtype) -> nn.Module:
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+def _weight_norm(v: torch.Tensor, g: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """g v/||v||, the norm over every axis but ``dim`` (all of them for -1 or None), written out."""
+    if dim is None or dim == -1:
+        return g * v / torch.linalg.vector_norm(v)
+    axes = [a for a in range(v.dim()) if a != dim % v.dim()]
+    return g * v / torch.linalg.vector_norm(v, dim=axes, keepdim=True)
+
+
+def exact_weight_norm(model: nn.Module) -> int:
+    """Give every weight normalization of the model -- the parametrization
+    (``torch.nn.utils.parametrizations.weight_norm``) and the older hook
+    (``torch.nn.utils.weight_norm``) -- a hand-written g v/||v|| in place of the fused
+    ``torch._weight_norm``, whose second derivative torch 2.13 gets wrong (an asymmetric Hessian:
+    tests/test_hessian.py); the values are the same.  Returns how many it changed."""
+    changed = 0
+    for m in model.modules():
+        if isinstance(m, _WeightNorm):
+            m.forward = lambda weight_g, weight_v, dim=m.dim: _weight_norm(weight_v, weight_g, dim)
+            changed += 1
+        for hook in m._forward_pre_hooks.values():
+            if isinstance(hook, WeightNorm):
+                hook.compute_weight = lambda module, h=hook: _weight_norm(
+                    getattr(module, h.name + "_v"), getattr(module, h.name + "_g"), h.dim
+                )
+                changed += 1
+    return changed
+
+
+def trainable(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters by their full names, a layer's together (each module's own, then
+    its weight normalization's g and v, which live in ``NAME.parametrizations.weight``)."""
+    out: dict[str, torch.Tensor] = {}
+    for prefix, m in model.named_modules():
+        for name, p in m.named_parameters(recurse=False):
+            out[f"{prefix}.{name}" if prefix else name] = p
+    return out
 
 
 def output_tensor(y, where: str = "the model's output"):

@@ -55,7 +55,8 @@ class Hints:
     ``footer``: the line under the tables; ``x``, ``forward``, ``backward``: the figure's axis
     labels (matplotlib mathtext); ``units``: what a row counts in notes ("layers", "blocks");
     ``energy``: the prediction is the energy-map RMS (conv nets: drawn dotted as such); ``names``:
-    the rows have names (``LayerRecord.name``), which the table and the figure show."""
+    the rows have names (``LayerRecord.name``), which the table and the figure show;
+    ``curvature_parameters``: the Hessian's parameters in words."""
 
     width: str = "n_l"
     row: str = "layer"
@@ -70,6 +71,8 @@ class Hints:
     rms_label: str = "energy-map RMS ratio"
     #: rows carry names (a model's sites: ``layer3.4``), shown beside the index
     names: bool = False
+    #: what ``sigprop hessian`` differentiates in, before the head ({head}: the head's words)
+    curvature_parameters: str = "every trainable parameter (WN g, v, b; BN gamma, beta; {head})"
 
 
 class Kind:

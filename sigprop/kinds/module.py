@@ -313,7 +313,7 @@ class ModuleKind(Kind):
     noun = "a model"
     engine = "model"
     sweeps = False
-    curvature = False
+    curvature = True
     provides = frozenset({"taps", MODEL})
     fields = "samples/input_shape"
     default_inits = ("as-is",)
@@ -397,6 +397,8 @@ class ModuleKind(Kind):
         forward=r"$\mathrm{rms}(h) \,/\, \mathrm{rms}(x)$",
         backward=r"$\mathrm{rms}(\partial\ell/\partial h) \,/\, \mathrm{rms}(\partial\ell/\partial y)$",
         units="sites",
+        curvature_parameters="every parameter of the model (its weight normalization written out as g v/||v||), "
+        "its output flattened into {head}",
         energy=True,
         rms_label="traced moment maps' RMS ratio",
         names=True,
