@@ -397,8 +397,8 @@ class ModuleKind(Kind):
         forward=r"$\mathrm{rms}(h) \,/\, \mathrm{rms}(x)$",
         backward=r"$\mathrm{rms}(\partial\ell/\partial h) \,/\, \mathrm{rms}(\partial\ell/\partial y)$",
         units="sites",
-        curvature_parameters="every parameter of the model (its weight normalization written out as g v/||v||), "
-        "its output flattened into {head}",
+        curvature_parameters="every parameter of the model (its weight normalization written out as "
+        "g v/||v||), its output flattened into {head}",
         energy=True,
         rms_label="traced moment maps' RMS ratio",
         names=True,
