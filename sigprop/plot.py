@@ -692,7 +692,8 @@ def build_spectrum_figure(result):
     """The input-output Jacobian's spectrum (``sigprop spectrum``): left, the histogram of the
     eigenvalues sigma^2 of J J^T per init on a log axis (pooled over draws and samples; the zeros
     -- a ReLU's inactive units, and values below J's own precision -- which a log axis cannot
-    show, counted in the legend), the predicted mean dashed and sigma^2 = 1 dotted; right, with
+    show, counted in the legend), the predicted mean dashed, the free-probability density (square
+    MLPs) as a thin line in the histogram's units, and sigma^2 = 1 dotted; right, with
     ``--depths``, var/mean^2 against depth per init, measured (points) and predicted (dashed:
     the free-probability line L(mu2/mu1^2 - 1 - s1)) where derived."""
     plt = _pyplot()
@@ -700,6 +701,7 @@ def build_spectrum_figure(result):
     fig, axes = plt.subplots(1, 2 if depths else 1, figsize=(11.5 if depths else 6.5, 4.2), squeeze=False)
     ax = axes[0][0]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    free = False
     for k, run in enumerate(result.runs):
         c = colours[k % len(colours)]
         h = run.histogram
@@ -708,12 +710,24 @@ def build_spectrum_figure(result):
             frac = [n / total for n in h["counts"]]
             zeros = f", {100 * h['zeros'] / total:.0f}% ≈ 0" if h["zeros"] else ""
             ax.stairs(frac, h["log10_edges"], color=c, lw=1.6, label=f"{run.init}{zeros}")
+            pd = run.predicted_density
+            if pd:  # the density per unit log10 sigma^2 times the bins' width: a fraction per bin
+                edges = h["log10_edges"]
+                width = edges[1] - edges[0]
+                lo, hi = edges[0] - 2 * width, edges[-1] + 2 * width
+                pts = [(x, y * width) for x, y in zip(pd["log10_lambda"], pd["per_log10"]) if lo <= x <= hi]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=c, lw=1, alpha=0.8)
+                free = True
         if run.predicted_mean:
             ax.axvline(math.log10(run.predicted_mean), color=c, ls="--", lw=1)
     ax.axvline(0.0, color="0.4", ls=":", lw=1)
     ax.set_xlabel(r"$\log_{10} \sigma^2$ (eigenvalues of $J J^\top$)")
     ax.set_ylabel("fraction of eigenvalues per bin")
-    ax.set_title("spectrum of the input-output Jacobian (dashed: predicted mean)", fontsize=10)
+    ax.set_title(
+        "spectrum of the input-output Jacobian (dashed: predicted mean"
+        + ("; thin: free-probability density)" if free else ")"),
+        fontsize=10,
+    )
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
     if depths:

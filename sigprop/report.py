@@ -809,9 +809,17 @@ def render_spectrum(result, console: Console) -> None:
             fmt_num(d["sigma_max"]),
             bound + fmt_num(d["sigma_min"]),
             "∞" if d["condition"] is None else ("≥ " if bound else "") + fmt_num(d["condition"]),
-            f"{100 * d['near_one']:.1f}%",
+            f"{100 * d['near_one']:.1f}%"
+            + (f" ({100 * run.predicted_density['near_one']:.1f}%)" if run.predicted_density else ""),
         )
     console.print(t)
+    dense = [run.init for run in result.runs if run.predicted_density]
+    if dense:
+        console.print(
+            f"theory: the whole density for {', '.join(dense)} from the free-probability fixed point "
+            "(square layers): --plot draws it over the histogram, --format json holds it",
+            highlight=False,
+        )
     env = result.environment
     notes = sorted({run.why for run in result.runs if run.why})
     for why in notes:

@@ -803,8 +803,9 @@ SPECTRUM_KEYS = ("mean", "variance", "sigma_max", "sigma_min", "condition", "nea
 @dataclass
 class SpectrumRun:
     """One init: per weight draw the summaries (``SPECTRUM_KEYS``), the large-width prediction of
-    the mean and variance of sigma^2 (None where not derived: ``why``), and a histogram of the
-    eigenvalues pooled over draws and samples (log10 bin edges and counts)."""
+    the mean and variance of sigma^2 (None where not derived: ``why``) and, for square MLPs, its
+    density, and a histogram of the eigenvalues pooled over draws and samples (log10 bin edges and
+    counts)."""
 
     init: str
     description: str
@@ -816,6 +817,9 @@ class SpectrumRun:
     #: with ``depths``: per unit output (depth l = 1..L) the mean over draws of the mean and
     #: variance of sigma^2 of d h^l/d x, and their predictions (None: not derived)
     depths: list[dict] = field(default_factory=list)
+    #: the large-width density of sigma^2 (``theory.SpectralDensity`` as a dict: log10_lambda,
+    #: per_log10, zeros, continuous), None where not derived
+    predicted_density: dict | None = None
 
     def averaged(self, key: str) -> float | None:
         """The mean over draws (None when a draw has none: a singular J's condition number)."""
@@ -832,6 +836,7 @@ class SpectrumRun:
             "theory_note": self.why,
             "draws": self.draws,
             "histogram": self.histogram,
+            "predicted_density": self.predicted_density,
             **({"depths": self.depths} if self.depths else {}),
         }
 

@@ -12,6 +12,7 @@ per init and draw.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -1005,6 +1006,7 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
             if progress is not None:
                 progress(done, total, f"{name}: draw {draw}")
         pred = plans.predict_jacobian(plan.steps, scheme)
+        density = plans.predict_density(plan.steps, scheme)
         mean = None if pred is None or not math.isfinite(pred.mean) else pred.mean
         depths = []
         for depth in range(1, len(per_depth[0]) + 1 if per_depth else 1):
@@ -1028,6 +1030,7 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
                 "" if pred is None else pred.why,
                 _pooled_histogram(path, pooled),
                 depths,
+                None if density is None else dataclasses.asdict(density),
             )
         )
     config = {"command": kind.name, **spec.to_dict(), **ss.__dict__}

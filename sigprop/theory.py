@@ -19,6 +19,7 @@ walked here: a net's prediction is the composition of its steps' maps (sigprop/p
 
 from __future__ import annotations
 
+import cmath
 import functools
 import math
 from dataclasses import dataclass
@@ -803,3 +804,96 @@ def jacobian_spectrum(layers: Sequence[tuple[float, float, float, float | None]]
     if var_norm is None:
         return SpectrumPrediction(mean, None, "a layer's weight spectrum is not derived")
     return SpectrumPrediction(mean, var_norm * mean * mean)
+
+
+@dataclass(frozen=True)
+class SpectralDensity:
+    """The large-width density of the eigenvalues lambda of J J^T: ``log10_lambda`` a grid,
+    ``per_log10`` the density per unit log10 lambda there (lambda rho(lambda) ln 10), ``zeros``
+    the mass at lambda = 0 (the ReLUs' inactive units), ``continuous`` the grid's integral of
+    the rest (1 - zeros, up to the grid's reach), ``near_one`` its mass within [1/2, 2]."""
+
+    log10_lambda: list[float]
+    per_log10: list[float]
+    zeros: float
+    continuous: float
+    near_one: float
+
+
+def _s_equation_root(z: complex, log_k: float, a: int, relus: int, w: complex) -> complex | None:
+    """Newton on exp(F(w)) = 1, F = log(z K) + log w + a log(1 + w) - R log(1/2 + w), from ``w``:
+    the root, or None when it does not converge (the caller takes a shorter step)."""
+    for _ in range(60):
+        if w == 0 or w == -1 or w == -0.5:
+            return None
+        F = cmath.log(z) + log_k + cmath.log(w) + a * cmath.log(1 + w) - relus * cmath.log(0.5 + w)
+        if F.real > 700:
+            return None
+        e = cmath.exp(F)
+        dF = 1 / w + a / (1 + w) - relus / (0.5 + w)
+        if e == 0 or dF == 0:
+            return None
+        step = (e - 1) / (e * dF)
+        w -= step
+        if abs(step) <= 1e-13 * max(1.0, abs(w)):
+            return w
+    return None
+
+
+def free_density(
+    layers: Sequence[tuple[float, bool, float]], per_decade: int = 60, imag: float = 1e-8
+) -> SpectralDensity | None:
+    """The eigenvalue density of J J^T for a chain of square layers (g2, relu, s1) at large width
+    by the free multiplicative convolution (Pennington, Schoenholz & Ganguli 2018): S-transforms
+    multiply, S_D(w) = (1 + w)/(1/2 + w) for a ReLU's D^2 (0 or 1, each with probability 1/2),
+    S_W(w) = 1/g2 for orthogonal rows (s1 = 0) and 1/(g2 (1 + w)) for iid ones (s1 = -1,
+    Marchenko-Pastur), so S(w) = K (1 + w)^(R - G) / (1/2 + w)^R (K = prod 1/g2, R ReLUs, G
+    iid layers).  The moment series psi = z G(z) - 1 solves chi(psi) = 1/z with chi(w) = S(w)
+    w/(1 + w): z K w (1 + w)^(R - G - 1) = (1/2 + w)^R, followed by Newton's method from large z
+    (psi ~ mean/z) down a log grid at z = lambda (1 + ``imag`` i), keeping the root with Im G < 0,
+    and rho = -Im G/pi.  None for
+    other S-transforms (``s1`` neither 0 nor -1)."""
+    if any(s1 not in (0.0, -1.0) for _, _, s1 in layers) or not layers:
+        return None
+    log_k = -sum(math.log(g2) for g2, _, _ in layers)
+    relus = sum(1 for _, relu, _ in layers if relu)
+    iid = sum(1 for _, _, s1 in layers if s1 == -1.0)
+    a = relus - iid - 1
+    mean = math.exp(-log_k) * 0.5**relus
+    top = math.log10(mean) + math.log10(10.0 * (len(layers) + 2) ** 2)
+    grid = np.linspace(
+        top, math.log10(mean) - 8.0, int(round((top - math.log10(mean) + 8.0) * per_decade)) + 1
+    )
+    w = complex(mean / 10.0**top)
+    dens = []
+    prev = grid[0]
+    for x in grid:
+        # from the previous point to this one, in as many steps as Newton needs to follow the root
+        todo, here = [x], prev
+        while todo:
+            target = todo[-1]
+            z = 10.0**target * (1 + imag * 1j)
+            # the physical root has Im G < 0 (G = (1 + w)/z, z in the upper half plane): where two
+            # real roots meet at an edge and turn complex, Newton may land on the conjugate one
+            got = _s_equation_root(z, log_k, a, relus, w)
+            if got is not None and ((1 + got) / z).imag > 0:
+                got = _s_equation_root(z, log_k, a, relus, got.conjugate())
+                got = None if got is None or ((1 + got) / z).imag > 0 else got
+            if got is None or abs(got - w) > 0.5 * max(abs(w), 1e-3):
+                if abs(target - here) < 1e-9:
+                    return None
+                todo.append(0.5 * (here + target))
+                continue
+            w, here = got, todo.pop()
+        prev = x
+        z = 10.0**x * (1 + imag * 1j)
+        rho = max(0.0, -((1 + w) / z).imag / math.pi)
+        dens.append(10.0**x * rho * math.log(10.0))
+    lam, per = grid[::-1], np.asarray(dens[::-1])
+    continuous = float(np.trapezoid(per, lam))
+    half = math.log10(2.0)
+    inside = (lam >= -half) & (lam <= half)
+    near = float(np.trapezoid(per[inside], lam[inside]))
+    return SpectralDensity(
+        [float(v) for v in lam], [float(v) for v in per], 0.5 if relus else 0.0, continuous, near
+    )
