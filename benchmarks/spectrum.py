@@ -1,7 +1,10 @@
 """The cost of the exact Jacobian spectrum (``sigprop spectrum``; issue 30, item 5) in units of
 its floor: one forward and one backward of the same net on the same N inputs (autograd on the
 walker's composed units, ``walker.as_function``), against the exact path's n_out reverse
-products a sample (``torch.func.jacrev``, vectorised) and its SVDs.
+products a sample (``torch.func.jacrev``, vectorised) and its SVDs; and for a user's model (the
+module kind: the same layers as an ``nn.Sequential``, ``spectra.model_jacobians``, one sample at
+a time) against its own floor and the naive peer, ``torch.autograd.functional.jacobian`` per
+sample (one backward per output).
 
 Usage: python benchmarks/spectrum.py [depth] [width] [samples] [threads]   (default 20 256 8 2)
 Prints the seconds of the floor, the Jacobians and the SVDs (median of 5 warm calls), and the
@@ -51,6 +54,34 @@ def main(depth: int = 20, width: int = 256, samples: int = 8, threads: int = 2) 
         f"{t_floor * 1e3:.2f} ms; Jacobians {t_jac * 1e3:.1f} ms = {t_jac / t_floor:.0f}x the floor "
         f"for {J.shape[1]} reverse products a sample ({t_jac / t_floor / J.shape[1]:.2f}x per product); "
         f"SVDs {t_svd * 1e3:.1f} ms"
+    )
+    layers = []
+    for i in range(depth):
+        lin = torch.nn.Linear(width, width)
+        with torch.no_grad():
+            w = fn.params[f"{i}.g"].unsqueeze(1) * fn.params[f"{i}.v"]
+            lin.weight.copy_(w / fn.params[f"{i}.v"].norm(dim=1, keepdim=True))
+            lin.bias.copy_(fn.params[f"{i}.b"])
+        layers += [lin, torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).requires_grad_(False)
+
+    def model_floor():
+        xr = x.clone().requires_grad_(True)
+        y = model(xr)
+        torch.autograd.grad(y, xr, torch.ones_like(y))
+
+    def naive():
+        return [torch.autograd.functional.jacobian(model, x[i]) for i in range(samples)]
+
+    Jm = spectra.model_jacobians(model, x)
+    assert torch.allclose(Jm, J, rtol=1e-4, atol=1e-5)  # the same Jacobians
+    t_mfloor = median_seconds(model_floor)
+    t_model = median_seconds(lambda: spectra.model_jacobians(model, x))
+    t_naive = median_seconds(naive, rounds=1)
+    print(
+        f"as a model: floor {t_mfloor * 1e3:.2f} ms; Jacobians {t_model * 1e3:.1f} ms = "
+        f"{t_model / t_mfloor:.0f}x its floor; the naive peer (autograd.functional.jacobian a sample) "
+        f"{t_naive * 1e3:.0f} ms = {t_naive / t_model:.1f}x sigprop's"
     )
 
 

@@ -890,10 +890,10 @@ def predict_jacobian(steps: Sequence[Step], scheme: InitScheme) -> theory.Spectr
 
 
 def predict_density(steps: Sequence[Step], scheme: InitScheme) -> theory.SpectralDensity | None:
-    """The large-width eigenvalue density of J J^T for a chain of square dense layers
+    """The large-width eigenvalue density of J J^T for a chain of dense layers of any widths
     (``theory.free_density``: orthogonal or iid directions, ReLU or none); None for other plans
-    (unequal widths, residual blocks, convolutions: their S-transforms are not composed here) or
-    where the fixed point cannot be followed (a spectrum of atoms: one layer)."""
+    (residual blocks, convolutions: their S-transforms are not composed here) or where the fixed
+    point cannot be followed (a spectrum of atoms: one layer)."""
     if scheme.moments is None or scheme.standardizes:
         return None
     s1 = theory.S1_OF_DIRECTION.get(scheme.direction)
@@ -901,7 +901,7 @@ def predict_density(steps: Sequence[Step], scheme: InitScheme) -> theory.Spectra
     for st in steps:
         if isinstance(st, Record):
             continue
-        if not isinstance(st, Linear) or st.bn or st.role.fan_in != st.role.fan_out or s1 is None:
+        if not isinstance(st, Linear) or st.bn or s1 is None:
             return None
-        layers.append((scheme.moments(st.role).row_sq, st.relu, s1))
+        layers.append((scheme.moments(st.role).row_sq, st.relu, s1, st.role.fan_in, st.role.fan_out))
     return theory.free_density(layers) if len(layers) > 1 else None

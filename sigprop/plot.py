@@ -692,8 +692,8 @@ def build_spectrum_figure(result):
     """The input-output Jacobian's spectrum (``sigprop spectrum``): left, the histogram of the
     eigenvalues sigma^2 of J J^T per init on a log axis (pooled over draws and samples; the zeros
     -- a ReLU's inactive units, and values below J's own precision -- which a log axis cannot
-    show, counted in the legend), the predicted mean dashed, the free-probability density (square
-    MLPs) as a thin line in the histogram's units, and sigma^2 = 1 dotted; right, with
+    show, counted in the legend), the predicted mean dashed, the free-probability density (dense
+    chains) as a thin line in the histogram's units, and sigma^2 = 1 dotted; right, with
     ``--depths``, var/mean^2 against depth per init, measured (points) and predicted (dashed:
     the free-probability line L(mu2/mu1^2 - 1 - s1)) where derived."""
     plt = _pyplot()

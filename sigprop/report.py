@@ -817,7 +817,7 @@ def render_spectrum(result, console: Console) -> None:
     if dense:
         console.print(
             f"theory: the whole density for {', '.join(dense)} from the free-probability fixed point "
-            "(square layers): --plot draws it over the histogram, --format json holds it",
+            "(dense layers): --plot draws it over the histogram, --format json holds it",
             highlight=False,
         )
     env = result.environment

@@ -803,7 +803,7 @@ SPECTRUM_KEYS = ("mean", "variance", "sigma_max", "sigma_min", "condition", "nea
 @dataclass
 class SpectrumRun:
     """One init: per weight draw the summaries (``SPECTRUM_KEYS``), the large-width prediction of
-    the mean and variance of sigma^2 (None where not derived: ``why``) and, for square MLPs, its
+    the mean and variance of sigma^2 (None where not derived: ``why``) and, for dense chains (MLPs), its
     density, and a histogram of the eigenvalues pooled over draws and samples (log10 bin edges and
     counts)."""
 

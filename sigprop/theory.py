@@ -820,47 +820,80 @@ class SpectralDensity:
     near_one: float
 
 
-def _s_equation_root(z: complex, log_k: float, a: int, relus: int, w: complex) -> complex | None:
-    """Newton on exp(F(w)) = 1, F = log(z K) + log w + a log(1 + w) - R log(1/2 + w), from ``w``:
-    the root, or None when it does not converge (the caller takes a shorter step)."""
+def _log_s(w: complex, factors) -> tuple[complex, complex]:
+    """log S(w) and its derivative for S(w) = prod_l f_l(rho_l w), each factor (rho, log_g2,
+    relu, s1, ratio) the out-space S-transform of one layer's D^2 W W^T (``free_density``)."""
+    val, der = 0j, 0j
+    for rho, log_g2, relu, s1, r in factors:
+        u = rho * w
+        val -= log_g2
+        if relu:  # S_D(u) = (1 + u)/(1/2 + u)
+            val += cmath.log(1 + u) - cmath.log(0.5 + u)
+            der += rho * (1 / (1 + u) - 1 / (0.5 + u))
+        if s1 == -1.0 or r > 1.0:  # iid: 1/(1 + r u); orthonormal columns: (1 + u)/(1 + r u)
+            val -= cmath.log(1 + r * u)
+            der -= rho * r / (1 + r * u)
+        if s1 == 0.0 and r > 1.0:
+            val += cmath.log(1 + u)
+            der += rho / (1 + u)
+    return val, der
+
+
+def _s_equation_root(z: complex, factors, w: complex) -> complex | None:
+    """Newton on exp(F(w)) = 1, F = log z + log S(w) + log w - log(1 + w) (branch-free: the
+    exponential), from ``w``: the root, or None when it does not converge (the caller takes a
+    shorter step)."""
     for _ in range(60):
-        if w == 0 or w == -1 or w == -0.5:
+        if w == 0 or w == -1:
             return None
-        F = cmath.log(z) + log_k + cmath.log(w) + a * cmath.log(1 + w) - relus * cmath.log(0.5 + w)
+        try:
+            ls, dls = _log_s(w, factors)
+        except (ValueError, ZeroDivisionError):  # a factor's log at its pole
+            return None
+        F = cmath.log(z) + ls + cmath.log(w) - cmath.log(1 + w)
         if F.real > 700:
             return None
         e = cmath.exp(F)
-        dF = 1 / w + a / (1 + w) - relus / (0.5 + w)
+        dF = dls + 1 / w - 1 / (1 + w)
         if e == 0 or dF == 0:
             return None
         step = (e - 1) / (e * dF)
         w -= step
+        if not cmath.isfinite(w):
+            return None
         if abs(step) <= 1e-13 * max(1.0, abs(w)):
             return w
     return None
 
 
 def free_density(
-    layers: Sequence[tuple[float, bool, float]], per_decade: int = 60, imag: float = 1e-8
+    layers: Sequence[tuple[float, bool, float, int, int]], per_decade: int = 60, imag: float = 1e-8
 ) -> SpectralDensity | None:
-    """The eigenvalue density of J J^T for a chain of square layers (g2, relu, s1) at large width
-    by the free multiplicative convolution (Pennington, Schoenholz & Ganguli 2018): S-transforms
-    multiply, S_D(w) = (1 + w)/(1/2 + w) for a ReLU's D^2 (0 or 1, each with probability 1/2),
-    S_W(w) = 1/g2 for orthogonal rows (s1 = 0) and 1/(g2 (1 + w)) for iid ones (s1 = -1,
-    Marchenko-Pastur), so S(w) = K (1 + w)^(R - G) / (1/2 + w)^R (K = prod 1/g2, R ReLUs, G
-    iid layers).  The moment series psi = z G(z) - 1 solves chi(psi) = 1/z with chi(w) = S(w)
-    w/(1 + w): z K w (1 + w)^(R - G - 1) = (1/2 + w)^R, followed by Newton's method from large z
-    (psi ~ mean/z) down a log grid at z = lambda (1 + ``imag`` i), keeping the root with Im G < 0,
-    and rho = -Im G/pi.  None for
-    other S-transforms (``s1`` neither 0 nor -1)."""
-    if any(s1 not in (0.0, -1.0) for _, _, s1 in layers) or not layers:
+    """The eigenvalue density of J J^T for a chain of dense layers (g2, relu, s1, n_in, n_out) at
+    large width by the free multiplicative convolution (Pennington, Schoenholz & Ganguli 2018).
+    In each layer's out-space S-transforms multiply: S_D(w) = (1 + w)/(1/2 + w) for a ReLU's D^2
+    (0 or 1, each with probability 1/2); for W W^T (r = n_out/n_in) 1/(g2 (1 + r w)) with iid
+    rows (s1 = -1, Marchenko-Pastur), 1/g2 with orthonormal rows (s1 = 0, r <= 1) and (1 + w)/(g2
+    (1 + r w)) with orthonormal columns (r > 1: a projection of rank 1/r).  Moving a spectrum
+    between the spaces of B B^T and B^T B scales its moment series by the dimensions' ratio, and
+    composed through the chain this leaves S(w) = prod_l S_l(rho_l w) with rho_l = n_L/n_l.  The
+    moment series psi = z G(z) - 1 solves chi(psi) = 1/z with chi(w) = S(w) w/(1 + w), followed
+    by Newton's method from large z (psi ~ mean/z) down a log grid at z = lambda (1 + ``imag``
+    i), keeping the root with Im G < 0, and rho = -Im G/pi.  The mass at zero is 1 - rank/n_L,
+    the rank min(n_0, n_l/2 at a ReLU, n_l).  None for other S-transforms (``s1`` neither 0 nor
+    -1) or where the root cannot be followed (a spectrum of atoms)."""
+    if not layers or any(s1 not in (0.0, -1.0) for _, _, s1, _, _ in layers):
         return None
-    log_k = -sum(math.log(g2) for g2, _, _ in layers)
-    relus = sum(1 for _, relu, _ in layers if relu)
-    iid = sum(1 for _, _, s1 in layers if s1 == -1.0)
-    a = relus - iid - 1
-    mean = math.exp(-log_k) * 0.5**relus
-    top = math.log10(mean) + math.log10(10.0 * (len(layers) + 2) ** 2)
+    n_last = layers[-1][4]
+    factors = [(n_last / n_out, math.log(g2), relu, s1, n_out / n_in) for g2, relu, s1, n_in, n_out in layers]
+    mean = math.exp(sum(math.log(g2) for g2, _, _, _, _ in layers)) * 0.5 ** sum(
+        1 for _, relu, _, _, _ in layers if relu
+    )
+    rank = min([layers[0][3]] + [n_out * (0.5 if relu else 1.0) for _, relu, _, _, n_out in layers])
+    spread = sum(
+        rho * ((1.0 if relu else 0.0) + gram_variance(r, s1)) for rho, _, relu, s1, r in factors
+    )  # var/mean^2 (``chain_variance`` unrolled): where the grid starts
+    top = math.log10(mean) + math.log10(10.0 * (spread + 2.0) ** 2)
     grid = np.linspace(
         top, math.log10(mean) - 8.0, int(round((top - math.log10(mean) + 8.0) * per_decade)) + 1
     )
@@ -875,9 +908,9 @@ def free_density(
             z = 10.0**target * (1 + imag * 1j)
             # the physical root has Im G < 0 (G = (1 + w)/z, z in the upper half plane): where two
             # real roots meet at an edge and turn complex, Newton may land on the conjugate one
-            got = _s_equation_root(z, log_k, a, relus, w)
+            got = _s_equation_root(z, factors, w)
             if got is not None and ((1 + got) / z).imag > 0:
-                got = _s_equation_root(z, log_k, a, relus, got.conjugate())
+                got = _s_equation_root(z, factors, got.conjugate())
                 got = None if got is None or ((1 + got) / z).imag > 0 else got
             if got is None or abs(got - w) > 0.5 * max(abs(w), 1e-3):
                 if abs(target - here) < 1e-9:
@@ -894,6 +927,5 @@ def free_density(
     half = math.log10(2.0)
     inside = (lam >= -half) & (lam <= half)
     near = float(np.trapezoid(per[inside], lam[inside]))
-    return SpectralDensity(
-        [float(v) for v in lam], [float(v) for v in per], 0.5 if relus else 0.0, continuous, near
-    )
+    zeros = max(0.0, 1.0 - rank / n_last)
+    return SpectralDensity([float(v) for v in lam], [float(v) for v in per], zeros, continuous, near)
