@@ -813,6 +813,18 @@ def render_spectrum(result, console: Console) -> None:
             + (f" ({100 * run.predicted_density['near_one']:.1f}%)" if run.predicted_density else ""),
         )
     console.print(t)
+    for run in result.runs:
+        if "top" in run.draws[0]:  # --top K: the extreme singular values, mean over draws
+            top = [statistics.fmean(d["top"][i] for d in run.draws) for i in range(len(run.draws[0]["top"]))]
+            bottom = [
+                statistics.fmean(d["bottom"][i] for d in run.draws)
+                for i in range(len(run.draws[0]["bottom"]))
+            ]
+            console.print(
+                f"{escape(run.init)}: largest σ {', '.join(fmt_num(v) for v in top)}; smallest σ "
+                f"{', '.join(fmt_num(v) for v in bottom)} (mean over samples and draws)",
+                highlight=False,
+            )
     dense = [run.init for run in result.runs if run.predicted_density]
     if dense:
         console.print(

@@ -685,9 +685,7 @@ def _curvature_draw(h, hs: specs.HessianSpec, draw: int, device) -> CurvatureDra
         pr = H.largest_eigenvalue(h, gen, hs.iters, hs.tol)
         top = H.lanczos_top(h, hs.top, seed=draw) if hs.top and pr.status != "diverged" else []
         tr, se = (
-            H.hutchinson_trace(h, hs.trace, gen)
-            if hs.trace and pr.status != "diverged"
-            else (None, None)
+            H.hutchinson_trace(h, hs.trace, gen) if hs.trace and pr.status != "diverged" else (None, None)
         )
         d = CurvatureDraw(
             draw, pr.eigenvalue, pr.iterations, pr.residual, pr.status, top, tr, se, h.loss, h.size
@@ -812,9 +810,11 @@ def _spectrum_draw(
     nodes and their weights): ``jacobians()`` the exact J [N, n_out, n_in], ``functions`` per
     sample the map its input -> the output, flattened (for the J^T J operator)."""
     n_in = x[0].numel()
+    k = min(n_in, n_out)
     if path == "exact":
         lam = spectra.eigenvalues(jacobians())
-        return {"draw": draw, **spectra.summary(lam, min(n_in, n_out))}, lam.reshape(-1)
+        extra = spectra.extremes_exact(lam, k, ss.top) if ss.top else {}
+        return {"draw": draw, **spectra.summary(lam, k), **extra}, lam.reshape(-1)
     gen = torch.Generator(device=x.device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_DENSITY, draw))
     grams = [spectra.Gram(f, x[i]) for i, f in enumerate(functions)]
     largest, nodes, weights = [], [], []
@@ -825,7 +825,20 @@ def _spectrum_draw(
         nodes += q.nodes
         weights += q.weights
     summary, lam, mass = spectra.lanczos_summary(grams, largest, nodes, weights)
-    return {"draw": draw, **summary}, (lam, mass)
+    extra = spectra.extremes_lanczos(grams, ss.top, H.lanczos_top) if ss.top else {}
+    return {"draw": draw, **summary, **extra}, (lam, mass)
+
+
+def _check_top(ss: specs.SpectrumSpec, path: str, n_in: int, n_out: int) -> None:
+    """--top against J's min(n_in, n_out) singular values (Lanczos finds fewer than the size)."""
+    k = min(n_in, n_out)
+    most = k if path == "exact" else k - 1
+    if ss.top > most:
+        raise SigpropError(
+            f"at most {most}: J has min(n_in, n_out) = {k} singular values"
+            + ("" if path == "exact" else " (the lanczos path finds fewer than that)"),
+            field="top",
+        )
 
 
 def _pooled_histogram(path: str, pooled: list) -> dict:
@@ -885,6 +898,7 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
                 weights = sum(p.numel() * p.element_size() for p in model.parameters())
                 need = weights + ss.samples * n_out * n_in * (itemsize + 16) + chunk * per_output
                 path = ss.path if ss.path != "auto" else ("exact" if dev.fits(need, device) else "lanczos")
+                _check_top(ss, path, n_in, n_out)
                 if path == "exact":
                     dev.check_memory(
                         need,
@@ -947,7 +961,9 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
     itemsize = dev.itemsize(ss.dtype)
     widest = max([n_out] + ([st.units_out for st in layers] if ss.depths else []))
     weights = sum(st.role.fan_in * st.role.fan_out for st in layers) * itemsize * 2  # drawn and kept
-    jacobians = ss.samples * widest * n_in * (itemsize + 8 + 8) + 4 * widest * activations * itemsize
+    # the Jacobians themselves, and the reverse products of a batch of samples at once
+    rows = min(ss.samples, ss.batch_size or ss.samples)
+    jacobians = ss.samples * widest * n_in * (itemsize + 8 + 8) + 4 * rows * widest * activations * itemsize
     need = weights + jacobians
     path = ss.path
     if path == "auto":
@@ -964,6 +980,7 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
     else:  # one sample's graph at a time, and the Lanczos basis of --steps input vectors
         lanczos_need = weights + (8 * activations + (ss.steps + 4) * n_in) * itemsize
         dev.check_memory(lanczos_need, device, kind.fields, hint="")
+    _check_top(ss, path, n_in, n_out)
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_INPUTS))
     x = torch.randn(ss.samples, n_in, generator=gx, device=device, dtype=dtype)  # the probe's inputs
     names = kind.inits(spec)
@@ -991,14 +1008,20 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
             fn = walker.as_function(plan.steps, scheme, x, ss.seed, draw, kind.space(spec))
             f = spectra.sample_function(fn)
             summary, lam = _spectrum_draw(
-                path, lambda: spectra.jacobian(fn, x).detach(), [f] * ss.samples, x, ss, draw, n_out
+                path,
+                lambda: spectra.jacobian(fn, x, batch=ss.batch_size).detach(),
+                [f] * ss.samples,
+                x,
+                ss,
+                draw,
+                n_out,
             )
             draws.append(summary)
             pooled.append(lam)
             if ss.depths:  # every unit's output in the input: the spectrum against depth
                 rows = []
                 for depth in range(1, len(fn.units) + 1):
-                    Jl = spectra.jacobian(fn, x, depth).detach()
+                    Jl = spectra.jacobian(fn, x, depth, ss.batch_size).detach()
                     lam_l = spectra.eigenvalues(Jl)
                     rows.append((float(lam_l.mean()), float(lam_l.var())))
                 per_depth.append(rows)

@@ -362,6 +362,10 @@ class SpectrumSpec:
     path: str = "auto"
     probes: int = 10
     steps: int = 30
+    #: also the ``top`` largest and smallest singular values per draw (0: none)
+    top: int = 0
+    #: the exact path's Jacobians this many samples at a time (None: all at once)
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.threads is not None:
@@ -369,6 +373,10 @@ class SpectrumSpec:
         if self.path not in ("auto", "exact", "lanczos"):
             raise SigpropError(f"expected auto, exact or lanczos, got {self.path!r}", field="path")
         check_size(self.probes, "probes")
+        if isinstance(self.top, bool) or not isinstance(self.top, int) or self.top < 0:
+            raise SigpropError(f"must be an integer >= 0, got {self.top!r}", field="top")
+        if self.batch_size is not None:
+            check_size(self.batch_size, "batch_size")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 2:
             raise SigpropError(f"must be an integer >= 2, got {self.steps!r}", field="steps")
         if self.depths and self.path == "lanczos":

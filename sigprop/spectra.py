@@ -25,14 +25,18 @@ from sigprop.kernels import modules
 NEAR = 2.0
 
 
-def jacobian(fn: walker.Function, x: torch.Tensor, upto: int | None = None) -> torch.Tensor:
+def jacobian(
+    fn: walker.Function, x: torch.Tensor, upto: int | None = None, batch: int | None = None
+) -> torch.Tensor:
     """J [N, n_out, n_in] of ``fn``'s output (flattened; the state after the first ``upto``
-    units when given) in its input, one per sample."""
+    units when given) in its input, one per sample; ``batch`` samples at a time (all: None)."""
 
     def one(xi: torch.Tensor) -> torch.Tensor:
         return fn.forward(fn.params, xi.unsqueeze(0), upto).reshape(-1)
 
-    return torch.func.vmap(torch.func.jacrev(one))(x).reshape(x.shape[0], -1, math.prod(x.shape[1:]))
+    step = x.shape[0] if batch is None else batch
+    parts = [torch.func.vmap(torch.func.jacrev(one))(x[i : i + step]) for i in range(0, x.shape[0], step)]
+    return torch.cat(parts).reshape(x.shape[0], -1, math.prod(x.shape[1:]))
 
 
 def sample_function(fn: walker.Function) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -140,21 +144,68 @@ def histogram(lam: np.ndarray, bins: int = 40, weights: np.ndarray | None = None
 class Gram:
     """J^T J at one input as an operator (``size``, ``device``, ``dtype``, a call): v -> J^T (J v),
     one forward-mode product (``torch.func.jvp``) and one reverse (``vjp``) -- what Lanczos and
-    stochastic Lanczos quadrature read when J is too large to form."""
+    stochastic Lanczos quadrature read when J is too large to form; ``outer``: J J^T instead
+    (v -> J (J^T v), of size n_out)."""
 
-    def __init__(self, f: Callable[[torch.Tensor], torch.Tensor], xi: torch.Tensor) -> None:
+    def __init__(
+        self, f: Callable[[torch.Tensor], torch.Tensor], xi: torch.Tensor, outer: bool = False
+    ) -> None:
         """``f``: one input (the shape of ``xi``) -> the output, flattened (``sample_function``,
         ``model_function``)."""
         self.f = f
         self.xi = xi
+        self.outer = outer
         self.n_out = int(self.f(xi).numel())
         _, self.pullback = torch.func.vjp(self.f, xi)
-        self.size, self.device, self.dtype = xi.numel(), xi.device, xi.dtype
+        self.size = self.n_out if outer else xi.numel()
+        self.device, self.dtype = xi.device, xi.dtype
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        if self.outer:
+            (u,) = self.pullback(v)
+            _, out = torch.func.jvp(self.f, (self.xi,), (u,))
+            return out.reshape(-1).detach()
         _, jv = torch.func.jvp(self.f, (self.xi,), (v.reshape(self.xi.shape),))
         (g,) = self.pullback(jv)
         return g.reshape(-1).detach()
+
+
+class Shifted:
+    """c I - G for an operator G with 0 <= G <= c: its largest eigenvalues are c minus G's
+    smallest, which Lanczos finds as largest (``extremes``)."""
+
+    def __init__(self, op, c: float) -> None:
+        self.op, self.c = op, c
+        self.size, self.device, self.dtype = op.size, op.device, op.dtype
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return self.c * v - self.op(v)
+
+
+def extremes_exact(lam: np.ndarray, k: int, count: int) -> dict:
+    """The ``count`` largest (decreasing) and smallest (increasing) singular values, each the mean
+    over samples of the i-th, from the eigenvalues [N, n_out] (decreasing; the first ``k`` =
+    min(n_in, n_out) the squared singular values)."""
+    s = np.sqrt(lam[:, :k])
+    return {
+        "top": [float(v) for v in s[:, :count].mean(0)],
+        "bottom": [float(v) for v in s[:, k - count :].mean(0)[::-1]],
+    }
+
+
+def extremes_lanczos(grams: list, count: int, lanczos_top) -> dict:
+    """The same by Lanczos (``lanczos_top``: the k largest-magnitude eigenvalues of an operator)
+    on J^T J or J J^T, the smaller: the largest directly, the smallest as c minus the largest of
+    c I - G (c a bound on the largest: 1.01 x its estimate)."""
+    tops, bottoms = [], []
+    for g in grams:
+        small = g if g.size <= g.n_out else Gram(g.f, g.xi, outer=True)
+        top = sorted(lanczos_top(small, count), reverse=True)
+        c = 1.01 * top[0]
+        low = sorted(c - v for v in lanczos_top(Shifted(small, c), count))
+        tops.append(np.sqrt(np.maximum(top, 0.0)))
+        bottoms.append(np.sqrt(np.maximum(low, 0.0)))
+    return {"top": [float(v) for v in np.mean(tops, 0)], "bottom": [float(v) for v in np.mean(bottoms, 0)]}
 
 
 def lanczos_summary(

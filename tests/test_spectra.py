@@ -374,3 +374,46 @@ def test_a_models_spectrum_refuses_what_it_cannot_read(tmp_path, capsys):
         == 0
     )
     assert "theory: a model's spectrum theory is not derived" in capsys.readouterr().out
+
+
+def test_the_extreme_singular_values_agree_across_paths_and_batches(capsys):
+    """--top K: the K largest and smallest singular values (mean over samples) from the exact SVD
+    and from Lanczos on the smaller Gram operator (the smallest as c minus the largest of c I - G)
+    agree on a ResNet whose J is invertible (1e-3: Lanczos' tolerance); --batch-size gives the
+    same Jacobians in chunks (float32 rounding, 1e-6); more than J has is refused naming --top."""
+    spec = api.spec("resnet", blocks=3, dim=24, width="20:30", inits="proposed")
+    exact = sigprop.spectrum(spec, specs.SpectrumSpec(samples=4, seeds=1, device="cpu", top=3))
+    lz = sigprop.spectrum(
+        spec, specs.SpectrumSpec(samples=4, seeds=1, device="cpu", top=3, path="lanczos", steps=24)
+    )
+    e, z = exact.runs[0].draws[0], lz.runs[0].draws[0]
+    assert e["top"] == pytest.approx(z["top"], rel=1e-3) and e["top"] == sorted(e["top"], reverse=True)
+    assert e["bottom"] == pytest.approx(z["bottom"], rel=1e-3) and e["bottom"] == sorted(e["bottom"])
+    assert e["top"][0] <= e["sigma_max"] * (1 + 1e-12)  # a mean over samples of each one's largest
+    chunked = sigprop.spectrum(
+        spec, specs.SpectrumSpec(samples=4, seeds=1, device="cpu", top=3, batch_size=3)
+    )
+    assert chunked.runs[0].draws[0]["mean"] == pytest.approx(e["mean"], rel=1e-6)
+    assert chunked.runs[0].draws[0]["bottom"] == pytest.approx(e["bottom"], rel=1e-5)
+    for path, most in (("exact", 24), ("lanczos", 23)):
+        with pytest.raises(SigpropError, match=f"at most {most}") as err:
+            sigprop.spectrum(spec, specs.SpectrumSpec(samples=2, seeds=1, top=most + 1, path=path))
+        assert err.value.field == "top"
+    argv = [
+        "spectrum",
+        "resnet",
+        "--blocks",
+        "2",
+        "--dim",
+        "12",
+        "--width",
+        "8:10",
+        "--seeds",
+        "1",
+        "--samples",
+        "2",
+    ]
+    assert main([*argv, "--top", "2"]) == 0
+    assert "largest σ" in capsys.readouterr().out
+    assert main([*argv, "--path", "lanczos", "--probes", "1", "--steps", "4"]) == 0
+    assert "--probes 1: the density is one probe's quadrature" in capsys.readouterr().err

@@ -292,6 +292,8 @@ class SpectrumOptions(RunOptions):
     path: str
     probes: int
     steps: int
+    top: int
+    batch_size: Optional[int]
 
     def spectrum_spec(self) -> specs.SpectrumSpec:
         return specs.SpectrumSpec(
@@ -305,6 +307,8 @@ class SpectrumOptions(RunOptions):
             path=self.path,
             probes=self.probes,
             steps=self.steps,
+            top=self.top,
+            batch_size=self.batch_size,
         )
 
 
@@ -361,6 +365,28 @@ SPECTRUM_OPTIONS = (
     ),
     ("probes", Annotated[int, Option(min=1, help="lanczos path: quadrature probes a sample.")], 10),
     ("steps", Annotated[int, Option(min=2, help="lanczos path: Lanczos steps a probe.")], 30),
+    (
+        "top",
+        Annotated[
+            int,
+            Option(
+                min=0,
+                help="Also the K largest and K smallest singular values (mean over samples; lanczos path: "
+                "Lanczos on J^T J or J J^T, the smaller).",
+            ),
+        ],
+        0,
+    ),
+    (
+        "batch_size",
+        Annotated[
+            Optional[int],
+            Option(
+                min=1, help="exact path: the samples' Jacobians B at a time (the memory of B). [default: all]"
+            ),
+        ],
+        None,
+    ),
 )
 
 

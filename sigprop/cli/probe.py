@@ -140,6 +140,8 @@ def run_hessian(kind: kinds.Kind, spec, opts: HessianOptions) -> None:
     hs = opts.hessian_spec()
     _check_output_target(opts.output)
     plot_mod = _plot_target(opts.plot)
+    if hs.density and hs.probes == 1:
+        _say(ONE_PROBE)
 
     from sigprop import api  # the lazy torch import at the CLI's edge
 
@@ -163,6 +165,13 @@ def run_hessian(kind: kinds.Kind, spec, opts: HessianOptions) -> None:
         _say(f"sigprop: wrote {opts.plot}")
 
 
+#: --probes 1: said, not refused (a quick look is a fair use), so that nobody reads one probe's
+#: quadrature as the density
+ONE_PROBE = (
+    "sigprop: warning: --probes 1: the density is one probe's quadrature (a single random sample "
+    "of the spectral measure), not an average"
+)
+
 SPECTRUM_HELP = (
     "The input-output Jacobian's spectrum at init: its singular values, exactly at a few inputs, per init "
     "and draw, beside the large-width theory (Pennington, Schoenholz & Ganguli 2018)."
@@ -182,9 +191,13 @@ def run_spectrum(kind: kinds.Kind, spec, opts: SpectrumOptions) -> None:
     if prog is not None:
         prog.start()
     try:
-        result = api.spectrum(
-            spec, ss, progress=update, on_start=lambda env: _say("sigprop spectrum" + banner(env)[7:])
-        )
+
+        def started(env: dict) -> None:
+            _say("sigprop spectrum" + banner(env)[7:])
+            if env.get("path") == "lanczos" and ss.probes == 1:
+                _say(ONE_PROBE)
+
+        result = api.spectrum(spec, ss, progress=update, on_start=started)
     finally:
         if prog is not None:
             prog.stop()
