@@ -145,6 +145,8 @@ COMMANDS = {
         "--path": st.sampled_from(["auto", "exact", "lanczos", "x"]),
         "--probes": st.sampled_from(["1", "0"]),
         "--steps": st.sampled_from(["2", "1"]),
+        "--top": st.sampled_from(["1", "0", "-1", "100000"]),
+        "--batch-size": st.sampled_from(["1", "0"]),
         "--plot": st.sampled_from(["fig.png", "fig.xyz"]),
     },
     "theory": {
@@ -232,7 +234,7 @@ def argv(draw):
         args += ["--image", "3x8x8"]
     if cmd in ("hessian", "spectrum"):  # a net and small defaults (later draws may override them)
         args += [
-            draw(st.sampled_from(["mlp", "resnet", "cnn", "wrn", "", "nope"])),
+            draw(st.sampled_from(["mlp", "resnet", "cnn", "wrn", "module", "", "nope"])),
             "--samples",
             "4" if cmd == "hessian" else "2",
             "--seeds",
@@ -244,6 +246,8 @@ def argv(draw):
             args += ["--image", "3x4x4"] + (
                 ["--channels", "2", "--depth", "2"] if args[1] == "cnn" else ["--blocks", "1"]
             )
+        elif args[1] == "module":  # the model file _prepare writes
+            args += [draw(st.sampled_from(["net.py:mlp", "net.py:nope"])), "--input-shape", "4"]
         elif args[1] in ("mlp", "resnet"):
             args += ["--width", "4"] + (
                 ["--depth", "2", "--input-dim", "4"] if args[1] == "mlp" else ["--blocks", "1", "--dim", "4"]
