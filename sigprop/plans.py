@@ -833,9 +833,10 @@ def predict_jacobian(steps: Sequence[Step], scheme: InitScheme) -> theory.Spectr
     plan's last state in its input; docs/theory.md §14).  Dense layers compose by
     ``theory.chain_variance`` (any widths: each one's mean squared row norm, the scheme's, its
     ReLU's derivative moments and its directions' S-transform coefficient); a residual block with
-    an identity skip and a dense branch multiplies the mean by 1 + a and adds
-    ``theory.block_variance`` (a = alpha^2 times the branch's mean).  Other plans
-    (convolutions, projection shortcuts, batch norm) take the mean from the backward map of
+    a dense branch multiplies the mean by g2 + a (g2 = 1 for an identity skip, else the
+    projection's mean squared row norm) and adds ``theory.block_variance`` (a = alpha^2 times
+    the branch's mean) as a layer of ratio d_out/d_in.  Other plans (convolutions, batch norm)
+    take the mean from the backward map of
     ``predict`` where the input and the last state are recorded states (mean sigma^2 = the
     squared RMS backward ratio); their variance is not derived (``why`` says which step)."""
 
@@ -854,13 +855,22 @@ def predict_jacobian(steps: Sequence[Step], scheme: InitScheme) -> theory.Spectr
                 continue
             if isinstance(it, tuple):
                 inner, close = it
-                if close.projection is not None:
-                    return "projection shortcuts"
                 branch = chain(inner, 1.0, 0.0)
                 if isinstance(branch, str):
                     return branch
                 a = scheme.alpha(close.blocks_in_stage) ** 2 * branch[0]
-                mean, v = mean * (1.0 + a), v + theory.block_variance(a, branch[1])
+                if close.projection is None:
+                    mean, v = mean * (1.0 + a), v + theory.block_variance(a, branch[1])
+                    continue
+                skip = dense(close.projection)
+                if isinstance(skip, str):
+                    return skip
+                g2, s1 = skip
+                r = close.projection.role.fan_out / close.projection.role.fan_in
+                # S^T S in the input space: the Gram of S^T (ratio 1/r)
+                v_skip = theory.gram_variance(1.0 / r, s1)
+                mean *= g2 + a
+                v = r * v + theory.block_variance(a, branch[1], g2, r, v_skip)
                 continue
             if isinstance(it, BatchNorm):
                 return "batch norm"

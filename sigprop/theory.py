@@ -777,13 +777,21 @@ def chain_variance(v: float, ratio: float, mu1: float, mu2: float, s1: float) ->
     return ratio * v + mu2 / (mu1 * mu1) - 1.0 + gram_variance(ratio, s1)
 
 
-def block_variance(a: float, v_branch: float) -> float:
-    """The normalised variance of (I + A)(I + A)^T for a residual branch A whose A A^T has mean
-    ``a`` and normalised variance ``v_branch``: A is R-diagonal (a Haar rotation times the rest),
-    so every word with unequal numbers of A and A^T has trace 0 and tr((I + A)(I + A)^T)^2 / n
-    = 1 + 4a + a^2 (1 + v_branch) against (1 + a)^2: (2a + a^2 v_branch)/(1 + a)^2
-    (docs/theory.md §14)."""
-    return (2.0 * a + a * a * v_branch) / ((1.0 + a) ** 2)
+def block_variance(
+    a: float, v_branch: float, g2: float = 1.0, ratio: float = 1.0, v_skip: float = 0.0
+) -> float:
+    """The normalised variance, in the block's output space, of (S + A)(S + A)^T for a residual
+    branch A whose A A^T has mean ``a`` and normalised variance ``v_branch`` (both in the output
+    space) and a skip S: the identity (defaults), or a projection of d_out/d_in = ``ratio``, mean
+    squared row norm ``g2`` and S^T S of normalised variance ``v_skip`` (in the input space).  A is
+    R-diagonal (a Haar rotation times the rest) and free of S, so the words with unequal numbers of
+    A and A^T, or an odd number of S, have trace 0; in the input space, with c = ratio g2 =
+    tr(S^T S)/d_in, tr M/d_in = ratio (g2 + a) and tr M^2/d_in = c^2 (1 + v_skip) + 2 c ratio a +
+    2 ratio g2 a + ratio a^2 (1 + v_branch).  Moved to the output space (1 + v scales by ratio):
+    [ratio g2^2 (1 + v_skip) + 2 ratio g2 a + 2 g2 a + a^2 (1 + v_branch)]/(g2 + a)^2 - 1; for the
+    identity (2a + a^2 v_branch)/(1 + a)^2 (docs/theory.md §14)."""
+    num = ratio * g2 * g2 * (1.0 + v_skip) + 2.0 * ratio * g2 * a + 2.0 * g2 * a + a * a * (1.0 + v_branch)
+    return num / ((g2 + a) ** 2) - 1.0
 
 
 def jacobian_spectrum(layers: Sequence[tuple[float, float, float, float | None]]) -> SpectrumPrediction:

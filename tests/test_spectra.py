@@ -175,12 +175,29 @@ def test_free_probability_density_has_the_formulas_moments(depth, width, n0, dir
     assert 0.3 < d.continuous <= 1 - d.zeros
 
 
+@pytest.mark.parametrize("stages, dim", [(2, 64), (3, 32)])
+def test_resnet_with_projection_shortcuts_by_simulation(stages, dim):
+    """Stages that double the width open with a WN projection S: the block (S + A)(S + A)^T, in
+    the output space, has [r g^2 (1 + v_S) + 2 r g^2 a + 2 g^2 a + a^2 (1 + v_A)]/(g^2 + a)^2 - 1
+    (r = 2, g^2 = 1/2, v_S = 0 for orthogonal directions and 1/r for Gaussian ones;
+    ``theory.block_variance``), composed as a layer of ratio r.  Measured 0.99-1.07 of the
+    prediction at 5 blocks a stage (1.23 for he at 10 blocks, d = 64, where v = 21); asserted
+    within 0.1 + 1.5 v/d as for one stage, d the first stage's width."""
+    spec = api.spec("resnet", blocks=5, stages=stages, dim=dim, inits=["proposed", "proposed-gaussian", "he"])
+    r = sigprop.spectrum(spec, specs.SpectrumSpec(samples=4, seeds=4, device="cpu"))
+    for run in r.runs:
+        assert run.predicted_variance is not None, run.why
+        predicted = run.predicted_variance / run.predicted_mean**2
+        slack = 0.1 + 1.5 * predicted / dim
+        assert _normalised(run) / predicted == pytest.approx(1.0, abs=slack)
+        assert run.to_dict()["mean"] / run.predicted_mean == pytest.approx(1.0, abs=slack)
+
+
 def test_theory_says_what_it_does_not_derive():
-    """Convolutions, projection shortcuts and batch norm: the mean from the backward map where
-    it has one, and the variance not derived, said with the step that stops it."""
+    """Convolutions and batch norm: the mean from the backward map where it has one, and the
+    variance not derived, said with the step that stops it."""
     for command, options, why in (
         ("cnn", {"depth": 3, "channels": 8, "image": "3x8x8"}, "convolutions"),
-        ("resnet", {"blocks": 2, "stages": 2, "dim": 16}, "projection shortcuts"),
         ("resnet", {"blocks": 2, "dim": 16, "norm": "bn"}, "batch norm"),
     ):
         spec = api.spec(command, **options)
