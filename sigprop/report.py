@@ -850,7 +850,8 @@ def render_spectrum(result, console: Console) -> None:
     console.print(
         f"[dim]J = ∂h^L/∂x {how}; mean σ² = tr(J Jᵀ)/n_out = E‖Jᵀe‖²/‖e‖², the squared "
         "backward ratio; theory (large width): mean ∏ g² E[φ'²]; var/mean² gains r·v + μ₂/μ₁² − 1 + "
-        "max(r − 1, 0) − s₁ min(r, 1) a layer (r = n_out/n_in) and (2a + a² v_A)/(1 + a)² an identity-skip block (projections: §14) "
+        "max(r − 1, 0) − s₁ min(r, 1) a layer (r = n_out/n_in) and (2a + a² v_A)/(1 + a)² an "
+        "identity-skip block (projections: §14) "
         "(free probability: Pennington, Schoenholz & Ganguli 2018); a ReLU output's inactive units make "
         "σ_min = 0 (docs/theory.md §14)[/dim]",
         soft_wrap=True,
