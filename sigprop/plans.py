@@ -168,6 +168,12 @@ def layers(steps: Sequence[Step]) -> list:
     return out
 
 
+def batch_dependent(steps: Sequence[Step]) -> bool:
+    """Whether a sample's state depends on the rest of the batch: a batch norm anywhere (a
+    ``BatchNorm`` step, or a layer normalised over the batch, projections included)."""
+    return any(isinstance(st, BatchNorm) for st in steps) or any(st.bn for st in layers(steps))
+
+
 def with_bn(steps: Sequence[Step], bn: bool) -> tuple[Step, ...]:
     """The same plan with batch norm after every weighted step, projections included (``bn``
     True), or with none (False: e.g. the BN net's lossless reference is the WN net's)."""

@@ -981,6 +981,8 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
         lanczos_need = weights + (8 * activations + (ss.steps + 4) * n_in) * itemsize
         dev.check_memory(lanczos_need, device, kind.fields, hint="")
     _check_top(ss, path, n_in, n_out)
+    # a batch norm normalises over the batch: each sample's J is taken inside it
+    together = plans.batch_dependent(plan.steps)
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_INPUTS))
     x = torch.randn(ss.samples, n_in, generator=gx, device=device, dtype=dtype)  # the probe's inputs
     names = kind.inits(spec)
@@ -1006,11 +1008,15 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
         draws, pooled, per_depth = [], [], []
         for draw in range(ss.seeds):
             fn = walker.as_function(plan.steps, scheme, x, ss.seed, draw, kind.space(spec))
-            f = spectra.sample_function(fn)
+            functions = (
+                [spectra.batch_function(fn, x, i) for i in range(ss.samples)]
+                if together
+                else [spectra.sample_function(fn)] * ss.samples
+            )
             summary, lam = _spectrum_draw(
                 path,
-                lambda: spectra.jacobian(fn, x, batch=ss.batch_size).detach(),
-                [f] * ss.samples,
+                lambda: spectra.jacobian(fn, x, batch=ss.batch_size, together=together).detach(),
+                functions,
                 x,
                 ss,
                 draw,
@@ -1021,7 +1027,7 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
             if ss.depths:  # every unit's output in the input: the spectrum against depth
                 rows = []
                 for depth in range(1, len(fn.units) + 1):
-                    Jl = spectra.jacobian(fn, x, depth, ss.batch_size).detach()
+                    Jl = spectra.jacobian(fn, x, depth, ss.batch_size, together).detach()
                     lam_l = spectra.eigenvalues(Jl)
                     rows.append((float(lam_l.mean()), float(lam_l.var())))
                 per_depth.append(rows)

@@ -26,10 +26,24 @@ NEAR = 2.0
 
 
 def jacobian(
-    fn: walker.Function, x: torch.Tensor, upto: int | None = None, batch: int | None = None
+    fn: walker.Function,
+    x: torch.Tensor,
+    upto: int | None = None,
+    batch: int | None = None,
+    together: bool = False,
 ) -> torch.Tensor:
     """J [N, n_out, n_in] of ``fn``'s output (flattened; the state after the first ``upto``
-    units when given) in its input, one per sample; ``batch`` samples at a time (all: None)."""
+    units when given) in its input, one per sample; ``batch`` samples at a time (all: None).
+    ``together``: the net normalises over the batch (``plans.batch_dependent``), so sample i's J
+    is d y_i/d x_i of the batch map ``x``, the others held (``batch_function``)."""
+    if together:
+        n_in = math.prod(x.shape[1:])
+        return torch.stack(
+            [
+                torch.func.jacrev(batch_function(fn, x, i, upto))(x[i]).reshape(-1, n_in)
+                for i in range(x.shape[0])
+            ]
+        )
 
     def one(xi: torch.Tensor) -> torch.Tensor:
         return fn.forward(fn.params, xi.unsqueeze(0), upto).reshape(-1)
@@ -42,6 +56,19 @@ def jacobian(
 def sample_function(fn: walker.Function) -> Callable[[torch.Tensor], torch.Tensor]:
     """One input (no batch dimension) -> the plan's last state, flattened."""
     return lambda z: fn.forward(fn.params, z.unsqueeze(0)).reshape(-1)
+
+
+def batch_function(
+    fn: walker.Function, x: torch.Tensor, i: int, upto: int | None = None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Sample i's input -> its state, flattened, inside the batch ``x`` (the other samples held):
+    for a plan whose batch norm normalises over the batch."""
+
+    def f(z: torch.Tensor) -> torch.Tensor:
+        xb = torch.cat([x[:i], z.unsqueeze(0), x[i + 1 :]])
+        return fn.forward(fn.params, xb, upto)[i].reshape(-1)
+
+    return f
 
 
 def batch_dependent(model: torch.nn.Module) -> bool:

@@ -434,3 +434,31 @@ def test_the_extreme_singular_values_agree_across_paths_and_batches(capsys):
     assert "largest σ" in capsys.readouterr().out
     assert main([*argv, "--path", "lanczos", "--probes", "1", "--steps", "4"]) == 0
     assert "--probes 1: the density is one probe's quadrature" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command, options",
+    [
+        ("resnet", {"norm": "bn", "blocks": 2, "dim": 12}),
+        ("wrn", {"norm": "bn", "blocks": 1, "image": "3x4x4"}),
+    ],
+)
+def test_a_batch_norm_nets_jacobian_holds_the_batch(command, options):
+    """sigprop's own batch-normalized nets (De & Smith's ResNet, the BN WRN) normalise over the
+    probe batch: each sample's J is d y_i/d x_i of the batch map, the other samples held -- the
+    diagonal blocks of autograd's Jacobian of the whole batch's forward (1e-5); a sample alone
+    would be another net (its own statistics), or none (a dense batch norm of one row)."""
+    spec = api.spec(command, **options)
+    kind = kinds.of(spec)
+    plan = kind.plan(spec, 0)
+    assert plans.batch_dependent(plan.steps)
+    name = kind.inits(spec)[0]
+    x = torch.randn(3, math.prod(plans.input_shape(plan.steps)))
+    fn = walker.as_function(plan.steps, kind.scheme(spec, name), x, 0, 0, kind.space(spec))
+    J = spectra.jacobian(fn, x, together=True)
+    full = torch.autograd.functional.jacobian(lambda xb: fn.forward(fn.params, xb).reshape(3, -1), x)
+    for i in range(3):
+        assert torch.allclose(J[i], full[i, :, i, :], rtol=1e-4, atol=1e-5)
+    got = sigprop.spectrum(spec, specs.SpectrumSpec(samples=3, seeds=1, device="cpu"))
+    assert math.isfinite(got.runs[0].draws[0]["mean"])
+    assert got.runs[0].predicted_variance is None and "not derived" in got.runs[0].why
