@@ -829,6 +829,23 @@ def _spectrum_draw(
     return {"draw": draw, **summary, **extra}, (lam, mass)
 
 
+def _spectrum_environment(ss: specs.SpectrumSpec, device, n_in: int, n_out: int, path: str) -> dict:
+    """The environment record of a spectrum: the machine, the sizes and the path's products."""
+    return {
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": dev.device_name(device),
+        "dtype": ss.dtype,
+        "threads": torch.get_num_threads(),
+        "samples": ss.samples,
+        "input_units": n_in,
+        "output_units": n_out,
+        "path": path,
+        "reverse_products": n_out if path == "exact" else None,
+        "products_per_sample": None if path == "exact" else 2 * ss.probes * ss.steps,
+    }
+
+
 def _check_top(ss: specs.SpectrumSpec, path: str, n_in: int, n_out: int) -> None:
     """--top against J's min(n_in, n_out) singular values (Lanczos finds fewer than the size)."""
     k = min(n_in, n_out)
@@ -906,19 +923,7 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
                         kind.fields,
                         hint="; the exact Jacobian holds n_out x n_in entries a sample",
                     )
-                env = {
-                    "torch": torch.__version__,
-                    "device": str(device),
-                    "device_name": dev.device_name(device),
-                    "dtype": ss.dtype,
-                    "threads": torch.get_num_threads(),
-                    "samples": ss.samples,
-                    "input_units": n_in,
-                    "output_units": n_out,
-                    "path": path,
-                    "reverse_products": n_out if path == "exact" else None,
-                    "products_per_sample": None if path == "exact" else 2 * ss.probes * ss.steps,
-                }
+                env = _spectrum_environment(ss, device, n_in, n_out, path)
                 if on_start is not None:
                     on_start(env)
             functions = [spectra.model_function(model, x, i) for i in range(ss.samples)]
@@ -986,19 +991,7 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_INPUTS))
     x = torch.randn(ss.samples, n_in, generator=gx, device=device, dtype=dtype)  # the probe's inputs
     names = kind.inits(spec)
-    env = {
-        "torch": torch.__version__,
-        "device": str(device),
-        "device_name": dev.device_name(device),
-        "dtype": ss.dtype,
-        "threads": torch.get_num_threads(),
-        "samples": ss.samples,
-        "input_units": n_in,
-        "output_units": n_out,
-        "path": path,
-        "reverse_products": n_out if path == "exact" else None,
-        "products_per_sample": None if path == "exact" else 2 * ss.probes * ss.steps,
-    }
+    env = _spectrum_environment(ss, device, n_in, n_out, path)
     if on_start is not None:
         on_start(env)
     runs = []
