@@ -58,17 +58,22 @@ def sample_function(fn: walker.Function) -> Callable[[torch.Tensor], torch.Tenso
     return lambda z: fn.forward(fn.params, z.unsqueeze(0)).reshape(-1)
 
 
+def in_batch(call: Callable, x: torch.Tensor, i: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Sample i's input -> row i of ``call`` (a batch -> its outputs), flattened, run inside the
+    batch ``x`` with the other samples held: J of it is d y_i/d x_i of the batch map."""
+
+    def f(z: torch.Tensor) -> torch.Tensor:
+        return call(torch.cat([x[:i], z.unsqueeze(0), x[i + 1 :]]))[i].reshape(-1)
+
+    return f
+
+
 def batch_function(
     fn: walker.Function, x: torch.Tensor, i: int, upto: int | None = None
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Sample i's input -> its state, flattened, inside the batch ``x`` (the other samples held):
-    for a plan whose batch norm normalises over the batch."""
-
-    def f(z: torch.Tensor) -> torch.Tensor:
-        xb = torch.cat([x[:i], z.unsqueeze(0), x[i + 1 :]])
-        return fn.forward(fn.params, xb, upto)[i].reshape(-1)
-
-    return f
+    """Sample i's input -> its state inside the batch ``x`` (``in_batch``): for a plan whose batch
+    norm normalises over the batch."""
+    return in_batch(lambda xb: fn.forward(fn.params, xb, upto), x, i)
 
 
 def batch_dependent(model: torch.nn.Module) -> bool:
@@ -84,12 +89,7 @@ def model_function(model: torch.nn.Module, x: torch.Tensor, i: int) -> Callable[
     included: J = d y_i / d x_i of the batch map); otherwise alone."""
     if not batch_dependent(model):
         return lambda z: modules.output_tensor(model(z.unsqueeze(0))).reshape(-1)
-
-    def f(z: torch.Tensor) -> torch.Tensor:
-        xb = torch.cat([x[:i], z.unsqueeze(0), x[i + 1 :]])
-        return modules.output_tensor(model(xb))[i].reshape(-1)
-
-    return f
+    return in_batch(lambda xb: modules.output_tensor(model(xb)), x, i)
 
 
 def functional(model: torch.nn.Module) -> torch.nn.Module:
