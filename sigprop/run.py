@@ -879,9 +879,10 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
     dtype = dev.DTYPES[ss.dtype]
     if spec.vocab is not None:
         raise SigpropError("token ids have no Jacobian: the spectrum needs a floating input", field="vocab")
-    if ss.depths:
+    if ss.depths or ss.at:
         raise SigpropError(
-            "the spectrum against depth is measured for sigprop's own nets only", field="depths"
+            "the spectrum against depth is measured for sigprop's own nets only",
+            field="depths" if ss.depths else "at",
         )
     names = kind.inits(spec)
     _check_instance_draws(spec, names, ss.seeds)
@@ -964,7 +965,12 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
     layers = plans.layers(plan.steps)
     activations = n_in + sum(st.units_out for st in layers)
     itemsize = dev.itemsize(ss.dtype)
-    widest = max([n_out] + ([st.units_out for st in layers] if ss.depths else []))
+    # the recorded states whose Jacobians --depths (all) or --at (some) asks for
+    n_states = sum(isinstance(st, plans.Record) for st in plan.steps[1:])
+    if ss.at and max(ss.at) > n_states:
+        raise SigpropError(f"at most {n_states}: the net has {n_states} recorded states", field="at")
+    chosen = list(range(1, n_states + 1)) if ss.depths else list(ss.at)
+    widest = max([n_out] + ([st.units_out for st in layers] if chosen else []))
     weights = sum(st.role.fan_in * st.role.fan_out for st in layers) * itemsize * 2  # drawn and kept
     # the Jacobians themselves, and the reverse products of a batch of samples at once
     rows = min(ss.samples, ss.batch_size or ss.samples)
@@ -973,10 +979,10 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
     path = ss.path
     if path == "auto":
         path = "exact" if dev.fits(need, device) else "lanczos"
-    if path == "lanczos" and ss.depths:
+    if path == "lanczos" and chosen:
         raise SigpropError(
             "the exact Jacobians do not fit in memory, and the spectrum against depth needs them",
-            field="depths",
+            field="depths" if ss.depths else "at",
         )
     if path == "exact":
         dev.check_memory(
@@ -1017,9 +1023,9 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
             )
             draws.append(summary)
             pooled.append(lam)
-            if ss.depths:  # every unit's output in the input: the spectrum against depth
+            if chosen:  # the units' outputs in the input: the spectrum against depth
                 rows = []
-                for depth in range(1, len(fn.units) + 1):
+                for depth in chosen:
                     Jl = spectra.jacobian(fn, x, depth, ss.batch_size, together).detach()
                     lam_l = spectra.eigenvalues(Jl)
                     rows.append((float(lam_l.mean()), float(lam_l.var())))
@@ -1031,13 +1037,13 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
         density = plans.predict_density(plan.steps, scheme)
         mean = None if pred is None or not math.isfinite(pred.mean) else pred.mean
         depths = []
-        for depth in range(1, len(per_depth[0]) + 1 if per_depth else 1):
+        for k, depth in enumerate(chosen):
             p = plans.predict_jacobian(plans.upto(plan.steps, depth), scheme)
             depths.append(
                 {
                     "depth": depth,
-                    "mean": statistics.fmean(r[depth - 1][0] for r in per_depth),
-                    "variance": statistics.fmean(r[depth - 1][1] for r in per_depth),
+                    "mean": statistics.fmean(r[k][0] for r in per_depth),
+                    "variance": statistics.fmean(r[k][1] for r in per_depth),
                     "predicted_mean": p.mean if math.isfinite(p.mean) else None,
                     "predicted_variance": p.variance,
                 }

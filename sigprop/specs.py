@@ -362,6 +362,8 @@ class SpectrumSpec:
     path: str = "auto"
     probes: int = 10
     steps: int = 30
+    #: the Jacobian of these recorded states only (1-based depths), as ``depths`` does for all
+    at: tuple[int, ...] = ()
     #: also the ``top`` largest and smallest singular values per draw (0: none)
     top: int = 0
     #: the exact path's Jacobians this many samples at a time (None: all at once)
@@ -379,6 +381,12 @@ class SpectrumSpec:
             check_size(self.batch_size, "batch_size")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 2:
             raise SigpropError(f"must be an integer >= 2, got {self.steps!r}", field="steps")
+        if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in self.at):
+            raise SigpropError(f"expected depths >= 1, got {list(self.at)!r}", field="at")
+        if self.at and self.depths:
+            raise SigpropError("every depth (depths) or some (at): give one of them", field="at")
+        if self.at and self.path == "lanczos":
+            raise SigpropError("the spectrum at a depth is measured on the exact path", field="at")
         if self.depths and self.path == "lanczos":
             raise SigpropError("the spectrum against depth is measured on the exact path", field="depths")
         ProbeSpec(

@@ -462,3 +462,39 @@ def test_a_batch_norm_nets_jacobian_holds_the_batch(command, options):
     got = sigprop.spectrum(spec, specs.SpectrumSpec(samples=3, seeds=1, device="cpu"))
     assert math.isfinite(got.runs[0].draws[0]["mean"])
     assert got.runs[0].predicted_variance is None and "not derived" in got.runs[0].why
+
+
+def test_at_chosen_depths_is_depths_there(capsys):
+    """--at 2,6: the Jacobian of the input to those recorded states only, the same numbers as
+    --depths gives there (the same draws and inputs); a depth beyond the net, a bad list, or both
+    options: one line naming --at, exit 2."""
+    spec = api.spec("resnet", blocks=6, dim=16, width="12:16", inits="proposed")
+    every = sigprop.spectrum(spec, specs.SpectrumSpec(samples=3, seeds=1, device="cpu", depths=True))
+    some = sigprop.spectrum(spec, specs.SpectrumSpec(samples=3, seeds=1, device="cpu", at=(2, 6)))
+    want = {d["depth"]: d for d in every.runs[0].depths}
+    assert [d["depth"] for d in some.runs[0].depths] == [2, 6]
+    for d in some.runs[0].depths:
+        assert d == pytest.approx(want[d["depth"]], rel=1e-12)
+    argv = [
+        "spectrum",
+        "resnet",
+        "--blocks",
+        "6",
+        "--dim",
+        "16",
+        "--width",
+        "12",
+        "--samples",
+        "2",
+        "--seeds",
+        "1",
+    ]
+    for extra, words in (
+        (["--at", "7"], "at most 6"),
+        (["--at", "2,x"], "expected depths"),
+        (["--at", "0"], "expected depths >= 1"),
+        (["--at", "2", "--depths"], "give one of them"),
+    ):
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--at" in err[0] and words in err[0]

@@ -294,9 +294,15 @@ class SpectrumOptions(RunOptions):
     steps: int
     top: int
     batch_size: Optional[int]
+    at: Optional[str]
 
     def spectrum_spec(self) -> specs.SpectrumSpec:
+        try:
+            at = tuple(int(v) for v in self.at.split(",")) if self.at else ()
+        except ValueError:
+            raise specs.SigpropError(f"expected depths like 5,10,20, got {self.at!r}", field="at") from None
         return specs.SpectrumSpec(
+            at=at,
             samples=8 if self.samples is None else self.samples,
             seed=self.seed,
             seeds=self.seeds,
@@ -339,6 +345,18 @@ SPECTRUM_OPTIONS = (
             ),
         ],
         False,
+    ),
+    (
+        "at",
+        Annotated[
+            Optional[str],
+            Option(
+                "--at",
+                help="Also the Jacobian of the input to these depths only (a comma list, e.g. 5,10,20: "
+                "the recorded states of --depths), beside its theory.",
+            ),
+        ],
+        None,
     ),
     (
         "plot",

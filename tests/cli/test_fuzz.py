@@ -147,6 +147,7 @@ COMMANDS = {
         "--steps": st.sampled_from(["2", "1"]),
         "--top": st.sampled_from(["1", "0", "-1", "100000"]),
         "--batch-size": st.sampled_from(["1", "0"]),
+        "--at": st.sampled_from(["1", "1,2", "0", "x", "99"]),
         "--plot": st.sampled_from(["fig.png", "fig.xyz"]),
     },
     "theory": {
