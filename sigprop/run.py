@@ -870,6 +870,27 @@ def _pooled_histogram(path: str, pooled: list) -> dict:
 MODEL_JACOBIAN_CHUNK_BYTES = 2**30
 
 
+def _model_spectrum_mean(model, x: torch.Tensor) -> tuple[float | None, str]:
+    """The predicted mean sigma^2 of a model's J (``plans.predict_graph``, traced on this draw):
+    r at the input, the gradient's second moment per element for an N(0, 1) error at the output,
+    times n_in/n_out (per element to the total: E||J^T e||^2/||e||^2); or None and why."""
+    nodes, _, why = modules.trace(model, x, [])
+    if nodes is None:
+        return None, why
+    try:
+        pred = plans.predict_graph(nodes, float(x.double().pow(2).mean()), float(x.double().mean()))
+    except Exception as exc:  # a map sigprop got wrong must not cost the user the measurement
+        return None, f"the moment maps failed ({type(exc).__name__}: {exc})"
+    if pred.unmapped:
+        return None, f"no moment map for {pred.unmapped}"
+    r = next(pred.r[i] for i, nd in enumerate(nodes) if nd.op == "input")
+    if r is None:
+        return None, "no backward map reaches the input"
+    with torch.no_grad():
+        n_out = modules.output_tensor(model(x[:2]))[0].numel()
+    return r * x[0].numel() / n_out, ""
+
+
 def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResult:
     """The module kind: per init and draw, build the model, apply the init (as the probe does),
     and read J of its output in its input through its own forward (``spectra.model_jacobians``,
@@ -898,11 +919,13 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
     runs, total, done = [], len(names) * ss.seeds, 0
     for name in names:
         scheme = kind.scheme(spec, name)
-        draws, pooled = [], []
+        draws, pooled, means = [], [], []
         for draw in range(ss.seeds):
             model = modules.build(factory, ss.seed, draw)
             modules.init_(model, scheme, ss.seed, draw, batch=x)
-            model = spectra.functional(modules.prepare(model, device, dtype))
+            model = modules.prepare(model, device, dtype)
+            means.append(_model_spectrum_mean(model, x))
+            model = spectra.functional(model)
             if not env:  # sizes from the first draw: the path, the memory, the banner
                 with torch.no_grad():
                     n_out = modules.output_tensor(model(x[:2] if spectra.batch_dependent(model) else x[:1]))[
@@ -936,14 +959,18 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
             done += 1
             if progress is not None:
                 progress(done, total, f"{name}: draw {draw}")
+        # the mean: the traced graph's backward map at the input, per draw's weights, averaged
+        mapped = [m for m, _ in means if m is not None]
+        why = next((w for m, w in means if m is None), "")
         runs.append(
             SpectrumRun(
                 name,
                 scheme.description,
                 draws,
+                statistics.fmean(mapped) if len(mapped) == len(means) else None,
                 None,
-                None,
-                "a model's spectrum theory is not derived yet (its ratios' is: sigprop module)",
+                "the variance of a model's spectrum is not derived"
+                + (f"; no mean either: {why}" if why else " (the mean is its traced graph's)"),
                 _pooled_histogram(path, pooled),
                 [],
             )

@@ -390,7 +390,7 @@ def test_a_models_spectrum_refuses_what_it_cannot_read(tmp_path, capsys):
         main(["spectrum", "module", f"{nets}:net", "--input-shape", "6", "--samples", "2", "--seeds", "1"])
         == 0
     )
-    assert "theory: a model's spectrum theory is not derived" in capsys.readouterr().out
+    assert "theory: the variance of a model's spectrum is not derived" in capsys.readouterr().out
 
 
 def test_the_extreme_singular_values_agree_across_paths_and_batches(capsys):
@@ -498,3 +498,28 @@ def test_at_chosen_depths_is_depths_there(capsys):
         assert main([*argv, *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--at" in err[0] and words in err[0]
+
+
+def _plain_mlp() -> torch.nn.Sequential:
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 256, bias=False),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 256, bias=False),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 128, bias=False),
+        torch.nn.ReLU(),
+    )
+
+
+def test_a_models_predicted_mean_is_its_traced_graphs():
+    """A model's mean sigma^2 is predicted by its traced graph's backward map (``predict_graph``:
+    r at the input times n_in/n_out): for a bias-free ReLU MLP under proposed, prod g^2/2 = n_0/n_L
+    = 1/2 (1e-3: the graph starts from the inputs' measured mean, not 0; measured 3e-8), and the
+    measurement within
+    0.1 + 2 L/n of it, as for sigprop's own MLP; the variance is not derived, and the note says so."""
+    spec = sigprop.kinds.module.ModuleSpec(model=_plain_mlp, input_shape=(64,), inits=("proposed",))
+    got = sigprop.spectrum(spec, specs.SpectrumSpec(samples=16, seeds=2, device="cpu"))
+    run = got.runs[0]
+    assert run.predicted_mean == pytest.approx(0.5, rel=1e-3)
+    assert run.to_dict()["mean"] == pytest.approx(run.predicted_mean, abs=0.1 + 2 * 3 / 128)
+    assert run.predicted_variance is None and "the mean is its traced graph's" in run.why
