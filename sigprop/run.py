@@ -584,6 +584,40 @@ def curvature(
         return _curvature(spec, hs, progress, on_start)
 
 
+def _curvature_environment(
+    hs: specs.HessianSpec,
+    device,
+    samples: int,
+    need: int,
+    host: int,
+    fields: str,
+    params: int,
+    top_basis: int,
+) -> dict:
+    """Refuse a curvature that does not fit -- ``need`` bytes on the device (with --top's host
+    basis ``host`` on a CPU), the host basis on the host otherwise -- naming ``fields`` (or
+    --batch-size's), and return the environment record."""
+    whole = hs.batch_size is None
+    dev.check_memory(
+        need + (host if device.type == "cpu" else 0),
+        device,
+        fields if whole else fields.replace("samples", "batch_size"),
+        hint="; or take the data in minibatches with --batch-size" if whole else "",
+    )
+    if host and device.type != "cpu":
+        dev.check_memory(host, torch.device("cpu"), "top")
+    return {
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": dev.device_name(device),
+        "dtype": hs.dtype,
+        "threads": torch.get_num_threads(),
+        "samples": samples,
+        "parameters": params,
+        "top_products": top_basis,
+    }
+
+
 def _check_parameter_count(hs: specs.HessianSpec, counts: dict[str, int]) -> None:
     """--top and --steps against the fewest trainable parameters an init gives the net."""
     fewest = min(counts, key=counts.get)
@@ -624,7 +658,6 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
     factory = spec.factory()
     itemsize = dev.itemsize(hs.dtype)
     rows = min(x.shape[0], hs.batch_size or x.shape[0])
-    whole = hs.batch_size is None
     env: dict = {}
     runs, total, done = [], len(names) * hs.seeds, 0
     for name in names:
@@ -645,22 +678,9 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
                 top_basis = H.arpack_basis(hs.top, size) if hs.top else 0
                 need = 8 * rows * per_sample + (6 + basis) * size * itemsize
                 host = top_basis * size * 8
-                dev.check_memory(
-                    need + (host if device.type == "cpu" else 0),
-                    device,
-                    kind.fields if whole else kind.fields.replace("samples", "batch_size"),
-                    hint="; or take the data in minibatches with --batch-size" if whole else "",
+                env = _curvature_environment(
+                    hs, device, int(x.shape[0]), need, host, kind.fields, size, top_basis
                 )
-                env = {
-                    "torch": torch.__version__,
-                    "device": str(device),
-                    "device_name": dev.device_name(device),
-                    "dtype": hs.dtype,
-                    "threads": torch.get_num_threads(),
-                    "samples": int(x.shape[0]),
-                    "parameters": size,
-                    "top_products": top_basis,
-                }
                 if on_start is not None:
                     on_start(env)
             d = _curvature_draw(H.HVP(m, x, y, hs.batch_size), hs, draw, device)
@@ -742,29 +762,11 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
     weights = sum(st.role.fan_in * st.role.fan_out for st in layers)
     fields = kind.fields
     rows = min(x.shape[0], hs.batch_size or x.shape[0])
-    whole = hs.batch_size is None
     basis = max(H.LANCZOS_BASIS, hs.steps if hs.density else 0)  # --density keeps --steps vectors
     need = (8 * rows * sum(units) + 6 * weights + basis * params) * itemsize
     top_basis = H.arpack_basis(hs.top, params) if hs.top else 0
     host = top_basis * params * 8
-    dev.check_memory(
-        need + (host if device.type == "cpu" else 0),
-        device,
-        fields if whole else fields.replace("samples", "batch_size"),
-        hint="; or take the data in minibatches with --batch-size" if whole else "",
-    )
-    if host and device.type != "cpu":
-        dev.check_memory(host, torch.device("cpu"), "top")
-    env = {
-        "torch": torch.__version__,
-        "device": str(device),
-        "device_name": dev.device_name(device),
-        "dtype": hs.dtype,
-        "threads": torch.get_num_threads(),
-        "samples": int(x.shape[0]),
-        "parameters": params,
-        "top_products": top_basis,
-    }
+    env = _curvature_environment(hs, device, int(x.shape[0]), need, host, fields, params, top_basis)
     if on_start is not None:
         on_start(env)
     runs = []
