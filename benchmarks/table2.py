@@ -6,6 +6,7 @@ memory, beside the paper's numbers.  Prints; never asserts.
                                               # 5000 samples in minibatches of 128 (~15 GiB for WRN-40-10)
   python benchmarks/table2.py --quick         # reduced for a CPU: WRN-40-1 and ResNet-56, 16 x 16
   options: --device cuda|cpu  --samples N  --seeds S  --batch-size B (0: all samples at once)
+           --nets wrn-40-10,resnet-164 (which of the two rows)  --inits proposed,datadep,... (a subset)
 
 A 10-way head throughout (the paper's ResNet-164 row is CIFAR-100: 100 classes).  Synthetic data (Gaussian
 inputs, uniform labels) unless the paper's CIFAR subset is given with
@@ -54,21 +55,29 @@ def main() -> None:
     batch = (
         arg("--batch-size", 0 if quick else 128) or None
     )  # the paper's minibatches (its code: batches of 128)
+    inits = tuple(arg("--inits", ",".join(INITS)).split(","))
+    unknown = set(inits) - set(INITS)
+    if unknown:
+        sys.exit(f"--inits: {sorted(unknown)} not among {', '.join(INITS)}")
     nets = (
         [
-            ("wrn-40-10", WRNSpec(blocks=6, widen=1, image=(3, 16, 16), inits=INITS), "WRN-40-1, 16 x 16"),
+            ("wrn-40-10", WRNSpec(blocks=6, widen=1, image=(3, 16, 16), inits=inits), "WRN-40-1, 16 x 16"),
             (
                 "resnet-164",
-                WRNSpec.of_preset("resnet-56", image=(3, 16, 16), inits=INITS),
+                WRNSpec.of_preset("resnet-56", image=(3, 16, 16), inits=inits),
                 "ResNet-56, 16 x 16",
             ),
         ]
         if quick
         else [
-            ("wrn-40-10", WRNSpec.of_preset("wrn-40-10", inits=INITS), "WRN-40-10"),
-            ("resnet-164", WRNSpec.of_preset("resnet-164", inits=INITS), "ResNet-164"),
+            ("wrn-40-10", WRNSpec.of_preset("wrn-40-10", inits=inits), "WRN-40-10"),
+            ("resnet-164", WRNSpec.of_preset("resnet-164", inits=inits), "ResNet-164"),
         ]
     )
+    chosen = arg("--nets", ",".join(name for name, _, _ in nets)).split(",")
+    if set(chosen) - {name for name, _, _ in nets}:
+        sys.exit(f"--nets: choose among {', '.join(name for name, _, _ in nets)}")
+    nets = [net for net in nets if net[0] in chosen]
     print(
         f"device {device}, {samples} synthetic "
         f"samples{'' if batch is None else f' in minibatches of {batch}'}, {seeds} draws"

@@ -1000,7 +1000,12 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
         raise SigpropError(f"at most {n_states}: the net has {n_states} recorded states", field="at")
     chosen = list(range(1, n_states + 1)) if ss.depths else list(ss.at)
     widest = max([n_out] + ([st.units_out for st in layers] if chosen else []))
-    weights = sum(st.role.fan_in * st.role.fan_out for st in layers) * itemsize * 2  # drawn and kept
+    # drawn and kept, and the temporaries of drawing the largest layer (its Gaussian, QR and
+    # Householder product: 60000^2 on an 80 GiB H100 passed an estimate without them, then ran out)
+    weights = (
+        sum(st.role.fan_in * st.role.fan_out for st in layers) * 2
+        + sampling.HAAR_TEMPORARIES * max(st.role.fan_in * st.role.fan_out for st in layers)
+    ) * itemsize
     # the Jacobians themselves, and the reverse products of a batch of samples at once
     rows = min(ss.samples, ss.batch_size or ss.samples)
     jacobians = ss.samples * widest * n_in * (itemsize + 8 + 8) + 4 * rows * widest * activations * itemsize

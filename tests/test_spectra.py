@@ -238,7 +238,8 @@ def test_spectrum_command(tmp_path, capsys):
     assert main([*argv, "--init", "he"]) == 0
     assert "var/mean²" in capsys.readouterr().out
     # too large for the exact path: refused before anything is drawn, naming the sizes' options
-    huge = ["spectrum", "mlp", "--depth", "2", "--width", "60000", "--input-dim", "60000"]
+    # (2 x 200000^2 float32 weights: 640 GB drawn and kept, more than any one machine or GPU)
+    huge = ["spectrum", "mlp", "--depth", "2", "--width", "200000", "--input-dim", "200000"]
     assert main([*huge, "--path", "exact"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "n_out x n_in" in err

@@ -49,7 +49,7 @@ def _usage_hint(msg: str) -> str:
         close = difflib.get_close_matches(value, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return f"{option}: unknown value {value!r}{hint}; choose from {', '.join(names)}"
-    if "valid integer" in msg:
+    if re.search(r"valid int(eger)?\b", msg):  # typer's "a valid integer", click's "a valid int range"
         return (
             msg.split(":")[0]
             + ": expected one integer (for several values use sigprop sweep, which takes comma-separated "

@@ -627,7 +627,19 @@ def calibrate(model: nn.Module, names: list[str], batch) -> None:
     forward on ``batch`` (no graph) up to the layer reads its pre-activation t = v.x/||v|| per
     unit -- a Linear's last axis, a conv's channels, over the samples and positions -- and sets
     g = 1/sigma[t], b = -mu[t]/sigma[t]: each unit standardised on the batch by everything before
-    it already calibrated.  One forward per layer, stopped at the layer."""
+    it already calibrated.  One forward per layer, stopped at the layer.  The model is drawn on
+    the host in float32 and run where the probe runs: it is calibrated there, on the batch's device
+    and in its dtype, and handed back where it was (the scale and bias rounded to its dtype)."""
+    first = (batch if isinstance(batch, tuple) else (batch,))[0]
+    home = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if home is not None and (home.device, home.dtype) != (first.device, first.dtype):
+        where = (home.device, home.dtype)
+        model.to(device=first.device, dtype=first.dtype)
+        try:
+            calibrate(model, names, batch)
+        finally:
+            model.to(device=where[0], dtype=where[1])
+        return
     layers = dict(model.named_modules())
     order: list[str] = []
     seen = {id(layers[n]): n for n in names}

@@ -28,7 +28,10 @@ def _commands(group=COMMAND, path=()):
 
 def _choices(param) -> list[str]:
     """The values an option accepts when its annotation is an Enum (possibly in a list or Optional)."""
-    todo = [param.type_descriptor.annotation]
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is None:  # typer before its own parser (0.12-0.2x): the Enum became a click.Choice
+        return [str(c) for c in getattr(param.type, "choices", [])]
+    todo = [descriptor.annotation]
     while todo:
         t = todo.pop()
         if isinstance(t, type) and issubclass(t, enum.Enum):

@@ -183,7 +183,11 @@ def test_tf32_is_refused_off_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["proposed", "datadep"])
 def test_cuda_batched_and_streamed_match_autograd(name):
-    """On CUDA: batched draws, stored and streamed, equal each other and the oracle per draw."""
+    """On CUDA: batched draws, stored and streamed, equal each other and the oracle per draw.
+    Not bit for bit there: on an H100 (2026-11-26) the streamed walk's regenerated Haar draws
+    (proposed; datadep's Gaussian ones were equal) ended a few float64 ulps from the stored ones
+    -- the regeneration's batched orthogonalisation is not the same kernel call on the same
+    buffers -- so 1e-12 relative over these 4 layers (float64 rounding is 1e-16 a step)."""
     widths = [9, 7, 12, 5, 8]
     dev = torch.device("cuda")
     x, e = sampling.probe_inputs(5, 16, widths[0], widths[-1], dev, torch.float64)
@@ -191,7 +195,9 @@ def test_cuda_batched_and_streamed_match_autograd(name):
     with torch.no_grad():
         stored = walks.mlp(scheme, widths, x, e, seed=5, draws=[0, 1], stream=False)
         streamed = walks.mlp(scheme, widths, x, e, seed=5, draws=[0, 1], stream=True)
-    assert torch.equal(stored[0], streamed[0]) and torch.equal(stored[1], streamed[1])
+    for a, b in zip(stored[:2], streamed[:2]):
+        print("stored - streamed, max |diff| of ln ratios:", float((a - b).abs().max()))
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     for s in range(2):
         _, _, p1 = walks.mlp_draw(scheme, widths, x, e, seed=5, draw=s)
         fwd, bwd, _ = oracle_ratios(p1, x, e)

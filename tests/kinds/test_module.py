@@ -116,9 +116,11 @@ def test_own_nets_as_modules_measure_and_predict_the_engines_numbers(kind_name, 
     walked = run_mod.walk_plan(plan.steps, kind.scheme(spec, init), x, e, 0, [0])
     model, fwd_sites, bwd_sites = plan_module(plan.steps, walked.kept)
     sites = ",".join(dict.fromkeys(s for s in fwd_sites + bwd_sites if s))
-    got = sigprop.probe_module(model=model, inputs=x.reshape(N, *shape), samples=N, sites=sites)
+    # on the host, where the walk ran: a GPU draws other error vectors from its own generator
+    got = sigprop.probe_module(model=model, inputs=x.reshape(N, *shape), samples=N, sites=sites, device="cpu")
     layers = {l.name: l for l in got.runs[0].layers}
-    engine = getattr(sigprop, f"probe_{kind_name}")(inits=init, samples=N, **options).runs[0].layers
+    engine = getattr(sigprop, f"probe_{kind_name}")(inits=init, samples=N, device="cpu", **options)
+    engine = engine.runs[0].layers
     E = len(fwd_sites)
     ln_f, ln_b = walked.observed["fwd"][0][-E:], walked.observed["bwd"][0][-E:]
     for j, (f, b, ref) in enumerate(zip(fwd_sites, bwd_sites, engine[-E:])):
@@ -432,6 +434,13 @@ def test_datadep_calibrates_each_layer_on_the_batch():
     r = sigprop.probe_module(model=biased, input_shape=(48,), inits="datadep", samples=128)
     for layer in r.runs[0].layers:
         assert layer.forward.rms == pytest.approx(layer.forward.predicted, rel=0.02)
+    # the model is drawn on the host in float32 and calibrated where the probe runs, in its dtype
+    # (a float64 or CUDA probe once fed its inputs to the float32 host model: a dtype/device error)
+    r = sigprop.probe_module(
+        model=biased, input_shape=(48,), inits="datadep", samples=128, dtype="float64", device="cpu"
+    )
+    for layer in r.runs[0].layers:
+        assert layer.forward.rms == pytest.approx(layer.forward.predicted, rel=0.02)
     # without a bias a layer is scaled, not centred: said in its record
     records = modules.init_(mlp(2, 64, 48), "datadep", batch=x)
     assert all("no bias" in rec.note for rec in records)
@@ -631,14 +640,15 @@ def test_a_forward_of_several_tensors():
     """--input-shape 32;16 draws one Gaussian per argument; the forward ratio is against all the
     inputs' elements together (rms over the 48), each input node starts the maps from its own
     moments; given tensors (inputs=) are the same numbers as the drawn ones they equal."""
-    r = sigprop.probe_module(model=TwoInputs, input_shape="32;16", samples=64, sites="leaves")
+    # on the host: its generator draws the inputs checked by hand below
+    r = sigprop.probe_module(model=TwoInputs, input_shape="32;16", samples=64, sites="leaves", device="cpu")
     assert r.config["input_shape"] == "32;16" and not r.config["theory_notes"]
     layers = {l.name: l for l in r.runs[0].layers}
     assert all(l.forward.predicted is not None for l in layers.values())
     # per sample the ratio is rms(h)/rms(x, y): checked by hand on the same draws
     gen = torch.Generator().manual_seed(sigprop.specs.derive_seed(0, sigprop.specs.STREAM_INPUTS))
     x, y = torch.randn(64, 32, generator=gen), torch.randn(64, 16, generator=gen)
-    given = sigprop.probe_module(model=TwoInputs, inputs=(x, y), samples=64, sites="leaves")
+    given = sigprop.probe_module(model=TwoInputs, inputs=(x, y), samples=64, sites="leaves", device="cpu")
     for a, b in zip(r.runs[0].layers, given.runs[0].layers):
         assert a.forward.rms == b.forward.rms and a.backward.rms == b.backward.rms
     model = modules.build(TwoInputs, 0, 0).requires_grad_(False)
