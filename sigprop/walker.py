@@ -494,8 +494,8 @@ class ResidualBlock:
         out, bu, bc, su, sc = {}, u, c, u, c
         for j, op in enumerate(self.ops):
             p = w.sample(op.role, self.slot_ids[j], None if v_outs is None else v_outs[j])
-            if j < self.k:
-                bu, bc, mask, p = op.forward(p, bu, bc, self.relus[j], w.calibrate)
+            if j < self.k:  # inner layers unnormalised: the sum below is normalised once
+                bu, bc, mask, p = op.forward(p, bu, bc, self.relus[j], w.calibrate, j == self.k - 1)
                 if mask is not None:
                     out[f"packed{j}"] = ls.pack_mask(mask)
             else:

@@ -49,10 +49,13 @@ class DenseOp:
     def directions(self, v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         return logspace.mm(X, transpose(v))  # the module's seam: benchmarks/tf32_bias.py replaces it
 
-    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None):
+    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None, normalized: bool = True):
         """One layer for a batch of draws in log space: input h = exp(c) * u (unit rows u [S, N,
         in], ln-norms c [S, N] in float64), params stacked [S, ...]; output (u', c', ReLU mask or
-        None, params -- calibrated for a data-dependent scheme).
+        None, params -- calibrated for a data-dependent scheme).  ``normalized=False``: the rows
+        as computed with their ln-scale, not divided by their norms (a residual branch's inner
+        layers, whose block normalises its sum: two passes over the rows fewer); the next layer
+        reads any rows h = exp(c) * u.
 
         t = u @ v^T (one batched matmul);  a = exp(c) * scale * t + b.  Splitting m = max(c, 0):
         a = exp(m) * (exp(c - m) * scale * t + exp(-m) * b), and ReLU is positively homogeneous,
@@ -70,7 +73,10 @@ class DenseOp:
         else:
             m = c
         mask = a > 0 if relu else None
-        u, ln_norm = normalize(torch.relu_(a) if relu else a, inplace=True)
+        a = torch.relu_(a) if relu else a
+        if not normalized:
+            return a, m, mask, p
+        u, ln_norm = normalize(a, inplace=True)
         return u, m + ln_norm, mask, p
 
     def vjp(self, p: LayerParams, d: torch.Tensor) -> torch.Tensor:
@@ -166,7 +172,8 @@ class ConvOp(DenseOp):
         )
         return y.reshape(N, S, self.units_in).transpose(0, 1)
 
-    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None):
+    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None, normalized: bool = True):
+        """As the dense layer's (``normalized`` too), the rows' units channels x positions."""
         S, N = u.shape[:2]
         if calibrate is not None:  # per channel over the batch and the positions: [S, N H' W', c_out]
             t = self.conv(p.v, u)
@@ -190,7 +197,10 @@ class ConvOp(DenseOp):
             m = c
         a = a.reshape(S, N, self.units_out)
         mask = a > 0 if relu else None
-        u, ln_norm = normalize(torch.relu_(a) if relu else a, inplace=True)
+        a = torch.relu_(a) if relu else a
+        if not normalized:
+            return a, m, mask, p
+        u, ln_norm = normalize(a, inplace=True)
         return u, m + ln_norm, mask, p
 
     def scaled(self, p: LayerParams) -> torch.Tensor:
