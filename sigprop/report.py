@@ -321,7 +321,7 @@ def _verdict_line(run: RunResult, verdict: str) -> str:
     return f"  {head}: " + "; ".join(parts) + tail
 
 
-def run_summary(run: RunResult, draws: int = 1) -> Text:
+def run_summary(run: RunResult, draws: int = 1, envelope: bool = False) -> Text:
     """Both verdicts of one init, each named, with the reason when one fails."""
     ag = run.agreement()
     predicted = {
@@ -343,20 +343,24 @@ def run_summary(run: RunResult, draws: int = 1) -> Text:
     )
     lines = [f"[bold]{escape(run.init)}[/bold] (layers agreeing with theory: {agree})"]
     lines += [_verdict_line(run, v) for v in ("preserved", "theory")]
-    spread = spread_line(run, draws)
+    spread = spread_line(run, draws, envelope)
     if spread:
         lines.append("  " + spread)
     return Text.from_markup("\n".join(lines))
 
 
-def spread_line(run: RunResult, draws: int) -> str:
+def spread_line(run: RunResult, draws: int, envelope: bool = False) -> str:
     """How far the typical end-to-end ratio moves between weight draws: measured with several
     draws; with one, the theory's sd of the log ratio (docs/theory.md §4, "Across draws"),
-    which the across-draw spread approaches at depth."""
+    which the across-draw spread approaches at depth -- or, ``envelope`` (the conv nets' law,
+    §11), an upper envelope of it, said as such."""
     s = run.layers[-1].forward
     theory_sd = s.log10_std_predicted
+    said = "theory" if not envelope else "the conv nets' upper envelope, docs/theory.md §11"
     if draws > 1 and s.log10_draw_std is not None:
-        tail = f"; theory ≈ ±{theory_sd:.2f}" if theory_sd is not None else ""
+        tail = ""
+        if theory_sd is not None:
+            tail = f"; theory ≈ ±{theory_sd:.2f}" if not envelope else f"; {said}: up to ±{theory_sd:.2f}"
         return (
             f"across {draws} draws the typical end-to-end forward ratio moved by ±{s.log10_draw_std:.2f} "
             f"decades (sd{tail})"
@@ -367,9 +371,9 @@ def spread_line(run: RunResult, draws: int) -> str:
             "across draws"
         )
     return (
-        f"one weight draw: the ± in the table is across samples only; across draws the typical end-to-end "
-        f"forward "
-        f"ratio moves by about ±{theory_sd:.2f} decades (sd, theory); --seeds S measures it"
+        "one weight draw: the ± in the table is across samples only; across draws the typical end-to-end "
+        f"forward ratio moves by {'about' if not envelope else 'up to about'} ±{theory_sd:.2f} decades "
+        f"(sd, {said}); --seeds S measures it"
     )
 
 
@@ -407,7 +411,9 @@ def render_table(result: ProbeResult, console: Console) -> None:
         console.print(f"[yellow]{escape(note)}[/yellow]", soft_wrap=True)
     console.print(f"[dim]{escape(hints.footer)}[/dim]", soft_wrap=True)
     for run in result.runs:
-        console.print(run_summary(run, int(result.config.get("seeds", 1))), soft_wrap=True)
+        console.print(
+            run_summary(run, int(result.config.get("seeds", 1)), hints.spread_envelope), soft_wrap=True
+        )
     console.print(preserved_line(result), highlight=False)
 
 

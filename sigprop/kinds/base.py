@@ -56,7 +56,8 @@ class Hints:
     labels (matplotlib mathtext); ``units``: what a row counts in notes ("layers", "blocks");
     ``energy``: the prediction is the energy-map RMS (conv nets: drawn dotted as such); ``names``:
     the rows have names (``LayerRecord.name``), which the table and the figure show;
-    ``curvature_parameters``: the Hessian's parameters in words."""
+    ``curvature_parameters``: the Hessian's parameters in words; ``spread_envelope``: the
+    spread line's theory sd is an upper envelope."""
 
     width: str = "n_l"
     row: str = "layer"
@@ -73,6 +74,9 @@ class Hints:
     names: bool = False
     #: what ``sigprop hessian`` differentiates in, before the head ({head}: the head's words)
     curvature_parameters: str = "every trainable parameter (WN g, v, b; BN gamma, beta; {head})"
+    #: the theory's across-draw sd of the end-to-end ratio is an upper envelope, not an estimate
+    #: (the conv nets' law: measured 1.4x (CNN) to 30x (WRN) wider; docs/theory.md section 11)
+    spread_envelope: bool = False
 
 
 class Kind:

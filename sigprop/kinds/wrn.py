@@ -306,6 +306,7 @@ class WRN(Kind):
         row="b",
         residual=True,
         energy=True,
+        spread_envelope=True,
         x=r"block $b$ (state $h^b$)",
         forward=r"$\|h^b\| \,/\, \|h^0\|$",
         backward=r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$",

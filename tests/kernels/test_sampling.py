@@ -19,7 +19,9 @@ def test_pytorch_matches_nn_linear_default_distribution():
     # nn.Linear's own reset_parameters draws from U(-1/sqrt(fan_in), 1/sqrt(fan_in))
     lin = torch.nn.Linear(400, 300)
     bound = inits.pytorch_linear_bound(400)
-    assert lin.weight.abs().max().item() <= bound
+    # float32 weights: a draw next to the bound may round one float32 ulp above it (a flake once
+    # in a full run whose global generator state put one of the 120,000 draws there)
+    assert lin.weight.abs().max().item() <= bound * (1 + 2**-23)
     assert lin.weight.var().item() == pytest.approx(bound**2 / 3, rel=0.05)
     role = inits.LayerRole(400, 300)
     p = sampling.sample(
