@@ -356,11 +356,14 @@ def spread_line(run: RunResult, draws: int, envelope: bool = False) -> str:
     §11), an upper envelope of it, said as such."""
     s = run.layers[-1].forward
     theory_sd = s.log10_std_predicted
-    said = "theory" if not envelope else "the conv nets' upper envelope, docs/theory.md §11"
+    envelope_words = "the conv nets' upper envelope, docs/theory.md §11"
+    said, about, measured_beside = (
+        (envelope_words, "up to about", f"{envelope_words}: up to")
+        if envelope
+        else ("theory", "about", "theory ≈")
+    )
     if draws > 1 and s.log10_draw_std is not None:
-        tail = ""
-        if theory_sd is not None:
-            tail = f"; theory ≈ ±{theory_sd:.2f}" if not envelope else f"; {said}: up to ±{theory_sd:.2f}"
+        tail = "" if theory_sd is None else f"; {measured_beside} ±{theory_sd:.2f}"
         return (
             f"across {draws} draws the typical end-to-end forward ratio moved by ±{s.log10_draw_std:.2f} "
             f"decades (sd{tail})"
@@ -372,7 +375,7 @@ def spread_line(run: RunResult, draws: int, envelope: bool = False) -> str:
         )
     return (
         "one weight draw: the ± in the table is across samples only; across draws the typical end-to-end "
-        f"forward ratio moves by {'about' if not envelope else 'up to about'} ±{theory_sd:.2f} decades "
+        f"forward ratio moves by {about} ±{theory_sd:.2f} decades "
         f"(sd, {said}); --seeds S measures it"
     )
 

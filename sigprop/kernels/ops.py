@@ -26,6 +26,18 @@ from sigprop.kernels import logspace, sampling
 from sigprop.kernels.logspace import LayerParams, col, normalize, transpose
 
 
+def _activate(a: torch.Tensor, m: torch.Tensor, relu: bool, normalized: bool) -> tuple:
+    """A layer's output from its pre-activations ``a`` (the layer's own temporary) at ln-scale
+    ``m``: (rows, ln-scale, ReLU mask or None), the rows unit-normalised unless ``normalized`` is
+    False (a residual branch's inner layers)."""
+    mask = a > 0 if relu else None
+    a = torch.relu_(a) if relu else a
+    if not normalized:
+        return a, m, mask
+    u, ln_norm = normalize(a, inplace=True)
+    return u, m + ln_norm, mask
+
+
 def weight(v: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
     """A layer's effective weight from its rows v [out, in]: g v/||v|| per row (WN) or v (plain)."""
     if g is None:
@@ -72,12 +84,7 @@ class DenseOp:
             a = a.mul_(col(c - m, dtype)).add_(col(-m, dtype) * p.bias.unsqueeze(-2))
         else:
             m = c
-        mask = a > 0 if relu else None
-        a = torch.relu_(a) if relu else a
-        if not normalized:
-            return a, m, mask, p
-        u, ln_norm = normalize(a, inplace=True)
-        return u, m + ln_norm, mask, p
+        return _activate(a, m, relu, normalized) + (p,)
 
     def vjp(self, p: LayerParams, d: torch.Tensor) -> torch.Tensor:
         """d (scale * v): the layer's transpose applied to error rows d [S, N, out]."""
@@ -195,13 +202,7 @@ class ConvOp(DenseOp):
             )
         else:
             m = c
-        a = a.reshape(S, N, self.units_out)
-        mask = a > 0 if relu else None
-        a = torch.relu_(a) if relu else a
-        if not normalized:
-            return a, m, mask, p
-        u, ln_norm = normalize(a, inplace=True)
-        return u, m + ln_norm, mask, p
+        return _activate(a.reshape(S, N, self.units_out), m, relu, normalized) + (p,)
 
     def scaled(self, p: LayerParams) -> torch.Tensor:
         """The rows scale * v [S, c_out, c_in k^2]: the effective kernels (WN's g v/||v||)."""
