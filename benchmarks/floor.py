@@ -15,7 +15,9 @@ sqrt(2 c_in/c_out)), convs and ReLUs forward, the states kept -- and
 ``torch.autograd.grad(top, states, grad_outputs=e)``: the gradient with respect to every state,
 never the weights', one norm per sample and state.  ``python floor.py conv N k samples draws``
 times it against ``sigprop.probe`` in one process, cold (the first call) and warm (the next),
-and prints the ratios.
+and prints the ratios -- against the floor in PyTorch's default layout (NCHW) and in channels
+last, the layout of sigprop's conv states (the same convolution kernels: the fair floor of the
+bookkeeping).
 """
 
 import sys
@@ -94,9 +96,13 @@ def limit(L: int, n: int, N: int, device: str = "cpu", chunk: int = 32) -> float
     return time.perf_counter() - t0
 
 
-def conv_floor(N: int, k: int, samples: int, draws: int = 1, image=(3, 32, 32), seed: int = 0) -> float:
+def conv_floor(
+    N: int, k: int, samples: int, draws: int = 1, image=(3, 32, 32), seed: int = 0, channels_last=False
+) -> float:
     """The WRN's unavoidable work for ``draws`` weight draws (each: draw the kernels, forward,
-    autograd for the states' gradients, norms); returns seconds."""
+    autograd for the states' gradients, norms); returns seconds.  ``channels_last``: the input
+    and the kernels in torch.channels_last memory format (then every activation and gradient is
+    too), the layout sigprop's walker holds conv states in -- the floor of the same kernels."""
     import torch.nn.functional as F
 
     from sigprop import inits, plans
@@ -109,10 +115,13 @@ def conv_floor(N: int, k: int, samples: int, draws: int = 1, image=(3, 32, 32), 
     def kernel(st):
         w = orthogonalize(torch.randn(st.role.fan_out, st.role.fan_in, generator=gen))
         w = w * inits.proposed_gain_sq(st.role) ** 0.5
-        return w.reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
+        w = w.reshape(st.role.fan_out, st.shape_in[0], st.kernel, st.kernel)
+        return w.contiguous(memory_format=torch.channels_last) if channels_last else w
 
     t0 = time.perf_counter()
     x = torch.randn(samples, *image, generator=gen)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
     for _ in range(draws):
         stem = tree[1]
         blocks = [it for it in tree[3:] if isinstance(it, tuple)]
@@ -145,10 +154,11 @@ def conv_floor(N: int, k: int, samples: int, draws: int = 1, image=(3, 32, 32), 
 
 
 def conv_main(N: int, k: int, samples: int, draws: int, rounds: int = 5) -> None:
-    """Cold and warm calls of sigprop (``api.probe``: walks, statistics, theory) and of the floor
-    in this process, interleaved: the first call of each is its cold one; every later round
-    times both back to back and the warm ratio is the median [min-max] of the rounds' ratios
-    (this machine's speed drifts by 10-20% over minutes)."""
+    """Cold and warm calls of sigprop (``api.probe``: walks, statistics, theory) and of the two
+    floors -- PyTorch's default layout (NCHW, the plain script of issue 28) and channels last
+    (the layout sigprop's convs run in) -- in this process, interleaved: the first call of each
+    is its cold one; every later round times the three back to back and a warm ratio is the
+    median [min-max] of the rounds' ratios (this machine's speed drifts by 10-20% over minutes)."""
     from sigprop import api, specs
 
     spec = api.spec("wrn", blocks=N, widen=k, inits="proposed")
@@ -159,15 +169,19 @@ def conv_main(N: int, k: int, samples: int, draws: int, rounds: int = 5) -> None
         api.probe(spec, probe)
         return time.perf_counter() - t0
 
-    pairs = [(sigprop_call(), conv_floor(N, k, samples, draws)) for _ in range(rounds)]
-    (s0, f0), warm = pairs[0], sorted(s / f for s, f in pairs[1:])
-    best_s, best_f = min(s for s, _ in pairs[1:]), min(f for _, f in pairs[1:])
+    floor_cl = lambda: conv_floor(N, k, samples, draws, channels_last=True)
+    runs = [(sigprop_call(), conv_floor(N, k, samples, draws), floor_cl()) for _ in range(rounds)]
     print(
         f"WRN N={N} k={k} samples={samples} draws={draws}, {torch.get_num_threads()} threads: "
-        f"cold sigprop {s0:.2f} s / floor {f0:.2f} s = {s0 / f0:.2f}; "
-        f"warm sigprop {best_s:.2f} s / floor {best_f:.2f} s (best), "
-        f"ratio {warm[len(warm) // 2]:.2f} [{warm[0]:.2f}-{warm[-1]:.2f}] over {rounds - 1} rounds"
+        f"sigprop cold {runs[0][0]:.2f} s, warm {min(r[0] for r in runs[1:]):.2f} s (best)"
     )
+    for j, name in ((1, "floor (NCHW)"), (2, "floor (channels last)")):
+        warm = sorted(r[0] / r[j] for r in runs[1:])
+        print(
+            f"  {name}: cold {runs[0][j]:.2f} s, ratio {runs[0][0] / runs[0][j]:.2f}; warm "
+            f"{min(r[j] for r in runs[1:]):.2f} s (best), ratio {warm[len(warm) // 2]:.2f} "
+            f"[{warm[0]:.2f}-{warm[-1]:.2f}] over {rounds - 1} rounds"
+        )
 
 
 def main() -> None:

@@ -378,14 +378,16 @@ def _within_kernel_rounding(path: str, a, b) -> bool:
 
 def _relative(path: str, a, b) -> float:
     """How far a leaf moved, relative (for a log10 value: the absolute change in decades, times
-    ln 10, the relative change of the ratio it stands for; for the engine's ln arrays the
-    absolute change); inf for a leaf that is not a number."""
+    ln 10, the relative change of the ratio it stands for; for the engine's ln arrays and for a
+    mean cosine the absolute change); inf for a leaf that is not a number."""
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
         return float("inf")
     if path.split(".")[-1].startswith("log10"):
         return abs(a - b) * math.log(10)
     if path.startswith("engine."):  # the walker's raw arrays are natural logs of ratios
         return abs(a - b)
+    if ".correlation[" in path and path.split(".")[-1] in ("mean", "end_mean"):
+        return abs(a - b)  # a cosine: its rounding is absolute (of rows of norm 1), near 0 as anywhere
     return abs(a - b) / max(abs(a), abs(b), 1e-300)
 
 

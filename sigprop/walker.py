@@ -46,7 +46,7 @@ from sigprop.inits import InitScheme, LayerRole
 from sigprop.kernels import device, replay, sampling
 from sigprop.kernels import logspace as ls
 from sigprop.kernels.logspace import LayerParams
-from sigprop.kernels.ops import ConvOp, DenseOp
+from sigprop.kernels.ops import ConvOp, DenseOp, channels_last
 
 #: training-mode batch norm's eps (torch.nn.BatchNorm's default)
 BN_EPS = 1e-5
@@ -204,6 +204,10 @@ def walk(
     if runner is None or scheme.standardizes or not all(u.replayable for u in units):
         runner = replay.Eager()
     w = Walk(units, scheme, space, x, seed, draws, stream, runner, keep=e is not None)
+    # a conv state's rows are held channels last (kernels/ops.py ConvOp): the input and the error
+    # vectors converted once; a norm or cosine of a row does not depend on its units' order
+    x = channels_last(x, units[0].shape_in)
+    e = None if e is None else channels_last(e, units[-1].shape_out)
     first = 0 if record_input else 1
     entries = len(units) + int(record_input)
     for obs in observers:
@@ -361,6 +365,10 @@ class DenseLayer:
 
     # -- the unit as a differentiable function (the curvature, the oracle) -------------------
     @property
+    def shape_in(self) -> tuple:
+        return self.op.shape_in
+
+    @property
     def shape_out(self) -> tuple:
         return self.op.shape_out
 
@@ -460,7 +468,7 @@ class ResidualBlock:
     """h' = S h + alpha F(h) (Arpit et al. 2019, eq. 6): the branch's layers (``ops``: dense or
     conv, a ReLU after those flagged in ``relus``) and the skip (identity, or a projection layer)
     from the same (u, c), summed in log space with the larger exponent factored out
-    (``kernels.logspace.combine``).  Backward (Arpit et al. 2019, eq. 54-63): d = S^T d' + alpha J_F^T d',
+    (``kernels.logspace.combine_``).  Backward (Arpit et al. 2019, eq. 54-63): d = S^T d' + alpha J_F^T d',
     J_F^T the branch's layers transposed with their masks.  ``layer_ids``: the generator ids of
     the branch layers and (last) the projection, unique over the net and the same for every init."""
 
@@ -494,16 +502,17 @@ class ResidualBlock:
         out, bu, bc, su, sc = {}, u, c, u, c
         for j, op in enumerate(self.ops):
             p = w.sample(op.role, self.slot_ids[j], None if v_outs is None else v_outs[j])
-            if j < self.k:  # inner layers unnormalised: the sum below is normalised once
-                bu, bc, mask, p = op.forward(p, bu, bc, self.relus[j], w.calibrate, j == self.k - 1)
+            if j < self.k:  # the branch unnormalised: its norm is read once, the sum normalised once
+                bu, bc, mask, p = op.forward(p, bu, bc, self.relus[j], w.calibrate, normalized=False)
                 if mask is not None:
                     out[f"packed{j}"] = ls.pack_mask(mask)
             else:
                 su, sc, _, p = op.forward(p, u, c, False, w.calibrate)
             out.update({f"v{j}": p.v, f"g{j}": p.g, f"bias{j}": p.bias, f"scale{j}": p.scale})
-        fb = bc + (math.log(self.alpha) if self.alpha > 0 else -math.inf)
+        fc = bc + (math.log(self.alpha) if self.alpha > 0 else -math.inf)  # alpha F(h) = exp(fc) bu
+        fb = fc + ls.ln_rows(bu)
         out["branch"] = fb - c
-        out["u"], out["c"] = ls.combine(sc, su, fb, bu)
+        out["u"], out["c"] = ls.combine_(sc, su, fc, bu, fb)
         return out
 
     def _backward(self, d, acc, w: Walk, **t):
@@ -518,11 +527,14 @@ class ResidualBlock:
         if self.alpha != 0.0:
             z = d
             for j in range(k - 1, -1, -1):
-                z = self.ops[j].vjp(layer(j), z)
+                p = layer(j)
+                if j == k - 1:  # alpha folded into the top layer's per-row scale: no pass for it
+                    p.scale = p.scale * self.alpha
+                z = self.ops[j].vjp(p, z)
                 if j > 0 and self.relus[j - 1]:
                     z = z.mul_(ls.mask_of(t[f"packed{j - 1}"], z.shape[-1], z.dtype))
-            y = y + self.alpha * z
-        d, ln_norm = ls.normalize(y)
+            y = z.add_(y)  # z: the branch's own temporary
+        d, ln_norm = ls.normalize(y, inplace=y is not d)
         return {"d": d, "acc": acc + ln_norm}
 
     def forward(self, w: Walk, index: int, state: dict):
@@ -563,6 +575,10 @@ class ResidualBlock:
             inputs,
             w.reseeder(self) if w.stream else _no_reseed,
         )
+
+    @property
+    def shape_in(self) -> tuple:
+        return self.ops[0].shape_in
 
     @property
     def shape_out(self) -> tuple:
@@ -665,6 +681,10 @@ class BNLayer:
         )
 
     @property
+    def shape_in(self) -> tuple:
+        return (self.role.fan_in,)
+
+    @property
     def shape_out(self) -> tuple:
         return (self.role.fan_out,)
 
@@ -720,7 +740,7 @@ class BNConvUnit:
         out, Z, (S, N) = {}, X, X.shape[:2]
         for j, op in enumerate(self.ops):
             p = w.sample(op.role, self.slot_ids[j], None if v_outs is None else v_outs[j])
-            Y, sd, _, _ = ls.bn(op.conv(p.v, X if j == len(self.convs) else Z), self.eps, dims=(1, 3))
+            Y, sd, _, _ = ls.bn(op.conv(p.v, X if j == len(self.convs) else Z), self.eps, dims=(1, 2))
             out.update(
                 {
                     f"Y{j}": Y,
@@ -751,7 +771,7 @@ class BNConvUnit:
             dY = D.reshape(Y.shape)
             if j < len(self.convs) and op.step.relu:
                 dY = dY * (Y > 0)
-            return op.conv_t(v, ls.bn_backward(dY, Y, t[f"s{j}"], dims=(1, 3)))
+            return op.conv_t(v, ls.bn_backward(dY, Y, t[f"s{j}"], dims=(1, 2)))
 
         z = G
         for j in range(len(self.convs) - 1, -1, -1):
@@ -789,6 +809,10 @@ class BNConvUnit:
             inputs,
             w.reseeder(self) if w.stream else _no_reseed,
         )
+
+    @property
+    def shape_in(self) -> tuple:
+        return self.ops[0].shape_in
 
     @property
     def shape_out(self) -> tuple:

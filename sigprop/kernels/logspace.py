@@ -159,12 +159,16 @@ def transpose(v: torch.Tensor) -> torch.Tensor:
 mm = torch.matmul
 
 
-def combine(sc, su, fb, fu):
-    """exp(sc) su + exp(fb) fu in log space: (unit rows, ln-norms).  Either term may be -inf."""
+def combine_(sc, su, fc, fu, fb):
+    """exp(sc) su + exp(fc) fu in log space, written into ``fu`` (a temporary): (unit rows,
+    ln-norms).  su: unit rows (or zero); fu: any rows, exp(fc) fu of ln-norm ``fb``.  The larger
+    ln-norm M = max(sc, fb) is factored out, so both coefficients applied are <= 1 relative to
+    their rows' norms: nothing overflows.  Either term may be -inf.  Two passes over the rows and
+    the normalisation's two, no allocation of their size."""
     M = torch.maximum(sc, fb)
     M = torch.where(torch.isfinite(M), M, torch.zeros_like(M))
-    y = col(sc - M, su.dtype) * su + col(fb - M, su.dtype) * fu
-    u, ln_norm = normalize(y)
+    y = fu.mul_(col(fc - M, fu.dtype)).addcmul_(su, col(sc - M, fu.dtype))
+    u, ln_norm = normalize(y, inplace=True)
     return u, M + ln_norm
 
 

@@ -30,8 +30,8 @@ def _activate(a: torch.Tensor, m: torch.Tensor, relu: bool, normalized: bool) ->
     """A layer's output from its pre-activations ``a`` (the layer's own temporary) at ln-scale
     ``m``: (rows, ln-scale, ReLU mask or None), the rows unit-normalised unless ``normalized`` is
     False (a residual branch's inner layers)."""
-    mask = a > 0 if relu else None
     a = torch.relu_(a) if relu else a
+    mask = a.bool() if relu else None  # = (a > 0) before the ReLU; bool() of the output is 3x faster
     if not normalized:
         return a, m, mask
     u, ln_norm = normalize(a, inplace=True)
@@ -52,7 +52,7 @@ class DenseOp:
         self.step = step
         self.role = step.role
         self.units_in, self.units_out = self.role.fan_in, self.role.fan_out
-        self.shape_out = (self.units_out,)
+        self.shape_in, self.shape_out = (self.units_in,), (self.units_out,)
 
     def key(self, by_block_index: bool):
         """What a replayed step's identity depends on (kernels/replay.py)."""
@@ -95,31 +95,48 @@ class DenseOp:
         return h @ weight(v, g).T + b
 
 
+def channels_last(rows: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """Rows [N, C H W] of images (C, H, W) in PyTorch's order as the walker holds a conv's
+    state: [N, H W C], channels last (``ConvOp``); rows of any other shape as they are."""
+    if len(shape) != 3:
+        return rows
+    C, H, W = shape
+    return rows.reshape(rows.shape[0], C, H, W).permute(0, 2, 3, 1).reshape(rows.shape[0], -1)
+
+
 class ConvOp(DenseOp):
-    """A k x k convolution (``plans.Conv``: zero padding, stride) in the same log space: the
-    state rows are the C x H x W units flattened; the S draws run as S groups of one grouped conv
-    (input [N, S C, H, W], weights [S c_out, C, k, k]), so one kernel serves every draw.  WN is
-    the per-row scale (a row: one output channel's c_in k^2 kernel entries); a data-dependent
-    init standardises each channel over the batch and the positions.  The transpose is the
-    conv's input gradient (``torch.nn.grad.conv2d_input``)."""
+    """A k x k convolution (``plans.Conv``: zero padding, stride) in the same log space.  The
+    state rows are an image's C x H x W units flattened channels last (H W C: the walk converts
+    its input and error vectors, ``channels_last``), so that a row block [N, H W C] is, without a
+    copy, the channels-last tensor [N, C, H, W] that oneDNN's convolutions run fastest on (2-3x
+    at 16 channels, 20% at 64: docs/benchmarks.md); the output comes back channels last as well.
+    On a CPU the S draws run one at a time (``_per_draw``); on a GPU as S groups of one grouped
+    conv (input [N, S C, H, W], weights [S c_out, C, k, k]), so one kernel serves every draw.
+    WN is the per-row scale (a row: one output channel's c_in k^2 kernel entries, the order of
+    ``shape_in``); a data-dependent init standardises each channel over the batch and the
+    positions.  The transpose is the conv's input gradient (``conv_transpose2d`` on a CPU,
+    ``torch.nn.grad.conv2d_input`` on a GPU).  ``apply`` -- the unit as a function, for the
+    oracle and the curvature -- keeps PyTorch's order (C H W)."""
 
     def __init__(self, step) -> None:
         super().__init__(step)
         self.units_in, self.units_out = math.prod(step.shape_in), math.prod(step.shape_out)
-        self.shape_out = step.shape_out
+        self.shape_in, self.shape_out = step.shape_in, step.shape_out
 
     def key(self, by_block_index: bool):
         return replace(self.step, role=super().key(by_block_index))
 
     def _per_draw(self, x: torch.Tensor, v: torch.Tensor, transposed: bool) -> torch.Tensor:
-        """One conv (or its transpose) per draw (CPU).  One draw's output is a view of its conv's
-        (no copy); several are stacked, a copy of all of them (oneDNN has no strided ``out=``: the
-        out variant computes into a buffer and copies too), which is why a CPU walk runs its
-        draws one at a time (``run``).  The transposed conv took half the time of
-        ``conv2d_input``'s backward kernel in oneDNN (benchmarks/floor.py conv)."""
+        """One conv (or its transpose) per draw (CPU), rows [S, N, units] channels last in and
+        out.  One draw's output is a view of its conv's (no copy); several are stacked, a copy of
+        all of them (oneDNN has no strided ``out=``: the out variant computes into a buffer and
+        copies too), which is why a CPU walk runs its draws one at a time (``run``).  The
+        transposed conv took half the time of ``conv2d_input``'s backward kernel in oneDNN
+        (benchmarks/floor.py conv)."""
         st, (S, N) = self.step, x.shape[:2]
         (C, H, W), (Ho, Wo) = st.shape_in, st.out_hw()
         co = self.role.fan_out
+        image = lambda r, c, h, w: r.reshape(N, h, w, c).permute(0, 3, 1, 2)  # channels-last view
         if transposed:  # output_padding: the input size that the strided conv maps onto Ho x Wo
             pad = (
                 H - ((Ho - 1) * st.stride - 2 * st.padding + st.kernel),
@@ -127,7 +144,7 @@ class ConvOp(DenseOp):
             )
             outs = [
                 F.conv_transpose2d(
-                    x[s].reshape(N, co, Ho, Wo),
+                    image(x[s], co, Ho, Wo),
                     self.kernel(v[s]),
                     stride=st.stride,
                     padding=st.padding,
@@ -137,68 +154,67 @@ class ConvOp(DenseOp):
             ]
         else:
             outs = [
-                F.conv2d(x[s].reshape(N, C, H, W), self.kernel(v[s]), stride=st.stride, padding=st.padding)
+                F.conv2d(image(x[s], C, H, W), self.kernel(v[s]), stride=st.stride, padding=st.padding)
                 for s in range(S)
             ]
+        # channels last back to rows: a view of a channels-last output (a copy of any other)
+        outs = [o.permute(0, 2, 3, 1).reshape(N, -1) for o in outs]
         return outs[0].unsqueeze(0) if S == 1 else torch.stack(outs)
+
+    def _grouped(self, x: torch.Tensor, v: torch.Tensor, transposed: bool) -> torch.Tensor:
+        """The S draws as S groups of one grouped conv (or its input gradient) in PyTorch's order
+        (GPU: channels last is not measured there), rows [S, N, units] channels last in and out:
+        one transposing copy each way."""
+        st, (S, N) = self.step, x.shape[:2]
+        (C, H, W), (Ho, Wo) = st.shape_in, st.out_hw()
+        co = self.role.fan_out
+        kernels = v.reshape(S * co, C, st.kernel, st.kernel)
+        if transposed:
+            g = x.reshape(S, N, Ho, Wo, co).permute(1, 0, 4, 2, 3).reshape(N, S * co, Ho, Wo)
+            y = torch.nn.grad.conv2d_input(
+                (N, S * C, H, W), kernels, g, stride=st.stride, padding=st.padding, groups=S
+            )
+        else:
+            xs = x.reshape(S, N, H, W, C).permute(1, 0, 4, 2, 3).reshape(N, S * C, H, W)
+            y = F.conv2d(xs, kernels, stride=st.stride, padding=st.padding, groups=S)
+        return y.reshape(N, S, y.shape[1] // S, -1).permute(1, 0, 3, 2).reshape(S, N, -1)
 
     def conv(self, v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         """The conv of rows X [S, N, units_in] with the directions v [S, c_out, c_in k^2] as
-        kernels: [S, N, c_out, H' W'].  On a GPU one grouped conv serves the S draws; on a CPU one
+        kernels: [S, N, H' W', c_out].  On a GPU one grouped conv serves the S draws; on a CPU one
         conv per draw (oneDNN's grouped conv was 15% slower than the S convs, and its layout cost
         a transposing copy each way)."""
-        st, (S, N) = self.step, X.shape[:2]
-        C, H, W = st.shape_in
-        co = self.role.fan_out
-        if not X.is_cuda:
-            return self._per_draw(X, v, transposed=False).reshape(S, N, co, -1)
-        x = X.reshape(S, N, C, H, W).transpose(0, 1).reshape(N, S * C, H, W)
-        t = F.conv2d(
-            x, v.reshape(S * co, C, st.kernel, st.kernel), stride=st.stride, padding=st.padding, groups=S
-        )
-        return t.reshape(N, S, co, -1).transpose(0, 1)
+        S, N = X.shape[:2]
+        rows = self._grouped(X, v, False) if X.is_cuda else self._per_draw(X, v, transposed=False)
+        return rows.reshape(S, N, -1, self.role.fan_out)
 
     directions = conv
 
     def conv_t(self, v: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-        """The transpose of ``conv`` (its input gradient) applied to G [S, N, c_out, H' W']: [S, N,
-        units_in]."""
-        st, (S, N) = self.step, G.shape[:2]
-        C, H, W = st.shape_in
-        co = self.role.fan_out
-        if not G.is_cuda:
-            return self._per_draw(G, v, transposed=True).reshape(S, N, self.units_in)
-        g = G.transpose(0, 1).reshape(N, S * co, *st.out_hw())
-        y = torch.nn.grad.conv2d_input(
-            (N, S * C, H, W),
-            v.reshape(S * co, C, st.kernel, st.kernel),
-            g,
-            stride=st.stride,
-            padding=st.padding,
-            groups=S,
-        )
-        return y.reshape(N, S, self.units_in).transpose(0, 1)
+        """The transpose of ``conv`` (its input gradient) applied to G [S, N, H' W', c_out]: [S, N,
+        units_in], channels last."""
+        S, N = G.shape[:2]
+        rows = self._grouped(G, v, True) if G.is_cuda else self._per_draw(G, v, transposed=True)
+        return rows.reshape(S, N, self.units_in)
 
     def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None, normalized: bool = True):
-        """As the dense layer's (``normalized`` too), the rows' units channels x positions."""
+        """As the dense layer's (``normalized`` too), the rows' units positions x channels."""
         S, N = u.shape[:2]
         if calibrate is not None:  # per channel over the batch and the positions: [S, N H' W', c_out]
             t = self.conv(p.v, u)
             vnorm = torch.linalg.vector_norm(p.v, dim=-1)
-            t_true = (
-                (col(c, t.dtype)[..., None] * t / vnorm[:, None, :, None])
-                .transpose(-1, -2)
-                .reshape(S, -1, self.role.fan_out)
+            t_true = (col(c, t.dtype)[..., None] * t / vnorm[:, None, None, :]).reshape(
+                S, -1, self.role.fan_out
             )
             p = sampling.calibrate_batch(calibrate, p, t_true)
-            a = t * p.scale[:, None, :, None]
+            a = t * p.scale[:, None, None, :]
         else:  # WN's per-row scale folded into the kernels: no pass over the activations for it
             a = self.conv(self.scaled(p), u)
         if p.bias is not None:  # as the dense layer: exp(m) (exp(c - m) scale t + exp(-m) b), m = max(c, 0)
             m = torch.clamp(c, min=0.0)
             a = (
                 a * torch.exp(c - m).to(a.dtype)[..., None, None]
-                + torch.exp(-m).to(a.dtype)[..., None, None] * p.bias[:, None, :, None]
+                + torch.exp(-m).to(a.dtype)[..., None, None] * p.bias[:, None, None, :]
             )
         else:
             m = c
@@ -210,7 +226,7 @@ class ConvOp(DenseOp):
 
     def vjp(self, p: LayerParams, d: torch.Tensor) -> torch.Tensor:
         S, N = d.shape[:2]
-        return self.conv_t(self.scaled(p), d.reshape(S, N, self.role.fan_out, -1))
+        return self.conv_t(self.scaled(p), d.reshape(S, N, -1, self.role.fan_out))
 
     def kernel(self, w: torch.Tensor) -> torch.Tensor:
         """Rows [c_out, c_in k^2] as conv2d's kernel [c_out, c_in, k, k]."""
