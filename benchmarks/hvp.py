@@ -65,8 +65,8 @@ def main() -> None:
             per_sigprop, calls = sigprop_products()
             per_floor = floor_products(calls)
         else:
-            per_floor = floor_products(10)
-            per_sigprop, _ = sigprop_products()
+            per_floor = floor_products(calls)  # as many products as the round before
+            per_sigprop, calls = sigprop_products()
         ratios.append((per_sigprop / per_floor, per_sigprop, per_floor))
     ratios.sort()
     r, s, f = ratios[len(ratios) // 2]
