@@ -129,6 +129,21 @@ def load(path, shape, classes: int) -> Data:
     return Data(x.reshape(x.shape[0], -1).astype(np.float64), y.astype(np.int64), str(p))
 
 
+def inputs(data: Data, device, dtype) -> torch.Tensor:
+    """x as the run's tensor [N, prod(shape)] in ``dtype``, checked finite after the cast: a file
+    that is finite in float64 can overflow float32 (|x| > 3.4e38), and the run must not see inf."""
+    x = torch.as_tensor(data.x, device=device, dtype=dtype)
+    finite = torch.isfinite(x).all(dim=1)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        largest = float(np.abs(data.x).max())
+        raise _refuse(
+            f"{data.path}: x overflows {str(dtype).replace('torch.', '')} in {bad} of its {data.count} "
+            f"samples (largest |x| {largest:.3g}): rescale it, or run in float64 (--dtype float64)"
+        )
+    return x
+
+
 def take(data: Data, samples: int | None) -> Data:
     """The first ``samples`` of the data (None: all); more than the data holds is refused."""
     if samples is None or samples == data.count:

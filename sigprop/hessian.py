@@ -54,6 +54,9 @@ class Model:
     units: list
     params: dict
     loss: Callable = field(repr=False)
+    #: a model's parameters that do not reach the loss (a head its forward never calls, a side
+    #: output): left out of the Hessian, named
+    left_out: list = field(default_factory=list)
 
 
 def build(steps, scheme, space: str, x: torch.Tensor, seed: int, draw: int, head: str = "pytorch") -> Model:
@@ -103,12 +106,15 @@ def build(steps, scheme, space: str, x: torch.Tensor, seed: int, draw: int, head
 MODEL_HEAD = "(head)"
 
 
-def build_module(model: torch.nn.Module, x: torch.Tensor, seed: int, draw: int) -> Model:
+def build_module(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int, draw: int) -> Model:
     """A user's model (the module kind, already drawn, initialised and prepared) as the loss's
-    function: every parameter of the model (a layer's together, ``modules.trainable``; weight
-    normalization written out, ``modules.exact_weight_norm``, for a symmetric Hessian), its
-    forward by ``torch.func.functional_call``, its output (``modules.output_tensor``) flattened
-    into the 10-way head -- PyTorch's default nn.Linear, as for sigprop's own nets."""
+    function: every parameter of the model that reaches the loss (a layer's together,
+    ``modules.trainable``; weight normalization written out, ``modules.exact_weight_norm``, for a
+    symmetric Hessian), its forward by ``torch.func.functional_call``, its output
+    (``modules.output_tensor``) flattened into the 10-way head -- PyTorch's default nn.Linear, as
+    for sigprop's own nets.  A parameter the loss does not depend on (one gradient pass on two
+    samples finds no path: a module the forward never calls, a side output) is left out of the
+    Hessian and named in ``left_out`` -- its rows and columns would be zero."""
     modules.exact_weight_norm(model)
     own = {n: p.detach() for n, p in modules.trainable(model).items()}
     with torch.no_grad():
@@ -116,14 +122,32 @@ def build_module(model: torch.nn.Module, x: torch.Tensor, seed: int, draw: int) 
     head = _head(
         inits.INITS["pytorch"], False, LayerRole(width, CLASSES, "linear"), seed, draw, x.device, x.dtype
     )
-    params = {**own, **{f"{MODEL_HEAD}.{k.split('.', 1)[1]}": v for k, v in head.items()}}
+    head = {f"{MODEL_HEAD}.{k.split('.', 1)[1]}": v for k, v in head.items()}
 
     def loss(p: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        y = modules.output_tensor(torch.func.functional_call(model, {n: p[n] for n in own}, (xb,)))
-        logits = y.reshape(y.shape[0], -1) @ p[f"{MODEL_HEAD}.v"].T + p[f"{MODEL_HEAD}.b"]
+        out = modules.output_tensor(
+            torch.func.functional_call(model, {n: p.get(n, own[n]) for n in own}, (xb,))
+        )
+        logits = out.reshape(out.shape[0], -1) @ p[f"{MODEL_HEAD}.v"].T + p[f"{MODEL_HEAD}.b"]
         return F.cross_entropy(logits, yb)
 
-    return Model([], params, loss)
+    probe = {n: t.clone().requires_grad_(True) for n, t in own.items() if t.is_floating_point()}
+    with torch.enable_grad():
+        grads = torch.autograd.grad(
+            loss({**own, **probe, **head}, x[:2], y[:2]), list(probe.values()), allow_unused=True
+        )
+    left_out = [n for n, g in zip(probe, grads) if g is None]
+    params = {**{n: t for n, t in own.items() if n not in left_out}, **head}
+    return Model([], params, loss, left_out)
+
+
+def left_out_note(init: str, names: list[str]) -> str:
+    """The parameters the curvature left out (``build_module``), in words."""
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return (
+        f"init {init!r}: {len(names)} parameter(s) do not reach the loss and are left out of the Hessian "
+        f"(their rows would be zero): {shown}"
+    )
 
 
 def _head(scheme, normalized: bool, role: LayerRole, seed: int, draw: int, device, dtype) -> dict:

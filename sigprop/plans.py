@@ -473,8 +473,11 @@ class GraphNode:
       ``backward_cross`` the mean entry of A^T A off its diagonal;
     * ``maxpool`` (``pool`` elements a window after a nondecreasing activation ``fn`` -- or
       none, the input itself Gaussian --), ``backward`` = numel_out/numel_in;
-    * ``add``, ``cat`` (``shares`` of the units), ``scale`` (times c, ``forward`` = c^2),
-      ``identity``, ``input``, ``output``, ``const``;
+    * ``add`` (two independent summands: the trace makes ``h + c h`` a ``scale`` and names a
+      sum whose summands share a node without a weight layer between), ``cat`` (``shares`` of
+      the units), ``scale`` (times c, ``forward`` = c^2), ``offset`` (plus a constant: ``bias``
+      its mean, ``forward`` its mean square; a sample-independent shift), ``identity``,
+      ``input``, ``output``, ``const``;
     * ``unknown``: no map (``why`` names the op): measured only, from there on.
     """
 
@@ -712,6 +715,9 @@ def predict_graph(
         elif nd.op == "scale":
             c2 = nd.forward
             st[i] = [_Seg(s.w, c2 * s.q, math.sqrt(c2) * s.m, c2 * s.k, s.p) for s in src]
+        elif nd.op == "offset":  # h + c, c a constant (mean c-bar = bias, mean square = forward)
+            c, c2 = nd.bias, nd.forward
+            st[i] = [_Seg(s.w, s.q + 2 * s.m * c + c2, s.m + c, s.k + 2 * s.m * c + c2, None) for s in src]
         elif nd.op == "cat" and len(nd.shares) == len(ins):
             st[i] = [_Seg(share * s.w, s.q, s.m, s.k, s.p) for share, j in zip(nd.shares, ins) for s in st[j]]
         elif nd.op in ("identity", "output"):
@@ -805,7 +811,7 @@ def predict_graph(
             elif nd.op == "cat":
                 part = _split(list(range(len(g))), [st[x] for x in nd.inputs])[pos]
                 give(j, [g[t] for t in part], i)
-            else:  # add, identity, output: each input element's gradient is the output's
+            else:  # add, offset, identity, output: each input element's gradient is the output's
                 same = nd.shape == nodes[j].shape
                 give(j, [(r, rk, p if same else None) for r, rk, p in g], i)
     q = [None if s is None else sum(x.w * x.q for x in s) for s in st]

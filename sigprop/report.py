@@ -129,9 +129,11 @@ def run_table(run: RunResult, units: str = "n_l") -> Table:
             _mean_std(f),
             _value(f.rms, f.log10_rms),
             _theory_cell(f),
-            _mean_std(b),
-            _value(b.rms, b.log10_rms),
-            _theory_cell(b),
+            *(
+                ("off path", "—", "—")
+                if r.off_path
+                else (_mean_std(b), _value(b.rms, b.log10_rms), _theory_cell(b))
+            ),
         )
     return t
 
@@ -354,7 +356,7 @@ def spread_line(run: RunResult, draws: int, envelope: bool = False) -> str:
     draws; with one, the theory's sd of the log ratio (docs/theory.md §4, "Across draws"),
     which the across-draw spread approaches at depth -- or, ``envelope`` (the conv nets' law,
     §11), an upper envelope of it, said as such."""
-    s = run.layers[-1].forward
+    s = run.end_rows[0].forward
     theory_sd = s.log10_std_predicted
     envelope_words = "the conv nets' upper envelope, docs/theory.md §11"
     said, about, measured_beside = (
@@ -412,6 +414,8 @@ def render_table(result: ProbeResult, console: Console) -> None:
         console.print(f"[yellow]theory: {escape(note)}[/yellow]", soft_wrap=True)
     for note in result.config.get("init_notes") or ():  # what an init could not set, said once
         console.print(f"[yellow]{escape(note)}[/yellow]", soft_wrap=True)
+    for note in result.config.get("site_notes") or ():  # the output read, sites left out or off its path
+        console.print(f"[yellow]sites: {escape(note)}[/yellow]", soft_wrap=True)
     console.print(f"[dim]{escape(hints.footer)}[/dim]", soft_wrap=True)
     for run in result.runs:
         console.print(
@@ -463,7 +467,7 @@ def render_sweep_summary(labels: Sequence[str], results: Sequence[ProbeResult], 
         t.add_column(name, justify="left" if name in ("configuration", "init") else "right")
     for label, result in zip(labels, results):
         for run in result.runs:
-            fwd, bwd = run.layers[-1].forward, run.layers[0].backward
+            fwd, bwd = run.end_rows[0].forward, run.end_rows[1].backward
             theory = "·" if run.agrees_with_theory is None else ("=" if run.agrees_with_theory else "≠")
             t.add_row(
                 escape(label),
@@ -510,6 +514,7 @@ def to_csv(result: ProbeResult) -> str:
     header += [f"cos_{c0:g}_{k}" for c0 in c0s for k in ("mean", "std", "predicted", "agrees")]
     measured = result.runs[0].measurements if result.runs else []
     header += [f"{m.name}_{c}" for m in measured for c in m.columns]
+    header += ["off_output_path"] if named else []
     w.writerow(header)
     for run in result.runs:
         for r_i, r in enumerate(run.layers):
@@ -526,6 +531,7 @@ def to_csv(result: ProbeResult) -> str:
                 row += ["" if v is None else v for v in (c.mean, c.std, c.predicted, c.agrees)]
             for m in run.measurements:
                 row += ["" if v is None else v for v in m.rows[r_i]]
+            row += [r.off_path] if named else []
             w.writerow(row)
     return buf.getvalue()
 
@@ -715,6 +721,13 @@ def hessian_table(result) -> Table:
     return t
 
 
+def model_notes(result, console: Console) -> None:
+    """A model's notes (the spectrum's and the curvature's): what an init left or assumed, which
+    output was read, the parameters the curvature left out."""
+    for note in result.config.get("model_notes") or ():
+        console.print(f"[yellow]{escape(note)}[/yellow]", soft_wrap=True, highlight=False)
+
+
 def render_hessian(result, console: Console) -> None:
     console.print(hessian_table(result))
     for run in result.runs:
@@ -728,6 +741,7 @@ def render_hessian(result, console: Console) -> None:
         console.print(
             f"{run.init}: log10 spectral norm {text} ({over}) [dim]— {escape(run.description)}[/dim]",
             highlight=False,
+            soft_wrap=True,
         )
     for run in result.runs:
         dens = [d.density for d in run.draws if d.density is not None]
@@ -740,6 +754,7 @@ def render_hessian(result, console: Console) -> None:
                 f"trace ≈ {fmt_num(statistics.fmean(q['trace'] for q in dens))} (--format json: every node "
                 "and weight; --plot draws it)",
                 highlight=False,
+                soft_wrap=True,
             )
     for run in result.runs:
         per = [d.blocks for d in run.draws if d.blocks]
@@ -756,6 +771,7 @@ def render_hessian(result, console: Console) -> None:
                 f"{run.init}: largest |eigenvalue| of each layer's diagonal block (mean over draws), the "
                 f"largest first: " + ", ".join(f"{name} {fmt_num(mean[name])}" for name in top) + more,
                 highlight=False,
+                soft_wrap=True,
             )
     done = [r for r in result.runs if not r.diverged]
     order = sorted(done, key=lambda r: r.summary()[0])
@@ -769,7 +785,9 @@ def render_hessian(result, console: Console) -> None:
                 else "; diverged: " + ", ".join(r.init for r in result.runs if r.diverged)
             ),
             highlight=False,
+            soft_wrap=True,
         )
+    model_notes(result, console)
     head = specs.HEADS.get(result.config.get("head", "pytorch"), "the head")
     parameters = kinds.get(result.command, field="result").hints.curvature_parameters.format(head=head)
     console.print(
@@ -844,7 +862,8 @@ def render_spectrum(result, console: Console) -> None:
     env = result.environment
     notes = sorted({run.why for run in result.runs if run.why})
     for why in notes:
-        console.print(f"theory: {escape(why)}", highlight=False)
+        console.print(f"theory: {escape(why)}", highlight=False, soft_wrap=True)
+    model_notes(result, console)
     inputs = "inputs from --data" if result.config.get("data") else "inputs x ~ N(0, I)"
     how = (
         f"exactly at {env['samples']} {inputs} per draw ({env['output_units']} × "
@@ -856,12 +875,9 @@ def render_spectrum(result, console: Console) -> None:
         f"quadrature ({env['products_per_sample']} products a sample; σ_min the smallest Ritz value, an "
         "upper bound)"
     )
+    hints = kinds.get(result.command, field="result").hints
     console.print(
         f"[dim]J = ∂h^L/∂x {how}; mean σ² = tr(J Jᵀ)/n_out = E‖Jᵀe‖²/‖e‖², the squared "
-        "backward ratio; theory (large width): mean ∏ g² E[φ'²]; var/mean² gains r·v + μ₂/μ₁² − 1 + "
-        "max(r − 1, 0) − s₁ min(r, 1) a layer (r = n_out/n_in) and (2a + a² v_A)/(1 + a)² an "
-        "identity-skip block (projections: §14) "
-        "(free probability: Pennington, Schoenholz & Ganguli 2018); a ReLU output's inactive units make "
-        "σ_min = 0 (docs/theory.md §14)[/dim]",
+        f"backward ratio; {escape(hints.spectrum_theory)}[/dim]",
         soft_wrap=True,
     )

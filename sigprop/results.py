@@ -184,11 +184,15 @@ class LayerRecord:
     correlation: list[CorrelationStats] = field(default_factory=list)
     #: the row's name where rows have names (a model's site, ``layer3.4``)
     name: str | None = None
+    #: a model's site that the output's gradient does not reach (a side head): no backward ratio,
+    #: read by no verdict
+    off_path: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"index": self.index, "width": self.width}
         if self.name is not None:
             d["site"] = self.name
+            d["off_output_path"] = self.off_path
         if self.resnet:
             d["stage"] = self.stage
         d["forward"] = self.forward.to_dict()
@@ -333,6 +337,15 @@ class RunResult:
     correlations: list[CorrelationSummary] = field(default_factory=list)
     #: one per plug-in observer (``--observe``; sigprop/observers/)
     measurements: list["Measurement"] = field(default_factory=list)
+    #: the rows the verdicts read (forward, backward), where not the last and the first (a model
+    #: whose last sites are off the output's path)
+    ends: tuple[int, int] | None = None
+
+    @property
+    def end_rows(self) -> tuple["LayerRecord", "LayerRecord"]:
+        """The rows whose end-to-end ratios the verdicts read: forward, backward."""
+        last, first = self.ends if self.ends is not None else (-1, 0)
+        return self.layers[last], self.layers[first]
 
     def verdict_checks(self, verdict: str) -> list[Check]:
         return [c for c in self.checks if c.verdict == verdict]
@@ -375,7 +388,7 @@ class RunResult:
         return self.verdict(self.gate) and all(c.passed for c in self.extra_checks())
 
     def __repr__(self) -> str:
-        end = self.layers[-1].forward if self.layers else None
+        end = self.end_rows[0].forward if self.layers else None
         typical = (
             ""
             if end is None or end.log10_mean is None
@@ -632,7 +645,7 @@ def _end_to_end(result: "ProbeResult") -> dict[str, Any]:
     """The end-to-end ratios of a one-init probe: forward at the last layer/state, backward at
     the first (read from the result records, not recomputed)."""
     run = result.runs[0]
-    pick = {"forward": run.layers[-1].forward, "backward": run.layers[0].backward}
+    pick = {"forward": run.end_rows[0].forward, "backward": run.end_rows[1].backward}
     return {
         k: {
             "mean": s.mean,

@@ -386,7 +386,7 @@ def _model_inputs(spec, samples: int, seed: int, device, dtype):
         x = xs[0] if len(xs) == 1 else xs
     elif spec.data is not None:  # the user's inputs, checked before anything is built
         d = data_mod.take(data_mod.load(spec.data, spec.input_shape, 2**62), samples)
-        x = torch.as_tensor(d.x, device=device, dtype=dtype).reshape(d.count, *spec.input_shape)
+        x = data_mod.inputs(d, device, dtype).reshape(d.count, *spec.input_shape)
     elif spec.vocab is None:  # N(0, I), one tensor per input the forward takes
         xs = tuple(
             torch.randn(samples, *shape, generator=gx, device=device, dtype=dtype) for shape in spec.shapes
@@ -397,14 +397,36 @@ def _model_inputs(spec, samples: int, seed: int, device, dtype):
     return x
 
 
+def _check_inputs_fit(spec, samples: int, itemsize: int, device, fields: str) -> None:
+    """Refuse, before the inputs are drawn, a model kind's inputs that cannot fit: ``samples`` rows
+    of every --input-shape, with the leaf outputs of at least that much again a few times over
+    (the floor of any forward and backward on them; ``survey`` measures the real cost later)."""
+    bound = samples * sum(math.prod(s) for s in spec.shapes) * itemsize * 4
+    dev.check_memory(bound, device, fields)
+
+
+def _model_draw(factory, scheme, init: str, seed: int, draw: int, device, dtype, calib, notes: list):
+    """One draw of a model kind's model, as the probe, the spectrum and the curvature all run it:
+    built under its seeded generator, the init applied (``modules.init_``; what it left and what
+    it assumed joins ``notes`` once), prepared (``modules.prepare``: no stochastic op, training-mode
+    normalisation) and its weights checked finite (one line, the same on every path)."""
+    model = modules.build(factory, seed, draw)
+    records = modules.init_(model, scheme, seed, draw, batch=calib)
+    notes += [n for n in modules.init_notes(init, records) if n not in notes]
+    model = modules.prepare(model, device, dtype)
+    modules.check_finite_weights(model, f"init {init!r}: the model's weights")
+    return model
+
+
 def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, extra) -> Measured:
     """A kind whose spec builds a ``torch.nn.Module`` (``Kind.engine == "model"``): per init and
     draw, build the model (its factory under a seeded generator), apply the init
     (``modules.init_``; ``as-is`` keeps the model's own), measure the sites with autograd on the
     shared inputs and output errors, then trace it and compose its moment maps
-    (``plans.predict_graph``) on that draw's weights.  Arrays per init: "fwd", "bwd" [S, E, N]
-    and the predictions "pred_fwd", "pred_bwd" [S, E] (ln of the RMS ratio, nan: no map); the
-    kind's plan learns the sites, their units, the finite-width spread and the notes."""
+    (``plans.predict_graph``) on that draw's weights.  Arrays per init: "fwd", "bwd" [S, E, N],
+    "reached" [S, E] (1 where the output's gradient reached the site) and the predictions
+    "pred_fwd", "pred_bwd" [S, E] (ln of the RMS ratio, nan: no map); the kind's plan learns the
+    sites, their units, the finite-width spread and the notes."""
     if extra:
         raise SigpropError(
             "plug-in measurements read sigprop's own walks, not a model's (yet)", field="observe"
@@ -420,6 +442,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     names = kind.inits(spec)
     schemes = [kind.scheme(spec, n) for n in names]
     _check_instance_draws(spec, names, probe_spec.seeds)
+    _check_inputs_fit(spec, probe_spec.samples, dev.itemsize(probe_spec.dtype), device, kind.fields)
     env = _environment(probe_spec, device, stream=False, batch=1)
     factory = spec.factory()
     x = _model_inputs(spec, probe_spec.samples, probe_spec.seed, device, dtype)
@@ -428,29 +451,27 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     total, done = len(names) * probe_spec.seeds, 0
     started = False
     arrays: dict[str, dict[str, np.ndarray]] = {}
+    # a data-dependent init calibrates on the probe's inputs (a chunk's worth with --batch-size)
+    calib = modules.rows(x, 0, spec.batch_size) if spec.batch_size else x
     for name, scheme in zip(names, schemes):
-        got: dict[str, list] = {"fwd": [], "bwd": [], "pred_fwd": [], "pred_bwd": []}
+        got: dict[str, list] = {k: [] for k in ("fwd", "bwd", "reached", "pred_fwd", "pred_bwd")}
         for draw in range(probe_spec.seeds):
-            model = modules.build(factory, probe_spec.seed, draw)
-            # a data-dependent init calibrates on the probe's inputs (a chunk's worth with --batch-size)
-            calib = modules.rows(x, 0, spec.batch_size) if spec.batch_size else x
-            records = modules.init_(model, scheme, probe_spec.seed, draw, batch=calib)
-            left = [f"{r.name} ({r.kind}: {r.note})" for r in records if not r.set]
-            if left and draw == 0:  # what the init could not set, said once per init
-                shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
-                plan.init_notes.append(f"init {name!r} left {len(left)} weight(s) as they were: {shown}")
-            model = modules.prepare(model, device, dtype)
-            if not plan.sites:
-                plan.sites = modules.resolve_sites(model, spec.sites)
+            model = _model_draw(
+                factory, scheme, name, probe_spec.seed, draw, device, dtype, calib, plan.init_notes
+            )
+            if not plan.sites:  # one forward of two samples: the input checked, the sites, the memory
+                seen = modules.survey(model, modules.rows(x, 0, 2), f"init {name!r}: the model")
+                plan.sites, plan.site_notes = modules.resolve_sites(model, spec.sites, seen.called)
+                if seen.output:
+                    plan.site_notes.insert(0, seen.output)
                 weights = sum(p.numel() * p.element_size() for p in model.parameters())
-                per_sample = modules.activation_bytes(model, modules.rows(x, 0, 2)) // min(
-                    2, probe_spec.samples
-                )
                 # the leaf outputs of the batch: 9.2 GiB estimated, 9.0 GiB peak measured for
                 # DenseNet121 at 3x224x224 with 64 samples (benchmarks/module.py)
                 rows = min(spec.batch_size or probe_spec.samples, probe_spec.samples)
-                dev.check_memory(weights + per_sample * rows, device, kind.fields, MODEL_MEMORY_HINT)
-            ln_f, ln_b, numels = modules.measure(model, x, e_seed, plan.sites, spec.batch_size)
+                dev.check_memory(weights + seen.per_sample * rows, device, kind.fields, MODEL_MEMORY_HINT)
+            ln_f, ln_b, numels, reached = modules.measure(
+                model, x, e_seed, plan.sites, spec.batch_size, f"init {name!r}: the model"
+            )
             if not started:  # the banner once the model has run: a model that cannot, says only why
                 started = True
                 if on_start is not None:
@@ -458,6 +479,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
             if not plan.entries:
                 plan.entries = list(numels)
             pf, pb = _model_prediction(model, x, plan, kind)
+            got["reached"].append(np.asarray(reached, dtype=np.float64))
             for k, v in (("fwd", ln_f), ("bwd", ln_b), ("pred_fwd", pf), ("pred_bwd", pb)):
                 got[k].append(v)
             done += 1
@@ -568,9 +590,7 @@ def _curvature_data(hs: specs.HessianSpec, shape, device, dtype):
         n = specs.HESSIAN_SAMPLES if hs.samples is None else hs.samples
         return H.data(hs.seed, n, shape, device, dtype)
     d = data_mod.take(data_mod.load(hs.data, shape, H.CLASSES), hs.samples)
-    return torch.as_tensor(d.x, device=device, dtype=dtype), torch.as_tensor(
-        d.y, device=device, dtype=torch.long
-    )
+    return data_mod.inputs(d, device, dtype), torch.as_tensor(d.y, device=device, dtype=torch.long)
 
 
 def curvature(
@@ -638,7 +658,8 @@ def _check_parameter_count(hs: specs.HessianSpec, counts: dict[str, int]) -> Non
 def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult:
     """The module kind: per init and draw, build the model and apply the init as the probe does,
     then the same estimators on the loss of ``hessian.build_module`` (every parameter of the
-    model and the 10-way head, the output flattened into it)."""
+    model that reaches the loss -- the others are named and left out -- and the 10-way head, the
+    output flattened into it)."""
     device = dev.resolve_device(hs.device)
     dtype = dev.DTYPES[hs.dtype]
     if hs.head != "pytorch":
@@ -653,30 +674,38 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
     names = kind.inits(spec)
     _check_instance_draws(spec, names, hs.seeds)
     shape = tuple(spec.shapes[0])
+    itemsize = dev.itemsize(hs.dtype)
+    if hs.data is None:  # synthetic inputs: refused before they are drawn when they cannot fit
+        samples = specs.HESSIAN_SAMPLES if hs.samples is None else hs.samples
+        _check_inputs_fit(spec, samples, itemsize, device, kind.fields)
     x, y = _curvature_data(hs, shape, device, dtype)
     x = x.reshape(x.shape[0], *shape)
     factory = spec.factory()
-    itemsize = dev.itemsize(hs.dtype)
     rows = min(x.shape[0], hs.batch_size or x.shape[0])
     env: dict = {}
+    notes: list[str] = []
     runs, total, done = [], len(names) * hs.seeds, 0
     for name in names:
         scheme = kind.scheme(spec, name)
         draws = []
         for draw in range(hs.seeds):
             t0 = time.perf_counter()
-            model = modules.build(factory, hs.seed, draw)
-            modules.init_(model, scheme, hs.seed, draw, batch=x[:rows])
-            model = modules.prepare(model, device, dtype)
-            m = H.build_module(model, x[:rows], hs.seed, draw)
+            model = _model_draw(factory, scheme, name, hs.seed, draw, device, dtype, x[:rows], notes)
+            if not env:  # one forward of two samples: the input checked before any product
+                seen = modules.survey(model, x[: min(2, rows)], f"init {name!r}: the model")
+                if seen.output:
+                    notes.append(seen.output)
+            m = H.build_module(model, x[:rows], y[:rows], hs.seed, draw)
+            if m.left_out:
+                note = H.left_out_note(name, m.left_out)
+                notes += [note] if note not in notes else []
             size = sum(p.numel() for p in m.params.values())
             if draw == 0:  # --top and --steps against this init's parameters
                 _check_parameter_count(hs, {name: size})
             if not env:  # the graph of the gradient, the parameters' vectors, the Lanczos bases
-                per_sample = modules.activation_bytes(model, x[: min(2, rows)]) // min(2, rows)
                 basis = max(H.LANCZOS_BASIS, hs.steps if hs.density else 0)
                 top_basis = H.arpack_basis(hs.top, size) if hs.top else 0
-                need = 8 * rows * per_sample + (6 + basis) * size * itemsize
+                need = 8 * rows * seen.per_sample + (6 + basis) * size * itemsize
                 host = top_basis * size * 8
                 env = _curvature_environment(
                     hs, device, int(x.shape[0]), need, host, kind.fields, size, top_basis
@@ -690,7 +719,13 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
             if progress is not None:
                 progress(done, total, f"{name}: draw {draw}")
         runs.append(CurvatureRun(name, kind.curvature_description(spec, scheme), draws))
-    config = {"command": kind.name, **spec.to_dict(), **hs.__dict__, "samples": int(x.shape[0])}
+    config = {
+        "command": kind.name,
+        **spec.to_dict(),
+        **hs.__dict__,
+        "samples": int(x.shape[0]),
+        "model_notes": notes,
+    }
     return HessianResult(kind.name, config, {"sigprop": __version__, **env}, runs)
 
 
@@ -872,7 +907,7 @@ def _pooled_histogram(path: str, pooled: list) -> dict:
 MODEL_JACOBIAN_CHUNK_BYTES = 2**30
 
 
-def _model_spectrum_mean(model, x: torch.Tensor) -> tuple[float | None, str]:
+def _model_spectrum_mean(model, x: torch.Tensor, n_out: int) -> tuple[float | None, str]:
     """The predicted mean sigma^2 of a model's J (``plans.predict_graph``, traced on this draw):
     r at the input, the gradient's second moment per element for an N(0, 1) error at the output,
     times n_in/n_out (per element to the total: E||J^T e||^2/||e||^2); or None and why."""
@@ -888,8 +923,6 @@ def _model_spectrum_mean(model, x: torch.Tensor) -> tuple[float | None, str]:
     r = next(pred.r[i] for i, nd in enumerate(nodes) if nd.op == "input")
     if r is None:
         return None, "no backward map reaches the input"
-    with torch.no_grad():
-        n_out = modules.output_tensor(model(x[:2]))[0].numel()
     return r * x[0].numel() / n_out, ""
 
 
@@ -907,36 +940,36 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
             "the spectrum against depth is measured for sigprop's own nets only",
             field="depths" if ss.depths else "at",
         )
+    if len(spec.shapes) != 1:
+        raise SigpropError(
+            f"the spectrum is taken in one input, and this forward takes {len(spec.shapes)}",
+            field="input_shape",
+        )
     names = kind.inits(spec)
     _check_instance_draws(spec, names, ss.seeds)
-    x = _model_inputs(spec, ss.samples, ss.seed, device, dtype)
-    if isinstance(x, tuple):
-        raise SigpropError(
-            f"the spectrum is taken in one input, and this forward takes {len(x)}", field="input_shape"
-        )
-    factory = spec.factory()
     itemsize = dev.itemsize(ss.dtype)
+    _check_inputs_fit(spec, ss.samples, itemsize, device, kind.fields)
+    x = _model_inputs(spec, ss.samples, ss.seed, device, dtype)
+    factory = spec.factory()
     n_in = x[0].numel()
     env: dict = {}
+    notes: list[str] = []
     runs, total, done = [], len(names) * ss.seeds, 0
     for name in names:
         scheme = kind.scheme(spec, name)
         draws, pooled, means = [], [], []
         for draw in range(ss.seeds):
-            model = modules.build(factory, ss.seed, draw)
-            modules.init_(model, scheme, ss.seed, draw, batch=x)
-            model = modules.prepare(model, device, dtype)
-            means.append(_model_spectrum_mean(model, x))
+            model = _model_draw(factory, scheme, name, ss.seed, draw, device, dtype, x, notes)
+            if not env:  # one forward of two samples: the input checked, the sizes, the path, the memory
+                seen = modules.survey(model, x[: min(2, ss.samples)], f"init {name!r}: the model")
+                n_out = seen.units
+                if seen.output:
+                    notes.append(seen.output)
+            means.append(_model_spectrum_mean(model, x, n_out))
             model = spectra.functional(model)
-            if not env:  # sizes from the first draw: the path, the memory, the banner
-                with torch.no_grad():
-                    n_out = modules.output_tensor(model(x[:2] if spectra.batch_dependent(model) else x[:1]))[
-                        0
-                    ].numel()
+            if not env:
                 rows = ss.samples if spectra.batch_dependent(model) else 1
-                per_output = (
-                    modules.activation_bytes(model, x[: min(2, ss.samples)]) // min(2, ss.samples) * rows
-                )
+                per_output = seen.per_sample * rows
                 chunk = max(1, min(n_out, MODEL_JACOBIAN_CHUNK_BYTES // max(1, per_output)))
                 weights = sum(p.numel() * p.element_size() for p in model.parameters())
                 need = weights + ss.samples * n_out * n_in * (itemsize + 16) + chunk * per_output
@@ -977,7 +1010,7 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
                 [],
             )
         )
-    config = {"command": kind.name, **spec.to_dict(), **ss.__dict__}
+    config = {"command": kind.name, **spec.to_dict(), **ss.__dict__, "model_notes": notes}
     return SpectrumResult(kind.name, config, {"sigprop": __version__, **env}, runs)
 
 

@@ -84,6 +84,12 @@ def ratio_stats(ln: np.ndarray) -> RatioStats:
     )
 
 
+def no_ratio() -> RatioStats:
+    """The statistics of a ratio that was not measured (a site off the output's path has no
+    backward ratio): every value None."""
+    return RatioStats(None, None, None, None, None, None, None, None, 0.0)
+
+
 def rounding_ln(dtype: str, steps: int) -> float:
     """Worst-case floating-point error of an ln ratio accumulated over ``steps`` renormalised
     steps: 4 ulp of the probe dtype per step (the margin that lets an exact prediction, such as
@@ -139,6 +145,11 @@ def untestable(name: str, log10_measured: float | None, why: str | None = None) 
     """The ``theory`` verdict of a ratio with no prediction: not passed, no band, and why
     (default ``NO_CLOSED_FORM``)."""
     return Check(name, False, log10_measured, math.nan, math.nan, "theory", why or NO_CLOSED_FORM)
+
+
+def unread(name: str, verdict: str, why: str) -> Check:
+    """A verdict's check with nothing to read (no measured ratio, no band): not passed, and why."""
+    return Check(name, False, None, math.nan, math.nan, verdict, why)
 
 
 def gate(name: str, verdict: str, st: RatioStats, low_ln: float, high_ln: float) -> Check:

@@ -501,7 +501,7 @@ def test_a_models_hessian_is_the_hand_written_losss(hook):
     torch.manual_seed(0)
     model = _wn_model(hook).double()
     x, y = hessian.data(0, 16, (6,), torch.device("cpu"), torch.float64)
-    m = hessian.build_module(model, x, 0, 0)
+    m = hessian.build_module(model, x, y, 0, 0)
     h = hessian.HVP(m, x, y)
     dense = h.dense()
     assert torch.allclose(dense, dense.T, atol=1e-10)

@@ -18,8 +18,11 @@ import copy
 import dataclasses
 import difflib
 import fnmatch
+import functools
+import inspect
 import math
 import operator
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +32,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.passes.shape_prop import ShapeProp
 from torch.nn.utils.parametrizations import _WeightNorm
+from torch.nn.utils.parametrize import ParametrizationList
 from torch.nn.utils.weight_norm import WeightNorm
+from torch.overrides import TorchFunctionMode
 
 from sigprop import inits, plans, specs
 from sigprop.errors import SigpropError
@@ -151,18 +156,130 @@ def _first_line(exc: BaseException) -> str:
 
 
 def prepare(model: nn.Module, device, dtype) -> nn.Module:
-    """The model as a probe runs it: on ``device`` in ``dtype``, training mode with dropout off,
-    in-place activations out of place, and the weights needing no gradient."""
+    """The model as a probe runs it: on ``device`` in ``dtype``, training mode with every
+    stochastic op off (dropout and drop-path modules in eval mode, the rest by ``Deterministic``
+    around every forward), in-place activations out of place, and the weights needing no
+    gradient."""
     model = model.to(device=device, dtype=dtype)
     model.train()
     for m in model.modules():
-        if isinstance(m, (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)):
-            m.eval()
+        if isinstance(m, DROPOUT_MODULES) or (
+            _STOCHASTIC_NAME.search(type(m).__name__) and not list(m.children()) and not list(m.parameters())
+        ):
+            m.eval()  # dropout, DropPath, StochasticDepth: identity in eval mode (batch norm is not touched)
         if getattr(m, "inplace", False) is True:
             m.inplace = False
     for p in model.parameters():
         p.requires_grad_(False)
+    if not isinstance(getattr(model, "forward", None), _DeterministicForward):
+        model.forward = _DeterministicForward(model, model.forward)
     return model
+
+
+#: dropout modules: identity in eval mode
+DROPOUT_MODULES = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+#: parameter-free leaf modules by these names (timm's DropPath, torchvision's StochasticDepth,
+#: MONAI's DropPath, DropBlock) act only in training mode: put in eval mode for a probe
+_STOCHASTIC_NAME = re.compile(r"drop|stochastic", re.IGNORECASE)
+#: dropout as functions: the identity during a probe (the in-place ones leave their input as it is)
+_DROPOUT_FUNCTIONS = frozenset(
+    getattr(torch, n)
+    for n in (
+        "dropout",
+        "dropout_",
+        "feature_dropout",
+        "feature_dropout_",
+        "alpha_dropout",
+        "alpha_dropout_",
+        "feature_alpha_dropout",
+        "feature_alpha_dropout_",
+    )
+) | {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout}
+#: calls that take a dropout probability (attention): run with dropout_p = 0, by argument position
+_DROPOUT_P = {F.scaled_dot_product_attention: 4, F.multi_head_attention_forward: 10}
+#: randomised leaky ReLU: its training mode draws the slopes; eval mode uses their mean
+_RRELU = frozenset({F.rrelu, F.rrelu_, torch.rrelu, torch.rrelu_})
+#: calls that draw random numbers: refused inside a model's forward (what they do cannot be undone)
+_RANDOM_TORCH = ("bernoulli", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like")
+_RANDOM_TORCH += ("randperm", "multinomial", "normal", "poisson", "binomial")
+_RANDOM_TENSOR = ("bernoulli", "bernoulli_", "normal_", "uniform_", "exponential_", "geometric_")
+_RANDOM_TENSOR += ("cauchy_", "log_normal_", "random_", "multinomial")
+_RANDOM = {
+    **{getattr(torch, n): f"torch.{n}" for n in _RANDOM_TORCH},
+    **{getattr(torch.Tensor, n): f"Tensor.{n}" for n in _RANDOM_TENSOR},
+    F.gumbel_softmax: "F.gumbel_softmax",
+}
+
+
+class Deterministic(TorchFunctionMode):
+    """No stochastic op runs while this mode is on (Arpit et al. 2019 measure the signal at init,
+    not the noise of a mask): dropout in every functional form is the identity, attention runs
+    with ``dropout_p = 0`` (``scaled_dot_product_attention``, ``nn.MultiheadAttention``'s
+    functional forward: both read their dropout from an argument, not from a module's training
+    flag), a randomised leaky ReLU uses its mean slope, and any other call that draws random
+    numbers is refused in one line naming the module that made it.  A TorchFunctionMode sees the
+    calls at the Python level, above autograd, so the backward is that of the deterministic
+    forward; it costs one Python call per torch call of the forward (a few hundred for GPT-2)."""
+
+    def __init__(self, names: dict[int, str] | None = None) -> None:
+        super().__init__()
+        self.names = names or {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _DROPOUT_FUNCTIONS:
+            return args[0] if args else kwargs["input"]
+        if func in _DROPOUT_P:
+            at = _DROPOUT_P[func]
+            if len(args) > at:
+                args = (*args[:at], 0.0, *args[at + 1 :])
+            else:
+                kwargs = {**kwargs, "dropout_p": 0.0}
+        elif func in _RRELU:  # (input, lower, upper, training, ...)
+            if len(args) > 3:
+                args = (*args[:3], False, *args[4:])
+            else:
+                kwargs = {**kwargs, "training": False}
+        elif func in _RANDOM:
+            raise SigpropError(
+                f"the model draws random numbers in its forward ({_RANDOM[func]}{self._caller()}): a probe "
+                "measures the signal at init, not a random draw; turn it off in the factory (a dropout, "
+                "drop-path or noise rate of 0)",
+                field="target",
+            )
+        return func(*args, **kwargs)
+
+    def _caller(self) -> str:
+        """`` in 'path'``: the innermost module whose forward made the call (read off the stack)."""
+        frame = inspect.currentframe()
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, nn.Module) and id(owner) in self.names:
+                return f" in {self.names[id(owner)] or 'the model'!r} ({type(owner).__name__})"
+            frame = frame.f_back
+        return ""
+
+
+class _DeterministicForward:
+    """A prepared model's forward: its own, under ``Deterministic`` (whoever calls it: the probe's
+    hooks, ``torch.func`` for the spectrum, ``functional_call`` for the curvature).  Set on the
+    instance, so ``torch.fx`` (which traces the class's forward) does not see it."""
+
+    def __init__(self, model: nn.Module, forward) -> None:
+        self.names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+        self.forward = forward
+        functools.update_wrapper(self, forward)
+
+    def __call__(self, *args, **kwargs):
+        with Deterministic(self.names):
+            return self.forward(*args, **kwargs)
 
 
 def _weight_norm(v: torch.Tensor, g: torch.Tensor, dim: int | None) -> torch.Tensor:
@@ -221,17 +338,36 @@ def output_tensor(y, where: str = "the model's output"):
     return t
 
 
+def output_choice(y) -> str:
+    """Which tensor of a forward's result the probe reads, in words, where there was a choice
+    (a tuple, list or dict of several tensors): "" for a single tensor."""
+    if isinstance(y, torch.Tensor):
+        return ""
+    if isinstance(y, (tuple, list)):
+        named = [(f"[{i}]", v) for i, v in enumerate(y)]
+    elif isinstance(y, dict) or hasattr(y, "items"):
+        named = [(repr(k), v) for k, v in y.items()]
+    else:
+        return ""
+    tensors = [n for n, v in named if isinstance(v, torch.Tensor)]
+    if len(tensors) < 2:
+        return ""
+    rest = ", ".join(tensors[1:4]) + (f" and {len(tensors) - 4} more" if len(tensors) > 4 else "")
+    return f"the output read is {tensors[0]} of the model's {type(y).__name__} (its first tensor; not {rest})"
+
+
 # --------------------------------------------------------------------------------------------
 # sites
 # --------------------------------------------------------------------------------------------
-def auto_sites(model: nn.Module) -> list[str]:
+def auto_sites(model: nn.Module, called=None) -> list[str]:
     """The default sites: the outputs of the model's top-level blocks, where a plain
     ``nn.Sequential``, ``nn.ModuleList`` or ``nn.ModuleDict`` (a container, not a block: exactly
     those classes) is opened into its own children (torchvision's ResNet reads ``layer3.4``,
     MONAI's DenseNet ``features.denseblock2``), and a block without parameters (an activation, a
     pooling, a dropout) stands for the block before it: it replaces that block's site (so an
     MLP's sites are its post-activation states; one before any block, such as a shared
-    activation module, is skipped)."""
+    activation module, is skipped).  ``called``: the module paths the forward calls (``survey``);
+    a block outside it (a leftover head) is no site."""
     blocks: list[tuple[str, nn.Module]] = []
 
     def open_(prefix: str, module: nn.Module) -> None:
@@ -241,7 +377,7 @@ def auto_sites(model: nn.Module) -> list[str]:
                 len(list(module.named_children())) == 1 and list(child.children()) and module is model
             ):
                 open_(path + ".", child)
-            else:
+            elif called is None or path in called:
                 blocks.append((path, child))
 
     open_("", model)
@@ -256,15 +392,21 @@ def auto_sites(model: nn.Module) -> list[str]:
     return sites
 
 
-def resolve_sites(model: nn.Module, sites: str) -> list[str]:
+def resolve_sites(model: nn.Module, sites: str, called=None) -> tuple[list[str], list[str]]:
     """``auto`` (``auto_sites``), ``leaves`` (every leaf module), or a comma list of module
     paths and fnmatch patterns (``layer3.*``); a name that matches nothing is refused with the
-    closest path."""
+    closest path.  ``called`` (``survey``): modules the forward never calls are left out of auto,
+    leaves and patterns, and named in the notes returned beside the sites; a site named
+    exactly that the forward never calls is refused."""
     names = [n for n, _ in model.named_modules(remove_duplicate=False) if n]
+    runs = (lambda n: True) if called is None else (lambda n: n in called)
+    uncalled: list[str] = []
     if sites == "auto":
-        out = auto_sites(model)
+        out = auto_sites(model, called)
+        uncalled = [n for n in auto_sites(model) if not runs(n)]
     elif sites == "leaves":
-        out = [n for n, m in model.named_modules(remove_duplicate=False) if n and not list(m.children())]
+        leaves = [n for n, m in model.named_modules(remove_duplicate=False) if n and not list(m.children())]
+        out, uncalled = [n for n in leaves if runs(n)], [n for n in leaves if not runs(n)]
     else:
         out = []
         for pat in (s.strip() for s in sites.split(",")):
@@ -273,7 +415,13 @@ def resolve_sites(model: nn.Module, sites: str) -> list[str]:
                 close = difflib.get_close_matches(pat, names, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise SigpropError(f"site {pat!r} matches no module of the model{hint}", field="sites")
-            out += [n for n in hit if n not in out]
+            if not any(runs(n) for n in hit):
+                raise SigpropError(
+                    f"site {pat!r} is never called by the model's forward (a module it does not use)",
+                    field="sites",
+                )
+            out += [n for n in hit if runs(n) and n not in out]
+            uncalled += [n for n in hit if not runs(n) and n not in uncalled]
     if not out and not names:
         raise SigpropError(
             f"the model ({type(model).__name__}) has no submodules: sites are submodules' outputs",
@@ -281,19 +429,33 @@ def resolve_sites(model: nn.Module, sites: str) -> list[str]:
         )
     if not out:
         raise SigpropError("no submodule with parameters to measure: name sites with --sites", field="sites")
-    return out
+    notes = []
+    if uncalled:
+        shown = ", ".join(uncalled[:4]) + (f" and {len(uncalled) - 4} more" if len(uncalled) > 4 else "")
+        notes.append(f"not measured: {shown} (never called by the model's forward)")
+    return out, notes
 
 
 # --------------------------------------------------------------------------------------------
 # measuring one draw
 # --------------------------------------------------------------------------------------------
-def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str], batch: int | None = None):
+def measure(
+    model: nn.Module,
+    x: torch.Tensor,
+    e_seed: int,
+    sites: list[str],
+    batch: int | None = None,
+    what: str = "the model",
+):
     """ln of the forward and backward per-element RMS ratios at every site, per sample: two
-    float64 arrays [E, N]; and each site's units per sample.  Token ids (an integer ``x``) have
-    no scale: the forward ratios are then relative to the first site.  The error e at the output
-    is drawn once for all N samples from ``e_seed`` (the same for every init and draw).
-    ``batch``: the samples run in chunks of that many, each chunk's graph freed before the next
-    (the memory of one chunk; a batch norm then normalises each chunk by its own statistics)."""
+    float64 arrays [E, N]; each site's units per sample; and whether the output's gradient
+    reached each site (a site off the output's path -- a side head, BERT's pooler beside
+    ``last_hidden_state`` -- has no backward ratio: its ln is -inf here, and the kind marks it).
+    Token ids (an integer ``x``) have no scale: the forward ratios are then relative to the first
+    site.  The error e at the output is drawn once for all N samples from ``e_seed`` (the same for
+    every init and draw).  ``batch``: the samples run in chunks of that many, each chunk's graph
+    freed before the next (the memory of one chunk; a batch norm then normalises each chunk by its
+    own statistics)."""
     modules = dict(model.named_modules(remove_duplicate=False))
     xs = x if isinstance(x, tuple) else (x,)
     floating = all(t.is_floating_point() for t in xs)
@@ -302,6 +464,7 @@ def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str], ba
     parts_f: dict[str, list] = {n: [] for n in sites}
     parts_b: dict[str, list] = {n: [] for n in sites}
     numel: dict[str, int] = {}
+    reached: set[str] = set()
     e_all: torch.Tensor | None = None
 
     def per_sample_ms(t: torch.Tensor) -> torch.Tensor:
@@ -335,6 +498,7 @@ def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str], ba
         try:
             with torch.enable_grad():
                 y = output_tensor(_call(model, xc if len(xc) > 1 else xc[0]))
+                check_finite(y.detach(), f"{what}'s output on the probe's inputs")
                 if e_all is None:  # all N errors at once: the same e whatever the chunks
                     gen = torch.Generator(device=y.device).manual_seed(e_seed)
                     e_all = torch.randn((N, *y.shape[1:]), generator=gen, device=y.device, dtype=y.dtype)
@@ -354,39 +518,77 @@ def measure(model: nn.Module, x: torch.Tensor, e_seed: int, sites: list[str], ba
         else:
             ms_x = fwd[sites[0]]
         ms_e = per_sample_ms(e)
-        # a site the output's gradient never reaches has dl/dh = 0: ratio 0 (ln -inf), as a dead ReLU
+        # a site the output's gradient never reaches (its hook never ran): -inf here, marked off the
+        # path by the kind; one it reaches with dl/dh = 0 (a dead ReLU) reads ratio 0 too
         zero = torch.full((rows,), -math.inf, dtype=torch.float64, device=xs[0].device)
+        reached |= set(bwd)
         for n in sites:
             parts_f[n].append(0.5 * (fwd[n] / ms_x).log())
             parts_b[n].append(0.5 * (bwd[n] / ms_e).log() if n in bwd else zero)
         del y, e, fwd, bwd
     ln_f = torch.stack([torch.cat(parts_f[n]) for n in sites])
     ln_b = torch.stack([torch.cat(parts_b[n]) for n in sites])
-    return ln_f.cpu().numpy(), ln_b.cpu().numpy(), [numel[n] for n in sites]
+    return ln_f.cpu().numpy(), ln_b.cpu().numpy(), [numel[n] for n in sites], [n in reached for n in sites]
 
 
-def activation_bytes(model: nn.Module, x1: torch.Tensor) -> int:
-    """The bytes of every leaf module's output on the batch ``x1`` (a forward with no graph):
-    what autograd keeps for the backward, about one tensor per op.  The driver divides by the
-    batch, multiplies by the samples, adds the weights, and refuses a run that would not fit
-    before it starts (docs/cli.md)."""
+@dataclass(frozen=True)
+class Survey:
+    """What one forward of a few samples (no graph) tells before a run: the bytes of every leaf
+    module's output per sample (what autograd keeps for the backward, about one tensor per op:
+    the driver multiplies by the samples, adds the weights, and refuses a run that would not fit
+    before it starts), the modules the forward called (auto sites skip the others), the output's
+    units per sample, and which tensor of a tuple or dict output is read (``output_choice``)."""
+
+    per_sample: int
+    called: frozenset
+    units: int
+    output: str
+
+
+def survey(model: nn.Module, x1, what: str = "the model") -> Survey:
+    """One forward of ``x1`` (a few rows) with a hook on every module: ``Survey``.  The model's
+    errors are one line naming --input-shape (``_call``); a non-finite output is refused
+    (``check_finite``)."""
     total = 0
+    called: set[str] = set()
+    names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
 
-    def count(mod, args, out):
+    def seen(mod, args, out):
         nonlocal total
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
+        called.add(names.get(id(mod), ""))
+        if not list(mod.children()):
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
 
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(count) for m in leaves]
+    handles = [m.register_forward_hook(seen) for m in model.modules()]
     try:
         with torch.no_grad():
-            _call(model, x1)
+            out = _call(model, x1)
     finally:
         for h in handles:
             h.remove()
-    return total
+    y = output_tensor(out)
+    check_finite(y, f"{what}'s output on the probe's inputs")
+    rows_ = (x1 if isinstance(x1, tuple) else (x1,))[0].shape[0]
+    return Survey(total // max(rows_, 1), frozenset(called), y[0].numel(), output_choice(out))
+
+
+def check_finite(t: torch.Tensor, what: str) -> None:
+    """One line, the same on every path (probe, spectrum, curvature), where ``t`` holds NaN or inf."""
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise SigpropError(
+            f"{what} holds NaN or inf ({bad} of {t.numel()} entries): sigprop measures finite signals",
+            field="target",
+        )
+
+
+def check_finite_weights(model: nn.Module, what: str) -> None:
+    """``check_finite`` on every floating parameter and buffer of the model (NaN weights stop here,
+    before a probe, a spectrum or a curvature runs, in one line naming the first such tensor)."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        check_finite(t.detach(), f"{what}: {name}")
 
 
 def rows(x, lo: int, hi: int):
@@ -395,10 +597,14 @@ def rows(x, lo: int, hi: int):
 
 
 def _call(model, x):
-    """The model's forward on one input tensor or, for a tuple, on its tensors as arguments."""
+    """The model's forward on one input tensor or, for a tuple, on its tensors as arguments, with no
+    stochastic op (``Deterministic``; a data-dependent init calibrates before ``prepare``)."""
     xs = x if isinstance(x, tuple) else (x,)
     try:
-        return model(*xs)
+        if isinstance(model.forward, _DeterministicForward):  # a prepared model (``prepare``)
+            return model(*xs)
+        with Deterministic({id(m): n for n, m in model.named_modules(remove_duplicate=False)}):
+            return model(*xs)
     except SigpropError:
         raise
     except Exception as exc:
@@ -431,6 +637,49 @@ class InitRecord:
     role: str = ""
     blocks_in_stage: int = 1
     note: str = ""
+    #: a module left as it was: its own parameters' names (``weight``, ``in_proj_weight``, ...)
+    parameters: tuple[str, ...] = ()
+
+
+def _why_left(m: nn.Module) -> str:
+    """Why ``init_`` leaves a module's own parameters as they were, in a few words."""
+    if isinstance(m, NORM_MODULES) or "norm" in type(m).__name__.lower():
+        return "a normalisation's gain and offset, kept"
+    if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+        return "an embedding table, kept"
+    return "not understood"
+
+
+#: the role ``init_`` gives a layer whose role the graph does not say
+ASSUMED = "a ReLU layer assumed (gain g^2 = 2 fan_in/fan_out under proposed), no residual branch read"
+
+
+def init_notes(init: str, records: list[InitRecord]) -> list[str]:
+    """What ``init_`` did not do, in words for the table's foot and the JSON: the modules whose
+    parameters it left as they were, grouped by class (every parameter is set or named here),
+    and the role it assumed where the graph could not be read."""
+    left = [r for r in records if not r.set]
+    guessed = [r for r in records if r.set and r.note.startswith("role not read")]
+    roles_note = ""
+    if guessed:
+        why = guessed[0].note[len("role not read (") : guessed[0].note.index("): ")]
+        roles_note = (
+            f"{len(guessed)} of {sum(r.set for r in records)} layers' roles not read ({why}): {ASSUMED}"
+        )
+    notes = []
+    if left:
+        groups: dict[tuple[str, str, tuple], list[str]] = {}
+        for r in left:
+            groups.setdefault((r.kind, r.note, r.parameters), []).append(r.name)
+        parts = []
+        for (cls, why, params), names in groups.items():
+            which = names[0] if len(names) == 1 else f"{len(names)} x, e.g. {names[0]}"
+            parts.append(f"{cls} {which} ({', '.join(params) or 'weight'}: {why})")
+        count = sum(len(r.parameters) or 1 for r in left)
+        notes.append(f"init {init!r} left {count} parameter(s) as they were: {'; '.join(parts)}")
+    if roles_note:
+        notes.append(f"init {init!r}: {roles_note}")
+    return notes
 
 
 def _wn_parts(m: nn.Module):
@@ -448,6 +697,7 @@ def _wn_parts(m: nn.Module):
 
 ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
 MUL_FUNCTIONS = (operator.mul, operator.imul, torch.mul)
+DIV_FUNCTIONS = (operator.truediv, operator.itruediv, torch.div)
 
 
 def op_kind(gm: fx.GraphModule, n: fx.Node) -> str:
@@ -491,6 +741,8 @@ def op_kind(gm: fx.GraphModule, n: fx.Node) -> str:
         return "add"
     if (fn and n.target in MUL_FUNCTIONS) or (method and n.target in ("mul", "mul_")):
         return "mul"
+    if (fn and n.target in DIV_FUNCTIONS) or (method and n.target in ("div", "div_")):
+        return "div"
     return "other"
 
 
@@ -517,7 +769,7 @@ def roles(model: nn.Module) -> tuple[dict[str, tuple[str, int, int]], str]:
         k = op_kind(gm, n)
         if k == "add" and len(n.all_input_nodes) != 2:
             k = "identity"  # x + a constant: no join
-        elif k == "mul":
+        elif k in ("mul", "div"):
             k = "scale" if len(n.all_input_nodes) == 1 else "other"
         kind_of[n] = k
     ancestors: dict[fx.Node, set] = {}
@@ -709,12 +961,13 @@ def _draw(model, scheme, seed, draw, wn, blocks, roles_) -> list[InitRecord]:
     index = 0
     for name, m in list(model.named_modules()):
         if not isinstance(m, DENSE_MODULES):
-            w = getattr(m, "weight", None)
-            if isinstance(w, torch.Tensor) and w.dim() >= 2 and not list(m.children()):
-                if not isinstance(m, (nn.Embedding,) + NORM_MODULES):
-                    records.append(
-                        InitRecord(name, type(m).__name__, 0, 0, False, False, note="not understood")
+            own = [n for n, _ in m.named_parameters(recurse=False)]
+            if own and not isinstance(m, ParametrizationList):  # a WN layer's g and v are its layer's
+                records.append(
+                    InitRecord(
+                        name, type(m).__name__, 0, 0, False, False, note=_why_left(m), parameters=tuple(own)
                     )
+                )
             continue
         if wn and _wn_parts(m) is None:
             torch.nn.utils.parametrizations.weight_norm(m)
@@ -763,7 +1016,9 @@ def _draw(model, scheme, seed, draw, wn, blocks, roles_) -> list[InitRecord]:
                 m.bias.copy_(
                     torch.zeros_like(m.bias) if p.bias is None else p.bias.reshape(m.bias.shape).to(w.dtype)
                 )
-        note = "" if name in found or not why else f"role not read ({why}): a ReLU layer assumed"
+        note = ""
+        if name not in found and not (roles_ and name in roles_) and not (blocks and name in blocks):
+            note = f"role not read ({why or 'no call of this module in the traced graph'}): {ASSUMED}"
         records.append(
             InitRecord(name, type(m).__name__, fan_in, fan_out, parts is not None, True, kind, B, note)
         )
@@ -1042,6 +1297,96 @@ def _activation(n: fx.Node, m: nn.Module | None):
     return lambda t: fn(t, *extra, **kw)
 
 
+def _constant_factor(n: fx.Node) -> float | None:
+    """c of ``c * h``, ``h * c`` or ``h / c`` (c a Python number), else None."""
+    a = n.args
+    if len(a) != 2 or n.kwargs:
+        return None
+    if n.target in DIV_FUNCTIONS or n.target in ("div", "div_", "truediv"):
+        return 1.0 / float(a[1]) if isinstance(a[1], (int, float)) and a[1] != 0 else None
+    consts = [v for v in a if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return float(consts[0]) if len(consts) == 1 and any(isinstance(v, fx.Node) for v in a) else None
+
+
+def _root(j: int, nodes: list, fx_of: list) -> tuple[int, float]:
+    """A node as c times an earlier node whose elements it keeps in place: through constant
+    scalings and element-preserving identities (nn.Identity, dropout -- off in a probe --,
+    ``contiguous``, ``clone``), not through reshapes that move elements (a transpose)."""
+    c = 1.0
+    while True:
+        n = fx_of[j]
+        ins = nodes[j].inputs
+        if nodes[j].op == "scale" and len(ins) == 1:
+            c *= _constant_factor(n)
+        elif nodes[j].op == "identity" and len(ins) == 1 and _keeps_elements(n, nodes[j], nodes[ins[0]]):
+            pass
+        else:
+            return j, c
+        j = ins[0]
+
+
+def _keeps_elements(n: fx.Node, node, source) -> bool:
+    same_shape = node.shape == source.shape
+    if n.op == "call_module":
+        return same_shape and n.target is not None and "flatten" not in type(n).__name__.lower()
+    return same_shape and (n.target in ("contiguous", "clone") or n.target is F.dropout)
+
+
+def _near(j: int, nodes: list) -> set[int]:
+    """The nodes a state depends on without a random weight layer between: back from node j
+    through every op, stopping at (and keeping) dense layers, whose zero-mean weights make
+    their output uncorrelated with anything upstream (docs/theory.md §13)."""
+    seen, stack = set(), [j]
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if nodes[i].op not in ("dense", "standardized"):
+            stack += list(nodes[i].inputs)
+    return seen
+
+
+def _add_node(gm, n: fx.Node, label: str, index: dict, nodes: list, fx_of: list) -> plans.GraphNode:
+    """A sum's node.  Of two states: ``add`` (independent summands, the cross term zero), unless
+    both are one node times constants -- ``h + h``, ``h + 2 h``: exactly (c1 + c2) h, a
+    ``scale`` --, or they share a node with no random weight layer between it and either
+    summand (``h + relu(h)``): a cross term no map follows, named.  Of a state and a constant
+    (a number, or a tensor of the model's such as a learned positional embedding): ``offset``.
+    """
+    if n.kwargs:  # torch.add(..., alpha=...)
+        return plans.GraphNode(label, "unknown", (), why=f"{label} with alpha")
+    states = [a for a in n.args if isinstance(a, fx.Node) and nodes[index[a]].op != "const"]
+    consts = [a for a in n.args if not (isinstance(a, fx.Node) and nodes[index[a]].op != "const")]
+    ins = tuple(index[a] for a in states)
+    if len(states) == 2:
+        (ra, ca), (rb, cb) = (_root(j, nodes, fx_of) for j in ins)
+        if ra == rb:
+            return plans.GraphNode(label, "scale", (ra,), forward=(ca + cb) ** 2)
+        shared = _near(ins[0], nodes) & _near(ins[1], nodes)
+        if shared:
+            via = nodes[max(shared)].name
+            why = f"{label} of two summands that share {via} with no weight layer between (their cross term)"
+            return plans.GraphNode(label, "unknown", ins, why=why)
+        return plans.GraphNode(label, "add", ins)
+    if len(states) == 1 and len(consts) == 1:
+        c = consts[0]
+        if isinstance(c, fx.Node):  # a tensor the model holds (get_attr)
+            try:
+                t = operator.attrgetter(c.target)(gm).detach().double()
+            except AttributeError:
+                return plans.GraphNode(label, "unknown", ins, why=f"{label} with a constant")
+            mean, square = float(t.mean()), float(t.pow(2).mean())
+        elif isinstance(c, (int, float)) and not isinstance(c, bool):
+            mean, square = float(c), float(c) ** 2
+        else:
+            return plans.GraphNode(label, "unknown", ins, why=f"{label} with a constant")
+        if square == 0.0:
+            return plans.GraphNode(label, "identity", ins)
+        return plans.GraphNode(label, "offset", ins, forward=square, bias=mean)
+    return plans.GraphNode(label, "unknown", ins, why=f"{label} of {len(states)} states")
+
+
 def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
     """The model's graph of moment maps and each site's node (None where the site is not in the
     graph), or (None, None, why) when torch.fx cannot trace it."""
@@ -1053,6 +1398,7 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
         return None, None, f"torch.fx could not trace the model ({type(exc).__name__}: {_first_line(exc)})"
     index: dict[fx.Node, int] = {}
     nodes: list[plans.GraphNode] = []
+    fx_of: list[fx.Node] = []  # each graph node's fx node
     last_in: dict[str, int] = {}  # a module path -> the last node inside it
 
     def shape(n):
@@ -1113,24 +1459,20 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
             sizes = [math.prod(shape(a)) for a in n.all_input_nodes]
             node = plans.GraphNode(label, "cat", tensor_inputs, shares=tuple(z / sum(sizes) for z in sizes))
         elif k == "add":
-            consts = [a for a in n.args if not isinstance(a, fx.Node)]
-            if len(tensor_inputs) == 2 and not n.kwargs:
-                node = plans.GraphNode(label, "add", tensor_inputs)
-            elif len(tensor_inputs) == 1 and all(c == 0 for c in consts):
-                node = plans.GraphNode(label, "identity", tensor_inputs)
+            node = _add_node(gm, n, label, index, nodes, fx_of)
+        elif k in ("mul", "div"):
+            c = _constant_factor(n)
+            if len(tensor_inputs) == 1 and c is not None:
+                node = plans.GraphNode(label, "scale", tensor_inputs, forward=c**2)
             else:
-                node = plans.GraphNode(label, "unknown", tensor_inputs, why=f"{label} with a constant")
-        elif k == "mul":
-            consts = [a for a in n.args if isinstance(a, (int, float))]
-            if len(tensor_inputs) == 1 and len(consts) == 1:
-                node = plans.GraphNode(label, "scale", tensor_inputs, forward=float(consts[0]) ** 2)
-            else:
-                node = plans.GraphNode(label, "unknown", tensor_inputs, why="a product of two states")
+                what = "a product of two states" if k == "mul" else "a division by a state"
+                node = plans.GraphNode(label, "unknown", tensor_inputs, why=what)
         else:
             node = plans.GraphNode(
                 label, "unknown", tensor_inputs, why=type(m).__name__ if m is not None else label
             )
         index[n] = len(nodes)
+        fx_of.append(n)
         nodes.append(dataclasses.replace(node, shape=shape(n) or ()))
         for path in (n.meta.get("nn_module_stack") or {}).keys():
             last_in[path] = index[n]

@@ -77,6 +77,13 @@ class Hints:
     #: the theory's across-draw sd of the end-to-end ratio is an upper envelope, not an estimate
     #: (the conv nets' law: measured 1.4x (CNN) to 30x (WRN) wider; docs/theory.md section 11)
     spread_envelope: bool = False
+    #: ``sigprop spectrum``'s theory in words, under its table
+    spectrum_theory: str = (
+        "theory (large width): mean ∏ g² E[φ'²]; var/mean² gains r·v + μ₂/μ₁² − 1 + max(r − 1, 0) − s₁ "
+        "min(r, 1) a layer (r = n_out/n_in) and (2a + a² v_A)/(1 + a)² an identity-skip block "
+        "(projections: §14) (free probability: Pennington, Schoenholz & Ganguli 2018); a ReLU output's "
+        "inactive units make σ_min = 0 (docs/theory.md §14)"
+    )
 
 
 class Kind:

@@ -279,6 +279,8 @@ class ModulePlan:
     spread_backward: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     init_notes: list[str] = field(default_factory=list)
+    #: which output is read, the sites left out (never called), the sites off the output's path
+    site_notes: list[str] = field(default_factory=list)
     steps: tuple = ()
 
     @property
@@ -287,6 +289,7 @@ class ModulePlan:
             "site_names": list(self.sites),
             "theory_notes": list(self.notes),
             "init_notes": list(self.init_notes),
+            "site_notes": list(self.site_notes),
         }
 
 
@@ -402,6 +405,9 @@ class ModuleKind(Kind):
         energy=True,
         rms_label="traced moment maps' RMS ratio",
         names=True,
+        spectrum_theory="theory: the mean σ² from the traced graph's backward map at the input "
+        "(r n_in/n_out, docs/theory.md §14), where every op on the way has a map; a model's variance and "
+        "density are not derived",
     )
     band_help = "0.1:10 around the input's per-element scale"
     sweep_size = "args"
@@ -456,27 +462,62 @@ class ModuleKind(Kind):
         """Per site the measured ratios beside the traced prediction (the RMS over draws of each
         draw's composed moment maps, ``plans.predict_graph``) with the conv nets' finite-width
         band; verdicts as the conv nets': ``preserved`` -- the typical forward ratio at the last
-        site and backward ratio at the first inside ``gate.band`` around 1 (per element: the
-        input's scale); ``theory`` -- the same inside the prediction's band (not testable where
-        no map reaches)."""
+        site on the output's path and the backward ratio at the first such site inside
+        ``gate.band`` around 1 (per element: the input's scale); ``theory`` -- the same inside the
+        prediction's band (not testable where no map reaches).  A site the output's gradient
+        does not reach (``arrays["reached"]``: a side head) has no backward ratio and is read by
+        no verdict."""
         E = len(plan.sites)
         pf = _rms_over_draws(arrays["pred_fwd"])
         pb = _rms_over_draws(arrays["pred_bwd"])
+        reached = np.asarray(arrays.get("reached", np.ones((1, E)))).any(axis=0)
         rounding = stats.rounding_ln(probe.dtype, E)
         layers = []
         for i in range(E):
             f = stats.ratio_stats(arrays["fwd"][:, i, :])
-            b = stats.ratio_stats(arrays["bwd"][:, i, :])
+            b = stats.ratio_stats(arrays["bwd"][:, i, :]) if reached[i] else stats.no_ratio()
             stats.attach_prediction(f, pf[i], plan.spread_forward[i], rounding=rounding)
-            stats.attach_prediction(b, pb[i], plan.spread_backward[i], rounding=rounding)
+            if reached[i]:
+                stats.attach_prediction(b, pb[i], plan.spread_backward[i], rounding=rounding)
             layers.append(
-                LayerRecord(index=i + 1, width=plan.entries[i], forward=f, backward=b, name=plan.sites[i])
+                LayerRecord(
+                    index=i + 1,
+                    width=plan.entries[i],
+                    forward=f,
+                    backward=b,
+                    name=plan.sites[i],
+                    off_path=not reached[i],
+                )
             )
+        off = [plan.sites[i] for i in range(E) if not reached[i]]
+        note = off_path_note(off)
+        if note and note not in plan.site_notes:
+            plan.site_notes.append(note)
+        on = [i for i in range(E) if reached[i]]
         band = gate.band or specs.DECADE_BAND
         checks, own = [], []
+        if not on:  # no site on the output's path: nothing a verdict could read
+            why = "no site on the output's path (the output's gradient reaches none): name sites with --sites"
+            for direction in ("forward", "backward"):
+                checks.append(stats.unread(f"{direction} ratio", "preserved", why))
+                own.append(stats.unread(f"{direction} ratio", "theory", why))
+            return RunResult(
+                name, list(plan.entries), layers, checks + own, scheme.description, gate=gate.gate
+            )
+        last, first = on[-1], on[0]
         named = (
-            (f"forward ratio at site {plan.sites[-1]}", layers[-1].forward, pf[-1], plan.spread_forward[-1]),
-            (f"backward ratio at site {plan.sites[0]}", layers[0].backward, pb[0], plan.spread_backward[0]),
+            (
+                f"forward ratio at site {plan.sites[last]}",
+                layers[last].forward,
+                pf[last],
+                plan.spread_forward[last],
+            ),
+            (
+                f"backward ratio at site {plan.sites[first]}",
+                layers[first].backward,
+                pb[first],
+                plan.spread_backward[first],
+            ),
         )
         for cname, st, p, var in named:
             c = stats.gate(cname, "preserved", st, math.log(band[0]), math.log(band[1]))
@@ -497,7 +538,19 @@ class ModuleKind(Kind):
             checks=checks + own,
             description=scheme.description,
             gate=gate.gate,
+            ends=(last, first),
         )
+
+
+def off_path_note(off: list[str]) -> str:
+    """The sites the output's gradient does not reach, in words ("" when none)."""
+    if not off:
+        return ""
+    shown = ", ".join(off[:4]) + (f" and {len(off) - 4} more" if len(off) > 4 else "")
+    return (
+        f"off the output's path: {shown} (the output's gradient does not reach it: no backward ratio, "
+        "read by no verdict)"
+    )
 
 
 def _rms_over_draws(ln_pred: np.ndarray) -> list[float | None]:

@@ -703,7 +703,8 @@ def test_token_inputs_and_what_an_init_leaves_are_said():
         assert run.layers[0].forward.rms == pytest.approx(1.0, rel=1e-12)
         assert all(l.backward.rms > 0 for l in run.layers)
     assert r.config["init_notes"] == [
-        "init 'proposed' left 1 weight(s) as they were: odd (Bilinear: not understood)"
+        "init 'proposed' left 3 parameter(s) as they were: Embedding emb (weight: an embedding table, kept); "
+        "Bilinear odd (weight, bias: not understood)"
     ]
     assert any("token inputs" in n for n in r.config["theory_notes"])
 
