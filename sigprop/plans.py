@@ -240,7 +240,12 @@ class Prediction:
 
 
 def predict(
-    steps: Sequence[Step], scheme: InitScheme, x_energy=None, e_energy=None, gains_at_d: bool = False
+    steps: Sequence[Step],
+    scheme: InitScheme,
+    x_energy=None,
+    e_energy=None,
+    gains_at_d: bool = False,
+    weight_factor: float = 1.0,
 ) -> Prediction:
     """The composition of the steps' energy maps (docs/theory.md §3, §7, §11).
 
@@ -259,7 +264,10 @@ def predict(
     N(0, I).  The forward branch-to-skip gains compare the two paths' energies as the ratios
     read them (the bias-driven parts weighted by E[1/||x||^2]); ``gains_at_d``: at the state's
     power with ||x||^2 = d instead (the dense ResNet's spread model, docs/theory.md §7; the two
-    differ only with biases, by O(1/d))."""
+    differ only with biases, by O(1/d)).  ``weight_factor``: the same net with every weight
+    layer's output variance times that factor -- its rows' second moment, or a layer the init
+    standardises, its output's; a batch norm after a layer undoes it -- the alternative the
+    ``theory`` verdict must tell apart (``separation``, docs/theory.md §4)."""
     if any(isinstance(s, BatchNorm) for s in steps):
         raise ValueError(
             "a BatchNorm step has no per-sample energy map (theory.bn_resnet_prediction predicts the BN net)"
@@ -280,14 +288,21 @@ def predict(
     def hw_in(st) -> tuple[int, int]:
         return tuple(st.shape_in[1:]) if isinstance(st, Conv) else (1, 1)
 
+    def moments(st) -> theory.ConvMoments:
+        m = st.moments(scheme)
+        return m if weight_factor == 1.0 else replace(m, row_sq=m.row_sq * weight_factor)
+
     def layer(state, st, relu: bool):
         shape = shape_of(st)
         flat = lambda total_ln: _Energy.of(np.full(shape, 1.0 / math.prod(shape)), total_ln)
         if _standardises(
             st, scheme
         ):  # E||out||^2 = its units (halved by a ReLU) per sample, whatever came in
-            return _Energy(np.zeros(shape), -math.inf), flat(ln(st.units_out * (0.5 if relu else 1.0)))
-        m = st.moments(scheme)
+            scale = 1.0 if st.bn else weight_factor  # a batch norm's output does not see its layer's scale
+            return _Energy(np.zeros(shape), -math.inf), flat(
+                ln(st.units_out * (0.5 if relu else 1.0) * scale)
+            )
+        m = moments(st)
         a, b = state
         a = _Energy.of(theory.conv_layer_energy(a.m, m, relu), a.ln)
         bias = theory.conv_bias_energy(m, relu)
@@ -330,7 +345,7 @@ def predict(
         return Prediction(out_fwd, None, None, [(g, g) for g in fwd_gains])
 
     def back(d: _Energy, st) -> _Energy:
-        m = st.moments(scheme)
+        m = moments(st)
         per_tap = m.row_sq / (1 if m.taps == "centre" else m.kernel**2)
         return _Energy.of(theory.conv_box_adjoint(d.m, m, hw_in(st)), d.ln + ln(per_tap))
 
@@ -366,6 +381,45 @@ def predict(
     top_ln = bwd and bwd[-1]
     bwd = [v - top_ln for v in bwd]
     return Prediction(out_fwd, bwd, branch, list(zip(fwd_gains, reversed(bwd_gains))))
+
+
+#: the alternative a ``theory`` band must tell apart: every weight layer's variance off by this
+#: factor, down and up (He's g = 1 against the proposed g = sqrt 2 in a ReLU net; docs/theory.md §4)
+SEPARATION_FACTOR = 2.0
+
+
+@dataclass
+class Separation:
+    """Per Record the ln shifts (down, up) of the predicted forward and backward ratios with every
+    weight layer's variance divided and multiplied by ``SEPARATION_FACTOR`` (None where the
+    prediction has none)."""
+
+    forward: list[tuple[float, float]] | None
+    backward: list[tuple[float, float]] | None
+
+    @staticmethod
+    def of(base: list | None, down: list | None, up: list | None) -> list[tuple[float, float]] | None:
+        if not base or not down or not up:
+            return None
+        return [(d - b, u - b) for b, d, u in zip(base, down, up)]
+
+    def span(self, direction: str, a: int, b: int) -> tuple[float, float] | None:
+        """The shifts of the ratio of Record a to Record b (a stage ratio)."""
+        rows = self.forward if direction == "forward" else self.backward
+        if rows is None:
+            return None
+        return (rows[a][0] - rows[b][0], rows[a][1] - rows[b][1])
+
+
+def separation(steps: Sequence[Step], scheme: InitScheme, pred: Prediction, **kw) -> Separation:
+    """``pred``'s shifts with every weight layer's variance halved and doubled (``predict`` with
+    ``weight_factor``; ``kw``: the keywords ``pred`` was made with)."""
+    lo = predict(steps, scheme, weight_factor=1.0 / SEPARATION_FACTOR, **kw)
+    hi = predict(steps, scheme, weight_factor=SEPARATION_FACTOR, **kw)
+    return Separation(
+        Separation.of(pred.ln_forward, lo.ln_forward, hi.ln_forward),
+        Separation.of(pred.ln_backward, lo.ln_backward, hi.ln_backward),
+    )
 
 
 def predict_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float, batch: int) -> list[float]:
@@ -614,6 +668,7 @@ def predict_graph(
     q_input: float | Sequence[float],
     mean_input: float | Sequence[float] = 0.0,
     shared_input: float | Sequence[float] | None = None,
+    weight_factor: float = 1.0,
 ) -> GraphPrediction:
     """Compose a traced model's moment maps (``GraphNode``): forward in graph order from the
     input's per-element second moment, mean and shared moment (default mean^2: independent
@@ -625,7 +680,16 @@ def predict_graph(
     padded conv's window sums fewer taps at the border, and that loss compounds layer after
     layer as the box filter of §11 does (docs/theory.md §13).  The ratios a probe measures are
     then sqrt(q/q_input) and sqrt(r), q and r the means over the units.  A forward of several
-    tensors: ``q_input`` (and the mean, the shared moment) one per input node, in order."""
+    tensors: ``q_input`` (and the mean, the shared moment) one per input node, in order.
+    ``weight_factor``: the same model with every weight layer's output variance times that factor
+    (a layer's ||W||^2, both ways; a standardised layer's output), as ``predict``'s."""
+    if weight_factor != 1.0:
+        nodes = [
+            replace(nd, forward=nd.forward * weight_factor, backward=nd.backward * weight_factor)
+            if nd.op in ("dense", "standardized")
+            else nd
+            for nd in nodes
+        ]
     n = len(nodes)
     n_in = sum(1 for nd in nodes if nd.op == "input")
 
@@ -662,7 +726,7 @@ def predict_graph(
             else:
                 st[i] = [_Seg(1.0, nd.forward * x.q + nd.bias, 0.0, nd.forward * x.k + nd.bias)]
         elif nd.op == "standardized":  # a layer calibrated on this batch: each unit mean 0, sd 1
-            st[i] = [_Seg(1.0, 1.0, 0.0, 0.0, None)]
+            st[i] = [_Seg(1.0, weight_factor, 0.0, 0.0, None)]
         elif nd.op == "norm":
             parts = src if nd.group in (0, 1) else [_merged(src)]  # per channel, or over them all
             out = []

@@ -63,7 +63,7 @@ def _mean_std(s: RatioStats) -> str:
 
 def _theory_cell(s: RatioStats) -> Text:
     """The prediction with its agreement mark: = within the finite-width band, ≠ outside, ~
-    within a band too wide to test anything (over 2 decades), · no closed form (not green/red:
+    within a band too wide to test the init (``RatioStats.informative``), · no closed form (not green/red:
     those colours belong to the 'preserved' verdict)."""
     cell = Text(_value(s.predicted, s.log10_predicted) + " ")
     if s.agrees is None:
@@ -334,7 +334,7 @@ def run_summary(run: RunResult, draws: int = 1, envelope: bool = False) -> Text:
         (
             f"{d} {v['layers_agreeing']}/{v['layers_compared']}"
             + (
-                f" ({v['layers_uninformative']} in bands over 2 decades wide: no test)"
+                f" ({v['layers_uninformative']} in bands that hold a factor of two per layer: no test)"
                 if v["layers_uninformative"]
                 else ""
             )

@@ -21,6 +21,18 @@ def _num(x: float | None) -> float | None:
 
 #: an agreement band wider than this many decades cannot test the theory (docs/theory.md §4)
 INFORMATIVE_DECADES = 2.0
+#: the ``~`` mark in the kinds' footers
+NO_TEST = (
+    "~ within a band that also holds the prediction with every layer's variance halved or doubled: no test"
+)
+
+
+def separates(centre: float, low: float, high: float, separation: tuple[float, float]) -> bool:
+    """A band [low, high] around ``centre`` is a test of the init when it leaves out both
+    alternatives ``centre + down`` and ``centre + up`` (every weight layer's variance halved,
+    doubled: ``separation``)."""
+    down, up = separation
+    return not (low <= centre + down <= high) and not (low <= centre + up <= high)
 
 
 @dataclass
@@ -57,14 +69,23 @@ class RatioStats:
     #: the predicted sd of log10(ratio) across samples and draws (sqrt of the finite-width
     #: variance, docs/theory.md §4): it bounds the spread of the typical ratio across draws
     log10_std_predicted: float | None = None
+    #: (down, up): how far the prediction moves (log10) with every weight layer's variance halved
+    #: and doubled -- what separates this init from one off by that factor (docs/theory.md §4,
+    #: "Which bands are a test"); None where the kind does not say
+    log10_separation: tuple[float, float] | None = None
 
     @property
     def informative(self) -> bool | None:
-        """False when the agreement band spans more than ``INFORMATIVE_DECADES`` (at depth >>
-        width the finite-width spread makes any RMS from 10^-40 to 1 'agree': no test)."""
-        if self.log10_low is None or self.log10_high is None:
+        """Whether the agreement band is a test: it must leave out both predictions of the same
+        net with every weight layer's variance halved and doubled (``log10_separation``), else it
+        cannot tell this init from one off by a factor of two per layer -- a batch-normalised net,
+        whose ratios do not depend on the weights' scale, or a band widened by depth >> width.
+        A kind that gives no separation falls back on a width of ``INFORMATIVE_DECADES``."""
+        if self.log10_low is None or self.log10_high is None or self.log10_predicted is None:
             return None
-        return self.log10_high - self.log10_low <= INFORMATIVE_DECADES
+        if self.log10_separation is None:
+            return self.log10_high - self.log10_low <= INFORMATIVE_DECADES
+        return separates(self.log10_predicted, self.log10_low, self.log10_high, self.log10_separation)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +107,9 @@ class RatioStats:
                 "log10_high": _num(self.log10_high),
                 "agrees": self.agrees,
                 "informative": self.informative,
+                "log10_separation": None
+                if self.log10_separation is None
+                else [_num(v) for v in self.log10_separation],
             },
         }
 

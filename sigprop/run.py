@@ -454,7 +454,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     # a data-dependent init calibrates on the probe's inputs (a chunk's worth with --batch-size)
     calib = modules.rows(x, 0, spec.batch_size) if spec.batch_size else x
     for name, scheme in zip(names, schemes):
-        got: dict[str, list] = {k: [] for k in ("fwd", "bwd", "reached", "pred_fwd", "pred_bwd")}
+        got: dict[str, list] = {k: [] for k in ("fwd", "bwd", "reached", *PREDICTIONS)}
         for draw in range(probe_spec.seeds):
             model = _model_draw(
                 factory, scheme, name, probe_spec.seed, draw, device, dtype, calib, plan.init_notes
@@ -478,9 +478,8 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
                     on_start(env)
             if not plan.entries:
                 plan.entries = list(numels)
-            pf, pb = _model_prediction(model, x, plan, kind)
             got["reached"].append(np.asarray(reached, dtype=np.float64))
-            for k, v in (("fwd", ln_f), ("bwd", ln_b), ("pred_fwd", pf), ("pred_bwd", pb)):
+            for k, v in (("fwd", ln_f), ("bwd", ln_b), *_model_prediction(model, x, plan, kind).items()):
                 got[k].append(v)
             done += 1
             if progress is not None:
@@ -490,17 +489,24 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     return Measured(kind, plan, names, schemes, arrays, env)
 
 
-def _model_prediction(model, x, plan, kind) -> tuple[np.ndarray, np.ndarray]:
-    """ln of the predicted RMS ratios at the sites for this draw's weights (nan where no map
-    reaches), and, once, the sites' finite-width spread and the notes (sigprop/kinds/module.py)."""
-    E = len(plan.sites)
+#: a model's predictions, per site and draw: ln RMS ratios as traced, and with every weight
+#: layer's variance halved and doubled (``plans.SEPARATION_FACTOR``: the theory verdict's test)
+PREDICTIONS = ("pred_fwd", "pred_bwd", "pred_fwd_down", "pred_bwd_down", "pred_fwd_up", "pred_bwd_up")
 
-    def none(why: str) -> tuple[np.ndarray, np.ndarray]:  # measured only, said once
+
+def _model_prediction(model, x, plan, kind) -> dict[str, np.ndarray]:
+    """ln of the predicted RMS ratios at the sites for this draw's weights (``PREDICTIONS``; nan
+    where no map reaches), and, once, the sites' finite-width spread and the notes
+    (sigprop/kinds/module.py)."""
+    E = len(plan.sites)
+    out = {k: np.full(E, np.nan) for k in PREDICTIONS}
+
+    def none(why: str) -> dict[str, np.ndarray]:  # measured only, said once
         if why not in plan.notes:
             plan.notes.append(why)
         if not plan.spread_forward:
             plan.spread_forward, plan.spread_backward = [0.0] * E, [0.0] * E
-        return np.full(E, np.nan), np.full(E, np.nan)
+        return out
 
     xs = x if isinstance(x, tuple) else (x,)
     if not all(t.is_floating_point() for t in xs):  # token ids: no moment map for the embedding yet
@@ -510,32 +516,34 @@ def _model_prediction(model, x, plan, kind) -> tuple[np.ndarray, np.ndarray]:
         return none(why)
     # the ratios' reference: all inputs' elements together; each input node starts from its own
     q_in = sum(float(t.double().pow(2).sum()) for t in xs) / sum(t.numel() for t in xs)
+    moments = ([float(t.double().pow(2).mean()) for t in xs], [float(t.double().mean()) for t in xs])
+    factor = plans.SEPARATION_FACTOR
     try:
-        pred = plans.predict_graph(
-            nodes,
-            [float(t.double().pow(2).mean()) for t in xs],
-            [float(t.double().mean()) for t in xs],
-        )
+        preds = {
+            suffix: plans.predict_graph(nodes, *moments, weight_factor=w)
+            for suffix, w in (("", 1.0), ("_down", 1.0 / factor), ("_up", factor))
+        }
     except Exception as exc:  # a map sigprop got wrong must not cost the user the measurement
         return none(f"the moment maps failed ({type(exc).__name__}: {exc}); measured only; please report it")
-    if pred.unmapped:
-        note = f"no moment map for {pred.unmapped}: measured only from there on"
+    if preds[""].unmapped:
+        note = f"no moment map for {preds[''].unmapped}: measured only from there on"
         if note not in plan.notes:
             plan.notes.append(note)
-    pf, pb = np.full(E, np.nan), np.full(E, np.nan)
-    for i, j in enumerate(where):
-        if j is None:
-            continue
-        if pred.q[j] is not None and pred.q[j] > 0:
-            pf[i] = 0.5 * math.log(pred.q[j] / q_in)
-        if pred.r[j] is not None and pred.r[j] > 0:
-            pb[i] = 0.5 * math.log(pred.r[j])
+    for suffix, pred in preds.items():
+        pf, pb = out["pred_fwd" + suffix], out["pred_bwd" + suffix]
+        for i, j in enumerate(where):
+            if j is None:
+                continue
+            if pred.q[j] is not None and pred.q[j] > 0:
+                pf[i] = 0.5 * math.log(pred.q[j] / q_in)
+            if pred.r[j] is not None and pred.r[j] > 0:
+                pb[i] = 0.5 * math.log(pred.r[j])
     if not plan.spread_forward:
         widths = [(k, nd.width) for k, nd in enumerate(nodes) if nd.op in ("dense", "standardized")]
         before = [[w for k, w in widths if j is not None and k <= j] for j in where]
         after = [[w for k, w in widths if j is not None and k > j] for j in where]
         plan.spread_forward, plan.spread_backward = kind.spreads(before, after)
-    return pf, pb
+    return out
 
 
 def walk_plan(

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from sigprop import theory
-from sigprop.results import Check, RatioStats
+from sigprop.results import Check, RatioStats, separates
 
 LN10 = math.log(10.0)
 _MAX_LN = math.log(np.finfo(np.float64).max)
@@ -105,6 +105,7 @@ def attach_prediction(
     z: float = theory.Z_AGREEMENT,
     rounding: float = 1e-9 * LN10,
     drift: float | None = None,
+    separation: tuple[float, float] | None = None,
 ) -> None:
     """Pair a measurement with its prediction.
 
@@ -114,7 +115,9 @@ def attach_prediction(
     share the weights) lies between the two.  The band is that hull widened by z sd:
         [ln_pred - var - z sd, ln_pred + z sd].
     ``drift``: the exact E[ln ratio] - ln RMS where known (the MLP: kinds.mlp.cumulants),
-    replacing the lognormal -var.
+    replacing the lognormal -var.  ``separation``: (down, up), the ln shifts of the prediction
+    with every weight layer's variance halved and doubled, which decide whether the band is a
+    test (``RatioStats.informative``).
     """
     if ln_pred is None or not math.isfinite(ln_pred):
         return
@@ -126,6 +129,8 @@ def attach_prediction(
     stats.log10_std_predicted = sd / LN10
     stats.log10_low = (ln_pred + (-var if drift is None else min(drift, 0.0)) - z * sd) / LN10
     stats.log10_high = (ln_pred + z * sd) / LN10
+    if separation is not None:
+        stats.log10_separation = (separation[0] / LN10, separation[1] / LN10)
     if stats.log10_rms is not None:
         # exact equality (e.g. the backward ratio at layer L, sd = 0) needs a rounding margin
         eps = rounding / LN10
@@ -145,6 +150,37 @@ def untestable(name: str, log10_measured: float | None, why: str | None = None) 
     """The ``theory`` verdict of a ratio with no prediction: not passed, no band, and why
     (default ``NO_CLOSED_FORM``)."""
     return Check(name, False, log10_measured, math.nan, math.nan, "theory", why or NO_CLOSED_FORM)
+
+
+def theory_gate(
+    name: str, st: RatioStats, low_ln: float, high_ln: float, typical_ln: float, separation=None
+) -> Check:
+    """The ``theory`` verdict on one ratio: the typical ratio inside [low, high] (ln) -- or not
+    testable (``not_a_test``) when that band also holds the predicted typical ratio of the same
+    net with every weight layer's variance halved or doubled (``separation``: the ln shifts
+    (down, up); None: not known, the band is taken as a test)."""
+    blind = not_a_test(name, st.log10_mean, low_ln, high_ln, typical_ln, separation)
+    return blind or gate(name, "theory", st, low_ln, high_ln)
+
+
+def not_a_test(
+    name: str, log10_measured, low_ln: float, high_ln: float, typical_ln: float, separation
+) -> Check | None:
+    """The untestable ``theory`` check of a band that cannot tell this init from one off by a
+    factor of two per layer -- it holds the prediction with every weight layer's variance halved
+    or doubled (``separation``, ln shifts), whatever the measurement -- with the reason; None
+    where the band is a test (docs/theory.md §4, "Which bands are a test")."""
+    if separation is None or separates(typical_ln, low_ln, high_ln, separation):
+        return None
+    down, up = separation
+    why = (
+        f"not a test: the band [{fmt(low_ln / LN10)}, {fmt(high_ln / LN10)}] also holds the prediction with "
+        f"every weight layer's variance halved ({fmt((typical_ln + down) / LN10)}) or doubled "
+        f"({fmt((typical_ln + up) / LN10)})"
+    )
+    if max(abs(up), abs(down)) < 1e-9:
+        why += ": the ratio does not depend on the weights' scale (normalised)"
+    return untestable(name, log10_measured, why)
 
 
 def unread(name: str, verdict: str, why: str) -> Check:
@@ -196,14 +232,25 @@ def explain_preserved(
 # correlation propagation (docs/theory.md §10)
 # --------------------------------------------------------------------------------------------
 def stage_check(
-    name: str, ln: np.ndarray, band: tuple[float, float], var: float, z: float, verdict: str = "preserved"
+    name: str,
+    ln: np.ndarray,
+    band: tuple[float, float],
+    var: float,
+    z: float,
+    verdict: str = "preserved",
+    separation: tuple[float, float] | None = None,
 ) -> Check:
     """A stage ratio's typical value (mean ln over samples and draws) inside ``band`` (ln)
-    widened as a lognormal of variance ``var``: typical sits var below the RMS, +- z sd."""
+    widened as a lognormal of variance ``var``: typical sits var below the RMS, +- z sd.  A
+    ``theory`` check of a prediction (band[0] = band[1]) with its ``separation`` is not a test
+    where the band holds the alternatives too (``not_a_test``)."""
     low = theory.log_band(band[0], var, z)[0] / LN10
     high = theory.log_band(band[1], var, z)[1] / LN10
     finite = np.isfinite(ln).all()
     m = float(ln.mean() / LN10) if finite else None
+    blind = not_a_test(name, m, low * LN10, high * LN10, band[0] - var, separation)
+    if blind is not None:
+        return blind
     passed = m is not None and low <= m <= high
     return Check(name=name, passed=passed, log10_measured=m, log10_low=low, log10_high=high, verdict=verdict)
 

@@ -16,7 +16,7 @@ from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Memory, Opt
-from sigprop.results import LayerRecord, RunResult
+from sigprop.results import NO_TEST, LayerRecord, RunResult
 
 #: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
 #: Xiao et al. 2018 (whose architecture it is) use for deep CNNs
@@ -178,7 +178,7 @@ class CNN(Kind):
         "=/≠ = "
         "measured rms within/outside its finite-width band (channels as the width; an envelope of the "
         "measured "
-        "spread, it errs wide; ~ within a band over 2 decades wide: no test); preserved = within --band of "
+        "spread, it errs wide; " + NO_TEST + "); preserved = within --band of "
         "the "
         "lossless reference (1/2 per stride-2 layer forward: a quarter of the positions)",
     )
@@ -237,6 +237,8 @@ class CNN(Kind):
           pred - var + z sd] (``theory.log_band``); not testable for an init without a prediction."""
         convs = plans.layers(plan.steps)
         pred = plans.predict(plan.steps, scheme) if scheme.moments is not None else None
+        sep = plans.separation(plan.steps, scheme, pred) if pred is not None else plans.Separation(None, None)
+        sf, sb = sep.forward or [None] * len(plan.entries), sep.backward or [None] * len(plan.entries)
         ref = plans.predict(plan.steps, LOSSLESS)
         widths = plan.entries
         var_f, var_b = variances([spec.image[0]] + [st.role.fan_out for st in convs])
@@ -253,10 +255,18 @@ class CNN(Kind):
                 stats.ratio_stats(arrays["bwd"][:, l - 1, :]),
             )
             stats.attach_prediction(
-                f, None if pf is None else pf[l - 1], float(var_f[l - 1]), rounding=rounding
+                f,
+                None if pf is None else pf[l - 1],
+                float(var_f[l - 1]),
+                rounding=rounding,
+                separation=sf[l - 1],
             )
             stats.attach_prediction(
-                b, None if pb is None else pb[l - 1], float(var_b[l - 1]), rounding=rounding
+                b,
+                None if pb is None else pb[l - 1],
+                float(var_b[l - 1]),
+                rounding=rounding,
+                separation=sb[l - 1],
             )
             layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
         band = gate.band or specs.DECADE_BAND
@@ -268,6 +278,7 @@ class CNN(Kind):
                 ref.ln_forward[-1],
                 None if pf is None else pf[-1],
                 float(var_f[-1]),
+                sf[L - 1],
             ),
             (
                 "backward ratio at layer 1",
@@ -275,9 +286,10 @@ class CNN(Kind):
                 ref.ln_backward[0],
                 None if pb is None else pb[0],
                 float(var_b[0]),
+                sb[0],
             ),
         )
-        for cname, st, r, p, var in named:
+        for cname, st, r, p, var, shift in named:
             c = stats.gate(cname, "preserved", st, r + math.log(band[0]), r + math.log(band[1]))
             if not c.passed:
                 if st.dead_fraction > 0:
@@ -306,8 +318,8 @@ class CNN(Kind):
             if p is None:
                 own.append(stats.untestable(cname, st.log10_mean))
                 continue
-            t = stats.gate(cname, "theory", st, *theory.log_band(p, var, z))
-            if not t.passed:
+            t = stats.theory_gate(cname, st, *theory.log_band(p, var, z), p - var, shift)
+            if not t.passed and t.has_band:
                 t.note = f"the theory predicts a typical ratio of {stats.fmt((p - var) / stats.LN10)}"
             own.append(t)
         return RunResult(

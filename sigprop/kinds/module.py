@@ -470,15 +470,19 @@ class ModuleKind(Kind):
         E = len(plan.sites)
         pf = _rms_over_draws(arrays["pred_fwd"])
         pb = _rms_over_draws(arrays["pred_bwd"])
+        sf = _separations(pf, arrays, "fwd")
+        sb = _separations(pb, arrays, "bwd")
         reached = np.asarray(arrays.get("reached", np.ones((1, E)))).any(axis=0)
         rounding = stats.rounding_ln(probe.dtype, E)
         layers = []
         for i in range(E):
             f = stats.ratio_stats(arrays["fwd"][:, i, :])
             b = stats.ratio_stats(arrays["bwd"][:, i, :]) if reached[i] else stats.no_ratio()
-            stats.attach_prediction(f, pf[i], plan.spread_forward[i], rounding=rounding)
+            stats.attach_prediction(f, pf[i], plan.spread_forward[i], rounding=rounding, separation=sf[i])
             if reached[i]:
-                stats.attach_prediction(b, pb[i], plan.spread_backward[i], rounding=rounding)
+                stats.attach_prediction(
+                    b, pb[i], plan.spread_backward[i], rounding=rounding, separation=sb[i]
+                )
             layers.append(
                 LayerRecord(
                     index=i + 1,
@@ -511,15 +515,17 @@ class ModuleKind(Kind):
                 layers[last].forward,
                 pf[last],
                 plan.spread_forward[last],
+                sf[last],
             ),
             (
                 f"backward ratio at site {plan.sites[first]}",
                 layers[first].backward,
                 pb[first],
                 plan.spread_backward[first],
+                sb[first],
             ),
         )
-        for cname, st, p, var in named:
+        for cname, st, p, var, sep in named:
             c = stats.gate(cname, "preserved", st, math.log(band[0]), math.log(band[1]))
             if not c.passed and st.dead_fraction > 0:
                 c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
@@ -527,8 +533,8 @@ class ModuleKind(Kind):
             if p is None:
                 own.append(stats.untestable(cname, st.log10_mean, plan.notes[0] if plan.notes else None))
                 continue
-            t = stats.gate(cname, "theory", st, *theory.log_band(p, var, z))
-            if not t.passed:
+            t = stats.theory_gate(cname, st, *theory.log_band(p, var, z), p - var, sep)
+            if not t.passed and t.has_band:
                 t.note = f"the traced theory predicts a typical ratio of {stats.fmt((p - var) / stats.LN10)}"
             own.append(t)
         return RunResult(
@@ -551,6 +557,16 @@ def off_path_note(off: list[str]) -> str:
         f"off the output's path: {shown} (the output's gradient does not reach it: no backward ratio, "
         "read by no verdict)"
     )
+
+
+def _separations(base: list[float | None], arrays: dict, direction: str) -> list[tuple[float, float] | None]:
+    """Per site the ln shifts (down, up) of the RMS-over-draws prediction with every weight
+    layer's variance halved and doubled (the run's ``pred_*_down``, ``pred_*_up``)."""
+    down = _rms_over_draws(arrays.get(f"pred_{direction}_down", np.full((1, len(base)), np.nan)))
+    up = _rms_over_draws(arrays.get(f"pred_{direction}_up", np.full((1, len(base)), np.nan)))
+    return [
+        None if b is None or d is None or u is None else (d - b, u - b) for b, d, u in zip(base, down, up)
+    ]
 
 
 def _rms_over_draws(ln_pred: np.ndarray) -> list[float | None]:

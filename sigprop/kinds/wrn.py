@@ -20,7 +20,7 @@ from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds import cnn as conv
 from sigprop.kinds.base import Hints, Kind, Memory, Opt
-from sigprop.results import LayerRecord, RunResult, StageInfo
+from sigprop.results import NO_TEST, LayerRecord, RunResult, StageInfo
 
 NORMS = ("wn", "bn", "none")
 #: named architectures of Arpit et al. 2019, Table 1 (N blocks per group, widening k, bottleneck):
@@ -319,7 +319,7 @@ class WRN(Kind):
         "projections: "
         "docs/theory.md §11); =/≠ = measured rms within/outside its finite-width band (channels as the "
         "width; an "
-        "envelope of the measured spread, it errs wide; ~ over 2 decades wide: no test); band = [√2, √e] per "
+        "envelope of the measured spread, it errs wide; " + NO_TEST + "); band = [√2, √e] per "
         "stage "
         "(Arpit et al. 2019, Theorems 3-4) times what a stride-2 group opening costs a lossless net",
     )
@@ -403,17 +403,24 @@ class WRN(Kind):
         description = BN_DESCRIPTION if plan.bn else scheme.description
         pf = pb = pbr = None
         gains = None
+        sep = plans.Separation(None, None)
         if scheme.moments is not None or scheme.standardizes or plan.bn:
             pred = plans.predict(plan.steps, scheme)
             pf, pb, pbr, gains = pred.ln_forward, pred.ln_backward, pred.ln_branch, pred.gains
+            sep = plans.separation(plan.steps, scheme, pred)
+        sep_f, sep_b = sep.forward or [None] * E, sep.backward or [None] * E
         var_f, var_b, var_br = variances(plan.steps, gains)
         rounding = stats.rounding_ln("float32", E)
         ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
         layers = []
         for i in range(E):
             f, b = stats.ratio_stats(ln_f[:, i, :]), stats.ratio_stats(ln_b[:, i, :])
-            stats.attach_prediction(f, None if pf is None else pf[i], float(var_f[i]), rounding=rounding)
-            stats.attach_prediction(b, None if pb is None else pb[i], float(var_b[i]), rounding=rounding)
+            stats.attach_prediction(
+                f, None if pf is None else pf[i], float(var_f[i]), rounding=rounding, separation=sep_f[i]
+            )
+            stats.attach_prediction(
+                b, None if pb is None else pb[i], float(var_b[i]), rounding=rounding, separation=sep_b[i]
+            )
             br = None
             if i >= 2:
                 br = stats.ratio_stats(ln_br[:, i - 2, :])
@@ -453,8 +460,11 @@ class WRN(Kind):
             )
             measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
             allowance = (float(ref_f[last] - ref_f[first]), float(ref_b[first] - ref_b[last]))
-            own = ((pf, var_f, last, first), (pb, var_b, first, last))
-            for cname, ln, bnd, pred_, var, (lnp, v, a, e) in zip(
+            own = (
+                (pf, var_f, last, first, sep.span("forward", last, first)),
+                (pb, var_b, first, last, sep.span("backward", first, last)),
+            )
+            for cname, ln, bnd, pred_, var, (lnp, v, a, e, shift) in zip(
                 names, measured, (fb, bb), (sf, sb), allowance, own
             ):
                 c = stats.stage_check(cname, ln, (bnd[0] + widen[0], bnd[1] + widen[1]), var, z)
@@ -473,8 +483,8 @@ class WRN(Kind):
                     own_checks.append(stats.untestable(cname, c.log10_measured))
                     continue
                 centre, own_var = lnp[a] - lnp[e], abs(float(v[a] - v[e]))
-                t = stats.stage_check(cname, ln, (centre, centre), own_var, z, verdict="theory")
-                if not t.passed:
+                t = stats.stage_check(cname, ln, (centre, centre), own_var, z, "theory", shift)
+                if not t.passed and t.has_band:
                     t.note = f"the theory predicts an RMS stage ratio of {stats.fmt(centre / stats.LN10)}"
                 own_checks.append(t)
         return RunResult(

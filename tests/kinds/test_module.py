@@ -357,8 +357,14 @@ def test_gelu_layernorm_model_is_predicted():
     r = sigprop.probe_module(model=factory, input_shape=(96,), samples=64, device="cpu", gate="theory")
     run = r.runs[0]
     assert all(l.forward.predicted is not None and l.backward.predicted is not None for l in run.layers)
-    assert run.agrees_with_theory
+    assert all(l.forward.agrees for l in run.layers)
     assert not r.config["theory_notes"]
+    # a LayerNorm after every Linear: the end-to-end forward ratio does not depend on the weights'
+    # scale, and the backward one moves by 0.14 decades at most, so no band can tell one init
+    # from another -- the verdict is not testable, and says why (issue 37, item 3)
+    assert run.untestable and not run.agrees_with_theory
+    forward, backward = run.verdict_checks("theory")
+    assert "does not depend on the weights' scale" in forward.note and "not a test" in backward.note
 
 
 # --------------------------------------------------------------------------------------------
@@ -748,7 +754,9 @@ def test_concatenation_has_a_map():
     run = r.runs[0]
     assert not r.config["theory_notes"]
     assert all(l.forward.predicted is not None and l.forward.agrees for l in run.layers)
-    assert run.agrees_with_theory
+    # three 32-channel layers: their bands also hold every layer's variance halved or doubled
+    # (issue 37, item 3), so the verdict is not testable though every site agrees
+    assert run.untestable and all("not a test" in c.note for c in run.verdict_checks("theory"))
 
 
 def test_real_inputs_from_a_data_file(tmp_path, capsys):
