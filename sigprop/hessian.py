@@ -367,8 +367,9 @@ def lanczos_top(hvp, k: int, tol: float = 1e-4, seed: int = 0) -> list[float]:
     return sorted((float(v) for v in vals), key=abs, reverse=True)
 
 
-def hutchinson_trace(hvp, probes: int, gen: torch.Generator) -> tuple[float, float]:
-    """tr H ~ mean of z.H z over Rademacher z (Hutchinson 1989): (estimate, standard error)."""
+def hutchinson_trace(hvp, probes: int, gen: torch.Generator) -> tuple[float, float | None]:
+    """tr H ~ mean of z.H z over Rademacher z (Hutchinson 1989): (estimate, standard error; None
+    with one probe, which has no spread to estimate it from)."""
     dev, dtype = hvp.device, hvp.dtype
     vals = []
     for _ in range(probes):
@@ -377,7 +378,7 @@ def hutchinson_trace(hvp, probes: int, gen: torch.Generator) -> tuple[float, flo
         )
         vals.append(float(torch.dot(z, hvp(z))))
     arr = np.array(vals)
-    return float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(probes)) if probes > 1 else math.nan
+    return float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(probes)) if probes > 1 else None
 
 
 class Block:

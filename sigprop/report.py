@@ -334,7 +334,8 @@ def run_summary(run: RunResult, draws: int = 1, envelope: bool = False) -> Text:
         (
             f"{d} {v['layers_agreeing']}/{v['layers_compared']}"
             + (
-                f" ({v['layers_uninformative']} in bands that hold a factor of two per layer: no test)"
+                f" ({v['layers_uninformative']} in bands wider than a factor of two a layer moves them: "
+                "no test)"
                 if v["layers_uninformative"]
                 else ""
             )
@@ -716,7 +717,8 @@ def hessian_table(result) -> Table:
                 more = f", … (all {len(d.top)}: --format json)" if len(d.top) > TOP_SHOWN else ""
                 row.append(", ".join(fmt_num(v) for v in d.top[:TOP_SHOWN]) + more)
             if trace:
-                row.append("—" if d.trace is None else f"{fmt_num(d.trace)} ± {fmt_num(d.trace_se)}")
+                se = "" if d.trace_se is None else f" ± {fmt_num(d.trace_se)}"
+                row.append("—" if d.trace is None else f"{fmt_num(d.trace)}{se}")
             t.add_row(*row, end_section=j == len(run.draws) - 1 and k < len(result.runs) - 1)
     return t
 

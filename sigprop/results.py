@@ -22,17 +22,17 @@ def _num(x: float | None) -> float | None:
 #: an agreement band wider than this many decades cannot test the theory (docs/theory.md §4)
 INFORMATIVE_DECADES = 2.0
 #: the ``~`` mark in the kinds' footers
-NO_TEST = (
-    "~ within a band that also holds the prediction with every layer's variance halved or doubled: no test"
-)
+NO_TEST = "~ within a band wider than the step to every layer's variance halved or doubled: no test"
 
 
-def separates(centre: float, low: float, high: float, separation: tuple[float, float]) -> bool:
-    """A band [low, high] around ``centre`` is a test of the init when it leaves out both
-    alternatives ``centre + down`` and ``centre + up`` (every weight layer's variance halved,
-    doubled: ``separation``)."""
+def separates(low: float, high: float, separation: tuple[float, float]) -> bool:
+    """A band [low, high] is a test of the init when it is narrower than the shift of the
+    prediction to either alternative (every weight layer's variance halved, doubled:
+    ``separation`` = (down, up)): then the alternative's own band, as wide, does not overlap it,
+    and a net of the alternative init reads outside it (docs/theory.md §4, "Which bands are a
+    test")."""
     down, up = separation
-    return not (low <= centre + down <= high) and not (low <= centre + up <= high)
+    return min(up, -down) > high - low
 
 
 @dataclass
@@ -76,16 +76,17 @@ class RatioStats:
 
     @property
     def informative(self) -> bool | None:
-        """Whether the agreement band is a test: it must leave out both predictions of the same
-        net with every weight layer's variance halved and doubled (``log10_separation``), else it
-        cannot tell this init from one off by a factor of two per layer -- a batch-normalised net,
-        whose ratios do not depend on the weights' scale, or a band widened by depth >> width.
-        A kind that gives no separation falls back on a width of ``INFORMATIVE_DECADES``."""
+        """Whether the agreement band is a test: it must be narrower than the shift of the
+        prediction with every weight layer's variance halved or doubled (``log10_separation``,
+        ``separates``), else it cannot tell this init from one off by a factor of two per layer --
+        a batch-normalised net, whose ratios do not depend on the weights' scale, or a band
+        widened by few units.  A kind that gives no separation falls back on a width of
+        ``INFORMATIVE_DECADES``."""
         if self.log10_low is None or self.log10_high is None or self.log10_predicted is None:
             return None
         if self.log10_separation is None:
             return self.log10_high - self.log10_low <= INFORMATIVE_DECADES
-        return separates(self.log10_predicted, self.log10_low, self.log10_high, self.log10_separation)
+        return separates(self.log10_low, self.log10_high, self.log10_separation)
 
     def to_dict(self) -> dict[str, Any]:
         return {

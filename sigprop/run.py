@@ -106,6 +106,14 @@ def _checker(device: torch.device):
     return check
 
 
+def check_rows(kind, spec) -> None:
+    """Refuse, before a plan is built, a run whose records cannot fit in the host's memory: the
+    kind's rows (``Kind.rows``) times its inits times ``kinds.ROW_BYTES`` (a net of 10^8 layers
+    was an OOM kill at 22.8 GB: its estimate counted the width, not the depth)."""
+    need = kind.rows(spec) * len(kind.inits(spec)) * kinds.ROW_BYTES
+    dev.check_memory(need, torch.device("cpu"), kind.fields.split("/")[0])
+
+
 def _inputs_units(plan) -> tuple[int, int]:
     """The units of the input and of the top state (where the error vectors are given)."""
     return math.prod(plans.input_shape(plan.steps)), plan.entries[-1]
@@ -140,9 +148,11 @@ def measure(
     observers.check_names(probe_spec.observe)
     extra = [observers.make(n) for n in probe_spec.observe] + list(observe)
     if kind.engine == "model":
-        with dev.using_threads(probe_spec.threads):
+        device = dev.resolve_device(probe_spec.device)
+        with dev.using_threads(probe_spec.threads), dev.matmul_precision(probe_spec.precision, device):
             return _measure_model(kind, spec, probe_spec, progress, on_start, extra)
     with dev.using_threads(probe_spec.threads):
+        check_rows(kind, spec)
         device = dev.resolve_device(probe_spec.device)
         precision = dev.matmul_precision(probe_spec.precision, device)
         itemsize = dev.itemsize(probe_spec.dtype)
@@ -785,6 +795,7 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
         return _curvature_model(kind, spec, hs, progress, on_start)
     device = dev.resolve_device(hs.device)
     dtype = dev.DTYPES[hs.dtype]
+    check_rows(kind, spec)
     plan = kind.plan(spec, hs.seed)
     shape = plans.input_shape(plan.steps)
     shape = shape if shape[1:] != (1, 1) else (shape[0],)
@@ -874,8 +885,12 @@ def _spectrum_draw(
     return {"draw": draw, **summary, **extra}, (lam, mass)
 
 
-def _spectrum_environment(ss: specs.SpectrumSpec, device, n_in: int, n_out: int, path: str) -> dict:
-    """The environment record of a spectrum: the machine, the sizes and the path's products."""
+def _spectrum_environment(
+    ss: specs.SpectrumSpec, device, n_in: int, n_out: int, path: str, chunk: int | None = None
+) -> dict:
+    """The environment record of a spectrum: the machine, the sizes, the path's products and how
+    the exact path chunked its reverse passes (``chunk``: samples at once for sigprop's nets,
+    --batch-size; outputs at once for a model's J, sized to the memory)."""
     return {
         "torch": torch.__version__,
         "device": str(device),
@@ -888,6 +903,7 @@ def _spectrum_environment(ss: specs.SpectrumSpec, device, n_in: int, n_out: int,
         "path": path,
         "reverse_products": n_out if path == "exact" else None,
         "products_per_sample": None if path == "exact" else 2 * ss.probes * ss.steps,
+        "chunk": chunk if path == "exact" else None,
     }
 
 
@@ -990,7 +1006,7 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
                         kind.fields,
                         hint="; the exact Jacobian holds n_out x n_in entries a sample",
                     )
-                env = _spectrum_environment(ss, device, n_in, n_out, path)
+                env = _spectrum_environment(ss, device, n_in, n_out, path, chunk)
                 if on_start is not None:
                     on_start(env)
             functions = [spectra.model_function(model, x, i) for i in range(ss.samples)]
@@ -1028,6 +1044,7 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
         return _spectrum_model(kind, spec, ss, progress, on_start)
     device = dev.resolve_device(ss.device)
     dtype = dev.DTYPES[ss.dtype]
+    check_rows(kind, spec)
     plan = kind.plan(spec, ss.seed)
     n_in, n_out = _inputs_units(plan)
     # the exact path: J for every sample (float32, and float64 for the SVD), and the reverse pass
@@ -1072,7 +1089,7 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_INPUTS))
     x = torch.randn(ss.samples, n_in, generator=gx, device=device, dtype=dtype)  # the probe's inputs
     names = kind.inits(spec)
-    env = _spectrum_environment(ss, device, n_in, n_out, path)
+    env = _spectrum_environment(ss, device, n_in, n_out, path, ss.batch_size or ss.samples)
     if on_start is not None:
         on_start(env)
     runs = []

@@ -336,8 +336,6 @@ class HessianSpec:
         for field_, v in (("top", self.top), ("trace", self.trace)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise SigpropError(f"must be an integer >= 0, got {v!r}", field=field_)
-        if self.trace == 1:
-            raise SigpropError("Hutchinson's standard error needs >= 2 probes", field="trace")
 
 
 @dataclass(frozen=True)

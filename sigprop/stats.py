@@ -156,7 +156,7 @@ def theory_gate(
     name: str, st: RatioStats, low_ln: float, high_ln: float, typical_ln: float, separation=None
 ) -> Check:
     """The ``theory`` verdict on one ratio: the typical ratio inside [low, high] (ln) -- or not
-    testable (``not_a_test``) when that band also holds the predicted typical ratio of the same
+    testable (``not_a_test``) when that band is wider than the step to the predicted typical ratio of the same
     net with every weight layer's variance halved or doubled (``separation``: the ln shifts
     (down, up); None: not known, the band is taken as a test)."""
     blind = not_a_test(name, st.log10_mean, low_ln, high_ln, typical_ln, separation)
@@ -167,16 +167,17 @@ def not_a_test(
     name: str, log10_measured, low_ln: float, high_ln: float, typical_ln: float, separation
 ) -> Check | None:
     """The untestable ``theory`` check of a band that cannot tell this init from one off by a
-    factor of two per layer -- it holds the prediction with every weight layer's variance halved
-    or doubled (``separation``, ln shifts), whatever the measurement -- with the reason; None
+    factor of two per layer -- it is wider than the shift of the predicted typical ratio
+    (``typical_ln``) with every weight layer's variance halved or doubled (``separation``, ln
+    shifts), so that a net of either alternative could read inside it -- with the reason; None
     where the band is a test (docs/theory.md §4, "Which bands are a test")."""
-    if separation is None or separates(typical_ln, low_ln, high_ln, separation):
+    if separation is None or separates(low_ln, high_ln, separation):
         return None
     down, up = separation
     why = (
-        f"not a test: the band [{fmt(low_ln / LN10)}, {fmt(high_ln / LN10)}] also holds the prediction with "
-        f"every weight layer's variance halved ({fmt((typical_ln + down) / LN10)}) or doubled "
-        f"({fmt((typical_ln + up) / LN10)})"
+        f"not a test: the band [{fmt(low_ln / LN10)}, {fmt(high_ln / LN10)}] is wider than the step to the "
+        f"prediction with every weight layer's variance halved ({fmt((typical_ln + down) / LN10)}) or "
+        f"doubled ({fmt((typical_ln + up) / LN10)})"
     )
     if max(abs(up), abs(down)) < 1e-9:
         why += ": the ratio does not depend on the weights' scale (normalised)"

@@ -8,11 +8,12 @@ them against the registries and runs the parser on every name.
 
 from __future__ import annotations
 
+import copy
 import enum
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, get_args
 
 import typer
 from rich.markup import escape
@@ -601,10 +602,20 @@ def probe_table(kind: kinds.Kind):
     )
 
 
-def command(kind: kinds.Kind, table, cls, body):
+def _hidden(p: inspect.Parameter) -> inspect.Parameter:
+    """The same parameter, left out of the command's help (still parsed, so that it can be
+    refused with the kind's reason rather than typer's "No such option")."""
+    base, info = get_args(p.annotation)[0], copy.copy(get_args(p.annotation)[1])
+    info.hidden = True
+    return p.replace(annotation=Annotated[base, info])
+
+
+def command(kind: kinds.Kind, table, cls, body, family: str = "probe"):
     """A typer command for ``kind``: its own parameters, then the shared ones of ``table``
     (typer reads ``__signature__``); called as ``body(kind, spec, opts)`` with the spec the kind
-    makes of its values and the shared options gathered into ``opts: cls``."""
+    makes of its values and the shared options gathered into ``opts: cls``.  What the kind
+    refuses in this command ``family`` (``Kind.refuses``) is left out of the help, and given a
+    value other than its default it is refused in one line with the kind's reason."""
     # an option both declare (the module kind's --data under `sigprop hessian`) is the shared
     # one, and its value goes to both
     both = {name for name, _, _ in table} & {o.name for o in kind.options if o.cli}
@@ -613,8 +624,16 @@ def command(kind: kinds.Kind, table, cls, body):
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=option)
         for name, option, default in table
     ]
+    refused = kind.refuses.get(family, {})
+    defaults = {p.name: p.default for p in own + shared}
+    own, shared = ([_hidden(p) if p.name in refused else p for p in ps] for ps in (own, shared))
 
     def run_command(**kw):
+        for name, why in refused.items():
+            given = kw.get(name, defaults[name])
+            if given != defaults[name] and given not in (None, [], ()):
+                command_ = kind.name if family == "probe" else f"{family} {kind.name}"
+                raise specs.SigpropError(f"sigprop {command_} does not take it: {why}", field=name)
         opts = cls(**{name: kw[name] if name in both else kw.pop(name) for name, _, _ in table})
         values, names = kind_values(kind, kw)
         return body(kind, kind.make(values, names), opts)

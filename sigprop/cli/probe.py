@@ -225,7 +225,7 @@ def register(app: typer.Typer) -> None:
                 f"Curvature at init of the net of `sigprop {kind.name}` (same net options), with a "
                 "10-way linear head and cross-entropy; per init, mean ± sd over --seeds draws."
             ),
-        )(command(kind, HESSIAN_OPTIONS, HessianOptions, run_hessian))
+        )(command(kind, HESSIAN_OPTIONS, HessianOptions, run_hessian, "hessian"))
     spectrum_app = typer.Typer(help=SPECTRUM_HELP, no_args_is_help=True)
     app.add_typer(spectrum_app, name="spectrum")
     for kind in kinds.KINDS.values():
@@ -235,4 +235,4 @@ def register(app: typer.Typer) -> None:
                 f"The input-output Jacobian's singular values of the net of `sigprop {kind.name}` (same net "
                 "options), exactly at a few inputs, per init and draw, beside the large-width theory."
             ),
-        )(command(kind, SPECTRUM_OPTIONS, SpectrumOptions, run_spectrum))
+        )(command(kind, SPECTRUM_OPTIONS, SpectrumOptions, run_spectrum, "spectrum"))

@@ -467,8 +467,15 @@ def measure(
     reached: set[str] = set()
     e_all: torch.Tensor | None = None
 
-    def per_sample_ms(t: torch.Tensor) -> torch.Tensor:
-        return t.detach().reshape(t.shape[0], -1).double().pow(2).mean(1)
+    def per_sample_ms(t: torch.Tensor, where: str = "") -> torch.Tensor:
+        ms = t.detach().reshape(t.shape[0], -1).double().pow(2).mean(1)
+        if where and not bool(torch.isfinite(ms).all()):
+            raise SigpropError(
+                f"{what}: {where} is too large to square in float64 (its mean square overflows): "
+                "rescale the inputs",
+                field="target",
+            )
+        return ms
 
     for lo in range(0, N, step):
         xc = tuple(t[lo : lo + step].detach().requires_grad_(t.is_floating_point()) for t in xs)
@@ -485,7 +492,7 @@ def measure(
                         "state",
                         field="sites",
                     )
-                fwd[name] = per_sample_ms(t)
+                fwd[name] = per_sample_ms(t, f"site {name!r}'s output")
                 numel[name] = t[0].numel()
                 if not t.requires_grad and t.grad_fn is None and t.is_floating_point():
                     t.requires_grad_(True)  # token inputs: the graph starts at the first site
@@ -514,7 +521,9 @@ def measure(
         # token ids have no scale: the forward ratios are then relative to the first site; several
         # inputs: their elements together
         if floating:
-            ms_x = sum(per_sample_ms(t) * t[0].numel() for t in xc) / sum(t[0].numel() for t in xc)
+            ms_x = sum(per_sample_ms(t, "the input") * t[0].numel() for t in xc) / sum(
+                t[0].numel() for t in xc
+            )
         else:
             ms_x = fwd[sites[0]]
         ms_e = per_sample_ms(e)

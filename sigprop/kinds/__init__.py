@@ -15,6 +15,7 @@ from __future__ import annotations
 from sigprop.kinds import cnn, mlp, module, resnet, wrn
 from sigprop.kinds.base import (
     KINDS,
+    ROW_BYTES,
     Hints,
     Kind,
     Memory,
@@ -34,6 +35,7 @@ for _kind in (mlp.MLP, resnet.ResNet, cnn.CNN, wrn.WRN, module.ModuleKind):
 
 __all__ = [
     "KINDS",
+    "ROW_BYTES",
     "Hints",
     "Kind",
     "Memory",

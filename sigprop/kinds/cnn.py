@@ -215,6 +215,9 @@ class CNN(Kind):
         s = steps(spec.image, spec.channels, spec.depth, spec.strided)
         return ConvPlan(s, [math.prod(spec.image)] + [st.units_out for st in plans.layers(s)])
 
+    def rows(self, spec) -> int:
+        return spec.depth
+
     def memory(self, spec, probe, itemsize, free, check) -> Memory:
         C, H, W = spec.image
         small = spec.channels * max(1, H >> spec.strided) * max(1, W >> spec.strided)

@@ -125,7 +125,7 @@ def checks(
     * ``theory``: inside the band of this init's own prediction (``pred_*``, ln RMS) moved by
       the exact finite-width drift and widened by z sd with the Cornish-Fisher skew correction
       (theory.cornish_fisher_band; ``cum_*`` = (drift, variance, third cumulant)) -- not testable
-      where that band also holds the prediction with every layer's variance halved or doubled
+      where that band is wider than the step to the prediction with every layer's variance halved or doubled
       (``separation``: per ratio its ln shifts (down, up); stats.theory_gate).
     """
     default = band is None
@@ -216,6 +216,9 @@ class MLP(Kind):
     def plan(self, spec, seed: int) -> MLPPlan:
         widths = spec.widths(seed)
         return MLPPlan(widths, steps(widths))
+
+    def rows(self, spec) -> int:
+        return spec.depth
 
     def memory(self, spec, probe, itemsize, free, check) -> Memory:
         stream = probe.stream

@@ -319,6 +319,28 @@ class ModuleKind(Kind):
     curvature = True
     provides = frozenset({"taps", MODEL})
     fields = "samples/input_shape"
+    refuses = {
+        "probe": {
+            "stream": "a model keeps its own weights: nothing to stream",
+            "graphs": "a model runs eagerly: no CUDA graphs",
+            "correlation": "input cosines are not measured for a model yet",
+            "pairs": "input cosines are not measured for a model yet",
+            "max_correlation": "input cosines are not measured for a model yet",
+            "observe": "plug-in measurements read sigprop's own walks, not a model's (yet)",
+        },
+        "spectrum": {
+            "sites": "the spectrum reads the model's output, not its sites",
+            "vocab": "token ids have no Jacobian: the spectrum needs a floating input",
+            "depths": "the spectrum against depth is measured for sigprop's own nets only",
+            "at": "the spectrum against depth is measured for sigprop's own nets only",
+            "batch_size": "a model's Jacobian is taken in chunks of its outputs, sized to the memory",
+        },
+        "hessian": {
+            "sites": "the curvature reads the model's output, not its sites",
+            "vocab": "token ids: a model's curvature is measured on floating inputs",
+            "head": "a model's head is PyTorch's default nn.Linear",
+        },
+    }
     default_inits = ("as-is",)
     init_help = "Init (repeatable): as-is keeps the model's own; the others are applied by sigprop.init_."
     probe_defaults = {"samples": 64, "seeds": 1}
@@ -345,8 +367,9 @@ class ModuleKind(Kind):
             "args",
             str,
             None,
-            "A keyword argument of the callable, name=value (a Python literal; repeatable); a bare "
-            "comma list sweeps (depth=10,20,50: one probe per value), a bracketed tuple is one value.",
+            "A keyword argument of the callable, name=value (a Python literal; repeatable); for sigprop "
+            "module a bare comma list sweeps (depth=10,20,50: one probe per value), a bracketed tuple is "
+            "one value.",
             flag="--arg",
             repeat=True,
             toml=(list,),

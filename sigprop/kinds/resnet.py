@@ -439,6 +439,9 @@ class ResNet(Kind):
     def observers(self, spec) -> tuple[str, ...]:
         return ("fwd", "bwd", "branch", "bn") if spec.norm == "bn" else ("fwd", "bwd", "branch")
 
+    def rows(self, spec) -> int:
+        return spec.stages * spec.blocks + 2
+
     def memory(self, spec, probe, itemsize, free, check) -> Memory:
         bn = spec.norm == "bn"
         fields = self.fields

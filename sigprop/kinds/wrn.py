@@ -383,6 +383,9 @@ class WRN(Kind):
     def observers(self, spec) -> tuple[str, ...]:
         return ("fwd", "bwd", "branch")
 
+    def rows(self, spec) -> int:
+        return 3 * spec.blocks + 2
+
     def memory(self, spec, probe, itemsize, free, check) -> Memory:
         C, H, W = spec.image
         small = BASE * spec.widen * max(1, H >> 2) * max(1, W >> 2)

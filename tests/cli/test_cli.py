@@ -534,7 +534,8 @@ def test_wrn_command_reports_every_state_and_stage(capsys, tmp_path):
     ]
     assert main(args) == 0
     out = capsys.readouterr().out
-    # 16 channels, 2 blocks a group: the bands hold a factor of two per layer (issue 37, item 3)
+    # 16 channels, 2 blocks a group: the bands are wider than a factor of two a layer moves them
+    # (issue 37, item 3)
     assert "units" in out and "stage 3 (h^5..h^7, 2 blocks" in out
     assert "not testable against finite-width theory" in out and "not a test: the band" in out
     path = tmp_path / "wrn.json"
