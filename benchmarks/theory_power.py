@@ -16,7 +16,8 @@ counts:
 
 The ResNet cells count testable and false alarms only (He's g = 1 on the branch's last layer is
 not a factor-two alternative there).  Usage: python benchmarks/theory_power.py [--seeds 50]
-[--samples 100] [--quick]; prints one line per cell and a table in Markdown.
+[--samples 100] [--quick] [--only mlp,cnn,resnet]; prints one line per cell and a table in
+Markdown (the numbers of docs/reliability.md §1f: --seeds 200, about 4 minutes on one core).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ CELLS = (
     ("resnet", {"blocks": 10, "dim": 64, "width": "64"}),
     ("resnet", {"blocks": 40, "dim": 64, "width": "64"}),
     ("resnet", {"blocks": 10, "dim": 256, "width": "256"}),
+    ("resnet", {"blocks": 40, "dim": 256, "width": "256"}),
+    ("resnet", {"blocks": 10, "dim": 1024, "width": "1024"}),
 )
 
 
@@ -98,8 +101,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=50)
     ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--quick", action="store_true", help="3 seeds, the first two cells")
+    ap.add_argument("--only", default="", help="the cells of these kinds only (mlp,cnn,resnet)")
     a = ap.parse_args()
-    cells = CELLS[:2] if a.quick else CELLS
+    cells = CELLS[:2] if a.quick else [c for c in CELLS if not a.only or c[0] in a.only.split(",")]
     seeds = 3 if a.quick else a.seeds
     rows = []
     for kind, options in cells:

@@ -193,6 +193,8 @@ class HVP:
         self.shapes = [t.shape for t in self.leaves]
         self.size = sum(t.numel() for t in self.leaves)
         self.calls = 0
+        #: called after every product (the driver's progress: products are the run's unit of time)
+        self.tick: Callable[[], None] | None = None
         self._loss = model.loss
         n = x.shape[0]
         if batch_size is None or batch_size >= n:
@@ -220,7 +222,13 @@ class HVP:
         return self.leaves[0].dtype
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        out = self._product(v)
         self.calls += 1
+        if self.tick is not None:
+            self.tick()
+        return out
+
+    def _product(self, v: torch.Tensor) -> torch.Tensor:
         parts, k = [], 0
         for sh in self.shapes:
             n = math.prod(sh)
@@ -340,6 +348,16 @@ def largest_eigenvalue(
             V.append(w / b)
         v = torch.as_tensor(s, device=dev, dtype=dtype) @ torch.stack(V)
         v = v / torch.linalg.vector_norm(v)
+
+
+def planned_products(hs, layers: int, size: int) -> int:
+    """The Hessian-vector products one draw takes at most, as ``hs`` asks (the run's estimate and
+    its progress count them): --iters for the largest eigenvalue (fewer when it converges), --top's
+    ARPACK basis twice over (its restarts vary), --trace's probes, --density's probes x steps and
+    --per-layer's --iters a layer."""
+    n = hs.iters + hs.trace + (hs.probes * hs.steps if hs.density else 0)
+    n += 2 * arpack_basis(hs.top, size) if hs.top else 0
+    return n + (hs.iters * layers if hs.per_layer else 0)
 
 
 def arpack_basis(k: int, size: int) -> int:

@@ -739,8 +739,9 @@ def predict_graph(
             out, dm = [], []
             for s in src:
                 m1, q1, d2 = theory.activation_moments(nd.fn[0], nd.fn[1], s.m, s.q)
-                k1 = min(theory.shared_moments(nd.fn[0], nd.fn[1], s.m, s.q, s.k)[2], q1)
-                dm.append((d2, theory.shared_moments(nd.fn[1], nd.fn[1], s.m, s.q, s.k)[2]))
+                both = theory.shared_moments(nd.fn[0], nd.fn[1], s.m, s.q, s.k)
+                k1 = min(both[2], q1)
+                dm.append((d2, both.derivative_cross))
                 out.append(_Seg(s.w, q1, m1, k1, s.p))
             st[i], dmom[i] = out, dm
         elif nd.op == "maxpool":
@@ -748,8 +749,9 @@ def predict_graph(
             pre = src if nd.fn is None else st[nodes[ins[0]].inputs[0]]
             out, dm = [], []
             for s, z in zip(src, pre):
-                m1, q1, k1, d2 = theory.shared_moments(fn[0], fn[1], z.m, z.q, z.k, nd.pool)
-                dm.append((d2, theory.shared_moments(fn[1], fn[1], z.m, z.q, z.k, nd.pool)[2]))
+                both = theory.shared_moments(fn[0], fn[1], z.m, z.q, z.k, nd.pool)
+                m1, q1, k1, d2 = both
+                dm.append((d2, both.derivative_cross))
                 p = _normalised(along(nd.mats, _profile(s.p, nd.mats))) if nd.mats else None
                 out.append(_Seg(s.w, q1, m1, min(k1, q1), p))
             st[i], dmom[i] = out, dm

@@ -463,14 +463,21 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     arrays: dict[str, dict[str, np.ndarray]] = {}
     # a data-dependent init calibrates on the probe's inputs (a chunk's worth with --batch-size)
     calib = modules.rows(x, 0, spec.batch_size) if spec.batch_size else x
+    floating = all(t.is_floating_point() for t in (x if isinstance(x, tuple) else (x,)))
     for name, scheme in zip(names, schemes):
         got: dict[str, list] = {k: [] for k in ("fwd", "bwd", "reached", *PREDICTIONS)}
         for draw in range(probe_spec.seeds):
             model = _model_draw(
                 factory, scheme, name, probe_spec.seed, draw, device, dtype, calib, plan.init_notes
             )
+            what = f"init {name!r}: the model"
+            traced = modules.trace_graph(model, x, what) if floating else None
             if not plan.sites:  # one forward of two samples: the input checked, the sites, the memory
-                seen = modules.survey(model, modules.rows(x, 0, 2), f"init {name!r}: the model")
+                seen = (
+                    traced.survey
+                    if traced and traced.survey
+                    else modules.survey(model, modules.rows(x, 0, 2), what)
+                )
                 plan.sites, plan.site_notes = modules.resolve_sites(model, spec.sites, seen.called)
                 if seen.output:
                     plan.site_notes.insert(0, seen.output)
@@ -479,9 +486,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
                 # DenseNet121 at 3x224x224 with 64 samples (benchmarks/module.py)
                 rows = min(spec.batch_size or probe_spec.samples, probe_spec.samples)
                 dev.check_memory(weights + seen.per_sample * rows, device, kind.fields, MODEL_MEMORY_HINT)
-            ln_f, ln_b, numels, reached = modules.measure(
-                model, x, e_seed, plan.sites, spec.batch_size, f"init {name!r}: the model"
-            )
+            ln_f, ln_b, numels, reached = modules.measure(model, x, e_seed, plan.sites, spec.batch_size, what)
             if not started:  # the banner once the model has run: a model that cannot, says only why
                 started = True
                 if on_start is not None:
@@ -489,7 +494,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
             if not plan.entries:
                 plan.entries = list(numels)
             got["reached"].append(np.asarray(reached, dtype=np.float64))
-            for k, v in (("fwd", ln_f), ("bwd", ln_b), *_model_prediction(model, x, plan, kind).items()):
+            for k, v in (("fwd", ln_f), ("bwd", ln_b), *_model_prediction(traced, x, plan, kind).items()):
                 got[k].append(v)
             done += 1
             if progress is not None:
@@ -504,10 +509,10 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
 PREDICTIONS = ("pred_fwd", "pred_bwd", "pred_fwd_down", "pred_bwd_down", "pred_fwd_up", "pred_bwd_up")
 
 
-def _model_prediction(model, x, plan, kind) -> dict[str, np.ndarray]:
+def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
     """ln of the predicted RMS ratios at the sites for this draw's weights (``PREDICTIONS``; nan
-    where no map reaches), and, once, the sites' finite-width spread and the notes
-    (sigprop/kinds/module.py)."""
+    where no map reaches) from its trace (``modules.trace_graph``; None: token inputs), and,
+    once, the sites' finite-width spread and the notes (sigprop/kinds/module.py)."""
     E = len(plan.sites)
     out = {k: np.full(E, np.nan) for k in PREDICTIONS}
 
@@ -519,11 +524,11 @@ def _model_prediction(model, x, plan, kind) -> dict[str, np.ndarray]:
         return out
 
     xs = x if isinstance(x, tuple) else (x,)
-    if not all(t.is_floating_point() for t in xs):  # token ids: no moment map for the embedding yet
+    if traced is None:  # token ids: no moment map for the embedding yet
         return none("token inputs: the theory starts at a float input, measured only")
-    nodes, where, why = modules.trace(model, x, plan.sites)
-    if nodes is None:
-        return none(why)
+    if traced.nodes is None:
+        return none(traced.why)
+    nodes, where = traced.nodes, traced.where(plan.sites)
     # the ratios' reference: all inputs' elements together; each input node starts from its own
     q_in = sum(float(t.double().pow(2).sum()) for t in xs) / sum(t.numel() for t in xs)
     moments = ([float(t.double().pow(2).mean()) for t in xs], [float(t.double().mean()) for t in xs])
@@ -702,7 +707,8 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
     rows = min(x.shape[0], hs.batch_size or x.shape[0])
     env: dict = {}
     notes: list[str] = []
-    runs, total, done = [], len(names) * hs.seeds, 0
+    runs, done = [], 0
+    products = Products(progress, hs)
     for name in names:
         scheme = kind.scheme(spec, name)
         draws = []
@@ -730,12 +736,13 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
                 )
                 if on_start is not None:
                     on_start(env)
-            d = _curvature_draw(H.HVP(m, x, y, hs.batch_size), hs, draw, device)
+            h = H.HVP(m, x, y, hs.batch_size)
+            products.start(h, f"{name}: draw {draw}", len(names) * hs.seeds - done)
+            d = _curvature_draw(h, hs, draw, device)
+            products.finish()
             d.seconds = time.perf_counter() - t0
             draws.append(d)
             done += 1
-            if progress is not None:
-                progress(done, total, f"{name}: draw {draw}")
         runs.append(CurvatureRun(name, kind.curvature_description(spec, scheme), draws))
     config = {
         "command": kind.name,
@@ -745,6 +752,36 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
         "model_notes": notes,
     }
     return HessianResult(kind.name, config, {"sigprop": __version__, **env}, runs)
+
+
+class Products:
+    """The curvature's progress in its unit of time, the Hessian-vector product: ``progress(done,
+    total, "init: draw k")`` after every product, the total being each draw's planned products
+    (``hessian.planned_products``, an upper bound: Lanczos stops when it converges) over the
+    draws still to run, so that the first product's time and the total make an estimate."""
+
+    def __init__(self, progress: ProgressFn | None, hs: specs.HessianSpec) -> None:
+        self.progress, self.hs = progress, hs
+        self.done = self.total = self.end = 0
+        self.label = ""
+
+    def start(self, h, label: str, draws_left: int) -> None:
+        """A draw begins on ``h`` (its products now counted); ``draws_left`` with it."""
+        planned = H.planned_products(self.hs, len(H.layer_blocks(h)) if self.hs.per_layer else 0, h.size)
+        self.total = self.done + planned * draws_left
+        self.end, self.label = self.done + planned, label
+        h.tick = self.tick
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total, self.label)
+
+    def finish(self) -> None:
+        """The draw is done: the products it did not need leave the total."""
+        self.total -= self.end - self.done
+        if self.progress is not None:
+            self.progress(self.done, self.total, self.label)
 
 
 def _curvature_draw(h, hs: specs.HessianSpec, draw: int, device) -> CurvatureDraw:
@@ -823,8 +860,8 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
     env = _curvature_environment(hs, device, int(x.shape[0]), need, host, fields, params, top_basis)
     if on_start is not None:
         on_start(env)
-    runs = []
-    total, done = len(names) * hs.seeds, 0
+    runs, done = [], 0
+    products = Products(progress, hs)
     for name in names:
         scheme = schemes[name]
         draws = []
@@ -833,12 +870,13 @@ def _curvature(spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult
             # the weights: drawn as the probe draws them; a data-dependent init calibrated on the
             # first minibatch with --batch-size (the authors' code calibrates on one training batch)
             m = H.build(plan.steps, scheme, kind.space(spec), x[:rows], hs.seed, draw, hs.head)
-            d = _curvature_draw(H.HVP(m, x, y, hs.batch_size), hs, draw, device)
+            h = H.HVP(m, x, y, hs.batch_size)
+            products.start(h, f"{name}: draw {draw}", len(names) * hs.seeds - done)
+            d = _curvature_draw(h, hs, draw, device)
+            products.finish()
             d.seconds = time.perf_counter() - t0
             draws.append(d)
             done += 1
-            if progress is not None:
-                progress(done, total, f"{name}: draw {draw}")
         description = kind.curvature_description(spec, scheme)
         runs.append(CurvatureRun(name, description, draws))
     # the data actually measured: a file's own count (or the first --samples of it)

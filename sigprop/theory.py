@@ -656,6 +656,13 @@ def _legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.polynomial.legendre.leggauss(n)
 
 
+#: the quadratures' cache: a model's three predictions (as traced, every layer's variance halved
+#: and doubled) meet the same activation inputs after every normalisation, and a draw's repeated
+#: blocks the same ones; the functions are kept alive by the cache, so their ids are never reused
+QUADRATURE_CACHE = 4096
+
+
+@functools.lru_cache(maxsize=QUADRATURE_CACHE)
 def activation_moments(phi, dphi, mean: float, second: float) -> tuple[float, float, float]:
     """For z ~ N(mean, second - mean^2): (E[phi(z)], E[phi(z)^2], E[phi'(z)^2]), the mean-field
     map of an elementwise activation (Poole et al. 2016, eq. 3; for ReLU at mean 0: E[phi^2] =
@@ -693,13 +700,15 @@ def _split_nodes(kink) -> tuple[np.ndarray, np.ndarray]:
     return x, wt
 
 
+@functools.lru_cache(maxsize=QUADRATURE_CACHE)
 def shared_moments(phi, dphi, mean: float, second: float, shared: float, pool: int = 1):
     """The mean-field moments of y = phi(max of ``pool`` pre-activations) of one unit, where the
     pre-activations z_j = mu + eps_j share the unit's offset mu ~ N(mean, shared - mean^2) (what
     the unit's weights make common to every sample and position: ``shared`` = E[z(a) z(b)] for
     two different samples or positions) and have independent fluctuations eps_j ~ N(0, second -
     shared).  Returns (E[y], E[y^2], E[y(a) y(b)] -- two independent draws of the fluctuations,
-    the same mu --, E[phi'(z*)^2] at the maximising z*).  ``pool`` = 1 is the activation's own
+    the same mu --, E[phi'(z*)^2] at the maximising z*) with E[phi'(z*(a)) phi'(z*(b))] beside
+    them (``SharedMoments.derivative_cross``).  ``pool`` = 1 is the activation's own
     map with the cross moment added (for ReLU at mean 0 the arc-cosine kernel, Cho & Saul 2009);
     ``pool`` = P > 1 is a P-element max pooling after a nondecreasing phi (max phi(z_j) =
     phi(max z_j)), the maximum of P standard normals having density P phi(u) Phi(u)^(P-1).
@@ -726,13 +735,30 @@ def shared_moments(phi, dphi, mean: float, second: float, shared: float, pool: i
         wi, z = np.ones((mu.size, 1)), mu[:, None]
     f = phi(z.ravel()).reshape(z.shape)
     d = dphi(z.ravel()).reshape(z.shape)
-    inner_f, inner_f2, inner_d2 = (wi * f).sum(1), (wi * f * f).sum(1), (wi * d * d).sum(1)
-    return (
+    inner_f, inner_f2, inner_d, inner_d2 = (
+        (wi * f).sum(1),
+        (wi * f * f).sum(1),
+        (wi * d).sum(1),
+        (wi * d * d).sum(1),
+    )
+    return SharedMoments(
         float(wo @ inner_f),
         float(wo @ inner_f2),
         float(wo @ (inner_f * inner_f)),
         float(wo @ inner_d2),
+        float(wo @ (inner_d * inner_d)),
     )
+
+
+class SharedMoments(tuple):
+    """``shared_moments``' values: (E[y], E[y^2], E[y(a) y(b)], E[phi'^2]) as a 4-tuple, and
+    ``derivative_cross``, E[phi'(a) phi'(b)] (the gradient's shared moment through the
+    activation), read off the same nested grid -- one quadrature where two were."""
+
+    def __new__(cls, mean, second, cross, derivative_second, derivative_cross):
+        self = super().__new__(cls, (mean, second, cross, derivative_second))
+        self.derivative_cross = derivative_cross
+        return self
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -80,12 +81,80 @@ def render_rich(draw, output: Optional[Path]) -> None:
     write_output(console.export_text(), output)
 
 
-def _progress_callback(total_label: str):
-    """A rich progress bar on stderr when stderr is a terminal; otherwise nothing.  It names the
-    init and the pass running now, and shows elapsed time and the estimate only once a tenth of
-    the steps are done (the first layers include one-time setup: an early estimate misleads)."""
-    if not sys.stderr.isatty():
-        return None, None
+#: seconds between two progress lines on a stderr that is not a terminal (a log); the run's
+#: estimate is said once when it exceeds ``LONG_RUN``
+LOG_INTERVAL = float(os.environ.get("SIGPROP_PROGRESS_SECONDS", "60"))
+LONG_RUN = 60.0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class _Progress:
+    """What every long run says on stderr: once its second step is done, the estimate of the
+    whole run from that step's time and the steps planned (when it exceeds ``LONG_RUN``: "about
+    12 min for at most 9,000 Hessian-vector products at 0.08 s each"), then its progress -- a
+    rich bar on a terminal, else a line every ``LOG_INTERVAL`` seconds (a log, a CI job)."""
+
+    def __init__(self, total_label: str, unit: str) -> None:
+        self.label, self.unit = total_label, unit
+        self.bar = _bar() if sys.stderr.isatty() else None
+        self.task = self.bar.add_task(total_label, total=None) if self.bar else None
+        self.t0 = self.last = self.t1 = 0.0
+        self.said = False
+
+    def start(self) -> None:
+        self.t0 = self.last = time.monotonic()
+        if self.bar is not None:
+            self.bar.start()
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def _line(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.console.print(text, highlight=False, soft_wrap=True)
+        else:
+            _say(text)
+
+    def update(self, done: int, total: int, label: str = "") -> None:
+        now = time.monotonic()
+        if done == 1:
+            self.t1 = now
+        elif done == 2 and total > 2 and not self.said:
+            step = now - self.t1
+            left = step * (total - done)
+            self.said = True
+            if now - self.t0 + left > LONG_RUN:
+                self._line(
+                    f"sigprop: {self.label}: about {_duration(now - self.t0 + left)} in all, for at most "
+                    f"{total:,} {self.unit} at {step:.2g} s each"
+                    + ("" if self.bar is not None else f"; a line every {_duration(LOG_INTERVAL)} here")
+                )
+        if self.bar is not None:
+            self.bar.update(
+                self.task, completed=done, total=total, description=f"{self.label} {label}".strip()
+            )
+        elif now - self.last >= LOG_INTERVAL and done < total:
+            self.last = now
+            rate = (now - self.t1) / max(done - 1, 1) if done > 1 else None
+            eta = "" if rate is None else f", about {_duration(rate * (total - done))} left"
+            _say(
+                f"sigprop: {self.label} {label}: {done:,} of at most {total:,} {self.unit}, "
+                f"{_duration(now - self.t0)} elapsed{eta}"
+            )
+
+
+def _bar() -> Progress:
+    """The progress bar on a terminal: it names the init and the pass running now, and shows
+    elapsed time and the estimate only once a tenth of the steps are done (the first layers
+    include one-time setup: an early estimate misleads)."""
 
     class _Remaining(TimeRemainingColumn):
         def render(self, task):
@@ -93,7 +162,7 @@ def _progress_callback(total_label: str):
                 return TextColumn("estimating").render(task)
             return super().render(task)
 
-    prog = Progress(
+    return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -102,9 +171,9 @@ def _progress_callback(total_label: str):
         console=_stderr(),
         transient=True,
     )
-    task = prog.add_task(total_label, total=None)
 
-    def update(done: int, total: int, label: str = "") -> None:
-        prog.update(task, completed=done, total=total, description=f"{total_label} {label}".strip())
 
-    return prog, update
+def _progress_callback(total_label: str, unit: str = "steps"):
+    """(progress, update): ``_Progress`` and its update, for the core's ``progress`` callback."""
+    prog = _Progress(total_label, unit)
+    return prog, prog.update

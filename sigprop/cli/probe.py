@@ -85,7 +85,7 @@ def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
 
     results = []
     for point, label in zip(points, labels):
-        prog, update = _progress_callback("probing")
+        prog, update = _progress_callback("probing", "layer steps")
         banner = _banner(kind, point, probe.seed, probe.seeds)
         if prog is not None:
             prog.start()
@@ -145,7 +145,7 @@ def run_hessian(kind: kinds.Kind, spec, opts: HessianOptions) -> None:
 
     from sigprop import api  # the lazy torch import at the CLI's edge
 
-    prog, update = _progress_callback("hessian")
+    prog, update = _progress_callback("hessian", "Hessian-vector products")
     banner = _banner(kind, spec, hs.seed, hs.seeds)
     if prog is not None:
         prog.start()
@@ -186,7 +186,7 @@ def run_spectrum(kind: kinds.Kind, spec, opts: SpectrumOptions) -> None:
 
     from sigprop import api  # the lazy torch import at the CLI's edge
 
-    prog, update = _progress_callback("spectrum")
+    prog, update = _progress_callback("spectrum", "draws")
     banner = _banner(kind, spec, ss.seed, ss.seeds)
     if prog is not None:
         prog.start()

@@ -14,12 +14,14 @@ read: the autograd floor of benchmarks/floor.py).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
 import fnmatch
 import functools
 import inspect
+import io
 import math
 import operator
 import re
@@ -30,6 +32,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
+from scipy import special
 from torch.fx.passes.shape_prop import ShapeProp
 from torch.nn.utils.parametrizations import _WeightNorm
 from torch.nn.utils.parametrize import ParametrizationList
@@ -338,6 +341,30 @@ def output_tensor(y, where: str = "the model's output"):
     return t
 
 
+#: the chunk over which ``mean_squares`` sums squares in the state's own precision
+SQUARES_CHUNK = 1024
+
+
+def mean_squares(t: torch.Tensor) -> torch.Tensor:
+    """Per sample (row) the mean of the squares of ``t``'s elements, float64 [N].  A float32 state
+    is summed in chunks of ``SQUARES_CHUNK`` by ``vector_norm`` (one fused pass, no copy) and the
+    chunks' squares added in float64: 3e-8 relative against a float64 sum on 4.7M elements, where
+    one float32 ``vector_norm`` over the row was 2e-3 off at 19M and ``.double().pow(2)`` a copy
+    and 7x the time (the sites of a UNet were a third of a probe).  A row whose mean square leaves
+    [1e-30, 1e30] -- squares that could under- or overflow float32 -- is summed in float64."""
+    rows = t.reshape(t.shape[0], -1)
+    n = rows.shape[1]
+    if rows.dtype != torch.float32 or n < SQUARES_CHUNK:
+        return rows.double().pow(2).mean(1)
+    m = n // SQUARES_CHUNK
+    head = torch.linalg.vector_norm(rows[:, : m * SQUARES_CHUNK].reshape(-1, m, SQUARES_CHUNK), dim=2)
+    ms = (head.double().pow(2).sum(1) + rows[:, m * SQUARES_CHUNK :].double().pow(2).sum(1)) / n
+    bad = ~torch.isfinite(ms) | (ms < 1e-30) | (ms > 1e30)
+    if bool(bad.any()):
+        ms[bad] = rows[bad].double().pow(2).mean(1)
+    return ms
+
+
 def output_choice(y) -> str:
     """Which tensor of a forward's result the probe reads, in words, where there was a choice
     (a tuple, list or dict of several tensors): "" for a single tensor."""
@@ -468,7 +495,7 @@ def measure(
     e_all: torch.Tensor | None = None
 
     def per_sample_ms(t: torch.Tensor, where: str = "") -> torch.Tensor:
-        ms = t.detach().reshape(t.shape[0], -1).double().pow(2).mean(1)
+        ms = mean_squares(t.detach())
         if where and not bool(torch.isfinite(ms).all()):
             raise SigpropError(
                 f"{what}: {where} is too large to square in float64 (its mean square overflows): "
@@ -1293,6 +1320,67 @@ def _nondecreasing(phi) -> bool:
     return bool(np.all(np.diff(phi(z)) >= -1e-12))
 
 
+def _relu(z):
+    return np.maximum(z, 0.0), (z > 0.0).astype(np.float64)
+
+
+def _leaky(slope: float):
+    return lambda z: (np.where(z > 0.0, z, slope * z), np.where(z > 0.0, 1.0, slope))
+
+
+def _tanh(z):
+    t = np.tanh(z)
+    return t, 1.0 - t * t
+
+
+def _sigmoid(z):
+    s = special.expit(z)
+    return s, s * (1.0 - s)
+
+
+def _silu(z):
+    s = special.expit(z)
+    return z * s, s * (1.0 + z * (1.0 - s))
+
+
+def _gelu(z):
+    c = special.ndtr(z)
+    return z * c, c + z * np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+
+
+def _numpy_activation(n: fx.Node, m: nn.Module | None):
+    """(phi, phi') of an ``act`` node in numpy where the function is one of the common ones
+    (ReLU, leaky ReLU, tanh, sigmoid, SiLU, exact GELU): the quadratures of the moment maps
+    evaluate it on 65,536 points a call, and the generic path (torch, with autograd for phi') is
+    a third of a small model's probe; else ``_numpy_fn`` of ``_activation``.  The same values to
+    float64 rounding (tests/kinds/test_module.py)."""
+    both = None
+    if m is not None:
+        if type(m) is nn.ReLU:
+            both = _relu
+        elif type(m) is nn.LeakyReLU:
+            both = _leaky(float(m.negative_slope))
+        elif type(m) is nn.GELU and m.approximate == "none":
+            both = _gelu
+        else:
+            both = {nn.Tanh: _tanh, nn.Sigmoid: _sigmoid, nn.SiLU: _silu}.get(type(m))
+    elif not [a for a in n.args[1:] if not isinstance(a, fx.Node)] and not set(n.kwargs) - {"inplace"}:
+        key = n.target if n.op == "call_function" else getattr(torch, n.target, None)
+        both = {
+            torch.relu: _relu,
+            F.relu: _relu,
+            torch.tanh: _tanh,
+            torch.sigmoid: _sigmoid,
+            F.silu: _silu,
+            F.gelu: _gelu,
+        }.get(key)
+    if both is None:
+        return _numpy_fn(_activation(n, m))
+    return (lambda z: both(np.asarray(z, dtype=np.float64))[0]), (
+        lambda z: both(np.asarray(z, dtype=np.float64))[1]
+    )
+
+
 def _activation(n: fx.Node, m: nn.Module | None):
     """The elementwise function an ``act`` node applies: the module, or the function or tensor
     method with the node's constant arguments (in-place flags dropped)."""
@@ -1396,15 +1484,64 @@ def _add_node(gm, n: fx.Node, label: str, index: dict, nodes: list, fx_of: list)
     return plans.GraphNode(label, "unknown", ins, why=f"{label} of {len(states)} states")
 
 
+@dataclass
+class Traced:
+    """A model traced by ``trace_graph``: its graph of moment maps (``nodes``), the last node
+    inside every module path (``last_in``: a site's node), and the ``Survey`` the shape
+    propagation's forward of two samples gives for free; ``why`` (and no nodes) where torch.fx
+    could not trace it."""
+
+    nodes: list | None
+    last_in: dict
+    why: str = ""
+    survey: Survey | None = None
+
+    def where(self, sites: list[str]) -> list[int | None]:
+        return [self.last_in.get(s) for s in sites]
+
+
 def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
     """The model's graph of moment maps and each site's node (None where the site is not in the
-    graph), or (None, None, why) when torch.fx cannot trace it."""
+    graph), or (None, None, why) when torch.fx cannot trace it (``trace_graph``)."""
+    t = trace_graph(model, x)
+    return (None, None, t.why) if t.nodes is None else (t.nodes, t.where(sites), "")
+
+
+def _survey_of(gm: fx.GraphModule, out, rows_: int, what: str) -> Survey:
+    """``survey``'s record from a shape propagation: its modules' outputs (bytes per sample),
+    the module paths it ran (calls and their enclosing modules), and its output."""
+    total, called = 0, set()
+    for n in gm.graph.nodes:
+        called |= set((n.meta.get("nn_module_stack") or {}).keys())
+        if n.op == "call_module":
+            called.add(n.target)
+            meta = n.meta.get("tensor_meta")
+            if meta is not None and hasattr(meta, "shape"):
+                total += math.prod(meta.shape) * meta.dtype.itemsize
+    y = output_tensor(out)
+    check_finite(y, f"{what}'s output on the probe's inputs")
+    return Survey(total // max(rows_, 1), frozenset(called), y[0].numel(), output_choice(out))
+
+
+def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
+    """``Traced``: torch.fx's graph of the model with its shapes (a forward of two samples, no
+    graph -- a batch norm needs two) made into moment maps."""
+    two = rows(x, 0, 2) if isinstance(x, tuple) else (x[:2],)
     try:
         gm = fx.symbolic_trace(model)
-        with torch.no_grad():  # shapes per sample: two samples suffice (a batch norm needs two)
-            ShapeProp(gm).propagate(*(rows(x, 0, 2) if isinstance(x, tuple) else (x[:2],)))
+        # ShapeProp prints the traceback of a failing node itself: the failure is said in one line
+        with torch.no_grad(), Deterministic(), contextlib.redirect_stderr(io.StringIO()):
+            out = ShapeProp(gm).propagate(*two)
     except Exception as exc:
-        return None, None, f"torch.fx could not trace the model ({type(exc).__name__}: {_first_line(exc)})"
+        return Traced(
+            None, {}, f"torch.fx could not trace the model ({type(exc).__name__}: {_first_line(exc)})"
+        )
+    try:
+        seen = _survey_of(gm, out, two[0].shape[0], what)
+    except SigpropError as exc:
+        if "NaN" in exc.message:
+            raise
+        seen = None  # an output sigprop cannot read: ``survey`` says why on the model itself
     index: dict[fx.Node, int] = {}
     nodes: list[plans.GraphNode] = []
     fx_of: list[fx.Node] = []  # each graph node's fx node
@@ -1433,7 +1570,7 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
         elif k == "norm":
             node = _norm_node(m, n.target, tensor_inputs, shape(n.args[0]))
         elif k == "act":
-            node = plans.GraphNode(label, "act", tensor_inputs, fn=_numpy_fn(_activation(n, m)))
+            node = plans.GraphNode(label, "act", tensor_inputs, fn=_numpy_activation(n, m))
         elif k == "identity":
             node = plans.GraphNode(label, "identity", tensor_inputs)
         elif k == "mix" and shape(n.args[0]) and shape(n) and len(tensor_inputs) == 1:
@@ -1487,5 +1624,4 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
             last_in[path] = index[n]
         if n.op == "call_module":
             last_in[n.target] = index[n]
-    where = [last_in.get(s) for s in sites]
-    return nodes, where, ""
+    return Traced(nodes, last_in, "", seen)
