@@ -366,10 +366,11 @@ def arpack_basis(k: int, size: int) -> int:
     return min(size, max(2 * k + 1, 20))
 
 
-def lanczos_top(hvp, k: int, tol: float = 1e-4, seed: int = 0) -> list[float]:
+def lanczos_top(hvp, k: int, tol: float = 1e-4, seed: int = 0, vectors: bool = False):
     """The k largest-magnitude eigenvalues by implicitly restarted Lanczos (ARPACK through
     ``scipy.sparse.linalg.eigsh``, basis ``arpack_basis``) on the HVP, in decreasing magnitude;
-    k < size (the caller refuses more)."""
+    k < size (the caller refuses more).  ``vectors``: (values, their unit Ritz vectors as tensors
+    on the operator's device) instead."""
     dev, dtype = hvp.device, hvp.dtype
     op = LinearOperator(
         (hvp.size, hvp.size),
@@ -379,10 +380,16 @@ def lanczos_top(hvp, k: int, tol: float = 1e-4, seed: int = 0) -> list[float]:
         ),
     )
     v0 = np.random.default_rng(seed).standard_normal(hvp.size)
-    vals = eigsh(
-        op, k=k, which="LM", tol=tol, v0=v0, ncv=arpack_basis(k, hvp.size), return_eigenvectors=False
+    got = eigsh(
+        op, k=k, which="LM", tol=tol, v0=v0, ncv=arpack_basis(k, hvp.size), return_eigenvectors=vectors
     )
-    return sorted((float(v) for v in vals), key=abs, reverse=True)
+    if not vectors:
+        return sorted((float(v) for v in got), key=abs, reverse=True)
+    vals, vecs = got
+    order = sorted(range(len(vals)), key=lambda i: abs(vals[i]), reverse=True)
+    return [float(vals[i]) for i in order], [
+        torch.as_tensor(vecs[:, i], device=dev, dtype=dtype) for i in order
+    ]
 
 
 def hutchinson_trace(hvp, probes: int, gen: torch.Generator) -> tuple[float, float | None]:

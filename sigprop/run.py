@@ -1191,5 +1191,6 @@ def _spectrum(spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResul
                 None if density is None else dataclasses.asdict(density),
             )
         )
-    config = {"command": kind.name, **spec.to_dict(), **ss.__dict__}
+    # the plan's own record beside the spec (the drawn widths of --width LO:HI)
+    config = {"command": kind.name, **spec.to_dict(), **ss.__dict__, **plan.config}
     return SpectrumResult(kind.name, config, {"sigprop": __version__, **env}, runs)
