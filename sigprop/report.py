@@ -333,12 +333,7 @@ def run_summary(run: RunResult, draws: int = 1, envelope: bool = False) -> Text:
     agree = ", ".join(
         (
             f"{d} {v['layers_agreeing']}/{v['layers_compared']}"
-            + (
-                f" ({v['layers_uninformative']} in bands wider than a factor of two a layer moves them: "
-                "no test)"
-                if v["layers_uninformative"]
-                else ""
-            )
+            + (f" ({v['layers_uninformative']} ~: no test)" if v["layers_uninformative"] else "")
         )
         if v["layers_compared"]
         else (f"{d} not tested (a prediction, no band)" if predicted[d] else f"{d} no closed form")

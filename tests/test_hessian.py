@@ -557,3 +557,30 @@ def test_hessian_module_command(tmp_path, capsys):
     assert main([*argv, "--head", "init"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--head" in err[0]
+
+
+def test_a_long_curvature_run_says_its_estimate_and_logs_its_progress(capsys, monkeypatch):
+    """Issue 37, item 12: on a stderr that is not a terminal (a log, a CI job) a curvature run
+    says its estimate once -- from its second product's time and the products planned -- and a
+    progress line at intervals (here every call: the interval and the threshold set to 0)."""
+    from sigprop.cli import output
+
+    monkeypatch.setattr(output, "LOG_INTERVAL", 0.0)
+    monkeypatch.setattr(output, "LONG_RUN", 0.0)
+    argv = ["hessian", "mlp", "--depth", "3", "--width", "8", "--input-dim", "8", "--samples", "16"]
+    assert main(argv + ["--seeds", "2", "--iters", "5", "--trace", "2", "--init", "proposed"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    estimate = [line for line in err if "in all, for at most" in line]
+    assert len(estimate) == 1 and "14 Hessian-vector products at" in estimate[0], err
+    progress = [line for line in err if "of at most" in line and "elapsed" in line]
+    assert progress and all(line.startswith("sigprop: hessian proposed: draw ") for line in progress)
+
+
+def test_one_hutchinson_probe_gives_a_trace_without_a_standard_error(capsys):
+    """Issue 37, item 11: --trace showed [x>=0] and refused 1; one probe is an estimate with no
+    spread to take its standard error from: the trace, its error None ("—" nowhere: the ± left
+    out)."""
+    argv = ["hessian", "mlp", "--depth", "2", "--width", "6", "--input-dim", "6", "--samples", "8"]
+    assert main(argv + ["--seeds", "1", "--iters", "3", "--trace", "1", "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)["runs"][0]["draws"][0]
+    assert d["trace"] is not None and d["trace_se"] is None

@@ -81,7 +81,7 @@ def test_gate_spec_band_must_hold_1_and_the_correlation_bound_adds_c0_0():
     [
         ({"tol": 0.0}, "tol"),
         ({"top": -1}, "top"),
-        ({"trace": 1}, "trace"),
+        ({"trace": -1}, "trace"),
         ({"head": "mine"}, "head"),
         ({"batch_size": 0}, "batch_size"),
         ({"iters": 0}, "iters"),

@@ -154,9 +154,13 @@ def test_multi_stage_proposed_passes_and_he_fails():
     assert len(prop.verdict_checks("preserved")) == 6 and prop.passed, [
         (c.name, c.log10_measured, c.log10_low, c.log10_high) for c in prop.checks
     ]
-    assert prop.agrees_with_theory, [
-        (c.name, c.log10_measured, c.log10_low, c.log10_high) for c in prop.verdict_checks("theory")
+    # every stage check with a band passes; at widths 64-96 and 15 blocks a stage's band is wider
+    # than the step to every layer's variance halved or doubled there: not a test (issue 37, item 3)
+    theory_checks = prop.verdict_checks("theory")
+    assert all(c.passed for c in theory_checks if c.has_band), [
+        (c.name, c.log10_measured, c.log10_low, c.log10_high) for c in theory_checks
     ]
+    assert all("not a test" in c.note for c in theory_checks if not c.has_band)
     assert all(r.forward.agrees and r.backward.agrees for r in prop.layers)
     he = _run(spec, "he", plan, out["he"], CPU.samples)
     assert all(r.forward.agrees and r.backward.agrees for r in he.layers)

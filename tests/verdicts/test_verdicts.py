@@ -120,7 +120,9 @@ def test_gate_theory_on_the_cli(capsys):
 
 
 def test_resnet_runs_carry_both_verdicts():
-    r = api.probe_resnet(blocks=10, dim=128, width=128, samples=32, inits=["proposed", "he"], device="cpu")
+    # at width 1024 the stage bands are narrower than the step to every layer's variance halved
+    # or doubled (issue 37, item 3; benchmarks/theory_power.py: testable in 200 of 200 seeds)
+    r = api.probe_resnet(blocks=10, dim=1024, width=1024, samples=32, inits=["proposed", "he"], device="cpu")
     prop, he = r.run("proposed"), r.run("he")
     assert prop.preserved and prop.agrees_with_theory
     assert not he.preserved and he.agrees_with_theory
@@ -222,7 +224,7 @@ def test_agreement_in_a_band_that_holds_a_factor_of_two_is_marked_as_no_test(cap
         ]
     )
     out = capsys.readouterr().out
-    assert code == 0 and "in bands wider than a factor of two a layer moves them: no test" in out
+    assert code == 0 and "~: no test)" in out
     marks = {
         l.split()[0]: l.split()[5] for l in out.splitlines() if l.strip().split()[:1] in (["1"], ["600"])
     }
@@ -238,7 +240,7 @@ def test_no_prediction_reads_not_testable_not_disagrees():
     from sigprop import api, report, specs
 
     r = api.probe(
-        MLPSpec(depth=6, input_dim=64, width=specs.WidthSpec(64, 64), inits=("datadep", "he")),
+        MLPSpec(depth=6, input_dim=256, width=specs.WidthSpec(256, 256), inits=("datadep", "he")),
         specs.ProbeSpec(samples=64, device="cpu"),
         gate=specs.GateSpec(band=(0.5, 2.0)),
     )
@@ -258,7 +260,8 @@ def test_conv_nets_have_a_theory_verdict_that_can_fail():
     """Issue 27, item 8: a conv net's theory verdict is tested against its finite-width band
     (kinds/cnn.py ``variances``) -- it agrees for the init that ran, and fails when the same
     measurement is held against another init's prediction (he's g = 1 loses 2^-1/2 per layer)."""
-    spec = CNNSpec(depth=12, channels=32, image=(3, 16, 16), inits=("proposed", "he"))
+    # 64 channels: at 32 the backward band is wider than a factor of two a layer moves it (no test)
+    spec = CNNSpec(depth=12, channels=64, image=(3, 16, 16), inits=("proposed", "he"))
     probe = specs.ProbeSpec(samples=32, seeds=2, device="cpu")
     plan, out, _ = walks.measure(spec, probe)
     for name in ("proposed", "he"):
