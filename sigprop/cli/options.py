@@ -631,7 +631,7 @@ def command(kind: kinds.Kind, table, cls, body, family: str = "probe"):
     def run_command(**kw):
         for name, why in refused.items():
             given = kw.get(name, defaults[name])
-            if given != defaults[name] and given not in (None, [], ()):
+            if given != defaults[name] and given not in (None, [], (), False):  # --no-stream: as it runs
                 command_ = kind.name if family == "probe" else f"{family} {kind.name}"
                 raise specs.SigpropError(f"sigprop {command_} does not take it: {why}", field=name)
         opts = cls(**{name: kw[name] if name in both else kw.pop(name) for name, _, _ in table})

@@ -17,6 +17,7 @@ import pytest
 import typer
 from typer.core import TyperOption
 
+from sigprop import environment
 from sigprop.cli import build, main
 
 BASE = {
@@ -28,9 +29,9 @@ BASE = {
 }
 #: per command family: what every run of it takes (small), and the format its stdout is read in
 FAMILY = {
-    "probe": ["--samples", "8", "--format", "json"],
-    "hessian": ["--samples", "16", "--seeds", "1", "--iters", "3", "--format", "json"],
-    "spectrum": ["--samples", "2", "--seeds", "1", "--format", "json"],
+    "probe": ["--samples", "8", "--format", "json", "--device", "cpu"],
+    "hessian": ["--samples", "16", "--seeds", "1", "--iters", "3", "--format", "json", "--device", "cpu"],
+    "spectrum": ["--samples", "2", "--seeds", "1", "--format", "json", "--device", "cpu"],
 }
 #: per option: (the options that enable it, the option with a value unlike the base run's)
 VALUES = {
@@ -68,7 +69,8 @@ VALUES = {
     "--stream": ([], ["--stream"]),
     "--precision": ([], ["--precision", "tf32"]),
     "--graphs": ([], ["--graphs"]),
-    "--threads": ([], ["--threads", "2"]),
+    # one thread more than the run's default (OMP_NUM_THREADS, or half the cores): recorded, and used
+    "--threads": ([], ["--threads", str(environment.probe_threads()[0] + 1)]),
     "--plot": ([], ["--plot", "{tmp}/fig.png"]),
     "--correlation": ([], ["--correlation", "0.5"]),
     "--pairs": (["--correlation", "0.5"], ["--pairs", "16"]),

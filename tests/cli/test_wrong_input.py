@@ -185,8 +185,8 @@ def test_library_errors_name_the_field_and_the_cli_its_flag(capsys):
     code, _, err_text = _run(capsys, ["mlp", "--input-dim", "0", "--device", "cpu"])
     assert code == 2 and err_text.startswith("sigprop: error: ") and "--input-dim" in err_text
     code, _, err_text = _run(
-        capsys, ["mlp", "--depth", "400000", "--width", "4096", "--no-stream", "--device", "cpu"]
-    )
+        capsys, ["mlp", "--depth", "40000", "--width", "16384", "--no-stream", "--device", "cpu"]
+    )  # its weights (43 TB) cannot fit, not its records (2 GiB: Kind.rows)
     assert code == 2 and "--depth/--width/--samples: this run needs" in err_text
 
 

@@ -208,7 +208,9 @@ def test_a_sum_of_a_node_with_itself_is_exact(how, factor):
         model=lambda: Sums(how), input_shape=(64,), sites="a,b", samples=256, device="cpu"
     )
     a, b = r.runs[0].layers
-    plain = sigprop.probe_module(model=lambda: Sums("twice"), input_shape=(64,), sites="a", samples=256)
+    plain = sigprop.probe_module(
+        model=lambda: Sums("twice"), input_shape=(64,), sites="a", samples=256, device="cpu"
+    )
     assert a.forward.predicted == pytest.approx(plain.runs[0].layers[0].forward.predicted, rel=1e-12)
     assert b.forward.rms == pytest.approx(b.forward.predicted, rel=0.1)
     assert a.backward.rms == pytest.approx(a.backward.predicted, rel=0.1)
