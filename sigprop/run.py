@@ -969,13 +969,14 @@ def _pooled_histogram(path: str, pooled: list) -> dict:
 MODEL_JACOBIAN_CHUNK_BYTES = 2**30
 
 
-def _model_spectrum_mean(model, x: torch.Tensor, n_out: int) -> tuple[float | None, str]:
-    """The predicted mean sigma^2 of a model's J (``plans.predict_graph``, traced on this draw):
-    r at the input, the gradient's second moment per element for an N(0, 1) error at the output,
-    times n_in/n_out (per element to the total: E||J^T e||^2/||e||^2); or None and why."""
-    nodes, _, why = modules.trace(model, x, [])
+def _model_spectrum_mean(traced, x: torch.Tensor, n_out: int) -> tuple[float | None, str]:
+    """The predicted mean sigma^2 of a model's J (``plans.predict_graph`` on this draw's trace,
+    ``modules.trace_graph``): r at the input, the gradient's second moment per element for an
+    N(0, 1) error at the output, times n_in/n_out (per element to the total: E||J^T e||^2/||e||^2);
+    or None and why."""
+    nodes = traced.nodes
     if nodes is None:
-        return None, why
+        return None, traced.why
     try:
         pred = plans.predict_graph(nodes, float(x.double().pow(2).mean()), float(x.double().mean()))
     except Exception as exc:  # a map sigprop got wrong must not cost the user the measurement
@@ -1022,12 +1023,14 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
         draws, pooled, means = [], [], []
         for draw in range(ss.seeds):
             model = _model_draw(factory, scheme, name, ss.seed, draw, device, dtype, x, notes)
+            what = f"init {name!r}: the model"
+            traced = modules.trace_graph(model, x, what)
             if not env:  # one forward of two samples: the input checked, the sizes, the path, the memory
-                seen = modules.survey(model, x[: min(2, ss.samples)], f"init {name!r}: the model")
+                seen = traced.survey or modules.survey(model, x[: min(2, ss.samples)], what)
                 n_out = seen.units
                 if seen.output:
                     notes.append(seen.output)
-            means.append(_model_spectrum_mean(model, x, n_out))
+            means.append(_model_spectrum_mean(traced, x, n_out))
             model = spectra.functional(model)
             if not env:
                 rows = ss.samples if spectra.batch_dependent(model) else 1
