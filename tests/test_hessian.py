@@ -584,3 +584,16 @@ def test_one_hutchinson_probe_gives_a_trace_without_a_standard_error(capsys):
     assert main(argv + ["--seeds", "1", "--iters", "3", "--trace", "1", "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)["runs"][0]["draws"][0]
     assert d["trace"] is not None and d["trace_se"] is None
+
+
+def test_the_curvature_summary_lines_are_not_wrapped_into_a_file(tmp_path, capsys):
+    """Issue 37, item 14: written to a pipe or a file (not a terminal: rich's width 120) the
+    per-init summary lines were hard-wrapped at 120 columns; each is now one line, whatever its
+    length, as in --output."""
+    argv = ["hessian", "mlp", "--depth", "2", "--width", "6", "--input-dim", "6", "--samples", "8"]
+    assert main(argv + ["--seeds", "1", "--iters", "3", "--init", "proposed"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    summary = [line for line in lines if line.startswith("proposed: log10 spectral norm")]
+    assert len(summary) == 1 and summary[0].endswith("b = 0")  # the init's description, unbroken
+    footnote = [line for line in lines if line.startswith("λ by restarted Lanczos")]
+    assert len(footnote) == 1 and footnote[0].endswith("sigprop hessian)") and len(footnote[0]) > 120

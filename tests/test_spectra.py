@@ -560,3 +560,18 @@ def test_the_spectrum_records_the_drawn_widths():
     )
     widths = r.config["widths"]
     assert len(widths) == 4 and widths[0] == 8 and all(8 <= w <= 16 for w in widths[1:])
+
+
+def test_a_models_spectrum_says_its_own_theory(tmp_path, capsys):
+    """Issue 37, item 14: `spectrum module` printed the free-probability footnote of sigprop's own
+    nets; a model's theory is its traced graph's mean, said as such."""
+    nets = tmp_path / "nets.py"
+    nets.write_text(
+        "import torch.nn as nn\n\ndef net():\n    return nn.Sequential(nn.Linear(6, 6), nn.ReLU())\n"
+    )
+    assert (
+        main(["spectrum", "module", f"{nets}:net", "--input-shape", "6", "--samples", "2", "--seeds", "1"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "the traced graph's backward map at the input" in out and "Pennington" not in out
