@@ -16,7 +16,10 @@ depth, projection, every ResNet init), the BN ResNet and ``--norm none``, the CN
 (basic, bottleneck, ``--norm none`` and ``bn``), each stored and streamed, with one draw and
 with three batched draws; float64 and float32; input pairs of two cosines through every net
 kind; the curvature (largest eigenvalue, top 2, trace) of every net kind, whole and in
-minibatches, with either head.
+minibatches, with either head; users' models (an MLP, a BN conv net with a residual add and
+pooling, a concatenating stack, LayerNorm/GELU, a side head) probed at auto and leaf sites
+with three inits, their spectra and curvature; and the spectrum of the MLP, ResNet and CNN,
+exact (with --depths and --top) and by Lanczos.
 A change of kernels (issue 28's item 7: WN's scale folded into the conv kernels, the transposed
 conv for the backward) rounds float arithmetic differently, so it cannot be bit-identical; with
 ``--kernels`` a measured leaf may then move by KERNEL_LAYERS rounding units of its dtype (u =
@@ -214,6 +217,100 @@ def hessian_grid():
         )
 
 
+def _models():
+    """Small users' models for the module kind's documents: an MLP, a batch-normalised conv net
+    with a residual add and pooling, a dense (concatenating) stack, a LayerNorm/GELU net, a
+    side head (a dict output)."""
+    import torch.nn as nn
+
+    class Res(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(2, 6, 3, padding=1)
+            self.bn = nn.BatchNorm2d(6)
+            self.c1, self.c2 = nn.Conv2d(6, 6, 3, padding=1), nn.Conv2d(6, 6, 3, padding=1)
+            self.pool = nn.AvgPool2d(2)
+            self.head = nn.Linear(6 * 3 * 3, 5)
+
+        def forward(self, x):
+            h = torch.relu(self.bn(self.stem(x)))
+            h = h + self.c2(torch.relu(self.c1(h)))
+            return self.head(self.pool(h).flatten(1))
+
+    class Dense(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = nn.ModuleList(nn.Conv2d(3 * (i + 1), 3, 3, padding=1) for i in range(3))
+
+        def forward(self, x):
+            feats = [x]
+            for conv in self.convs:
+                feats.append(torch.relu(conv(torch.cat(feats, 1))))
+            return torch.cat(feats, 1)
+
+    class Side(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 12), nn.ReLU())
+            self.out, self.side = nn.Linear(12, 6), nn.Linear(12, 1)
+
+        def forward(self, x):
+            h = self.body(x)
+            return {"y": self.out(h), "aux": self.side(h).detach()}
+
+    return {
+        "mlp": (
+            lambda: nn.Sequential(
+                nn.Linear(8, 10), nn.ReLU(), nn.Linear(10, 10), nn.Tanh(), nn.Linear(10, 6)
+            ),
+            (8,),
+        ),
+        "res": (Res, (2, 6, 6)),
+        "dense": (Dense, (3, 5, 5)),
+        "ln": (lambda: nn.Sequential(nn.Linear(8, 12), nn.LayerNorm(12), nn.GELU(), nn.Linear(12, 8)), (8,)),
+        "side": (Side, (8,)),
+    }
+
+
+def module_documents() -> dict:
+    """The module kind's probe (as-is, proposed, datadep; leaves and auto sites), spectrum
+    (exact; lanczos with --top) and curvature, and the spectrum of sigprop's own nets."""
+    from sigprop import api
+    from sigprop.kinds.module import ModuleSpec
+
+    out = {}
+    for dtype in ("float64", "float32"):
+        probe = specs.ProbeSpec(samples=6, seed=3, seeds=2, device="cpu", dtype=dtype, threads=1)
+        for name, (factory, shape) in _models().items():
+            for sites in ("auto", "leaves"):
+                spec = ModuleSpec(
+                    model=factory, input_shape=shape, sites=sites, inits=("as-is", "proposed", "datadep")
+                )
+                out[f"module {name} {sites} {dtype}"] = _strip(run.probe(spec, probe).to_dict())
+            ss = specs.SpectrumSpec(samples=3, seeds=1, device="cpu", dtype=dtype, threads=1)
+            spec = ModuleSpec(model=factory, input_shape=shape, inits=("as-is", "proposed"))
+            out[f"spectrum module {name} {dtype}"] = _strip(run.spectrum(spec, ss).to_dict())
+            hs = specs.HessianSpec(
+                samples=8, seeds=1, device="cpu", dtype=dtype, iters=20, top=2, trace=2, threads=1
+            )
+            out[f"hessian module {name} {dtype}"] = _strip(run.curvature(spec, hs).to_dict())
+        lz = specs.SpectrumSpec(
+            samples=2, seeds=1, device="cpu", dtype=dtype, threads=1, path="lanczos", steps=8, top=2
+        )
+        for kind, options in (
+            ("mlp", {"depth": 4, "width": "6:10", "input_dim": 8}),
+            ("resnet", {"blocks": 2, "dim": 8, "width": "6"}),
+            ("cnn", {"depth": 3, "channels": 3, "image": "2x5x5"}),
+        ):
+            spec = api.spec(kind, inits=("proposed", "he"), **options)
+            exact = specs.SpectrumSpec(
+                samples=3, seeds=2, device="cpu", dtype=dtype, threads=1, depths=True, top=1
+            )
+            out[f"spectrum {kind} exact {dtype}"] = _strip(run.spectrum(spec, exact).to_dict())
+            out[f"spectrum {kind} lanczos {dtype}"] = _strip(run.spectrum(spec, lz).to_dict())
+    return out
+
+
 def _strip(doc):
     """A document without what may differ between two runs of the same numbers: the environment
     record and timings."""
@@ -294,6 +391,7 @@ def documents() -> dict:
     for name, spec, hs in hessian_grid():
         out[name] = _strip(run.curvature(spec, hs).to_dict())
     out["engine"] = engine_arrays()
+    out.update(module_documents())
     return out
 
 
