@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import sigprop
-from sigprop.kernels import modules
+from sigprop.model import measure
 
 
 class Attn(nn.Module):
@@ -45,7 +45,7 @@ def main() -> None:
         out.append([(l.name, l.forward.rms, l.backward.rms) for l in r.runs[0].layers])
     print("dropout 0.5 == dropout 0, bit for bit, on", device, ":", out[0] == out[1])
     t = torch.randn(64, 32, 96, 96, device=device)
-    a, b = modules.mean_squares(t), t.double().pow(2).mean(dim=(1, 2, 3))
+    a, b = measure.mean_squares(t), t.double().pow(2).mean(dim=(1, 2, 3))
     print("mean squares float32 chunked vs float64:", float(((a - b) / b).abs().max()))
 
 

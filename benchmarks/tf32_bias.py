@@ -20,7 +20,8 @@ import sys
 
 import torch
 
-from sigprop import inits, run
+from sigprop import inits
+from sigprop.engines import plan as plan_engine
 from sigprop.kernels import logspace, sampling
 from sigprop.kinds import mlp
 
@@ -51,7 +52,7 @@ def walk(widths, samples, rounding):
     if rounding is not None:  # the dense layers' one matmul seam (sigprop/kernels/logspace.py)
         logspace.mm = lambda a, b: torch.matmul(rounding(a), rounding(b))
     try:
-        o = run.walk_plan(mlp.steps(widths), inits.get("proposed"), x, e, 0, [0]).observed
+        o = plan_engine.walk_plan(mlp.steps(widths), inits.get("proposed"), x, e, 0, [0]).observed
     finally:
         logspace.mm = saved
     return o["fwd"][0], o["bwd"][0]

@@ -21,7 +21,7 @@ from typing import Callable
 
 from sigprop import kinds, run, specs, theory
 from sigprop.errors import SigpropError
-from sigprop.kernels.modules import init_  # noqa: F401  (sigprop.init_: the paper's init for any model)
+from sigprop.model.init import init_  # noqa: F401  (sigprop.init_: the paper's init for any model)
 from sigprop.results import RESULT_SCHEMA, Check, CheckOutcome, CheckReport, HessianResult, ProbeResult
 
 ProgressFn = run.ProgressFn

@@ -38,8 +38,9 @@ from scipy.sparse.linalg import LinearOperator, eigsh
 
 from sigprop import inits, walker
 from sigprop.inits import LayerRole
-from sigprop.kernels import modules, ops, sampling
+from sigprop.kernels import ops, sampling
 from sigprop.kernels.logspace import LayerParams
+from sigprop.model import build as model_build
 
 CLASSES = 10
 #: the head's generator id: beyond every plan's layer ids
@@ -109,23 +110,23 @@ MODEL_HEAD = "(head)"
 def build_module(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int, draw: int) -> Model:
     """A user's model (the module kind, already drawn, initialised and prepared) as the loss's
     function: every parameter of the model that reaches the loss (a layer's together,
-    ``modules.trainable``; weight normalization written out, ``modules.exact_weight_norm``, for a
+    ``model_build.trainable``; weight normalization written out, ``model_build.exact_weight_norm``, for a
     symmetric Hessian), its forward by ``torch.func.functional_call``, its output
-    (``modules.output_tensor``) flattened into the 10-way head -- PyTorch's default nn.Linear, as
+    (``model_build.output_tensor``) flattened into the 10-way head -- PyTorch's default nn.Linear, as
     for sigprop's own nets.  A parameter the loss does not depend on (one gradient pass on two
     samples finds no path: a module the forward never calls, a side output) is left out of the
     Hessian and named in ``left_out`` -- its rows and columns would be zero."""
-    modules.exact_weight_norm(model)
-    own = {n: p.detach() for n, p in modules.trainable(model).items()}
+    model_build.exact_weight_norm(model)
+    own = {n: p.detach() for n, p in model_build.trainable(model).items()}
     with torch.no_grad():
-        width = modules.output_tensor(model(x[:2]))[0].numel()
+        width = model_build.output_tensor(model(x[:2]))[0].numel()
     head = _head(
         inits.INITS["pytorch"], False, LayerRole(width, CLASSES, "linear"), seed, draw, x.device, x.dtype
     )
     head = {f"{MODEL_HEAD}.{k.split('.', 1)[1]}": v for k, v in head.items()}
 
     def loss(p: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        out = modules.output_tensor(
+        out = model_build.output_tensor(
             torch.func.functional_call(model, {n: p.get(n, own[n]) for n in own}, (xb,))
         )
         logits = out.reshape(out.shape[0], -1) @ p[f"{MODEL_HEAD}.v"].T + p[f"{MODEL_HEAD}.b"]

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from sigprop import walker
-from sigprop.kernels import modules
+from sigprop.model import build
 
 #: the fraction's band: eigenvalues within a factor 2 of one
 NEAR = 2.0
@@ -78,18 +78,18 @@ def batch_function(
 
 def batch_dependent(model: torch.nn.Module) -> bool:
     """Whether a sample's output depends on the rest of the batch: a batch norm in training mode
-    (a probe runs the model so, ``modules.prepare``)."""
+    (a probe runs the model so, ``build.prepare``)."""
     return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
 
 
 def model_function(model: torch.nn.Module, x: torch.Tensor, i: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """Sample i's input -> the model's output for it (the probe's output tensor,
-    ``modules.output_tensor``), flattened.  A batch norm in training mode normalises by the batch:
+    ``build.output_tensor``), flattened.  A batch norm in training mode normalises by the batch:
     then sample i runs inside the batch ``x`` (the others held fixed, their dependence on it
     included: J = d y_i / d x_i of the batch map); otherwise alone."""
     if not batch_dependent(model):
-        return lambda z: modules.output_tensor(model(z.unsqueeze(0))).reshape(-1)
-    return in_batch(lambda xb: modules.output_tensor(model(xb)), x, i)
+        return lambda z: build.output_tensor(model(z.unsqueeze(0))).reshape(-1)
+    return in_batch(lambda xb: build.output_tensor(model(xb)), x, i)
 
 
 def functional(model: torch.nn.Module) -> torch.nn.Module:

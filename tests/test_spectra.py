@@ -16,7 +16,8 @@ import sigprop
 from sigprop import api, kinds, plans, specs, spectra, walker
 from sigprop.cli import main
 from sigprop.errors import SigpropError
-from sigprop.kernels import modules
+from sigprop.model.build import build, prepare
+from sigprop.model.init import init_
 
 
 def test_the_jacobian_is_the_product_of_the_layers():
@@ -327,9 +328,9 @@ def test_a_models_spectrum_is_its_own_jacobian():
     for run in got.runs:
         scheme = kinds.get("module").scheme(_module_spec(_wn_mlp), run.init)
         for d in run.draws:
-            model = modules.build(_wn_mlp, 0, d["draw"])
-            modules.init_(model, scheme, 0, d["draw"], batch=x)
-            model = modules.prepare(model, "cpu", torch.float32)
+            model = build(_wn_mlp, 0, d["draw"])
+            init_(model, scheme, 0, d["draw"], batch=x)
+            model = prepare(model, "cpu", torch.float32)
             J = torch.stack([torch.autograd.functional.jacobian(lambda z: model(z), x[i]) for i in range(3)])
             lam = spectra.eigenvalues(J)
             assert d["mean"] == pytest.approx(float(lam.mean()), rel=1e-5)
@@ -347,9 +348,9 @@ def test_a_batch_norm_models_jacobian_holds_the_batch():
     ss = specs.SpectrumSpec(samples=4, seeds=1, device="cpu")
     got = sigprop.spectrum(_module_spec(_bn_net, ["proposed"]), ss)
     x = torch.randn(4, 12, generator=torch.Generator().manual_seed(specs.derive_seed(0, specs.STREAM_INPUTS)))
-    model = modules.build(_bn_net, 0, 0)
-    modules.init_(model, kinds.get("module").scheme(_module_spec(_bn_net), "proposed"), 0, 0, batch=x)
-    model = modules.prepare(model, "cpu", torch.float32)
+    model = build(_bn_net, 0, 0)
+    init_(model, kinds.get("module").scheme(_module_spec(_bn_net), "proposed"), 0, 0, batch=x)
+    model = prepare(model, "cpu", torch.float32)
     full = torch.autograd.functional.jacobian(lambda xb: model(xb), x)  # [4, 10, 4, 12]
     J = torch.stack([full[i, :, i, :] for i in range(4)])
     lam = spectra.eigenvalues(J)

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 import torch
 
 from sigprop import inits, kinds, run, specs, walker
+from sigprop.engines import plan as plan_engine
 from sigprop.kernels import logspace as ls
 from sigprop.kinds import mlp as mlp_kind
 
 #: ``steps`` compiled for ``scheme`` and walked for ``draws`` with the named observers: the
 #: driver's own walk of one plan
-walk = run.walk_plan
+walk = plan_engine.walk_plan
 
 
 def mlp(scheme, widths, x, e, seed: int, draws, stream: bool = False, runner=None, progress=None):

@@ -133,7 +133,7 @@ class Kind:
     #: the default ``--band`` in words (the CLI's help)
     band_help: ClassVar[str] = "0.1:10 around the reference"
     #: what measures it: "plan" (sigprop's walker over the kind's plan) or "model" (autograd on
-    #: a torch.nn.Module the spec builds: sigprop/kernels/modules.py)
+    #: a torch.nn.Module the spec builds: sigprop/model/)
     engine: ClassVar[str] = "plan"
     #: ``sigprop sweep`` and ``sigprop hessian`` take this kind (False: not yet, for a model)
     sweeps: ClassVar[bool] = True

@@ -1,7 +1,7 @@
 """The user's own network (``sigprop module TARGET``, ``sigprop.probe_module``): any
 ``torch.nn.Module`` made by a factory, probed at chosen sites (the outputs of its top-level
 blocks by default) beside the theory of its traced graph.  No torch here: the driver builds,
-measures and traces the model (sigprop/run.py with sigprop/kernels/modules.py) because this kind
+measures and traces the model (sigprop/model/) because this kind
 says ``engine = "model"``; this file declares the spec, the options, and turns the measured
 arrays into rows and verdicts.
 
@@ -483,7 +483,7 @@ class ModuleKind(Kind):
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
         """Per site the measured ratios beside the traced prediction (the RMS over draws of each
-        draw's composed moment maps, ``plans.predict_graph``) with the conv nets' finite-width
+        draw's composed moment maps, ``model.graph.predict_graph``) with the conv nets' finite-width
         band; verdicts as the conv nets': ``preserved`` -- the typical forward ratio at the last
         site on the output's path and the backward ratio at the first such site inside
         ``gate.band`` around 1 (per element: the input's scale); ``theory`` -- the same inside the

@@ -11,7 +11,8 @@ import walks
 from arith import assert_same_up_to_order
 from oracle import oracle_ratios
 
-from sigprop import inits, run, specs
+from sigprop import inits, specs
+from sigprop.engines import plan as plan_engine
 from sigprop.inits import LayerRole
 from sigprop.kernels import replay, sampling
 from sigprop.kinds import resnet
@@ -127,7 +128,7 @@ def test_cuda_graphs_without_cuda_fall_back_to_eager():
     want = _mlp("proposed", None, True)
     assert runner.status.startswith("fell back to eager: ")
     _same_mlp(got, want)
-    assert run.graphs_status([replay.Eager(), runner]) == runner.status
+    assert plan_engine.graphs_status([replay.Eager(), runner]) == runner.status
 
 
 def test_a_runner_serves_one_call():
@@ -256,9 +257,9 @@ def test_a_replay_that_raises_later_falls_back_and_redoes_the_layer():
 def test_graphs_status_line():
     captured, idle = replay.Emulated(), replay.Emulated()
     _mlp("he", captured, False)
-    assert run.graphs_status([captured, idle]) == "on (2 captured steps)"
-    assert run.graphs_status([idle]) == "on (0 captured steps)"  # no shape repeated
-    assert run.graphs_status([replay.Eager()]) == "off"
+    assert plan_engine.graphs_status([captured, idle]) == "on (2 captured steps)"
+    assert plan_engine.graphs_status([idle]) == "on (0 captured steps)"  # no shape repeated
+    assert plan_engine.graphs_status([replay.Eager()]) == "off"
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -18,11 +18,18 @@ from plan_modules import plan_module
 from torch.nn.utils.parametrizations import weight_norm
 
 import sigprop
+import sigprop.model.graph
 from sigprop import api, plans, theory
-from sigprop import run as run_mod
 from sigprop.cli import main
+from sigprop.engines import plan as plan_engine
 from sigprop.errors import SigpropError
-from sigprop.kernels import modules, sampling
+from sigprop.kernels import sampling
+from sigprop.model.build import build
+from sigprop.model.graph import GraphNode, predict_graph
+from sigprop.model.init import _wn_parts, init_
+from sigprop.model.ops.activation import _numpy_fn
+from sigprop.model.ops.pool import _mix_node
+from sigprop.model.trace import trace
 
 
 def mlp(depth: int = 6, width: int = 64, d: int = 48) -> nn.Sequential:
@@ -69,7 +76,7 @@ def test_mlp_as_a_module_measures_the_walkers_numbers(init):
 
     def factory():
         m = mlp(6, w, d)[:-1]
-        modules.init_(m, init, seed=0, draw=next(draws), roles_={"10": "relu"})
+        init_(m, init, seed=0, draw=next(draws), roles_={"10": "relu"})
         return m
 
     got = sigprop.probe_module(
@@ -108,12 +115,12 @@ def test_own_nets_as_modules_measure_and_predict_the_engines_numbers(kind_name, 
     kind = sigprop.kinds.KINDS[kind_name]
     spec = kind.spec(inits=(init,), **options)
     plan = kind.plan(spec, 0)
-    n_in, n_out = run_mod._inputs_units(plan)
+    n_in, n_out = plan_engine._inputs_units(plan)
     conv = any(isinstance(st, plans.Conv) for st in plan.steps)
     shape = plans.input_shape(plan.steps) if conv else (n_in,)
     N = 16
     x, e = sampling.probe_inputs(0, N, n_in, n_out, torch.device("cpu"), torch.float32)
-    walked = run_mod.walk_plan(plan.steps, kind.scheme(spec, init), x, e, 0, [0])
+    walked = plan_engine.walk_plan(plan.steps, kind.scheme(spec, init), x, e, 0, [0])
     model, fwd_sites, bwd_sites = plan_module(plan.steps, walked.kept)
     sites = ",".join(dict.fromkeys(s for s in fwd_sites + bwd_sites if s))
     # on the host, where the walk ran: a GPU draws other error vectors from its own generator
@@ -137,16 +144,16 @@ def test_own_nets_as_modules_measure_and_predict_the_engines_numbers(kind_name, 
 
 
 def test_traced_theory_of_an_mlp_is_the_closed_form():
-    """The composed moment maps of a traced WN MLP (``plans.predict_graph``) give the closed
+    """The composed moment maps of a traced WN MLP (``predict_graph``) give the closed
     form of docs/theory.md §3 for he (g = 1: each layer halves E||h||^2 per row norm 1) and for
     proposed (norm preserved), per element; float64 rounding only."""
     model = mlp(5, 32, 32).double()
     x = torch.randn(16, 32, dtype=torch.float64)
     for init, per_layer in (("he", 0.5 / 32), ("proposed", 1.0 / 32)):
-        modules.init_(model, init)
-        nodes, where, why = modules.trace(model, x, [str(i) for i in range(1, 10, 2)])
+        init_(model, init)
+        nodes, where, why = trace(model, x, [str(i) for i in range(1, 10, 2)])
         assert why == ""
-        pred = plans.predict_graph(nodes, 1.0)
+        pred = predict_graph(nodes, 1.0)
         for l, j in enumerate(where, start=1):
             # per element: E||h^l||^2 / n_l with rows of squared norm g^2, ReLU halving
             g2 = {"he": 1.0, "proposed": 2.0 * 32 / 32}[init]
@@ -161,7 +168,7 @@ def test_activation_moments_by_quadrature():
     below 5e-4)."""
     from scipy.stats import norm
 
-    relu = modules._numpy_fn(torch.relu)
+    relu = _numpy_fn(torch.relu)
     m, q, d2 = theory.activation_moments(*relu, 0.0, 2.0)
     assert (m, q, d2) == pytest.approx((math.sqrt(2.0 / (2 * math.pi)), 1.0, 0.5), rel=1e-12)
     mu, s = 0.7, 1.3
@@ -171,7 +178,7 @@ def test_activation_moments_by_quadrature():
     assert q == pytest.approx((mu * mu + s * s) * norm.cdf(a) + mu * s * norm.pdf(a), rel=1e-12)
     assert d2 == pytest.approx(norm.cdf(a), rel=1e-12)
     z = np.random.default_rng(0).standard_normal(1_000_000) * math.sqrt(1.5)
-    m, q, d2 = theory.activation_moments(*modules._numpy_fn(torch.tanh), 0.0, 1.5)
+    m, q, d2 = theory.activation_moments(*_numpy_fn(torch.tanh), 0.0, 1.5)
     assert q == pytest.approx(np.mean(np.tanh(z) ** 2), abs=3e-3)
     assert d2 == pytest.approx(np.mean((1 - np.tanh(z) ** 2) ** 2), abs=3e-3)
 
@@ -181,7 +188,7 @@ def test_shared_moments_by_quadrature():
     at mean 0 the arc-cosine kernel (Cho & Saul 2009), (q/2) J(c)/pi at correlation c = k/q, to
     1e-12; the max of P such pre-activations (a max pooling after the ReLU) against a Monte
     Carlo of 10^6 draws (the estimates' sd below 2e-3 relative: 5 sd of room)."""
-    relu = modules._numpy_fn(torch.relu)
+    relu = _numpy_fn(torch.relu)
     for c in (0.0, 0.3, 0.9):
         m, q, k, d = theory.shared_moments(*relu, 0.0, 2.0, 2.0 * c)
         assert (q, d) == pytest.approx((1.0, 0.5), rel=1e-12)
@@ -205,14 +212,14 @@ def test_graph_maps_of_a_global_mean_are_exact():
     ReLU's input r = (1/2) / P^2 -- no quadrature error beyond 1e-12."""
     P = 16
     nodes = [
-        plans.GraphNode("x", "input", (), shape=(4, 4, 4)),
-        plans.GraphNode("conv", "dense", (0,), forward=1.0, backward=1.0, shape=(4, 4, 4)),
-        plans.GraphNode("relu", "act", (1,), fn=modules._numpy_fn(torch.relu), shape=(4, 4, 4)),
-        modules._mix_node("mean", (2,), [np.full((1, 4), 0.25)] * 2),
-        plans.GraphNode("out", "output", (3,)),
+        GraphNode("x", "input", (), shape=(4, 4, 4)),
+        GraphNode("conv", "dense", (0,), forward=1.0, backward=1.0, shape=(4, 4, 4)),
+        GraphNode("relu", "act", (1,), fn=_numpy_fn(torch.relu), shape=(4, 4, 4)),
+        _mix_node("mean", (2,), [np.full((1, 4), 0.25)] * 2),
+        GraphNode("out", "output", (3,)),
     ]
-    nodes[3] = plans.GraphNode(**{**nodes[3].__dict__, "shape": (4, 1, 1)})
-    pred = plans.predict_graph(nodes, 1.0)
+    nodes[3] = GraphNode(**{**nodes[3].__dict__, "shape": (4, 1, 1)})
+    pred = predict_graph(nodes, 1.0)
     k = 1.0 / (2.0 * math.pi)
     assert pred.q[3] == pytest.approx(k + (0.5 - k) / P, rel=1e-12)
     assert pred.r[2] == pytest.approx(1.0 / P**2, rel=1e-12)
@@ -371,7 +378,7 @@ def test_gelu_layernorm_model_is_predicted():
 # the paper's init for a user's model
 # --------------------------------------------------------------------------------------------
 def test_init_reads_residual_roles_from_the_graph():
-    recs = {r.name: r for r in modules.init_(wn_resnet(4), "proposed")}
+    recs = {r.name: r for r in init_(wn_resnet(4), "proposed")}
     assert recs["0"].role == "linear"
     assert [recs[f"{b}.conv1"].role for b in range(1, 5)] == ["relu"] * 4
     assert [(recs[f"{b}.conv2"].role, recs[f"{b}.conv2"].blocks_in_stage) for b in range(1, 5)] == [
@@ -408,7 +415,7 @@ def test_init_draws_a_grouped_conv_group_by_group():
     """groups = 8 of a 64 -> 64 conv: each group's 8 rows of 8 x 9 entries drawn as one layer's:
     orthogonal within the group, norm sqrt(2 c_in/c_out) = sqrt(2) for proposed (float32)."""
     conv = nn.Conv2d(64, 64, 3, padding=1, groups=8)
-    (rec,) = modules.init_(nn.Sequential(conv, nn.ReLU()), "proposed")
+    (rec,) = init_(nn.Sequential(conv, nn.ReLU()), "proposed")
     assert rec.set and (rec.fan_in, rec.fan_out) == (72, 8)
     w = conv.weight.detach().reshape(8, 8, 72)
     gram = w @ w.transpose(1, 2)
@@ -427,8 +434,8 @@ def test_datadep_calibrates_each_layer_on_the_batch():
 
     model, x = biased(), torch.randn(128, 48)
     with pytest.raises(SigpropError, match="pass batch="):
-        modules.init_(model, "datadep")
-    records = modules.init_(model, "datadep", batch=x)
+        init_(model, "datadep")
+    records = init_(model, "datadep", batch=x)
     assert [r.name for r in records] == ["0", "2", "4", "6"]
     h = x
     with torch.no_grad():
@@ -448,17 +455,17 @@ def test_datadep_calibrates_each_layer_on_the_batch():
     for layer in r.runs[0].layers:
         assert layer.forward.rms == pytest.approx(layer.forward.predicted, rel=0.02)
     # without a bias a layer is scaled, not centred: said in its record
-    records = modules.init_(mlp(2, 64, 48), "datadep", batch=x)
+    records = init_(mlp(2, 64, 48), "datadep", batch=x)
     assert all("no bias" in rec.note for rec in records)
 
 
 def test_init_adds_weight_norm_and_keeps_unnormalised_layers_plain():
     model = mlp(3, 16, 16)
-    recs = modules.init_(model, "proposed", wn=True)
+    recs = init_(model, "proposed", wn=True)
     assert all(r.weight_norm for r in recs)
-    assert modules._wn_parts(model[0]) is not None
+    assert _wn_parts(model[0]) is not None
     plain = mlp(3, 16, 16)
-    modules.init_(plain, "proposed")
+    init_(plain, "proposed")
     row = plain[0].weight.detach().norm(dim=1)
     assert torch.allclose(row, torch.full_like(row, math.sqrt(2.0)), rtol=1e-5)
 
@@ -657,7 +664,7 @@ def test_a_forward_of_several_tensors():
     given = sigprop.probe_module(model=TwoInputs, inputs=(x, y), samples=64, sites="leaves", device="cpu")
     for a, b in zip(r.runs[0].layers, given.runs[0].layers):
         assert a.forward.rms == b.forward.rms and a.backward.rms == b.backward.rms
-    model = modules.build(TwoInputs, 0, 0).requires_grad_(False)
+    model = build(TwoInputs, 0, 0).requires_grad_(False)
     want = (model.a(x).pow(2).mean(1) / torch.cat([x, y], 1).pow(2).mean(1)).sqrt()
     got = layers["a"].forward.rms
     assert got == pytest.approx(float(want.pow(2).mean().sqrt()), rel=1e-5)
@@ -682,7 +689,7 @@ def test_instance_with_several_as_is_draws_is_refused():
 
 def test_api_lists_probe_module_and_init():
     assert "probe_module" in api.keyword_names()
-    assert sigprop.init_ is modules.init_
+    assert sigprop.init_ is init_
 
 
 class Tokens(nn.Module):
@@ -788,7 +795,7 @@ def test_one_slope_prelu_is_mapped_and_a_failing_map_costs_no_measurement(monkey
     def broken(*a, **k):
         raise ValueError("boom")
 
-    monkeypatch.setattr(plans, "predict_graph", broken)
+    monkeypatch.setattr(sigprop.model.graph, "predict_graph", broken)
     r = sigprop.probe_module(model=factory, input_shape=(32,), samples=16, device="cpu")
     assert all(l.forward.predicted is None and l.forward.rms > 0 for l in r.runs[0].layers)
     assert "the moment maps failed (ValueError: boom)" in r.config["theory_notes"][0]

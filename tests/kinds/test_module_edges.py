@@ -17,8 +17,10 @@ import sigprop
 from sigprop import api, specs
 from sigprop.cli import main
 from sigprop.errors import SigpropError
-from sigprop.kernels import modules
 from sigprop.kinds.module import ModuleSpec
+from sigprop.model.build import prepare
+from sigprop.model.init import init_, init_notes
+from sigprop.model.trace import trace
 
 
 # --------------------------------------------------------------------------------------------
@@ -96,9 +98,7 @@ def test_dropout_in_every_form_is_off_during_a_probe():
 
 def test_batch_norm_keeps_its_training_statistics():
     """Only stochastic ops are turned off: a batch norm still normalises over the probe's batch."""
-    model = modules.prepare(
-        nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5)), "cpu", torch.float32
-    )
+    model = prepare(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5)), "cpu", torch.float32)
     assert model[1].training and not model[2].training
     y = model(torch.randn(64, 4) * 5 + 3)
     assert y.mean(0).abs().max() < 1e-5
@@ -215,7 +215,7 @@ def test_a_sum_of_a_node_with_itself_is_exact(how, factor):
     assert b.forward.rms == pytest.approx(b.forward.predicted, rel=0.1)
     assert a.backward.rms == pytest.approx(a.backward.predicted, rel=0.1)
     # exact in the map: the sum is a scale node of factor^2 on h
-    nodes, _, _ = modules.trace(Sums(how), torch.randn(2, 64), [])
+    nodes, _, _ = trace(Sums(how), torch.randn(2, 64), [])
     scale = [nd for nd in nodes if nd.op == "scale" and nd.forward == pytest.approx(factor**2)]
     assert len(scale) == 1
 
@@ -241,7 +241,7 @@ def test_a_constant_offset_has_a_map():
             return self.a(x) + self.pos + 1.0
 
     r = sigprop.probe_module(model=Offset, input_shape=(8, 32), sites="a", samples=4)
-    nodes, _, _ = modules.trace(Offset(), torch.randn(2, 8, 32), [])
+    nodes, _, _ = trace(Offset(), torch.randn(2, 8, 32), [])
     offsets = [(nd.bias, nd.forward) for nd in nodes if nd.op == "offset"]
     assert offsets == [(0.5, 0.25), (1.0, 1.0)]
     assert not r.config["theory_notes"]
@@ -402,7 +402,7 @@ def test_init_names_every_parameter_it_leaves():
             return self.out(self.norm(a))
 
     model = Mixed()
-    records = modules.init_(model, "proposed")
+    records = init_(model, "proposed")
     named = {r.name: r for r in records}
     assert named["out"].set and named["attn.out_proj"].set
     assert named["attn"].parameters == ("in_proj_weight", "in_proj_bias") and not named["attn"].set
@@ -411,7 +411,7 @@ def test_init_names_every_parameter_it_leaves():
     covered = {f"{r.name}.{p}" for r in records if not r.set for p in r.parameters}
     covered |= {f"{r.name}.{p}" for r in records if r.set for p in ("weight", "bias")}
     assert covered == {n for n, _ in model.named_parameters()}
-    notes = modules.init_notes("proposed", records)
+    notes = init_notes("proposed", records)
     assert notes[0].startswith("init 'proposed' left 5 parameter(s) as they were: Embedding emb (weight")
     assert "MultiheadAttention attn (in_proj_weight, in_proj_bias: not understood)" in notes[0]
 

@@ -13,8 +13,8 @@ import torch
 import walks
 
 from sigprop import inits, specs
-from sigprop import run as driver
 from sigprop.cli import main
+from sigprop.engines import shared
 from sigprop.kernels import logspace as ls
 from sigprop.kernels import sampling
 from sigprop.kinds.mlp import MLPSpec
@@ -243,7 +243,7 @@ def test_no_nan_or_inf_reaches_the_output():
     for f, b in ((a["fwd"], a["bwd"]) for a in out.values()):
         assert not np.isnan(f).any() and not np.isposinf(f).any()
     with pytest.raises(Exception, match="non-finite"):
-        driver.check_finite("x", {"fwd": np.array([0.0, np.nan]), "bwd": np.zeros(2)})
+        shared.check_finite("x", {"fwd": np.array([0.0, np.nan]), "bwd": np.zeros(2)})
 
 
 def test_float32_and_float64_agree_at_depth_1000():

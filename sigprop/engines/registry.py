@@ -1,0 +1,46 @@
+"""The engines' registry: an engine runs a kind's probe, curvature and spectrum; a kind names its
+engine (``Kind.engine``: "plan" for sigprop's own nets, "model" for a user's module), and
+sigprop/run.py dispatches through ``of(kind)``.  A new engine is a subclass of ``Engine``
+registered once at import (sigprop/engines/__init__.py imports the built-in ones)."""
+
+from __future__ import annotations
+
+from sigprop.errors import SigpropError
+
+
+class Engine:
+    """What an engine does: ``measure`` (a probe's observations, ``engines.shared.Measured``),
+    ``curvature`` (a ``HessianResult``), ``spectrum`` (a ``SpectrumResult``), each for one kind
+    and spec, reporting ``progress(done, total, label)`` and calling ``on_start(env)`` once the
+    inputs are validated."""
+
+    name = ""
+
+    def measure(self, kind, spec, probe_spec, progress, on_start, extra):
+        raise NotImplementedError
+
+    def curvature(self, kind, spec, hs, progress, on_start):
+        raise NotImplementedError
+
+    def spectrum(self, kind, spec, ss, progress, on_start):
+        raise NotImplementedError
+
+
+#: name -> the registered engine
+ENGINES: dict[str, Engine] = {}
+
+
+def register(engine: Engine) -> Engine:
+    """Add ``engine`` under its name (once: a second engine of one name is a bug)."""
+    if not engine.name or engine.name in ENGINES:
+        raise ValueError(f"engine name {engine.name!r} is empty or taken")
+    ENGINES[engine.name] = engine
+    return engine
+
+
+def of(kind) -> Engine:
+    """The engine that runs ``kind`` (its ``engine`` attribute)."""
+    try:
+        return ENGINES[kind.engine]
+    except KeyError:
+        raise SigpropError(f"internal error: no engine {kind.engine!r} for {kind.name!r}") from None

@@ -1,0 +1,275 @@
+"""What the engines share (sigprop/engines/): the measured arrays of a probe before any statistic
+(``Measured``), the one environment record of every run, the host memory a run's records need,
+and the curvature's and the spectrum's per-draw estimators, checks and progress, which run on
+any engine's differentiable function."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from sigprop import data as data_mod
+from sigprop import hessian as H
+from sigprop import kinds, specs, spectra
+from sigprop.errors import SigpropError
+from sigprop.kernels import device as dev
+from sigprop.results import CurvatureDraw
+
+#: progress(done, total, label): steps done of the run's total, and what runs now ("he: forward")
+ProgressFn = Callable[[int, int, str], None]
+STREAM_HINT = ", or stream the weights (--stream; stream=True in the API: redrawn, not stored)"
+
+
+@dataclass
+class Measured:
+    """What the walks of a probe measured, before any statistic: the kind and its plan, the init
+    names and the schemes that ran, per init {observer: float64 array, draws first} ("fwd",
+    "bwd" [S, E, N], "branch", "bn", "correlation" [S, C, E, P], plug-ins'), and the
+    environment record."""
+
+    kind: kinds.Kind
+    plan: object
+    names: tuple[str, ...]
+    schemes: list
+    arrays: dict[str, dict[str, np.ndarray]]
+    environment: dict
+
+
+def checker(device: torch.device):
+    """The ``check`` a kind's memory plan calls: refuse a need beyond 80% of the free memory."""
+
+    def check(need: int, fields: str, offer_stream: bool = False) -> None:
+        dev.check_memory(need, device, fields, STREAM_HINT if offer_stream else "")
+
+    return check
+
+
+def check_rows(kind, spec) -> None:
+    """Refuse, before a plan is built, a run whose records cannot fit in the host's memory: the
+    kind's rows (``Kind.rows``) times its inits times ``kinds.ROW_BYTES`` (a net of 10^8 layers
+    was an OOM kill at 22.8 GB: its estimate counted the width, not the depth)."""
+    need = kind.rows(spec) * len(kind.inits(spec)) * kinds.ROW_BYTES
+    dev.check_memory(need, torch.device("cpu"), kind.fields.split("/")[0])
+
+
+def environment(device, dtype: str, **run) -> dict:
+    """The environment record of every run -- what a bug report needs: torch, the device and its
+    name, the dtype, the CPU threads -- and the run's own (``run``: a probe's precision, stream,
+    draw batch and CUDA graphs; a curvature's samples and parameters; a spectrum's sizes and
+    path)."""
+    return {
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": dev.device_name(device),
+        "dtype": dtype,
+        "threads": torch.get_num_threads(),
+        **run,
+    }
+
+
+def probe_environment(probe_spec: specs.ProbeSpec, device, stream: bool, batch: int) -> dict:
+    """A probe's environment record (``graphs`` is filled in once the walks have run)."""
+    return environment(
+        device, probe_spec.dtype, precision=probe_spec.precision, stream=stream, batch=batch, graphs="off"
+    )
+
+
+def check_finite(name: str, arrays: dict) -> None:
+    """The ratios' ln are finite or -inf (a dead ReLU: ratio exactly 0), never nan or +inf: an
+    internal error otherwise (no nan reaches the output)."""
+    for arr in (arrays["fwd"], arrays["bwd"]):
+        if np.isnan(arr).any() or np.isposinf(arr).any():
+            raise SigpropError(f"internal error: init {name!r} produced a non-finite log ratio")
+
+
+def curvature_data(hs: specs.HessianSpec, shape, device, dtype):
+    """(x [N, prod(shape)], y [N]): synthetic (``hs.samples`` or ``specs.HESSIAN_SAMPLES`` points), or the
+    first ``hs.samples`` of the user's file (all of it when None; ``sigprop.data`` checks it)."""
+    if hs.data is None:
+        n = specs.HESSIAN_SAMPLES if hs.samples is None else hs.samples
+        return H.data(hs.seed, n, shape, device, dtype)
+    d = data_mod.take(data_mod.load(hs.data, shape, H.CLASSES), hs.samples)
+    return data_mod.inputs(d, device, dtype), torch.as_tensor(d.y, device=device, dtype=torch.long)
+
+
+def curvature_environment(
+    hs: specs.HessianSpec,
+    device,
+    samples: int,
+    need: int,
+    host: int,
+    fields: str,
+    params: int,
+    top_basis: int,
+) -> dict:
+    """Refuse a curvature that does not fit -- ``need`` bytes on the device (with --top's host
+    basis ``host`` on a CPU), the host basis on the host otherwise -- naming ``fields`` (or
+    --batch-size's), and return the environment record."""
+    whole = hs.batch_size is None
+    dev.check_memory(
+        need + (host if device.type == "cpu" else 0),
+        device,
+        fields if whole else fields.replace("samples", "batch_size"),
+        hint="; or take the data in minibatches with --batch-size" if whole else "",
+    )
+    if host and device.type != "cpu":
+        dev.check_memory(host, torch.device("cpu"), "top")
+    return environment(device, hs.dtype, samples=samples, parameters=params, top_products=top_basis)
+
+
+def check_parameter_count(hs: specs.HessianSpec, counts: dict[str, int]) -> None:
+    """--top and --steps against the fewest trainable parameters an init gives the net."""
+    fewest = min(counts, key=counts.get)
+    if hs.density and hs.steps > counts[fewest]:
+        raise SigpropError(
+            f"at most {counts[fewest]}: the net has {counts[fewest]} trainable parameters under init "
+            f"{fewest!r} (a Lanczos run has at most that many steps)",
+            field="steps",
+        )
+    if hs.top >= counts[fewest]:
+        raise SigpropError(
+            f"at most {counts[fewest] - 1}: the net has {counts[fewest]} trainable parameters under init "
+            f"{fewest!r} (Lanczos finds fewer eigenvalues than the dimension)",
+            field="top",
+        )
+
+
+class Products:
+    """The curvature's progress in its unit of time, the Hessian-vector product: ``progress(done,
+    total, "init: draw k")`` after every product, the total being each draw's planned products
+    (``hessian.planned_products``, an upper bound: Lanczos stops when it converges) over the
+    draws still to run, so that the first product's time and the total make an estimate."""
+
+    def __init__(self, progress: ProgressFn | None, hs: specs.HessianSpec) -> None:
+        self.progress, self.hs = progress, hs
+        self.done = self.total = self.end = 0
+        self.label = ""
+
+    def start(self, h, label: str, draws_left: int) -> None:
+        """A draw begins on ``h`` (its products now counted); ``draws_left`` with it."""
+        planned = H.planned_products(self.hs, len(H.layer_blocks(h)) if self.hs.per_layer else 0, h.size)
+        self.total = self.done + planned * draws_left
+        self.end, self.label = self.done + planned, label
+        h.tick = self.tick
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total, self.label)
+
+    def finish(self) -> None:
+        """The draw is done: the products it did not need leave the total."""
+        self.total -= self.end - self.done
+        if self.progress is not None:
+            self.progress(self.done, self.total, self.label)
+
+
+def curvature_draw(h, hs: specs.HessianSpec, draw: int, device) -> CurvatureDraw:
+    """One draw's curvature from its Hessian-vector product ``h``: the largest eigenvalue, and as
+    ``hs`` asks the top-k, the trace, each layer's block and the density."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_POWER, draw))
+    if not math.isfinite(h.loss):
+        d = CurvatureDraw(draw, None, 0, None, "diverged", loss=h.loss, parameters=h.size)
+    else:
+        pr = H.largest_eigenvalue(h, gen, hs.iters, hs.tol)
+        top = H.lanczos_top(h, hs.top, seed=draw) if hs.top and pr.status != "diverged" else []
+        tr, se = (
+            H.hutchinson_trace(h, hs.trace, gen) if hs.trace and pr.status != "diverged" else (None, None)
+        )
+        d = CurvatureDraw(
+            draw, pr.eigenvalue, pr.iterations, pr.residual, pr.status, top, tr, se, h.loss, h.size
+        )
+        if hs.per_layer and pr.status != "diverged":
+            d.blocks = []
+            for layer, start, stop in H.layer_blocks(h):
+                b = H.largest_eigenvalue(H.Block(h, start, stop), gen, hs.iters, hs.tol)
+                d.blocks.append(
+                    {
+                        "layer": layer,
+                        "parameters": stop - start,
+                        "eigenvalue": b.eigenvalue,
+                        "status": b.status,
+                        "products": b.iterations,
+                    }
+                )
+        if hs.density and pr.status != "diverged":
+            g = torch.Generator(device=device)
+            g.manual_seed(specs.derive_seed(hs.seed, specs.STREAM_DENSITY, draw))
+            q = H.slq(h, hs.probes, hs.steps, g)
+            d.density = {
+                "nodes": q.nodes,
+                "weights": q.weights,
+                "trace": q.trace,
+                "products": q.products,
+            }
+    return d
+
+
+def spectrum_draw(
+    path: str, jacobians, functions: list, x: torch.Tensor, ss: specs.SpectrumSpec, draw: int, n_out: int
+):
+    """One draw's summaries and its eigenvalues (exact: [N, n_out]; lanczos: the quadrature's
+    nodes and their weights): ``jacobians()`` the exact J [N, n_out, n_in], ``functions`` per
+    sample the map its input -> the output, flattened (for the J^T J operator)."""
+    n_in = x[0].numel()
+    k = min(n_in, n_out)
+    if path == "exact":
+        lam = spectra.eigenvalues(jacobians())
+        extra = spectra.extremes_exact(lam, k, ss.top) if ss.top else {}
+        return {"draw": draw, **spectra.summary(lam, k), **extra}, lam.reshape(-1)
+    gen = torch.Generator(device=x.device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_DENSITY, draw))
+    grams = [spectra.Gram(f, x[i]) for i, f in enumerate(functions)]
+    largest, nodes, weights = [], [], []
+    for g in grams:
+        top = H.largest_eigenvalue(g, gen, 100, 1e-3)
+        largest.append(top.eigenvalue or 0.0)
+        q = H.slq(g, ss.probes, ss.steps, gen)
+        nodes += q.nodes
+        weights += q.weights
+    summary, lam, mass = spectra.lanczos_summary(grams, largest, nodes, weights)
+    extra = spectra.extremes_lanczos(grams, ss.top, H.lanczos_top) if ss.top else {}
+    return {"draw": draw, **summary, **extra}, (lam, mass)
+
+
+def spectrum_environment(
+    ss: specs.SpectrumSpec, device, n_in: int, n_out: int, path: str, chunk: int | None = None
+) -> dict:
+    """The environment record of a spectrum: the machine, the sizes, the path's products and how
+    the exact path chunked its reverse passes (``chunk``: samples at once for sigprop's nets,
+    --batch-size; outputs at once for a model's J, sized to the memory)."""
+    return environment(
+        device,
+        ss.dtype,
+        samples=ss.samples,
+        input_units=n_in,
+        output_units=n_out,
+        path=path,
+        reverse_products=n_out if path == "exact" else None,
+        products_per_sample=None if path == "exact" else 2 * ss.probes * ss.steps,
+        chunk=chunk if path == "exact" else None,
+    )
+
+
+def check_top(ss: specs.SpectrumSpec, path: str, n_in: int, n_out: int) -> None:
+    """--top against J's min(n_in, n_out) singular values (Lanczos finds fewer than the size)."""
+    k = min(n_in, n_out)
+    most = k if path == "exact" else k - 1
+    if ss.top > most:
+        raise SigpropError(
+            f"at most {most}: J has min(n_in, n_out) = {k} singular values"
+            + ("" if path == "exact" else " (the lanczos path finds fewer than that)"),
+            field="top",
+        )
+
+
+def pooled_histogram(path: str, pooled: list) -> dict:
+    if path == "exact":
+        return spectra.histogram(np.concatenate(pooled))
+    return spectra.histogram(
+        np.concatenate([p[0] for p in pooled]), weights=np.concatenate([p[1] for p in pooled])
+    )

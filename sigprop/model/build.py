@@ -1,0 +1,292 @@
+"""A draw of a user's model and what a probe changes in it (docs/theory.md §13, "What a probe
+runs"): built under a seeded generator, on the probe's device in its dtype, in training mode
+(batch norm over the probe's batch) with no stochastic op on (``Deterministic``), in-place
+activations out of place, the weights needing no gradient; its output read at one tensor; its
+forward called with errors said in one line."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.utils.parametrizations import _WeightNorm
+from torch.nn.utils.weight_norm import WeightNorm
+from torch.overrides import TorchFunctionMode
+
+from sigprop import specs
+from sigprop.errors import SigpropError
+
+
+def build(factory, seed: int, draw: int) -> nn.Module:
+    """Draw ``draw`` of the model: ``factory()`` under torch's global generator seeded from (seed,
+    draw), the caller's generator state restored after (a run reproduces, and ``rerun`` too)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(specs.derive_seed(seed, specs.STREAM_MODEL, draw))
+        try:
+            model = factory()
+        except SigpropError:
+            raise
+        except Exception as exc:  # the user's code: its error in one line, named
+            raise SigpropError(
+                f"the model factory raised {type(exc).__name__}: {first_line(exc)}", field="target"
+            ) from None
+    if not isinstance(model, nn.Module):
+        raise SigpropError(
+            f"the model factory returned a {type(model).__name__}, not a torch.nn.Module", field="target"
+        )
+    return model
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def prepare(model: nn.Module, device, dtype) -> nn.Module:
+    """The model as a probe runs it: on ``device`` in ``dtype``, training mode with every
+    stochastic op off (dropout and drop-path modules in eval mode, the rest by ``Deterministic``
+    around every forward), in-place activations out of place, and the weights needing no
+    gradient."""
+    model = model.to(device=device, dtype=dtype)
+    model.train()
+    for m in model.modules():
+        if isinstance(m, DROPOUT_MODULES) or (
+            _STOCHASTIC_NAME.search(type(m).__name__) and not list(m.children()) and not list(m.parameters())
+        ):
+            m.eval()  # dropout, DropPath, StochasticDepth: identity in eval mode (batch norm is not touched)
+        if getattr(m, "inplace", False) is True:
+            m.inplace = False
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if not isinstance(getattr(model, "forward", None), _DeterministicForward):
+        model.forward = _DeterministicForward(model, model.forward)
+    return model
+
+
+#: dropout modules: identity in eval mode
+DROPOUT_MODULES = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+#: parameter-free leaf modules by these names (timm's DropPath, torchvision's StochasticDepth,
+#: MONAI's DropPath, DropBlock) act only in training mode: put in eval mode for a probe
+_STOCHASTIC_NAME = re.compile(r"drop|stochastic", re.IGNORECASE)
+#: dropout as functions: the identity during a probe (the in-place ones leave their input as it is)
+_DROPOUT_FUNCTIONS = frozenset(
+    getattr(torch, n)
+    for n in (
+        "dropout",
+        "dropout_",
+        "feature_dropout",
+        "feature_dropout_",
+        "alpha_dropout",
+        "alpha_dropout_",
+        "feature_alpha_dropout",
+        "feature_alpha_dropout_",
+    )
+) | {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout}
+#: calls that take a dropout probability (attention): run with dropout_p = 0, by argument position
+_DROPOUT_P = {F.scaled_dot_product_attention: 4, F.multi_head_attention_forward: 10}
+#: randomised leaky ReLU: its training mode draws the slopes; eval mode uses their mean
+_RRELU = frozenset({F.rrelu, F.rrelu_, torch.rrelu, torch.rrelu_})
+#: calls that draw random numbers: refused inside a model's forward (what they do cannot be undone)
+_RANDOM_TORCH = ("bernoulli", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like")
+_RANDOM_TORCH += ("randperm", "multinomial", "normal", "poisson", "binomial")
+_RANDOM_TENSOR = ("bernoulli", "bernoulli_", "normal_", "uniform_", "exponential_", "geometric_")
+_RANDOM_TENSOR += ("cauchy_", "log_normal_", "random_", "multinomial")
+_RANDOM = {
+    **{getattr(torch, n): f"torch.{n}" for n in _RANDOM_TORCH},
+    **{getattr(torch.Tensor, n): f"Tensor.{n}" for n in _RANDOM_TENSOR},
+    F.gumbel_softmax: "F.gumbel_softmax",
+}
+
+
+class Deterministic(TorchFunctionMode):
+    """No stochastic op runs while this mode is on (Arpit et al. 2019 measure the signal at init,
+    not the noise of a mask): dropout in every functional form is the identity, attention runs
+    with ``dropout_p = 0`` (``scaled_dot_product_attention``, ``nn.MultiheadAttention``'s
+    functional forward: both read their dropout from an argument, not from a module's training
+    flag), a randomised leaky ReLU uses its mean slope, and any other call that draws random
+    numbers is refused in one line naming the module that made it.  A TorchFunctionMode sees the
+    calls at the Python level, above autograd, so the backward is that of the deterministic
+    forward; it costs one Python call per torch call of the forward (a few hundred for GPT-2)."""
+
+    def __init__(self, names: dict[int, str] | None = None) -> None:
+        super().__init__()
+        self.names = names or {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _DROPOUT_FUNCTIONS:
+            return args[0] if args else kwargs["input"]
+        if func in _DROPOUT_P:
+            at = _DROPOUT_P[func]
+            if len(args) > at:
+                args = (*args[:at], 0.0, *args[at + 1 :])
+            else:
+                kwargs = {**kwargs, "dropout_p": 0.0}
+        elif func in _RRELU:  # (input, lower, upper, training, ...)
+            if len(args) > 3:
+                args = (*args[:3], False, *args[4:])
+            else:
+                kwargs = {**kwargs, "training": False}
+        elif func in _RANDOM:
+            raise SigpropError(
+                f"the model draws random numbers in its forward ({_RANDOM[func]}{self._caller()}): a probe "
+                "measures the signal at init, not a random draw; turn it off in the factory (a dropout, "
+                "drop-path or noise rate of 0)",
+                field="target",
+            )
+        return func(*args, **kwargs)
+
+    def _caller(self) -> str:
+        """`` in 'path'``: the innermost module whose forward made the call (read off the stack)."""
+        frame = inspect.currentframe()
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, nn.Module) and id(owner) in self.names:
+                return f" in {self.names[id(owner)] or 'the model'!r} ({type(owner).__name__})"
+            frame = frame.f_back
+        return ""
+
+
+class _DeterministicForward:
+    """A prepared model's forward: its own, under ``Deterministic`` (whoever calls it: the probe's
+    hooks, ``torch.func`` for the spectrum, ``functional_call`` for the curvature).  Set on the
+    instance, so ``torch.fx`` (which traces the class's forward) does not see it."""
+
+    def __init__(self, model: nn.Module, forward) -> None:
+        self.names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+        self.forward = forward
+        functools.update_wrapper(self, forward)
+
+    def __call__(self, *args, **kwargs):
+        with Deterministic(self.names):
+            return self.forward(*args, **kwargs)
+
+
+def _weight_norm(v: torch.Tensor, g: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """g v/||v||, the norm over every axis but ``dim`` (all of them for -1 or None), written out."""
+    if dim is None or dim == -1:
+        return g * v / torch.linalg.vector_norm(v)
+    axes = [a for a in range(v.dim()) if a != dim % v.dim()]
+    return g * v / torch.linalg.vector_norm(v, dim=axes, keepdim=True)
+
+
+def exact_weight_norm(model: nn.Module) -> int:
+    """Give every weight normalization of the model -- the parametrization
+    (``torch.nn.utils.parametrizations.weight_norm``) and the older hook
+    (``torch.nn.utils.weight_norm``) -- a hand-written g v/||v|| in place of the fused
+    ``torch._weight_norm``, whose second derivative torch 2.13 gets wrong (an asymmetric Hessian:
+    tests/test_hessian.py); the values are the same.  Returns how many it changed."""
+    changed = 0
+    for m in model.modules():
+        if isinstance(m, _WeightNorm):
+            m.forward = lambda weight_g, weight_v, dim=m.dim: _weight_norm(weight_v, weight_g, dim)
+            changed += 1
+        for hook in m._forward_pre_hooks.values():
+            if isinstance(hook, WeightNorm):
+                hook.compute_weight = lambda module, h=hook: _weight_norm(
+                    getattr(module, h.name + "_v"), getattr(module, h.name + "_g"), h.dim
+                )
+                changed += 1
+    return changed
+
+
+def trainable(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters by their full names, a layer's together (each module's own, then
+    its weight normalization's g and v, which live in ``NAME.parametrizations.weight``)."""
+    out: dict[str, torch.Tensor] = {}
+    for prefix, m in model.named_modules():
+        for name, p in m.named_parameters(recurse=False):
+            out[f"{prefix}.{name}" if prefix else name] = p
+    return out
+
+
+def output_tensor(y, where: str = "the model's output"):
+    """The tensor a probe reads from a forward's result: the tensor itself, the first tensor of
+    a tuple or list, or of a dict's values (Hugging Face's ModelOutput is one)."""
+    if isinstance(y, torch.Tensor):
+        t = y
+    elif isinstance(y, (tuple, list)):
+        t = next((v for v in y if isinstance(v, torch.Tensor)), None)
+    elif isinstance(y, dict) or hasattr(y, "values"):
+        t = next((v for v in y.values() if isinstance(v, torch.Tensor)), None)
+    else:
+        t = None
+    if t is None:
+        raise SigpropError(f"{where} holds no tensor (got a {type(y).__name__})", field="target")
+    if not t.is_floating_point():
+        raise SigpropError(f"{where} is a {t.dtype} tensor: the probe needs floating outputs", field="target")
+    return t
+
+
+def output_choice(y) -> str:
+    """Which tensor of a forward's result the probe reads, in words, where there was a choice
+    (a tuple, list or dict of several tensors): "" for a single tensor."""
+    if isinstance(y, torch.Tensor):
+        return ""
+    if isinstance(y, (tuple, list)):
+        named = [(f"[{i}]", v) for i, v in enumerate(y)]
+    elif isinstance(y, dict) or hasattr(y, "items"):
+        named = [(repr(k), v) for k, v in y.items()]
+    else:
+        return ""
+    tensors = [n for n, v in named if isinstance(v, torch.Tensor)]
+    if len(tensors) < 2:
+        return ""
+    rest = ", ".join(tensors[1:4]) + (f" and {len(tensors) - 4} more" if len(tensors) > 4 else "")
+    return f"the output read is {tensors[0]} of the model's {type(y).__name__} (its first tensor; not {rest})"
+
+
+def check_finite(t: torch.Tensor, what: str) -> None:
+    """One line, the same on every path (probe, spectrum, curvature), where ``t`` holds NaN or inf."""
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise SigpropError(
+            f"{what} holds NaN or inf ({bad} of {t.numel()} entries): sigprop measures finite signals",
+            field="target",
+        )
+
+
+def check_finite_weights(model: nn.Module, what: str) -> None:
+    """``check_finite`` on every floating parameter and buffer of the model (NaN weights stop here,
+    before a probe, a spectrum or a curvature runs, in one line naming the first such tensor)."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        check_finite(t.detach(), f"{what}: {name}")
+
+
+def rows(x, lo: int, hi: int):
+    """Rows lo:hi of the inputs (one tensor, or a tuple of them for a forward of several)."""
+    return tuple(t[lo:hi] for t in x) if isinstance(x, tuple) else x[lo:hi]
+
+
+def call(model, x):
+    """The model's forward on one input tensor or, for a tuple, on its tensors as arguments, with no
+    stochastic op (``Deterministic``; a data-dependent init calibrates before ``prepare``)."""
+    xs = x if isinstance(x, tuple) else (x,)
+    try:
+        if isinstance(model.forward, _DeterministicForward):  # a prepared model (``prepare``)
+            return model(*xs)
+        with Deterministic({id(m): n for n, m in model.named_modules(remove_duplicate=False)}):
+            return model(*xs)
+    except SigpropError:
+        raise
+    except Exception as exc:
+        shapes = ";".join(",".join(map(str, t.shape[1:])) for t in xs)
+        hint = ""
+        if isinstance(exc, TypeError) and "positional argument" in str(exc):
+            hint = " (a forward of several tensors: give their shapes as --input-shape a;b, or inputs=)"
+        raise SigpropError(
+            f"the model's forward on inputs of shape {shapes} raised {type(exc).__name__}: "
+            f"{first_line(exc)}{hint}",
+            field="input_shape",
+        ) from None

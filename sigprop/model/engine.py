@@ -1,0 +1,436 @@
+"""The model engine: a user's own ``torch.nn.Module`` (a kind that declares ``engine =
+"model"``) probed with autograd hooks beside its traced graph's moment maps, its Jacobian's
+spectrum read through its own forward, and its loss Hessian's curvature -- each draw built,
+initialised and prepared as the others are (``model_draw``)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from sigprop import data as data_mod
+from sigprop import hessian as H
+from sigprop import plans, specs, spectra
+from sigprop.engines import shared
+from sigprop.engines.registry import Engine, register
+from sigprop.engines.shared import Measured
+from sigprop.errors import SigpropError
+from sigprop.kernels import device as dev
+from sigprop.model import build, graph, init, measure, sites, trace
+from sigprop.results import CurvatureRun, HessianResult, SpectrumResult, SpectrumRun
+from sigprop.version import __version__
+
+MODEL_MEMORY_HINT = ", or run the samples in chunks (--batch-size)"
+
+
+def _check_instance_draws(spec, names, seeds: int) -> None:
+    if spec.reinitializes_one_instance() and "as-is" in names and seeds > 1:
+        raise SigpropError(
+            "a model instance has one set of its own weights: pass a factory (a callable that builds "
+            "the model) for several as-is draws, or --seeds 1",
+            field="seeds",
+        )
+
+
+def _model_inputs(spec, samples: int, seed: int, device, dtype):
+    """A model kind's inputs: the API's own tensors (their first ``samples`` rows), the user's
+    --data, N(0, I) of each --input-shape, or token ids uniform over --vocab (one tensor, or a
+    tuple for a forward of several)."""
+    gx = torch.Generator(device=device).manual_seed(specs.derive_seed(seed, specs.STREAM_INPUTS))
+    x: torch.Tensor | tuple
+    if spec.inputs is not None:  # the API's own tensors: their first `samples` rows
+        given = [
+            torch.as_tensor(t)
+            for t in (spec.inputs if isinstance(spec.inputs, (tuple, list)) else [spec.inputs])
+        ]
+        if given[0].shape[0] < samples:
+            raise SigpropError(
+                f"inputs= have {given[0].shape[0]} rows for {samples} samples: pass "
+                f"samples={given[0].shape[0]} or more rows",
+                field="inputs",
+            )
+        xs = tuple(
+            t[:samples].to(device=device, dtype=dtype if t.is_floating_point() else t.dtype) for t in given
+        )
+        x = xs[0] if len(xs) == 1 else xs
+    elif spec.data is not None:  # the user's inputs, checked before anything is built
+        d = data_mod.take(data_mod.load(spec.data, spec.input_shape, 2**62), samples)
+        x = data_mod.inputs(d, device, dtype).reshape(d.count, *spec.input_shape)
+    elif spec.vocab is None:  # N(0, I), one tensor per input the forward takes
+        xs = tuple(
+            torch.randn(samples, *shape, generator=gx, device=device, dtype=dtype) for shape in spec.shapes
+        )
+        x = xs[0] if len(xs) == 1 else xs
+    else:  # token ids, uniform over the vocabulary
+        x = torch.randint(spec.vocab, (samples, *spec.input_shape), generator=gx, device=device)
+    return x
+
+
+def _check_inputs_fit(spec, samples: int, itemsize: int, device, fields: str) -> None:
+    """Refuse, before the inputs are drawn, a model kind's inputs that cannot fit: ``samples`` rows
+    of every --input-shape, with the leaf outputs of at least that much again a few times over
+    (the floor of any forward and backward on them; ``survey`` measures the real cost later)."""
+    bound = samples * sum(math.prod(s) for s in spec.shapes) * itemsize * 4
+    dev.check_memory(bound, device, fields)
+
+
+def _model_draw(factory, scheme, name: str, seed: int, draw: int, device, dtype, calib, notes: list):
+    """One draw of a model kind's model, as the probe, the spectrum and the curvature all run it:
+    built under its seeded generator, the init applied (``init.init_``; what it left and what
+    it assumed joins ``notes`` once), prepared (``build.prepare``: no stochastic op, training-mode
+    normalisation) and its weights checked finite (one line, the same on every path)."""
+    model = build.build(factory, seed, draw)
+    records = init.init_(model, scheme, seed, draw, batch=calib)
+    notes += [n for n in init.init_notes(name, records) if n not in notes]
+    model = build.prepare(model, device, dtype)
+    build.check_finite_weights(model, f"init {name!r}: the model's weights")
+    return model
+
+
+def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, extra) -> Measured:
+    """A kind whose spec builds a ``torch.nn.Module`` (``Kind.engine == "model"``): per init and
+    draw, build the model (its factory under a seeded generator), apply the init
+    (``init.init_``; ``as-is`` keeps the model's own), measure the sites with autograd on the
+    shared inputs and output errors, then trace it and compose its moment maps
+    (``graph.predict_graph``) on that draw's weights.  Arrays per init: "fwd", "bwd" [S, E, N],
+    "reached" [S, E] (1 where the output's gradient reached the site) and the predictions
+    "pred_fwd", "pred_bwd" [S, E] (ln of the RMS ratio, nan: no map); the kind's plan learns the
+    sites, their units, the finite-width spread and the notes."""
+    if extra:
+        raise SigpropError(
+            "plug-in measurements read sigprop's own walks, not a model's (yet)", field="observe"
+        )
+    if probe_spec.correlations:
+        raise SigpropError("input cosines are not measured for a model yet", field="correlation")
+    if probe_spec.stream:
+        raise SigpropError("a model keeps its own weights: nothing to stream", field="stream")
+    if probe_spec.graphs:
+        raise SigpropError("a model runs eagerly: no CUDA graphs", field="graphs")
+    device = dev.resolve_device(probe_spec.device)
+    dtype = dev.DTYPES[probe_spec.dtype]
+    names = kind.inits(spec)
+    schemes = [kind.scheme(spec, n) for n in names]
+    _check_instance_draws(spec, names, probe_spec.seeds)
+    _check_inputs_fit(spec, probe_spec.samples, dev.itemsize(probe_spec.dtype), device, kind.fields)
+    env = shared.probe_environment(probe_spec, device, stream=False, batch=1)
+    factory = spec.factory()
+    x = _model_inputs(spec, probe_spec.samples, probe_spec.seed, device, dtype)
+    e_seed = specs.derive_seed(probe_spec.seed, specs.STREAM_ERRORS)
+    plan = kind.plan(spec, probe_spec.seed)
+    total, done = len(names) * probe_spec.seeds, 0
+    started = False
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    # a data-dependent init calibrates on the probe's inputs (a chunk's worth with --batch-size)
+    calib = build.rows(x, 0, spec.batch_size) if spec.batch_size else x
+    floating = all(t.is_floating_point() for t in (x if isinstance(x, tuple) else (x,)))
+    for name, scheme in zip(names, schemes):
+        got: dict[str, list] = {k: [] for k in ("fwd", "bwd", "reached", *PREDICTIONS)}
+        for draw in range(probe_spec.seeds):
+            model = _model_draw(
+                factory, scheme, name, probe_spec.seed, draw, device, dtype, calib, plan.init_notes
+            )
+            what = f"init {name!r}: the model"
+            traced = trace.trace_graph(model, x, what) if floating else None
+            if not plan.sites:  # one forward of two samples: the input checked, the sites, the memory
+                seen = (
+                    traced.survey
+                    if traced and traced.survey
+                    else sites.survey(model, build.rows(x, 0, 2), what)
+                )
+                plan.sites, plan.site_notes = sites.resolve_sites(model, spec.sites, seen.called)
+                if seen.output:
+                    plan.site_notes.insert(0, seen.output)
+                weights = sum(p.numel() * p.element_size() for p in model.parameters())
+                # the leaf outputs of the batch: 9.2 GiB estimated, 9.0 GiB peak measured for
+                # DenseNet121 at 3x224x224 with 64 samples (benchmarks/module.py)
+                rows = min(spec.batch_size or probe_spec.samples, probe_spec.samples)
+                dev.check_memory(weights + seen.per_sample * rows, device, kind.fields, MODEL_MEMORY_HINT)
+            ln_f, ln_b, numels, reached = measure.measure(model, x, e_seed, plan.sites, spec.batch_size, what)
+            if not started:  # the banner once the model has run: a model that cannot, says only why
+                started = True
+                if on_start is not None:
+                    on_start(env)
+            if not plan.entries:
+                plan.entries = list(numels)
+            got["reached"].append(np.asarray(reached, dtype=np.float64))
+            for k, v in (("fwd", ln_f), ("bwd", ln_b), *_model_prediction(traced, x, plan, kind).items()):
+                got[k].append(v)
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{name}: draw {draw + 1}")
+        arrays[name] = {k: np.stack(v) for k, v in got.items()}
+        shared.check_finite(name, arrays[name])
+    return Measured(kind, plan, names, schemes, arrays, env)
+
+
+#: a model's predictions, per site and draw: ln RMS ratios as traced, and with every weight
+#: layer's variance halved and doubled (``plans.SEPARATION_FACTOR``: the theory verdict's test)
+PREDICTIONS = ("pred_fwd", "pred_bwd", "pred_fwd_down", "pred_bwd_down", "pred_fwd_up", "pred_bwd_up")
+
+
+def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
+    """ln of the predicted RMS ratios at the sites for this draw's weights (``PREDICTIONS``; nan
+    where no map reaches) from its trace (``trace.trace_graph``; None: token inputs), and,
+    once, the sites' finite-width spread and the notes (sigprop/kinds/module.py)."""
+    E = len(plan.sites)
+    out = {k: np.full(E, np.nan) for k in PREDICTIONS}
+
+    def none(why: str) -> dict[str, np.ndarray]:  # measured only, said once
+        if why not in plan.notes:
+            plan.notes.append(why)
+        if not plan.spread_forward:
+            plan.spread_forward, plan.spread_backward = [0.0] * E, [0.0] * E
+        return out
+
+    xs = x if isinstance(x, tuple) else (x,)
+    if traced is None:  # token ids: no moment map for the embedding yet
+        return none("token inputs: the theory starts at a float input, measured only")
+    if traced.nodes is None:
+        return none(traced.why)
+    nodes, where = traced.nodes, traced.where(plan.sites)
+    # the ratios' reference: all inputs' elements together; each input node starts from its own
+    q_in = sum(float(t.double().pow(2).sum()) for t in xs) / sum(t.numel() for t in xs)
+    moments = ([float(t.double().pow(2).mean()) for t in xs], [float(t.double().mean()) for t in xs])
+    factor = plans.SEPARATION_FACTOR
+    try:
+        preds = {
+            suffix: graph.predict_graph(nodes, *moments, weight_factor=w)
+            for suffix, w in (("", 1.0), ("_down", 1.0 / factor), ("_up", factor))
+        }
+    except Exception as exc:  # a map sigprop got wrong must not cost the user the measurement
+        return none(f"the moment maps failed ({type(exc).__name__}: {exc}); measured only; please report it")
+    if preds[""].unmapped:
+        note = f"no moment map for {preds[''].unmapped}: measured only from there on"
+        if note not in plan.notes:
+            plan.notes.append(note)
+    for suffix, pred in preds.items():
+        pf, pb = out["pred_fwd" + suffix], out["pred_bwd" + suffix]
+        for i, j in enumerate(where):
+            if j is None:
+                continue
+            if pred.q[j] is not None and pred.q[j] > 0:
+                pf[i] = 0.5 * math.log(pred.q[j] / q_in)
+            if pred.r[j] is not None and pred.r[j] > 0:
+                pb[i] = 0.5 * math.log(pred.r[j])
+    if not plan.spread_forward:
+        widths = [(k, nd.width) for k, nd in enumerate(nodes) if nd.op in ("dense", "standardized")]
+        before = [[w for k, w in widths if j is not None and k <= j] for j in where]
+        after = [[w for k, w in widths if j is not None and k > j] for j in where]
+        plan.spread_forward, plan.spread_backward = kind.spreads(before, after)
+    return out
+
+
+def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult:
+    """The module kind: per init and draw, build the model and apply the init as the probe does,
+    then the same estimators on the loss of ``hessian.build_module`` (every parameter of the
+    model that reaches the loss -- the others are named and left out -- and the 10-way head, the
+    output flattened into it)."""
+    device = dev.resolve_device(hs.device)
+    dtype = dev.DTYPES[hs.dtype]
+    if hs.head != "pytorch":
+        raise SigpropError("a model's head is PyTorch's default nn.Linear: --head pytorch", field="head")
+    if spec.vocab is not None:
+        raise SigpropError("token ids: a model's curvature is measured on floating inputs", field="vocab")
+    if len(spec.shapes) != 1:
+        raise SigpropError(
+            f"the curvature is measured on one input, and this forward takes {len(spec.shapes)}",
+            field="input_shape",
+        )
+    names = kind.inits(spec)
+    _check_instance_draws(spec, names, hs.seeds)
+    shape = tuple(spec.shapes[0])
+    itemsize = dev.itemsize(hs.dtype)
+    if hs.data is None:  # synthetic inputs: refused before they are drawn when they cannot fit
+        samples = specs.HESSIAN_SAMPLES if hs.samples is None else hs.samples
+        _check_inputs_fit(spec, samples, itemsize, device, kind.fields)
+    x, y = shared.curvature_data(hs, shape, device, dtype)
+    x = x.reshape(x.shape[0], *shape)
+    factory = spec.factory()
+    rows = min(x.shape[0], hs.batch_size or x.shape[0])
+    env: dict = {}
+    notes: list[str] = []
+    runs, done = [], 0
+    products = shared.Products(progress, hs)
+    for name in names:
+        scheme = kind.scheme(spec, name)
+        draws = []
+        for draw in range(hs.seeds):
+            t0 = time.perf_counter()
+            model = _model_draw(factory, scheme, name, hs.seed, draw, device, dtype, x[:rows], notes)
+            if not env:  # one forward of two samples: the input checked before any product
+                seen = sites.survey(model, x[: min(2, rows)], f"init {name!r}: the model")
+                if seen.output:
+                    notes.append(seen.output)
+            m = H.build_module(model, x[:rows], y[:rows], hs.seed, draw)
+            if m.left_out:
+                note = H.left_out_note(name, m.left_out)
+                notes += [note] if note not in notes else []
+            size = sum(p.numel() for p in m.params.values())
+            if draw == 0:  # --top and --steps against this init's parameters
+                shared.check_parameter_count(hs, {name: size})
+            if not env:  # the graph of the gradient, the parameters' vectors, the Lanczos bases
+                basis = max(H.LANCZOS_BASIS, hs.steps if hs.density else 0)
+                top_basis = H.arpack_basis(hs.top, size) if hs.top else 0
+                need = 8 * rows * seen.per_sample + (6 + basis) * size * itemsize
+                host = top_basis * size * 8
+                env = shared.curvature_environment(
+                    hs, device, int(x.shape[0]), need, host, kind.fields, size, top_basis
+                )
+                if on_start is not None:
+                    on_start(env)
+            h = H.HVP(m, x, y, hs.batch_size)
+            products.start(h, f"{name}: draw {draw}", len(names) * hs.seeds - done)
+            d = shared.curvature_draw(h, hs, draw, device)
+            products.finish()
+            d.seconds = time.perf_counter() - t0
+            draws.append(d)
+            done += 1
+        runs.append(CurvatureRun(name, kind.curvature_description(spec, scheme), draws))
+    config = {
+        "command": kind.name,
+        **spec.to_dict(),
+        **hs.__dict__,
+        "samples": int(x.shape[0]),
+        "model_notes": notes,
+    }
+    return HessianResult(kind.name, config, {"sigprop": __version__, **env}, runs)
+
+
+#: the bytes the reverse products of one chunk of a model's outputs may hold at once
+MODEL_JACOBIAN_CHUNK_BYTES = 2**30
+
+
+def _model_spectrum_mean(traced, x: torch.Tensor, n_out: int) -> tuple[float | None, str]:
+    """The predicted mean sigma^2 of a model's J (``graph.predict_graph`` on this draw's trace,
+    ``trace.trace_graph``): r at the input, the gradient's second moment per element for an
+    N(0, 1) error at the output, times n_in/n_out (per element to the total: E||J^T e||^2/||e||^2);
+    or None and why."""
+    nodes = traced.nodes
+    if nodes is None:
+        return None, traced.why
+    try:
+        pred = graph.predict_graph(nodes, float(x.double().pow(2).mean()), float(x.double().mean()))
+    except Exception as exc:  # a map sigprop got wrong must not cost the user the measurement
+        return None, f"the moment maps failed ({type(exc).__name__}: {exc})"
+    if pred.unmapped:
+        return None, f"no moment map for {pred.unmapped}"
+    r = next(pred.r[i] for i, nd in enumerate(nodes) if nd.op == "input")
+    if r is None:
+        return None, "no backward map reaches the input"
+    return r * x[0].numel() / n_out, ""
+
+
+def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResult:
+    """The module kind: per init and draw, build the model, apply the init (as the probe does),
+    and read J of its output in its input through its own forward (``spectra.model_jacobians``,
+    or the J^T J operator); exact when S x n_out x n_in fits.  The large-width theory of a
+    model's spectrum is not derived (said in ``why``)."""
+    device = dev.resolve_device(ss.device)
+    dtype = dev.DTYPES[ss.dtype]
+    if spec.vocab is not None:
+        raise SigpropError("token ids have no Jacobian: the spectrum needs a floating input", field="vocab")
+    if ss.depths or ss.at:
+        raise SigpropError(
+            "the spectrum against depth is measured for sigprop's own nets only",
+            field="depths" if ss.depths else "at",
+        )
+    if len(spec.shapes) != 1:
+        raise SigpropError(
+            f"the spectrum is taken in one input, and this forward takes {len(spec.shapes)}",
+            field="input_shape",
+        )
+    names = kind.inits(spec)
+    _check_instance_draws(spec, names, ss.seeds)
+    itemsize = dev.itemsize(ss.dtype)
+    _check_inputs_fit(spec, ss.samples, itemsize, device, kind.fields)
+    x = _model_inputs(spec, ss.samples, ss.seed, device, dtype)
+    factory = spec.factory()
+    n_in = x[0].numel()
+    env: dict = {}
+    notes: list[str] = []
+    runs, total, done = [], len(names) * ss.seeds, 0
+    for name in names:
+        scheme = kind.scheme(spec, name)
+        draws, pooled, means = [], [], []
+        for draw in range(ss.seeds):
+            model = _model_draw(factory, scheme, name, ss.seed, draw, device, dtype, x, notes)
+            what = f"init {name!r}: the model"
+            traced = trace.trace_graph(model, x, what)
+            if not env:  # one forward of two samples: the input checked, the sizes, the path, the memory
+                seen = traced.survey or sites.survey(model, x[: min(2, ss.samples)], what)
+                n_out = seen.units
+                if seen.output:
+                    notes.append(seen.output)
+            means.append(_model_spectrum_mean(traced, x, n_out))
+            model = spectra.functional(model)
+            if not env:
+                rows = ss.samples if spectra.batch_dependent(model) else 1
+                per_output = seen.per_sample * rows
+                chunk = max(1, min(n_out, MODEL_JACOBIAN_CHUNK_BYTES // max(1, per_output)))
+                weights = sum(p.numel() * p.element_size() for p in model.parameters())
+                need = weights + ss.samples * n_out * n_in * (itemsize + 16) + chunk * per_output
+                path = ss.path if ss.path != "auto" else ("exact" if dev.fits(need, device) else "lanczos")
+                shared.check_top(ss, path, n_in, n_out)
+                if path == "exact":
+                    dev.check_memory(
+                        need,
+                        device,
+                        kind.fields,
+                        hint="; the exact Jacobian holds n_out x n_in entries a sample",
+                    )
+                env = shared.spectrum_environment(ss, device, n_in, n_out, path, chunk)
+                if on_start is not None:
+                    on_start(env)
+            functions = [spectra.model_function(model, x, i) for i in range(ss.samples)]
+            summary, lam = shared.spectrum_draw(
+                path, lambda: spectra.model_jacobians(model, x, chunk), functions, x, ss, draw, n_out
+            )
+            draws.append(summary)
+            pooled.append(lam)
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{name}: draw {draw}")
+        # the mean: the traced graph's backward map at the input, per draw's weights, averaged
+        mapped = [m for m, _ in means if m is not None]
+        why = next((w for m, w in means if m is None), "")
+        runs.append(
+            SpectrumRun(
+                name,
+                scheme.description,
+                draws,
+                statistics.fmean(mapped) if len(mapped) == len(means) else None,
+                None,
+                "the variance of a model's spectrum is not derived"
+                + (f"; no mean either: {why}" if why else " (the mean is its traced graph's)"),
+                shared.pooled_histogram(path, pooled),
+                [],
+            )
+        )
+    config = {"command": kind.name, **spec.to_dict(), **ss.__dict__, "model_notes": notes}
+    return SpectrumResult(kind.name, config, {"sigprop": __version__, **env}, runs)
+
+
+class ModelEngine(Engine):
+    """A user's own model: probed with autograd hooks beside its traced graph's moment maps
+    (``measure``, on ``probe_spec.threads`` CPU threads and its matmul precision), its
+    curvature and its Jacobian's spectrum read through its own forward."""
+
+    name = "model"
+
+    def measure(self, kind, spec, probe_spec, progress, on_start, extra) -> Measured:
+        device = dev.resolve_device(probe_spec.device)
+        with dev.using_threads(probe_spec.threads), dev.matmul_precision(probe_spec.precision, device):
+            return _measure_model(kind, spec, probe_spec, progress, on_start, extra)
+
+    def curvature(self, kind, spec, hs, progress, on_start) -> HessianResult:
+        return _curvature_model(kind, spec, hs, progress, on_start)
+
+    def spectrum(self, kind, spec, ss, progress, on_start) -> SpectrumResult:
+        return _spectrum_model(kind, spec, ss, progress, on_start)
+
+
+register(ModelEngine())

@@ -1,0 +1,284 @@
+"""A traced model as a graph of moment maps, and their fold (``predict_graph``).  No torch here:
+the nodes are built by the traced ops (sigprop/model/ops/: each one matches its calls in
+torch.fx's graph, builds its node and registers its maps with ``map_op``), and this module
+composes whatever maps the nodes name, in the manner of neural-tangents' ``serial`` (docs/
+theory.md §13).
+
+The state of a node is kept per *part* (``Part``): its share of the units, the per-element
+second moment q, mean m and shared moment k -- E[x(a) x(b)] for one unit at two different
+samples (or two positions of one channel of a conv map), so that k - m^2 is the variance of the
+units' offsets -- and, over a conv map, its profile over the positions (mean 1).  The gradient's
+state per part is (r, rk, profile): its second moment, its shared moment between two positions
+of one channel of one sample, and its profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """One node of a traced model, with what its op's maps need (``MAPS[op]``; the formulas with
+    their reasons in docs/theory.md §13).  Ops of the built-in traced ops: ``dense`` (Linear,
+    ConvNd, ConvTransposeNd), ``standardized`` (a layer a data-dependent init calibrated),
+    ``norm``, ``act``, ``mix`` (a fixed linear map per channel), ``maxpool``, ``add``, ``cat``,
+    ``scale``, ``offset``, ``identity``, ``input``, ``output``, ``const``, and ``unknown`` (no
+    map: ``why`` names the op; measured only from there on)."""
+
+    name: str
+    op: str
+    inputs: tuple[int, ...]
+    forward: float = 1.0
+    backward: float = 1.0
+    bias: float = 0.0
+    width: int = 0
+    fn: tuple | None = field(default=None, compare=False, repr=False)
+    #: ``cat``: each input's share of the output's units
+    shares: tuple[float, ...] = ()
+    #: ``norm``: the elements one statistic is taken over, and how many offsets they hold (0:
+    #: batch statistics)
+    units: int = 0
+    group: int = 0
+    #: ``maxpool``: the elements of a window
+    pool: int = 1
+    #: ``dense`` (a conv), ``mix``, ``maxpool``: the map per channel over the positions, one
+    #: matrix per spatial axis (n_out x n_in): a conv's taps inside the map over k (``along``),
+    #: a pooling's or interpolation's weights, a max pooling's window means
+    mats: tuple = field(default=(), compare=False, repr=False)
+    #: the output's shape per sample
+    shape: tuple = ()
+    #: ``mix`` backward: the mean of (A^T A) off its diagonal
+    backward_cross: float = 0.0
+    #: ``dense``: False for a Linear on a vector (its input's elements share no weights, so the
+    #: gradient's shared moment does not pass)
+    positions: bool = True
+    why: str = ""
+
+
+@dataclass
+class GraphPrediction:
+    """Per node the predicted second moment of its output per element (``q``), its mean
+    (``mean``), its shared moment (``shared``) and the gradient's second moment at it (``r``,
+    the output's error at r = 1); None where an unmapped op lies on the way (``unmapped``: the
+    first such op's name)."""
+
+    q: list[float | None]
+    mean: list[float | None]
+    r: list[float | None]
+    unmapped: str
+    shared: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class Part:
+    """One part of a state whose units differ (a concatenation's inputs): its ``share`` of the
+    units, its per-element second moment ``q``, ``mean`` and ``shared`` moment, and its
+    ``profile`` over the positions (mean 1; None: uniform)."""
+
+    share: float
+    q: float
+    mean: float
+    shared: float
+    profile: np.ndarray | None = None
+
+
+def along(
+    mats: Sequence[np.ndarray], field_: np.ndarray, transpose: bool = False, power: int = 1
+) -> np.ndarray:
+    """The separable map whose axis matrices are ``mats`` (each n_out x n_in; transposed, or
+    entrywise to a ``power``) applied to ``field_`` over its last len(mats) axes."""
+    out = field_
+    d = len(mats)
+    for ax, A in enumerate(mats):
+        A = A.T if transpose else A
+        A = A**power if power != 1 else A
+        axis = out.ndim - d + ax
+        out = np.moveaxis(np.tensordot(A, out, axes=([1], [axis])), 0, axis)
+    return out
+
+
+def profile_of(p: np.ndarray | None, mats: Sequence[np.ndarray], transpose: bool = False) -> np.ndarray:
+    """A profile over the positions (mean 1), the uniform one where there is none or where its
+    shape is not the one ``mats`` read."""
+    shape = tuple(A.shape[0 if transpose else 1] for A in mats)
+    return p if p is not None and p.shape == shape else np.ones(shape)
+
+
+def blend(parts) -> np.ndarray | None:
+    """The profile of a sum of fields w * p (None where the shapes differ or none has one)."""
+    shapes = {p.shape for _, p in parts if p is not None}
+    tot = sum(w for w, _ in parts)
+    if len(shapes) != 1 or tot <= 0.0:
+        return None
+    shape = shapes.pop()
+    return sum(w * (np.ones(shape) if p is None else p) for w, p in parts) / tot
+
+
+def normalised(fld: np.ndarray) -> np.ndarray | None:
+    mu = float(fld.mean())
+    return fld / mu if mu > 0 and fld.ndim else None
+
+
+def merged(parts: list[Part]) -> Part:
+    """A state's parts as one (what a layer that mixes all units reads)."""
+    if len(parts) == 1:
+        return parts[0]
+    q = sum(s.share * s.q for s in parts)
+    return Part(
+        1.0,
+        q,
+        sum(s.share * s.mean for s in parts),
+        sum(s.share * s.shared for s in parts),
+        blend([(s.share * s.q, s.profile) for s in parts]),
+    )
+
+
+@dataclass
+class OpMap:
+    """An op's maps: ``forward(nd, i, fold)`` sets ``fold.states[i]`` from its inputs' states;
+    ``backward(nd, i, grads, fold)`` hands each input its share (``fold.give``) of the
+    gradient at node i (``grads``: per part (r, rk, profile)); ``receive(j, parts, reader,
+    fold)``, where given, is told of every gradient node j receives (an activation keeps what
+    passes through it); ``weighted``: a weight layer, whose ``forward`` and ``backward`` a
+    prediction with every weight layer's variance scaled multiplies."""
+
+    forward: Callable
+    backward: Callable | None = None
+    receive: Callable | None = None
+    weighted: bool = False
+
+
+#: the maps of every node op, registered by the traced ops' files (``map_op``)
+MAPS: dict[str, OpMap] = {}
+
+
+def map_op(name: str, forward: Callable, backward: Callable | None = None, **kw) -> OpMap:
+    """Register the maps of node op ``name`` (one call per op, in the op's own file)."""
+    MAPS[name] = OpMap(forward, backward, **kw)
+    return MAPS[name]
+
+
+@dataclass
+class Fold:
+    """The fold's state as the ops' maps read and write it: the nodes, per node its parts
+    (``states``), per activation or max pooling its derivative moments per part (``derivative``:
+    E[phi'^2] and its cross moment), the gradients per node and part (``grads``: [r, rk, [(r,
+    profile), ...]] summed over the readers), what passes through each activation
+    (``through``), the nodes whose gradient an unmapped op cut (``poisoned``), and the weight
+    factor of a prediction with every weight layer's variance scaled."""
+
+    nodes: Sequence[GraphNode]
+    states: list
+    weight_factor: float = 1.0
+    derivative: dict = field(default_factory=dict)
+    grads: list = field(default_factory=list)
+    through: dict = field(default_factory=dict)
+    poisoned: list = field(default_factory=list)
+
+    def give(self, j: int, parts: list[tuple[float, float, np.ndarray | None]], reader: int) -> None:
+        """Add a reader's gradient at node j (one per part of j, or one for all its parts), and
+        tell j's op (``OpMap.receive``)."""
+        segs = self.states[j]
+        if len(parts) != len(segs):
+            parts = parts[:1] * len(segs)
+        if self.grads[j] is None:
+            self.grads[j] = [[0.0, 0.0, []] for _ in segs]
+        for g, (c, ck, p) in zip(self.grads[j], parts):
+            g[0] += c
+            g[1] += ck
+            g[2].append((c, p))
+        op = MAPS.get(self.nodes[j].op)
+        if op is not None and op.receive is not None:
+            op.receive(j, parts, reader, self)
+
+
+def _scaled(nodes: Sequence[GraphNode], weight_factor: float) -> list[GraphNode]:
+    """The nodes with every weight layer's ``forward`` and ``backward`` times ``weight_factor``."""
+    weighted = {name for name, m in MAPS.items() if m.weighted}
+    return [
+        replace(nd, forward=nd.forward * weight_factor, backward=nd.backward * weight_factor)
+        if nd.op in weighted
+        else nd
+        for nd in nodes
+    ]
+
+
+def predict_graph(
+    nodes: Sequence[GraphNode],
+    q_input: float | Sequence[float],
+    mean_input: float | Sequence[float] = 0.0,
+    shared_input: float | Sequence[float] | None = None,
+    weight_factor: float = 1.0,
+) -> GraphPrediction:
+    """Compose a traced model's moment maps: forward in graph order from the input's
+    per-element second moment, mean and shared moment (default mean^2: independent samples and
+    positions), each node's op's ``forward``; then the gradients back from the output (r = 1),
+    each node's op's ``backward``, a node's r the sum over the nodes that read it (independent
+    paths, as a residual stream's skip and branch).  A state is kept in parts where its units
+    differ -- the inputs of a concatenation, until a layer mixes them -- since a later batch norm
+    scales each channel's gradient by its own variance; and over a conv map each part carries its
+    profile over the positions (mean 1): a padded conv's window sums fewer taps at the border,
+    and that loss compounds layer after layer as the box filter of §11 does (docs/theory.md
+    §13).  The ratios a probe measures are then sqrt(q/q_input) and sqrt(r), q and r the means
+    over the units.  A forward of several tensors: ``q_input`` (and the mean, the shared moment)
+    one per input node, in order.  ``weight_factor``: the same model with every weight layer's
+    output variance times that factor (a layer's ||W||^2, both ways; a standardised layer's
+    output), as ``plans.predict``'s."""
+    if weight_factor != 1.0:
+        nodes = _scaled(nodes, weight_factor)
+    n = len(nodes)
+    n_in = sum(1 for nd in nodes if nd.op == "input")
+
+    def per_input(v) -> list:
+        return list(v) if isinstance(v, (list, tuple)) else [v] * n_in
+
+    q_ins, m_ins = per_input(q_input), per_input(mean_input)
+    k_ins = [m * m for m in m_ins] if shared_input is None else per_input(shared_input)
+    if not len(q_ins) == len(m_ins) == len(k_ins) == n_in:
+        raise ValueError(f"{n_in} input nodes, {len(q_ins)} input moments")
+    fold = Fold(nodes, [None] * n, weight_factor, grads=[None] * n, poisoned=[False] * n)
+    seen = 0
+    unmapped = ""
+    for i, nd in enumerate(nodes):
+        if nd.op == "input":
+            fold.states[i] = [Part(1.0, q_ins[seen], m_ins[seen], k_ins[seen])]
+            seen += 1
+            continue
+        if nd.op == "const" or not nd.inputs or any(fold.states[j] is None for j in nd.inputs):
+            if nd.op == "unknown" and not unmapped:
+                unmapped = nd.why or nd.name
+            continue
+        op = MAPS.get(nd.op)
+        if op is not None:
+            op.forward(nd, i, fold)
+        if fold.states[i] is None and not unmapped:  # no map, or one that could not read its inputs
+            unmapped = nd.why or nd.name
+    for i in (i for i, nd in enumerate(nodes) if nd.op == "output"):
+        fold.grads[i] = [[1.0, 0.0, []] for _ in fold.states[i]] if fold.states[i] is not None else None
+    for i in range(n - 1, -1, -1):
+        nd = nodes[i]
+        if fold.grads[i] is None and not fold.poisoned[i]:
+            continue
+        op = MAPS.get(nd.op)
+        if fold.poisoned[i] or op is None or op.backward is None or fold.states[i] is None:
+            for j in nd.inputs:
+                fold.poisoned[j] = True
+            continue
+        op.backward(nd, i, [(r, rk, blend(parts)) for r, rk, parts in fold.grads[i]], fold)
+    st, grads = fold.states, fold.grads
+    return GraphPrediction(
+        [None if s is None else sum(x.share * x.q for x in s) for s in st],
+        [None if s is None else sum(x.share * x.mean for x in s) for s in st],
+        [
+            None
+            if fold.poisoned[i] or grads[i] is None
+            else sum(x.share * g[0] for x, g in zip(st[i], grads[i]))
+            for i in range(n)
+        ],
+        unmapped,
+        [None if s is None else sum(x.share * x.shared for x in s) for s in st],
+    )

@@ -1,0 +1,375 @@
+"""The paper's init for any model (``init_``, ``sigprop.init_``): every Linear and ConvNd drawn by
+sigprop's own sampler for its role in the model's graph (Arpit et al. 2019, section 4), a
+data-dependent init calibrated layer by layer (Salimans & Kingma 2016, section 3), and every
+other parameter named as left."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.nn.utils.parametrize import ParametrizationList
+
+from sigprop import inits
+from sigprop.errors import SigpropError
+from sigprop.kernels import sampling
+from sigprop.model import ops
+from sigprop.model.build import call, first_line
+from sigprop.model.ops.linear import DENSE_MODULES
+from sigprop.model.ops.norm import NORM_MODULES
+
+
+@dataclass
+class InitRecord:
+    """What ``init_`` did to one layer: its path, class, fan-in/out, its role in the net (relu,
+    block_last with its stage's block count, projection, linear), whether it is weight-normalized,
+    and whether it was set (``note``: why not)."""
+
+    name: str
+    kind: str
+    fan_in: int
+    fan_out: int
+    weight_norm: bool
+    set: bool
+    role: str = ""
+    blocks_in_stage: int = 1
+    note: str = ""
+    #: a module left as it was: its own parameters' names (``weight``, ``in_proj_weight``, ...)
+    parameters: tuple[str, ...] = ()
+
+
+def _why_left(m: nn.Module) -> str:
+    """Why ``init_`` leaves a module's own parameters as they were, in a few words."""
+    if isinstance(m, NORM_MODULES) or "norm" in type(m).__name__.lower():
+        return "a normalisation's gain and offset, kept"
+    if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+        return "an embedding table, kept"
+    return "not understood"
+
+
+#: the role ``init_`` gives a layer whose role the graph does not say
+ASSUMED = "a ReLU layer assumed (gain g^2 = 2 fan_in/fan_out under proposed), no residual branch read"
+
+
+def init_notes(init: str, records: list[InitRecord]) -> list[str]:
+    """What ``init_`` did not do, in words for the table's foot and the JSON: the modules whose
+    parameters it left as they were, grouped by class (every parameter is set or named here),
+    and the role it assumed where the graph could not be read."""
+    left = [r for r in records if not r.set]
+    guessed = [r for r in records if r.set and r.note.startswith("role not read")]
+    roles_note = ""
+    if guessed:
+        why = guessed[0].note[len("role not read (") : guessed[0].note.index("): ")]
+        roles_note = (
+            f"{len(guessed)} of {sum(r.set for r in records)} layers' roles not read ({why}): {ASSUMED}"
+        )
+    notes = []
+    if left:
+        groups: dict[tuple[str, str, tuple], list[str]] = {}
+        for r in left:
+            groups.setdefault((r.kind, r.note, r.parameters), []).append(r.name)
+        parts = []
+        for (cls, why, params), names in groups.items():
+            which = names[0] if len(names) == 1 else f"{len(names)} x, e.g. {names[0]}"
+            parts.append(f"{cls} {which} ({', '.join(params) or 'weight'}: {why})")
+        count = sum(len(r.parameters) or 1 for r in left)
+        notes.append(f"init {init!r} left {count} parameter(s) as they were: {'; '.join(parts)}")
+    if roles_note:
+        notes.append(f"init {init!r}: {roles_note}")
+    return notes
+
+
+def _wn_parts(m: nn.Module):
+    """(g, v) parameters of a weight-normalized layer (torch.nn.utils.parametrizations.weight_norm
+    or the older torch.nn.utils.weight_norm), or None."""
+    par = getattr(m, "parametrizations", None)
+    if par is not None and "weight" in par:
+        orig = par["weight"]
+        if hasattr(orig, "original0") and hasattr(orig, "original1"):
+            return orig.original0, orig.original1
+    if hasattr(m, "weight_g") and hasattr(m, "weight_v"):
+        return m.weight_g, m.weight_v
+    return None
+
+
+PASS_THROUGH = ("identity", "scale")
+
+
+def roles(model: nn.Module) -> tuple[dict[str, tuple[str, int, int]], str]:
+    """Each Linear/ConvNd's role as the paper's init reads it, from the model's fx graph:
+    {module path: (kind, blocks_in_stage, block_index)} with kind ``relu`` (an activation reads
+    its output, through norms), ``block_last`` (the last weight layer of a residual branch: the
+    side of an add that is not the skip), ``projection`` (a weight layer on the skip side) or
+    ``linear``; and why the graph could not be read ("" when it could).  A residual join is an
+    add of two states: the skip is the side the other descends from, or, for a projection
+    shortcut, the side with fewer weight layers since they parted.  Stages: consecutive joins,
+    a new one at every join whose skip has a weight layer (a projection) -- the ResNets of
+    Arpit et al. 2019, section 4, whose stages open with a projection; B is the stage's joins."""
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as exc:
+        return {}, f"torch.fx could not trace the model ({type(exc).__name__}: {first_line(exc)})"
+    nodes = list(gm.graph.nodes)
+    kind_of: dict[fx.Node, str] = {}
+    for n in nodes:
+        k = ops.kind_of(gm, n)
+        if k == "add" and len(n.all_input_nodes) != 2:
+            k = "identity"  # x + a constant: no join
+        elif k in ("mul", "div"):
+            k = "scale" if len(n.all_input_nodes) == 1 else "other"
+        kind_of[n] = k
+    ancestors: dict[fx.Node, set] = {}
+    for n in nodes:
+        a = {n}
+        for i in n.all_input_nodes:
+            a |= ancestors[i]
+        ancestors[n] = a
+    out: dict[str, tuple[str, int, int]] = {}
+    for n in nodes:  # relu or linear: what reads the layer's output (through norms and reshapes)
+        if kind_of[n] != "dense":
+            continue
+        frontier, role = list(n.users), "linear"
+        while frontier:
+            u = frontier.pop()
+            if kind_of[u] == "act":
+                role = "relu"
+                break
+            if kind_of[u] in ("norm", "identity", "scale"):
+                frontier += list(u.users)
+        out[n.target] = (role, 1, 0)
+
+    def last_dense(n):
+        while kind_of.get(n) in PASS_THROUGH:
+            n = n.all_input_nodes[0]
+        return n if kind_of.get(n) == "dense" else None
+
+    joins = []
+    for n in nodes:
+        if kind_of[n] != "add":
+            continue
+        a, b = n.all_input_nodes
+        if a in ancestors[b]:
+            skip, branch = a, b
+        elif b in ancestors[a]:
+            skip, branch = b, a
+        else:
+            common = ancestors[a] & ancestors[b]
+            count = lambda x: sum(1 for k in ancestors[x] - common if kind_of[k] == "dense")
+            skip, branch = (a, b) if count(a) <= count(b) else (b, a)
+            common = ancestors[a] & ancestors[b]
+            for k in ancestors[skip] - common:
+                if kind_of[k] == "dense":
+                    out[k.target] = ("projection", 1, 0)
+        projected = skip not in ancestors[branch]
+        joins.append((last_dense(branch), projected))
+    stages: list[list] = []
+    for last, projected in joins:
+        if projected or not stages:
+            stages.append([])
+        stages[-1].append(last)
+    for stage in stages:
+        for i, last in enumerate(stage):
+            if last is not None:
+                out[last.target] = ("block_last", len(stage), i)
+    return out, ""
+
+
+def init_(
+    model: nn.Module,
+    scheme,
+    seed: int = 0,
+    draw: int = 0,
+    wn: bool = False,
+    blocks: dict | None = None,
+    roles_: dict | None = None,
+    batch=None,
+) -> list[InitRecord]:
+    """Apply the init scheme ``scheme`` (a name or an ``inits.InitScheme``) to every Linear and
+    ConvNd of ``model`` (Arpit et al. 2019's schemes and their baselines), each layer's weights
+    drawn by sigprop's own sampler for that scheme (sigprop/kernels/sampling.py) with the layer
+    generator (seed, draw, index in module order): the same numbers sigprop's own nets draw for a
+    layer of that shape and role.  Fans are c_in k^2 and c_out (the paper's footnote 3); the role
+    comes from the model's graph (``roles``): a layer read by an activation is a ReLU layer
+    (g^2 = 2 fan_in/fan_out for ``proposed``), the last weight layer of a residual branch gets
+    1/B of its stage's B blocks (section 4), a projection shortcut and a layer read by nothing
+    nonlinear gain 1. ``blocks``: {module path of a branch's last layer: B} overrides the B the graph
+    gives; ``roles_``: {module path: "relu" | "linear" | "projection"} the role. A weight-normalized
+    layer gets g and v; a plain one w = g v/||v|| (``wn=True`` adds weight normalization first).
+    A grouped conv draws each group's rows as one layer's (fans per group: c_in k^2/groups and
+    c_out/groups).  A data-dependent scheme (``datadep``: Salimans & Kingma 2016, section 3)
+    then calibrates the layers in the order the forward calls them on ``batch`` (the inputs: a
+    tensor or a tuple of them), ``calibrate``.  Returns what it did per layer; a layer it does
+    not understand (a transposed conv, transformers' Conv1D, an embedding's table) is left as it
+    is, named."""
+    if isinstance(scheme, str):
+        scheme = inits.get(scheme, frozenset({"taps"}), "a model")
+    if scheme.name == "as-is":
+        return []
+    if scheme.standardizes and batch is None:
+        raise SigpropError(
+            f"init {scheme.name!r} calibrates on a batch: pass batch= (the inputs)", field="init"
+        )
+    records = _draw(model, scheme, seed, draw, wn, blocks, roles_)
+    if scheme.standardizes:
+        calibrate(model, [r.name for r in records if r.set], batch)
+        layers = dict(model.named_modules())
+        for r in records:
+            if r.set and layers[r.name].bias is None:
+                r.note = "no bias to centre it: scaled to sd 1 only"
+    return records
+
+
+def calibrate(model: nn.Module, names: list[str], batch) -> None:
+    """The data-dependent init of a model (Salimans & Kingma 2016, eq. 5-6, as sigprop's own
+    nets: ``sampling.CALIBRATIONS``): layer after layer in the order the forward calls them, a
+    forward on ``batch`` (no graph) up to the layer reads its pre-activation t = v.x/||v|| per
+    unit -- a Linear's last axis, a conv's channels, over the samples and positions -- and sets
+    g = 1/sigma[t], b = -mu[t]/sigma[t]: each unit standardised on the batch by everything before
+    it already calibrated.  One forward per layer, stopped at the layer.  The model is drawn on
+    the host in float32 and run where the probe runs: it is calibrated there, on the batch's device
+    and in its dtype, and handed back where it was (the scale and bias rounded to its dtype)."""
+    first = (batch if isinstance(batch, tuple) else (batch,))[0]
+    home = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if home is not None and (home.device, home.dtype) != (first.device, first.dtype):
+        where = (home.device, home.dtype)
+        model.to(device=first.device, dtype=first.dtype)
+        try:
+            calibrate(model, names, batch)
+        finally:
+            model.to(device=where[0], dtype=where[1])
+        return
+    layers = dict(model.named_modules())
+    order: list[str] = []
+    seen = {id(layers[n]): n for n in names}
+
+    def note(mod, args, out):
+        n = seen.get(id(mod))
+        if n is not None and n not in order:
+            order.append(n)
+
+    handles = [layers[n].register_forward_hook(note) for n in names]
+    try:
+        with torch.no_grad():
+            call(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+
+    for n in order:
+        m, got = layers[n], {}
+
+        def grab(mod, args, out, got=got):
+            got["t"] = out.detach()
+            raise _Stop
+
+        h = m.register_forward_hook(grab)
+        try:
+            with torch.no_grad():
+                call(model, batch)
+        except _Stop:
+            pass
+        finally:
+            h.remove()
+        t = got["t"].double()
+        axis = t.dim() - 1 if isinstance(m, nn.Linear) else 1
+        if m.bias is not None:  # t is v.x/||v||: the drawn bias is 0, but a kept one is taken off
+            t = t - m.bias.detach().double().reshape([-1 if d == axis else 1 for d in range(t.dim())])
+        dims = [d for d in range(t.dim()) if d != axis]
+        mu, sigma = t.mean(dim=dims), t.std(dim=dims, unbiased=False)
+        if not bool((sigma > 0).all()):
+            raise SigpropError(
+                f"datadep: a unit of {n!r} has zero variance over the batch; use more samples",
+                field="samples",
+            )
+        w_scale = (1.0 / sigma).to(m.weight.dtype)
+        parts = _wn_parts(m)
+        with torch.no_grad():
+            if parts is not None:
+                g_param, _ = parts
+                g_param.mul_(w_scale.reshape(g_param.shape))
+            else:
+                m.weight.mul_(w_scale.reshape(-1, *([1] * (m.weight.dim() - 1))))
+            if m.bias is not None:
+                m.bias.copy_((-mu / sigma).to(m.bias.dtype))
+        # the trace maps it as standardised (its bias is not independent of its input: it cancels
+        # the units' offsets on this batch), not as a random layer with a bias
+        m._sigprop_standardized = m.bias is not None
+
+
+class _Stop(BaseException):
+    """Ends a calibration's forward at the layer it reads (not an Exception: ``build.call`` lets it by)."""
+
+
+def _draw(model, scheme, seed, draw, wn, blocks, roles_) -> list[InitRecord]:
+    """``init_``'s draw of every layer (before any calibration)."""
+    found, why = roles(model)
+    records: list[InitRecord] = []
+    index = 0
+    for name, m in list(model.named_modules()):
+        if not isinstance(m, DENSE_MODULES):
+            own = [n for n, _ in m.named_parameters(recurse=False)]
+            if own and not isinstance(m, ParametrizationList):  # a WN layer's g and v are its layer's
+                records.append(
+                    InitRecord(
+                        name, type(m).__name__, 0, 0, False, False, note=_why_left(m), parameters=tuple(own)
+                    )
+                )
+            continue
+        if wn and _wn_parts(m) is None:
+            torch.nn.utils.parametrizations.weight_norm(m)
+        parts = _wn_parts(m)
+        w = m.weight.detach()
+        shape = w.shape
+        groups = getattr(m, "groups", 1)  # a grouped conv: each group's rows drawn as one layer's
+        fan_out, fan_in = shape[0] // groups, int(np.prod(shape[1:]))
+        taps = int(np.prod(shape[2:])) if w.dim() > 2 else 1
+        kind, B, b_index = found.get(name, ("relu", 1, 0))
+        if blocks and name in blocks:
+            kind, B = "block_last", int(blocks[name])
+        if roles_ and name in roles_:
+            kind = roles_[name]
+        index += 1
+        role = inits.LayerRole(
+            fan_in=fan_in, fan_out=fan_out, kind=kind, blocks_in_stage=B, block_index=b_index, taps=taps
+        )
+        gen = sampling.layer_generator(seed, draw, index, w.device)
+        # as the walker draws in this dtype; the groups one after another from the layer's generator
+        drawn = [sampling.sample(scheme, role, gen, w.device, w.dtype) for _ in range(groups)]
+        p = drawn[0]
+        if groups > 1:
+            cat = lambda xs: None if xs[0] is None else torch.cat([x.reshape(-1) for x in xs])  # noqa: E731
+            p = dataclasses.replace(
+                p,
+                v=torch.cat([d.v.reshape(fan_out, -1) for d in drawn]),
+                g=cat([d.g for d in drawn]),
+                scale=cat([d.scale for d in drawn]),
+                bias=cat([d.bias for d in drawn]),
+            )
+        with torch.no_grad():
+            v = p.v.reshape(shape).to(w.dtype)
+            row_scale = p.scale.reshape(-1, *([1] * (w.dim() - 1))).to(w.dtype)
+            if parts is not None and p.g is not None:
+                g_param, v_param = parts
+                v_param.copy_(v)
+                g_param.copy_(p.g.reshape(g_param.shape).to(w.dtype))
+            elif parts is not None:  # an unnormalised scheme on a WN layer: g = ||w|| keeps w
+                g_param, v_param = parts
+                v_param.copy_(v * row_scale)
+                g_param.copy_(v_param.reshape(fan_out, -1).norm(dim=1).reshape(g_param.shape))
+            else:
+                m.weight.copy_(v * row_scale)
+            if m.bias is not None:
+                m.bias.copy_(
+                    torch.zeros_like(m.bias) if p.bias is None else p.bias.reshape(m.bias.shape).to(w.dtype)
+                )
+        note = ""
+        if name not in found and not (roles_ and name in roles_) and not (blocks and name in blocks):
+            note = f"role not read ({why or 'no call of this module in the traced graph'}): {ASSUMED}"
+        records.append(
+            InitRecord(name, type(m).__name__, fan_in, fan_out, parts is not None, True, kind, B, note)
+        )
+    return records

@@ -1,0 +1,24 @@
+"""The traced ops: one file per op family, each a registry entry (``registry.TracedOp``) that
+says how its calls are matched in torch.fx's graph (``match``), which moment-map node a call
+becomes (``node``, from the ``Tracing`` of sigprop/model/trace.py), and -- registered beside it
+with ``graph.map_op`` -- that node's forward and backward maps.  A new op is one file: a module
+that calls ``register`` and ``map_op`` (tests/model/test_ops.py adds one from the test file
+alone).  ``kind`` is the op's category, which ``model.init.roles`` reads as well (a ReLU layer is
+a layer an ``act`` reads).  Importing this package registers the built-in ones."""
+
+from sigprop.model.ops import activation, linear, norm, pool, structure
+from sigprop.model.ops.registry import TRACED, TracedOp, classify, kind_of, register, unregister
+
+__all__ = [
+    "TRACED",
+    "TracedOp",
+    "activation",
+    "classify",
+    "kind_of",
+    "linear",
+    "norm",
+    "pool",
+    "register",
+    "structure",
+    "unregister",
+]

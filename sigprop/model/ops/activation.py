@@ -1,0 +1,193 @@
+"""Elementwise activations as traced ops (docs/theory.md §13): for z ~ N(m, q - m^2), q' = E[phi(z)^2],
+m' = E[phi(z)], the shared moment E[phi(z_a) phi(z_b)] for z_a, z_b sharing the unit's offset, and
+backward r = E[phi'(z)^2] r', rk = E[phi'(z_a) phi'(z_b)] rk' (``theory.activation_moments``,
+``theory.shared_moments``: Gauss-Legendre split at the kink)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+from scipy import special
+
+from sigprop import theory
+from sigprop.model.graph import GraphNode, Part, map_op
+from sigprop.model.ops.registry import TracedOp, register
+
+#: elementwise activations the trace maps by quadrature (module classes, functions,
+#: tensor methods)
+ACTIVATION_MODULES = (
+    nn.ReLU,
+    nn.LeakyReLU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.ELU,
+    nn.Softplus,
+    nn.Mish,
+    nn.Hardtanh,
+    nn.ReLU6,
+)
+ACTIVATION_FUNCTIONS = {
+    torch.relu: torch.relu,
+    F.relu: F.relu,
+    F.gelu: F.gelu,
+    F.silu: F.silu,
+    torch.tanh: torch.tanh,
+    torch.sigmoid: torch.sigmoid,
+    F.leaky_relu: F.leaky_relu,
+    F.elu: F.elu,
+}
+ACTIVATION_METHODS = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+
+
+def _numpy_fn(fn):
+    """A torch elementwise function as a float64 numpy function (for theory's quadrature)."""
+
+    def f(z: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return fn(torch.from_numpy(np.asarray(z, dtype=np.float64))).numpy()
+
+    def df(z: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.asarray(z, dtype=np.float64)).requires_grad_(True)
+        with torch.enable_grad():
+            (g,) = torch.autograd.grad(fn(t).sum(), t)
+        return g.numpy()
+
+    return f, df
+
+
+def _nondecreasing(phi) -> bool:
+    z = np.linspace(-50.0, 50.0, 4001)
+    return bool(np.all(np.diff(phi(z)) >= -1e-12))
+
+
+def _relu(z):
+    return np.maximum(z, 0.0), (z > 0.0).astype(np.float64)
+
+
+def _leaky(slope: float):
+    return lambda z: (np.where(z > 0.0, z, slope * z), np.where(z > 0.0, 1.0, slope))
+
+
+def _tanh(z):
+    t = np.tanh(z)
+    return t, 1.0 - t * t
+
+
+def _sigmoid(z):
+    s = special.expit(z)
+    return s, s * (1.0 - s)
+
+
+def _silu(z):
+    s = special.expit(z)
+    return z * s, s * (1.0 + z * (1.0 - s))
+
+
+def _gelu(z):
+    c = special.ndtr(z)
+    return z * c, c + z * np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+
+
+def _numpy_activation(n: fx.Node, m: nn.Module | None):
+    """(phi, phi') of an ``act`` node in numpy where the function is one of the common ones
+    (ReLU, leaky ReLU, tanh, sigmoid, SiLU, exact GELU): the quadratures of the moment maps
+    evaluate it on 65,536 points a call, and the generic path (torch, with autograd for phi') is
+    a third of a small model's probe; else ``_numpy_fn`` of ``_activation``.  The same values to
+    float64 rounding (tests/kinds/test_module.py)."""
+    both = None
+    if m is not None:
+        if type(m) is nn.ReLU:
+            both = _relu
+        elif type(m) is nn.LeakyReLU:
+            both = _leaky(float(m.negative_slope))
+        elif type(m) is nn.GELU and m.approximate == "none":
+            both = _gelu
+        else:
+            both = {nn.Tanh: _tanh, nn.Sigmoid: _sigmoid, nn.SiLU: _silu}.get(type(m))
+    elif not [a for a in n.args[1:] if not isinstance(a, fx.Node)] and not set(n.kwargs) - {"inplace"}:
+        key = n.target if n.op == "call_function" else getattr(torch, n.target, None)
+        both = {
+            torch.relu: _relu,
+            F.relu: _relu,
+            torch.tanh: _tanh,
+            torch.sigmoid: _sigmoid,
+            F.silu: _silu,
+            F.gelu: _gelu,
+        }.get(key)
+    if both is None:
+        return _numpy_fn(_activation(n, m))
+    return (lambda z: both(np.asarray(z, dtype=np.float64))[0]), (
+        lambda z: both(np.asarray(z, dtype=np.float64))[1]
+    )
+
+
+def _activation(n: fx.Node, m: nn.Module | None):
+    """The elementwise function an ``act`` node applies: the module, or the function or tensor
+    method with the node's constant arguments (in-place flags dropped)."""
+    if m is not None:  # in float64, as the quadrature evaluates it (PReLU's slope is a parameter)
+        return copy.deepcopy(m).double()
+    if n.op == "call_method":
+        return ACTIVATION_METHODS[n.target]
+    fn = ACTIVATION_FUNCTIONS[n.target]
+    kw = {k: v for k, v in n.kwargs.items() if k != "inplace"}
+    extra = [a for a in n.args[1:] if not isinstance(a, fx.Node)]
+    return lambda t: fn(t, *extra, **kw)
+
+
+def _matches(gm: fx.GraphModule, n: fx.Node) -> bool:
+    if n.op == "call_module":
+        m = gm.get_submodule(n.target)
+        # PReLU with one slope is elementwise
+        return isinstance(m, ACTIVATION_MODULES) or (isinstance(m, nn.PReLU) and m.weight.numel() == 1)
+    if n.op == "call_function":
+        return n.target in ACTIVATION_FUNCTIONS
+    return n.op == "call_method" and n.target in ACTIVATION_METHODS
+
+
+register(
+    TracedOp(
+        "act",
+        _matches,
+        lambda t, n: GraphNode(t.label(n), "act", t.inputs(n), fn=_numpy_activation(n, t.module(n))),
+    )
+)
+
+
+def _forward(nd: GraphNode, i: int, fold) -> None:
+    """Per part: the one-variable moments, and the cross moments of phi and phi' on one grid."""
+    out, dm = [], []
+    for s in fold.states[nd.inputs[0]]:
+        m1, q1, d2 = theory.activation_moments(nd.fn[0], nd.fn[1], s.mean, s.q)
+        both = theory.shared_moments(nd.fn[0], nd.fn[1], s.mean, s.q, s.shared)
+        k1 = min(both[2], q1)
+        dm.append((d2, both.derivative_cross))
+        out.append(Part(s.share, q1, m1, k1, s.profile))
+    fold.states[i], fold.derivative[i] = out, dm
+
+
+def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
+    """What passed through it (``_receive``): E[phi'^2] r' and the derivative's cross moment rk'."""
+    for j in nd.inputs:
+        fold.give(j, [(t[0], t[1], x[2]) for t, x in zip(fold.through[i], g)], i)
+
+
+def _receive(j: int, parts: list, reader: int, fold) -> None:
+    """Every gradient an activation receives passes through phi': E[phi'^2] times r, and the
+    derivative's cross moment times rk -- at a max pooling's maximum where the reader is one
+    (it keeps those moments, ``pool.py``)."""
+    dm = fold.derivative[reader] if fold.nodes[reader].op == "maxpool" else fold.derivative[j]
+    th = fold.through.setdefault(j, [[0.0, 0.0] for _ in fold.states[j]])
+    for t, (f, fk), (c, ck, _) in zip(th, dm, parts):
+        t[0] += c * f
+        t[1] += ck * fk
+
+
+map_op("act", _forward, _backward, receive=_receive)

@@ -1,0 +1,160 @@
+"""Linear, ConvNd and ConvTransposeNd as traced ops (docs/theory.md §13): a weight layer of c_out
+rows, q' = (||W||^2_F/c_out) (M q) + ||b||^2/c_out per element, its gradient r = (||W||^2_F/c_in)
+M^T r' (M the conv's window over the positions; a Linear's none), and a layer a data-dependent
+init calibrated on the probe's batch (``standardized``: each unit mean 0 and sd 1 there)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from sigprop.model.graph import GraphNode, Part, along, blend, map_op, merged, normalised, profile_of
+from sigprop.model.ops.registry import TracedOp, register
+
+DENSE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+TRANSPOSED_MODULES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
+def _dense_node(m: nn.Module, shape_in, shape_out, name, inputs) -> GraphNode:
+    """A Linear or ConvNd: q' = (||W||^2/c_out) q + ||b||^2/c_out per element.  A conv carries
+    its taps' box over the positions (``_conv_matrices``), so its gradient reads r = (||W||^2 /
+    c_in) M^T r' (each input element in c_out k^d products, fewer at a padded border); where the
+    box cannot be built (or for a Linear) r = ||W||^2 numel_out/(c_out numel_in) r'."""
+    w = m.weight.detach().double()
+    sq = float(w.pow(2).sum())
+    c_out = w.shape[0]
+    bias = 0.0 if m.bias is None else float(m.bias.detach().double().pow(2).sum()) / c_out
+    numel_in, numel_out = math.prod(shape_in), math.prod(shape_out)
+    mats = _conv_matrices(m, shape_in, shape_out) if not isinstance(m, nn.Linear) else ()
+    c_in = w.shape[1] * getattr(m, "groups", 1)
+    return GraphNode(
+        name,
+        "standardized" if getattr(m, "_sigprop_standardized", False) else "dense",
+        inputs,
+        forward=sq / c_out,
+        backward=sq / c_in if mats else sq * numel_out / (c_out * numel_in),
+        bias=bias,
+        width=c_out,
+        positions=len(shape_in) > 1,
+        mats=mats,
+    )
+
+
+def _conv_matrices(m: nn.Module, shape_in, shape_out, transposed: bool = False) -> tuple:
+    """A conv's (or transposed conv's) window over the positions, one matrix per spatial axis
+    (n_out x n_in, entry: the taps joining the two positions over k), each from torch's own 1-D
+    conv of the identity with a kernel of 1/k (so stride, padding, dilation and the padding mode
+    are torch's); () where the shapes do not read as (channels, *positions)."""
+    d = len(m.kernel_size)
+    if len(shape_in) != d + 1 or len(shape_out) != d + 1:
+        return ()
+    mats = []
+    for i in range(d):
+        n_in, n_out = shape_in[1 + i], shape_out[1 + i]
+        k, st, dil = m.kernel_size[i], m.stride[i], m.dilation[i]
+        eye = torch.eye(n_in, dtype=torch.float64).reshape(n_in, 1, n_in)
+        ker = torch.full((1, 1, k), 1.0 / k, dtype=torch.float64)
+        try:
+            if transposed:
+                pad, extra = m.padding[i], m.output_padding[i]
+                a = F.conv_transpose1d(eye, ker, stride=st, padding=pad, output_padding=extra, dilation=dil)
+            elif isinstance(m.padding, str):
+                if m.padding_mode != "zeros":
+                    return ()
+                a = F.conv1d(eye, ker, stride=st, padding=m.padding, dilation=dil)
+            elif m.padding_mode != "zeros":
+                padded = F.pad(eye, (m.padding[i],) * 2, mode=m.padding_mode)
+                a = F.conv1d(padded, ker, stride=st, dilation=dil)
+            else:
+                a = F.conv1d(eye, ker, stride=st, padding=m.padding[i], dilation=dil)
+        except (RuntimeError, NotImplementedError, ValueError):
+            return ()
+        if a.shape[-1] != n_out:
+            return ()
+        mats.append(a.reshape(n_in, n_out).T.numpy())
+    return tuple(mats)
+
+
+def _transposed_node(m: nn.Module, shape_in, shape_out, name, inputs) -> GraphNode:
+    """A transposed conv (weight [c_in, c_out/groups, k...]): the adjoint of a conv, so each
+    output element sums c_in (k/s)^d products on average -- q' = (||W||^2/c_out) T q with T its
+    window over the positions (``_conv_matrices``: 1/s per axis inside the map) -- and each
+    input element's gradient a row of c_out k^d weights: r = (||W||^2/c_in) T^T r'."""
+    w = m.weight.detach().double()
+    sq, c_in = float(w.pow(2).sum()), w.shape[0]
+    c_out = shape_out[0]
+    bias = 0.0 if m.bias is None else float(m.bias.detach().double().pow(2).sum()) / c_out
+    mats = _conv_matrices(m, shape_in, shape_out, transposed=True)
+    numel_in, numel_out = math.prod(shape_in), math.prod(shape_out)
+    return GraphNode(
+        name,
+        "dense",
+        inputs,
+        forward=sq / c_out if mats else sq * numel_in / (c_in * numel_out),
+        backward=sq / c_in,
+        bias=bias,
+        width=c_out,
+        mats=mats,
+    )
+
+
+def _dense(t, n) -> GraphNode:
+    m, a = t.module(n), n.args[0]
+    if t.shape(a) and t.shape(n):
+        return _dense_node(m, t.shape(a), t.shape(n), n.target, t.inputs(n))
+    return t.unknown(n)
+
+
+def _transposed(t, n) -> GraphNode:
+    m, a = t.module(n), n.args[0]
+    if t.shape(a) and t.shape(n) and m.groups == 1:
+        return _transposed_node(m, t.shape(a), t.shape(n), n.target, t.inputs(n))
+    return t.unknown(n)
+
+
+def _module_of(classes):
+    return lambda gm, n: n.op == "call_module" and isinstance(gm.get_submodule(n.target), classes)
+
+
+register(TracedOp("dense", _module_of(DENSE_MODULES), _dense))
+register(TracedOp("transposed", _module_of(TRANSPOSED_MODULES), _transposed))
+
+
+def _forward(nd: GraphNode, i: int, fold) -> None:
+    """q' = f M q + b, k' = f box k + b (box: the mean of M's window), m' = 0, the parts merged."""
+    x = merged(fold.states[nd.inputs[0]])
+    if nd.mats:  # a conv: each output sums its taps inside the map (q' = f M q + b)
+        fld = nd.forward * x.q * along(nd.mats, profile_of(x.profile, nd.mats)) + nd.bias
+        box = (float(fld.mean()) - nd.bias) / (nd.forward * x.q) if x.q > 0 else 1.0
+        fold.states[i] = [
+            Part(1.0, float(fld.mean()), 0.0, nd.forward * box * x.shared + nd.bias, normalised(fld))
+        ]
+    else:
+        fold.states[i] = [Part(1.0, nd.forward * x.q + nd.bias, 0.0, nd.forward * x.shared + nd.bias)]
+
+
+def _standardized(nd: GraphNode, i: int, fold) -> None:
+    """A layer calibrated on this batch: each unit mean 0, sd 1 (times a scaled prediction's
+    factor)."""
+    fold.states[i] = [Part(1.0, fold.weight_factor, 0.0, 0.0, None)]
+
+
+def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
+    """Every input unit reads all outputs: one gradient, r = b M^T r' (b = ``backward``)."""
+    mine = fold.states[i]
+    r = sum(s.share * x[0] for s, x in zip(mine, g))
+    rk = sum(s.share * x[1] for s, x in zip(mine, g))
+    rp = blend([(s.share * x[0], x[2]) for s, x in zip(mine, g)])
+    box, pj = 1.0, None
+    if nd.mats:  # each input element's gradient sums the outputs whose taps it is
+        bp = along(nd.mats, profile_of(rp, nd.mats, transpose=True), transpose=True)
+        box, pj = float(bp.mean()), normalised(bp)
+    for j in nd.inputs:
+        fold.give(j, [(nd.backward * box * r, nd.backward * box * rk if nd.positions else 0.0, pj)], i)
+
+
+map_op("dense", _forward, _backward, weighted=True)
+map_op("standardized", _standardized, _backward, weighted=True)

@@ -1,0 +1,251 @@
+"""The ops that move no weights, as traced ops (docs/theory.md §13): identities (reshapes, flatten,
+dropout -- off during a probe --, ``nn.Identity``), concatenation (each input's parts side by side
+with its share of the units), sums of two states (independent summands; ``h + c h`` exactly a
+scaling; summands that share a node with no weight layer between them named), a constant added
+(``offset``), scaling by a constant (``c * h``, ``h / c``), and the graph's output."""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from sigprop.model.graph import GraphNode, Part, blend, map_op, merged
+from sigprop.model.ops.registry import TracedOp, register
+
+#: modules and calls that leave every element as it is at init (the per-element moments pass)
+IDENTITY_MODULES = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Flatten)
+IDENTITY_FUNCTIONS = (torch.flatten, torch.reshape, F.dropout)
+IDENTITY_METHODS = (
+    "view",
+    "reshape",
+    "flatten",
+    "contiguous",
+    "permute",
+    "transpose",
+    "squeeze",
+    "unsqueeze",
+)
+ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
+MUL_FUNCTIONS = (operator.mul, operator.imul, torch.mul)
+DIV_FUNCTIONS = (operator.truediv, operator.itruediv, torch.div)
+
+
+def _constant_factor(n: fx.Node) -> float | None:
+    """c of ``c * h``, ``h * c`` or ``h / c`` (c a Python number), else None."""
+    a = n.args
+    if len(a) != 2 or n.kwargs:
+        return None
+    if n.target in DIV_FUNCTIONS or n.target in ("div", "div_", "truediv"):
+        return 1.0 / float(a[1]) if isinstance(a[1], (int, float)) and a[1] != 0 else None
+    consts = [v for v in a if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return float(consts[0]) if len(consts) == 1 and any(isinstance(v, fx.Node) for v in a) else None
+
+
+def _root(j: int, nodes: list, fx_of: list) -> tuple[int, float]:
+    """A node as c times an earlier node whose elements it keeps in place: through constant
+    scalings and element-preserving identities (nn.Identity, dropout -- off in a probe --,
+    ``contiguous``, ``clone``), not through reshapes that move elements (a transpose)."""
+    c = 1.0
+    while True:
+        n = fx_of[j]
+        ins = nodes[j].inputs
+        if nodes[j].op == "scale" and len(ins) == 1:
+            c *= _constant_factor(n)
+        elif nodes[j].op == "identity" and len(ins) == 1 and _keeps_elements(n, nodes[j], nodes[ins[0]]):
+            pass
+        else:
+            return j, c
+        j = ins[0]
+
+
+def _keeps_elements(n: fx.Node, node, source) -> bool:
+    same_shape = node.shape == source.shape
+    if n.op == "call_module":
+        return same_shape and n.target is not None and "flatten" not in type(n).__name__.lower()
+    return same_shape and (n.target in ("contiguous", "clone") or n.target is F.dropout)
+
+
+def _near(j: int, nodes: list) -> set[int]:
+    """The nodes a state depends on without a random weight layer between: back from node j
+    through every op, stopping at (and keeping) dense layers, whose zero-mean weights make
+    their output uncorrelated with anything upstream (docs/theory.md §13)."""
+    seen, stack = set(), [j]
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if nodes[i].op not in ("dense", "standardized"):
+            stack += list(nodes[i].inputs)
+    return seen
+
+
+def _add_node(t, n: fx.Node) -> GraphNode:
+    """A sum's node.  Of two states: ``add`` (independent summands, the cross term zero), unless
+    both are one node times constants -- ``h + h``, ``h + 2 h``: exactly (c1 + c2) h, a
+    ``scale`` --, or they share a node with no random weight layer between it and either
+    summand (``h + relu(h)``): a cross term no map follows, named.  Of a state and a constant
+    (a number, or a tensor of the model's such as a learned positional embedding): ``offset``.
+    """
+    gm, label, index, nodes, fx_of = t.gm, t.label(n), t.index, t.nodes, t.fx_of
+    if n.kwargs:  # torch.add(..., alpha=...)
+        return GraphNode(label, "unknown", (), why=f"{label} with alpha")
+    states = [a for a in n.args if isinstance(a, fx.Node) and nodes[index[a]].op != "const"]
+    consts = [a for a in n.args if not (isinstance(a, fx.Node) and nodes[index[a]].op != "const")]
+    ins = tuple(index[a] for a in states)
+    if len(states) == 2:
+        (ra, ca), (rb, cb) = (_root(j, nodes, fx_of) for j in ins)
+        if ra == rb:
+            return GraphNode(label, "scale", (ra,), forward=(ca + cb) ** 2)
+        shared = _near(ins[0], nodes) & _near(ins[1], nodes)
+        if shared:
+            via = nodes[max(shared)].name
+            why = f"{label} of two summands that share {via} with no weight layer between (their cross term)"
+            return GraphNode(label, "unknown", ins, why=why)
+        return GraphNode(label, "add", ins)
+    if len(states) == 1 and len(consts) == 1:
+        c = consts[0]
+        if isinstance(c, fx.Node):  # a tensor the model holds (get_attr)
+            try:
+                t = operator.attrgetter(c.target)(gm).detach().double()
+            except AttributeError:
+                return GraphNode(label, "unknown", ins, why=f"{label} with a constant")
+            mean, square = float(t.mean()), float(t.pow(2).mean())
+        elif isinstance(c, (int, float)) and not isinstance(c, bool):
+            mean, square = float(c), float(c) ** 2
+        else:
+            return GraphNode(label, "unknown", ins, why=f"{label} with a constant")
+        if square == 0.0:
+            return GraphNode(label, "identity", ins)
+        return GraphNode(label, "offset", ins, forward=square, bias=mean)
+    return GraphNode(label, "unknown", ins, why=f"{label} of {len(states)} states")
+
+
+def _calls(functions, methods):
+    def match(gm: fx.GraphModule, n: fx.Node) -> bool:
+        return (n.op == "call_function" and n.target in functions) or (
+            n.op == "call_method" and n.target in methods
+        )
+
+    return match
+
+
+def _identity_matches(gm: fx.GraphModule, n: fx.Node) -> bool:
+    if n.op == "call_module":
+        return isinstance(gm.get_submodule(n.target), IDENTITY_MODULES)
+    return _calls(IDENTITY_FUNCTIONS, IDENTITY_METHODS)(gm, n)
+
+
+def _cat(t, n) -> GraphNode:
+    """Each input's elements, unchanged: q the units-weighted mean, each gradient its part."""
+    ins, shape = t.inputs(n), t.shape
+    if shape(n) and all(shape(a) for a in n.all_input_nodes) and len(ins) == len(n.all_input_nodes):
+        sizes = [math.prod(shape(a)) for a in n.all_input_nodes]
+        return GraphNode(t.label(n), "cat", ins, shares=tuple(z / sum(sizes) for z in sizes))
+    return t.unknown(n)
+
+
+def _scale(kind: str):
+    def node(t, n) -> GraphNode:
+        c, ins = _constant_factor(n), t.inputs(n)
+        if len(ins) == 1 and c is not None:
+            return GraphNode(t.label(n), "scale", ins, forward=c**2)
+        why = "a product of two states" if kind == "mul" else "a division by a state"
+        return GraphNode(t.label(n), "unknown", ins, why=why)
+
+    return node
+
+
+register(TracedOp("identity", _identity_matches, lambda t, n: GraphNode(t.label(n), "identity", t.inputs(n))))
+register(TracedOp("cat", lambda gm, n: n.op == "call_function" and n.target is torch.cat, _cat))
+register(TracedOp("add", _calls(ADD_FUNCTIONS, ("add", "add_")), _add_node))
+register(TracedOp("mul", _calls(MUL_FUNCTIONS, ("mul", "mul_")), _scale("mul")))
+register(TracedOp("div", _calls(DIV_FUNCTIONS, ("div", "div_")), _scale("div")))
+
+
+def _passes(nd: GraphNode, i: int, fold) -> None:
+    """identity, output: unchanged (a reshape drops the profile)."""
+    ins = nd.inputs
+    same = nd.shape == fold.nodes[ins[0]].shape
+    fold.states[i] = [s if same else Part(s.share, s.q, s.mean, s.shared, None) for s in fold.states[ins[0]]]
+
+
+def _gives_back(nd: GraphNode, i: int, g: list, fold) -> None:
+    """add, offset, identity, output: each input element's gradient is the output's."""
+    for j in nd.inputs:
+        same = nd.shape == fold.nodes[j].shape
+        fold.give(j, [(r, rk, p if same else None) for r, rk, p in g], i)
+
+
+def _add(nd: GraphNode, i: int, fold) -> None:
+    """a + b, independent summands: q' = q_a + q_b + 2 m_a m_b, k' alike."""
+    ins = nd.inputs
+    if len(ins) != 2:
+        return
+    a, b = fold.states[ins[0]], fold.states[ins[1]]
+    if [s.share for s in a] != [s.share for s in b]:
+        a, b = [merged(a)], [merged(b)]
+    fold.states[i] = [
+        Part(
+            x.share,
+            x.q + y.q + 2 * x.mean * y.mean,
+            x.mean + y.mean,
+            x.shared + y.shared + 2 * x.mean * y.mean,
+            blend([(x.q, x.profile), (y.q, y.profile)]),
+        )
+        for x, y in zip(a, b)
+    ]
+
+
+def _scaled(nd: GraphNode, i: int, fold) -> None:
+    c2 = nd.forward
+    fold.states[i] = [
+        Part(s.share, c2 * s.q, math.sqrt(c2) * s.mean, c2 * s.shared, s.profile)
+        for s in fold.states[nd.inputs[0]]
+    ]
+
+
+def _scaled_back(nd: GraphNode, i: int, g: list, fold) -> None:
+    for j in nd.inputs:
+        fold.give(j, [(nd.forward * r, nd.forward * rk, p) for r, rk, p in g], i)
+
+
+def _offset(nd: GraphNode, i: int, fold) -> None:
+    """h + c, c a constant (mean c-bar = ``bias``, mean square = ``forward``)."""
+    c, c2 = nd.bias, nd.forward
+    fold.states[i] = [
+        Part(s.share, s.q + 2 * s.mean * c + c2, s.mean + c, s.shared + 2 * s.mean * c + c2, None)
+        for s in fold.states[nd.inputs[0]]
+    ]
+
+
+def _concatenated(nd: GraphNode, i: int, fold) -> None:
+    ins = nd.inputs
+    if len(nd.shares) == len(ins):
+        fold.states[i] = [
+            Part(share * s.share, s.q, s.mean, s.shared, s.profile)
+            for share, j in zip(nd.shares, ins)
+            for s in fold.states[j]
+        ]
+
+
+def _concatenated_back(nd: GraphNode, i: int, g: list, fold) -> None:
+    """Each input its own parts' gradients."""
+    at = 0
+    for j in nd.inputs:
+        size = len(fold.states[j])
+        fold.give(j, g[at : at + size], i)
+        at += size
+
+
+map_op("identity", _passes, _gives_back)
+map_op("output", _passes, _gives_back)
+map_op("add", _add, _gives_back)
+map_op("offset", _offset, _gives_back)
+map_op("scale", _scaled, _scaled_back)
+map_op("cat", _concatenated, _concatenated_back)

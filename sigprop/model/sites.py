@@ -1,0 +1,135 @@
+"""Where a model is measured: its sites (module outputs: the top-level blocks by default, the
+leaves, or named ones), and the ``Survey`` of one forward of two samples that tells, before a run,
+which modules the forward calls, what its output is and what a sample costs in memory."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from sigprop.errors import SigpropError
+from sigprop.model.build import call, check_finite, output_choice, output_tensor
+
+
+def auto_sites(model: nn.Module, called=None) -> list[str]:
+    """The default sites: the outputs of the model's top-level blocks, where a plain
+    ``nn.Sequential``, ``nn.ModuleList`` or ``nn.ModuleDict`` (a container, not a block: exactly
+    those classes) is opened into its own children (torchvision's ResNet reads ``layer3.4``,
+    MONAI's DenseNet ``features.denseblock2``), and a block without parameters (an activation, a
+    pooling, a dropout) stands for the block before it: it replaces that block's site (so an
+    MLP's sites are its post-activation states; one before any block, such as a shared
+    activation module, is skipped).  ``called``: the module paths the forward calls (``survey``);
+    a block outside it (a leftover head) is no site."""
+    blocks: list[tuple[str, nn.Module]] = []
+
+    def open_(prefix: str, module: nn.Module) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            if type(child) in (nn.Sequential, nn.ModuleList, nn.ModuleDict) or (
+                len(list(module.named_children())) == 1 and list(child.children()) and module is model
+            ):
+                open_(path + ".", child)
+            elif called is None or path in called:
+                blocks.append((path, child))
+
+    open_("", model)
+    sites: list[str] = []
+    for path, child in blocks:
+        has_params = any(True for _ in child.parameters())
+        if not has_params:
+            if sites:
+                sites[-1] = path
+        else:
+            sites.append(path)
+    return sites
+
+
+def resolve_sites(model: nn.Module, sites: str, called=None) -> tuple[list[str], list[str]]:
+    """``auto`` (``auto_sites``), ``leaves`` (every leaf module), or a comma list of module
+    paths and fnmatch patterns (``layer3.*``); a name that matches nothing is refused with the
+    closest path.  ``called`` (``survey``): modules the forward never calls are left out of auto,
+    leaves and patterns, and named in the notes returned beside the sites; a site named
+    exactly that the forward never calls is refused."""
+    names = [n for n, _ in model.named_modules(remove_duplicate=False) if n]
+    runs = (lambda n: True) if called is None else (lambda n: n in called)
+    uncalled: list[str] = []
+    if sites == "auto":
+        out = auto_sites(model, called)
+        uncalled = [n for n in auto_sites(model) if not runs(n)]
+    elif sites == "leaves":
+        leaves = [n for n, m in model.named_modules(remove_duplicate=False) if n and not list(m.children())]
+        out, uncalled = [n for n in leaves if runs(n)], [n for n in leaves if not runs(n)]
+    else:
+        out = []
+        for pat in (s.strip() for s in sites.split(",")):
+            hit = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+            if not hit:
+                close = difflib.get_close_matches(pat, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise SigpropError(f"site {pat!r} matches no module of the model{hint}", field="sites")
+            if not any(runs(n) for n in hit):
+                raise SigpropError(
+                    f"site {pat!r} is never called by the model's forward (a module it does not use)",
+                    field="sites",
+                )
+            out += [n for n in hit if runs(n) and n not in out]
+            uncalled += [n for n in hit if not runs(n) and n not in uncalled]
+    if not out and not names:
+        raise SigpropError(
+            f"the model ({type(model).__name__}) has no submodules: sites are submodules' outputs",
+            field="sites",
+        )
+    if not out:
+        raise SigpropError("no submodule with parameters to measure: name sites with --sites", field="sites")
+    notes = []
+    if uncalled:
+        shown = ", ".join(uncalled[:4]) + (f" and {len(uncalled) - 4} more" if len(uncalled) > 4 else "")
+        notes.append(f"not measured: {shown} (never called by the model's forward)")
+    return out, notes
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What one forward of a few samples (no graph) tells before a run: the bytes of every leaf
+    module's output per sample (what autograd keeps for the backward, about one tensor per op:
+    the driver multiplies by the samples, adds the weights, and refuses a run that would not fit
+    before it starts), the modules the forward called (auto sites skip the others), the output's
+    units per sample, and which tensor of a tuple or dict output is read (``output_choice``)."""
+
+    per_sample: int
+    called: frozenset
+    units: int
+    output: str
+
+
+def survey(model: nn.Module, x1, what: str = "the model") -> Survey:
+    """One forward of ``x1`` (a few rows) with a hook on every module: ``Survey``.  The model's
+    errors are one line naming --input-shape (``build.call``); a non-finite output is refused
+    (``check_finite``)."""
+    total = 0
+    called: set[str] = set()
+    names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+
+    def seen(mod, args, out):
+        nonlocal total
+        called.add(names.get(id(mod), ""))
+        if not list(mod.children()):
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+
+    handles = [m.register_forward_hook(seen) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            out = call(model, x1)
+    finally:
+        for h in handles:
+            h.remove()
+    y = output_tensor(out)
+    check_finite(y, f"{what}'s output on the probe's inputs")
+    rows_ = (x1 if isinstance(x1, tuple) else (x1,))[0].shape[0]
+    return Survey(total // max(rows_, 1), frozenset(called), y[0].numel(), output_choice(out))
