@@ -110,7 +110,7 @@ def roles(model: nn.Module) -> tuple[dict[str, tuple[str, int, int]], str]:
     a new one at every join whose skip has a weight layer (a projection) -- the ResNets of
     Arpit et al. 2019, section 4, whose stages open with a projection; B is the stage's joins."""
     try:
-        gm = fx.symbolic_trace(model)
+        gm = ops.symbolic_trace(model)
     except Exception as exc:
         return {}, f"torch.fx could not trace the model ({type(exc).__name__}: {first_line(exc)})"
     nodes = list(gm.graph.nodes)

@@ -114,7 +114,7 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
     graph -- a batch norm needs two) made into moment maps."""
     two = rows(x, 0, 2) if isinstance(x, tuple) else (x[:2],)
     try:
-        gm = fx.symbolic_trace(model)
+        gm = ops.symbolic_trace(model)
         # ShapeProp prints the traceback of a failing node itself: the failure is said in one line
         with torch.no_grad(), Deterministic(), contextlib.redirect_stderr(io.StringIO()):
             out = ShapeProp(gm).propagate(*two)

@@ -7,7 +7,15 @@ alone).  ``kind`` is the op's category, which ``model.init.roles`` reads as well
 a layer an ``act`` reads).  Importing this package registers the built-in ones."""
 
 from sigprop.model.ops import activation, linear, norm, pool, structure
-from sigprop.model.ops.registry import TRACED, TracedOp, classify, kind_of, register, unregister
+from sigprop.model.ops.registry import (
+    TRACED,
+    TracedOp,
+    classify,
+    kind_of,
+    register,
+    symbolic_trace,
+    unregister,
+)
 
 __all__ = [
     "TRACED",
@@ -15,6 +23,7 @@ __all__ = [
     "activation",
     "classify",
     "kind_of",
+    "symbolic_trace",
     "linear",
     "norm",
     "pool",

@@ -1,6 +1,8 @@
 """The traced ops' registry (sigprop/model/ops/ holds the built-in ones, one file per family):
 a ``TracedOp`` says how its calls are matched in torch.fx's graph and which moment-map node a
-call becomes; its maps are registered beside it (``graph.map_op``)."""
+call becomes; its maps are registered beside it (``graph.map_op``).  A plug-in op of a module
+class of its own says which modules are its in ``keep``: the tracer keeps such a module whole (one
+``call_module`` node) instead of tracing its forward into primitive calls."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch.fx as fx
+import torch.nn as nn
 
 
 @dataclass(frozen=True)
@@ -15,11 +18,16 @@ class TracedOp:
     """A traced op: its category ``kind`` (dense, transposed, norm, act, identity, mix, maxpool,
     cat, add, mul, div, or a plug-in's own), ``match(gm, n)`` -- does fx node n call it? -- and
     ``node(tracing, n)`` -- the ``graph.GraphNode`` it becomes (an ``unknown`` one, naming
-    why, where its arguments cannot be read)."""
+    why, where its arguments cannot be read) -- and ``keep(module)``, where given: True for the
+    modules the tracer keeps whole (``symbolic_trace``; torch's own layers are kept whole
+    anyway).  ``kind`` is what the
+    init's roles read (a ``dense`` layer followed by an ``act`` takes its gain); the node's
+    ``op`` names its maps (``graph.MAPS``)."""
 
     kind: str
     match: Callable[[fx.GraphModule, fx.Node], bool]
     node: Callable
+    keep: Callable[[nn.Module], bool] | None = None
 
 
 #: the registered traced ops, in the order they are tried (built-ins first; a plug-in is tried
@@ -38,6 +46,28 @@ def register(op: TracedOp, first: bool = False) -> TracedOp:
 
 def unregister(op: TracedOp) -> None:
     TRACED.remove(op)
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx's tracer, keeping whole the modules one of ``kept`` says True of."""
+
+    def __init__(self, kept: list[Callable[[nn.Module], bool]]) -> None:
+        super().__init__()
+        self.kept = kept
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return any(k(m) for k in self.kept) or super().is_leaf_module(m, qualname)
+
+
+def symbolic_trace(model: nn.Module) -> fx.GraphModule:
+    """``torch.fx.symbolic_trace``, with the modules of the registered ops' ``keep`` kept whole
+    (torch's own call where no op keeps any)."""
+    kept = [op.keep for op in TRACED if op.keep is not None]
+    if not kept:
+        return fx.symbolic_trace(model)
+    tracer = _Tracer(kept)
+    graph = tracer.trace(model)
+    return fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
 def classify(gm: fx.GraphModule, n: fx.Node) -> TracedOp | None:
