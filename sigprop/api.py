@@ -265,6 +265,7 @@ PUBLIC = (
     "probe",
     "init_",
     "hessian",
+    "spectrum",
     "spec",
     "keywords",
     "run_checks",

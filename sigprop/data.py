@@ -70,7 +70,7 @@ def _read_pt(path: Path) -> tuple[object, object]:
         with warnings.catch_warnings():  # torch's own warnings name torch's lines, not the user's file
             warnings.simplefilter("ignore")
             payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 -- any failure to unpickle is the file's, said in one line
+    except Exception as exc:  # any failure to unpickle is the file's, said in one line
         raise _refuse(
             f"{path} is not a readable torch.save file ({type(exc).__name__}); expected {EXPECTED}"
         ) from None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence, Union
+from typing import ClassVar, Sequence, Union
 
 import numpy as np
 
@@ -39,8 +39,8 @@ class Linear:
 
     role: LayerRole
     relu: bool = True
-    #: followed by training-mode batch norm before its ReLU (unused by the dense nets so far)
-    bn: bool = False
+    #: a dense layer is never followed by a batch norm here (a conv may be: ``Conv.bn``)
+    bn: ClassVar[bool] = False
 
     @property
     def units_out(self) -> int:

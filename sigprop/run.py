@@ -15,12 +15,10 @@ from typing import Callable
 from sigprop import engines, kinds, observers, specs, theory
 from sigprop.engines.shared import Measured, ProgressFn
 from sigprop.kernels import device as dev
-from sigprop.observers import bn, correlation, ratios
-from sigprop.results import HessianResult, ProbeResult, SpectrumResult
+from sigprop.observers import correlation
+from sigprop.results import HessianResult, ProbeResult, SpectrumResult, probe_config
 from sigprop.version import __version__
 
-#: the built-in observers' files: importing them registers their collectors (observers.COLLECTORS)
-BUILT_IN = (ratios, bn, correlation)
 #: the tolerances a result records (docs/theory.md §4; the band is the kind's)
 TOLERANCES = {
     "z_agreement": theory.Z_AGREEMENT,
@@ -87,7 +85,7 @@ def probe(
             run.measurements.append(record)
             run.checks.extend(record.checks)
         runs.append(run)
-    config = {"command": kind.name, **spec.to_dict(), **probe_spec.__dict__, **gate.to_dict(), **plan.config}
+    config = probe_config(kind.name, spec, probe_spec, gate, **plan.config)
     tolerances = {**TOLERANCES, "band": kind.band(gate)}
     return ProbeResult(
         command=kind.name,

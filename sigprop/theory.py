@@ -820,26 +820,6 @@ def block_variance(
     return num / ((g2 + a) ** 2) - 1.0
 
 
-def jacobian_spectrum(layers: Sequence[tuple[float, float, float, float | None]]) -> SpectrumPrediction:
-    """Mean and variance of the eigenvalues of J J^T for J = D_L W_L ... D_1 W_1 of square layers,
-    each given as (g2, mu1, mu2, s1): g2 the mean squared row norm of W_l (a gradient d at its
-    output comes back with E||W^T d||^2 = g2 ||d||^2, rows in random directions), mu1 = E[phi'^2]
-    and mu2 = E[phi'^4] of its activation (1, 1 for none), s1 the S-transform coefficient of
-    W W^T (None: unknown).  The mean is prod g2 mu1 (any widths: E||J^T e||^2/||e||^2 =
-    tr(J J^T)/n_out); by the multiplicativity of S-transforms of free matrices, the normalised
-    variance adds over the layers (Pennington, Schoenholz & Ganguli 2018; at mean 1 their
-    sigma^2 = L(mu2/mu1^2 - 1 - s1)): var/mean^2 = sum_l (mu2/mu1^2 - 1 - s1) at large width.
-    ``chain_variance`` is the step for unequal widths."""
-    mean = 1.0
-    var_norm = 0.0
-    for g2, mu1, mu2, s1 in layers:
-        mean *= g2 * mu1
-        var_norm = None if var_norm is None or s1 is None else chain_variance(var_norm, 1.0, mu1, mu2, s1)
-    if var_norm is None:
-        return SpectrumPrediction(mean, None, "a layer's weight spectrum is not derived")
-    return SpectrumPrediction(mean, var_norm * mean * mean)
-
-
 @dataclass(frozen=True)
 class SpectralDensity:
     """The large-width density of the eigenvalues lambda of J J^T: ``log10_lambda`` a grid,

@@ -4,7 +4,7 @@ parameters the walker kept, so the hand-written forward and backward can be comp
 torch.autograd on small nets."""
 
 import torch
-import torch.nn.functional as F  # noqa: F401
+import torch.nn.functional as F
 
 from sigprop import theory
 

@@ -22,7 +22,7 @@ from sigprop.engines.shared import Measured, ProgressFn
 from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev
 from sigprop.kernels import replay, sampling
-from sigprop.observers import correlation
+from sigprop.observers import bn, correlation, ratios  # noqa: F401  (importing them registers the walks' collectors)
 from sigprop.results import CurvatureRun, HessianResult, SpectrumResult, SpectrumRun
 from sigprop.version import __version__
 
@@ -95,7 +95,7 @@ def measure(
         graphs = dev.use_graphs(probe_spec.graphs, device) and kind.graphs(spec)
         if graphs:
             need += graph_pool_bytes(
-                *mem.graph_args[:2], probe_spec.samples, itemsize, layers=mem.graph_args[2]
+                mem.steps.biggest, mem.steps.widest, probe_spec.samples, itemsize, layers=mem.steps.layers
             )
         n_in, n_out = _inputs_units(plan)
         for c0 in probe_spec.correlations:
@@ -105,7 +105,7 @@ def measure(
                     field="correlation",
                 )
         if probe_spec.correlations:  # the pair walks: forward only, nothing stored; 2P rows
-            need += 8 * 2 * probe_spec.pairs * max(mem.graph_args[1], max(plan.entries)) * itemsize
+            need += 8 * 2 * probe_spec.pairs * max(mem.steps.widest, max(plan.entries)) * itemsize
         arrays, env = _walk_all(
             kind,
             spec,
@@ -285,7 +285,7 @@ def curvature(kind, spec, hs: specs.HessianSpec, progress, on_start) -> HessianR
     layers = plans.layers(plan.steps)
     units = [math.prod(shape)] + [st.units_out for st in layers]
     weights = sum(st.role.fan_in * st.role.fan_out for st in layers)
-    fields = kind.fields
+    fields = kind.size_fields
     rows = min(x.shape[0], hs.batch_size or x.shape[0])
     basis = max(H.LANCZOS_BASIS, hs.steps if hs.density else 0)  # --density keeps --steps vectors
     need = (8 * rows * sum(units) + 6 * weights + basis * params) * itemsize
@@ -358,11 +358,11 @@ def spectrum(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> Spectrum
         )
     if path == "exact":
         dev.check_memory(
-            need, device, kind.fields, hint="; the exact Jacobian holds n_out x n_in entries a sample"
+            need, device, kind.size_fields, hint="; the exact Jacobian holds n_out x n_in entries a sample"
         )
     else:  # one sample's graph at a time, and the Lanczos basis of --steps input vectors
         lanczos_need = weights + (8 * activations + (ss.steps + 4) * n_in) * itemsize
-        dev.check_memory(lanczos_need, device, kind.fields, hint="")
+        dev.check_memory(lanczos_need, device, kind.size_fields, hint="")
     shared.check_top(ss, path, n_in, n_out)
     # a batch norm normalises over the batch: each sample's J is taken inside it
     together = plans.batch_dependent(plan.steps)

@@ -53,7 +53,7 @@ def check_rows(kind, spec) -> None:
     kind's rows (``Kind.rows``) times its inits times ``kinds.ROW_BYTES`` (a net of 10^8 layers
     was an OOM kill at 22.8 GB: its estimate counted the width, not the depth)."""
     need = kind.rows(spec) * len(kind.inits(spec)) * kinds.ROW_BYTES
-    dev.check_memory(need, torch.device("cpu"), kind.fields.split("/")[0])
+    dev.check_memory(need, torch.device("cpu"), kind.size_fields.split("/")[0])
 
 
 def environment(device, dtype: str, **run) -> dict:

@@ -104,7 +104,7 @@ class Replayed(Eager):
             step = _Step(inputs)
             try:
                 self._first(step, body, reseed)
-            except Exception as exc:  # noqa: BLE001 -- any capture failure: eager for the rest, recorded
+            except Exception as exc:  # any capture failure: eager for the rest, recorded
                 return self._fall_back(exc, key, body, inputs, reseed, direct)
             self.steps[key] = step
             self.captured += 1
@@ -113,12 +113,12 @@ class Replayed(Eager):
             for k, v in inputs.items():
                 if v is not None:
                     step.inputs[k].copy_(v)
-        except Exception as exc:  # noqa: BLE001 -- nothing ran: the caller's inputs are intact
+        except Exception as exc:  # nothing ran: the caller's inputs are intact
             return self._fall_back(exc, key, body, inputs, reseed, direct)
         try:
             reseed()
             self._replay(step, body)
-        except Exception as exc:  # noqa: BLE001 -- redo the layer eagerly from the static inputs
+        except Exception as exc:  # redo the layer eagerly from the static inputs
             # (a step never writes its inputs; a caller's input may be this step's own output,
             # which a half-run replay could have overwritten)
             return self._fall_back(exc, key, body, step.inputs, reseed, direct)

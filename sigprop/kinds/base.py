@@ -7,7 +7,7 @@ back the package that imports it)."""
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from sigprop import inits, specs
@@ -121,8 +121,8 @@ class Kind:
     hints: ClassVar[Hints] = Hints()
     #: "the MLP", "ResNets": how messages name the net
     noun: ClassVar[str] = "this net"
-    #: the spec fields a memory refusal names (the probe's and the curvature's)
-    fields: ClassVar[str] = "samples"
+    #: the spec fields a memory refusal names, "/"-joined (the probe's and the curvature's)
+    size_fields: ClassVar[str] = "samples"
     #: sweep: the size axis (an option name), its default values, the width axis's default values
     sweep_size: ClassVar[str] = "depth"
     sweep_sizes: ClassVar[str] = "10,20,50"
@@ -303,14 +303,25 @@ def need_two_samples(schemes, probe, bn: bool = False) -> None:
         raise SigpropError("batch normalization needs >= 2 samples in the batch", field="samples")
 
 
+@dataclass(frozen=True)
+class StepSizes:
+    """What a captured step of a CUDA-graphed walk keeps (``engines.plan.graph_pool_bytes``): the
+    biggest layer's weight entries, the widest state's units and the weight layers a step
+    holds."""
+
+    biggest: int
+    widest: int
+    layers: int = 1
+
+
 @dataclass
 class Memory:
     """A kind's memory plan: its ``plan``, the bytes of one draw (``need``, weights stored
-    unless ``stream``), the fields a refusal names, and what a captured step keeps
-    (``graph_args``: the biggest layer, the widest state, layers per step) when graphs run."""
+    unless ``stream``), the fields a refusal names, and the sizes of a captured step
+    (``steps``; None for a kind that never walks) when graphs run."""
 
     plan: Any
     need: int
     stream: bool
     fields: str
-    graph_args: tuple = field(default_factory=tuple)
+    steps: StepSizes | None = None

@@ -15,7 +15,7 @@ import numpy as np
 from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, StepSizes
 from sigprop.results import NO_TEST, LayerRecord, RunResult
 
 #: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
@@ -125,12 +125,12 @@ def memory(
     if stream:
         need -= weights - 2 * max(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
     check(need, fields, stream is False)
-    graph_args = (
+    steps = StepSizes(
         max(s.role.fan_in * s.role.fan_out for s in convs),
         max(math.prod(s.shape_in) for s in convs),
         graph_layers,
     )
-    return Memory(plan, need, stream, fields, graph_args)
+    return Memory(plan, need, stream, fields, steps)
 
 
 def variances(channels) -> tuple[np.ndarray, np.ndarray]:
@@ -156,7 +156,7 @@ class CNN(Kind):
         "two with "
         "stride 2) layer by layer."
     )
-    fields = "depth/channels/image/samples"
+    size_fields = "depth/channels/image/samples"
     spec = CNNSpec
     noun = "the CNN"
     provides = frozenset({inits.TAPS})
@@ -223,7 +223,7 @@ class CNN(Kind):
         small = spec.channels * max(1, H >> spec.strided) * max(1, W >> spec.strided)
         lower = spec.depth * probe.samples * ((small + 7) // 8 + 16)
         return memory(
-            lambda: self.plan(spec, probe.seed), lower, self.fields, probe, itemsize, free, check, 1
+            lambda: self.plan(spec, probe.seed), lower, self.size_fields, probe, itemsize, free, check, 1
         )
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:

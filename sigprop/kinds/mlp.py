@@ -14,7 +14,7 @@ import numpy as np
 from sigprop import plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, StepSizes
 from sigprop.results import NO_TEST, Check, LayerRecord, RatioStats, RunResult
 
 #: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
@@ -168,7 +168,7 @@ class MLP(Kind):
         "Probe a weight-normalized ReLU MLP (Arpit et al. 2019, eq. 1-2): forward and backward norm "
         "ratios per layer."
     )
-    fields = "depth/width/samples"
+    size_fields = "depth/width/samples"
     spec = MLPSpec
     noun = "the MLP"
     options = (
@@ -231,7 +231,7 @@ class MLP(Kind):
         if stream is not False and bound > 0.8 * free:
             bound -= 0 if stream else weights_hi  # streaming does not keep the weights
             stream = True
-        fields = self.fields
+        fields = self.size_fields
         check(bound, fields, stream is False)
         plan = self.plan(spec, probe.seed)
         widths = plan.widths
@@ -244,7 +244,7 @@ class MLP(Kind):
                 - 2 * max(widths) ** 2 * itemsize
             )
         biggest = max(widths[i] * widths[i - 1] for i in range(1, len(widths)))
-        return Memory(plan, need, stream, fields, (biggest, max(widths), 1))
+        return Memory(plan, need, stream, fields, StepSizes(biggest, max(widths)))
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate) -> RunResult:
         """Per layer the measured ratios beside the composed prediction (plans.predict) with its

@@ -318,7 +318,7 @@ class ModuleKind(Kind):
     sweeps = False
     curvature = True
     provides = frozenset({"taps", MODEL})
-    fields = "samples/input_shape"
+    size_fields = "samples/input_shape"
     refuses = {
         "probe": {
             "stream": "a model keeps its own weights: nothing to stream",
@@ -475,8 +475,8 @@ class ModuleKind(Kind):
 
     def memory(self, spec, probe, itemsize, free, check) -> Memory:
         bound = probe.samples * sum(math.prod(s) for s in spec.shapes) * itemsize * 4
-        check(bound, self.fields)
-        return Memory(ModulePlan(), bound, False, self.fields)
+        check(bound, self.size_fields)
+        return Memory(ModulePlan(), bound, False, self.size_fields)
 
     def graphs(self, spec) -> bool:
         return False

@@ -17,7 +17,7 @@ import numpy as np
 from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, StepSizes
 from sigprop.results import NO_TEST, BNStats, LayerRecord, RunResult, StageInfo
 
 NORMS = ("wn", "bn", "none")
@@ -326,7 +326,7 @@ class ResNet(Kind):
         "Probe a residual network h^b = h^{b-1} + alpha F_b(h^{b-1}) (Arpit et al. 2019, eq. 6) state "
         "by state."
     )
-    fields = "blocks/stages/dim/width/samples"
+    size_fields = "blocks/stages/dim/width/samples"
     spec = ResNetSpec
     noun = "ResNets"
     provides = frozenset({inits.BLOCKS})
@@ -444,7 +444,7 @@ class ResNet(Kind):
 
     def memory(self, spec, probe, itemsize, free, check) -> Memory:
         bn = spec.norm == "bn"
-        fields = self.fields
+        fields = self.size_fields
         # a lower bound that needs no plan (a plan of 10^9 blocks would itself exhaust memory): the
         # bit-packed masks, BN's saved inputs and the float64 ln-ratio buffers, with widths at LO
         layers = spec.stages * spec.blocks * (1 if bn else spec.block_depth)
@@ -475,12 +475,12 @@ class ResNet(Kind):
             need -= itemsize * weight_count(plan)
         sizes = [b.widths[j] * b.widths[j - 1] for b in plan.blocks for j in range(1, len(b.widths))]
         widest = max([plan.dim] + [w for b in plan.blocks for w in b.widths])
-        graph_args = (
+        steps = StepSizes(
             max(sizes + [b.d_in * b.d_out for b in plan.blocks]),
             widest,
             max(len(b.widths) for b in plan.blocks),
         )
-        return Memory(plan, need, stream, fields, graph_args)
+        return Memory(plan, need, stream, fields, steps)
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
         """Per entry the statistics beside the predictions; per stage the ``preserved`` check (the

@@ -255,7 +255,7 @@ class WRN(Kind):
         "[WN conv 3x3 -> ReLU -> WN conv 3x3], stride 2 and a 1x1 projection opening groups 2 and 3) state "
         "by state."
     )
-    fields = "blocks/widen/image/samples"
+    size_fields = "blocks/widen/image/samples"
     spec = WRNSpec
     noun = NET
     provides = frozenset({inits.BLOCKS, inits.TAPS})
@@ -391,7 +391,7 @@ class WRN(Kind):
         small = BASE * spec.widen * max(1, H >> 2) * max(1, W >> 2)
         lower = 3 * spec.blocks * probe.samples * ((small + 7) // 8 + 16)
         return conv.memory(
-            lambda: self.plan(spec, probe.seed), lower, self.fields, probe, itemsize, free, check, 4
+            lambda: self.plan(spec, probe.seed), lower, self.size_fields, probe, itemsize, free, check, 4
         )
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:

@@ -115,7 +115,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     names = kind.inits(spec)
     schemes = [kind.scheme(spec, n) for n in names]
     _check_instance_draws(spec, names, probe_spec.seeds)
-    _check_inputs_fit(spec, probe_spec.samples, dev.itemsize(probe_spec.dtype), device, kind.fields)
+    _check_inputs_fit(spec, probe_spec.samples, dev.itemsize(probe_spec.dtype), device, kind.size_fields)
     env = shared.probe_environment(probe_spec, device, stream=False, batch=1)
     factory = spec.factory()
     x = _model_inputs(spec, probe_spec.samples, probe_spec.seed, device, dtype)
@@ -148,7 +148,9 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
                 # the leaf outputs of the batch: 9.2 GiB estimated, 9.0 GiB peak measured for
                 # DenseNet121 at 3x224x224 with 64 samples (benchmarks/module.py)
                 rows = min(spec.batch_size or probe_spec.samples, probe_spec.samples)
-                dev.check_memory(weights + seen.per_sample * rows, device, kind.fields, MODEL_MEMORY_HINT)
+                dev.check_memory(
+                    weights + seen.per_sample * rows, device, kind.size_fields, MODEL_MEMORY_HINT
+                )
             ln_f, ln_b, numels, reached = measure.measure(model, x, e_seed, plan.sites, spec.batch_size, what)
             if not started:  # the banner once the model has run: a model that cannot, says only why
                 started = True
@@ -246,7 +248,7 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
     itemsize = dev.itemsize(hs.dtype)
     if hs.data is None:  # synthetic inputs: refused before they are drawn when they cannot fit
         samples = specs.HESSIAN_SAMPLES if hs.samples is None else hs.samples
-        _check_inputs_fit(spec, samples, itemsize, device, kind.fields)
+        _check_inputs_fit(spec, samples, itemsize, device, kind.size_fields)
     x, y = shared.curvature_data(hs, shape, device, dtype)
     x = x.reshape(x.shape[0], *shape)
     factory = spec.factory()
@@ -278,7 +280,7 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
                 need = 8 * rows * seen.per_sample + (6 + basis) * size * itemsize
                 host = top_basis * size * 8
                 env = shared.curvature_environment(
-                    hs, device, int(x.shape[0]), need, host, kind.fields, size, top_basis
+                    hs, device, int(x.shape[0]), need, host, kind.size_fields, size, top_basis
                 )
                 if on_start is not None:
                     on_start(env)
@@ -346,7 +348,7 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
     names = kind.inits(spec)
     _check_instance_draws(spec, names, ss.seeds)
     itemsize = dev.itemsize(ss.dtype)
-    _check_inputs_fit(spec, ss.samples, itemsize, device, kind.fields)
+    _check_inputs_fit(spec, ss.samples, itemsize, device, kind.size_fields)
     x = _model_inputs(spec, ss.samples, ss.seed, device, dtype)
     factory = spec.factory()
     n_in = x[0].numel()
@@ -379,7 +381,7 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
                     dev.check_memory(
                         need,
                         device,
-                        kind.fields,
+                        kind.size_fields,
                         hint="; the exact Jacobian holds n_out x n_in entries a sample",
                     )
                 env = shared.spectrum_environment(ss, device, n_in, n_out, path, chunk)

@@ -341,7 +341,7 @@ def _draw(model, scheme, seed, draw, wn, blocks, roles_) -> list[InitRecord]:
         drawn = [sampling.sample(scheme, role, gen, w.device, w.dtype) for _ in range(groups)]
         p = drawn[0]
         if groups > 1:
-            cat = lambda xs: None if xs[0] is None else torch.cat([x.reshape(-1) for x in xs])  # noqa: E731
+            cat = lambda xs: None if xs[0] is None else torch.cat([x.reshape(-1) for x in xs])
             p = dataclasses.replace(
                 p,
                 v=torch.cat([d.v.reshape(fan_out, -1) for d in drawn]),

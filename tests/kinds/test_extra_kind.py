@@ -17,7 +17,7 @@ import sigprop
 from sigprop import api, kinds, plans, specs, stats
 from sigprop.cli import main
 from sigprop.inits import LayerRole
-from sigprop.kinds import Hints, Kind, Memory, Opt
+from sigprop.kinds import Hints, Kind, Memory, Opt, StepSizes
 from sigprop.results import LayerRecord, RunResult, compare_documents
 
 
@@ -52,7 +52,7 @@ class LinearNet(Kind):
     summary = "Probe a deep linear weight-normalized net (a test kind): norm ratios per layer."
     spec = LinearSpec
     noun = "the linear net"
-    fields = "depth/width/samples"
+    size_fields = "depth/width/samples"
     options = (
         Opt("depth", int, 8, "Number of layers L.", min=1),
         Opt("width", int, 32, "Every layer's width.", min=1),
@@ -83,8 +83,10 @@ class LinearNet(Kind):
 
     def memory(self, spec, probe, itemsize, free, check):
         need = (spec.depth * spec.width**2 + 8 * probe.samples * spec.width) * itemsize
-        check(need, self.fields)
-        return Memory(self.plan(spec, probe.seed), need, False, self.fields, (spec.width**2, spec.width, 1))
+        check(need, self.size_fields)
+        return Memory(
+            self.plan(spec, probe.seed), need, False, self.size_fields, StepSizes(spec.width**2, spec.width)
+        )
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate):
         """Per layer the ratios beside the composed prediction; a chi-square spread 1/(2n) per layer
