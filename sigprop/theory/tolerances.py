@@ -1,0 +1,24 @@
+"""The tolerances every comparison of a measurement with its theory uses (one table, STYLE habit 9;
+docs/theory.md, "finite-width spread")."""
+
+from __future__ import annotations
+
+import math
+
+LN10 = math.log(10.0)
+
+# --------------------------------------------------------------------------------------------
+# Tolerances: the one table every comparison of measurement with theory uses (STYLE habit 9).
+# --------------------------------------------------------------------------------------------
+#: how many finite-width standard deviations a measured value may sit from its prediction
+#: before a layer's status mark turns red (docs/theory.md, "finite-width spread").
+Z_AGREEMENT = 3.0
+#: the same for the ``--check`` gate.  3 sigma of the *per-sample* spread, which bounds the
+#: spread of the sample mean across weight draws (docs/theory.md explains why).
+Z_CHECK = 3.0
+#: per-layer constant c in Var[ln(||h^l||^2/||h^{l-1}||^2)] ~= c / n_l for i.i.d. isotropic rows
+#: (Gaussian, He, uniform): 3 from the fourth moment of a half-Gaussian + 2 from the chi-square
+#: spread of the row projection (docs/theory.md).
+SPREAD_C_GAUSSIAN = 5.0
+#: for orthogonal rows the projection spread is reduced to 2*(1 - n_out/n_in)^+ .
+SPREAD_C_ORTHOGONAL_BASE = 3.0
