@@ -33,8 +33,52 @@ from sigprop.inits import InitScheme, LayerRole
 # --------------------------------------------------------------------------------------------
 # the steps
 # --------------------------------------------------------------------------------------------
+class _Layer:
+    """What a weighted step (``Linear``, ``Conv``) owns of the theory: its energy maps forward
+    (``energy``: the input- and bias-driven maps through the layer, or its units where it
+    standardises) and backward (``energy_back``), read by ``predict``; a subclass gives
+    ``moments``, ``out_hw``, ``in_hw``, ``units_out``, ``relu`` and ``bn``."""
+
+    def scaled_moments(self, scheme: InitScheme, weight_factor: float = 1.0) -> theory.ConvMoments:
+        """The layer as the energy map reads it, its rows' second moment times ``weight_factor``."""
+        m = self.moments(scheme)
+        return m if weight_factor == 1.0 else replace(m, row_sq=m.row_sq * weight_factor)
+
+    def energy(self, state, scheme: InitScheme, weight_factor: float, relu: bool):
+        """(A, B) -> the layer's (A, B): the input-driven map through ``theory.conv_layer_energy``
+        (halved by its ReLU), the bias-driven map likewise plus the bias energy; a layer that
+        standardises (the data-dependent init, batch norm) resets them to A = 0, B = its units
+        (halved by a ReLU) per sample, whatever came in (docs/theory.md §3, §11)."""
+        shape = self.out_hw()
+        flat = lambda total_ln: _Energy.of(np.full(shape, 1.0 / math.prod(shape)), total_ln)
+        if scheme.standardizes or self.bn:
+            scale = 1.0 if self.bn else weight_factor  # a batch norm's output does not see its layer's scale
+            return _Energy(np.zeros(shape), -math.inf), flat(
+                theory.safe_log(self.units_out * (0.5 if relu else 1.0) * scale)
+            )
+        m = self.scaled_moments(scheme, weight_factor)
+        a, b = state
+        a = _Energy.of(theory.conv_layer_energy(a.m, m, relu), a.ln)
+        bias = theory.conv_bias_energy(m, relu)
+        # no bias-driven energy yet: its map is zero whatever the layer does (not computed)
+        b = (
+            _Energy(np.zeros(shape), -math.inf)
+            if b.ln == -math.inf
+            else _Energy.of(theory.conv_layer_energy(b.m, m, relu), b.ln)
+        )
+        b = b.plus(flat(0.0), theory.safe_log(bias * math.prod(shape)))
+        return a, b
+
+    def energy_back(self, d, scheme: InitScheme, weight_factor: float):
+        """The gradient's energy map scattered back through the layer's transposed window, times
+        row_sq / k^2 (row_sq with the centre tap only)."""
+        m = self.scaled_moments(scheme, weight_factor)
+        per_tap = m.row_sq / (1 if m.taps == "centre" else m.kernel**2)
+        return _Energy.of(theory.conv_box_adjoint(d.m, m, self.in_hw()), d.ln + theory.safe_log(per_tap))
+
+
 @dataclass(frozen=True)
-class Linear:
+class Linear(_Layer):
     """A (weight-normalized) dense layer with its role; ``relu``: a ReLU follows it."""
 
     role: LayerRole
@@ -46,6 +90,12 @@ class Linear:
     def units_out(self) -> int:
         return self.role.fan_out
 
+    def out_hw(self) -> tuple[int, int]:
+        return (1, 1)
+
+    def in_hw(self) -> tuple[int, int]:
+        return (1, 1)
+
     def moments(self, scheme: InitScheme) -> theory.ConvMoments:
         """The layer as the energy map reads it: a 1 x 1 convolution of n_in channels."""
         m = scheme.moments(self.role)
@@ -55,7 +105,7 @@ class Linear:
 
 
 @dataclass(frozen=True)
-class Conv:
+class Conv(_Layer):
     """A (weight-normalized) k x k convolution with zero padding and a ReLU after it (or not):
     ``role`` has fan_in = c_in k^2, fan_out = c_out, taps = k^2; ``shape_in`` = (c_in, H, W)."""
 
@@ -72,6 +122,9 @@ class Conv:
     def out_hw(self) -> tuple[int, int]:
         k, s, p = self.kernel, self.stride, self.padding
         return tuple((n + 2 * p - k) // s + 1 for n in self.shape_in[1:])
+
+    def in_hw(self) -> tuple[int, int]:
+        return tuple(self.shape_in[1:])
 
     @property
     def shape_out(self) -> tuple[int, int, int]:
@@ -279,108 +332,97 @@ def predict(
         log_inv_x2 = -math.log(C * H * W - 2) if C * H * W > 2 else math.inf
     else:
         log_inv_x2 = -math.log(float(x_energy.sum()))
-    lae, ln = theory.logaddexp, theory.safe_log
-    standardised = any(_standardises(st, scheme) for st in layers(steps))
+    fold = _ForwardFold(scheme, weight_factor, log_inv_x2, C * H * W if gains_at_d else None)
+    fold.run(tree, (_Energy.of(x_energy / float(x_energy.sum())), _Energy(np.zeros((H, W)), -math.inf)))
+    out_fwd = None if any(not math.isfinite(v) for v in fold.fwd) else fold.fwd
+    if any(_standardises(st, scheme) for st in layers(steps)):
+        # no backward map: the forward gains stand for both (docs/theory.md §7)
+        return Prediction(out_fwd, None, None, [(g, g) for g in fold.gains])
+    top = layers(steps)[-1].out_hw()
+    d = _Energy.of(np.full(top, 1.0) if e_energy is None else np.asarray(e_energy, dtype=float))
+    bwd, bwd_gains = _backward_fold(tree, d, scheme, weight_factor)
+    return Prediction(out_fwd, bwd, fold.branch, list(zip(fold.gains, reversed(bwd_gains))))
 
-    def shape_of(st) -> tuple[int, int]:
-        return st.out_hw() if isinstance(st, Conv) else (1, 1)
 
-    def hw_in(st) -> tuple[int, int]:
-        return tuple(st.shape_in[1:]) if isinstance(st, Conv) else (1, 1)
+class _ForwardFold:
+    """``predict``'s forward fold: the state (A, B) through the tree (``nest``), each Record's ln
+    RMS ratio (``fwd``), each block's ln branch ratio (``branch``) and forward branch-to-skip
+    gain (``gains``).  E||h||^2/||x||^2 = sum A + sum B E[1/||x||^2] (``total``: the bias-driven
+    part over ||x||^2; none: no E[1/||x||^2] needed -- it diverges for d <= 2, where only a
+    bias-free net has a prediction); the gains at the state's power with ||x||^2 = d where
+    ``d`` is given (``power``)."""
 
-    def moments(st) -> theory.ConvMoments:
-        m = st.moments(scheme)
-        return m if weight_factor == 1.0 else replace(m, row_sq=m.row_sq * weight_factor)
+    def __init__(self, scheme: InitScheme, weight_factor: float, log_inv_x2: float, d: int | None) -> None:
+        self.scheme, self.weight_factor, self.log_inv_x2, self.d = scheme, weight_factor, log_inv_x2, d
+        self.fwd: list[float] = []
+        self.branch: list[float] = []
+        self.gains: list[float] = []
 
-    def layer(state, st, relu: bool):
-        shape = shape_of(st)
-        flat = lambda total_ln: _Energy.of(np.full(shape, 1.0 / math.prod(shape)), total_ln)
-        if _standardises(
-            st, scheme
-        ):  # E||out||^2 = its units (halved by a ReLU) per sample, whatever came in
-            scale = 1.0 if st.bn else weight_factor  # a batch norm's output does not see its layer's scale
-            return _Energy(np.zeros(shape), -math.inf), flat(
-                ln(st.units_out * (0.5 if relu else 1.0) * scale)
-            )
-        m = moments(st)
-        a, b = state
-        a = _Energy.of(theory.conv_layer_energy(a.m, m, relu), a.ln)
-        bias = theory.conv_bias_energy(m, relu)
-        # no bias-driven energy yet: its map is zero whatever the layer does (not computed)
-        b = (
-            _Energy(np.zeros(shape), -math.inf)
-            if b.ln == -math.inf
-            else _Energy.of(theory.conv_layer_energy(b.m, m, relu), b.ln)
-        )
-        b = b.plus(flat(0.0), ln(bias * math.prod(shape)))
-        return a, b
+    def total(self, s) -> float:
+        return s[0].ln if s[1].ln == -math.inf else theory.logaddexp(s[0].ln, s[1].ln + self.log_inv_x2)
 
-    # E||h||^2/||x||^2: the input-driven part, and the bias-driven part over ||x||^2 (none: no
-    # E[1/||x||^2] needed -- it diverges for d <= 2, where only a bias-free net has a prediction)
-    total = lambda s: s[0].ln if s[1].ln == -math.inf else lae(s[0].ln, s[1].ln + log_inv_x2)
-    power = (lambda s: lae(s[0].ln + math.log(C * H * W), s[1].ln)) if gains_at_d else total
-    fwd: list[float] = []
-    branch: list[float] = []
-    fwd_gains: list[float] = []
+    def power(self, s) -> float:
+        return self.total(s) if self.d is None else theory.logaddexp(s[0].ln + math.log(self.d), s[1].ln)
 
-    def forward(items, state):
+    def run(self, items, state):
         for it in items:
             if isinstance(it, Record):
-                fwd.append(0.5 * total(state))
+                self.fwd.append(0.5 * self.total(state))
             elif isinstance(it, tuple):
-                inner, close = it
-                f = forward(inner, state)
-                s = state if close.projection is None else layer(state, close.projection, relu=False)
-                a2 = ln(scheme.alpha(close.blocks_in_stage) ** 2)
-                branch.append(0.5 * (a2 + total(f) - total(state)))
-                fwd_gains.append(math.exp(min(a2 + power(f) - power(s), 700.0)))
-                state = (s[0].plus(f[0], a2), s[1].plus(f[1], a2))
+                state = self.block(*it, state)
             else:
-                state = layer(state, it, it.relu)
+                state = it.energy(state, self.scheme, self.weight_factor, it.relu)
         return state
 
-    forward(tree, (_Energy.of(x_energy / float(x_energy.sum())), _Energy(np.zeros((H, W)), -math.inf)))
-    out_fwd = None if any(not math.isfinite(v) for v in fwd) else fwd
-    if standardised:  # no backward map: the forward gains stand for both (docs/theory.md §7)
-        return Prediction(out_fwd, None, None, [(g, g) for g in fwd_gains])
+    def block(self, inner, close: Close, state):
+        """The skip's maps (the identity, or the projection) plus alpha^2 times the branch's: the
+        cross term vanishes in expectation, the branch's last layer being sign-symmetric."""
+        f = self.run(inner, state)
+        s = state
+        if close.projection is not None:
+            s = close.projection.energy(state, self.scheme, self.weight_factor, relu=False)
+        a2 = theory.safe_log(self.scheme.alpha(close.blocks_in_stage) ** 2)
+        self.branch.append(0.5 * (a2 + self.total(f) - self.total(state)))
+        self.gains.append(math.exp(min(a2 + self.power(f) - self.power(s), 700.0)))
+        return (s[0].plus(f[0], a2), s[1].plus(f[1], a2))
 
-    def back(d: _Energy, st) -> _Energy:
-        m = moments(st)
-        per_tap = m.row_sq / (1 if m.taps == "centre" else m.kernel**2)
-        return _Energy.of(theory.conv_box_adjoint(d.m, m, hw_in(st)), d.ln + ln(per_tap))
 
-    top_shape = shape_of(layers(steps)[-1])
-    d = _Energy.of(np.full(top_shape, 1.0) if e_energy is None else np.asarray(e_energy, dtype=float))
+def _backward_fold(tree, d: "_Energy", scheme: InitScheme, weight_factor: float):
+    """``predict``'s backward fold: the gradient's energy map ``d`` from the top through the tree
+    in reverse, halved where the walk passes a ReLU, a block the skip's plus alpha^2 times the
+    branch's; a pre-activation Record (the MLP's dl/da^l) read behind its layer's mask.  The ln
+    RMS ratios at the Records relative to the top one, and each block's backward gain (top
+    first)."""
+    half = theory.safe_log(0.5)
     bwd: list[float] = []
-    bwd_gains: list[float] = []
+    gains: list[float] = []
     top, mask_done = True, False
     for it in reversed(tree):
         if isinstance(it, Record):
             if it.pre_activation:
                 if not top:
-                    d = _Energy(d.m, d.ln + ln(0.5))  # the mask of the ReLU this Record stands behind
+                    d = _Energy(d.m, d.ln + half)  # the mask of the ReLU this Record stands behind
                 mask_done = True
             bwd.append(0.5 * d.ln)
             top = False
         elif isinstance(it, tuple):
             inner, close = it
-            s = d if close.projection is None else back(d, close.projection)
+            s = d if close.projection is None else close.projection.energy_back(d, scheme, weight_factor)
             f = d
             for st in reversed(inner):
                 if st.relu:
-                    f = _Energy(f.m, f.ln + ln(0.5))
-                f = back(f, st)
-            a2 = ln(scheme.alpha(close.blocks_in_stage) ** 2)
-            bwd_gains.append(math.exp(min(a2 + f.ln - s.ln, 700.0)))
+                    f = _Energy(f.m, f.ln + half)
+                f = st.energy_back(f, scheme, weight_factor)
+            a2 = theory.safe_log(scheme.alpha(close.blocks_in_stage) ** 2)
+            gains.append(math.exp(min(a2 + f.ln - s.ln, 700.0)))
             d, mask_done = s.plus(f, a2), False
         else:
             if it.relu and not mask_done:
-                d = _Energy(d.m, d.ln + ln(0.5))
-            d, mask_done = back(d, it), False
+                d = _Energy(d.m, d.ln + half)
+            d, mask_done = it.energy_back(d, scheme, weight_factor), False
     bwd.reverse()
     top_ln = bwd and bwd[-1]
-    bwd = [v - top_ln for v in bwd]
-    return Prediction(out_fwd, bwd, branch, list(zip(fwd_gains, reversed(bwd_gains))))
+    return [v - top_ln for v in bwd], gains
 
 
 #: the alternative a ``theory`` band must tell apart: every weight layer's variance off by this
