@@ -240,96 +240,14 @@ class CNN(Kind):
           pred - var + z sd] (``theory.log_band``); not testable for an init without a prediction."""
         convs = plans.layers(plan.steps)
         pred = plans.predict(plan.steps, scheme) if scheme.moments is not None else None
-        sep = plans.separation(plan.steps, scheme, pred) if pred is not None else plans.Separation(None, None)
-        sf, sb = sep.forward or [None] * len(plan.entries), sep.backward or [None] * len(plan.entries)
-        ref = plans.predict(plan.steps, LOSSLESS)
-        widths = plan.entries
-        var_f, var_b = variances([spec.image[0]] + [st.role.fan_out for st in convs])
-        pf = None if pred is None else pred.ln_forward
-        pb = None if pred is None else pred.ln_backward
-        L = len(convs)
-        rounding = stats.rounding_ln(
-            "float32", L
-        )  # the backward ratio at layer L is exactly 1: a float meets it to rounding
-        layers = []
-        for l in range(1, L + 1):
-            f, b = (
-                stats.ratio_stats(arrays["fwd"][:, l - 1, :]),
-                stats.ratio_stats(arrays["bwd"][:, l - 1, :]),
-            )
-            stats.attach_prediction(
-                f,
-                None if pf is None else pf[l - 1],
-                float(var_f[l - 1]),
-                rounding=rounding,
-                separation=sf[l - 1],
-            )
-            stats.attach_prediction(
-                b,
-                None if pb is None else pb[l - 1],
-                float(var_b[l - 1]),
-                rounding=rounding,
-                separation=sb[l - 1],
-            )
-            layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
-        band = gate.band or specs.DECADE_BAND
-        checks, own = [], []
-        named = (
-            (
-                f"forward ratio at layer {L}",
-                layers[-1].forward,
-                ref.ln_forward[-1],
-                None if pf is None else pf[-1],
-                float(var_f[-1]),
-                sf[L - 1],
-            ),
-            (
-                "backward ratio at layer 1",
-                layers[0].backward,
-                ref.ln_backward[0],
-                None if pb is None else pb[0],
-                float(var_b[0]),
-                sb[0],
-            ),
-        )
-        for cname, st, r, p, var, shift in named:
-            c = stats.gate(cname, "preserved", st, r + math.log(band[0]), r + math.log(band[1]))
-            if not c.passed:
-                if st.dead_fraction > 0:
-                    c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
-                elif p is None:
-                    c.note = (
-                        f"outside the band around the lossless reference {stats.fmt(r / stats.LN10)}; "
-                        "no prediction for this init"
-                    )
-                elif not c.log10_low <= p / stats.LN10 <= c.log10_high:
-                    c.note = (
-                        f"the theory predicts an RMS ratio of {stats.fmt(p / stats.LN10)} against the "
-                        f"lossless "
-                        f"{stats.fmt(r / stats.LN10)}: zero padding loses energy at the borders every layer "
-                        f"(docs/theory.md §11)"
-                    )
-                else:
-                    c.note = (
-                        f"the theory's RMS ratio {stats.fmt(p / stats.LN10)} is inside the band but its "
-                        f"typical ratio, "
-                        f"{stats.fmt((p - var) / stats.LN10)}, is not: finite-width drift "
-                        f"({convs[0].role.fan_out} channels "
-                        f"over {L} layers); more channels or fewer layers move it"
-                    )
-            checks.append(c)
-            if p is None:
-                own.append(stats.untestable(cname, st.log10_mean))
-                continue
-            t = stats.theory_gate(cname, st, *theory.log_band(p, var, z), p - var, shift)
-            if not t.passed and t.has_band:
-                t.note = f"the theory predicts a typical ratio of {stats.fmt((p - var) / stats.LN10)}"
-            own.append(t)
+        sep = plans.Separation(None, None) if pred is None else plans.separation(plan.steps, scheme, pred)
+        var = variances([spec.image[0]] + [st.role.fan_out for st in convs])
+        layers = _layer_records(plan, arrays, pred, sep, var)
         return RunResult(
             init=name,
-            widths=widths,
+            widths=plan.entries,
             layers=layers,
-            checks=checks + own,
+            checks=_end_checks(plan, layers, gate, pred, sep, var, z),
             description=scheme.description,
             gate=gate.gate,
         )
@@ -346,3 +264,101 @@ def correlation(scheme, plan, c0: float, batch: int):
     if scheme.moments is None:
         return None, stats.NO_CORRELATION_MAP
     return plans.predict_correlation(plan.steps, scheme, c0, batch), ""
+
+
+def _layer_records(plan, arrays, pred, sep, var) -> list[LayerRecord]:
+    """Per layer the measured ratios beside the energy-map prediction with its finite-width band
+    (``var``: ``variances``)."""
+    L = len(plans.layers(plan.steps))
+    sf, sb = sep.forward or [None] * len(plan.entries), sep.backward or [None] * len(plan.entries)
+    pf = None if pred is None else pred.ln_forward
+    pb = None if pred is None else pred.ln_backward
+    var_f, var_b = var
+    # the backward ratio at layer L is exactly 1: a float meets it to rounding
+    rounding = stats.rounding_ln("float32", L)
+    layers = []
+    for l in range(1, L + 1):
+        f, b = (
+            stats.ratio_stats(arrays["fwd"][:, l - 1, :]),
+            stats.ratio_stats(arrays["bwd"][:, l - 1, :]),
+        )
+        stats.attach_prediction(
+            f, None if pf is None else pf[l - 1], float(var_f[l - 1]), rounding=rounding, separation=sf[l - 1]
+        )
+        stats.attach_prediction(
+            b, None if pb is None else pb[l - 1], float(var_b[l - 1]), rounding=rounding, separation=sb[l - 1]
+        )
+        layers.append(LayerRecord(index=l, width=plan.entries[l], forward=f, backward=b))
+    return layers
+
+
+def _end_checks(plan, layers, gate, pred, sep, var, z: float) -> list:
+    """The ``preserved`` checks (the typical forward ratio at layer L, backward at layer 1, inside
+    ``gate.band`` times the lossless reference), then the ``theory`` ones (inside the init's own
+    band; not testable without a prediction)."""
+    convs = plans.layers(plan.steps)
+    L = len(convs)
+    ref = plans.predict(plan.steps, LOSSLESS)
+    pf = None if pred is None else pred.ln_forward
+    pb = None if pred is None else pred.ln_backward
+    sf, sb = sep.forward or [None] * len(plan.entries), sep.backward or [None] * len(plan.entries)
+    var_f, var_b = var
+    band = gate.band or specs.DECADE_BAND
+    checks, own = [], []
+    named = (
+        (
+            f"forward ratio at layer {L}",
+            layers[-1].forward,
+            ref.ln_forward[-1],
+            None if pf is None else pf[-1],
+            float(var_f[-1]),
+            sf[L - 1],
+        ),
+        (
+            "backward ratio at layer 1",
+            layers[0].backward,
+            ref.ln_backward[0],
+            None if pb is None else pb[0],
+            float(var_b[0]),
+            sb[0],
+        ),
+    )
+    for cname, st, r, p, v, shift in named:
+        c = stats.gate(cname, "preserved", st, r + math.log(band[0]), r + math.log(band[1]))
+        if not c.passed:
+            c.note = _outside_note(st, r, p, v, c, convs[0].role.fan_out, L)
+        checks.append(c)
+        if p is None:
+            own.append(stats.untestable(cname, st.log10_mean))
+            continue
+        t = stats.theory_gate(cname, st, *theory.log_band(p, v, z), p - v, shift)
+        if not t.passed and t.has_band:
+            t.note = f"the theory predicts a typical ratio of {stats.fmt((p - v) / stats.LN10)}"
+        own.append(t)
+    return checks + own
+
+
+def _outside_note(st, r: float, p: float | None, v: float, c, channels: int, L: int) -> str:
+    """Why a ``preserved`` check failed: dead samples, no prediction, the border's energy loss, or
+    the finite-width drift of the typical ratio."""
+    if st.dead_fraction > 0:
+        return f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
+    if p is None:
+        return (
+            f"outside the band around the lossless reference {stats.fmt(r / stats.LN10)}; "
+            "no prediction for this init"
+        )
+    if not c.log10_low <= p / stats.LN10 <= c.log10_high:
+        return (
+            f"the theory predicts an RMS ratio of {stats.fmt(p / stats.LN10)} against the "
+            f"lossless "
+            f"{stats.fmt(r / stats.LN10)}: zero padding loses energy at the borders every layer "
+            f"(docs/theory.md §11)"
+        )
+    return (
+        f"the theory's RMS ratio {stats.fmt(p / stats.LN10)} is inside the band but its "
+        f"typical ratio, "
+        f"{stats.fmt((p - v) / stats.LN10)}, is not: finite-width drift "
+        f"({channels} channels "
+        f"over {L} layers); more channels or fewer layers move it"
+    )

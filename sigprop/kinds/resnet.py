@@ -483,129 +483,23 @@ class ResNet(Kind):
         return Memory(plan, need, stream, fields, steps)
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
-        """Per entry the statistics beside the predictions; per stage the ``preserved`` check (the
-        typical stage ratio in Theorem 3's band [sqrt 2, sqrt e], widened by ``gate.band`` and by z sd
-        of the proposed reference net's spread) and the ``theory`` check (within z sd of the
-        init's own predicted stage ratio)."""
+        """Per entry the statistics beside the predictions (``_entry_records``); per stage the
+        ``preserved`` check (the typical stage ratio in Theorem 3's band [sqrt 2, sqrt e], widened
+        by ``gate.band`` and by z sd of the proposed reference net's spread) and the ``theory``
+        check (within z sd of the init's own predicted stage ratio): ``_stage_checks``."""
         bn = plan.stem
         pred = prediction(scheme, plan)
         sep = separation(scheme, plan, pred)
-        description = BN_DESCRIPTION if bn else scheme.description
         orth = not bn and scheme.orthogonal
-        var_f, var_b, _, _ = variances(orth, plan, pred.gains)
-        ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
-        dims, stages_of = plan.entries, plan.entry_stages()
-        first_block_entry = 2 if bn else 1
-        rounding = stats.rounding_ln(probe.dtype, len(dims))
-        layers = []
-        for i in range(len(dims)):
-            f = stats.ratio_stats(ln_f[:, i, :])
-            b = stats.ratio_stats(ln_b[:, i, :])
-            stats.attach_prediction(
-                f,
-                pred.ln_forward[i] if pred.ln_forward else None,
-                float(var_f[i]),
-                rounding=rounding,
-                separation=sep.forward[i] if sep.forward else None,
-            )
-            stats.attach_prediction(
-                b,
-                pred.ln_backward[i] if pred.ln_backward else None,
-                float(var_b[i]),
-                rounding=rounding,
-                separation=sep.backward[i] if sep.backward else None,
-            )
-            br = None
-            k = i - first_block_entry  # block index producing entry i
-            if k >= 0:
-                br = stats.ratio_stats(ln_br[:, k, :])
-                ln_pred = pred.ln_branch[k] if pred.ln_branch else None
-                v = (
-                    theory.branch_variance(plan.blocks[k].widths, orth) / 4.0
-                    if not bn
-                    else 7.0 / (4 * plan.dim)
-                )
-                stats.attach_prediction(br, ln_pred, v, rounding=rounding)
-            rec = LayerRecord(
-                index=i, width=dims[i], forward=f, backward=b, stage=stages_of[i], branch=br, resnet=True
-            )
-            if bn:
-                rec.bn = bn_record(arrays["bn"], i, probe.samples)
-            layers.append(rec)
-        # The --check tolerance is the spread of a net that sits in the band: the proposed gains
-        # (branch-to-skip power 1/B_k both ways, Theorem 3) with i.i.d. rows, on this plan -- not
-        # the init's own spread, which for an exploding init is so wide that it would drag the
-        # band far from [sqrt 2, sqrt e].
-        reference = [(1.0 / b.blocks_in_stage, 1.0 / b.blocks_in_stage) for b in plan.blocks]
-        ref_f, ref_b, _, _ = variances(False, plan, reference)
-        widen = (0.0, 0.0) if gate.band is None else (math.log(gate.band[0]), math.log(gate.band[1]))
-        infos, checks, theory_checks = [], [], []
-        for k in range(1, plan.stages + 1):
-            first, last = plan.stage_span(k)
-            fb, bb = theory.stage_band_ln(dims[first], dims[last])
-            vf = float(ref_f[last] - ref_f[first])
-            vb = float(ref_b[first] - ref_b[last])
-            pf = (
-                None
-                if not pred.ln_forward
-                else stats.exp_or_none(pred.ln_forward[last] - pred.ln_forward[first])
-            )
-            pb = (
-                None
-                if not pred.ln_backward
-                else stats.exp_or_none(pred.ln_backward[first] - pred.ln_backward[last])
-            )
-            blocks_k = sum(1 for blk in plan.blocks if blk.stage == k)
-            infos.append(
-                StageInfo(
-                    k,
-                    first,
-                    last,
-                    dims[first],
-                    dims[last],
-                    blocks_k,
-                    (math.exp(fb[0]), math.exp(fb[1])),
-                    (math.exp(bb[0]), math.exp(bb[1])),
-                    pf,
-                    pb,
-                )
-            )
-            fb = (fb[0] + widen[0], fb[1] + widen[1])
-            bb = (bb[0] + widen[0], bb[1] + widen[1])
-            names = (
-                f"stage {k} forward ||h^{last}||/||h^{first}||",
-                f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||",
-            )
-            measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
-            # theory: the init's own predicted stage ratio (ln RMS) with the init's own spread
-            own = (
-                (pred.ln_forward, var_f, last, first, sep.span("forward", last, first)),
-                (pred.ln_backward, var_b, first, last, sep.span("backward", first, last)),
-            )
-            for cname, ln, band, v, (lnp, var, a, e, shift) in zip(names, measured, (fb, bb), (vf, vb), own):
-                c = stats.stage_check(cname, ln, band, v, z)
-                if not c.passed:
-                    c.note = "outside Theorem 3's band [sqrt 2, sqrt e] with its finite-width allowance"
-                checks.append(c)
-                if not lnp:
-                    theory_checks.append(stats.untestable(cname, None))
-                    continue
-                centre, own_var = lnp[a] - lnp[e], abs(float(var[a] - var[e]))
-                if not c.passed:
-                    c.note += (
-                        "; the theory predicts a typical stage ratio of "
-                        f"{stats.fmt((centre - own_var) / stats.LN10)} for this init"
-                    )
-                t = stats.stage_check(cname, ln, (centre, centre), own_var, z, "theory", shift)
-                if not t.passed and t.has_band:
-                    t.note = f"the theory predicts an RMS stage ratio of {stats.fmt(centre / stats.LN10)}"
-                theory_checks.append(t)
+        own = variances(orth, plan, pred.gains)[:2]
+        layers = _entry_records(plan, arrays, probe, pred, sep, own, orth)
+        infos, checks = _stage_checks(plan, arrays, gate, pred, sep, own, z)
         return RunResult(
             init=name,
-            widths=list(dims),
+            widths=list(plan.entries),
             layers=layers,
-            checks=checks + theory_checks,
-            description=description,
+            checks=checks,
+            description=BN_DESCRIPTION if bn else scheme.description,
             stages=infos,
             gate=gate.gate,
         )
@@ -628,3 +522,122 @@ class ResNet(Kind):
     def band(self, gate) -> list[float]:
         lo, hi = gate.band or (1.0, 1.0)
         return [theory.RESNET_LOWER * lo, theory.RESNET_UPPER * hi]
+
+
+def _entry_records(plan, arrays, probe, pred, sep, own, orth: bool) -> list[LayerRecord]:
+    """Per entry the forward and backward statistics beside the init's predictions with its own
+    spread (``own``: the variances of the ln ratios per entry), and per block the branch ratio
+    beside its prediction; a BN net's batch statistics."""
+    bn = plan.stem
+    var_f, var_b = own
+    ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
+    dims, stages_of = plan.entries, plan.entry_stages()
+    first_block_entry = 2 if bn else 1
+    rounding = stats.rounding_ln(probe.dtype, len(dims))
+    layers = []
+    for i in range(len(dims)):
+        f = stats.ratio_stats(ln_f[:, i, :])
+        b = stats.ratio_stats(ln_b[:, i, :])
+        stats.attach_prediction(
+            f,
+            pred.ln_forward[i] if pred.ln_forward else None,
+            float(var_f[i]),
+            rounding=rounding,
+            separation=sep.forward[i] if sep.forward else None,
+        )
+        stats.attach_prediction(
+            b,
+            pred.ln_backward[i] if pred.ln_backward else None,
+            float(var_b[i]),
+            rounding=rounding,
+            separation=sep.backward[i] if sep.backward else None,
+        )
+        br = None
+        k = i - first_block_entry  # block index producing entry i
+        if k >= 0:
+            br = stats.ratio_stats(ln_br[:, k, :])
+            ln_pred = pred.ln_branch[k] if pred.ln_branch else None
+            v = theory.branch_variance(plan.blocks[k].widths, orth) / 4.0 if not bn else 7.0 / (4 * plan.dim)
+            stats.attach_prediction(br, ln_pred, v, rounding=rounding)
+        rec = LayerRecord(
+            index=i, width=dims[i], forward=f, backward=b, stage=stages_of[i], branch=br, resnet=True
+        )
+        if bn:
+            rec.bn = bn_record(arrays["bn"], i, probe.samples)
+        layers.append(rec)
+    return layers
+
+
+def _stage_checks(plan, arrays, gate, pred, sep, own, z: float) -> tuple[list[StageInfo], list]:
+    """Per stage its record (``StageInfo``: the band, the predicted stage ratios) and its checks:
+    the ``preserved`` ones of every stage, then the ``theory`` ones.  The --check tolerance is the
+    spread of a net that sits in the band: the proposed gains (branch-to-skip power 1/B_k both
+    ways, Theorem 3) with i.i.d. rows, on this plan -- not the init's own spread, which for an
+    exploding init is so wide that it would drag the band far from [sqrt 2, sqrt e]."""
+    reference = [(1.0 / b.blocks_in_stage, 1.0 / b.blocks_in_stage) for b in plan.blocks]
+    ref = variances(False, plan, reference)[:2]
+    widen = (0.0, 0.0) if gate.band is None else (math.log(gate.band[0]), math.log(gate.band[1]))
+    infos, checks, theory_checks = [], [], []
+    for k in range(1, plan.stages + 1):
+        info, preserved, own_checks = _stage(k, plan, arrays, pred, sep, own, ref, widen, z)
+        infos.append(info)
+        checks += preserved
+        theory_checks += own_checks
+    return infos, checks + theory_checks
+
+
+def _stage(k: int, plan, arrays, pred, sep, own, ref, widen, z: float):
+    """Stage k: its ``StageInfo``, its two ``preserved`` checks (forward, backward) and its two
+    ``theory`` checks (the init's own predicted stage ratio, ln RMS, with the init's own spread)."""
+    dims, (var_f, var_b), (ref_f, ref_b) = plan.entries, own, ref
+    ln_f, ln_b = arrays["fwd"], arrays["bwd"]
+    first, last = plan.stage_span(k)
+    fb, bb = theory.stage_band_ln(dims[first], dims[last])
+    vf = float(ref_f[last] - ref_f[first])
+    vb = float(ref_b[first] - ref_b[last])
+    pf = None if not pred.ln_forward else stats.exp_or_none(pred.ln_forward[last] - pred.ln_forward[first])
+    pb = None if not pred.ln_backward else stats.exp_or_none(pred.ln_backward[first] - pred.ln_backward[last])
+    blocks_k = sum(1 for blk in plan.blocks if blk.stage == k)
+    info = StageInfo(
+        k,
+        first,
+        last,
+        dims[first],
+        dims[last],
+        blocks_k,
+        (math.exp(fb[0]), math.exp(fb[1])),
+        (math.exp(bb[0]), math.exp(bb[1])),
+        pf,
+        pb,
+    )
+    fb = (fb[0] + widen[0], fb[1] + widen[1])
+    bb = (bb[0] + widen[0], bb[1] + widen[1])
+    names = (
+        f"stage {k} forward ||h^{last}||/||h^{first}||",
+        f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||",
+    )
+    measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
+    ways = (
+        (pred.ln_forward, var_f, last, first, sep.span("forward", last, first)),
+        (pred.ln_backward, var_b, first, last, sep.span("backward", first, last)),
+    )
+    checks, theory_checks = [], []
+    for cname, ln, band, v, (lnp, var, a, e, shift) in zip(names, measured, (fb, bb), (vf, vb), ways):
+        c = stats.stage_check(cname, ln, band, v, z)
+        if not c.passed:
+            c.note = "outside Theorem 3's band [sqrt 2, sqrt e] with its finite-width allowance"
+        checks.append(c)
+        if not lnp:
+            theory_checks.append(stats.untestable(cname, None))
+            continue
+        centre, own_var = lnp[a] - lnp[e], abs(float(var[a] - var[e]))
+        if not c.passed:
+            c.note += (
+                "; the theory predicts a typical stage ratio of "
+                f"{stats.fmt((centre - own_var) / stats.LN10)} for this init"
+            )
+        t = stats.stage_check(cname, ln, (centre, centre), own_var, z, "theory", shift)
+        if not t.passed and t.has_band:
+            t.note = f"the theory predicts an RMS stage ratio of {stats.fmt(centre / stats.LN10)}"
+        theory_checks.append(t)
+    return info, checks, theory_checks

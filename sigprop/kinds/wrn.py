@@ -401,101 +401,21 @@ class WRN(Kind):
         forward and backward, in ``stage_bands`` widened by ``gate.band`` and by z sd of the
         reference allowance (``variances`` with the proposed gains) -- and the ``theory`` check:
         the same typical stage ratio within z sd of the init's own prediction."""
-        blocks, widths = plan.blocks, plan.entries
-        E = len(widths)
-        description = BN_DESCRIPTION if plan.bn else scheme.description
-        pf = pb = pbr = None
-        gains = None
+        widths = plan.entries
+        pred = plans.Prediction(None, None, None, None)
         sep = plans.Separation(None, None)
         if scheme.moments is not None or scheme.standardizes or plan.bn:
             pred = plans.predict(plan.steps, scheme)
-            pf, pb, pbr, gains = pred.ln_forward, pred.ln_backward, pred.ln_branch, pred.gains
             sep = plans.separation(plan.steps, scheme, pred)
-        sep_f, sep_b = sep.forward or [None] * E, sep.backward or [None] * E
-        var_f, var_b, var_br = variances(plan.steps, gains)
-        rounding = stats.rounding_ln("float32", E)
-        ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
-        layers = []
-        for i in range(E):
-            f, b = stats.ratio_stats(ln_f[:, i, :]), stats.ratio_stats(ln_b[:, i, :])
-            stats.attach_prediction(
-                f, None if pf is None else pf[i], float(var_f[i]), rounding=rounding, separation=sep_f[i]
-            )
-            stats.attach_prediction(
-                b, None if pb is None else pb[i], float(var_b[i]), rounding=rounding, separation=sep_b[i]
-            )
-            br = None
-            if i >= 2:
-                br = stats.ratio_stats(ln_br[:, i - 2, :])
-                stats.attach_prediction(
-                    br, None if pbr is None else pbr[i - 2], var_br[i - 2], rounding=rounding
-                )
-            stage = 0 if i < 2 else 1 + (i - 2) // blocks
-            layers.append(
-                LayerRecord(
-                    index=i, width=widths[i], forward=f, backward=b, stage=stage, branch=br, resnet=True
-                )
-            )
-        widen = (0.0, 0.0) if gate.band is None else (math.log(gate.band[0]), math.log(gate.band[1]))
-        ref_f, ref_b, _ = reference_variances(plan.steps)
-        infos, checks, own_checks = [], [], []
-        for k, (fb, bb) in enumerate(stage_bands(plan.steps, blocks), 1):
-            first, last = 1 + (k - 1) * blocks, 1 + k * blocks
-            sf = None if pf is None else stats.exp_or_none(pf[last] - pf[first])
-            sb = None if pb is None else stats.exp_or_none(pb[first] - pb[last])
-            infos.append(
-                StageInfo(
-                    k,
-                    first,
-                    last,
-                    widths[first],
-                    widths[last],
-                    blocks,
-                    (math.exp(fb[0]), math.exp(fb[1])),
-                    (math.exp(bb[0]), math.exp(bb[1])),
-                    sf,
-                    sb,
-                )
-            )
-            names = (
-                f"stage {k} forward ||h^{last}||/||h^{first}||",
-                f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||",
-            )
-            measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
-            allowance = (float(ref_f[last] - ref_f[first]), float(ref_b[first] - ref_b[last]))
-            own = (
-                (pf, var_f, last, first, sep.span("forward", last, first)),
-                (pb, var_b, first, last, sep.span("backward", first, last)),
-            )
-            for cname, ln, bnd, pred_, var, (lnp, v, a, e, shift) in zip(
-                names, measured, (fb, bb), (sf, sb), allowance, own
-            ):
-                c = stats.stage_check(cname, ln, (bnd[0] + widen[0], bnd[1] + widen[1]), var, z)
-                if not c.passed:
-                    c.note = (
-                        "outside Theorem 3's band [sqrt 2, sqrt e] times the stride-2 transition, with "
-                        "its finite-width allowance"
-                    )
-                    if pred_ is not None:
-                        c.note += (
-                            "; the theory predicts an RMS stage ratio of "
-                            f"{stats.fmt(math.log10(pred_)) if pred_ > 0 else '0'} for this init"
-                        )
-                checks.append(c)
-                if lnp is None:
-                    own_checks.append(stats.untestable(cname, c.log10_measured))
-                    continue
-                centre, own_var = lnp[a] - lnp[e], abs(float(v[a] - v[e]))
-                t = stats.stage_check(cname, ln, (centre, centre), own_var, z, "theory", shift)
-                if not t.passed and t.has_band:
-                    t.note = f"the theory predicts an RMS stage ratio of {stats.fmt(centre / stats.LN10)}"
-                own_checks.append(t)
+        var = variances(plan.steps, pred.gains)
+        layers = _entry_records(plan, arrays, pred, sep, var)
+        infos, checks = _stage_checks(plan, arrays, gate, pred, sep, var, z)
         return RunResult(
             init=name,
             widths=widths,
             layers=layers,
-            checks=checks + own_checks,
-            description=description,
+            checks=checks,
+            description=BN_DESCRIPTION if plan.bn else scheme.description,
             stages=infos,
             gate=gate.gate,
         )
@@ -511,3 +431,107 @@ class WRN(Kind):
 
     def band(self, gate) -> list[float]:
         return list(gate.band or (1.0, 1.0))
+
+
+def _entry_records(plan, arrays, pred, sep, var) -> list[LayerRecord]:
+    """Per state (input, conv1, each block) the measured ratios beside the prediction with its
+    finite-width band (``var``: ``variances``), and per block the branch ratio."""
+    blocks, widths = plan.blocks, plan.entries
+    E = len(widths)
+    pf, pb, pbr = pred.ln_forward, pred.ln_backward, pred.ln_branch
+    sep_f, sep_b = sep.forward or [None] * E, sep.backward or [None] * E
+    var_f, var_b, var_br = var
+    rounding = stats.rounding_ln("float32", E)
+    ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
+    layers = []
+    for i in range(E):
+        f, b = stats.ratio_stats(ln_f[:, i, :]), stats.ratio_stats(ln_b[:, i, :])
+        stats.attach_prediction(
+            f, None if pf is None else pf[i], float(var_f[i]), rounding=rounding, separation=sep_f[i]
+        )
+        stats.attach_prediction(
+            b, None if pb is None else pb[i], float(var_b[i]), rounding=rounding, separation=sep_b[i]
+        )
+        br = None
+        if i >= 2:
+            br = stats.ratio_stats(ln_br[:, i - 2, :])
+            stats.attach_prediction(br, None if pbr is None else pbr[i - 2], var_br[i - 2], rounding=rounding)
+        stage = 0 if i < 2 else 1 + (i - 2) // blocks
+        layers.append(
+            LayerRecord(index=i, width=widths[i], forward=f, backward=b, stage=stage, branch=br, resnet=True)
+        )
+    return layers
+
+
+def _stage_checks(plan, arrays, gate, pred, sep, var, z: float) -> tuple[list[StageInfo], list]:
+    """Per group (stage) its record and the ``preserved`` check -- the typical stage ratio, forward
+    and backward, in ``stage_bands`` widened by ``gate.band`` and by z sd of the reference
+    allowance (``variances`` with the proposed gains) -- then every stage's ``theory`` check: the
+    same typical stage ratio within z sd of the init's own prediction."""
+    widen = (0.0, 0.0) if gate.band is None else (math.log(gate.band[0]), math.log(gate.band[1]))
+    ref = reference_variances(plan.steps)[:2]
+    infos, checks, own_checks = [], [], []
+    for k, bands in enumerate(stage_bands(plan.steps, plan.blocks), 1):
+        info, preserved, own = _stage(k, bands, plan, arrays, pred, sep, var, ref, widen, z)
+        infos.append(info)
+        checks += preserved
+        own_checks += own
+    return infos, checks + own_checks
+
+
+def _stage(k: int, bands, plan, arrays, pred, sep, var, ref, widen, z: float):
+    """Stage k of ``_stage_checks``: its ``StageInfo``, its ``preserved`` and its ``theory`` checks."""
+    (fb, bb), blocks, widths = bands, plan.blocks, plan.entries
+    pf, pb = pred.ln_forward, pred.ln_backward
+    (var_f, var_b, _), (ref_f, ref_b) = var, ref
+    ln_f, ln_b = arrays["fwd"], arrays["bwd"]
+    first, last = 1 + (k - 1) * blocks, 1 + k * blocks
+    sf = None if pf is None else stats.exp_or_none(pf[last] - pf[first])
+    sb = None if pb is None else stats.exp_or_none(pb[first] - pb[last])
+    info = StageInfo(
+        k,
+        first,
+        last,
+        widths[first],
+        widths[last],
+        blocks,
+        (math.exp(fb[0]), math.exp(fb[1])),
+        (math.exp(bb[0]), math.exp(bb[1])),
+        sf,
+        sb,
+    )
+    names = (
+        f"stage {k} forward ||h^{last}||/||h^{first}||",
+        f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||",
+    )
+    measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
+    allowance = (float(ref_f[last] - ref_f[first]), float(ref_b[first] - ref_b[last]))
+    own = (
+        (pf, var_f, last, first, sep.span("forward", last, first)),
+        (pb, var_b, first, last, sep.span("backward", first, last)),
+    )
+    checks, own_checks = [], []
+    for cname, ln, bnd, pred_, v_ref, (lnp, v, a, e, shift) in zip(
+        names, measured, (fb, bb), (sf, sb), allowance, own
+    ):
+        c = stats.stage_check(cname, ln, (bnd[0] + widen[0], bnd[1] + widen[1]), v_ref, z)
+        if not c.passed:
+            c.note = (
+                "outside Theorem 3's band [sqrt 2, sqrt e] times the stride-2 transition, with "
+                "its finite-width allowance"
+            )
+            if pred_ is not None:
+                c.note += (
+                    "; the theory predicts an RMS stage ratio of "
+                    f"{stats.fmt(math.log10(pred_)) if pred_ > 0 else '0'} for this init"
+                )
+        checks.append(c)
+        if lnp is None:
+            own_checks.append(stats.untestable(cname, c.log10_measured))
+            continue
+        centre, own_var = lnp[a] - lnp[e], abs(float(v[a] - v[e]))
+        t = stats.stage_check(cname, ln, (centre, centre), own_var, z, "theory", shift)
+        if not t.passed and t.has_band:
+            t.note = f"the theory predicts an RMS stage ratio of {stats.fmt(centre / stats.LN10)}"
+        own_checks.append(t)
+    return info, checks, own_checks
