@@ -19,11 +19,13 @@ API = (
     "init_",
     "hessian",
     "spectrum",
+    "run_sweep",
     "spec",
     "keywords",
     "run_checks",
-    "rerun",
+    "lowest_curvature",
     "rerun_specs",
+    "rerun",
     "theory_table",
 )
 

@@ -17,9 +17,11 @@ import inspect
 import math
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable
 
-from sigprop import kinds, run, specs, theory
+from sigprop import API, kinds, run, specs, theory
+from sigprop import sweep as sweep_mod
 from sigprop.errors import SigpropError
 from sigprop.model.init import init_  # noqa: F401  (sigprop.init_: the paper's init for any model)
 from sigprop.results import RESULT_SCHEMA, Check, CheckOutcome, CheckReport, HessianResult, ProbeResult
@@ -72,6 +74,34 @@ def spectrum(spec, ss: specs.SpectrumSpec | None = None, progress: ProgressFn | 
     sigprop/run.py): ``sigprop.spectrum(sigprop.spec("mlp", depth=10, width="200",
     input_dim=200), sigprop.specs.SpectrumSpec(samples=4))``."""
     return run.spectrum(spec, ss or specs.SpectrumSpec(), progress, on_start)
+
+
+def run_sweep(
+    kind: str,
+    out,
+    sizes: dict | None = None,
+    width=None,
+    init=None,
+    input_dim: int | None = None,
+    probe_spec: specs.ProbeSpec | None = None,
+    curvature: specs.HessianSpec | None = None,
+    on_plan=None,
+    on_point=None,
+    executor=sweep_mod.serial,
+) -> list[dict]:
+    """Run or resume a sweep of net kind ``kind`` (``sigprop sweep``; sigprop/sweep.py): the grid of
+    ``sizes`` ({"depth": [10, 20]}), ``width`` and ``init`` (None: the kind's defaults), each
+    point probed with ``probe_spec`` -- or its curvature measured with ``curvature`` -- and one
+    JSON line appended to ``out`` per point; the points already in ``out`` are skipped.
+    ``on_plan(total, to_run)``, ``on_point(i, to_run, point, line)``: progress; ``executor``:
+    where the points run (``sweep.serial``: here).  Returns the lines this call wrote:
+    ``sigprop.run_sweep("mlp", "s.jsonl", {"depth": [5, 10]}, width=[64])``."""
+    points = sweep_mod.configure(kinds.get(kind), sizes or {}, width, init, input_dim, probe_spec, curvature)
+    if curvature is None:
+        measure = lambda p: probe(p.spec, p.probe)
+    else:
+        measure = lambda p: hessian(p.spec, p.curvature)
+    return sweep_mod.run(points, Path(out), measure, on_plan, on_point, executor)
 
 
 def spec(command: str, inits=None, **options):
@@ -260,12 +290,15 @@ def rerun(doc: dict, progress: ProgressFn | None = None, on_start=None) -> Probe
 theory_table = theory.table
 
 
-#: the API's names besides ``probe_<kind>`` (one per registered kind: ``keyword_names``)
+#: the API's names besides ``probe_<kind>`` (one per registered kind: ``keyword_names``), as
+#: ``sigprop.NAME`` reaches them (declared once, in sigprop/__init__.py)
+PUBLIC = API
 PUBLIC = (
     "probe",
     "init_",
     "hessian",
     "spectrum",
+    "run_sweep",
     "spec",
     "keywords",
     "run_checks",

@@ -9,15 +9,20 @@ with the shared options (samples, seeds, seed, dtype, device; docs/cli.md).
 Each finished point is appended to the output as one line (one ``write`` of the whole line,
 flushed): an interrupted sweep leaves only whole lines, and a rerun skips the points whose
 ``key`` is already in the file.
+
+The loop is the library's (``run``; ``sigprop.api.sweep`` hands it the probe): the CLI only
+parses and prints, and an executor -- serial by default, a cluster's in 0.13.0 -- decides where
+the points run, while every line is written here, in the calling process, as results arrive.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from sigprop import inits, kinds, specs
 from sigprop.errors import SigpropError
@@ -112,6 +117,85 @@ def grid(
         for width in widths
         for name in names
     ]
+
+
+def configure(
+    kind: kinds.Kind,
+    sizes: dict[str, Any],
+    width=None,
+    init=None,
+    input_dim: int | None = None,
+    probe: specs.ProbeSpec | None = None,
+    curvature: specs.HessianSpec | None = None,
+) -> list[Point]:
+    """The points of a sweep of ``kind`` from what a user gives: ``sizes`` {axis: values} (only the
+    kind's own axis, ``Kind.sweep_size``, applies), the widths and inits (lists of values or
+    comma-separated strings; None: the kind's defaults, and proposed,he), the input dimension of
+    a kind that sets it apart, the probe's options, or ``curvature``'s (then no cosine).  Every
+    refusal names its option, before anything runs."""
+    probe = probe or specs.ProbeSpec()
+    for axis, given in sizes.items():
+        if given is not None and axis != kind.sweep_size:
+            raise SigpropError(f"does not apply to sweep {kind.name}; use --{kind.sweep_size}", field=axis)
+    if not kind.sweep_input_dim and input_dim is not None:
+        raise SigpropError(
+            f"does not apply to sweep {kind.name} (its input is not set apart from the swept width)",
+            field="input_dim",
+        )
+    if curvature is not None and probe.correlations:
+        raise SigpropError("--curvature measures no cosine; drop --correlation", field="correlation")
+
+    def joined(values, default: str) -> str:
+        if not values:
+            return default
+        return values if isinstance(values, str) else ",".join(str(v) for v in values)
+
+    size_values = parse_ints(joined(sizes.get(kind.sweep_size), kind.sweep_sizes), kind.sweep_size)
+    widths = parse_ints(joined(width, kind.sweep_widths), "width")
+    names = parse_inits(joined(init, "proposed,he"), kind)
+    return grid(kind, size_values, widths, names, probe, input_dim, curvature)
+
+
+def serial(fn: Callable, items: list) -> Iterator:
+    """The default executor: ``fn`` of each item in turn, in this process."""
+    return map(fn, items)
+
+
+def run(
+    points: list[Point],
+    out: Path,
+    measure: Callable[[Point], Any],
+    on_plan: Callable[[int, int], None] | None = None,
+    on_point: Callable[[int, int, Point, dict], None] | None = None,
+    executor: Callable[[Callable, list], Iterable] = serial,
+) -> list[dict[str, Any]]:
+    """Run the points not yet in ``out`` and append each one's line as it finishes: ``measure(point)``
+    is its result (a probe's, or the curvature's); ``executor(fn, points)`` yields ``fn``'s
+    results as the points finish (``serial``: here, one after the other).  ``on_plan(total,
+    to_run)`` is told before anything runs; ``on_point(i, to_run, point, row)`` after each line
+    is written.  Returns the lines this call wrote."""
+    out = Path(out)
+    if out.exists() and not out.is_file():
+        raise SigpropError(f"{out} is not a regular file", field="out")
+    if not out.resolve().parent.is_dir():
+        raise SigpropError(f"directory {out.resolve().parent} does not exist", field="out")
+    done = done_keys(out)
+    todo = [p for p in points if p.key not in done]
+    if on_plan is not None:
+        on_plan(len(points), len(todo))
+
+    def one(point: Point) -> tuple[Point, dict[str, Any]]:
+        t0 = time.perf_counter()
+        result = measure(point)
+        return point, row(point, result, time.perf_counter() - t0)
+
+    written = []
+    for i, (point, line) in enumerate(executor(one, todo), 1):
+        append(out, line)
+        written.append(line)
+        if on_point is not None:
+            on_point(i, len(todo), point, line)
+    return written
 
 
 def done_keys(path: Path) -> set[str]:

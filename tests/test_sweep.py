@@ -62,3 +62,27 @@ def test_rows_read_back_refuse_a_mixed_file(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     with pytest.raises(SigpropError, match="mixes sweeps"):
         sweep.read_rows(path)
+
+
+def test_the_api_runs_and_resumes_a_sweep_on_any_executor(tmp_path):
+    """The loop is the library's (``sigprop.run_sweep``): an executor decides where and in which order the
+    points run, every line is written here as its result arrives, and a second call resumes."""
+    import sigprop
+
+    out, plans = tmp_path / "s.jsonl", []
+    backwards = lambda fn, items: (fn(p) for p in reversed(items))
+    probe = specs.ProbeSpec(samples=8, device="cpu")
+    run = lambda depths, **kw: sigprop.run_sweep(
+        "mlp",
+        out,
+        {"depth": depths},
+        width=[8],
+        init=["he"],
+        probe_spec=probe,
+        on_plan=lambda *a: plans.append(a),
+        **kw,
+    )
+    assert [r["config"]["depth"] for r in run([2, 3], executor=backwards)] == [3, 2]
+    assert [r["config"]["depth"] for r in run([2, 3, 4])] == [4]
+    assert plans == [(2, 2), (3, 1)]
+    assert [json.loads(line)["config"]["depth"] for line in out.read_text().splitlines()] == [3, 2, 4]

@@ -7,7 +7,6 @@ import enum
 import inspect
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -57,14 +56,68 @@ def env() -> None:
     write_output("\n".join(f"{k:{width}s} {v}" if k else v for k, v in rows) + "\n", None)
 
 
+def P(name: str, annotation, default) -> inspect.Parameter:
+    """A keyword-only parameter of a built command."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def _size_parameters(swept) -> list[inspect.Parameter]:
+    """The size axis of every swept kind (``Kind.sweep_size``: --depth, --blocks)."""
+    out = []
+    for size in dict.fromkeys(k.sweep_size for k in swept):
+        which = [k for k in swept if k.sweep_size == size]
+        defaults = "; ".join(f"{k.name} {k.sweep_sizes}" for k in which)
+        out.append(
+            P(
+                size,
+                Annotated[
+                    Optional[list[str]],
+                    Option(
+                        help=f"The {size} of {', '.join(k.name for k in which)}, comma-separated or "
+                        f"repeated. [default: {defaults}]"
+                    ),
+                ],
+                None,
+            )
+        )
+    return out
+
+
+def _probe_parameters() -> list[inspect.Parameter]:
+    """The probe's options of a sweep, and --curvature."""
+    return [
+        P(
+            "samples",
+            Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")],
+            specs.ProbeSpec.samples,
+        ),
+        P("seed", Annotated[int, Option(min=0, help="Base seed.")], 0),
+        P("seeds", Annotated[int, Option(min=1, help="Independent weight draws S per configuration.")], 1),
+        P("device", Annotated[str, Option(help="auto, cpu, cuda or cuda:K.")], "auto"),
+        P("dtype", Annotated[DType, Option(help="Floating-point type of the probe.")], DType.float32),
+        P("correlation", CorrelationOpt, None),
+        P("pairs", PairsOpt, 256),
+        P(
+            "curvature",
+            Annotated[
+                bool,
+                Option(
+                    "--curvature",
+                    help="Measure the curvature at init (sigprop hessian: log10 "
+                    "spectral norm of the loss Hessian per point, --seeds "
+                    "draws) instead of probing.",
+                ),
+            ],
+            False,
+        ),
+    ]
+
+
 def _sweep_parameters() -> list[inspect.Parameter]:
     """``sigprop sweep``'s options: the kind (an argument), the size axis of every kind
     (``Kind.sweep_size``: --depth, --blocks), the widths, the inits and the probe's options."""
     swept = [k for k in kinds.KINDS.values() if k.sweeps]
     arch = enum.Enum("sweep_kind", {k.name: k.name for k in swept}, type=str)
-    P = lambda name, annotation, default: inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
-    )
     out = [
         inspect.Parameter(
             "arch",
@@ -82,22 +135,7 @@ def _sweep_parameters() -> list[inspect.Parameter]:
             inspect.Parameter.empty,
         ),
     ]
-    for size in dict.fromkeys(k.sweep_size for k in swept):
-        which = [k for k in swept if k.sweep_size == size]
-        defaults = "; ".join(f"{k.name} {k.sweep_sizes}" for k in which)
-        out.append(
-            P(
-                size,
-                Annotated[
-                    Optional[list[str]],
-                    Option(
-                        help=f"The {size} of {', '.join(k.name for k in which)}, comma-separated or "
-                        f"repeated. [default: {defaults}]"
-                    ),
-                ],
-                None,
-            )
-        )
+    out += _size_parameters(swept)
     widths = "; ".join(f"{k.name}: {k.sweep_width_help}" for k in swept)
     defaults = "; ".join(f"{k.name} {k.sweep_widths}" for k in swept)
     with_input = [k.name for k in swept if k.sweep_input_dim]
@@ -130,32 +168,8 @@ def _sweep_parameters() -> list[inspect.Parameter]:
             ],
             None,
         ),
-        P(
-            "samples",
-            Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")],
-            specs.ProbeSpec.samples,
-        ),
-        P("seed", Annotated[int, Option(min=0, help="Base seed.")], 0),
-        P("seeds", Annotated[int, Option(min=1, help="Independent weight draws S per configuration.")], 1),
-        P("device", Annotated[str, Option(help="auto, cpu, cuda or cuda:K.")], "auto"),
-        P("dtype", Annotated[DType, Option(help="Floating-point type of the probe.")], DType.float32),
-        P("correlation", CorrelationOpt, None),
-        P("pairs", PairsOpt, 256),
-        P(
-            "curvature",
-            Annotated[
-                bool,
-                Option(
-                    "--curvature",
-                    help="Measure the curvature at init (sigprop hessian: log10 "
-                    "spectral norm of the loss Hessian per point, --seeds "
-                    "draws) instead of probing.",
-                ),
-            ],
-            False,
-        ),
     ]
-    return out
+    return out + _probe_parameters()
 
 
 def sweep(
@@ -176,19 +190,6 @@ def sweep(
 ) -> None:
     """Run a grid of probes (size x width x init; the size is depth or blocks, as the kind grows), one JSON
     line per configuration; resumes."""
-    kind = kinds.get(arch.value)
-    for axis, given in sizes.items():
-        if given is not None and axis != kind.sweep_size:
-            raise SigpropError(f"does not apply to sweep {kind.name}; use --{kind.sweep_size}", field=axis)
-    if not kind.sweep_input_dim and input_dim is not None:
-        raise SigpropError(
-            f"does not apply to sweep {kind.name} (its input is not set apart from the swept width)",
-            field="input_dim",
-        )
-    joined = lambda values, default: ",".join(values) if values else default
-    size_values = sweep_mod.parse_ints(joined(sizes.get(kind.sweep_size), kind.sweep_sizes), kind.sweep_size)
-    widths = sweep_mod.parse_ints(joined(width, kind.sweep_widths), "width")
-    names = sweep_mod.parse_inits(joined(init, "proposed,he"), kind)
     probe = specs.ProbeSpec(
         samples=samples,
         seed=seed,
@@ -200,57 +201,36 @@ def sweep(
     )
     hs = None
     if curvature:
-        if probe.correlations:
-            raise SigpropError("--curvature measures no cosine; drop --correlation", field="correlation")
         hs = specs.HessianSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
-    points = sweep_mod.grid(kind, size_values, widths, names, probe, input_dim, hs)
-    target = _check_output_target(out)
-    if target is not None and target.exists() and not target.is_file():
-        raise SigpropError(f"{out} is not a regular file", field="out")
-    done = sweep_mod.done_keys(out)
-    todo = [p for p in points if p.key not in done]
-    _say(
-        f"sigprop sweep: {len(points)} configuration(s), {len(points) - len(todo)} already in {out}, "
-        f"{len(todo)} to run"
-    )
-
     from sigprop import api  # the lazy torch import at the CLI's edge
 
-    prog = None
-    if sys.stderr.isatty() and todo:
-        prog = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=_stderr(),
-            transient=True,
-        )
-        task = prog.add_task("sweep", total=len(todo))
-        prog.start()
+    prog, task = None, None
+
+    def on_plan(total: int, to_run: int) -> None:
+        nonlocal prog, task
+        _say(f"sigprop sweep: {total} configuration(s), {total - to_run} already in {out}, {to_run} to run")
+        if sys.stderr.isatty() and to_run:
+            prog = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=_stderr(),
+                transient=True,
+            )
+            task = prog.add_task("sweep", total=to_run)
+            prog.start()
+
+    def on_point(i: int, n: int, point, line: dict) -> None:
+        text = report.point_line(i, n, point.label(), line)
+        if prog is not None:
+            prog.advance(task)
+            prog.console.print(text, markup=False, highlight=False)
+        else:
+            _say(text)
+
     try:
-        for i, point in enumerate(todo, 1):
-            if prog is not None:
-                prog.update(task, description=point.label())
-            t0 = time.perf_counter()
-            result = api.probe(point.spec, point.probe) if hs is None else api.hessian(point.spec, hs)
-            row = sweep_mod.row(point, result, time.perf_counter() - t0)
-            sweep_mod.append(out, row)
-            if hs is None:
-                fwd = row["end_to_end"]["forward"]["log10_mean"]
-                cos = "".join(
-                    f", cosine {c['c0']:g} -> {c['end_mean']:.3f}" for c in row.get("correlation", [])
-                )
-                what = f"forward {report.fmt_log10(fwd)}{cos}"
-            else:
-                m = row["curvature"]["log10_spectral_norm_mean"]
-                what = "curvature diverged" if m is None else f"log10 spectral norm {m:.2f}"
-            line = f"sweep [{i}/{len(todo)}] {point.label()}: {what} ({row['seconds']:.1f} s)"
-            if prog is not None:
-                prog.advance(task)
-                prog.console.print(line, markup=False, highlight=False)
-            else:
-                _say(line)
+        api.run_sweep(arch.value, out, sizes, width, init, input_dim, probe, hs, on_plan, on_point)
     finally:
         if prog is not None:
             prog.stop()

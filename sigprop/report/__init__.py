@@ -49,6 +49,7 @@ from sigprop.report.probe import (
 from sigprop.report.spectrum import (
     render_spectrum,
 )
+from sigprop.report.sweep import point_line
 from sigprop.report.tables import (
     render_inits,
     render_theory,
@@ -76,6 +77,7 @@ __all__ = [
     "measurement_lines",
     "measurement_table",
     "model_notes",
+    "point_line",
     "preserved_line",
     "render_hessian",
     "render_inits",

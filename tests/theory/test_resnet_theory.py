@@ -1,5 +1,6 @@
 """ResNet theory: the kind's composed predictions against golden closed forms (Theorems 3-4),
-and measured against predicted with the tolerances of sigprop/theory/tolerances.py (../shared/STYLE.md habits 9, 11)."""
+and measured against predicted with the tolerances of sigprop/theory/tolerances.py
+(../shared/STYLE.md habits 9, 11)."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""Measured against predicted, with the tolerances of sigprop/theory/tolerances.py (../shared/STYLE.md habits 9, 11)."""
+"""Measured against predicted, with the tolerances of sigprop/theory/tolerances.py
+(../shared/STYLE.md habits 9, 11)."""
 
 import math
 
