@@ -11,23 +11,8 @@ first use.
 
 import importlib
 
+from sigprop.public import API
 from sigprop.version import __version__  # noqa: F401  (sigprop.__version__)
-
-#: what ``sigprop.NAME`` reaches in sigprop/api.py (``probe_<kind>`` besides: one per net kind)
-API = (
-    "probe",
-    "init_",
-    "hessian",
-    "spectrum",
-    "run_sweep",
-    "spec",
-    "keywords",
-    "run_checks",
-    "lowest_curvature",
-    "rerun_specs",
-    "rerun",
-    "theory_table",
-)
 
 
 def __getattr__(name: str):

@@ -20,10 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from sigprop import API, kinds, run, specs, theory
+from sigprop import kinds, run, specs, theory
 from sigprop import sweep as sweep_mod
 from sigprop.errors import SigpropError
 from sigprop.model.init import init_  # noqa: F401  (sigprop.init_: the paper's init for any model)
+from sigprop.public import API
 from sigprop.results import RESULT_SCHEMA, Check, CheckOutcome, CheckReport, HessianResult, ProbeResult
 
 ProgressFn = run.ProgressFn
@@ -291,7 +292,7 @@ theory_table = theory.table
 
 
 #: the API's names besides ``probe_<kind>`` (one per registered kind: ``keyword_names``), as
-#: ``sigprop.NAME`` reaches them (declared once, in sigprop/__init__.py)
+#: ``sigprop.NAME`` reaches them (declared once, in sigprop/public.py)
 PUBLIC = API
 PUBLIC = (
     "probe",

@@ -163,68 +163,78 @@ def _walk_all(
     dtype = dev.DTYPES[probe_spec.dtype]
     n_in, n_out = _inputs_units(plan)
     x, e = sampling.probe_inputs(probe_spec.seed, probe_spec.samples, n_in, n_out, device, dtype)
-    space = walker.SPACES[kind.space(spec)]
+    runners: list[replay.Eager] = []
+    out: dict[str, dict[str, np.ndarray]] = {}
     with torch.no_grad(), precision:
         pairs = [
             sampling.pair_inputs(probe_spec.seed, probe_spec.pairs, n_in, c0, device, dtype)
             for c0 in probe_spec.correlations
         ]
         chunks = [list(range(s, min(s + batch, probe_spec.seeds))) for s in range(0, probe_spec.seeds, batch)]
-        runners: list[replay.Eager] = []
-        out: dict[str, dict[str, np.ndarray]] = {}
         tick = None
         for name, scheme in zip(names, schemes):
             units, record_input = walker.compile_plan(plan.steps, scheme)
             if tick is None:
                 steps = len(units)
-                tick = Ticker(
-                    progress,
-                    len(names) * len(chunks),
-                    [
-                        ("forward", steps),
-                        ("backward", steps - 1 + record_input),
-                        ("correlation", steps * len(pairs)),
-                    ],
-                )
+                phases = [
+                    ("forward", steps),
+                    ("backward", steps - 1 + record_input),
+                    ("correlation", steps * len(pairs)),
+                ]
+                tick = Ticker(progress, len(names) * len(chunks), phases)
             tick.name = name
-
-            def run(inputs, errors, obs, draws):
-                runners.append(replay.CudaGraphs() if graphs else replay.Eager())
-                r = walker.walk(
-                    units,
-                    scheme,
-                    inputs,
-                    errors,
-                    probe_spec.seed,
-                    draws,
-                    obs,
-                    record_input,
-                    space=space(),
-                    progress=tick,
-                    stream=stream,
-                    runner=runners[-1],
-                )
-                runners[-1].release()
-                return {k: v.cpu().numpy() for k, v in r.observed.items()}
-
-            parts = []
-            for draws in chunks:
-                got = run(
-                    x,
-                    e,
-                    [observers.make(o) for o in kind.observers(spec)] + [type(o)() for o in extra],
-                    draws,
-                )
-                if pairs:
-                    got["correlation"] = np.stack(
-                        [run(xp, None, [correlation.Correlation()], draws)["correlation"] for xp in pairs],
-                        axis=1,
-                    )
-                parts.append(got)
-            out[name] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            walks = _Walks(units, scheme, record_input, probe_spec, walker.SPACES[kind.space(spec)], tick)
+            walks.stream, walks.graphs, walks.runners = stream, graphs, runners
+            observe = lambda: [observers.make(o) for o in kind.observers(spec)] + [type(o)() for o in extra]
+            out[name] = walks.arrays(x, e, pairs, chunks, observe)
             shared.check_finite(name, out[name])
     env["graphs"] = graphs_status(runners)
     return out, env
+
+
+class _Walks:
+    """The walks of one init: per batch of draws the probe's observers on (x, e), then for each
+    input cosine a forward walk of its pairs with the correlation observer; each walk's weights
+    are freed before the next one allocates its own (holding them doubled the peak memory)."""
+
+    def __init__(self, units, scheme, record_input: bool, probe_spec, space, tick) -> None:
+        self.units, self.scheme, self.record_input = units, scheme, record_input
+        self.probe_spec, self.space, self.tick = probe_spec, space, tick
+        self.stream, self.graphs, self.runners = False, False, []
+
+    def run(self, inputs, errors, obs, draws) -> dict[str, np.ndarray]:
+        """One walk of ``draws`` with the observers ``obs``: their arrays on the host."""
+        self.runners.append(replay.CudaGraphs() if self.graphs else replay.Eager())
+        r = walker.walk(
+            self.units,
+            self.scheme,
+            inputs,
+            errors,
+            self.probe_spec.seed,
+            draws,
+            obs,
+            self.record_input,
+            space=self.space(),
+            progress=self.tick,
+            stream=self.stream,
+            runner=self.runners[-1],
+        )
+        self.runners[-1].release()
+        return {k: v.cpu().numpy() for k, v in r.observed.items()}
+
+    def arrays(self, x, e, pairs, chunks, observe) -> dict[str, np.ndarray]:
+        """{observer: float64 array with the draws first} over every batch of draws ``chunks``;
+        "correlation" [S, C, E, P]."""
+        parts = []
+        for draws in chunks:
+            got = self.run(x, e, observe(), draws)
+            if pairs:
+                got["correlation"] = np.stack(
+                    [self.run(xp, None, [correlation.Correlation()], draws)["correlation"] for xp in pairs],
+                    axis=1,
+                )
+            parts.append(got)
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def walk_plan(
@@ -327,12 +337,40 @@ def spectrum(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> Spectrum
     shared.check_rows(kind, spec)
     plan = kind.plan(spec, ss.seed)
     n_in, n_out = _inputs_units(plan)
+    path, chosen = _spectrum_path(kind, plan, ss, device)
+    gx = torch.Generator(device=device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_INPUTS))
+    x = torch.randn(ss.samples, n_in, generator=gx, device=device, dtype=dtype)  # the probe's inputs
+    names = kind.inits(spec)
+    env = shared.spectrum_environment(ss, device, n_in, n_out, path, ss.batch_size or ss.samples)
+    if on_start is not None:
+        on_start(env)
+    runs = []
+    tick = shared.DrawTicker(progress, len(names) * ss.seeds)
+    for name in names:
+        scheme = kind.scheme(spec, name)
+        draws, pooled, per_depth = [], [], []
+        for draw in range(ss.seeds):
+            summary, lam, rows = _spectrum_draw(kind, spec, plan, scheme, x, ss, draw, path, chosen, n_out)
+            draws.append(summary)
+            pooled.append(lam)
+            per_depth += [rows] if chosen else []
+            tick(f"{name}: draw {draw}")
+        runs.append(_spectrum_run(plan, name, scheme, draws, path, pooled, chosen, per_depth))
+    # the plan's own record beside the spec (the drawn widths of --width LO:HI)
+    config = {"command": kind.name, **spec.to_dict(), **ss.__dict__, **plan.config}
+    return SpectrumResult(kind.name, config, {"sigprop": __version__, **env}, runs)
+
+
+def _spectrum_path(kind, plan, ss: specs.SpectrumSpec, device) -> tuple[str, list[int]]:
+    """The path (exact when S x n_out x n_in fits, else the J^T J operator for Lanczos, or as
+    ``ss.path`` says) and the recorded states whose Jacobians --depths (all) or --at (some) asks
+    for; a run that cannot fit is refused naming the kind's fields."""
+    n_in, n_out = _inputs_units(plan)
     # the exact path: J for every sample (float32, and float64 for the SVD), and the reverse pass
     # of all n_out outputs at once over one sample's activations (jacrev, vectorised)
     layers = plans.layers(plan.steps)
     activations = n_in + sum(st.units_out for st in layers)
     itemsize = dev.itemsize(ss.dtype)
-    # the recorded states whose Jacobians --depths (all) or --at (some) asks for
     n_states = sum(isinstance(st, plans.Record) for st in plan.steps[1:])
     if ss.at and max(ss.at) > n_states:
         raise SigpropError(f"at most {n_states}: the net has {n_states} recorded states", field="at")
@@ -364,78 +402,66 @@ def spectrum(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> Spectrum
         lanczos_need = weights + (8 * activations + (ss.steps + 4) * n_in) * itemsize
         dev.check_memory(lanczos_need, device, kind.size_fields, hint="")
     shared.check_top(ss, path, n_in, n_out)
-    # a batch norm normalises over the batch: each sample's J is taken inside it
+    return path, chosen
+
+
+def _spectrum_draw(kind, spec, plan, scheme, x, ss: specs.SpectrumSpec, draw: int, path, chosen, n_out):
+    """One weight draw: its summary and eigenvalues (``shared.spectrum_draw``) and, with
+    --depths/--at, the mean and variance of sigma^2 of each chosen state's Jacobian.  A batch norm
+    normalises over the batch: each sample's J is taken inside it."""
     together = plans.batch_dependent(plan.steps)
-    gx = torch.Generator(device=device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_INPUTS))
-    x = torch.randn(ss.samples, n_in, generator=gx, device=device, dtype=dtype)  # the probe's inputs
-    names = kind.inits(spec)
-    env = shared.spectrum_environment(ss, device, n_in, n_out, path, ss.batch_size or ss.samples)
-    if on_start is not None:
-        on_start(env)
-    runs = []
-    total, done = len(names) * ss.seeds, 0
-    for name in names:
-        scheme = kind.scheme(spec, name)
-        draws, pooled, per_depth = [], [], []
-        for draw in range(ss.seeds):
-            fn = walker.as_function(plan.steps, scheme, x, ss.seed, draw, kind.space(spec))
-            functions = (
-                [spectra.batch_function(fn, x, i) for i in range(ss.samples)]
-                if together
-                else [spectra.sample_function(fn)] * ss.samples
-            )
-            summary, lam = shared.spectrum_draw(
-                path,
-                lambda: spectra.jacobian(fn, x, batch=ss.batch_size, together=together).detach(),
-                functions,
-                x,
-                ss,
-                draw,
-                n_out,
-            )
-            draws.append(summary)
-            pooled.append(lam)
-            if chosen:  # the units' outputs in the input: the spectrum against depth
-                rows = []
-                for depth in chosen:
-                    Jl = spectra.jacobian(fn, x, depth, ss.batch_size, together).detach()
-                    lam_l = spectra.eigenvalues(Jl)
-                    rows.append((float(lam_l.mean()), float(lam_l.var())))
-                per_depth.append(rows)
-            done += 1
-            if progress is not None:
-                progress(done, total, f"{name}: draw {draw}")
-        pred = plans.predict_jacobian(plan.steps, scheme)
-        density = plans.predict_density(plan.steps, scheme)
-        mean = None if pred is None or not math.isfinite(pred.mean) else pred.mean
-        depths = []
-        for k, depth in enumerate(chosen):
-            p = plans.predict_jacobian(plans.upto(plan.steps, depth), scheme)
-            depths.append(
-                {
-                    "depth": depth,
-                    "mean": statistics.fmean(r[k][0] for r in per_depth),
-                    "variance": statistics.fmean(r[k][1] for r in per_depth),
-                    "predicted_mean": p.mean if math.isfinite(p.mean) else None,
-                    "predicted_variance": p.variance,
-                }
-            )
-        runs.append(
-            SpectrumRun(
-                name,
-                scheme.description,
-                draws,
-                mean,
-                None if pred is None else pred.variance,
-                "" if pred is None else pred.why,
-                shared.pooled_histogram(path, pooled),
-                depths,
-                None if density is None else dataclasses.asdict(density),
-            )
+    fn = walker.as_function(plan.steps, scheme, x, ss.seed, draw, kind.space(spec))
+    functions = (
+        [spectra.batch_function(fn, x, i) for i in range(ss.samples)]
+        if together
+        else [spectra.sample_function(fn)] * ss.samples
+    )
+    summary, lam = shared.spectrum_draw(
+        path,
+        lambda: spectra.jacobian(fn, x, batch=ss.batch_size, together=together).detach(),
+        functions,
+        x,
+        ss,
+        draw,
+        n_out,
+    )
+    rows = []
+    for depth in chosen:  # the units' outputs in the input: the spectrum against depth
+        Jl = spectra.jacobian(fn, x, depth, ss.batch_size, together).detach()
+        lam_l = spectra.eigenvalues(Jl)
+        rows.append((float(lam_l.mean()), float(lam_l.var())))
+    return summary, lam, rows
+
+
+def _spectrum_run(plan, name, scheme, draws, path, pooled, chosen, per_depth) -> SpectrumRun:
+    """One init's record: the draws, the large-width prediction of the mean and variance of sigma^2
+    and its density, the pooled histogram, and the spectrum against depth beside its prediction."""
+    pred = plans.predict_jacobian(plan.steps, scheme)
+    density = plans.predict_density(plan.steps, scheme)
+    mean = None if pred is None or not math.isfinite(pred.mean) else pred.mean
+    depths = []
+    for k, depth in enumerate(chosen):
+        p = plans.predict_jacobian(plans.upto(plan.steps, depth), scheme)
+        depths.append(
+            {
+                "depth": depth,
+                "mean": statistics.fmean(r[k][0] for r in per_depth),
+                "variance": statistics.fmean(r[k][1] for r in per_depth),
+                "predicted_mean": p.mean if math.isfinite(p.mean) else None,
+                "predicted_variance": p.variance,
+            }
         )
-    # the plan's own record beside the spec (the drawn widths of --width LO:HI)
-    config = {"command": kind.name, **spec.to_dict(), **ss.__dict__, **plan.config}
-    return SpectrumResult(kind.name, config, {"sigprop": __version__, **env}, runs)
+    return SpectrumRun(
+        name,
+        scheme.description,
+        draws,
+        mean,
+        None if pred is None else pred.variance,
+        "" if pred is None else pred.why,
+        shared.pooled_histogram(path, pooled),
+        depths,
+        None if density is None else dataclasses.asdict(density),
+    )
 
 
 class PlanEngine(Engine):

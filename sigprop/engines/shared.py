@@ -273,3 +273,15 @@ def pooled_histogram(path: str, pooled: list) -> dict:
     return spectra.histogram(
         np.concatenate([p[0] for p in pooled]), weights=np.concatenate([p[1] for p in pooled])
     )
+
+
+class DrawTicker:
+    """``progress(done, total, label)`` once per finished draw."""
+
+    def __init__(self, progress: ProgressFn | None, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self, label: str) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total, label)

@@ -330,31 +330,18 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
     """The module kind: per init and draw, build the model, apply the init (as the probe does),
     and read J of its output in its input through its own forward (``spectra.model_jacobians``,
     or the J^T J operator); exact when S x n_out x n_in fits.  The large-width theory of a
-    model's spectrum is not derived (said in ``why``)."""
+    model's spectrum is not derived (said in ``why``); its mean is its traced graph's."""
     device = dev.resolve_device(ss.device)
     dtype = dev.DTYPES[ss.dtype]
-    if spec.vocab is not None:
-        raise SigpropError("token ids have no Jacobian: the spectrum needs a floating input", field="vocab")
-    if ss.depths or ss.at:
-        raise SigpropError(
-            "the spectrum against depth is measured for sigprop's own nets only",
-            field="depths" if ss.depths else "at",
-        )
-    if len(spec.shapes) != 1:
-        raise SigpropError(
-            f"the spectrum is taken in one input, and this forward takes {len(spec.shapes)}",
-            field="input_shape",
-        )
+    _check_spectrum(spec, ss)
     names = kind.inits(spec)
     _check_instance_draws(spec, names, ss.seeds)
-    itemsize = dev.itemsize(ss.dtype)
-    _check_inputs_fit(spec, ss.samples, itemsize, device, kind.size_fields)
+    _check_inputs_fit(spec, ss.samples, dev.itemsize(ss.dtype), device, kind.size_fields)
     x = _model_inputs(spec, ss.samples, ss.seed, device, dtype)
     factory = spec.factory()
-    n_in = x[0].numel()
     env: dict = {}
     notes: list[str] = []
-    runs, total, done = [], len(names) * ss.seeds, 0
+    runs, tick = [], shared.DrawTicker(progress, len(names) * ss.seeds)
     for name in names:
         scheme = kind.scheme(spec, name)
         draws, pooled, means = [], [], []
@@ -370,21 +357,9 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
             means.append(_model_spectrum_mean(traced, x, n_out))
             model = spectra.functional(model)
             if not env:
-                rows = ss.samples if spectra.batch_dependent(model) else 1
-                per_output = seen.per_sample * rows
-                chunk = max(1, min(n_out, MODEL_JACOBIAN_CHUNK_BYTES // max(1, per_output)))
-                weights = sum(p.numel() * p.element_size() for p in model.parameters())
-                need = weights + ss.samples * n_out * n_in * (itemsize + 16) + chunk * per_output
-                path = ss.path if ss.path != "auto" else ("exact" if dev.fits(need, device) else "lanczos")
-                shared.check_top(ss, path, n_in, n_out)
-                if path == "exact":
-                    dev.check_memory(
-                        need,
-                        device,
-                        kind.size_fields,
-                        hint="; the exact Jacobian holds n_out x n_in entries a sample",
-                    )
-                env = shared.spectrum_environment(ss, device, n_in, n_out, path, chunk)
+                path, chunk, env = _spectrum_plan(
+                    kind, ss, model, seen.per_sample, x[0].numel(), n_out, device
+                )
                 if on_start is not None:
                     on_start(env)
             functions = [spectra.model_function(model, x, i) for i in range(ss.samples)]
@@ -393,27 +368,62 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
             )
             draws.append(summary)
             pooled.append(lam)
-            done += 1
-            if progress is not None:
-                progress(done, total, f"{name}: draw {draw}")
-        # the mean: the traced graph's backward map at the input, per draw's weights, averaged
-        mapped = [m for m, _ in means if m is not None]
-        why = next((w for m, w in means if m is None), "")
-        runs.append(
-            SpectrumRun(
-                name,
-                scheme.description,
-                draws,
-                statistics.fmean(mapped) if len(mapped) == len(means) else None,
-                None,
-                "the variance of a model's spectrum is not derived"
-                + (f"; no mean either: {why}" if why else " (the mean is its traced graph's)"),
-                shared.pooled_histogram(path, pooled),
-                [],
-            )
-        )
+            tick(f"{name}: draw {draw}")
+        runs.append(_model_spectrum_run(name, scheme, draws, means, shared.pooled_histogram(path, pooled)))
     config = {"command": kind.name, **spec.to_dict(), **ss.__dict__, "model_notes": notes}
     return SpectrumResult(kind.name, config, {"sigprop": __version__, **env}, runs)
+
+
+def _check_spectrum(spec, ss: specs.SpectrumSpec) -> None:
+    """What a model's spectrum refuses: token ids, the spectrum against depth, several inputs."""
+    if spec.vocab is not None:
+        raise SigpropError("token ids have no Jacobian: the spectrum needs a floating input", field="vocab")
+    if ss.depths or ss.at:
+        raise SigpropError(
+            "the spectrum against depth is measured for sigprop's own nets only",
+            field="depths" if ss.depths else "at",
+        )
+    if len(spec.shapes) != 1:
+        raise SigpropError(
+            f"the spectrum is taken in one input, and this forward takes {len(spec.shapes)}",
+            field="input_shape",
+        )
+
+
+def _spectrum_plan(kind, ss: specs.SpectrumSpec, model, per_sample: int, n_in: int, n_out: int, device):
+    """(path, chunk, environment): the outputs whose reverse products run at once (within
+    ``MODEL_JACOBIAN_CHUNK_BYTES``), the path (exact when the S Jacobians fit), a refusal naming
+    the kind's fields when they do not."""
+    itemsize = dev.itemsize(ss.dtype)
+    rows = ss.samples if spectra.batch_dependent(model) else 1
+    per_output = per_sample * rows
+    chunk = max(1, min(n_out, MODEL_JACOBIAN_CHUNK_BYTES // max(1, per_output)))
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    need = weights + ss.samples * n_out * n_in * (itemsize + 16) + chunk * per_output
+    path = ss.path if ss.path != "auto" else ("exact" if dev.fits(need, device) else "lanczos")
+    shared.check_top(ss, path, n_in, n_out)
+    if path == "exact":
+        hint = "; the exact Jacobian holds n_out x n_in entries a sample"
+        dev.check_memory(need, device, kind.size_fields, hint=hint)
+    return path, chunk, shared.spectrum_environment(ss, device, n_in, n_out, path, chunk)
+
+
+def _model_spectrum_run(name, scheme, draws, means, histogram) -> SpectrumRun:
+    """One init's record; the mean: the traced graph's backward map at the input, per draw's
+    weights, averaged (None, and why, where a draw has none)."""
+    mapped = [m for m, _ in means if m is not None]
+    why = next((w for m, w in means if m is None), "")
+    return SpectrumRun(
+        name,
+        scheme.description,
+        draws,
+        statistics.fmean(mapped) if len(mapped) == len(means) else None,
+        None,
+        "the variance of a model's spectrum is not derived"
+        + (f"; no mean either: {why}" if why else " (the mean is its traced graph's)"),
+        histogram,
+        [],
+    )
 
 
 class ModelEngine(Engine):

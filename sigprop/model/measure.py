@@ -53,85 +53,105 @@ def measure(
     every init and draw).  ``batch``: the samples run in chunks of that many, each chunk's graph
     freed before the next (the memory of one chunk; a batch norm then normalises each chunk by its
     own statistics)."""
-    modules = dict(model.named_modules(remove_duplicate=False))
     xs = x if isinstance(x, tuple) else (x,)
-    floating = all(t.is_floating_point() for t in xs)
     N = xs[0].shape[0]
     step = N if batch is None else max(1, min(batch, N))
-    parts_f: dict[str, list] = {n: [] for n in sites}
-    parts_b: dict[str, list] = {n: [] for n in sites}
-    numel: dict[str, int] = {}
-    reached: set[str] = set()
-    e_all: torch.Tensor | None = None
+    m = _Measurement(model, sites, e_seed, N, what)
+    for lo in range(0, N, step):
+        m.chunk(lo, tuple(t[lo : lo + step].detach().requires_grad_(t.is_floating_point()) for t in xs))
+    ln_f = torch.stack([torch.cat(m.parts_f[n]) for n in sites])
+    ln_b = torch.stack([torch.cat(m.parts_b[n]) for n in sites])
+    return (
+        ln_f.cpu().numpy(),
+        ln_b.cpu().numpy(),
+        [m.numel[n] for n in sites],
+        [n in m.reached for n in sites],
+    )
 
-    def per_sample_ms(t: torch.Tensor, where: str = "") -> torch.Tensor:
+
+class _Measurement:
+    """``measure``'s state over the chunks: the sites' hooks, per site its ln ratios per chunk
+    (``parts_f``, ``parts_b``), its units per sample, whether the gradient reached it, and the
+    errors of all N samples (drawn once, at the first chunk's output)."""
+
+    def __init__(self, model: nn.Module, sites: list[str], e_seed: int, N: int, what: str) -> None:
+        self.model, self.sites, self.e_seed, self.N, self.what = model, sites, e_seed, N, what
+        self.modules = dict(model.named_modules(remove_duplicate=False))
+        self.parts_f: dict[str, list] = {n: [] for n in sites}
+        self.parts_b: dict[str, list] = {n: [] for n in sites}
+        self.numel: dict[str, int] = {}
+        self.reached: set[str] = set()
+        self.e_all: torch.Tensor | None = None
+
+    def per_sample_ms(self, t: torch.Tensor, where: str = "") -> torch.Tensor:
         ms = mean_squares(t.detach())
         if where and not bool(torch.isfinite(ms).all()):
             raise SigpropError(
-                f"{what}: {where} is too large to square in float64 (its mean square overflows): "
+                f"{self.what}: {where} is too large to square in float64 (its mean square overflows): "
                 "rescale the inputs",
                 field="target",
             )
         return ms
 
-    for lo in range(0, N, step):
-        xc = tuple(t[lo : lo + step].detach().requires_grad_(t.is_floating_point()) for t in xs)
+    def hook(self, name: str, rows: int, fwd: dict, bwd: dict):
+        """The forward hook of site ``name``: its mean squares per sample, and a hook on its
+        output's gradient for the backward ones."""
+
+        def fn(mod, args, out):
+            t = output_tensor(out, f"site {name!r}'s output")
+            if t.shape[0] != rows:
+                raise SigpropError(
+                    f"site {name!r}'s output has {t.shape[0]} rows for {rows} samples: not a "
+                    "per-sample state",
+                    field="sites",
+                )
+            fwd[name] = self.per_sample_ms(t, f"site {name!r}'s output")
+            self.numel[name] = t[0].numel()
+            if not t.requires_grad and t.grad_fn is None and t.is_floating_point():
+                t.requires_grad_(True)  # token inputs: the graph starts at the first site
+            if t.requires_grad:
+                t.register_hook(lambda g: bwd.__setitem__(name, self.per_sample_ms(g)))
+
+        return fn
+
+    def chunk(self, lo: int, xc: tuple) -> None:
+        """One chunk of samples from row ``lo``: forward with the hooks, backward with its errors,
+        and its ln ratios per site."""
         rows = xc[0].shape[0]
         fwd: dict[str, torch.Tensor] = {}
         bwd: dict[str, torch.Tensor] = {}
-
-        def hook(name, rows=rows, fwd=fwd, bwd=bwd):
-            def fn(mod, args, out):
-                t = output_tensor(out, f"site {name!r}'s output")
-                if t.shape[0] != rows:
-                    raise SigpropError(
-                        f"site {name!r}'s output has {t.shape[0]} rows for {rows} samples: not a per-sample "
-                        "state",
-                        field="sites",
-                    )
-                fwd[name] = per_sample_ms(t, f"site {name!r}'s output")
-                numel[name] = t[0].numel()
-                if not t.requires_grad and t.grad_fn is None and t.is_floating_point():
-                    t.requires_grad_(True)  # token inputs: the graph starts at the first site
-                if t.requires_grad:
-                    t.register_hook(lambda g: bwd.__setitem__(name, per_sample_ms(g)))
-
-            return fn
-
-        handles = [modules[n].register_forward_hook(hook(n)) for n in sites]
+        handles = [self.modules[n].register_forward_hook(self.hook(n, rows, fwd, bwd)) for n in self.sites]
         try:
             with torch.enable_grad():
-                y = output_tensor(call(model, xc if len(xc) > 1 else xc[0]))
-                check_finite(y.detach(), f"{what}'s output on the probe's inputs")
-                if e_all is None:  # all N errors at once: the same e whatever the chunks
-                    gen = torch.Generator(device=y.device).manual_seed(e_seed)
-                    e_all = torch.randn((N, *y.shape[1:]), generator=gen, device=y.device, dtype=y.dtype)
-                e = e_all[lo : lo + rows]
+                y = output_tensor(call(self.model, xc if len(xc) > 1 else xc[0]))
+                check_finite(y.detach(), f"{self.what}'s output on the probe's inputs")
+                if self.e_all is None:  # all N errors at once: the same e whatever the chunks
+                    gen = torch.Generator(device=y.device).manual_seed(self.e_seed)
+                    self.e_all = torch.randn(
+                        (self.N, *y.shape[1:]), generator=gen, device=y.device, dtype=y.dtype
+                    )
+                e = self.e_all[lo : lo + rows]
                 if y.requires_grad:
                     torch.autograd.backward(y, grad_tensors=e)
         finally:
             for h in handles:
                 h.remove()
-        missing = [n for n in sites if n not in fwd]
+        missing = [n for n in self.sites if n not in fwd]
         if missing:
             raise SigpropError(f"site {missing[0]!r} was not called by the model's forward", field="sites")
         # token ids have no scale: the forward ratios are then relative to the first site; several
         # inputs: their elements together
-        if floating:
-            ms_x = sum(per_sample_ms(t, "the input") * t[0].numel() for t in xc) / sum(
+        if all(t.is_floating_point() for t in xc):
+            ms_x = sum(self.per_sample_ms(t, "the input") * t[0].numel() for t in xc) / sum(
                 t[0].numel() for t in xc
             )
         else:
-            ms_x = fwd[sites[0]]
-        ms_e = per_sample_ms(e)
+            ms_x = fwd[self.sites[0]]
+        ms_e = self.per_sample_ms(e)
         # a site the output's gradient never reaches (its hook never ran): -inf here, marked off the
         # path by the kind; one it reaches with dl/dh = 0 (a dead ReLU) reads ratio 0 too
-        zero = torch.full((rows,), -math.inf, dtype=torch.float64, device=xs[0].device)
-        reached |= set(bwd)
-        for n in sites:
-            parts_f[n].append(0.5 * (fwd[n] / ms_x).log())
-            parts_b[n].append(0.5 * (bwd[n] / ms_e).log() if n in bwd else zero)
-        del y, e, fwd, bwd
-    ln_f = torch.stack([torch.cat(parts_f[n]) for n in sites])
-    ln_b = torch.stack([torch.cat(parts_b[n]) for n in sites])
-    return ln_f.cpu().numpy(), ln_b.cpu().numpy(), [numel[n] for n in sites], [n in reached for n in sites]
+        zero = torch.full((rows,), -math.inf, dtype=torch.float64, device=xc[0].device)
+        self.reached |= set(bwd)
+        for n in self.sites:
+            self.parts_f[n].append(0.5 * (fwd[n] / ms_x).log())
+            self.parts_b[n].append(0.5 * (bwd[n] / ms_e).log() if n in bwd else zero)
