@@ -21,7 +21,7 @@ from typing import Optional
 
 import typer
 
-from sigprop.cli import probe, tools
+from sigprop.cli import curvature, probe, spectrum, tools
 from sigprop.cli._app import new_app
 from sigprop.cli.options import flag
 from sigprop.cli.output import _say
@@ -63,6 +63,8 @@ def build() -> typer.Typer:
     and the other commands."""
     app = new_app()
     probe.register(app)
+    curvature.register(app)
+    spectrum.register(app)
     tools.register(app)
     return app
 

@@ -1,35 +1,30 @@
-"""The other commands: ``check``, ``sweep``, ``plot``, ``rerun``, ``theory``, ``inits``, ``cite``,
-``env``.  Each parses, calls the library and renders."""
+"""The small commands: ``rerun``, ``theory``, ``inits``, ``cite``, ``env``; and ``register``, which
+adds every command besides the probes in the order ``sigprop -h`` lists them (``sweep`` and
+``plot`` from sigprop/cli/sweep.py, ``check`` from sigprop/cli/check.py).  Each parses, calls
+the library and renders."""
 
 from __future__ import annotations
 
-import enum
 import inspect
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sigprop import checks as checks_mod
-from sigprop import citations, inits, kinds, report, specs
-from sigprop import sweep as sweep_mod
+from sigprop import citations, inits, report
 from sigprop import theory as theory_mod
+from sigprop.cli import check as check_cli
+from sigprop.cli import sweep as sweep_cli
 from sigprop.cli.options import (
     Argument,
-    CheckFormat,
-    CorrelationOpt,
-    DType,
     Format,
     Option,
-    PairsOpt,
     TableFormat,
 )
-from sigprop.cli.output import _check_output_target, _say, _stderr, render, render_rich, write_output
+from sigprop.cli.output import _check_output_target, _say, render, render_rich, write_output
 from sigprop.errors import SigpropError
 from sigprop.results import rerun_differences
 
@@ -54,228 +49,6 @@ def env() -> None:
     rows = environment.gather()
     width = max(len(k) for k, _ in rows)
     write_output("\n".join(f"{k:{width}s} {v}" if k else v for k, v in rows) + "\n", None)
-
-
-def P(name: str, annotation, default) -> inspect.Parameter:
-    """A keyword-only parameter of a built command."""
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
-
-
-def _size_parameters(swept) -> list[inspect.Parameter]:
-    """The size axis of every swept kind (``Kind.sweep_size``: --depth, --blocks)."""
-    out = []
-    for size in dict.fromkeys(k.sweep_size for k in swept):
-        which = [k for k in swept if k.sweep_size == size]
-        defaults = "; ".join(f"{k.name} {k.sweep_sizes}" for k in which)
-        out.append(
-            P(
-                size,
-                Annotated[
-                    Optional[list[str]],
-                    Option(
-                        help=f"The {size} of {', '.join(k.name for k in which)}, comma-separated or "
-                        f"repeated. [default: {defaults}]"
-                    ),
-                ],
-                None,
-            )
-        )
-    return out
-
-
-def _probe_parameters() -> list[inspect.Parameter]:
-    """The probe's options of a sweep, and --curvature."""
-    return [
-        P(
-            "samples",
-            Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")],
-            specs.ProbeSpec.samples,
-        ),
-        P("seed", Annotated[int, Option(min=0, help="Base seed.")], 0),
-        P("seeds", Annotated[int, Option(min=1, help="Independent weight draws S per configuration.")], 1),
-        P("device", Annotated[str, Option(help="auto, cpu, cuda or cuda:K.")], "auto"),
-        P("dtype", Annotated[DType, Option(help="Floating-point type of the probe.")], DType.float32),
-        P("correlation", CorrelationOpt, None),
-        P("pairs", PairsOpt, 256),
-        P(
-            "curvature",
-            Annotated[
-                bool,
-                Option(
-                    "--curvature",
-                    help="Measure the curvature at init (sigprop hessian: log10 "
-                    "spectral norm of the loss Hessian per point, --seeds "
-                    "draws) instead of probing.",
-                ),
-            ],
-            False,
-        ),
-    ]
-
-
-def _sweep_parameters() -> list[inspect.Parameter]:
-    """``sigprop sweep``'s options: the kind (an argument), the size axis of every kind
-    (``Kind.sweep_size``: --depth, --blocks), the widths, the inits and the probe's options."""
-    swept = [k for k in kinds.KINDS.values() if k.sweeps]
-    arch = enum.Enum("sweep_kind", {k.name: k.name for k in swept}, type=str)
-    out = [
-        inspect.Parameter(
-            "arch",
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            annotation=Annotated[arch, Argument(help=f"The net kind: {', '.join(k.name for k in swept)}.")],
-        ),
-        P(
-            "out",
-            Annotated[
-                Path,
-                Option(
-                    help="JSON-lines file: one line per configuration, appended; existing ones are skipped."
-                ),
-            ],
-            inspect.Parameter.empty,
-        ),
-    ]
-    out += _size_parameters(swept)
-    widths = "; ".join(f"{k.name}: {k.sweep_width_help}" for k in swept)
-    defaults = "; ".join(f"{k.name} {k.sweep_widths}" for k in swept)
-    with_input = [k.name for k in swept if k.sweep_input_dim]
-    out += [
-        P(
-            "width",
-            Annotated[
-                Optional[list[str]],
-                Option(help=f"Widths, comma-separated or repeated ({widths}). [default: {defaults}]"),
-            ],
-            None,
-        ),
-        P(
-            "init",
-            Annotated[
-                Optional[list[str]], Option(help="Inits, comma-separated or repeated. [default: proposed,he]")
-            ],
-            None,
-        ),
-        P(
-            "input_dim",
-            Annotated[
-                Optional[int],
-                Option(
-                    "--input-dim",
-                    min=1,
-                    help=f"The input dimension n_0 of "
-                    f"{', '.join(with_input) or 'no kind'}. [default: the swept width]",
-                ),
-            ],
-            None,
-        ),
-    ]
-    return out + _probe_parameters()
-
-
-def sweep(
-    arch,
-    out: Path,
-    width=None,
-    init=None,
-    input_dim=None,
-    samples=1000,
-    seed=0,
-    seeds=1,
-    device="auto",
-    dtype=DType.float32,
-    correlation=None,
-    pairs=256,
-    curvature=False,
-    **sizes,
-) -> None:
-    """Run a grid of probes (size x width x init; the size is depth or blocks, as the kind grows), one JSON
-    line per configuration; resumes."""
-    probe = specs.ProbeSpec(
-        samples=samples,
-        seed=seed,
-        seeds=seeds,
-        device=device,
-        dtype=dtype.value,
-        correlations=specs.parse_cosines(correlation or []),
-        pairs=pairs,
-    )
-    hs = None
-    if curvature:
-        hs = specs.HessianSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
-    from sigprop import api  # the lazy torch import at the CLI's edge
-
-    prog, task = None, None
-
-    def on_plan(total: int, to_run: int) -> None:
-        nonlocal prog, task
-        _say(f"sigprop sweep: {total} configuration(s), {total - to_run} already in {out}, {to_run} to run")
-        if sys.stderr.isatty() and to_run:
-            prog = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=_stderr(),
-                transient=True,
-            )
-            task = prog.add_task("sweep", total=to_run)
-            prog.start()
-
-    def on_point(i: int, n: int, point, line: dict) -> None:
-        text = report.point_line(i, n, point.label(), line)
-        if prog is not None:
-            prog.advance(task)
-            prog.console.print(text, markup=False, highlight=False)
-        else:
-            _say(text)
-
-    try:
-        api.run_sweep(arch.value, out, sizes, width, init, input_dim, probe, hs, on_plan, on_point)
-    finally:
-        if prog is not None:
-            prog.stop()
-
-
-def plot_cmd(
-    results: Annotated[Path, Argument(help="A sweep's JSON-lines file.", metavar="RESULTS")],
-    out: Annotated[Path, Option(help="The figure: .png, .svg or .pdf.")],
-    x: Annotated[str, Option(help="x axis: the sweep's size (depth or blocks) or width.")] = "depth",
-    direction: Annotated[
-        str,
-        Option(
-            help="forward or backward end-to-end ratio, or correlation: the last state's mean cosine "
-            "of input pairs (a sweep run with --correlation), or curvature: the log10 spectral "
-            "norm of the loss Hessian (a sweep run with --curvature)."
-        ),
-    ] = "forward",
-) -> None:
-    """Draw a sweep: end-to-end ratio (or cosine) against depth (or width), one line per init (needs the plot
-    extra: pip install sigprop[plot])."""
-    from sigprop import plot as plot_mod  # optional extra (matplotlib)
-
-    if direction not in ("forward", "backward", "correlation", "curvature"):
-        raise SigpropError(
-            f"expected forward, backward, correlation or curvature, got {direction!r}", field="direction"
-        )
-    plot_mod.check_target(out, "out")
-    rows = sweep_mod.read_rows(results)
-    if direction == "correlation" and not any(r.get("correlation") for r in rows):
-        raise SigpropError(
-            "these rows measured no cosine; run the sweep with --correlation C0", field="direction"
-        )
-    if (direction == "curvature") != all("curvature" in r for r in rows):
-        raise SigpropError(
-            "a --curvature sweep plots with --direction curvature, and only it"
-            if direction != "curvature"
-            else "these rows measured no curvature; run the sweep with --curvature",
-            field="direction",
-        )
-    axes = [*dict.fromkeys(k.sweep_size for k in kinds.KINDS.values()), "width"]
-    if x not in axes or not sweep_mod.axis_values(rows, x):
-        keys = [k for k in axes if sweep_mod.axis_values(rows, k)]
-        raise SigpropError(f"no {x!r} in these rows; choose from {', '.join(keys)}", field="x")
-    plot_mod.sweep_figure(rows, x, out, direction)
-    _say(f"sigprop: wrote {out}")
 
 
 def rerun(
@@ -318,68 +91,6 @@ def rerun(
     _say(f"sigprop rerun: reproduced: all {count} numbers identical")
 
 
-def check(
-    file: Annotated[
-        Optional[Path],
-        Argument(
-            help="TOML file of [checks.NAME] (or [tool.sigprop.checks.NAME]) tables. [default: "
-            "./pyproject.toml, else ./sigprop.toml]"
-        ),
-    ] = None,
-    fmt: Annotated[
-        CheckFormat,
-        Option("--format", help="text: one line per check and init, then a summary; json: one document."),
-    ] = CheckFormat.text,
-    output: Annotated[
-        Optional[Path], Option(help="Write the report to this file (whole, never half).")
-    ] = None,
-    junit: Annotated[
-        Optional[Path], Option(help="Also write a JUnit XML report here (for CI test panels).")
-    ] = None,
-) -> None:
-    """Run named probe configurations with expectations from TOML: exit 0 all met, 1 one not met, 2 bad
-    config."""
-    _check_output_target(output)
-    if junit is not None:
-        try:
-            _check_output_target(junit)
-        except SigpropError as exc:
-            raise SigpropError(str(exc.args[0]), field="junit") from None
-    path, table = checks_mod.find_config(file, Path.cwd())
-    entries = checks_mod.load(path, table)
-    _say(f"sigprop check: {len(entries)} check(s) from {path}")
-
-    from sigprop import api  # the lazy torch import at the CLI's edge
-
-    console = Console(highlight=False, soft_wrap=True)
-    lines: list[str] = []
-
-    def show(outcome) -> None:
-        line = report.check_line(outcome)
-        lines.append(line)
-        if fmt is CheckFormat.text and output is None:
-            console.print(line, style=None if outcome.ok else "bold red", markup=False)
-
-    def failed(entry, exc) -> None:
-        if isinstance(exc, SigpropError):
-            raise SigpropError(f"check {entry.name!r} ({entry.where}): {exc}", exit_code=2) from None
-
-    result = api.run_checks(entries, source=str(path), on_outcome=show, on_error=failed)
-    summary = report.check_summary(result.outcomes, result.seconds)
-    if fmt is CheckFormat.json:
-        write_output(report.check_json(result), output)
-    elif output is not None:
-        write_output("\n".join(lines + [summary]) + "\n", output)
-    else:
-        console.print(summary, markup=False)
-    if junit is not None:
-        write_output(report.junit_xml(result), junit)
-    if fmt is CheckFormat.json or output is not None:
-        _say(f"sigprop check: {summary}")
-    if not result.passed:
-        raise typer.Exit(1)
-
-
 def theory(
     n: Annotated[
         Optional[list[int]],
@@ -408,13 +119,12 @@ def list_inits() -> None:
 
 def register(app: typer.Typer) -> None:
     """The commands besides the probes, in the order ``sigprop -h`` lists them."""
-    sweep.__signature__ = inspect.Signature(_sweep_parameters())
-    sweep.__annotations__ = {p.name: p.annotation for p in sweep.__signature__.parameters.values()}
+    sweep_cli.prepare()
     for name, fn in (
-        ("sweep", sweep),
-        ("plot", plot_cmd),
+        ("sweep", sweep_cli.sweep),
+        ("plot", sweep_cli.plot_cmd),
         ("rerun", rerun),
-        ("check", check),
+        ("check", check_cli.check),
         ("theory", theory),
         ("inits", list_inits),
         ("cite", cite),
