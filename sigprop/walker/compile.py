@@ -42,55 +42,76 @@ def compile_plan(steps: Sequence, scheme: InitScheme) -> tuple[list, bool]:
     init); a conv with batch norm -> ``BNConvUnit`` (alone, or a block of them); [BatchNorm,
     Linear, Record] and [Open, BatchNorm, Linear, Close, Record] -> ``BNLayer`` (generator = its
     entry index)."""
-    units: list = []
+    c = _Compiling(steps, scheme)
     record_input = bool(steps) and isinstance(steps[0], plans.Record)
     i = 1 if record_input else 0
-    residual, before = 0, None
     while i < len(steps):
-        s = steps[i]
-        if isinstance(s, plans.Linear):
-            units.append(DenseLayer(s, len(units) + 1))
-            i += 2
-        elif isinstance(s, plans.Conv) and s.bn:  # the BN WRN's conv1
-            units.append(BNConvUnit([s], None, residual=False, layer_ids=[len(units) + 1], eps=BN_EPS))
-            i += 2
-        elif isinstance(s, plans.Conv):
-            units.append(ConvLayer(s, len(units) + 1))
-            i += 2
-        elif isinstance(s, plans.BatchNorm):
-            units.append(BNLayer(steps[i + 1].role, len(units), residual=False, eps=s.eps))
-            i += 3
-        elif isinstance(s, plans.Open):
-            j = next(k for k in range(i, len(steps)) if isinstance(steps[k], plans.Close))
-            close, inner = steps[j], steps[i + 1 : j]
-            if isinstance(inner[0], plans.BatchNorm):
-                units.append(BNLayer(inner[1].role, len(units), residual=True, eps=inner[0].eps))
-            else:
-                if before is None:
-                    before = len(units)
-                residual += 1
-                base = before + residual * (len(inner) + 1)
-                ids = range(base, base + len(inner) + 1)
-                if inner[0].bn:
-                    units.append(
-                        BNConvUnit(inner, close.projection, residual=True, layer_ids=ids, eps=BN_EPS)
-                    )
-                else:
-                    proj = None if close.projection is None else _op(close.projection)
-                    units.append(
-                        ResidualBlock(
-                            [_op(st) for st in inner],
-                            [st.relu for st in inner],
-                            proj,
-                            scheme.alpha(close.blocks_in_stage),
-                            ids,
-                            scheme.by_block_index,
-                        )
-                    )
-            i = j + 2
-        else:
-            raise ValueError(f"cannot compile step {s!r} at position {i}")
-    return units, record_input
+        make = UNITS.get(type(steps[i]))
+        if make is None:
+            raise ValueError(f"cannot compile step {steps[i]!r} at position {i}")
+        unit, i = make(c, i)
+        c.units.append(unit)
+    return c.units, record_input
+
+
+class _Compiling:
+    """``compile_plan``'s state: the steps, the scheme, the units so far, and the residual blocks'
+    generator numbering (the units before the first block, the blocks so far)."""
+
+    def __init__(self, steps: Sequence, scheme: InitScheme) -> None:
+        self.steps, self.scheme = steps, scheme
+        self.units: list = []
+        self.residual, self.before = 0, None
+
+
+def _linear(c: _Compiling, i: int):
+    """[Linear, Record] -> ``DenseLayer``."""
+    return DenseLayer(c.steps[i], len(c.units) + 1), i + 2
+
+
+def _conv(c: _Compiling, i: int):
+    """[Conv, Record] -> ``ConvLayer``, or with batch norm (the BN WRN's conv1) ``BNConvUnit``."""
+    s = c.steps[i]
+    if s.bn:
+        return BNConvUnit([s], None, residual=False, layer_ids=[len(c.units) + 1], eps=BN_EPS), i + 2
+    return ConvLayer(s, len(c.units) + 1), i + 2
+
+
+def _batch_norm(c: _Compiling, i: int):
+    """[BatchNorm, Linear, Record] -> ``BNLayer`` (the BN ResNet's stem)."""
+    return BNLayer(c.steps[i + 1].role, len(c.units), residual=False, eps=c.steps[i].eps), i + 3
+
+
+def _block(c: _Compiling, i: int):
+    """[Open, ..., Close, Record] -> ``BNLayer`` (a BN ResNet block), ``BNConvUnit`` (a BN WRN
+    block) or ``ResidualBlock``."""
+    steps = c.steps
+    j = next(k for k in range(i, len(steps)) if isinstance(steps[k], plans.Close))
+    close, inner = steps[j], steps[i + 1 : j]
+    if isinstance(inner[0], plans.BatchNorm):
+        return BNLayer(inner[1].role, len(c.units), residual=True, eps=inner[0].eps), j + 2
+    if c.before is None:
+        c.before = len(c.units)
+    c.residual += 1
+    base = c.before + c.residual * (len(inner) + 1)
+    ids = range(base, base + len(inner) + 1)
+    if inner[0].bn:
+        return BNConvUnit(inner, close.projection, residual=True, layer_ids=ids, eps=BN_EPS), j + 2
+    proj = None if close.projection is None else _op(close.projection)
+    unit = ResidualBlock(
+        [_op(st) for st in inner],
+        [st.relu for st in inner],
+        proj,
+        c.scheme.alpha(close.blocks_in_stage),
+        ids,
+        c.scheme.by_block_index,
+    )
+    return unit, j + 2
+
+
+#: the step that opens a unit -> how it compiles (the unit and the position after it): a new kind
+#: of step is one entry here with its unit class
+UNITS = {plans.Linear: _linear, plans.Conv: _conv, plans.BatchNorm: _batch_norm, plans.Open: _block}
 
 
 @dataclass
