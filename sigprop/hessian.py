@@ -63,7 +63,7 @@ class Model:
 def build(steps, scheme, space: str, x: torch.Tensor, seed: int, draw: int, head: str = "pytorch") -> Model:
     """The net of the plan ``steps`` under ``scheme``, draw ``draw``: the walker draws (and, for a
     data-dependent init, calibrates on x) the weights exactly as the probe does, and the units it
-    walked are the function -- each unit's ``apply`` over its ``parameters`` (sigprop/walker.py),
+    walked are the function -- each unit's ``apply`` over its ``parameters`` (sigprop/walker/),
     ``u_i.apply(p_i, h)`` composed; the head (``specs.HEADS``) is drawn from its own generator."""
     fn = walker.as_function(steps, scheme, x, seed, draw, space)
     units, params, last = fn.units, dict(fn.params), fn.shape_out

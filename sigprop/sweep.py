@@ -227,7 +227,7 @@ def _text(path: Path, field: str) -> str:
 
 
 def row(point: Point, result, seconds: float) -> dict[str, Any]:
-    """The JSON line of one finished point (its keys are written by results.py)."""
+    """The JSON line of one finished point (its keys are written by sigprop/results/)."""
     if point.curvature is not None:
         return curvature_row(point.config, point.init, result, seconds)
     return sweep_row(point.config, point.init, result, seconds)

@@ -1,4 +1,4 @@
-"""sigprop/report.py: rendering only -- numbers formatted as the records hold them (far beyond a
+"""sigprop/report/: rendering only -- numbers formatted as the records hold them (far beyond a
 float's range too), the rows a table shows, the words of every verdict, and a net kind's own
 labels read from its hints."""
 

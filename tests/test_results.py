@@ -1,4 +1,4 @@
-"""sigprop/results.py: the records and the JSON contract -- what each verdict means, how plug-in
+"""sigprop/results/: the records and the JSON contract -- what each verdict means, how plug-in
 gates join ``passed``, and the keys of the documents (one source for each)."""
 
 import json

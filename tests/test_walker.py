@@ -1,4 +1,4 @@
-"""The walker over plans (sigprop/walker.py): units compiled from plans, observers, the
+"""The walker over plans (sigprop/walker/): units compiled from plans, observers, the
 correlation observer against a direct float64 computation, pair inputs."""
 
 import numpy as np

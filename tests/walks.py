@@ -1,4 +1,4 @@
-"""Test helpers: a plan walked by the walker directly (sigprop/walker.py, no driver), in the
+"""Test helpers: a plan walked by the walker directly (sigprop/walker/, no driver), in the
 shapes the oracle tests compare with torch.autograd, and a run assembled by its net kind from
 arrays -- so tests see the same numbers the product computes, with no walker of their own."""
 

@@ -1,5 +1,5 @@
 """Where the CLI's output goes: stdout or a whole file, rich tables, one-line messages on
-stderr, the progress bar.  Rendering only (sigprop/report.py draws; nothing is computed here)."""
+stderr, the progress bar.  Rendering only (sigprop/report/ draws; nothing is computed here)."""
 
 from __future__ import annotations
 

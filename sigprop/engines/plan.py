@@ -1,5 +1,5 @@
 """The plan engine: sigprop's own nets (the kinds that declare ``engine = "plan"``) walked by
-sigprop/walker.py -- a probe (the kind's memory plan, then every init walked batch of draws by
+sigprop/walker/ -- a probe (the kind's memory plan, then every init walked batch of draws by
 batch with the kind's observers, and the input pairs with the correlation observer), the
 curvature (the walked units as a differentiable function, sigprop/hessian.py) and the
 input-output Jacobian's spectrum (sigprop/spectra.py)."""
@@ -251,7 +251,7 @@ def walk_plan(
     progress=None,
 ) -> walker.Walked:
     """One walk of a plan outside a probe -- the benchmarks', the golden grid's, the tests' --: the
-    steps compiled for ``scheme`` (sigprop/walker.py), the named observers, the draws ``draws``
+    steps compiled for ``scheme`` (sigprop/walker/), the named observers, the draws ``draws``
     at once; no memory plan, no statistics; the observations stay tensors."""
     units, record_input = walker.compile_plan(steps, scheme)
     with torch.no_grad():

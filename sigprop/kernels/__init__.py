@@ -1,4 +1,4 @@
-"""The kernels (torch): the bottom floor of the house, below the walker (sigprop/walker.py).
+"""The kernels (torch): the bottom floor of the house, below the walker (sigprop/walker/).
 
 ``device`` (devices, dtypes, free memory, threads, matmul precision), ``logspace`` (weight-
 normalised layer parameters as a row scale, the ReLU masks bit-packed, renormalised states and

@@ -1,11 +1,11 @@
 """Measurements of a walk, one file each (../shared/STYLE.md: "observers/").  The registry is here;
 no torch here (an observer's collecting half imports it in its own file).
 
-An observer sees the walk (sigprop/walker.py): ``start`` allocates its buffers, ``forward`` and
+An observer sees the walk (sigprop/walker/): ``start`` allocates its buffers, ``forward`` and
 ``backward`` see every recorded state and gradient, ``result`` hands its array to the driver
 (sigprop/run.py) as float64 numpy.  The built-in ones -- the norm ratios (``ratios``), the BN
 statistics (``bn``), the cosines of input pairs (``correlation``) -- have records of their own
-in sigprop/results.py, which the net kinds fill.  A plug-in observer (a new measurement, added
+in sigprop/results/, which the net kinds fill.  A plug-in observer (a new measurement, added
 from one file: docs/architecture.md, "Add a measurement"; tests/observers/test_extra_observer.py)
 registers a factory with ``register`` and turns its array into a ``results.Measurement`` in
 ``summarize`` -- per row a few values (and, if it gates, its checks); the JSON, the table, the
