@@ -2,7 +2,7 @@
 its floor: one forward and one backward of the same net on the same N inputs (autograd on the
 walker's composed units, ``walker.as_function``), against the exact path's n_out reverse
 products a sample (``torch.func.jacrev``, vectorised) and its SVDs; and for a user's model (the
-module kind: the same layers as an ``nn.Sequential``, ``spectra.model_jacobians``, one sample at
+module kind: the same layers as an ``nn.Sequential``, ``model.functions.model_jacobians``, one sample at
 a time) against its own floor and the naive peer, ``torch.autograd.functional.jacobian`` per
 sample (one backward per output).
 
@@ -20,6 +20,7 @@ import time
 import torch
 
 from sigprop import api, kinds, spectra, walker
+from sigprop.model import functions
 
 
 def median_seconds(fn, rounds: int = 5) -> float:
@@ -73,10 +74,10 @@ def main(depth: int = 20, width: int = 256, samples: int = 8, threads: int = 2) 
     def naive():
         return [torch.autograd.functional.jacobian(model, x[i]) for i in range(samples)]
 
-    Jm = spectra.model_jacobians(model, x)
+    Jm = functions.model_jacobians(model, x)
     assert torch.allclose(Jm, J, rtol=1e-4, atol=1e-5)  # the same Jacobians
     t_mfloor = median_seconds(model_floor)
-    t_model = median_seconds(lambda: spectra.model_jacobians(model, x))
+    t_model = median_seconds(lambda: functions.model_jacobians(model, x))
     t_naive = median_seconds(naive, rounds=1)
     print(
         f"as a model: floor {t_mfloor * 1e3:.2f} ms; Jacobians {t_model * 1e3:.1f} ms = "

@@ -40,7 +40,6 @@ from sigprop import inits, walker
 from sigprop.inits import LayerRole
 from sigprop.kernels import ops, sampling
 from sigprop.kernels.logspace import LayerParams
-from sigprop.model import build as model_build
 
 CLASSES = 10
 #: the head's generator id: beyond every plan's layer ids
@@ -100,55 +99,6 @@ def build(steps, scheme, space: str, x: torch.Tensor, seed: int, draw: int, head
             cal = calibrate(LayerParams(v=v, g=params["head.g"], bias=params["head.b"], scale=None), t)
             params["head.g"], params["head.b"] = cal.g, cal.bias
     return Model(units, params, loss)
-
-
-#: the head's parameters in a model's dict: a name no module path takes (a model may have a
-#: ``head`` of its own)
-MODEL_HEAD = "(head)"
-
-
-def build_module(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int, draw: int) -> Model:
-    """A user's model (the module kind, already drawn, initialised and prepared) as the loss's
-    function: every parameter of the model that reaches the loss (a layer's together,
-    ``model_build.trainable``; weight normalization written out, ``model_build.exact_weight_norm``, for a
-    symmetric Hessian), its forward by ``torch.func.functional_call``, its output
-    (``model_build.output_tensor``) flattened into the 10-way head -- PyTorch's default nn.Linear, as
-    for sigprop's own nets.  A parameter the loss does not depend on (one gradient pass on two
-    samples finds no path: a module the forward never calls, a side output) is left out of the
-    Hessian and named in ``left_out`` -- its rows and columns would be zero."""
-    model_build.exact_weight_norm(model)
-    own = {n: p.detach() for n, p in model_build.trainable(model).items()}
-    with torch.no_grad():
-        width = model_build.output_tensor(model(x[:2]))[0].numel()
-    head = _head(
-        inits.INITS["pytorch"], False, LayerRole(width, CLASSES, "linear"), seed, draw, x.device, x.dtype
-    )
-    head = {f"{MODEL_HEAD}.{k.split('.', 1)[1]}": v for k, v in head.items()}
-
-    def loss(p: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        out = model_build.output_tensor(
-            torch.func.functional_call(model, {n: p.get(n, own[n]) for n in own}, (xb,))
-        )
-        logits = out.reshape(out.shape[0], -1) @ p[f"{MODEL_HEAD}.v"].T + p[f"{MODEL_HEAD}.b"]
-        return F.cross_entropy(logits, yb)
-
-    probe = {n: t.clone().requires_grad_(True) for n, t in own.items() if t.is_floating_point()}
-    with torch.enable_grad():
-        grads = torch.autograd.grad(
-            loss({**own, **probe, **head}, x[:2], y[:2]), list(probe.values()), allow_unused=True
-        )
-    left_out = [n for n, g in zip(probe, grads) if g is None]
-    params = {**{n: t for n, t in own.items() if n not in left_out}, **head}
-    return Model([], params, loss, left_out)
-
-
-def left_out_note(init: str, names: list[str]) -> str:
-    """The parameters the curvature left out (``build_module``), in words."""
-    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-    return (
-        f"init {init!r}: {len(names)} parameter(s) do not reach the loss and are left out of the Hessian "
-        f"(their rows would be zero): {shown}"
-    )
 
 
 def _head(scheme, normalized: bool, role: LayerRole, seed: int, draw: int, device, dtype) -> dict:

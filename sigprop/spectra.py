@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from sigprop import walker
-from sigprop.model import build
 
 #: the fraction's band: eigenvalues within a factor 2 of one
 NEAR = 2.0
@@ -74,40 +73,6 @@ def batch_function(
     """Sample i's input -> its state inside the batch ``x`` (``in_batch``): for a plan whose batch
     norm normalises over the batch."""
     return in_batch(lambda xb: fn.forward(fn.params, xb, upto), x, i)
-
-
-def batch_dependent(model: torch.nn.Module) -> bool:
-    """Whether a sample's output depends on the rest of the batch: a batch norm in training mode
-    (a probe runs the model so, ``build.prepare``)."""
-    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
-
-
-def model_function(model: torch.nn.Module, x: torch.Tensor, i: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Sample i's input -> the model's output for it (the probe's output tensor,
-    ``build.output_tensor``), flattened.  A batch norm in training mode normalises by the batch:
-    then sample i runs inside the batch ``x`` (the others held fixed, their dependence on it
-    included: J = d y_i / d x_i of the batch map); otherwise alone."""
-    if not batch_dependent(model):
-        return lambda z: build.output_tensor(model(z.unsqueeze(0))).reshape(-1)
-    return in_batch(lambda xb: build.output_tensor(model(xb)), x, i)
-
-
-def functional(model: torch.nn.Module) -> torch.nn.Module:
-    """The model ready for torch.func's transforms: a batch norm in training mode keeps no running
-    statistics (their in-place update of a captured buffer is refused inside a transform; its
-    output, from the batch's statistics, is unchanged: ``torch.func.replace_all_batch_norm_modules_``)."""
-    torch.func.replace_all_batch_norm_modules_(model)
-    return model
-
-
-def model_jacobians(model: torch.nn.Module, x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
-    """J [N, n_out, n_in] of the model's output in its input, one per sample (``model_function``):
-    one reverse product per output, ``chunk`` of them at a time (vectorised by torch.func.jacrev)."""
-    out = []
-    for i in range(x.shape[0]):
-        J = torch.func.jacrev(model_function(model, x, i), chunk_size=chunk)(x[i])
-        out.append(J.reshape(J.shape[0], -1).detach())
-    return torch.stack(out)
 
 
 def eigenvalues(J: torch.Tensor) -> np.ndarray:

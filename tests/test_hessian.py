@@ -17,6 +17,7 @@ from sigprop.cli import main
 from sigprop.kernels import ops, sampling
 from sigprop.kinds import cnn, mlp, resnet, wrn
 from sigprop.kinds.mlp import MLPSpec
+from sigprop.model import functions
 
 CPU = torch.device("cpu")
 
@@ -493,7 +494,7 @@ def _wn_model(hook: bool = False) -> torch.nn.Sequential:
 
 @pytest.mark.parametrize("hook", [False, True])
 def test_a_models_hessian_is_the_hand_written_losss(hook):
-    """A WN model's loss Hessian (``hessian.build_module``: its weight normalization written
+    """A WN model's loss Hessian (``model.functions.build_module``: its weight normalization written
     out, the parametrization's or the old hook's) is symmetric and equals the dense Hessian of
     the same loss written by hand -- rows w = g v/||v||, ReLU, the 10-way head on the output --
     over the same parameters in the same order (float64: 1e-10); the layers' blocks are named by
@@ -501,7 +502,7 @@ def test_a_models_hessian_is_the_hand_written_losss(hook):
     torch.manual_seed(0)
     model = _wn_model(hook).double()
     x, y = hessian.data(0, 16, (6,), torch.device("cpu"), torch.float64)
-    m = hessian.build_module(model, x, y, 0, 0)
+    m = functions.build_module(model, x, y, 0, 0)
     h = hessian.HVP(m, x, y)
     dense = h.dense()
     assert torch.allclose(dense, dense.T, atol=1e-10)

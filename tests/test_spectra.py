@@ -16,6 +16,7 @@ import sigprop
 from sigprop import api, kinds, plans, specs, spectra, walker
 from sigprop.cli import main
 from sigprop.errors import SigpropError
+from sigprop.model import functions
 from sigprop.model.build import build, prepare
 from sigprop.model.init import init_
 
@@ -356,9 +357,9 @@ def test_a_batch_norm_models_jacobian_holds_the_batch():
     lam = spectra.eigenvalues(J)
     assert got.runs[0].draws[0]["mean"] == pytest.approx(float(lam.mean()), rel=1e-5)
     assert got.runs[0].draws[0]["variance"] == pytest.approx(float(lam.var()), rel=1e-5)
-    functional = spectra.functional(model)
+    functional = functions.functional(model)
     for i in range(4):  # the operator J^T J of the lanczos path, column by column
-        gram = spectra.Gram(spectra.model_function(functional, x, i), x[i])
+        gram = spectra.Gram(functions.model_function(functional, x, i), x[i])
         JtJ = torch.stack([gram(torch.eye(12)[k]) for k in range(12)], 1)
         assert torch.allclose(JtJ, J[i].T @ J[i], rtol=1e-4, atol=1e-5)
     lz = sigprop.spectrum(

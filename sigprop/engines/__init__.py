@@ -1,9 +1,10 @@
 """The engines (sigprop/engines/registry.py): ``plan`` walks sigprop's own nets
-(sigprop/engines/plan.py), ``model`` probes a user's module (sigprop/model/engine.py); what
-they share is sigprop/engines/shared.py.  Importing this package registers both."""
+(sigprop/engines/plan.py, registered on import of this package), ``model`` probes a user's
+module (sigprop/model/engine.py, registered when sigprop/run.py imports it: the model package
+sits beside this one, and imports it, not the other way round); what they share is
+sigprop/engines/shared.py."""
 
 from sigprop.engines import plan, shared
 from sigprop.engines.registry import ENGINES, Engine, of, register
-from sigprop.model import engine as model_engine
 
-__all__ = ["ENGINES", "Engine", "model_engine", "of", "plan", "register", "shared"]
+__all__ = ["ENGINES", "Engine", "of", "plan", "register", "shared"]

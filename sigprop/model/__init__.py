@@ -10,8 +10,10 @@ a graph of moment maps.
 * ``trace``: torch.fx's graph made into moment-map nodes by the traced ops;
 * ``ops/``: the traced ops, one file per family (matching, node, maps);
 * ``graph``: the nodes and their fold, ``predict_graph`` (no torch);
+* ``functions``: the model's loss with the head (the curvature's) and its Jacobian (the
+  spectrum's), for sigprop/hessian.py's and sigprop/spectra.py's estimators;
 * ``engine``: the model engine -- a probe, a spectrum, a curvature of a model kind
-  (registered in sigprop/engines/).
+  (registered in sigprop/engines/' registry when sigprop/run.py imports it).
 
 The package re-exports the names below; its submodules ``build``, ``measure`` and ``trace`` are
 reached as modules (``from sigprop.model import build``), never shadowed by their functions.

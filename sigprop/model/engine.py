@@ -14,13 +14,13 @@ import torch
 
 from sigprop import data as data_mod
 from sigprop import hessian as H
-from sigprop import plans, specs, spectra
+from sigprop import plans, specs
 from sigprop.engines import shared
 from sigprop.engines.registry import Engine, register
 from sigprop.engines.shared import Measured
 from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev
-from sigprop.model import build, graph, init, measure, sites, trace
+from sigprop.model import build, functions, graph, init, measure, sites, trace
 from sigprop.results import CurvatureRun, HessianResult, SpectrumResult, SpectrumRun
 from sigprop.version import __version__
 
@@ -228,7 +228,7 @@ def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
 
 def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult:
     """The module kind: per init and draw, build the model and apply the init as the probe does,
-    then the same estimators on the loss of ``hessian.build_module`` (every parameter of the
+    then the same estimators on the loss of ``functions.build_module`` (every parameter of the
     model that reaches the loss -- the others are named and left out -- and the 10-way head, the
     output flattened into it)."""
     device = dev.resolve_device(hs.device)
@@ -267,9 +267,9 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
                 seen = sites.survey(model, x[: min(2, rows)], f"init {name!r}: the model")
                 if seen.output:
                     notes.append(seen.output)
-            m = H.build_module(model, x[:rows], y[:rows], hs.seed, draw)
+            m = functions.build_module(model, x[:rows], y[:rows], hs.seed, draw)
             if m.left_out:
-                note = H.left_out_note(name, m.left_out)
+                note = functions.left_out_note(name, m.left_out)
                 notes += [note] if note not in notes else []
             size = sum(p.numel() for p in m.params.values())
             if draw == 0:  # --top and --steps against this init's parameters
@@ -328,7 +328,7 @@ def _model_spectrum_mean(traced, x: torch.Tensor, n_out: int) -> tuple[float | N
 
 def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResult:
     """The module kind: per init and draw, build the model, apply the init (as the probe does),
-    and read J of its output in its input through its own forward (``spectra.model_jacobians``,
+    and read J of its output in its input through its own forward (``functions.model_jacobians``,
     or the J^T J operator); exact when S x n_out x n_in fits.  The large-width theory of a
     model's spectrum is not derived (said in ``why``); its mean is its traced graph's."""
     device = dev.resolve_device(ss.device)
@@ -355,16 +355,16 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
                 if seen.output:
                     notes.append(seen.output)
             means.append(_model_spectrum_mean(traced, x, n_out))
-            model = spectra.functional(model)
+            model = functions.functional(model)
             if not env:
                 path, chunk, env = _spectrum_plan(
                     kind, ss, model, seen.per_sample, x[0].numel(), n_out, device
                 )
                 if on_start is not None:
                     on_start(env)
-            functions = [spectra.model_function(model, x, i) for i in range(ss.samples)]
+            sample_fns = [functions.model_function(model, x, i) for i in range(ss.samples)]
             summary, lam = shared.spectrum_draw(
-                path, lambda: spectra.model_jacobians(model, x, chunk), functions, x, ss, draw, n_out
+                path, lambda: functions.model_jacobians(model, x, chunk), sample_fns, x, ss, draw, n_out
             )
             draws.append(summary)
             pooled.append(lam)
@@ -395,7 +395,7 @@ def _spectrum_plan(kind, ss: specs.SpectrumSpec, model, per_sample: int, n_in: i
     ``MODEL_JACOBIAN_CHUNK_BYTES``), the path (exact when the S Jacobians fit), a refusal naming
     the kind's fields when they do not."""
     itemsize = dev.itemsize(ss.dtype)
-    rows = ss.samples if spectra.batch_dependent(model) else 1
+    rows = ss.samples if functions.batch_dependent(model) else 1
     per_output = per_sample * rows
     chunk = max(1, min(n_out, MODEL_JACOBIAN_CHUNK_BYTES // max(1, per_output)))
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
