@@ -76,6 +76,40 @@ class _Layer:
         per_tap = m.row_sq / (1 if m.taps == "centre" else m.kernel**2)
         return _Energy.of(theory.conv_box_adjoint(d.m, m, self.in_hw()), d.ln + theory.safe_log(per_tap))
 
+    def jacobian_moments(self, scheme: InitScheme) -> tuple[float, float] | str:
+        """(mean squared row norm, S-transform coefficient of its directions) of a dense layer for
+        ``predict_jacobian``, or why its spectrum is not derived (a conv's, a batch-normed one's)."""
+        if self.bn:
+            return "batch norm"
+        s1 = theory.S1_OF_DIRECTION.get(scheme.direction)
+        if s1 is None:
+            return f"{scheme.direction} directions"
+        return scheme.moments(self.role).row_sq, s1
+
+    def pair_kernels(self, k, scheme: InitScheme, batch: int, relu: bool | None = None):
+        """The three kernels (K_aa, K_ab, K_perp per position, and their ln scale) through the
+        layer (``relu`` None: its own ReLU): pre-activation second moments r/(c_in k^2) times the
+        window sums plus the bias variance, the arc-cosine law per position after a ReLU, c_out
+        channels summed; a standardised layer centres and scales each unit over the batch
+        (docs/theory.md §10, §11 "Correlations")."""
+        relu = self.relu if relu is None else relu
+        if scheme.standardizes or self.bn:
+            if isinstance(self, Conv):
+                raise ValueError(
+                    "standardised convs have no correlation map (their centring mixes the positions)"
+                )
+            return _standardised_kernel(k, relu, self.role.fan_out, batch)
+        m = self.moments(scheme)
+        per_tap = m.row_sq / (m.c_in * (1 if m.taps == "centre" else m.kernel**2))
+        aa, ab, perp, ln_s = k
+        b = m.bias_var * math.exp(-ln_s) if m.bias_var else 0.0
+        s = [per_tap * theory.conv_box(v, m) + b for v in (aa, ab, perp)]
+        if relu:
+            live = np.where(s[0] > 0, s[0], 1.0)
+            j = lambda x: theory.relu_cosine_maps(np.where(s[0] > 0, x / live, 0.0))
+            s = [0.5 * s[0], 0.5 * s[0] * j(s[1]), 0.5 * s[0] * j(s[2])]
+        return _rescaled(tuple(m.c_out * v for v in s) + (ln_s,))
+
 
 @dataclass(frozen=True)
 class Linear(_Layer):
@@ -125,6 +159,9 @@ class Conv(_Layer):
 
     def in_hw(self) -> tuple[int, int]:
         return tuple(self.shape_in[1:])
+
+    def jacobian_moments(self, scheme: InitScheme) -> str:
+        return "convolutions"
 
     @property
     def shape_out(self) -> tuple[int, int, int]:
@@ -187,6 +224,10 @@ class BatchNorm:
     eps: float
     #: the channels (units) it normalises
     channels: int
+
+    def pair_kernels(self, k, scheme: InitScheme, batch: int):
+        """The kernels standardised over the batch, then the ReLU (``predict_correlation``)."""
+        return _standardised_kernel(k, True, self.channels, batch)
 
 
 Step = Union[Linear, Conv, Open, Close, Record, BatchNorm]
@@ -464,6 +505,26 @@ def separation(steps: Sequence[Step], scheme: InitScheme, pred: Prediction, **kw
     )
 
 
+def _rescaled(k):
+    """Kernels divided by their largest entry, its ln added to the running scale."""
+    aa, ab, perp, ln_s = k
+    top = float(aa.max())
+    scale = top if top > 0 else 1.0
+    return aa / scale, ab / scale, perp / scale, ln_s + math.log(scale)
+
+
+def _standardised_kernel(k, relu: bool, units_per_position: int, batch: int):
+    """The kernels after a layer that centres and scales each unit over the batch of ``batch``
+    inputs made of pairs (``theory.standardized``), a ReLU after it or not."""
+    aa, ab, perp, _ = k
+    out = [np.empty_like(aa) for _ in range(3)]
+    for idx in np.ndindex(aa.shape):
+        t = theory.standardized((float(aa[idx]), float(ab[idx]), float(perp[idx])), batch, relu)
+        for j in range(3):
+            out[j][idx] = units_per_position * t[j]
+    return _rescaled((*out, 0.0))
+
+
 def predict_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float, batch: int) -> list[float]:
     """The infinite-width cosine of two inputs' states at every Record, for inputs x_a, x_b ~
     N(0, I) of cosine c0 and equal norms (docs/theory.md §10, §11 "Correlations").
@@ -480,41 +541,6 @@ def predict_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float, ba
     The cosine at a Record is sum_p K_ab / sum_p K_aa."""
     C, H, W = input_shape(steps)
     ones = np.ones((H, W)) * C
-
-    def rescaled(k):
-        """Kernels divided by their largest entry, its ln added to the running scale."""
-        aa, ab, perp, ln_s = k
-        top = float(aa.max())
-        scale = top if top > 0 else 1.0
-        return aa / scale, ab / scale, perp / scale, ln_s + math.log(scale)
-
-    def standardised(k, relu: bool, units_per_position: int):
-        aa, ab, perp, _ = k
-        out = [np.empty_like(aa) for _ in range(3)]
-        for idx in np.ndindex(aa.shape):
-            t = theory.standardized((float(aa[idx]), float(ab[idx]), float(perp[idx])), batch, relu)
-            for j in range(3):
-                out[j][idx] = units_per_position * t[j]
-        return rescaled((*out, 0.0))
-
-    def layer(k, st, relu: bool):
-        if _standardises(st, scheme):
-            if isinstance(st, Conv):
-                raise ValueError(
-                    "standardised convs have no correlation map (their centring mixes the positions)"
-                )
-            return standardised(k, relu, st.role.fan_out)
-        m = st.moments(scheme)
-        per_tap = m.row_sq / (m.c_in * (1 if m.taps == "centre" else m.kernel**2))
-        aa, ab, perp, ln_s = k
-        b = m.bias_var * math.exp(-ln_s) if m.bias_var else 0.0
-        s = [per_tap * theory.conv_box(v, m) + b for v in (aa, ab, perp)]
-        if relu:
-            live = np.where(s[0] > 0, s[0], 1.0)
-            j = lambda x: theory.relu_cosine_maps(np.where(s[0] > 0, x / live, 0.0))
-            s = [0.5 * s[0], 0.5 * s[0] * j(s[1]), 0.5 * s[0] * j(s[2])]
-        return rescaled(tuple(m.c_out * v for v in s) + (ln_s,))
-
     out: list[float] = []
 
     def cosine(k) -> float:
@@ -525,18 +551,20 @@ def predict_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float, ba
         for it in items:
             if isinstance(it, Record):
                 out.append(cosine(k))
-            elif isinstance(it, BatchNorm):
-                k = standardised(k, True, it.channels)
             elif isinstance(it, tuple):
                 inner, close = it
                 f = forward(inner, k)
-                s = k if close.projection is None else layer(k, close.projection, relu=False)
+                s = (
+                    k
+                    if close.projection is None
+                    else close.projection.pair_kernels(k, scheme, batch, relu=False)
+                )
                 a2 = scheme.alpha(close.blocks_in_stage) ** 2
                 M = max(s[3], f[3] if a2 > 0 else -math.inf)
                 ws, wf = math.exp(s[3] - M), (a2 * math.exp(f[3] - M) if a2 > 0 else 0.0)
                 k = tuple(ws * x + wf * y for x, y in zip(s[:3], f[:3])) + (M,)
             else:
-                k = layer(k, it, it.relu)
+                k = it.pair_kernels(k, scheme, batch)
         return k
 
     forward(nest(steps), (ones, c0 * ones, 0.0 * ones, 0.0))
@@ -572,13 +600,7 @@ def predict_jacobian(steps: Sequence[Step], scheme: InitScheme) -> theory.Spectr
     squared RMS backward ratio); their variance is not derived (``why`` says which step)."""
 
     def dense(st) -> tuple[float, float] | str:
-        """(mean squared row norm, S-transform coefficient) of a Linear step, or why not derived."""
-        if not isinstance(st, Linear) or st.bn:
-            return "convolutions" if isinstance(st, Conv) else "batch norm"
-        s1 = theory.S1_OF_DIRECTION.get(scheme.direction)
-        if s1 is None:
-            return f"{scheme.direction} directions"
-        return scheme.moments(st.role).row_sq, s1
+        return st.jacobian_moments(scheme) if isinstance(st, _Layer) else "batch norm"
 
     def chain(items, mean: float, v: float) -> tuple[float, float] | str:
         for it in items:
