@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from sigprop import theory
-from sigprop.results import Check, RatioStats, separates
+from sigprop.results import Check, CosineCheck, RatioStats, TokenStats, separates
 
 LN10 = math.log(10.0)
 _MAX_LN = math.log(np.finfo(np.float64).max)
@@ -82,6 +82,36 @@ def ratio_stats(ln: np.ndarray) -> RatioStats:
         log10_draw_std=log10_draw_std,
         dead_fraction=float(dead),
     )
+
+
+def token_stats(cos: np.ndarray, entropy: np.ndarray | None = None) -> TokenStats | None:
+    """The token cosine at one site from its per-sample values [draws, samples] (None where the
+    site's output is no token sequence: nan): mean and sd over all samples (sd within draws,
+    pooled), and the sd of the per-draw means across draws; beside it the attention entropy's
+    mean and sd over the samples where it was read (``entropy`` finite)."""
+    cos = np.asarray(cos, dtype=np.float64)
+    if not np.isfinite(cos).all():
+        return None
+    draws, samples = cos.shape
+    std = float(math.sqrt(cos.var(axis=1).mean())) if samples > 1 else float("nan")
+    draw_std = float(cos.mean(axis=1).std(ddof=1)) if draws > 1 else None
+    out = TokenStats(float(cos.mean()), std, draw_std)
+    h = None if entropy is None else np.asarray(entropy, dtype=np.float64)
+    if h is not None and np.isfinite(h).all():
+        out.entropy = float(h.mean())
+        out.entropy_std = float(math.sqrt(h.var(axis=1).mean())) if samples > 1 else None
+    return out
+
+
+def token_cosine_check(site: str, st: TokenStats | None, high: float) -> CosineCheck:
+    """``--max-token-cosine X`` at a site: its mean token cosine at most X (verdict "tokens");
+    a site with no token sequence fails, said why."""
+    name = f"mean cosine between the tokens of one sample at site {site}"
+    if st is None:
+        c = CosineCheck(name, False, float("nan"), high, verdict="tokens")
+        c.note = f"site {site}'s output is no sequence of tokens [T, d]: name a site that is with --sites"
+        return c
+    return CosineCheck(name, bool(st.mean <= high), st.mean, high, verdict="tokens")
 
 
 def no_ratio() -> RatioStats:

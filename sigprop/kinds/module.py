@@ -138,6 +138,9 @@ class ModuleSpec:
     data: str | None = None
     batch_size: int | None = None
     inits: tuple[str, ...] = ("as-is",)
+    #: ``--max-token-cosine X``: also fail when the mean cosine between the tokens of one sample
+    #: at the last site on the output's path exceeds X (rank collapse; docs/theory.md §15)
+    max_token_cosine: float | None = None
     model: Any = field(default=None, compare=False, repr=False)
     #: the API's own inputs: a tensor [N, ...] or a tuple of them (a forward of several tensors)
     inputs: Any = field(default=None, compare=False, repr=False)
@@ -208,9 +211,28 @@ class ModuleSpec:
             specs.check_size(self.batch_size, "batch_size")
         if self.data is not None and self.vocab is not None:
             raise SigpropError("token inputs are drawn (--vocab) or read (--data), not both", field="data")
+        x = self.max_token_cosine
+        if x is not None and (
+            isinstance(x, bool) or not isinstance(x, (int, float)) or not -1.0 <= float(x) <= 1.0
+        ):
+            raise SigpropError(
+                f"a cosine bound must be a number in [-1, 1], got {x!r}", field="max_token_cosine"
+            )
+        if x is not None and not self.sequences:
+            raise SigpropError(
+                "token cosines are measured on sequences: token ids (--vocab, --input-shape T) or float "
+                f"tokens (--input-shape T,d), not inputs of shape {','.join(map(str, self.shapes[0]))}",
+                field="max_token_cosine",
+            )
         if not isinstance(self.sites, str) or not self.sites.strip():
             raise SigpropError("auto, leaves, or a comma list of module names", field="sites")
         base.init_tuple(self, ModuleKind.provides, ModuleKind.noun)
+
+    @property
+    def sequences(self) -> bool:
+        """The inputs are sequences of tokens: ids of shape (T,) (``vocab``) or floats of shape
+        (T, d) (the first input of several); their sites of output [T, d'] are read as tokens."""
+        return len(self.shapes[0]) == (1 if self.vocab is not None else 2)
 
     def factory(self) -> Callable:
         """A zero-argument callable that builds a fresh model (a module given as is is returned by
@@ -330,6 +352,7 @@ class ModuleKind(Kind):
         },
         "spectrum": {
             "sites": "the spectrum reads the model's output, not its sites",
+            "max_token_cosine": "the spectrum reads the model's output, not its sites' tokens",
             "vocab": "token ids have no Jacobian: the spectrum needs a floating input",
             "depths": "the spectrum against depth is measured for sigprop's own nets only",
             "at": "the spectrum against depth is measured for sigprop's own nets only",
@@ -337,6 +360,7 @@ class ModuleKind(Kind):
         },
         "hessian": {
             "sites": "the curvature reads the model's output, not its sites",
+            "max_token_cosine": "the curvature reads the model's output, not its sites' tokens",
             "vocab": "token ids: a model's curvature is measured on floating inputs",
             "head": "a model's head is PyTorch's default nn.Linear",
         },
@@ -405,6 +429,15 @@ class ModuleKind(Kind):
             "x and y) or .npz, as sigprop hessian --data reads it (y is checked, not used).",
         ),
         Opt(
+            "max_token_cosine",
+            float,
+            None,
+            "Also fail (--check) when the mean cosine between the tokens of one sample at the last site on "
+            "the output's path exceeds X (rank collapse); the inputs must be sequences: --vocab, or "
+            "--input-shape T,d.",
+            toml=(int, float),
+        ),
+        Opt(
             "batch_size",
             int,
             None,
@@ -441,7 +474,7 @@ class ModuleKind(Kind):
             v.pop("args", None)
         elif isinstance(v["args"], dict):
             v["args"] = tuple(f"{k}={val!r}" for k, val in v["args"].items())
-        for name in ("input_shape", "vocab", "data", "batch_size", "inputs"):
+        for name in ("input_shape", "vocab", "data", "batch_size", "inputs", "max_token_cosine"):
             if v.get(name) is None:
                 v.pop(name, None)
         return ModuleSpec(**v, inits=("as-is",) if inits_ is None else inits_)
@@ -514,6 +547,7 @@ class ModuleKind(Kind):
                     backward=b,
                     name=plan.sites[i],
                     off_path=not reached[i],
+                    tokens=_tokens(arrays, i),
                 )
             )
         off = [plan.sites[i] for i in range(E) if not reached[i]]
@@ -560,6 +594,9 @@ class ModuleKind(Kind):
             if not t.passed and t.has_band:
                 t.note = f"the traced theory predicts a typical ratio of {stats.fmt((p - var) / stats.LN10)}"
             own.append(t)
+        if spec.max_token_cosine is not None:
+            row = layers[last]
+            checks.append(stats.token_cosine_check(row.name, row.tokens, spec.max_token_cosine))
         return RunResult(
             init=name,
             widths=list(plan.entries),
@@ -569,6 +606,14 @@ class ModuleKind(Kind):
             gate=gate.gate,
             ends=(last, first),
         )
+
+
+def _tokens(arrays: dict, i: int):
+    """Site i's token statistics (None: the run measured no token sequence there)."""
+    if "cosine" not in arrays:
+        return None
+    entropy = arrays["entropy"][:, i, :] if "entropy" in arrays else None
+    return stats.token_stats(arrays["cosine"][:, i, :], entropy)
 
 
 def off_path_note(off: list[str]) -> str:

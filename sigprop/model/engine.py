@@ -97,7 +97,9 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     (``init.init_``; ``as-is`` keeps the model's own), measure the sites with autograd on the
     shared inputs and output errors, then trace it and compose its moment maps
     (``graph.predict_graph``) on that draw's weights.  Arrays per init: "fwd", "bwd" [S, E, N],
-    "reached" [S, E] (1 where the output's gradient reached the site) and the predictions
+    "reached" [S, E] (1 where the output's gradient reached the site), "cosine" [S, E, N] (the
+    mean cosine between the tokens of one sample; nan: no token sequence), "entropy" [S, E, N]
+    (the attention's normalised entropy inside the site; nan: none read) and the predictions
     "pred_fwd", "pred_bwd" [S, E] (ln of the RMS ratio, nan: no map); the kind's plan learns the
     sites, their units, the finite-width spread and the notes."""
     if extra:
@@ -127,8 +129,9 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     # a data-dependent init calibrates on the probe's inputs (a chunk's worth with --batch-size)
     calib = build.rows(x, 0, spec.batch_size) if spec.batch_size else x
     floating = all(t.is_floating_point() for t in (x if isinstance(x, tuple) else (x,)))
+    tokens = sequence_length(x)
     for name, scheme in zip(names, schemes):
-        got: dict[str, list] = {k: [] for k in ("fwd", "bwd", "reached", *PREDICTIONS)}
+        got: dict[str, list] = {k: [] for k in ("fwd", "bwd", "reached", "cosine", "entropy", *PREDICTIONS)}
         for draw in range(probe_spec.seeds):
             model = _model_draw(
                 factory, scheme, name, probe_spec.seed, draw, device, dtype, calib, plan.init_notes
@@ -151,15 +154,21 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
                 dev.check_memory(
                     weights + seen.per_sample * rows, device, kind.size_fields, MODEL_MEMORY_HINT
                 )
-            ln_f, ln_b, numels, reached = measure.measure(model, x, e_seed, plan.sites, spec.batch_size, what)
+            got_ = measure.measure(model, x, e_seed, plan.sites, spec.batch_size, what, tokens)
             if not started:  # the banner once the model has run: a model that cannot, says only why
                 started = True
                 if on_start is not None:
                     on_start(env)
             if not plan.entries:
-                plan.entries = list(numels)
-            got["reached"].append(np.asarray(reached, dtype=np.float64))
-            for k, v in (("fwd", ln_f), ("bwd", ln_b), *_model_prediction(traced, x, plan, kind).items()):
+                plan.entries = list(got_.units)
+            got["reached"].append(np.asarray(got_.reached, dtype=np.float64))
+            measured = (
+                ("fwd", got_.ln_f),
+                ("bwd", got_.ln_b),
+                ("cosine", got_.cosine),
+                ("entropy", got_.entropy),
+            )
+            for k, v in (*measured, *_model_prediction(traced, x, plan, kind).items()):
                 got[k].append(v)
             done += 1
             if progress is not None:
@@ -167,6 +176,15 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
         arrays[name] = {k: np.stack(v) for k, v in got.items()}
         shared.check_finite(name, arrays[name])
     return Measured(kind, plan, names, schemes, arrays, env)
+
+
+def sequence_length(x) -> int | None:
+    """T of inputs that are sequences of tokens -- token ids [N, T] or float tokens [N, T, d] (the
+    first input of several) --, the sites whose outputs are [N, T, d'] read as tokens; else None."""
+    first = x[0] if isinstance(x, tuple) else x
+    if first.dim() == (3 if first.is_floating_point() else 2):
+        return int(first.shape[1])
+    return None
 
 
 #: a model's predictions, per site and draw: ln RMS ratios as traced, and with every weight

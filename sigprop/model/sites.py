@@ -14,23 +14,46 @@ import torch.nn as nn
 from sigprop.errors import SigpropError
 from sigprop.model.build import call, check_finite, output_choice, output_tensor
 
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def is_stack(m: nn.Module) -> bool:
+    """A repeated stack of blocks: an ``nn.ModuleList`` of two or more children of one class with
+    parameters and children of their own -- the transformer's idiom (BERT's
+    ``encoder.layer``, GPT-2's ``h``, ``nn.TransformerEncoder``'s ``layers``), whose owner's
+    forward runs the blocks one after another."""
+    if type(m) is not nn.ModuleList or len(m) < 2:
+        return False
+    kinds = {type(c) for c in m}
+    return len(kinds) == 1 and all(list(c.children()) and any(True for _ in c.parameters()) for c in m)
+
+
+def holds_stack(m: nn.Module) -> bool:
+    """Whether a block holds a repeated stack (``is_stack``) anywhere inside it."""
+    return any(is_stack(d) for d in m.modules())
+
 
 def auto_sites(model: nn.Module, called=None) -> list[str]:
     """The default sites: the outputs of the model's top-level blocks, where a plain
     ``nn.Sequential``, ``nn.ModuleList`` or ``nn.ModuleDict`` (a container, not a block: exactly
     those classes) is opened into its own children (torchvision's ResNet reads ``layer3.4``,
-    MONAI's DenseNet ``features.denseblock2``), and a block without parameters (an activation, a
-    pooling, a dropout) stands for the block before it: it replaces that block's site (so an
-    MLP's sites are its post-activation states; one before any block, such as a shared
-    activation module, is skipped).  ``called``: the module paths the forward calls (``survey``);
-    a block outside it (a leftover head) is no site."""
+    MONAI's DenseNet ``features.denseblock2``), a block that holds a repeated stack of blocks
+    (``is_stack``: a transformer's layers, wherever they sit -- BERT's
+    ``encoder.layer.0..N``) is opened down to it, one site per layer beside its siblings
+    (``encoder.norm``), and a block without parameters (an activation, a pooling, a dropout)
+    stands for the block before it: it replaces that block's site (so an MLP's sites are its
+    post-activation states; one before any block, such as a shared activation module, is
+    skipped).  ``called``: the module paths the forward calls (``survey``); a block outside it
+    (a leftover head) is no site."""
     blocks: list[tuple[str, nn.Module]] = []
 
     def open_(prefix: str, module: nn.Module) -> None:
         for name, child in module.named_children():
             path = f"{prefix}{name}"
-            if type(child) in (nn.Sequential, nn.ModuleList, nn.ModuleDict) or (
-                len(list(module.named_children())) == 1 and list(child.children()) and module is model
+            if (
+                type(child) in CONTAINERS
+                or holds_stack(child)
+                or (len(list(module.named_children())) == 1 and list(child.children()) and module is model)
             ):
                 open_(path + ".", child)
             elif called is None or path in called:
@@ -76,6 +99,8 @@ def resolve_sites(model: nn.Module, sites: str, called=None) -> tuple[list[str],
                     f"site {pat!r} is never called by the model's forward (a module it does not use)",
                     field="sites",
                 )
+            # the shallowest matches: ``encoder.layers.*`` means the layers, not every module in them
+            hit = [n for n in hit if not any(n.startswith(h + ".") for h in hit)]
             out += [n for n in hit if runs(n) and n not in out]
             uncalled += [n for n in hit if not runs(n) and n not in uncalled]
     if not out and not names:

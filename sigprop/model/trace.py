@@ -128,6 +128,10 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
         if "NaN" in exc.message:
             raise
         seen = None  # an output sigprop cannot read: ``survey`` says why on the model itself
+    if any(n.op == "call_module" and list(gm.get_submodule(n.target).children()) for n in gm.graph.nodes):
+        # a module kept whole (torch's nn.TransformerEncoder): which of its children its forward
+        # calls is not in the graph; ``survey``'s hooks see them
+        seen = None
     t = Tracing(gm, {}, [], [])
     last_in: dict[str, int] = {}  # a module path -> the last node inside it
     for n in gm.graph.nodes:

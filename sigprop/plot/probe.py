@@ -19,6 +19,7 @@ from sigprop.plot.common import (
     _pyplot,
     save,
 )
+from sigprop.plot.tokens import draw_tokens, has_tokens
 
 
 def _curve(run, direction: str, staged: bool):
@@ -221,7 +222,8 @@ def build_probe_figure(result):
     }
     cosines = any(run.correlations for run in result.runs)
     measured = [m.name for m in result.runs[0].measurements][:2]  # plug-in measurements: one panel each
-    rows = (2 if zoom else 1) + cosines + bool(measured)
+    tokens = has_tokens(result)
+    rows = (2 if zoom else 1) + cosines + tokens + bool(measured)
     fig, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), squeeze=False)
     panels = [(axes[0], result.runs, top)] + ([(axes[1], near, "linear")] if zoom else [])
     cfg = result.config
@@ -242,7 +244,9 @@ def build_probe_figure(result):
                 _name_ticks(ax, result.runs[0].layers)
         row[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     if cosines:
-        _draw_cosines(axes[-1 - bool(measured)], result, colours, xlabel)
+        _draw_cosines(axes[-1 - tokens - bool(measured)], result, colours, xlabel)
+    if tokens:
+        draw_tokens(axes[-1 - bool(measured)], result, colours, xlabel)
     if measured:
         _draw_measurements(axes[-1], result, measured, colours, xlabel)
     spread = "shaded: ± 1 sd of the log ratio across samples" + (

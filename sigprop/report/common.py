@@ -84,6 +84,7 @@ VERDICT_WORDS = {
     "preserved": "signal preserved",
     "theory": "agrees with finite-width theory",
     "correlation": "inputs kept apart (--max-correlation)",
+    "tokens": "tokens kept apart (--max-token-cosine)",
     "curvature": "lowest curvature of the inits listed",
 }
 
@@ -110,7 +111,9 @@ def to_json_line(obj: Any) -> str:
 def gate_text(c) -> str:
     """``typical forward ratio at layer 20 1.02 in [0.5, 2]`` for one gate (a ``results.Check``):
     the measured value is the geometric mean over samples and draws."""
-    if c.verdict == "correlation":
+    if c.verdict in ("correlation", "tokens"):
+        if c.cosine != c.cosine:  # nan: nothing measured there
+            return f"{c.name}: {c.note}"
         word = "<=" if c.passed else ">"
         return f"{c.name} {c.cosine:.4f} {word} {c.high:g}"
     if c.verdict == "curvature":

@@ -52,6 +52,11 @@ def run_table(run: RunResult, units: str = "n_l") -> Table:
     t.add_column("bwd mean±std", justify="right", no_wrap=True)
     t.add_column("rms", justify="right", no_wrap=True)
     t.add_column("theory", justify="right", no_wrap=True)
+    tokens = any(r.tokens is not None for r in run.layers)
+    if tokens:  # a model's token sequences: the mean cosine between the tokens of one sample
+        t.add_column("tok cos", justify="right", no_wrap=True)
+        t.add_column("theory", justify="right", no_wrap=True)
+        t.add_column("attn H", justify="right", no_wrap=True)
     for i in table_rows(len(run.layers)):
         r = run.layers[i]
         f, b = r.forward, r.backward
@@ -67,8 +72,19 @@ def run_table(run: RunResult, units: str = "n_l") -> Table:
                 if r.off_path
                 else (_mean_std(b), _value(b.rms, b.log10_rms), _theory_cell(b))
             ),
+            *(_token_cells(r.tokens) if tokens else ()),
         )
     return t
+
+
+def _token_cells(c) -> tuple:
+    """The token cosine (mean±sd over samples), its theory cell and the attention entropy inside
+    the site; blank where the site's output is no token sequence (or holds no attention)."""
+    if c is None:
+        return ("", "", "")
+    spread = "" if c.std != c.std else f"±{fmt_num(c.std, 2)}"
+    h = "" if c.entropy is None else f"{c.entropy:.3f}"
+    return (f"{c.mean:.3f}{spread}", _cos_theory_cell(c), h)
 
 
 def _stage_bounds(run: RunResult) -> list[int]:
@@ -259,6 +275,10 @@ def run_summary(run: RunResult, draws: int = 1, envelope: bool = False) -> Text:
     )
     lines = [f"[bold]{escape(run.init)}[/bold] (layers agreeing with theory: {agree})"]
     lines += [_verdict_line(run, v) for v in ("preserved", "theory")]
+    lines += [
+        f"  {'[green]' if c.passed else '[red]'}{escape(verdict_words(c.verdict))}[/]: {escape(gate_text(c))}"
+        for c in run.verdict_checks("tokens")
+    ]
     spread = spread_line(run, draws, envelope)
     if spread:
         lines.append("  " + spread)
@@ -414,6 +434,9 @@ def to_csv(result: ProbeResult) -> str:
     header += [f"cos_{c0:g}_{k}" for c0 in c0s for k in ("mean", "std", "predicted", "agrees")]
     measured = result.runs[0].measurements if result.runs else []
     header += [f"{m.name}_{c}" for m in measured for c in m.columns]
+    tokens = any(r.tokens is not None for run in result.runs for r in run.layers)
+    header += [f"token_cosine_{k}" for k in ("mean", "std", "predicted", "agrees")] if tokens else []
+    header += ["attention_entropy_mean", "attention_entropy_std"] if tokens else []
     header += ["off_output_path"] if named else []
     w.writerow(header)
     for run in result.runs:
@@ -431,6 +454,14 @@ def to_csv(result: ProbeResult) -> str:
                 row += ["" if v is None else v for v in (c.mean, c.std, c.predicted, c.agrees)]
             for m in run.measurements:
                 row += ["" if v is None else v for v in m.rows[r_i]]
+            if tokens:
+                c = r.tokens
+                vals = (
+                    (None,) * 6
+                    if c is None
+                    else (c.mean, c.std, c.predicted, c.agrees, c.entropy, c.entropy_std)
+                )
+                row += ["" if v is None else v for v in vals]
             row += [r.off_path] if named else []
             w.writerow(row)
     return buf.getvalue()

@@ -37,6 +37,7 @@ from sigprop.results.probe import (
     RatioStats,
     RunResult,
     StageInfo,
+    TokenStats,
     probe_config,
     separates,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "CheckOutcome",
     "CheckReport",
     "CorrelationStats",
+    "TokenStats",
     "CorrelationSummary",
     "CosineCheck",
     "CurvatureDraw",

@@ -161,6 +161,38 @@ class CorrelationStats:
 
 
 @dataclass
+class TokenStats:
+    """At one site whose output is a sequence of tokens: the mean cosine between the tokens of one
+    sample (``model.measure.token_cosine``), its mean and sd over the samples (pooled over the
+    draws), the sd of the per-draw mean across draws (None with one draw), beside a prediction
+    where a map gives one (None: measured only); and the normalised entropy of the attention
+    weights computed inside the site (``model.attention``; None: no attention read there), mean
+    and sd over the samples (docs/theory.md §15)."""
+
+    mean: float
+    std: float
+    draw_std: float | None = None
+    predicted: float | None = None
+    agrees: bool | None = None
+    entropy: float | None = None
+    entropy_std: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mean": _num(self.mean),
+            "std": _num(self.std),
+            "draw_std": _num(self.draw_std),
+            "predicted": _num(self.predicted),
+            "agrees": self.agrees,
+        }
+
+    def entropy_dict(self) -> dict[str, Any] | None:
+        if self.entropy is None:
+            return None
+        return {"mean": _num(self.entropy), "std": _num(self.entropy_std), "predicted": None}
+
+
+@dataclass
 class CorrelationSummary:
     """One input cosine over the whole net: the last state's mean cosine, the depth scale
     (layers or blocks until 1 - c has fallen by e from 1 - c0; None: it never does), measured
@@ -204,6 +236,8 @@ class LayerRecord:
     #: a model's site that the output's gradient does not reach (a side head): no backward ratio,
     #: read by no verdict
     off_path: bool = False
+    #: a model's site whose output is a sequence of tokens: the mean cosine between its tokens
+    tokens: TokenStats | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"index": self.index, "width": self.width}
@@ -220,13 +254,18 @@ class LayerRecord:
                 d["bn"] = self.bn.to_dict()
         if self.correlation:
             d["correlation"] = [c.to_dict() for c in self.correlation]
+        if self.name is not None:
+            d["token_cosine"] = None if self.tokens is None else self.tokens.to_dict()
+            d["attention_entropy"] = None if self.tokens is None else self.tokens.entropy_dict()
         return d
 
 
 @dataclass
 class CosineCheck:
     """``--max-correlation X``: the last state's mean cosine of input pairs with cosine 0 must
-    not exceed X (verdict "correlation"; ANDed into ``passed`` whatever the gate)."""
+    not exceed X (verdict "correlation"); ``--max-token-cosine X``: the mean cosine between the
+    tokens of one sample at the last site on the output's path must not exceed X (verdict
+    "tokens").  ANDed into ``passed`` whatever the gate."""
 
     name: str
     passed: bool

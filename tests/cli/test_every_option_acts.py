@@ -75,6 +75,8 @@ VALUES = {
     "--correlation": ([], ["--correlation", "0.5"]),
     "--pairs": (["--correlation", "0.5"], ["--pairs", "16"]),
     "--max-correlation": ([], ["--max-correlation", "0.5"]),
+    # float tokens [T, d] = [3, 8]: the Linear layers' outputs are token sequences
+    "--max-token-cosine": (["--input-shape", "3,8"], ["--max-token-cosine", "0.5"]),
     "--observe": ([], ["--observe", "nosuch"]),
     "--iters": ([], ["--iters", "4"]),
     "--tol": (["--iters", "50"], ["--tol", "0.5"]),

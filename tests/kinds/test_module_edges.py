@@ -162,7 +162,7 @@ def test_a_side_head_is_marked_and_never_read_by_a_verdict(capsys):
 
 def test_berts_pooler_is_off_the_path_of_last_hidden_state():
     """Hugging Face's BERT returns last_hidden_state first; its pooler (the last auto site) is not
-    on that path: marked, no backward ratio, the verdict reads the encoder."""
+    on that path: marked, no backward ratio, the verdict reads the encoder's last layer."""
     transformers = pytest.importorskip("transformers")
 
     def bert():
@@ -174,7 +174,8 @@ def test_berts_pooler_is_off_the_path_of_last_hidden_state():
     r = sigprop.probe_module(model=bert, input_shape=(8,), vocab=100, samples=4, device="cpu")
     run = r.runs[0]
     assert [l.name for l in run.layers if l.off_path] == ["pooler"]
-    assert run.verdict_checks("preserved")[0].name == "forward ratio at site encoder"
+    assert [l.name for l in run.layers] == ["embeddings", "encoder.layer.0", "encoder.layer.1", "pooler"]
+    assert run.verdict_checks("preserved")[0].name == "forward ratio at site encoder.layer.1"
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,151 @@
+"""The attention a model computes, read while it runs (docs/theory.md §15): every call of
+``scaled_dot_product_attention`` (Hugging Face's sdpa attention, a hand-written block) and of
+``multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``) is
+seen by a ``TorchFunctionMode``, its attention weights recomputed beside it from the same query
+and key (no change to what the model computes), and their normalised entropy kept per sample
+under the module that made the call.  Hand-written softmax attention (an explicit ``softmax`` of
+q k^T) is not recognised: its sites read no entropy."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+MHA = (F.multi_head_attention_forward,)
+
+
+def normalised_entropy(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Per sample the mean over heads and queries of H(softmax(logits)) / ln(keys allowed), float64
+    [B], from logits [B, H, Tq, Tk] and a boolean mask of the keys each query may read (None:
+    all); a query that may read one key only (a causal first token) has no entropy to compare
+    and is left out.  1: uniform over the keys allowed; 0: all weight on one key."""
+    z = logits.double()
+    if allowed is not None:
+        z = z.masked_fill(~allowed, -math.inf)
+    n = torch.isfinite(z).sum(-1)  # keys allowed per query
+    logp = torch.log_softmax(z, dim=-1)
+    p = logp.exp()
+    h = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
+    keep = n >= 2
+    ratio = torch.where(keep, h / n.clamp(min=2).double().log(), torch.zeros_like(h))
+    count = keep.flatten(1).sum(1).clamp(min=1)
+    return ratio.flatten(1).sum(1) / count
+
+
+def _sdpa_entropy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **_):
+    """The entropy of an ``F.scaled_dot_product_attention`` call's weights ([B, H, T, E] inputs;
+    a boolean mask True where a key may be read, a float one added to the logits)."""
+    q, k = q.detach(), k.detach()
+    if q.dim() != 4 or k.dim() != 4:
+        return None
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: each key head serves several queries
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits = (q @ k.transpose(-2, -1)) * s
+    allowed = None
+    if is_causal:
+        allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            allowed = attn_mask if allowed is None else allowed & attn_mask
+        else:
+            logits = logits + attn_mask.detach()
+    if allowed is not None:
+        allowed = allowed.expand_as(logits)
+    return normalised_entropy(logits, allowed)
+
+
+def _mha_entropy(query, key, value, embed_dim, num_heads, in_proj_weight, in_proj_bias, *rest, **kw):
+    """The entropy of an ``F.multi_head_attention_forward`` call's weights: the query and key
+    projected as it projects them ([T, B, E] inputs, one head of E/H per slice), its masks as it
+    reads them (boolean True: not read; float: added); a call with extra key/value biases or a
+    zero attention row is not read (None)."""
+    names = ("bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias", "training")
+    kw = {**dict(zip(names, rest)), **kw}
+    if kw.get("bias_k") is not None or kw.get("add_zero_attn") or query.dim() != 3:
+        return None
+    if kw.get("use_separate_proj_weight"):
+        wq, wk = kw.get("q_proj_weight"), kw.get("k_proj_weight")
+    else:
+        wq, wk, _ = in_proj_weight.detach().chunk(3)
+    bq, bk = (None, None) if in_proj_bias is None else in_proj_bias.detach().chunk(3)[:2]
+    T, B, _ = query.shape
+    S = key.shape[0]
+    hd = embed_dim // num_heads
+    q = F.linear(query.detach(), wq.detach(), bq).reshape(T, B, num_heads, hd).permute(1, 2, 0, 3)
+    k = F.linear(key.detach(), wk.detach(), bk).reshape(S, B, num_heads, hd).permute(1, 2, 0, 3)
+    logits = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
+    allowed = torch.ones_like(logits, dtype=torch.bool)
+    mask = kw.get("attn_mask")
+    if mask is not None:
+        mask = mask.detach()
+        mask = mask.reshape(B, num_heads, T, S) if mask.dim() == 3 else mask
+        if mask.dtype == torch.bool:
+            allowed = allowed & ~mask
+        else:
+            logits = logits + mask
+    pad = kw.get("key_padding_mask")
+    if pad is not None:
+        pad = pad.detach()
+        if pad.dtype == torch.bool:
+            allowed = allowed & ~pad[:, None, None, :]
+        else:
+            logits = logits + pad[:, None, None, :]
+    return normalised_entropy(logits, allowed)
+
+
+class AttentionReader(TorchFunctionMode):
+    """While active, every attention call's per-sample normalised entropy (``normalised_entropy``)
+    under the path of the innermost module running it (global forward hooks keep the stack):
+    ``calls`` is a list of (module path, entropy [B])."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.paths = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+        self.stack: list[str] = []
+        self.calls: list[tuple[str, torch.Tensor]] = []
+        self._hooks: list = []
+
+    def __enter__(self):
+        def push(mod, args):
+            self.stack.append(self.paths.get(id(mod), ""))
+
+        def pop(mod, args, out):
+            if self.stack:
+                self.stack.pop()
+
+        self._hooks = [
+            nn.modules.module.register_module_forward_pre_hook(push),
+            nn.modules.module.register_module_forward_hook(pop, always_call=True),
+        ]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self.stack = [], []
+        return super().__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in SDPA or func in MHA:
+            try:
+                with torch.no_grad():
+                    h = (_sdpa_entropy if func in SDPA else _mha_entropy)(*args, **kwargs)
+            except Exception:  # a call of a form not read here: its site shows no entropy
+                h = None
+            if h is not None:
+                where = next((p for p in reversed(self.stack) if p), "")
+                self.calls.append((where, h))
+        return out
+
+    def at(self, site: str) -> torch.Tensor | None:
+        """The mean entropy per sample over the calls inside module ``site`` (None: none)."""
+        got = [h for p, h in self.calls if p == site or p.startswith(site + ".")]
+        return None if not got else torch.stack(got).mean(0)
