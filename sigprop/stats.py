@@ -84,11 +84,20 @@ def ratio_stats(ln: np.ndarray) -> RatioStats:
     )
 
 
-def token_stats(cos: np.ndarray, entropy: np.ndarray | None = None) -> TokenStats | None:
+def token_stats(
+    cos: np.ndarray,
+    entropy: np.ndarray | None = None,
+    predicted: np.ndarray | None = None,
+    z: float = theory.Z_CHECK,
+) -> TokenStats | None:
     """The token cosine at one site from its per-sample values [draws, samples] (None where the
     site's output is no token sequence: nan): mean and sd over all samples (sd within draws,
     pooled), and the sd of the per-draw means across draws; beside it the attention entropy's
-    mean and sd over the samples where it was read (``entropy`` finite)."""
+    mean and sd over the samples where it was read (``entropy`` finite); and the prediction, the
+    mean over draws of each draw's traced token cosine (``predicted`` [draws], nan: no map),
+    which agrees when |mean - predicted| <= z sd, sd the spread over samples: one sample's
+    finite-width fluctuation around the infinite-width value, which also bounds the finite-width
+    shift of the mean (docs/theory.md §15)."""
     cos = np.asarray(cos, dtype=np.float64)
     if not np.isfinite(cos).all():
         return None
@@ -96,6 +105,11 @@ def token_stats(cos: np.ndarray, entropy: np.ndarray | None = None) -> TokenStat
     std = float(math.sqrt(cos.var(axis=1).mean())) if samples > 1 else float("nan")
     draw_std = float(cos.mean(axis=1).std(ddof=1)) if draws > 1 else None
     out = TokenStats(float(cos.mean()), std, draw_std)
+    pred = None if predicted is None else np.asarray(predicted, dtype=np.float64)
+    if pred is not None and np.isfinite(pred).all():
+        out.predicted = float(pred.mean())
+        if std == std:
+            out.agrees = bool(abs(out.mean - out.predicted) <= z * std)
     h = None if entropy is None else np.asarray(entropy, dtype=np.float64)
     if h is not None and np.isfinite(h).all():
         out.entropy = float(h.mean())

@@ -613,7 +613,8 @@ def _tokens(arrays: dict, i: int):
     if "cosine" not in arrays:
         return None
     entropy = arrays["entropy"][:, i, :] if "entropy" in arrays else None
-    return stats.token_stats(arrays["cosine"][:, i, :], entropy)
+    pred = arrays["pred_cosine"][:, i] if "pred_cosine" in arrays else None
+    return stats.token_stats(arrays["cosine"][:, i, :], entropy, pred)
 
 
 def off_path_note(off: list[str]) -> str:

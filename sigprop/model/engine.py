@@ -131,7 +131,9 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     floating = all(t.is_floating_point() for t in (x if isinstance(x, tuple) else (x,)))
     tokens = sequence_length(x)
     for name, scheme in zip(names, schemes):
-        got: dict[str, list] = {k: [] for k in ("fwd", "bwd", "reached", "cosine", "entropy", *PREDICTIONS)}
+        got: dict[str, list] = {
+            k: [] for k in ("fwd", "bwd", "reached", "cosine", "entropy", "pred_cosine", *PREDICTIONS)
+        }
         for draw in range(probe_spec.seeds):
             model = _model_draw(
                 factory, scheme, name, probe_spec.seed, draw, device, dtype, calib, plan.init_notes
@@ -197,7 +199,7 @@ def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
     where no map reaches) from its trace (``trace.trace_graph``; None: token inputs), and,
     once, the sites' finite-width spread and the notes (sigprop/kinds/module.py)."""
     E = len(plan.sites)
-    out = {k: np.full(E, np.nan) for k in PREDICTIONS}
+    out = {k: np.full(E, np.nan) for k in (*PREDICTIONS, "pred_cosine")}
 
     def none(why: str) -> dict[str, np.ndarray]:  # measured only, said once
         if why not in plan.notes:
@@ -227,6 +229,19 @@ def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
         note = f"no moment map for {preds[''].unmapped}: measured only from there on"
         if note not in plan.notes:
             plan.notes.append(note)
+    if preds[""].regimes and not any(n.startswith("attention:") for n in plan.notes):
+        s2 = preds[""].regimes
+        plan.notes.append(
+            f"attention: logits of variance {min(s2):.2g} to {max(s2):.2g} across keys "
+            f"({'near-uniform' if max(s2) < 0.1 else 'beyond uniform: softmax moments by quadrature'}; "
+            "docs/theory.md §15)"
+        )
+    tokens = sequence_length(x)
+    for i, j in enumerate(where):  # the mean cosine between the tokens of one sample: t / q
+        shape = nodes[j].shape if j is not None else ()
+        p0 = preds[""]
+        if tokens and len(shape) == 2 and shape[0] == tokens and p0.q[j] and p0.tokens[j] is not None:
+            out["pred_cosine"][i] = p0.tokens[j] / p0.q[j]
     for suffix, pred in preds.items():
         pf, pb = out["pred_fwd" + suffix], out["pred_bwd" + suffix]
         for i, j in enumerate(where):

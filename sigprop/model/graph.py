@@ -57,6 +57,9 @@ class GraphNode:
     #: gradient's shared moment does not pass)
     positions: bool = True
     why: str = ""
+    #: what an op's maps read that the fields above do not hold (``attention``: its projections'
+    #: factors, heads, tokens and mask; sigprop/model/ops/attention.py)
+    params: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -71,6 +74,11 @@ class GraphPrediction:
     r: list[float | None]
     unmapped: str
     shared: list[float | None] = field(default_factory=list)
+    #: per node the shared moment of two tokens of one sample (``Part.tok``): tokens / q is the
+    #: mean cosine between the tokens of one sample at infinite width (docs/theory.md §15)
+    tokens: list[float | None] = field(default_factory=list)
+    #: the attention maps' logit variances across keys (``Fold.regimes``)
+    regimes: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -84,6 +92,14 @@ class Part:
     mean: float
     shared: float
     profile: np.ndarray | None = None
+    #: E[x_t x_s] for one unit at two tokens of one sample, where it differs from ``shared`` (two
+    #: samples): after an op that mixes the tokens of a sample (attention); None: equal to it
+    tokens: float | None = None
+
+    @property
+    def tok(self) -> float:
+        """The shared moment of two tokens of one sample."""
+        return self.shared if self.tokens is None else self.tokens
 
 
 def along(
@@ -134,7 +150,17 @@ def merged(parts: list[Part]) -> Part:
         sum(s.share * s.mean for s in parts),
         sum(s.share * s.shared for s in parts),
         blend([(s.share * s.q, s.profile) for s in parts]),
+        tokens_of(parts, lambda s: s.share * s.tok, sum),
     )
+
+
+def tokens_of(parts, f, combine=None):
+    """A map of the token moment: None where no part carries one of its own (``Part.tokens``),
+    else ``f`` of each part (``combine``d when given)."""
+    if all(s.tokens is None for s in parts):
+        return None
+    vals = [f(s) for s in parts]
+    return combine(vals) if combine is not None else vals
 
 
 @dataclass
@@ -178,6 +204,10 @@ class Fold:
     grads: list = field(default_factory=list)
     through: dict = field(default_factory=dict)
     poisoned: list = field(default_factory=list)
+    #: why a node's map gave no state where its op says (a regime it does not cover)
+    why: dict = field(default_factory=dict)
+    #: the attention maps' logit variances across keys, in graph order (their regime)
+    regimes: list = field(default_factory=list)
 
     def give(self, j: int, parts: list[tuple[float, float, np.ndarray | None]], reader: int) -> None:
         """Add a reader's gradient at node j (one per part of j, or one for all its parts), and
@@ -205,6 +235,15 @@ def _scaled(nodes: Sequence[GraphNode], weight_factor: float) -> list[GraphNode]
         else nd
         for nd in nodes
     ]
+
+
+def _reaching_output(nodes: Sequence[GraphNode]) -> set[int]:
+    """The nodes with a path to an output node."""
+    live = {i for i, nd in enumerate(nodes) if nd.op == "output"}
+    for i in range(len(nodes) - 1, -1, -1):
+        if i in live:
+            live.update(nodes[i].inputs)
+    return live
 
 
 def predict_graph(
@@ -243,20 +282,23 @@ def predict_graph(
     fold = Fold(nodes, [None] * n, weight_factor, grads=[None] * n, poisoned=[False] * n)
     seen = 0
     unmapped = ""
+    live = _reaching_output(nodes)  # an op whose result nothing reads (discarded weights) is no gap
     for i, nd in enumerate(nodes):
         if nd.op == "input":
             fold.states[i] = [Part(1.0, q_ins[seen], m_ins[seen], k_ins[seen])]
             seen += 1
             continue
         if nd.op == "const" or not nd.inputs or any(fold.states[j] is None for j in nd.inputs):
-            if nd.op == "unknown" and not unmapped:
+            if nd.op == "unknown" and not unmapped and i in live:
                 unmapped = nd.why or nd.name
             continue
         op = MAPS.get(nd.op)
         if op is not None:
             op.forward(nd, i, fold)
-        if fold.states[i] is None and not unmapped:  # no map, or one that could not read its inputs
-            unmapped = nd.why or nd.name
+        if (
+            fold.states[i] is None and not unmapped and i in live
+        ):  # no map, or one that could not read its inputs
+            unmapped = fold.why.get(i) or nd.why or nd.name
     for i in (i for i, nd in enumerate(nodes) if nd.op == "output"):
         fold.grads[i] = [[1.0, 0.0, []] for _ in fold.states[i]] if fold.states[i] is not None else None
     for i in range(n - 1, -1, -1):
@@ -281,4 +323,6 @@ def predict_graph(
         ],
         unmapped,
         [None if s is None else sum(x.share * x.shared for x in s) for s in st],
+        [None if s is None else sum(x.share * x.tok for x in s) for s in st],
+        list(fold.regimes),
     )

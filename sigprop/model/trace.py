@@ -105,6 +105,9 @@ def _node(t: Tracing, n: fx.Node) -> GraphNode:
         return GraphNode(n.name, "input" if n.op == "placeholder" else "const", ())
     if n.op == "output":
         return GraphNode(n.name, "output", t.inputs(n)[:1])
+    ins = n.all_input_nodes
+    if ins and all(a in t.index and t.nodes[t.index[a]].op == "const" for a in ins):
+        return GraphNode(n.name, "const", ())  # arithmetic on sizes or constants: no state
     op = ops.classify(t.gm, n)
     return t.unknown(n) if op is None else op.node(t, n)
 

@@ -14,7 +14,8 @@ out in ``docs/theory.md``; the modules of this package are those formulas, nothi
 topic each: ``tolerances``, ``kn`` (K_n), ``spread`` (layer moments and the finite-width
 spread), ``resnet`` (the band, residual closed forms, the BN ResNet), ``correlation`` (the
 kernel recursion), ``conv`` (the conv energy map), ``activation`` (any activation's moments by
-quadrature), ``free`` (the Jacobian's spectrum by free probability).  Every name is
+quadrature), ``attention`` (softmax attention's weights), ``free`` (the Jacobian's spectrum by
+free probability).  Every name is
 re-exported here: ``theory.kn_closed_form`` reads the same as before the split.  No net is
 walked here: a net's prediction is the composition of its steps' maps (sigprop/plans.py:
 ``predict``, ``predict_correlation``), and the closed forms the papers give for whole nets
@@ -27,6 +28,12 @@ from sigprop.theory.activation import (
     SharedMoments,
     activation_moments,
     shared_moments,
+)
+from sigprop.theory.attention import (
+    MAX_LOGIT_VARIANCE,
+    attention_weights,
+    collision,
+    logit_variance,
 )
 from sigprop.theory.conv import (
     ConvMoments,
@@ -102,6 +109,10 @@ from sigprop.theory.tolerances import (
 )
 
 __all__ = [
+    "MAX_LOGIT_VARIANCE",
+    "attention_weights",
+    "collision",
+    "logit_variance",
     "BN_EPS",
     "CORR_COLLAPSE_K",
     "ConvMoments",

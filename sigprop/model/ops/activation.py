@@ -168,8 +168,15 @@ def _forward(nd: GraphNode, i: int, fold) -> None:
         m1, q1, d2 = theory.activation_moments(nd.fn[0], nd.fn[1], s.mean, s.q)
         both = theory.shared_moments(nd.fn[0], nd.fn[1], s.mean, s.q, s.shared)
         k1 = min(both[2], q1)
-        dm.append((d2, both.derivative_cross))
-        out.append(Part(s.share, q1, m1, k1, s.profile))
+        tokens = None
+        if s.tokens is not None:  # the tokens of one sample: their own cross moments
+            toks = theory.shared_moments(nd.fn[0], nd.fn[1], s.mean, s.q, s.tokens)
+            tokens = min(toks[2], q1)
+            # a gradient's shared moment is between the tokens of one sample (``graph``)
+            dm.append((d2, toks.derivative_cross))
+        else:
+            dm.append((d2, both.derivative_cross))
+        out.append(Part(s.share, q1, m1, k1, s.profile, tokens))
     fold.states[i], fold.derivative[i] = out, dm
 
 

@@ -133,7 +133,10 @@ def _forward(nd: GraphNode, i: int, fold) -> None:
             Part(1.0, float(fld.mean()), 0.0, nd.forward * box * x.shared + nd.bias, normalised(fld))
         ]
     else:
-        fold.states[i] = [Part(1.0, nd.forward * x.q + nd.bias, 0.0, nd.forward * x.shared + nd.bias)]
+        tokens = None if x.tokens is None else nd.forward * x.tokens + nd.bias
+        fold.states[i] = [
+            Part(1.0, nd.forward * x.q + nd.bias, 0.0, nd.forward * x.shared + nd.bias, None, tokens)
+        ]
 
 
 def _standardized(nd: GraphNode, i: int, fold) -> None:

@@ -68,8 +68,11 @@ def _forward(nd: GraphNode, i: int, fold) -> None:
     out = []
     for s in parts:
         var = norm_variance(nd, s.q, s.mean, s.shared)
-        kept = (s.shared - s.mean**2) * (1.0 - 1.0 / nd.group) / var if nd.group and var > 0.0 else 0.0
-        out.append(Part(s.share, nd.forward + nd.bias, 0.0, nd.forward * kept + nd.bias, s.profile))
+        kept = lambda k: (k - s.mean**2) * (1.0 - 1.0 / nd.group) / var if nd.group and var > 0.0 else 0.0
+        tokens = None if s.tokens is None else nd.forward * kept(s.tokens) + nd.bias
+        out.append(
+            Part(s.share, nd.forward + nd.bias, 0.0, nd.forward * kept(s.shared) + nd.bias, s.profile, tokens)
+        )
     fold.states[i] = out
 
 

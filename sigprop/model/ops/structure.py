@@ -14,7 +14,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sigprop.model.graph import GraphNode, Part, blend, map_op, merged
+from sigprop.model.graph import MAPS, GraphNode, Part, blend, map_op, merged, tokens_of
 from sigprop.model.ops.registry import TracedOp, register
 
 #: modules and calls that leave every element as it is at init (the per-element moments pass)
@@ -72,15 +72,17 @@ def _keeps_elements(n: fx.Node, node, source) -> bool:
 
 def _near(j: int, nodes: list) -> set[int]:
     """The nodes a state depends on without a random weight layer between: back from node j
-    through every op, stopping at (and keeping) dense layers, whose zero-mean weights make
-    their output uncorrelated with anything upstream (docs/theory.md §13)."""
+    through every op, stopping at (and keeping) weight layers (``OpMap.weighted``: dense layers,
+    an attention module), whose zero-mean weights make their output uncorrelated with anything
+    upstream (docs/theory.md §13)."""
     seen, stack = set(), [j]
     while stack:
         i = stack.pop()
         if i in seen:
             continue
         seen.add(i)
-        if nodes[i].op not in ("dense", "standardized"):
+        op = MAPS.get(nodes[i].op)
+        if op is None or not op.weighted:  # a weight layer's output: uncorrelated with its inputs
             stack += list(nodes[i].inputs)
     return seen
 
@@ -172,7 +174,9 @@ def _passes(nd: GraphNode, i: int, fold) -> None:
     """identity, output: unchanged (a reshape drops the profile)."""
     ins = nd.inputs
     same = nd.shape == fold.nodes[ins[0]].shape
-    fold.states[i] = [s if same else Part(s.share, s.q, s.mean, s.shared, None) for s in fold.states[ins[0]]]
+    fold.states[i] = [
+        s if same else Part(s.share, s.q, s.mean, s.shared, None, s.tokens) for s in fold.states[ins[0]]
+    ]
 
 
 def _gives_back(nd: GraphNode, i: int, g: list, fold) -> None:
@@ -197,6 +201,7 @@ def _add(nd: GraphNode, i: int, fold) -> None:
             x.mean + y.mean,
             x.shared + y.shared + 2 * x.mean * y.mean,
             blend([(x.q, x.profile), (y.q, y.profile)]),
+            None if x.tokens is None and y.tokens is None else x.tok + y.tok + 2 * x.mean * y.mean,
         )
         for x, y in zip(a, b)
     ]
@@ -205,7 +210,14 @@ def _add(nd: GraphNode, i: int, fold) -> None:
 def _scaled(nd: GraphNode, i: int, fold) -> None:
     c2 = nd.forward
     fold.states[i] = [
-        Part(s.share, c2 * s.q, math.sqrt(c2) * s.mean, c2 * s.shared, s.profile)
+        Part(
+            s.share,
+            c2 * s.q,
+            math.sqrt(c2) * s.mean,
+            c2 * s.shared,
+            s.profile,
+            tokens_of([s], lambda t: c2 * t.tok, sum),
+        )
         for s in fold.states[nd.inputs[0]]
     ]
 
@@ -219,7 +231,14 @@ def _offset(nd: GraphNode, i: int, fold) -> None:
     """h + c, c a constant (mean c-bar = ``bias``, mean square = ``forward``)."""
     c, c2 = nd.bias, nd.forward
     fold.states[i] = [
-        Part(s.share, s.q + 2 * s.mean * c + c2, s.mean + c, s.shared + 2 * s.mean * c + c2, None)
+        Part(
+            s.share,
+            s.q + 2 * s.mean * c + c2,
+            s.mean + c,
+            s.shared + 2 * s.mean * c + c2,
+            None,
+            tokens_of([s], lambda t: t.tok + 2 * t.mean * c + c2, sum),
+        )
         for s in fold.states[nd.inputs[0]]
     ]
 
@@ -228,7 +247,7 @@ def _concatenated(nd: GraphNode, i: int, fold) -> None:
     ins = nd.inputs
     if len(nd.shares) == len(ins):
         fold.states[i] = [
-            Part(share * s.share, s.q, s.mean, s.shared, s.profile)
+            Part(share * s.share, s.q, s.mean, s.shared, s.profile, s.tokens)
             for share, j in zip(nd.shares, ins)
             for s in fold.states[j]
         ]

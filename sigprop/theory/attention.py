@@ -1,0 +1,86 @@
+"""Softmax attention at initialization: the moments of its weights (docs/theory.md §15).
+
+A query t reads n keys with logits z_s = scale q_t . k_s; at initialization, for a fixed query,
+the logits are Gaussian across the keys with variance s^2 = scale^2 d_h q_q (q_k - t_k) (q_q the
+per-element second moment of the queries, q_k and t_k the keys' second moment and their shared
+moment between the tokens of one sample: the part common to every key moves no logit).  The
+weights w = softmax(z) then have mean 1/n and a collision probability P(s^2, n) = E[sum_s w_s^2]
+-- 1/n for uniform attention (s^2 -> 0), e^{s^2}/n for many keys (the lognormal law of large
+numbers), 1 when one key takes all -- that sets how much of the values' independent part the
+output keeps: E[o^2] = t_v + (q_v - t_v) P (Noci et al. 2022 write the uniform case: rank
+collapse, every token the same vector, Dong et al. 2021).  P is computed here by a deterministic
+quadrature of its Laplace-transform form (``collision``), exact up to the nodes; tests/theory
+check it against a Monte Carlo of the softmax itself."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+#: quadrature nodes per axis of ``collision`` (Gauss-Hermite over a logit, generalised
+#: Gauss-Laguerre over the Laplace variable)
+ATTENTION_NODES = 64
+#: the largest logit variance ``collision`` is trusted at: within 1% of a Monte Carlo of the
+#: softmax for every n from 2 to 1024 up to s^2 = 4 (tests/theory/test_attention.py); beyond it
+#: the lognormal's tail outruns the nodes (13% low at s^2 = 8, n = 2)
+MAX_LOGIT_VARIANCE = 4.0
+
+
+@lru_cache(maxsize=4096)
+def collision(s2: float, n: int) -> float:
+    """P(s^2, n) = E[sum_s w_s^2] for w = softmax of n i.i.d. N(0, s^2) logits; 1 for one key, 1/n
+    at s^2 = 0.  Exact up to quadrature: with 1/(1 + y)^2 = int_0^inf t e^{-t(1 + y)} dt and y
+    = R e^{-z} (z one logit, R the sum of the other n - 1 exponentials, independent of z),
+
+        P = n E_z int_0^inf t e^{-t} phi(t e^{-z})^(n-1) dt,   phi(l) = E[exp(-l e^{z'})],
+
+    the t-integral scaled per z by a = e^z / m, m = (n - 1) e^{s^2/2} (the mean of R), so that the
+    generalised Gauss-Laguerre weight tau e^{-tau} carries its decay for any n:
+    int = a^2 sum_k w_k exp(tau_k (1 - a) + (n - 1) ln phi(tau_k / m)).  Gauss-Hermite over z
+    and z'.  Trusted up to ``MAX_LOGIT_VARIANCE``."""
+    if n <= 1:
+        return 1.0
+    if s2 <= 0.0:
+        return 1.0 / n
+    from scipy.special import roots_genlaguerre  # scipy's import is slow: only when attention is mapped
+
+    x, w = np.polynomial.hermite_e.hermegauss(ATTENTION_NODES)
+    w = w / w.sum()
+    tau, wt = roots_genlaguerre(ATTENTION_NODES, 1.0)
+    sig = math.sqrt(s2)
+    m = (n - 1) * math.exp(s2 / 2)
+    ez = np.exp(sig * x)
+    log_phi = np.log((w[None, :] * np.exp(-(tau / m)[:, None] * ez[None, :])).sum(1))
+    a = ez / m
+    inner = a**2 * (wt[None, :] * np.exp(tau[None, :] * (1 - a[:, None]) + (n - 1) * log_phi[None, :])).sum(1)
+    return float(min(1.0, max(1.0 / n, n * (w * inner).sum())))
+
+
+def key_counts(T: int, causal: bool, keys: int | None = None) -> np.ndarray:
+    """The keys each of T queries reads: all ``keys`` (default T), or t + 1 under a causal mask."""
+    if causal:
+        return np.arange(1, T + 1)
+    return np.full(T, T if keys is None else keys)
+
+
+def attention_weights(s2: float, T: int, causal: bool, keys: int | None = None) -> tuple[float, float]:
+    """(P-bar, C-bar) over the T queries of one sample: the mean collision probability P(s^2, n_t)
+    and the mean over ordered pairs of queries t != u of E[sum_s w_ts w_us] = 1/max(n_t, n_u) --
+    two queries' weights independent (their logits are, for queries with no shared part), each
+    of mean 1/n over the keys it reads (docs/theory.md §15)."""
+    n = key_counts(T, causal, keys)
+    p = float(np.mean([collision(s2, int(k)) for k in n]))
+    if T < 2:
+        return p, 0.0
+    if causal:  # pairs u < t read the first u + 1 keys together: 1/max = 1/(t + 1)
+        c = float(sum((t) / (t + 1.0) for t in range(T)) * 2 / (T * (T - 1)))
+    else:
+        c = 1.0 / float(n[0])
+    return p, c
+
+
+def logit_variance(scale: float, head_dim: int, q_query: float, q_key: float, tokens_key: float) -> float:
+    """s^2 = scale^2 d_h q_q (q_k - t_k): the variance across keys of one query's logits."""
+    return scale * scale * head_dim * q_query * max(q_key - tokens_key, 0.0)
