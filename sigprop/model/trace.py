@@ -139,9 +139,16 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
     last_in: dict[str, int] = {}  # a module path -> the last node inside it
     for n in gm.graph.nodes:
         node = _node(t, n)
-        t.index[n] = len(t.nodes)
-        t.fx_of.append(n)
-        t.nodes.append(dataclasses.replace(node, shape=t.shape(n) or ()))
+        # an op may expand one call into the nodes its forward computes (a module kept whole:
+        # ``ops.transformer``), each named by its module's path: a site inside reads its last
+        for sub in node if isinstance(node, list) else [node]:
+            t.index[n] = len(t.nodes)
+            t.fx_of.append(n)
+            t.nodes.append(dataclasses.replace(sub, shape=sub.shape or t.shape(n) or ()))
+            if isinstance(node, list):
+                parts = sub.name.split(".")
+                for k in range(1, len(parts) + 1):
+                    last_in[".".join(parts[:k])] = t.index[n]
         for path in (n.meta.get("nn_module_stack") or {}).keys():
             last_in[path] = t.index[n]
         if n.op == "call_module":

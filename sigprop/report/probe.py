@@ -82,7 +82,7 @@ def _token_cells(c) -> tuple:
     the site; blank where the site's output is no token sequence (or holds no attention)."""
     if c is None:
         return ("", "", "")
-    spread = "" if c.std != c.std else f"±{fmt_num(c.std, 2)}"
+    spread = "" if c.std != c.std else f"±{c.std:.3f}"
     h = "" if c.entropy is None else f"{c.entropy:.3f}"
     return (f"{c.mean:.3f}{spread}", _cos_theory_cell(c), h)
 

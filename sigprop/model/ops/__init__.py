@@ -6,7 +6,7 @@ that calls ``register`` and ``map_op`` (tests/model/test_extra_op.py adds one fr
 alone).  ``kind`` is the op's category, which ``model.init.roles`` reads as well (a ReLU layer is
 a layer an ``act`` reads).  Importing this package registers the built-in ones."""
 
-from sigprop.model.ops import activation, attention, linear, norm, pool, structure
+from sigprop.model.ops import activation, attention, linear, norm, pool, structure, transformer
 from sigprop.model.ops.registry import (
     TRACED,
     TracedOp,
@@ -30,5 +30,6 @@ __all__ = [
     "pool",
     "register",
     "structure",
+    "transformer",
     "unregister",
 ]

@@ -142,6 +142,12 @@ def _activation(n: fx.Node, m: nn.Module | None):
     return lambda t: fn(t, *extra, **kw)
 
 
+def act_node(m: nn.Module, name: str, inputs: tuple, shape: tuple = ()) -> GraphNode:
+    """The ``act`` node of an activation module called outside any fx node (an expansion of a
+    module torch.fx keeps whole: sigprop/model/ops/transformer.py)."""
+    return GraphNode(name, "act", inputs, fn=_numpy_activation(None, m), shape=tuple(shape))
+
+
 def _matches(gm: fx.GraphModule, n: fx.Node) -> bool:
     if n.op == "call_module":
         m = gm.get_submodule(n.target)

@@ -84,6 +84,28 @@ def _projection(w, b) -> Projection:
     return Projection(sq / rows, bias, sq / cols)
 
 
+def attention_params(m: nn.MultiheadAttention, tokens: int, keys: int, causal: bool) -> Attention:
+    """An ``nn.MultiheadAttention``'s maps' parameters: its projections (one in-projection split
+    in three, or three), heads of embed_dim/num_heads, the scale 1/sqrt(d_h)."""
+    if m._qkv_same_embed_dim:
+        wq, wk, wv = m.in_proj_weight.chunk(3)
+    else:
+        wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
+    bq, bk, bv = (None, None, None) if m.in_proj_bias is None else m.in_proj_bias.chunk(3)
+    hd = m.embed_dim // m.num_heads
+    return Attention(
+        _projection(wq, bq),
+        _projection(wk, bk),
+        _projection(wv, bv),
+        _projection(m.out_proj.weight, m.out_proj.bias),
+        hd,
+        1.0 / math.sqrt(hd),
+        tokens,
+        keys,
+        causal,
+    )
+
+
 def _mha_node(t, n: fx.Node) -> GraphNode:
     """``nn.MultiheadAttention(query, key, value, ...)``: batch first, its in- and out-projections,
     no key padding mask, no attention mask unless ``is_causal`` says it is the causal one."""
@@ -105,26 +127,10 @@ def _mha_node(t, n: fx.Node) -> GraphNode:
         why = "nn.MultiheadAttention with an attention mask (is_causal=True reads a causal one)"
     if why or not all(isinstance(a, fx.Node) and a in t.index for a in (query, key, value)):
         return GraphNode(label, "unknown", t.inputs(n), why=why or f"{label} with inputs it cannot read")
-    if m._qkv_same_embed_dim:
-        wq, wk, wv = m.in_proj_weight.chunk(3)
-    else:
-        wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
-    bq, bk, bv = (None, None, None) if m.in_proj_bias is None else m.in_proj_bias.chunk(3)
     shape_q, shape_k = t.shape(query), t.shape(key)
     if not shape_q or not shape_k or len(shape_q) != 2:
         return GraphNode(label, "unknown", t.inputs(n), why=f"{label}: inputs not [batch, tokens, features]")
-    hd = m.embed_dim // m.num_heads
-    params = Attention(
-        _projection(wq, bq),
-        _projection(wk, bk),
-        _projection(wv, bv),
-        _projection(m.out_proj.weight, m.out_proj.bias),
-        hd,
-        1.0 / math.sqrt(hd),
-        shape_q[0],
-        shape_k[0],
-        causal,
-    )
+    params = attention_params(m, shape_q[0], shape_k[0], causal)
     ins = tuple(t.index[a] for a in (query, key, value))
     return GraphNode(label, "attention", ins, width=m.embed_dim, params=params)
 
