@@ -112,10 +112,34 @@ def _node(t: Tracing, n: fx.Node) -> GraphNode:
     return t.unknown(n) if op is None else op.node(t, n)
 
 
+class _Root(nn.Module):
+    """A model torch.fx keeps whole, as the child ``root`` of a module that calls it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.root = model
+
+    def forward(self, x):  # one input: torch.fx traces no *args
+        return self.root(x)
+
+
+def _unwrapped(t: Traced) -> Traced:
+    """A ``_Root`` trace with the model's own paths: ``root.layers.0`` -> ``layers.0``."""
+    strip = lambda s: s[len("root.") :] if s.startswith("root.") else ("" if s == "root" else s)
+    if t.nodes is None:
+        return t
+    nodes = [dataclasses.replace(nd, name=strip(nd.name), why=nd.why.replace("root.", "")) for nd in t.nodes]
+    return Traced(nodes, {strip(k): v for k, v in t.last_in.items()}, t.why, None)
+
+
 def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
     """``Traced``: torch.fx's graph of the model with its shapes (a forward of two samples, no
     graph -- a batch norm needs two) made into moment maps."""
     two = rows(x, 0, 2) if isinstance(x, tuple) else (x[:2],)
+    if not isinstance(x, tuple) and fx.Tracer().is_leaf_module(model, "") and ops.classify_module(model):
+        # torch's own module as the whole model (an nn.TransformerEncoder): traced as the one
+        # call of a wrapper, whose path prefix is taken off again (``_unwrapped``)
+        return _unwrapped(trace_graph(_Root(model), x, what))
     try:
         gm = ops.symbolic_trace(model)
         # ShapeProp prints the traceback of a failing node itself: the failure is said in one line

@@ -78,6 +78,15 @@ def classify(gm: fx.GraphModule, n: fx.Node) -> TracedOp | None:
     return next((op for op in TRACED if op.match(gm, n)), None)
 
 
+def classify_module(m: nn.Module) -> TracedOp | None:
+    """The traced op that matches a call of module ``m`` (as the one node of a graph)."""
+    graph = fx.Graph()
+    node = graph.call_module("m", (graph.placeholder("x"),))
+    root = nn.Module()
+    root.add_module("m", m)
+    return classify(fx.GraphModule(root, graph), node)
+
+
 def kind_of(gm: fx.GraphModule, n: fx.Node) -> str:
     """What an fx node is: input, const, output, its traced op's kind, or other."""
     if n.op in ("placeholder", "get_attr", "output"):
