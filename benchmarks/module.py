@@ -70,6 +70,16 @@ def gpt2():
     return transformers.GPT2Model(cfg)
 
 
+def gpt2_12():
+    """Issue 39's target: a 12-layer GPT-2 (one site per layer, token cosine, attention entropy)."""
+    import transformers
+
+    cfg = transformers.GPT2Config(
+        n_embd=256, n_layer=12, n_head=4, n_positions=64, vocab_size=1000, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.GPT2Model(cfg)
+
+
 def unet():
     from monai.networks.nets import UNet
 
@@ -92,6 +102,7 @@ def tiny():
 MODELS = {
     "bn-resnet": (bn_resnet, (3, 32, 32), None),
     "gpt2": (gpt2, (64,), 1000),
+    "gpt2-12": (gpt2_12, (64,), 1000),
     "unet": (unet, (1, 96, 96), None),
     "densenet": (densenet, (3, 224, 224), None),
     "tiny": (tiny, (32,), None),
