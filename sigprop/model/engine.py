@@ -128,7 +128,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     arrays: dict[str, dict[str, np.ndarray]] = {}
     # a data-dependent init calibrates on the probe's inputs (a chunk's worth with --batch-size)
     calib = build.rows(x, 0, spec.batch_size) if spec.batch_size else x
-    floating = all(t.is_floating_point() for t in (x if isinstance(x, tuple) else (x,)))
+    all(t.is_floating_point() for t in (x if isinstance(x, tuple) else (x,)))
     tokens = sequence_length(x)
     for name, scheme in zip(names, schemes):
         got: dict[str, list] = {
@@ -139,7 +139,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
                 factory, scheme, name, probe_spec.seed, draw, device, dtype, calib, plan.init_notes
             )
             what = f"init {name!r}: the model"
-            traced = trace.trace_graph(model, x, what) if floating else None
+            traced = trace.trace_graph(model, x, what)
             if not plan.sites:  # one forward of two samples: the input checked, the sites, the memory
                 seen = (
                     traced.survey
@@ -209,14 +209,19 @@ def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
         return out
 
     xs = x if isinstance(x, tuple) else (x,)
-    if traced is None:  # token ids: no moment map for the embedding yet
-        return none("token inputs: the theory starts at a float input, measured only")
     if traced.nodes is None:
         return none(traced.why)
+    if traced.tracer != "torch.fx" and not any(n.startswith("theory traced by") for n in plan.notes):
+        plan.notes.append(f"theory traced by {traced.tracer} (ATen ops; torch.fx could not trace the model)")
     nodes, where = traced.nodes, traced.where(plan.sites)
+    floating = all(t.is_floating_point() for t in xs)
     # the ratios' reference: all inputs' elements together; each input node starts from its own
-    q_in = sum(float(t.double().pow(2).sum()) for t in xs) / sum(t.numel() for t in xs)
-    moments = ([float(t.double().pow(2).mean()) for t in xs], [float(t.double().mean()) for t in xs])
+    # (token ids: none -- the embedding's map reads its table; the ratios are to the first site)
+    if floating:
+        q_in = sum(float(t.double().pow(2).sum()) for t in xs) / sum(t.numel() for t in xs)
+        moments = ([float(t.double().pow(2).mean()) for t in xs], [float(t.double().mean()) for t in xs])
+    else:
+        q_in, moments = None, ([1.0] * len(xs), [0.0] * len(xs))
     factor = plans.SEPARATION_FACTOR
     try:
         preds = {
@@ -244,11 +249,12 @@ def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
             out["pred_cosine"][i] = p0.tokens[j] / p0.q[j]
     for suffix, pred in preds.items():
         pf, pb = out["pred_fwd" + suffix], out["pred_bwd" + suffix]
+        ref = q_in if floating else (pred.q[where[0]] if where and where[0] is not None else None)
         for i, j in enumerate(where):
             if j is None:
                 continue
-            if pred.q[j] is not None and pred.q[j] > 0:
-                pf[i] = 0.5 * math.log(pred.q[j] / q_in)
+            if ref and pred.q[j] is not None and pred.q[j] > 0:
+                pf[i] = 0.5 * math.log(pred.q[j] / ref)
             if pred.r[j] is not None and pred.r[j] > 0:
                 pb[i] = 0.5 * math.log(pred.r[j])
     if not plan.spread_forward:

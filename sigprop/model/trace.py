@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import io
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +34,22 @@ class Tracing:
     index: dict
     nodes: list
     fx_of: list
+    #: the values of nodes that depend on no input (an ATen graph's positions, masks, constant
+    #: embeddings: ``model.export``), by fx node
+    values: dict = dataclasses.field(default_factory=dict)
+
+    def value(self, n):
+        """A node's constant value: a parameter or buffer (get_attr) or a recorded one; None."""
+        if not isinstance(n, fx.Node):
+            return None
+        if n in self.values:
+            return self.values[n]
+        if n.op == "get_attr":
+            try:
+                return operator.attrgetter(n.target)(self.gm)
+            except AttributeError:
+                return None
+        return None
 
     def shape(self, n) -> tuple | None:
         """The output's shape per sample (None where the propagation recorded none)."""
@@ -71,6 +89,8 @@ class Traced:
     last_in: dict
     why: str = ""
     survey: Survey | None = None
+    #: which tracer read it: torch.fx (a module's calls) or torch.export (ATen ops)
+    tracer: str = "torch.fx"
 
     def where(self, sites: list[str]) -> list[int | None]:
         return [self.last_in.get(s) for s in sites]
@@ -101,7 +121,7 @@ def _survey_of(gm: fx.GraphModule, out, rows_: int, what: str) -> Survey:
 
 def _node(t: Tracing, n: fx.Node) -> GraphNode:
     """The graph node of fx node n: input, const, output, or its traced op's."""
-    if n.op in ("placeholder", "get_attr"):
+    if n.op in ("placeholder", "get_attr") or n in t.values:
         return GraphNode(n.name, "input" if n.op == "placeholder" else "const", ())
     if n.op == "output":
         return GraphNode(n.name, "output", t.inputs(n)[:1])
@@ -134,7 +154,8 @@ def _unwrapped(t: Traced) -> Traced:
 
 def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
     """``Traced``: torch.fx's graph of the model with its shapes (a forward of two samples, no
-    graph -- a batch norm needs two) made into moment maps."""
+    graph -- a batch norm needs two) made into moment maps; where torch.fx cannot trace it (a
+    Hugging Face model, token ids), torch.export's ATen graph (``_export_graph``)."""
     two = rows(x, 0, 2) if isinstance(x, tuple) else (x[:2],)
     if not isinstance(x, tuple) and fx.Tracer().is_leaf_module(model, "") and ops.classify_module(model):
         # torch's own module as the whole model (an nn.TransformerEncoder): traced as the one
@@ -146,9 +167,8 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
         with torch.no_grad(), Deterministic(), contextlib.redirect_stderr(io.StringIO()):
             out = ShapeProp(gm).propagate(*two)
     except Exception as exc:
-        return Traced(
-            None, {}, f"torch.fx could not trace the model ({type(exc).__name__}: {first_line(exc)})"
-        )
+        why = f"torch.fx could not trace the model ({type(exc).__name__}: {first_line(exc)})"
+        return _export_graph(model, two, why)
     try:
         seen = _survey_of(gm, out, two[0].shape[0], what)
     except SigpropError as exc:
@@ -160,8 +180,15 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
         # calls is not in the graph; ``survey``'s hooks see them
         seen = None
     t = Tracing(gm, {}, [], [])
+    nodes, last_in = _nodes_of(t, lambda n: (n.meta.get("nn_module_stack") or {}).keys())
+    return Traced(nodes, last_in, "", seen)
+
+
+def _nodes_of(t: Tracing, paths) -> tuple[list, dict]:
+    """The graph's nodes made into moment-map nodes, and per module path the last node inside
+    it (``paths(n)``: the module paths an fx node runs in)."""
     last_in: dict[str, int] = {}  # a module path -> the last node inside it
-    for n in gm.graph.nodes:
+    for n in t.gm.graph.nodes:
         node = _node(t, n)
         # an op may expand one call into the nodes its forward computes (a module kept whole:
         # ``ops.transformer``), each named by its module's path: a site inside reads its last
@@ -173,8 +200,102 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
                 parts = sub.name.split(".")
                 for k in range(1, len(parts) + 1):
                     last_in[".".join(parts[:k])] = t.index[n]
-        for path in (n.meta.get("nn_module_stack") or {}).keys():
+        for path in paths(n):
             last_in[path] = t.index[n]
         if n.op == "call_module":
             last_in[n.target] = t.index[n]
-    return Traced(t.nodes, last_in, "", seen)
+    return t.nodes, last_in
+
+
+class _Exported(nn.Module):
+    """The model as torch.export reads it: one input, its output tensor (``output_tensor``), a
+    Hugging Face model's key/value cache off (an output torch.export cannot flatten)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.m = model
+        forward = getattr(type(model), "forward", None)
+        self.cache = "use_cache" in inspect.signature(forward).parameters if forward else False
+
+    def forward(self, x):
+        return output_tensor(self.m(x, use_cache=False) if self.cache else self.m(x))
+
+
+#: exported graphs by ``_export_key``: a draw (or a later probe of the same model) reuses the
+#: graph with its own weights loaded, once its output on the two samples equals the model's
+_EXPORTED: dict = {}
+
+
+def _export_key(model: nn.Module, two: tuple) -> tuple:
+    """The model's class, its parameters' and buffers' names and shapes, and the input's shape and
+    dtype: what a graph exported once is kept under (``_reused`` checks the rest by the output)."""
+    state = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items())
+    return (type(model), state, tuple(two[0].shape), str(two[0].dtype), str(two[0].device))
+
+
+def _reused(model: nn.Module, two: tuple):
+    """(graph, recording) of an exported graph kept for this model's key, with the model's own
+    weights loaded and its values recorded anew -- when its output on the two samples equals the
+    model's own (a forward whose path the weights or a setting changed is exported again); else
+    (None, None).  The model's own output: its GELU formulas and the graph's one op differ by
+    rounding, hence the 1e-4 relative tolerance."""
+    gm = _EXPORTED.get(_export_key(model, two))
+    if gm is None:
+        return None, None
+    gm.load_state_dict({f"m.{k}": v for k, v in model.state_dict().items()}, strict=False)
+    rec = _Recording(gm)
+    got = rec.propagate(*two)
+    want = _Exported(model)(*two)
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    if got.shape != want.shape or float((got - want).abs().max()) > 1e-4 * max(scale, 1e-30):
+        return None, None
+    return gm, rec
+
+
+class _Recording(ShapeProp):
+    """ShapeProp that also keeps the values of the nodes that depend on no input (positions,
+    masks, constant embeddings: they are the same for every sample)."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.static: set = set()
+        self.values: dict = {}
+
+    def run_node(self, n: fx.Node):
+        out = super().run_node(n)
+        if n.op == "get_attr" or (
+            n.op == "call_function" and all(a in self.static for a in n.all_input_nodes)
+        ):
+            self.static.add(n)
+            self.values[n] = out
+        return out
+
+
+def _export_graph(model: nn.Module, two: tuple, fx_why: str) -> Traced:
+    """torch.export's ATen graph of the model (non-strict, on two samples; its GELU modules
+    written as the one op they compute, ``ops.aten.exact_activations``), made into moment-map
+    nodes by the ATen ops (sigprop/model/ops/aten.py), the values of its input-free nodes
+    recorded (``_Recording``); the fx failure and the export's in ``why`` where neither reads."""
+    if len(two) != 1:
+        return Traced(None, {}, fx_why)
+    try:
+        with torch.no_grad(), ops.aten.exact_activations(model), contextlib.redirect_stderr(io.StringIO()):
+            gm, rec = _reused(model, two)
+            if rec is None:
+                gm = torch.export.export(_Exported(model), two, strict=False).module()
+                rec = _Recording(gm)
+                rec.propagate(*two)
+                _EXPORTED[_export_key(model, two)] = gm
+                while len(_EXPORTED) > 4:
+                    _EXPORTED.pop(next(iter(_EXPORTED)))
+    except Exception as exc:
+        return Traced(None, {}, f"{fx_why}; torch.export neither ({type(exc).__name__}: {first_line(exc)})")
+    t = Tracing(gm, {}, [], [], rec.values)
+
+    def paths(n):  # nn_module_stack: {key: (path in the wrapper "m.h.0", class)}
+        for path, _ in (n.meta.get("nn_module_stack") or {}).values():
+            if path.startswith("m."):
+                yield path[2:]
+
+    nodes, last_in = _nodes_of(t, paths)
+    return Traced(nodes, last_in, "", None, tracer="torch.export")

@@ -6,7 +6,7 @@ that calls ``register`` and ``map_op`` (tests/model/test_extra_op.py adds one fr
 alone).  ``kind`` is the op's category, which ``model.init.roles`` reads as well (a ReLU layer is
 a layer an ``act`` reads).  Importing this package registers the built-in ones."""
 
-from sigprop.model.ops import activation, attention, linear, norm, pool, structure, transformer
+from sigprop.model.ops import activation, aten, attention, linear, norm, pool, structure, transformer
 from sigprop.model.ops.registry import (
     TRACED,
     TracedOp,
@@ -22,6 +22,7 @@ __all__ = [
     "TRACED",
     "TracedOp",
     "activation",
+    "aten",
     "attention",
     "classify",
     "classify_module",

@@ -24,6 +24,7 @@ import math
 import operator
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
@@ -141,10 +142,13 @@ def _sdpa_node(t, n: fx.Node) -> GraphNode:
     label = t.label(n)
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
     a = {**dict(zip(names, n.args)), **n.kwargs}
+    causal = bool(a.get("is_causal", False))
     if a.get("attn_mask") is not None:
-        return GraphNode(
-            label, "unknown", t.inputs(n), why=f"{label} with an attention mask (is_causal reads)"
-        )
+        kind = mask_kind(t.value(a["attn_mask"]))
+        if kind is None:
+            why = f"{label} with an attention mask (no mask, a causal one or is_causal are read)"
+            return GraphNode(label, "unknown", t.inputs(n), why=why)
+        causal = causal or kind == "causal"
     if a.get("enable_gqa"):
         return GraphNode(label, "unknown", t.inputs(n), why=f"{label} with grouped queries")
     nodes = [a.get(k) for k in ("query", "key", "value")]
@@ -156,9 +160,30 @@ def _sdpa_node(t, n: fx.Node) -> GraphNode:
     hd = sq[-1]
     scale = a.get("scale") or 1.0 / math.sqrt(hd)
     one = Projection()
-    causal = bool(a.get("is_causal", False))
     params = Attention(one, one, one, one, hd, float(scale), sq[-2], sk[-2], causal, weighted=False)
     return GraphNode(label, "sdpa", tuple(t.index[x] for x in nodes), params=params)
+
+
+def mask_kind(mask) -> str | None:
+    """What a constant attention mask is: "none" (every key read: all True, or all 0 added),
+    "causal" (key s read by query t when s <= t, for every batch row and head), or None (a mask
+    the maps do not read, or no value recorded)."""
+    if mask is None:
+        return None
+    m = mask.detach()
+    if m.dtype == torch.bool:
+        allowed = m
+    elif m.is_floating_point():
+        allowed = m > -1e30
+        if bool((m[allowed] != 0).any()):
+            return None  # an additive bias that is not 0 / -inf
+    else:
+        return None
+    if bool(allowed.all()):
+        return "none"
+    Tq, Tk = allowed.shape[-2:]
+    tril = torch.ones(Tq, Tk, dtype=torch.bool, device=m.device).tril()
+    return "causal" if bool((allowed == tril).all()) else None
 
 
 def _getitem_node(t, n: fx.Node) -> GraphNode:
@@ -191,7 +216,11 @@ register(TracedOp("attention", _is_mha, _mha_node))
 register(
     TracedOp(
         "attention",
-        lambda gm, n: n.op == "call_function" and n.target is F.scaled_dot_product_attention,
+        lambda gm, n: (
+            n.op == "call_function"
+            and n.target
+            in (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
+        ),
         _sdpa_node,
     )
 )

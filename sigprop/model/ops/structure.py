@@ -30,9 +30,10 @@ IDENTITY_METHODS = (
     "squeeze",
     "unsqueeze",
 )
-ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
-MUL_FUNCTIONS = (operator.mul, operator.imul, torch.mul)
-DIV_FUNCTIONS = (operator.truediv, operator.itruediv, torch.div)
+_aten = torch.ops.aten
+ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add, _aten.add.Tensor)
+MUL_FUNCTIONS = (operator.mul, operator.imul, torch.mul, _aten.mul.Tensor)
+DIV_FUNCTIONS = (operator.truediv, operator.itruediv, torch.div, _aten.div.Tensor)
 
 
 def _constant_factor(n: fx.Node) -> float | None:
@@ -94,7 +95,7 @@ def _add_node(t, n: fx.Node) -> GraphNode:
     summand (``h + relu(h)``): a cross term no map follows, named.  Of a state and a constant
     (a number, or a tensor of the model's such as a learned positional embedding): ``offset``.
     """
-    gm, label, index, nodes, fx_of = t.gm, t.label(n), t.index, t.nodes, t.fx_of
+    label, index, nodes, fx_of = t.label(n), t.index, t.nodes, t.fx_of
     if n.kwargs:  # torch.add(..., alpha=...)
         return GraphNode(label, "unknown", (), why=f"{label} with alpha")
     states = [a for a in n.args if isinstance(a, fx.Node) and nodes[index[a]].op != "const"]
@@ -112,20 +113,34 @@ def _add_node(t, n: fx.Node) -> GraphNode:
         return GraphNode(label, "add", ins)
     if len(states) == 1 and len(consts) == 1:
         c = consts[0]
-        if isinstance(c, fx.Node):  # a tensor the model holds (get_attr)
-            try:
-                t = operator.attrgetter(c.target)(gm).detach().double()
-            except AttributeError:
+        tokens = None
+        if isinstance(c, fx.Node):  # a tensor the model holds (get_attr), or one computed from none
+            value = t.value(c)
+            if value is None:
                 return GraphNode(label, "unknown", ins, why=f"{label} with a constant")
-            mean, square = float(t.mean()), float(t.pow(2).mean())
+            v = value.detach().double()
+            mean, square = float(v.mean()), float(v.pow(2).mean())
+            shape = nodes[ins[0]].shape or t.shape(states[0])
+            if v.dim() >= 2 and shape and len(shape) == 2 and tuple(v.shape[-2:]) == tuple(shape):
+                tokens = _token_moment(v.reshape(-1, *shape)[0])  # per position: a positional embedding
         elif isinstance(c, (int, float)) and not isinstance(c, bool):
             mean, square = float(c), float(c) ** 2
         else:
             return GraphNode(label, "unknown", ins, why=f"{label} with a constant")
         if square == 0.0:
             return GraphNode(label, "identity", ins)
-        return GraphNode(label, "offset", ins, forward=square, bias=mean)
+        return GraphNode(label, "offset", ins, forward=square, bias=mean, params=tokens)
     return GraphNode(label, "unknown", ins, why=f"{label} of {len(states)} states")
+
+
+def _token_moment(c: torch.Tensor) -> float:
+    """Of a constant [T, d] added to every sample: the mean over positions t != s of c_t . c_s / d
+    (what two tokens of one sample share through it)."""
+    T, d = c.shape
+    if T < 2:
+        return float(c.pow(2).mean())
+    total = c.sum(0)
+    return float((total.dot(total) - c.pow(2).sum()) / (T * (T - 1) * d))
 
 
 def _calls(functions, methods):
@@ -228,16 +243,21 @@ def _scaled_back(nd: GraphNode, i: int, g: list, fold) -> None:
 
 
 def _offset(nd: GraphNode, i: int, fold) -> None:
-    """h + c, c a constant (mean c-bar = ``bias``, mean square = ``forward``)."""
+    """h + c, c a constant (mean c-bar = ``bias``, mean square = ``forward``); a constant that
+    differs between the positions of a sample (a positional embedding: ``params``, its moment
+    between two positions) adds that moment, not its square, to the shared ones."""
     c, c2 = nd.bias, nd.forward
+    cross = c2 if nd.params is None else nd.params
     fold.states[i] = [
         Part(
             s.share,
             s.q + 2 * s.mean * c + c2,
             s.mean + c,
-            s.shared + 2 * s.mean * c + c2,
+            s.shared + 2 * s.mean * c + cross,
             None,
-            tokens_of([s], lambda t: t.tok + 2 * t.mean * c + c2, sum),
+            s.tok + 2 * s.mean * c + cross
+            if nd.params is not None
+            else tokens_of([s], lambda t: t.tok + 2 * t.mean * c + c2, sum),
         )
         for s in fold.states[nd.inputs[0]]
     ]

@@ -1,0 +1,174 @@
+"""The ATen ops of torch.export's graph as traced ops (docs/theory.md §15): what a model torch.fx
+cannot trace (a Hugging Face transformer) is read by ``torch.export`` (sigprop/model/trace.py),
+whose graph calls ATen ops on parameters it reads as constants.  Weight layers (``linear``,
+``addmm`` -- GPT-2's Conv1D, x W + b), ``layer_norm``, the activations, the token embedding
+(``embedding`` of the input ids: its table's moments over uniform ids), reshapes, dropout (off in a
+probe) and splits map as their module counterparts do; ``scaled_dot_product_attention``, sums and
+scalings are ops/attention.py's and ops/structure.py's.  A GELU module written out as its formula
+(Hugging Face's ``NewGELUActivation``) is exported as the one op it computes
+(``exact_activations``)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from sigprop.model.graph import GraphNode, Part, map_op
+from sigprop.model.ops import activation as act
+from sigprop.model.ops.registry import TracedOp, register
+
+aten = torch.ops.aten
+
+#: ATen ops that leave every element's moments as they are (a probe runs dropout off)
+IDENTITY = (
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.transpose.int,
+    aten.permute.default,
+    aten.contiguous.default,
+    aten.clone.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.default,
+    aten.dropout.default,
+    aten.alias.default,
+    aten.to.dtype_layout,
+    aten.to.dtype,
+    aten.detach.default,
+    aten.split.Tensor,
+    aten.split_with_sizes.default,
+    aten.chunk.default,
+    aten.select.int,
+    aten.slice.Tensor,
+    aten.expand.default,
+)
+
+#: Hugging Face's GELU modules that write a GELU out as its formula -> the ``approximate`` it is
+TANH_GELUS = ("NewGELUActivation", "GELUTanh", "PytorchGELUTanh", "FastGELUActivation", "GELUPytorchTanh")
+
+
+@contextlib.contextmanager
+def exact_activations(model: nn.Module):
+    """While exporting: each of the model's GELU modules that computes a GELU by its formula
+    (``TANH_GELUS``; 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))), the tanh approximation
+    exactly) calls ``F.gelu(x, approximate="tanh")`` instead, so the graph holds one activation."""
+    changed = []
+    for m in model.modules():
+        if type(m).__name__ in TANH_GELUS:
+            changed.append(m)
+            m.forward = lambda x: F.gelu(x, approximate="tanh")
+    try:
+        yield
+    finally:
+        for m in changed:
+            del m.forward
+
+
+def _is(*targets):
+    return lambda gm, n: n.op == "call_function" and n.target in targets
+
+
+def _weight(t, name, inputs, w, b, transposed: bool) -> GraphNode:
+    """A weight layer y = x W^T + b (``transposed``: x W + b, GPT-2's Conv1D) per element: q' =
+    (||W||^2/rows) q + ||b||^2/rows, r = (||W||^2/cols) r'; its tokens share the weights."""
+    if w is None:
+        return GraphNode(name, "unknown", inputs, why=f"{name} with a weight that is not a parameter")
+    w = w.detach().double()
+    w = w.T if transposed else w
+    rows, cols = w.shape
+    sq = float(w.pow(2).sum())
+    bias = 0.0 if b is None else float(b.detach().double().pow(2).sum()) / rows
+    return GraphNode(name, "dense", inputs, forward=sq / rows, backward=sq / cols, bias=bias, width=rows)
+
+
+def _linear(t, n: fx.Node) -> GraphNode:
+    w = n.args[1]
+    b = n.args[2] if len(n.args) > 2 else None
+    return _weight(t, t.label(n), t.inputs(n), t.value(w), t.value(b), transposed=False)
+
+
+def _addmm(t, n: fx.Node) -> GraphNode:
+    b, w = n.args[0], n.args[2]
+    if n.kwargs.get("beta", 1) != 1 or n.kwargs.get("alpha", 1) != 1:
+        return t.unknown(n)
+    return _weight(t, t.label(n), t.inputs(n), t.value(w), t.value(b), transposed=True)
+
+
+def _layer_norm(t, n: fx.Node) -> GraphNode:
+    """``layer_norm(x, shape, weight, bias)``: ops/norm.py's layer norm over the last dims."""
+    shape = n.args[1]
+    w = t.value(n.args[2]) if len(n.args) > 2 else None
+    b = t.value(n.args[3]) if len(n.args) > 3 else None
+    g2 = 1.0 if w is None else float(w.detach().double().pow(2).mean())
+    b2 = 0.0 if b is None else float(b.detach().double().pow(2).mean())
+    units = int(np.prod(shape))
+    return GraphNode(t.label(n), "norm", t.inputs(n), forward=g2, bias=b2, units=units, group=int(shape[0]))
+
+
+def _activation(t, n: fx.Node) -> GraphNode:
+    if n.target is aten.gelu.default:
+        approx = n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none")
+        module = nn.GELU(approximate=approx)
+    else:
+        module = {aten.relu.default: nn.ReLU(), aten.tanh.default: nn.Tanh(), aten.silu.default: nn.SiLU()}[
+            n.target
+        ]
+    return act.act_node(module, t.label(n), t.inputs(n))
+
+
+def _embedding(t, n: fx.Node) -> GraphNode:
+    table = t.module(n).weight if n.op == "call_module" else t.value(n.args[0])
+    return embedding_node(table, t.label(n) if n.op != "call_module" else n.target, t.inputs(n))
+
+
+def embedding_node(table, name: str, inputs: tuple) -> GraphNode:
+    """The token embedding of ids uniform over its table: per element q = mean ||E_i||^2 / d, the
+    mean m of its entries, and two tokens' (and two samples') shared moment ||E-bar||^2 / d, the
+    mean row's (exactly: two ids drawn independently, equal or not).  Its gradient stops here (ids
+    have none)."""
+    if table is None:
+        return GraphNode(name, "unknown", inputs, why=f"{name} with a table that is not a parameter")
+    e = table.detach().double()
+    q = float(e.pow(2).mean())
+    shared = float(e.mean(0).pow(2).mean())
+    return GraphNode(
+        name, "embedding", inputs, forward=q, bias=float(e.mean()), params=shared, width=e.shape[1]
+    )
+
+
+register(
+    TracedOp("identity", _is(*IDENTITY), lambda t, n: GraphNode(t.label(n), "identity", t.inputs(n)[:1]))
+)
+register(TracedOp("dense", _is(aten.linear.default), _linear))
+register(TracedOp("dense", _is(aten.addmm.default), _addmm))
+register(TracedOp("norm", _is(aten.layer_norm.default), _layer_norm))
+register(
+    TracedOp(
+        "act", _is(aten.gelu.default, aten.relu.default, aten.tanh.default, aten.silu.default), _activation
+    )
+)
+register(TracedOp("embedding", _is(aten.embedding.default), _embedding))
+register(
+    TracedOp(
+        "embedding",
+        lambda gm, n: (
+            n.op == "call_module"
+            and type(gm.get_submodule(n.target)) is nn.Embedding
+            and gm.get_submodule(n.target).max_norm is None
+        ),
+        _embedding,
+    )
+)
+
+
+def _embedding_forward(nd: GraphNode, i: int, fold) -> None:
+    fold.states[i] = [Part(1.0, nd.forward, nd.bias, nd.params, None, nd.params)]
+
+
+map_op("embedding", _embedding_forward, lambda nd, i, g, fold: None)

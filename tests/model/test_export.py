@@ -1,0 +1,137 @@
+"""Models torch.fx cannot trace, read by torch.export at the ATen level (issue 39): Hugging Face
+BERT and GPT-2 from small configs, token ids in, the traced theory beside the measurement.
+
+Tolerances: per layer the maps are infinite-width (d = 64: ~2% a layer, docs/theory.md §4); the
+forward within 5% and the token cosine within 0.05 (the issue's bound) at every layer site over
+2 draws.  The backward: BERT within 10%; GPT-2 within 10% at its last layers but, as measured,
+over-predicted towards its embeddings (causal attention: the maps carry the mean over tokens, not
+each token's own moment, docs/theory.md §15) -- asserted within 25% there, the gap written down."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import sigprop
+from sigprop.model.ops.attention import mask_kind
+from sigprop.model.trace import trace_graph
+
+transformers = pytest.importorskip("transformers")
+
+
+def bert():
+    cfg = transformers.BertConfig(
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=256,
+        vocab_size=200,
+        max_position_embeddings=32,
+    )
+    return transformers.BertModel(cfg)
+
+
+def gpt2():
+    cfg = transformers.GPT2Config(
+        n_embd=64, n_layer=3, n_head=4, vocab_size=200, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.GPT2Model(cfg)
+
+
+def _probe(make):
+    return sigprop.probe_module(model=make, input_shape=(16,), vocab=200, samples=8, seeds=2, device="cpu")
+
+
+def test_bert_is_traced_by_torch_export_and_follows_the_maps():
+    r = _probe(bert)
+    notes = r.config["theory_notes"]
+    assert any("traced by torch.export" in n for n in notes)
+    assert not [n for n in notes if n.startswith("no moment map")]
+    layers = [l for l in r.runs[0].layers if l.name.startswith("encoder.layer.")]
+    assert len(layers) == 3
+    for l in layers:
+        assert l.forward.predicted == pytest.approx(l.forward.rms, rel=0.05)
+        assert l.backward.predicted == pytest.approx(l.backward.rms, rel=0.10)
+        assert l.tokens.predicted == pytest.approx(l.tokens.mean, abs=0.05)
+    # the token-type and position embeddings make the tokens of a sample share ~1/3
+    assert layers[0].tokens.mean > 0.2
+
+
+def test_gpt2_is_traced_with_its_causal_mask_and_tanh_gelu():
+    r = _probe(gpt2)
+    notes = r.config["theory_notes"]
+    assert not [n for n in notes if n.startswith("no moment map")]
+    layers = {l.name: l for l in r.runs[0].layers}
+    for name in ("h.0", "h.1", "h.2", "ln_f"):
+        l = layers[name]
+        assert l.forward.predicted == pytest.approx(l.forward.rms, rel=0.05), name
+        assert l.tokens.predicted == pytest.approx(l.tokens.mean, abs=0.05), name
+        assert l.backward.predicted == pytest.approx(l.backward.rms, rel=0.25), name
+    assert layers["h.2"].backward.predicted == pytest.approx(layers["h.2"].backward.rms, rel=0.10)
+    assert layers["h.0"].tokens.entropy > 0.99  # N(0, 0.02^2) weights: uniform attention
+
+
+def test_a_reused_export_reads_each_draws_own_weights():
+    """The second draw reuses the exported graph with its own weights loaded: its prediction
+    equals a fresh export's on the same weights."""
+    from sigprop.model import trace as tr
+
+    torch.manual_seed(0)
+    a, b = gpt2().eval(), gpt2().eval()
+    ids = torch.randint(0, 200, (2, 16))
+    tr._EXPORTED.clear()
+    first = trace_graph(a, ids)
+    second = trace_graph(b, ids)  # reused, b's weights
+    tr._EXPORTED.clear()
+    fresh = trace_graph(b, ids)
+    assert first.tracer == second.tracer == "torch.export"
+    from sigprop.model.graph import predict_graph
+
+    q2 = predict_graph(second.nodes, 1.0).q
+    qf = predict_graph(fresh.nodes, 1.0).q
+    assert [round(v, 12) if v is not None else None for v in q2] == [
+        round(v, 12) if v is not None else None for v in qf
+    ]
+    assert predict_graph(first.nodes, 1.0).q != q2
+
+
+def test_mask_kinds():
+    T = 5
+    tril = torch.ones(T, T, dtype=torch.bool).tril()
+    assert mask_kind(torch.ones(2, 1, T, T, dtype=torch.bool)) == "none"
+    assert mask_kind(tril.expand(2, 1, T, T)) == "causal"
+    assert mask_kind(torch.zeros(T, T).masked_fill(~tril, -torch.inf)) == "causal"
+    assert mask_kind(torch.zeros(T, T).masked_fill(~tril, torch.finfo(torch.float32).min)) == "causal"
+    assert mask_kind(torch.randn(T, T)) is None  # an additive bias
+    assert mask_kind(tril.T) is None
+
+
+def test_the_tanh_gelu_written_out_is_the_one_op():
+    """Hugging Face's NewGELUActivation is the tanh GELU exactly (the export writes it as one)."""
+    from transformers.activations import NewGELUActivation
+
+    x = torch.randn(1000, dtype=torch.float64) * 3
+    assert torch.allclose(NewGELUActivation()(x), F.gelu(x, approximate="tanh"), atol=1e-12)
+
+
+class Unreadable(nn.Module):
+    """Data-dependent control flow: neither tracer reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        if bool(h.sum() > 0):
+            return h
+        return -h
+
+
+def test_a_model_no_tracer_reads_is_measured_with_both_reasons():
+    r = sigprop.probe_module(model=Unreadable, input_shape=(8,), samples=8, device="cpu", sites="a")
+    note = r.config["theory_notes"][0]
+    assert "torch.fx could not trace" in note and "torch.export neither" in note
+    assert r.runs[0].layers[0].forward.rms > 0
