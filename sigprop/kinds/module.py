@@ -529,27 +529,7 @@ class ModuleKind(Kind):
         sf = _separations(pf, arrays, "fwd")
         sb = _separations(pb, arrays, "bwd")
         reached = np.asarray(arrays.get("reached", np.ones((1, E)))).any(axis=0)
-        rounding = stats.rounding_ln(probe.dtype, E)
-        layers = []
-        for i in range(E):
-            f = stats.ratio_stats(arrays["fwd"][:, i, :])
-            b = stats.ratio_stats(arrays["bwd"][:, i, :]) if reached[i] else stats.no_ratio()
-            stats.attach_prediction(f, pf[i], plan.spread_forward[i], rounding=rounding, separation=sf[i])
-            if reached[i]:
-                stats.attach_prediction(
-                    b, pb[i], plan.spread_backward[i], rounding=rounding, separation=sb[i]
-                )
-            layers.append(
-                LayerRecord(
-                    index=i + 1,
-                    width=plan.entries[i],
-                    forward=f,
-                    backward=b,
-                    name=plan.sites[i],
-                    off_path=not reached[i],
-                    tokens=_tokens(arrays, i),
-                )
-            )
+        layers = _site_rows(plan, arrays, probe, reached, (pf, pb), (sf, sb))
         off = [plan.sites[i] for i in range(E) if not reached[i]]
         note = off_path_note(off)
         if note and note not in plan.site_notes:
@@ -595,8 +575,9 @@ class ModuleKind(Kind):
                 t.note = f"the traced theory predicts a typical ratio of {stats.fmt((p - var) / stats.LN10)}"
             own.append(t)
         if spec.max_token_cosine is not None:
-            row = layers[last]
-            checks.append(stats.token_cosine_check(row.name, row.tokens, spec.max_token_cosine))
+            checks.append(
+                stats.token_cosine_check(layers[last].name, layers[last].tokens, spec.max_token_cosine)
+            )
         return RunResult(
             init=name,
             widths=list(plan.entries),
@@ -606,6 +587,27 @@ class ModuleKind(Kind):
             gate=gate.gate,
             ends=(last, first),
         )
+
+
+def _site_rows(plan, arrays: dict, probe, reached, preds, seps) -> list[LayerRecord]:
+    """One row per site: the measured ratios with their predictions (``preds``: RMS over draws;
+    ``seps``: the shifts of the factor-of-two alternatives) and finite-width bands, the token
+    statistics; a site off the output's path has no backward ratio."""
+    (pf, pb), (sf, sb) = preds, seps
+    rounding = stats.rounding_ln(probe.dtype, len(plan.sites))
+    layers = []
+    for i, site in enumerate(plan.sites):
+        f = stats.ratio_stats(arrays["fwd"][:, i, :])
+        b = stats.ratio_stats(arrays["bwd"][:, i, :]) if reached[i] else stats.no_ratio()
+        stats.attach_prediction(f, pf[i], plan.spread_forward[i], rounding=rounding, separation=sf[i])
+        if reached[i]:
+            stats.attach_prediction(b, pb[i], plan.spread_backward[i], rounding=rounding, separation=sb[i])
+        layers.append(
+            LayerRecord(
+                i + 1, plan.entries[i], f, b, name=site, off_path=not reached[i], tokens=_tokens(arrays, i)
+            )
+        )
+    return layers
 
 
 def _tokens(arrays: dict, i: int):

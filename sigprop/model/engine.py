@@ -128,7 +128,6 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     arrays: dict[str, dict[str, np.ndarray]] = {}
     # a data-dependent init calibrates on the probe's inputs (a chunk's worth with --batch-size)
     calib = build.rows(x, 0, spec.batch_size) if spec.batch_size else x
-    all(t.is_floating_point() for t in (x if isinstance(x, tuple) else (x,)))
     tokens = sequence_length(x)
     for name, scheme in zip(names, schemes):
         got: dict[str, list] = {
@@ -141,21 +140,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
             what = f"init {name!r}: the model"
             traced = trace.trace_graph(model, x, what)
             if not plan.sites:  # one forward of two samples: the input checked, the sites, the memory
-                seen = (
-                    traced.survey
-                    if traced and traced.survey
-                    else sites.survey(model, build.rows(x, 0, 2), what)
-                )
-                plan.sites, plan.site_notes = sites.resolve_sites(model, spec.sites, seen.called)
-                if seen.output:
-                    plan.site_notes.insert(0, seen.output)
-                weights = sum(p.numel() * p.element_size() for p in model.parameters())
-                # the leaf outputs of the batch: 9.2 GiB estimated, 9.0 GiB peak measured for
-                # DenseNet121 at 3x224x224 with 64 samples (benchmarks/module.py)
-                rows = min(spec.batch_size or probe_spec.samples, probe_spec.samples)
-                dev.check_memory(
-                    weights + seen.per_sample * rows, device, kind.size_fields, MODEL_MEMORY_HINT
-                )
+                _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what, device)
             got_ = measure.measure(model, x, e_seed, plan.sites, spec.batch_size, what, tokens)
             if not started:  # the banner once the model has run: a model that cannot, says only why
                 started = True
@@ -164,13 +149,8 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
             if not plan.entries:
                 plan.entries = list(got_.units)
             got["reached"].append(np.asarray(got_.reached, dtype=np.float64))
-            measured = (
-                ("fwd", got_.ln_f),
-                ("bwd", got_.ln_b),
-                ("cosine", got_.cosine),
-                ("entropy", got_.entropy),
-            )
-            for k, v in (*measured, *_model_prediction(traced, x, plan, kind).items()):
+            measured = {"fwd": got_.ln_f, "bwd": got_.ln_b, "cosine": got_.cosine, "entropy": got_.entropy}
+            for k, v in {**measured, **_model_prediction(traced, x, plan, kind)}.items():
                 got[k].append(v)
             done += 1
             if progress is not None:
@@ -178,6 +158,20 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
         arrays[name] = {k: np.stack(v) for k, v in got.items()}
         shared.check_finite(name, arrays[name])
     return Measured(kind, plan, names, schemes, arrays, env)
+
+
+def _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what: str, device) -> None:
+    """The first draw's sites (``plan.sites``, their notes) from the trace's survey or one forward
+    of two samples with hooks, and the batch's memory refused before it runs."""
+    seen = traced.survey if traced and traced.survey else sites.survey(model, build.rows(x, 0, 2), what)
+    plan.sites, plan.site_notes = sites.resolve_sites(model, spec.sites, seen.called)
+    if seen.output:
+        plan.site_notes.insert(0, seen.output)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    # the leaf outputs of the batch: 9.2 GiB estimated, 9.0 GiB peak measured for DenseNet121 at
+    # 3x224x224 with 64 samples (benchmarks/module.py)
+    rows = min(spec.batch_size or probe_spec.samples, probe_spec.samples)
+    dev.check_memory(weights + seen.per_sample * rows, device, kind.size_fields, MODEL_MEMORY_HINT)
 
 
 def sequence_length(x) -> int | None:
