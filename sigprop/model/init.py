@@ -17,7 +17,7 @@ from torch.nn.utils.parametrize import ParametrizationList
 from sigprop import inits
 from sigprop.errors import SigpropError
 from sigprop.kernels import sampling
-from sigprop.model import ops
+from sigprop.model import ops, trace
 from sigprop.model.build import call, first_line
 from sigprop.model.ops.linear import DENSE_MODULES
 from sigprop.model.ops.norm import NORM_MODULES
@@ -99,7 +99,18 @@ def _wn_parts(m: nn.Module):
 PASS_THROUGH = ("identity", "scale")
 
 
-def roles(model: nn.Module) -> tuple[dict[str, tuple[str, int, int]], str]:
+def _example(model: nn.Module, batch):
+    """An input to export the model on: the batch's first tensor, or a Hugging Face model's own
+    ``dummy_inputs`` (its token ids); None."""
+    if batch is not None:
+        first = batch[0] if isinstance(batch, tuple) else batch
+        return first if len(batch if isinstance(batch, tuple) else (batch,)) == 1 else None
+    dummy = getattr(model, "dummy_inputs", None)
+    ids = dummy.get("input_ids") if isinstance(dummy, dict) else None
+    return ids if isinstance(ids, torch.Tensor) and ids.shape[0] >= 2 else None
+
+
+def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]], str]:
     """Each Linear/ConvNd's role as the paper's init reads it, from the model's fx graph:
     {module path: (kind, blocks_in_stage, block_index)} with kind ``relu`` (an activation reads
     its output, through norms), ``block_last`` (the last weight layer of a residual branch: the
@@ -112,12 +123,23 @@ def roles(model: nn.Module) -> tuple[dict[str, tuple[str, int, int]], str]:
     try:
         gm = ops.symbolic_trace(model)
     except Exception as exc:
-        return {}, f"torch.fx could not trace the model ({type(exc).__name__}: {first_line(exc)})"
+        why = f"torch.fx could not trace the model ({type(exc).__name__}: {first_line(exc)})"
+        x = _example(model, batch)
+        if x is None:
+            return {}, why
+        try:  # torch.export's ATen graph: its weight layers named by the modules they run in
+            gm = trace.exported_graph(model, x)
+        except Exception as exc2:
+            return {}, f"{why}; torch.export neither ({type(exc2).__name__}: {first_line(exc2)})"
     nodes = list(gm.graph.nodes)
     kind_of: dict[fx.Node, str] = {}
+    dynamic: set = set()  # what depends on an input: a sum with anything else adds a constant
+    for n in nodes:
+        if n.op == "placeholder" or any(a in dynamic for a in n.all_input_nodes):
+            dynamic.add(n)
     for n in nodes:
         k = ops.kind_of(gm, n)
-        if k == "add" and len(n.all_input_nodes) != 2:
+        if k == "add" and (len(n.all_input_nodes) != 2 or not all(a in dynamic for a in n.all_input_nodes)):
             k = "identity"  # x + a constant: no join
         elif k in ("mul", "div"):
             k = "scale" if len(n.all_input_nodes) == 1 else "other"
@@ -140,12 +162,16 @@ def roles(model: nn.Module) -> tuple[dict[str, tuple[str, int, int]], str]:
                 break
             if kind_of[u] in ("norm", "identity", "scale"):
                 frontier += list(u.users)
-        out[n.target] = (role, 1, 0)
+        out[trace.module_path(n)] = (role, 1, 0)
 
     def last_dense(n):
+        """The path of the last weight layer of a branch ending at n (an attention module's: its
+        output projection)."""
         while kind_of.get(n) in PASS_THROUGH:
             n = n.all_input_nodes[0]
-        return n if kind_of.get(n) == "dense" else None
+        if kind_of.get(n) == "attention" and n.op == "call_module":
+            return f"{n.target}.out_proj"
+        return trace.module_path(n) if kind_of.get(n) == "dense" else None
 
     joins = []
     for n in nodes:
@@ -163,7 +189,7 @@ def roles(model: nn.Module) -> tuple[dict[str, tuple[str, int, int]], str]:
             common = ancestors[a] & ancestors[b]
             for k in ancestors[skip] - common:
                 if kind_of[k] == "dense":
-                    out[k.target] = ("projection", 1, 0)
+                    out[trace.module_path(k)] = ("projection", 1, 0)
         projected = skip not in ancestors[branch]
         joins.append((last_dense(branch), projected))
     stages: list[list] = []
@@ -174,7 +200,7 @@ def roles(model: nn.Module) -> tuple[dict[str, tuple[str, int, int]], str]:
     for stage in stages:
         for i, last in enumerate(stage):
             if last is not None:
-                out[last.target] = ("block_last", len(stage), i)
+                out[last] = ("block_last", len(stage), i)
     return out, ""
 
 
@@ -213,7 +239,7 @@ def init_(
         raise SigpropError(
             f"init {scheme.name!r} calibrates on a batch: pass batch= (the inputs)", field="init"
         )
-    records = _draw(model, scheme, seed, draw, wn, blocks, roles_)
+    records = _draw(model, scheme, seed, draw, wn, blocks, roles_, batch)
     if scheme.standardizes:
         calibrate(model, [r.name for r in records if r.set], batch)
         layers = dict(model.named_modules())
@@ -304,17 +330,86 @@ class _Stop(BaseException):
     """Ends a calibration's forward at the layer it reads (not an Exception: ``build.call`` lets it by)."""
 
 
-def _draw(model, scheme, seed, draw, wn, blocks, roles_) -> list[InitRecord]:
+def _plain(scheme, role, gen, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One plain weight matrix [fan_out, fan_in] and its bias (None: zero) of a role, drawn by the
+    scheme's sampler as sigprop's own layers are."""
+    p = sampling.sample(scheme, role, gen, like.device, like.dtype)
+    w = p.v.reshape(role.fan_out, role.fan_in).to(like.dtype) * p.scale.reshape(-1, 1).to(like.dtype)
+    return w, None if p.bias is None else p.bias.reshape(-1).to(like.dtype)
+
+
+def _other(name: str, m: nn.Module, scheme, role_of, gen_of) -> InitRecord | None:
+    """The modules beside Linear/ConvNd that a transformer holds (issue 39): an
+    ``nn.MultiheadAttention``'s query, key and value projections (three layers of its in-projection
+    -- no activation reads them: gain 1 --, their biases 0), a Hugging Face ``Conv1D`` (x W + b: a
+    dense layer with W [fan_in, fan_out]) and an embedding table (rows N(0, I): the tokens at the
+    scale of the probe's float inputs).  None for a module this does not read (a normalisation's
+    gain and offset are kept, named)."""
+    with torch.no_grad():
+        if isinstance(m, nn.MultiheadAttention) and m.bias_k is None:
+            d = m.embed_dim
+            mats = (
+                [(m.in_proj_weight, k) for k in range(3)]
+                if m._qkv_same_embed_dim
+                else [(m.q_proj_weight, None), (m.k_proj_weight, None), (m.v_proj_weight, None)]
+            )
+            for i, (param, k) in enumerate(mats):
+                rows = param.shape[0] // 3 if k is not None else param.shape[0]
+                role = inits.LayerRole(fan_in=param.shape[1], fan_out=rows, kind="linear")
+                w, _ = _plain(scheme, role, gen_of(), param)
+                (param[k * rows : (k + 1) * rows] if k is not None else param).copy_(w)
+            if m.in_proj_bias is not None:
+                m.in_proj_bias.zero_()
+            return InitRecord(
+                name, type(m).__name__, d, 3 * d, False, True, "linear", note="q, k, v projections"
+            )
+        if type(m).__name__ == "Conv1D" and getattr(m, "weight", None) is not None and m.weight.dim() == 2:
+            fan_in, fan_out = m.weight.shape
+            kind, B, i = role_of(name)
+            role = inits.LayerRole(
+                fan_in=fan_in, fan_out=fan_out, kind=kind, blocks_in_stage=B, block_index=i
+            )
+            w, b = _plain(scheme, role, gen_of(), m.weight)
+            m.weight.copy_(w.T)
+            if getattr(m, "bias", None) is not None:
+                m.bias.copy_(torch.zeros_like(m.bias) if b is None else b)
+            return InitRecord(name, "Conv1D", fan_in, fan_out, False, True, kind, B)
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+            gen = gen_of()
+            m.weight.copy_(torch.randn(m.weight.shape, generator=gen, device=gen.device).to(m.weight))
+            return InitRecord(
+                name, type(m).__name__, 0, m.weight.shape[1], False, True, "embedding", note="rows N(0, I)"
+            )
+    return None
+
+
+def _draw(model, scheme, seed, draw, wn, blocks, roles_, batch=None) -> list[InitRecord]:
     """``init_``'s draw of every layer (before any calibration)."""
-    found, why = roles(model)
+    found, why = roles(model, batch)
     records: list[InitRecord] = []
     index = 0
+
+    def gen_of():
+        nonlocal index
+        index += 1
+        return sampling.layer_generator(seed, draw, index, next(model.parameters()).device)
+
+    def role_of(name):
+        kind, B, i = found.get(name, ("relu", 1, 0))
+        return (roles_ or {}).get(name, kind), int((blocks or {}).get(name, B)), i
+
     for name, m in list(model.named_modules()):
         if not isinstance(m, DENSE_MODULES):
             own = [n for n, _ in m.named_parameters(recurse=False)]
             if own and not isinstance(m, ParametrizationList):  # a WN layer's g and v are its layer's
+                done = _other(name, m, scheme, role_of, gen_of)
+                if done is not None and done.kind == "Conv1D" and name not in found:
+                    done.note = (
+                        f"role not read ({why or 'no call of this module in the traced graph'}): {ASSUMED}"
+                    )
                 records.append(
-                    InitRecord(
+                    done
+                    or InitRecord(
                         name, type(m).__name__, 0, 0, False, False, note=_why_left(m), parameters=tuple(own)
                     )
                 )

@@ -252,6 +252,30 @@ def _reused(model: nn.Module, two: tuple):
     return gm, rec
 
 
+def exported_graph(model: nn.Module, x) -> fx.GraphModule:
+    """torch.export's graph of the model on the first two rows of ``x`` (the one kept for its key,
+    ``_export_key``, when there is one: the structure is what the init's roles read); raises what
+    torch.export raises."""
+    two = (x[:2],)
+    key = _export_key(model, two)
+    if key not in _EXPORTED:
+        with torch.no_grad(), ops.aten.exact_activations(model), contextlib.redirect_stderr(io.StringIO()):
+            _EXPORTED[key] = torch.export.export(_Exported(model), two, strict=False).module()
+    return _EXPORTED[key]
+
+
+def module_path(n: fx.Node) -> str:
+    """The module an fx node runs in: a call_module's target, else the deepest path of its
+    ``nn_module_stack`` (an exported graph's, less the wrapper's ``m.``)."""
+    if n.op == "call_module":
+        return n.target
+    stack = list((n.meta.get("nn_module_stack") or {}).values())
+    if not stack:
+        return ""
+    path = stack[-1][0] if isinstance(stack[-1], tuple) else str(stack[-1])
+    return path[2:] if path.startswith("m.") else ("" if path == "m" else path)
+
+
 class _Recording(ShapeProp):
     """ShapeProp that also keeps the values of the nodes that depend on no input (positions,
     masks, constant embeddings: they are the same for every sample)."""

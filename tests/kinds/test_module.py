@@ -738,8 +738,7 @@ def test_token_inputs_and_what_an_init_leaves_are_said():
         assert run.layers[0].forward.rms == pytest.approx(1.0, rel=1e-12)
         assert all(l.backward.rms > 0 for l in run.layers)
     assert r.config["init_notes"] == [
-        "init 'proposed' left 3 parameter(s) as they were: Embedding emb (weight: an embedding table, kept); "
-        "Bilinear odd (weight, bias: not understood)"
+        "init 'proposed' left 2 parameter(s) as they were: Bilinear odd (weight, bias: not understood)"
     ]
     # the embedding is mapped (issue 39): the theory reaches the first sites, the bilinear is named
     assert r.runs[0].layers[0].forward.predicted == pytest.approx(1.0)

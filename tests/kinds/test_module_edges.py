@@ -406,15 +406,24 @@ def test_init_names_every_parameter_it_leaves():
     records = init_(model, "proposed")
     named = {r.name: r for r in records}
     assert named["out"].set and named["attn.out_proj"].set
-    assert named["attn"].parameters == ("in_proj_weight", "in_proj_bias") and not named["attn"].set
-    assert named["emb"].note == "an embedding table, kept" and named["norm"].parameters == ("weight", "bias")
+    # issue 39: the attention's q, k, v projections and the embedding are drawn too
+    assert named["attn"].set and named["attn"].note == "q, k, v projections"
+    assert named["emb"].set and named["emb"].note == "rows N(0, I)"
+    assert named["norm"].parameters == ("weight", "bias") and not named["norm"].set
     # every parameter is set or named
     covered = {f"{r.name}.{p}" for r in records if not r.set for p in r.parameters}
-    covered |= {f"{r.name}.{p}" for r in records if r.set for p in ("weight", "bias")}
+    covered |= {
+        f"{r.name}.{p}"
+        for r in records
+        if r.set
+        for p, _ in model.get_submodule(r.name).named_parameters(recurse=False)
+    }
     assert covered == {n for n, _ in model.named_parameters()}
     notes = init_notes("proposed", records)
-    assert notes[0].startswith("init 'proposed' left 5 parameter(s) as they were: Embedding emb (weight")
-    assert "MultiheadAttention attn (in_proj_weight, in_proj_bias: not understood)" in notes[0]
+    assert notes[0] == (
+        "init 'proposed' left 2 parameter(s) as they were: LayerNorm norm (weight, bias: a normalisation's "
+        "gain and offset, kept)"
+    )
 
 
 def test_what_init_assumed_without_a_graph_is_said(capsys, tmp_path):

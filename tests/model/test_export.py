@@ -135,3 +135,34 @@ def test_a_model_no_tracer_reads_is_measured_with_both_reasons():
     note = r.config["theory_notes"][0]
     assert "torch.fx could not trace" in note and "torch.export neither" in note
     assert r.runs[0].layers[0].forward.rms > 0
+
+
+def test_init_reads_gpt2s_roles_from_its_exported_graph():
+    """sigprop.init_ on GPT-2 (issue 39): every Conv1D drawn with its role read from the ATen graph
+    -- c_attn linear (attention reads it), c_fc a GELU layer, each branch's c_proj 1/B with B = 2L
+    (its attention and MLP branches) -- the embeddings drawn, only the LayerNorms' gains kept."""
+    model = gpt2()
+    records = sigprop.init_(model, "proposed")
+    by = {r.name: r for r in records}
+    assert (by["h.0.attn.c_attn"].role, by["h.0.mlp.c_fc"].role) == ("linear", "relu")
+    assert {
+        (by[f"h.{i}.{b}.c_proj"].role, by[f"h.{i}.{b}.c_proj"].blocks_in_stage)
+        for i in range(3)
+        for b in ("attn", "mlp")
+    } == {("block_last", 6)}
+    assert by["wte"].set and by["wpe"].set and not any(r.note.startswith("role not read") for r in records)
+    assert {r.kind for r in records if not r.set} == {"LayerNorm"}
+
+
+def test_gpt2_with_the_papers_init_follows_the_maps_everywhere():
+    """With ``proposed`` (its residual rule read from the graph) GPT-2's backward ratios follow
+    the maps at every site too (within 5%), and the signal is preserved."""
+    r = sigprop.probe_module(
+        model=gpt2, input_shape=(16,), vocab=200, inits=["proposed"], samples=8, seeds=2, device="cpu"
+    )
+    run = r.runs[0]
+    assert run.preserved
+    for l in run.layers:
+        if l.forward.predicted is not None and not l.off_path:
+            assert l.forward.predicted == pytest.approx(l.forward.rms, rel=0.05), l.name
+            assert l.backward.predicted == pytest.approx(l.backward.rms, rel=0.05), l.name
