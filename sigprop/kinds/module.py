@@ -568,7 +568,8 @@ class ModuleKind(Kind):
                 c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
             checks.append(c)
             if p is None:
-                own.append(stats.untestable(cname, st.log10_mean, plan.notes[0] if plan.notes else None))
+                why = next((n for n in plan.notes if not n.startswith(INFORMATIONAL)), None)
+                own.append(stats.untestable(cname, st.log10_mean, why))
                 continue
             t = stats.theory_gate(cname, st, *theory.log_band(p, var, z), p - var, sep)
             if not t.passed and t.has_band:
@@ -587,6 +588,10 @@ class ModuleKind(Kind):
             gate=gate.gate,
             ends=(last, first),
         )
+
+
+#: theory notes that say how the theory was read, not why a prediction is missing
+INFORMATIONAL = ("theory traced by", "attention:")
 
 
 def _site_rows(plan, arrays: dict, probe, reached, preds, seps) -> list[LayerRecord]:

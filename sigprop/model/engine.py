@@ -205,8 +205,6 @@ def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
     xs = x if isinstance(x, tuple) else (x,)
     if traced.nodes is None:
         return none(traced.why)
-    if traced.tracer != "torch.fx" and not any(n.startswith("theory traced by") for n in plan.notes):
-        plan.notes.append(f"theory traced by {traced.tracer} (ATen ops; torch.fx could not trace the model)")
     nodes, where = traced.nodes, traced.where(plan.sites)
     floating = all(t.is_floating_point() for t in xs)
     # the ratios' reference: all inputs' elements together; each input node starts from its own
@@ -228,6 +226,10 @@ def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
         note = f"no moment map for {preds[''].unmapped}: measured only from there on"
         if note not in plan.notes:
             plan.notes.append(note)
+    # informational notes after the one that says why a prediction is missing (the verdicts read
+    # the first as the reason)
+    if traced.tracer != "torch.fx" and not any(n.startswith("theory traced by") for n in plan.notes):
+        plan.notes.append(f"theory traced by {traced.tracer} (ATen ops; torch.fx could not trace the model)")
     if preds[""].regimes and not any(n.startswith("attention:") for n in plan.notes):
         s2 = preds[""].regimes
         plan.notes.append(

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from sigprop.model.graph import GraphNode, Part, map_op
 from sigprop.model.ops import activation as act
+from sigprop.model.ops.linear import _dense_node
 from sigprop.model.ops.registry import TracedOp, register
 
 aten = torch.ops.aten
@@ -47,6 +48,7 @@ IDENTITY = (
     aten.select.int,
     aten.slice.Tensor,
     aten.expand.default,
+    aten.flatten.using_ints,
 )
 
 #: Hugging Face's GELU modules that write a GELU out as its formula -> the ``approximate`` it is
@@ -100,6 +102,35 @@ def _addmm(t, n: fx.Node) -> GraphNode:
     return _weight(t, t.label(n), t.inputs(n), t.value(w), t.value(b), transposed=True)
 
 
+def _conv(t, n: fx.Node) -> GraphNode:
+    """``conv{1,2,3}d(x, weight, bias, stride, padding, dilation, groups)``: the module's map
+    (ops/linear.py), read from a conv module rebuilt on the same weights and arguments."""
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    a = {**dict(zip(names, n.args)), **n.kwargs}
+    w, b = t.value(a.get("weight")), t.value(a.get("bias"))
+    shape_in, shape_out = t.shape(a["input"]), t.shape(n)
+    if w is None or not shape_in or not shape_out or isinstance(a.get("padding"), str):
+        return t.unknown(n)
+    d = w.dim() - 2
+    cls = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[d]
+    groups = int(a.get("groups", 1))
+    m = cls(
+        w.shape[1] * groups,
+        w.shape[0],
+        tuple(w.shape[2:]),
+        stride=a.get("stride", 1),
+        padding=a.get("padding", 0),
+        dilation=a.get("dilation", 1),
+        groups=groups,
+        bias=b is not None,
+        device="meta",
+    )
+    m.weight = nn.Parameter(w.detach(), requires_grad=False)
+    if b is not None:
+        m.bias = nn.Parameter(b.detach(), requires_grad=False)
+    return _dense_node(m, shape_in, shape_out, t.label(n), t.inputs(n)[:1])
+
+
 def _layer_norm(t, n: fx.Node) -> GraphNode:
     """``layer_norm(x, shape, weight, bias)``: ops/norm.py's layer norm over the last dims."""
     shape = n.args[1]
@@ -148,6 +179,7 @@ register(
 register(TracedOp("dense", _is(aten.linear.default), _linear))
 register(TracedOp("dense", _is(aten.addmm.default), _addmm))
 register(TracedOp("norm", _is(aten.layer_norm.default), _layer_norm))
+register(TracedOp("dense", _is(aten.conv1d.default, aten.conv2d.default, aten.conv3d.default), _conv))
 register(
     TracedOp(
         "act", _is(aten.gelu.default, aten.relu.default, aten.tanh.default, aten.silu.default), _activation

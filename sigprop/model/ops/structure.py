@@ -158,13 +158,31 @@ def _identity_matches(gm: fx.GraphModule, n: fx.Node) -> bool:
     return _calls(IDENTITY_FUNCTIONS, IDENTITY_METHODS)(gm, n)
 
 
-def _cat(t, n) -> GraphNode:
-    """Each input's elements, unchanged: q the units-weighted mean, each gradient its part."""
+def _cat(t, n) -> GraphNode | list:
+    """Each input's elements, unchanged: q the units-weighted mean, each gradient its part.  An
+    input that is a constant (ViT's class token, expanded over the batch) becomes a node of its
+    own first, a state of its values' moments (``constant``), the same for every sample."""
     ins, shape = t.inputs(n), t.shape
-    if shape(n) and all(shape(a) for a in n.all_input_nodes) and len(ins) == len(n.all_input_nodes):
-        sizes = [math.prod(shape(a)) for a in n.all_input_nodes]
-        return GraphNode(t.label(n), "cat", ins, shares=tuple(z / sum(sizes) for z in sizes))
-    return t.unknown(n)
+    parts = list(n.args[0]) if n.args and isinstance(n.args[0], (list, tuple)) else list(n.all_input_nodes)
+    if not shape(n) or not all(isinstance(a, fx.Node) and shape(a) for a in parts):
+        return t.unknown(n)
+    sizes = [math.prod(shape(a)) for a in parts]
+    shares = tuple(z / sum(sizes) for z in sizes)
+    if len(ins) == len(parts):
+        return GraphNode(t.label(n), "cat", ins, shares=shares)
+    out, inputs = [], []
+    for a in parts:
+        if a in t.index and t.nodes[t.index[a]].op != "const":
+            inputs.append(t.index[a])
+            continue
+        v = t.value(a)
+        if v is None or not ins:
+            return t.unknown(n)
+        c = v.detach().double()
+        q = float(c.pow(2).mean())
+        out.append(GraphNode(f"{t.label(n)}.constant", "constant", ins[:1], forward=q, bias=float(c.mean())))
+        inputs.append(len(t.nodes) + len(out) - 1)
+    return out + [GraphNode(t.label(n), "cat", tuple(inputs), shares=shares)]
 
 
 def _scale(kind: str):
@@ -179,10 +197,22 @@ def _scale(kind: str):
 
 
 register(TracedOp("identity", _identity_matches, lambda t, n: GraphNode(t.label(n), "identity", t.inputs(n))))
-register(TracedOp("cat", lambda gm, n: n.op == "call_function" and n.target is torch.cat, _cat))
+register(
+    TracedOp(
+        "cat",
+        lambda gm, n: n.op == "call_function" and n.target in (torch.cat, torch.ops.aten.cat.default),
+        _cat,
+    )
+)
 register(TracedOp("add", _calls(ADD_FUNCTIONS, ("add", "add_")), _add_node))
 register(TracedOp("mul", _calls(MUL_FUNCTIONS, ("mul", "mul_")), _scale("mul")))
 register(TracedOp("div", _calls(DIV_FUNCTIONS, ("div", "div_")), _scale("div")))
+
+
+def _constant(nd: GraphNode, i: int, fold) -> None:
+    """A constant part of a state (its input only orders it): second moment, mean, and -- the
+    same values in every sample -- shared moments equal to its second moment."""
+    fold.states[i] = [Part(1.0, nd.forward, nd.bias, nd.forward)]
 
 
 def _passes(nd: GraphNode, i: int, fold) -> None:
@@ -288,3 +318,4 @@ map_op("add", _add, _gives_back)
 map_op("offset", _offset, _gives_back)
 map_op("scale", _scaled, _scaled_back)
 map_op("cat", _concatenated, _concatenated_back)
+map_op("constant", _constant, lambda nd, i, g, fold: None)
