@@ -95,6 +95,10 @@ class Part:
     #: E[x_t x_s] for one unit at two tokens of one sample, where it differs from ``shared`` (two
     #: samples): after an op that mixes the tokens of a sample (attention); None: equal to it
     tokens: float | None = None
+    #: "tokens": the part is a group of the tokens of a sample (a class token beside the patches:
+    #: a concatenation along the tokens), which every op but attention maps on its own; "units":
+    #: a group of the units (a concatenation of channels), which a weight layer mixes
+    axis: str = "units"
 
     @property
     def tok(self) -> float:
@@ -213,7 +217,17 @@ class Fold:
         """Add a reader's gradient at node j (one per part of j, or one for all its parts), and
         tell j's op (``OpMap.receive``)."""
         segs = self.states[j]
-        if len(parts) != len(segs):
+        if len(parts) != len(segs) and len(segs) == 1 and len(self.states[reader]) == len(parts):
+            # one part reading several token parts (a sum's single side): their share-weighted sum
+            shares = [s.share for s in self.states[reader]]
+            parts = [
+                (
+                    sum(w * c for w, (c, _, _) in zip(shares, parts)),
+                    sum(w * ck for w, (_, ck, _) in zip(shares, parts)),
+                    None,
+                )
+            ]
+        elif len(parts) != len(segs):
             parts = parts[:1] * len(segs)
         if self.grads[j] is None:
             self.grads[j] = [[0.0, 0.0, []] for _ in segs]

@@ -182,7 +182,7 @@ def _forward(nd: GraphNode, i: int, fold) -> None:
             dm.append((d2, toks.derivative_cross))
         else:
             dm.append((d2, both.derivative_cross))
-        out.append(Part(s.share, q1, m1, k1, s.profile, tokens))
+        out.append(Part(s.share, q1, m1, k1, s.profile, tokens, s.axis))
     fold.states[i], fold.derivative[i] = out, dm
 
 

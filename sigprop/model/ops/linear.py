@@ -133,9 +133,20 @@ def _forward(nd: GraphNode, i: int, fold) -> None:
             Part(1.0, float(fld.mean()), 0.0, nd.forward * box * x.shared + nd.bias, normalised(fld))
         ]
     else:
-        tokens = None if x.tokens is None else nd.forward * x.tokens + nd.bias
+        src = fold.states[nd.inputs[0]]
+        # groups of tokens (a class token beside the patches) each through the same weights
+        parts = src if len(src) > 1 and all(s.axis == "tokens" for s in src) else [x]
         fold.states[i] = [
-            Part(1.0, nd.forward * x.q + nd.bias, 0.0, nd.forward * x.shared + nd.bias, None, tokens)
+            Part(
+                s.share,
+                nd.forward * s.q + nd.bias,
+                0.0,
+                nd.forward * s.shared + nd.bias,
+                None,
+                None if s.tokens is None else nd.forward * s.tokens + nd.bias,
+                s.axis,
+            )
+            for s in parts
         ]
 
 
@@ -155,6 +166,12 @@ def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
     if nd.mats:  # each input element's gradient sums the outputs whose taps it is
         bp = along(nd.mats, profile_of(rp, nd.mats, transpose=True), transpose=True)
         box, pj = float(bp.mean()), normalised(bp)
+    if len(mine) > 1 and all(s.axis == "tokens" for s in mine) and not nd.mats:  # each group its own
+        for j in nd.inputs:
+            fold.give(
+                j, [(nd.backward * x[0], nd.backward * x[1] if nd.positions else 0.0, None) for x in g], i
+            )
+        return
     for j in nd.inputs:
         fold.give(j, [(nd.backward * box * r, nd.backward * box * rk if nd.positions else 0.0, pj)], i)
 

@@ -61,24 +61,38 @@ register(
 )
 
 
+def _token_parts(parts) -> bool:
+    return len(parts) > 1 and all(s.axis == "tokens" for s in parts)
+
+
 def _forward(nd: GraphNode, i: int, fold) -> None:
     """Per channel (batch and instance norm) or over every part (layer and group norm)."""
     src = fold.states[nd.inputs[0]]
-    parts = src if nd.group in (0, 1) else [merged(src)]  # per channel, or over them all
+    # per channel, per group of tokens (each token its own statistics), or over them all
+    parts = src if nd.group in (0, 1) or _token_parts(src) else [merged(src)]
     out = []
     for s in parts:
         var = norm_variance(nd, s.q, s.mean, s.shared)
         kept = lambda k: (k - s.mean**2) * (1.0 - 1.0 / nd.group) / var if nd.group and var > 0.0 else 0.0
         tokens = None if s.tokens is None else nd.forward * kept(s.tokens) + nd.bias
         out.append(
-            Part(s.share, nd.forward + nd.bias, 0.0, nd.forward * kept(s.shared) + nd.bias, s.profile, tokens)
+            Part(
+                s.share,
+                nd.forward + nd.bias,
+                0.0,
+                nd.forward * kept(s.shared) + nd.bias,
+                s.profile,
+                tokens,
+                s.axis,
+            )
         )
     fold.states[i] = out
 
 
 def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
     for j in nd.inputs:
-        parts = fold.states[j] if nd.group in (0, 1) else [merged(fold.states[j])]
+        src = fold.states[j]
+        parts = src if nd.group in (0, 1) or _token_parts(src) else [merged(src)]
         out = []
         for s, (r, rk, p) in zip(parts, g if len(g) == len(parts) else g[:1] * len(parts)):
             var = norm_variance(nd, s.q, s.mean, s.shared)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+from dataclasses import replace
 
 import torch
 import torch.fx as fx
@@ -168,8 +169,11 @@ def _cat(t, n) -> GraphNode | list:
         return t.unknown(n)
     sizes = [math.prod(shape(a)) for a in parts]
     shares = tuple(z / sum(sizes) for z in sizes)
+    dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+    # along the tokens of [batch, T, d]: groups of tokens (``Part.axis``)
+    along = "tokens" if len(shape(n)) == 2 and dim in (1, -2) else None
     if len(ins) == len(parts):
-        return GraphNode(t.label(n), "cat", ins, shares=shares)
+        return GraphNode(t.label(n), "cat", ins, shares=shares, params=along)
     out, inputs = [], []
     for a in parts:
         if a in t.index and t.nodes[t.index[a]].op != "const":
@@ -182,7 +186,7 @@ def _cat(t, n) -> GraphNode | list:
         q = float(c.pow(2).mean())
         out.append(GraphNode(f"{t.label(n)}.constant", "constant", ins[:1], forward=q, bias=float(c.mean())))
         inputs.append(len(t.nodes) + len(out) - 1)
-    return out + [GraphNode(t.label(n), "cat", tuple(inputs), shares=shares)]
+    return out + [GraphNode(t.label(n), "cat", tuple(inputs), shares=shares, params=along)]
 
 
 def _scale(kind: str):
@@ -220,7 +224,8 @@ def _passes(nd: GraphNode, i: int, fold) -> None:
     ins = nd.inputs
     same = nd.shape == fold.nodes[ins[0]].shape
     fold.states[i] = [
-        s if same else Part(s.share, s.q, s.mean, s.shared, None, s.tokens) for s in fold.states[ins[0]]
+        s if same else Part(s.share, s.q, s.mean, s.shared, None, s.tokens, s.axis)
+        for s in fold.states[ins[0]]
     ]
 
 
@@ -238,7 +243,13 @@ def _add(nd: GraphNode, i: int, fold) -> None:
         return
     a, b = fold.states[ins[0]], fold.states[ins[1]]
     if [s.share for s in a] != [s.share for s in b]:
-        a, b = [merged(a)], [merged(b)]
+        tok = lambda p: len(p) > 1 and all(s.axis == "tokens" for s in p)
+        if tok(a) and len(b) == 1:  # the same moments for every token: one per group
+            b = [replace(b[0], share=s.share, axis="tokens") for s in a]
+        elif tok(b) and len(a) == 1:
+            a = [replace(a[0], share=s.share, axis="tokens") for s in b]
+        else:
+            a, b = [merged(a)], [merged(b)]
     fold.states[i] = [
         Part(
             x.share,
@@ -247,6 +258,7 @@ def _add(nd: GraphNode, i: int, fold) -> None:
             x.shared + y.shared + 2 * x.mean * y.mean,
             blend([(x.q, x.profile), (y.q, y.profile)]),
             None if x.tokens is None and y.tokens is None else x.tok + y.tok + 2 * x.mean * y.mean,
+            x.axis,
         )
         for x, y in zip(a, b)
     ]
@@ -262,6 +274,7 @@ def _scaled(nd: GraphNode, i: int, fold) -> None:
             c2 * s.shared,
             s.profile,
             tokens_of([s], lambda t: c2 * t.tok, sum),
+            s.axis,
         )
         for s in fold.states[nd.inputs[0]]
     ]
@@ -288,6 +301,7 @@ def _offset(nd: GraphNode, i: int, fold) -> None:
             s.tok + 2 * s.mean * c + cross
             if nd.params is not None
             else tokens_of([s], lambda t: t.tok + 2 * t.mean * c + c2, sum),
+            s.axis,
         )
         for s in fold.states[nd.inputs[0]]
     ]
@@ -295,9 +309,10 @@ def _offset(nd: GraphNode, i: int, fold) -> None:
 
 def _concatenated(nd: GraphNode, i: int, fold) -> None:
     ins = nd.inputs
+    axis = "tokens" if nd.params == "tokens" else "units"  # along the tokens: groups of tokens
     if len(nd.shares) == len(ins):
         fold.states[i] = [
-            Part(share * s.share, s.q, s.mean, s.shared, s.profile, s.tokens)
+            Part(share * s.share, s.q, s.mean, s.shared, s.profile, s.tokens, axis)
             for share, j in zip(nd.shares, ins)
             for s in fold.states[j]
         ]
