@@ -254,7 +254,13 @@ def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
             if pred.r[j] is not None and pred.r[j] > 0:
                 pb[i] = 0.5 * math.log(pred.r[j])
     if not plan.spread_forward:
-        widths = [(k, nd.width) for k, nd in enumerate(nodes) if nd.op in ("dense", "standardized")]
+        # a layer applied to each of T tokens: a sample's ratio averages T x width units (the
+        # spread model's width; docs/theory.md §15)
+        widths = [
+            (k, nd.width * (tokens if tokens and not nd.mats else 1))
+            for k, nd in enumerate(nodes)
+            if nd.op in ("dense", "standardized")
+        ]
         before = [[w for k, w in widths if j is not None and k <= j] for j in where]
         after = [[w for k, w in widths if j is not None and k > j] for j in where]
         plan.spread_forward, plan.spread_backward = kind.spreads(before, after)

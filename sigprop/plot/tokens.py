@@ -49,11 +49,11 @@ def draw_tokens(row, result, colours: dict, xlabel: str) -> None:
             right.fill_between(
                 x, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=colour, alpha=0.15
             )
-    left.set_title("tokens: mean cosine between the tokens of one sample (1: collapsed)", fontsize=10)
+    left.set_title("tokens: mean cosine within a sample (1: collapsed)", fontsize=10)
     left.set_ylabel("token cosine")
     left.set_ylim(min(-0.05, left.get_ylim()[0]), 1.05)
-    right.set_title("attention: normalised entropy of its weights (1: uniform)", fontsize=10)
-    right.set_ylabel("entropy / log(keys)")
+    right.set_title("attention: entropy / ln(keys) (1: uniform)", fontsize=10)
+    right.set_ylabel("normalised entropy")
     if entropy:
         right.set_ylim(-0.05, 1.05)
     else:
