@@ -31,6 +31,12 @@ BIBTEX = {
   booktitle = {Proceedings of the IEEE International Conference on Computer Vision (ICCV)},
   year      = {2015}
 }""",
+    "radford2019language": """@techreport{radford2019language,
+  title       = {Language Models are Unsupervised Multitask Learners},
+  author      = {Radford, Alec and Wu, Jeffrey and Child, Rewon and Luan, David and Amodei, Dario and Sutskever, Ilya},
+  institution = {OpenAI},
+  year        = {2019}
+}""",
     "hanin2018start": """@inproceedings{hanin2018start,
   title     = {How to Start Training: The Effect of Initialization and Architecture},
   author    = {Hanin, Boris and Rolnick, David},

@@ -73,6 +73,8 @@ class InitScheme:
     #: True when the draw depends on ``LayerRole.block_index``: residual blocks that differ only
     #: in their index then run as different CUDA-graph steps (sigprop/kernels/replay.py)
     by_block_index: bool = False
+    #: a model's embedding tables (``sigprop.init_``): rows N(0, embedding_std^2 I)
+    embedding_std: float = 1.0
     #: for schemes whose layer is "Haar directions with a constant gain": the gain squared, so
     #: that many layers or draws can be orthogonalized in one batched call (kernels/haar.py)
     haar_gain_sq: Callable[[LayerRole], float] | None = field(default=None, repr=False)
@@ -327,6 +329,31 @@ register(
         needs=frozenset({BLOCKS}),
         normalized=False,
         alpha=lambda blocks: 1.0 / math.sqrt(blocks),
+    )
+)
+#: GPT-2's weights' standard deviation (Radford et al. 2019; Hugging Face's initializer_range)
+GPT2_STD = 0.02
+
+
+def gpt2_std(role: LayerRole) -> float:
+    """GPT-2's init: every weight N(0, 0.02^2), a residual branch's last layer scaled by 1/sqrt(N)
+    for its N residual layers (Radford et al. 2019, section 2.3) -- B of the branch's stage, as the
+    model's graph gives it (``sigprop.init_``: the attention and MLP branches, B = 2L)."""
+    return GPT2_STD / math.sqrt(role.blocks_in_stage) if role.kind == "block_last" else GPT2_STD
+
+
+register(
+    InitScheme(
+        name="gpt2",
+        cites=("radford2019language",),
+        description="GPT-2's: W ~ N(0, 0.02^2), each residual branch's last layer N(0, 0.02^2/B), b = 0, "
+        "embeddings N(0, 0.02^2)",
+        paper="Radford et al. 2019, section 2.3 (and Hugging Face's GPT-2: initializer_range 0.02)",
+        direction="gaussian",
+        moments=lambda r: theory.LayerMoments(row_sq=r.fan_in * gpt2_std(r) ** 2),
+        needs=frozenset({MODEL}),
+        normalized=False,
+        embedding_std=GPT2_STD,
     )
 )
 register(

@@ -218,6 +218,14 @@ for _name in ("unnormalized-he", "skipinit", "skipinit-sqrt"):
     sampler(_name)(_unnormalized_he)
 
 
+@sampler("gpt2")
+def _gpt2(role, gen, device, dtype):
+    """GPT-2's init (``inits.gpt2_std``): W ~ N(0, std^2) with std 0.02, or 0.02/sqrt(B) for a
+    residual branch's last layer; b = 0; no weight normalization."""
+    w = gaussian(role, gen, device, dtype) * inits.gpt2_std(role)
+    return LayerParams(v=w, g=None, bias=None, scale=torch.ones(role.fan_out, device=device, dtype=dtype))
+
+
 @sampler("delta-orthogonal")
 def _delta_orthogonal(role, gen, device, dtype):
     """Xiao et al. 2018: an orthogonal c_out x c_in matrix at the kernel's centre tap, zeros at the

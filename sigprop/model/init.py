@@ -232,7 +232,7 @@ def init_(
     not understand (a transposed conv, transformers' Conv1D, an embedding's table) is left as it
     is, named."""
     if isinstance(scheme, str):
-        scheme = inits.get(scheme, frozenset({"taps"}), "a model")
+        scheme = inits.get(scheme, frozenset({inits.TAPS, inits.MODEL}), "a model")
     if scheme.name == "as-is":
         return []
     if scheme.standardizes and batch is None:
@@ -343,8 +343,9 @@ def _other(name: str, m: nn.Module, scheme, role_of, gen_of) -> InitRecord | Non
     ``nn.MultiheadAttention``'s query, key and value projections (three layers of its in-projection
     -- no activation reads them: gain 1 --, their biases 0), a Hugging Face ``Conv1D`` (x W + b: a
     dense layer with W [fan_in, fan_out]) and an embedding table (rows N(0, I): the tokens at the
-    scale of the probe's float inputs).  None for a module this does not read (a normalisation's
-    gain and offset are kept, named)."""
+    scale of the probe's float inputs; the scheme's ``embedding_std`` where it says, GPT-2's
+    0.02).  None for a module this does not read (a normalisation's gain and offset are kept,
+    named)."""
     with torch.no_grad():
         if isinstance(m, nn.MultiheadAttention) and m.bias_k is None:
             d = m.embed_dim
@@ -376,9 +377,11 @@ def _other(name: str, m: nn.Module, scheme, role_of, gen_of) -> InitRecord | Non
             return InitRecord(name, "Conv1D", fan_in, fan_out, False, True, kind, B)
         if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
             gen = gen_of()
-            m.weight.copy_(torch.randn(m.weight.shape, generator=gen, device=gen.device).to(m.weight))
+            std = scheme.embedding_std
+            m.weight.copy_(std * torch.randn(m.weight.shape, generator=gen, device=gen.device).to(m.weight))
+            note = "rows N(0, I)" if std == 1.0 else f"rows N(0, {std:g}^2 I)"
             return InitRecord(
-                name, type(m).__name__, 0, m.weight.shape[1], False, True, "embedding", note="rows N(0, I)"
+                name, type(m).__name__, 0, m.weight.shape[1], False, True, "embedding", note=note
             )
     return None
 

@@ -192,3 +192,17 @@ def test_vit_with_its_class_token_follows_the_maps():
         assert l.forward.predicted == pytest.approx(l.forward.rms, rel=0.05), l.name
         tol = 0.15 if l.name == "embeddings" else 0.10
         assert l.backward.predicted == pytest.approx(l.backward.rms, rel=tol), l.name
+
+
+def test_the_gpt2_scheme_draws_as_hugging_faces_own_init():
+    """``--init gpt2`` (Radford et al. 2019): each weight's standard deviation equals the one
+    Hugging Face's own init gives the same model (0.02, c_proj 0.02/sqrt(2L), embeddings 0.02),
+    within the sampling error of a layer's few thousand weights (5%)."""
+    own = gpt2()
+    drawn = gpt2()
+    records = sigprop.init_(drawn, "gpt2")
+    assert {r.kind for r in records if not r.set} == {"LayerNorm"}
+    mine = dict(drawn.named_parameters())
+    for name, p in own.named_parameters():
+        if name.endswith("weight") and "ln" not in name:
+            assert float(mine[name].std()) == pytest.approx(float(p.std()), rel=0.05), name
