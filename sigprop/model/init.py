@@ -110,30 +110,28 @@ def _example(model: nn.Module, batch):
     return ids if isinstance(ids, torch.Tensor) and ids.shape[0] >= 2 else None
 
 
-def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]], str]:
-    """Each Linear/ConvNd's role as the paper's init reads it, from the model's fx graph:
-    {module path: (kind, blocks_in_stage, block_index)} with kind ``relu`` (an activation reads
-    its output, through norms), ``block_last`` (the last weight layer of a residual branch: the
-    side of an add that is not the skip), ``projection`` (a weight layer on the skip side) or
-    ``linear``; and why the graph could not be read ("" when it could).  A residual join is an
-    add of two states: the skip is the side the other descends from, or, for a projection
-    shortcut, the side with fewer weight layers since they parted.  Stages: consecutive joins,
-    a new one at every join whose skip has a weight layer (a projection) -- the ResNets of
-    Arpit et al. 2019, section 4, whose stages open with a projection; B is the stage's joins."""
+def _graph_of(model: nn.Module, batch):
+    """The graph the roles are read from: torch.fx's, else torch.export's ATen graph (its weight
+    layers named by the modules they run in) on the batch or a Hugging Face model's own dummy
+    inputs; (None, why) where neither reads the model."""
     try:
-        gm = ops.symbolic_trace(model)
+        return ops.symbolic_trace(model), ""
     except Exception as exc:
         why = f"torch.fx could not trace the model ({type(exc).__name__}: {first_line(exc)})"
-        x = _example(model, batch)
-        if x is None:
-            return {}, why
-        try:  # torch.export's ATen graph: its weight layers named by the modules they run in
-            gm = trace.exported_graph(model, x)
-        except Exception as exc2:
-            return {}, f"{why}; torch.export neither ({type(exc2).__name__}: {first_line(exc2)})"
-    nodes = list(gm.graph.nodes)
+    x = _example(model, batch)
+    if x is None:
+        return None, why
+    try:
+        return trace.exported_graph(model, x), ""
+    except Exception as exc2:
+        return None, f"{why}; torch.export neither ({type(exc2).__name__}: {first_line(exc2)})"
+
+
+def _kinds(gm: fx.GraphModule, nodes: list) -> dict:
+    """Each node's kind as the roles read it: a sum with a constant (anything that depends on no
+    input) is no join, a scaling by a constant passes through."""
     kind_of: dict[fx.Node, str] = {}
-    dynamic: set = set()  # what depends on an input: a sum with anything else adds a constant
+    dynamic: set = set()  # what depends on an input
     for n in nodes:
         if n.op == "placeholder" or any(a in dynamic for a in n.all_input_nodes):
             dynamic.add(n)
@@ -144,6 +142,24 @@ def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]]
         elif k in ("mul", "div"):
             k = "scale" if len(n.all_input_nodes) == 1 else "other"
         kind_of[n] = k
+    return kind_of
+
+
+def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]], str]:
+    """Each Linear/ConvNd's role as the paper's init reads it, from the model's fx graph:
+    {module path: (kind, blocks_in_stage, block_index)} with kind ``relu`` (an activation reads
+    its output, through norms), ``block_last`` (the last weight layer of a residual branch: the
+    side of an add that is not the skip), ``projection`` (a weight layer on the skip side) or
+    ``linear``; and why the graph could not be read ("" when it could).  A residual join is an
+    add of two states: the skip is the side the other descends from, or, for a projection
+    shortcut, the side with fewer weight layers since they parted.  Stages: consecutive joins,
+    a new one at every join whose skip has a weight layer (a projection) -- the ResNets of
+    Arpit et al. 2019, section 4, whose stages open with a projection; B is the stage's joins."""
+    gm, why = _graph_of(model, batch)
+    if gm is None:
+        return {}, why
+    nodes = list(gm.graph.nodes)
+    kind_of = _kinds(gm, nodes)
     ancestors: dict[fx.Node, set] = {}
     for n in nodes:
         a = {n}
@@ -386,6 +402,28 @@ def _other(name: str, m: nn.Module, scheme, role_of, gen_of) -> InitRecord | Non
     return None
 
 
+def _write(m: nn.Module, p, parts, w: torch.Tensor, fan_out: int) -> None:
+    """A drawn layer's parameters into the module: g and v (weight-normalized), or w = v times its
+    row scale, and the bias (0 where the scheme draws none)."""
+    with torch.no_grad():
+        v = p.v.reshape(w.shape).to(w.dtype)
+        row_scale = p.scale.reshape(-1, *([1] * (w.dim() - 1))).to(w.dtype)
+        if parts is not None and p.g is not None:
+            g_param, v_param = parts
+            v_param.copy_(v)
+            g_param.copy_(p.g.reshape(g_param.shape).to(w.dtype))
+        elif parts is not None:  # an unnormalised scheme on a WN layer: g = ||w|| keeps w
+            g_param, v_param = parts
+            v_param.copy_(v * row_scale)
+            g_param.copy_(v_param.reshape(fan_out, -1).norm(dim=1).reshape(g_param.shape))
+        else:
+            m.weight.copy_(v * row_scale)
+        if m.bias is not None:
+            m.bias.copy_(
+                torch.zeros_like(m.bias) if p.bias is None else p.bias.reshape(m.bias.shape).to(w.dtype)
+            )
+
+
 def _draw(model, scheme, seed, draw, wn, blocks, roles_, batch=None) -> list[InitRecord]:
     """``init_``'s draw of every layer (before any calibration)."""
     found, why = roles(model, batch)
@@ -447,23 +485,7 @@ def _draw(model, scheme, seed, draw, wn, blocks, roles_, batch=None) -> list[Ini
                 scale=cat([d.scale for d in drawn]),
                 bias=cat([d.bias for d in drawn]),
             )
-        with torch.no_grad():
-            v = p.v.reshape(shape).to(w.dtype)
-            row_scale = p.scale.reshape(-1, *([1] * (w.dim() - 1))).to(w.dtype)
-            if parts is not None and p.g is not None:
-                g_param, v_param = parts
-                v_param.copy_(v)
-                g_param.copy_(p.g.reshape(g_param.shape).to(w.dtype))
-            elif parts is not None:  # an unnormalised scheme on a WN layer: g = ||w|| keeps w
-                g_param, v_param = parts
-                v_param.copy_(v * row_scale)
-                g_param.copy_(v_param.reshape(fan_out, -1).norm(dim=1).reshape(g_param.shape))
-            else:
-                m.weight.copy_(v * row_scale)
-            if m.bias is not None:
-                m.bias.copy_(
-                    torch.zeros_like(m.bias) if p.bias is None else p.bias.reshape(m.bias.shape).to(w.dtype)
-                )
+        _write(m, p, parts, w, fan_out)
         note = ""
         if name not in found and not (roles_ and name in roles_) and not (blocks and name in blocks):
             note = f"role not read ({why or 'no call of this module in the traced graph'}): {ASSUMED}"
