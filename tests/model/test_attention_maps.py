@@ -138,3 +138,25 @@ def test_logits_beyond_the_maps_range_are_said():
     assert r.runs[0].layers[0].forward.predicted is None
     note = [n for n in r.config["theory_notes"] if n.startswith("no moment map")]
     assert note and "the attention map covers up to 2" in note[0]
+
+
+class Split(nn.Module):
+    """A layer's output split in three, one part read: its gradient per element is a third of the
+    part's (the readers of a split read disjoint elements)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, 3 * D)
+        self.out = nn.Linear(D, D)
+
+    def forward(self, x):
+        q, k, v = self.lin(x).chunk(3, dim=-1)
+        return self.out(v)
+
+
+def test_a_splits_readers_are_weighed_by_their_share():
+    r = sigprop.probe_module(
+        model=Split, input_shape=(T, D), samples=16, seeds=2, device="cpu", sites="lin,out"
+    )
+    lin = r.runs[0].layers[0]
+    assert lin.backward.predicted == pytest.approx(lin.backward.rms, rel=0.05)

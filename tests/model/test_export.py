@@ -3,9 +3,8 @@ BERT and GPT-2 from small configs, token ids in, the traced theory beside the me
 
 Tolerances: per layer the maps are infinite-width (d = 64: ~2% a layer, docs/theory.md §4); the
 forward within 5% and the token cosine within 0.05 (the issue's bound) at every layer site over
-2 draws.  The backward: BERT within 10%; GPT-2 within 10% at its last layers but, as measured,
-over-predicted towards its embeddings (causal attention: the maps carry the mean over tokens, not
-each token's own moment, docs/theory.md §15) -- asserted within 25% there, the gap written down."""
+2 draws, the backward within 10% (the issue's bound; measured within 3% for GPT-2 once a split's
+readers were weighed by their share of its elements: before, 25% at its embeddings)."""
 
 from __future__ import annotations
 
@@ -68,8 +67,9 @@ def test_gpt2_is_traced_with_its_causal_mask_and_tanh_gelu():
         l = layers[name]
         assert l.forward.predicted == pytest.approx(l.forward.rms, rel=0.05), name
         assert l.tokens.predicted == pytest.approx(l.tokens.mean, abs=0.05), name
-        assert l.backward.predicted == pytest.approx(l.backward.rms, rel=0.25), name
-    assert layers["h.2"].backward.predicted == pytest.approx(layers["h.2"].backward.rms, rel=0.10)
+        assert l.backward.predicted == pytest.approx(l.backward.rms, rel=0.10), name
+    wte = layers["wte"]
+    assert wte.backward.predicted == pytest.approx(wte.backward.rms, rel=0.10)
     assert layers["h.0"].tokens.entropy > 0.99  # N(0, 0.02^2) weights: uniform attention
 
 

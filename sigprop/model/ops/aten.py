@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from sigprop.model.graph import GraphNode, Part, map_op
 from sigprop.model.ops import activation as act
+from sigprop.model.ops import attention as att
 from sigprop.model.ops.linear import _dense_node
 from sigprop.model.ops.registry import TracedOp, register
 
@@ -45,8 +46,6 @@ IDENTITY = (
     aten.split.Tensor,
     aten.split_with_sizes.default,
     aten.chunk.default,
-    aten.select.int,
-    aten.slice.Tensor,
     aten.expand.default,
     aten.flatten.using_ints,
 )
@@ -175,6 +174,13 @@ def embedding_node(table, name: str, inputs: tuple) -> GraphNode:
 
 register(
     TracedOp("identity", _is(*IDENTITY), lambda t, n: GraphNode(t.label(n), "identity", t.inputs(n)[:1]))
+)
+register(
+    TracedOp(
+        "identity",
+        _is(aten.select.int, aten.slice.Tensor, aten.narrow.default),
+        lambda t, n: att.slice_node(t, n, t.inputs(n)[0], n.args[0]) if t.inputs(n) else t.unknown(n),
+    )
 )
 register(TracedOp("dense", _is(aten.linear.default), _linear))
 register(TracedOp("dense", _is(aten.addmm.default), _addmm))

@@ -195,9 +195,24 @@ def _getitem_node(t, n: fx.Node) -> GraphNode:
     j = t.index[src]
     if t.nodes[j].op == "const":  # a size from a shape
         return GraphNode(t.label(n), "const", ())
-    if t.nodes[j].op == "attention" and n.args[1] != 0:  # a module's (output, weights)
-        return GraphNode(t.label(n), "unknown", (j,), why="the attention's weights (need_weights)")
-    return GraphNode(t.label(n), "identity", (j,))
+    if t.nodes[j].op in ("attention", "unknown"):  # a module's (output, weights)
+        if t.nodes[j].op == "attention" and n.args[1] != 0:
+            return GraphNode(t.label(n), "unknown", (j,), why="the attention's weights (need_weights)")
+        return GraphNode(t.label(n), "identity", (j,))
+    return slice_node(t, n, j, src)
+
+
+def slice_node(t, n: fx.Node, j: int, src: fx.Node) -> GraphNode:
+    """A part of a tensor's elements (a query, key or value of a split, one token): each element's
+    moments as they were, and its gradient a ``share`` of the source's elements -- the readers of
+    a split read disjoint parts, so the source's gradient per element is their share-weighted sum
+    (``structure._sliced_back``)."""
+    splits = ("split", "chunk", "unbind", "split_with_sizes")
+    name = src.target if isinstance(src.target, str) else getattr(src.target, "__name__", str(src.target))
+    base = src.args[0] if any(k in str(name) for k in splits) and src.args else src
+    out, whole = t.shape(n), t.shape(base) if isinstance(base, fx.Node) else None
+    share = math.prod(out) / math.prod(whole) if out and whole and math.prod(whole) else 1.0
+    return GraphNode(t.label(n), "slice", (j,), forward=min(1.0, share))
 
 
 def _is_mha(gm: fx.GraphModule, n: fx.Node) -> bool:

@@ -327,7 +327,15 @@ def _concatenated_back(nd: GraphNode, i: int, g: list, fold) -> None:
         at += size
 
 
+def _sliced_back(nd: GraphNode, i: int, g: list, fold) -> None:
+    """A part of the source's elements: its gradient weighs ``forward`` (its share) of the source's
+    (the other parts' readers give theirs)."""
+    for j in nd.inputs:
+        fold.give(j, [(nd.forward * r, nd.forward * rk, None) for r, rk, _ in g], i)
+
+
 map_op("identity", _passes, _gives_back)
+map_op("slice", _passes, _sliced_back)
 map_op("output", _passes, _gives_back)
 map_op("add", _add, _gives_back)
 map_op("offset", _offset, _gives_back)
