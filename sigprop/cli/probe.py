@@ -50,7 +50,7 @@ def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
     plot_mod = _plot_target(opts.plot)
     if plot_mod is not None:
         plots = [opts.plot] if len(points) == 1 else [_point_path(opts.plot, label) for label in labels]
-        for path in plots:
+        for path in plots + ([_point_path(opts.plot, "all")] if len(points) > 1 else []):
             plot_mod.check_target(path)
 
     from sigprop import api  # the lazy torch import at the CLI's edge: --help never loads it
@@ -88,6 +88,10 @@ def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
         if path is not None:
             plot_mod.probe_figure(result, path)
             _say(f"sigprop: wrote {path}")
+    if plot_mod is not None and len(points) > 1:  # the configurations side by side
+        both = _point_path(opts.plot, "all")
+        plot_mod.compare_figure(labels, results, both)
+        _say(f"sigprop: wrote {both}")
     failed = False
     for result, label in zip(results, labels):
         if not opts.check or result.passed:

@@ -10,7 +10,8 @@ applies (at each stage's end: it bounds the stage's end-to-end ratio, not the st
 a log axis when the values span more than a decade and then a linear zoom row for the inits
 that stay near 1.  ``sweep``: end-to-end ratio against depth or width, one line per init, from
 a sweep's JSON lines.  ``curvature`` and ``spectrum``: the figures of ``sigprop hessian`` and
-``sigprop spectrum``; ``common``: formats, target check, saving, scales.
+``sigprop spectrum``; ``compare``: a sweep's configurations side by side; ``common``: formats,
+target check, saving, scales.
 """
 
 from sigprop.plot.common import (
@@ -25,6 +26,7 @@ from sigprop.plot.common import (
     check_target,
     save,
 )
+from sigprop.plot.compare import build_compare_figure, compare_figure
 from sigprop.plot.curvature import (
     DENSITY_SMOOTHING,
     build_hessian_figure,
@@ -46,6 +48,8 @@ from sigprop.plot.sweep import (
 )
 
 __all__ = [
+    "build_compare_figure",
+    "compare_figure",
     "COSINE_STYLES",
     "DENSITY_SMOOTHING",
     "FLOAT_LOG10_LIMIT",

@@ -160,3 +160,35 @@ def test_a_splits_readers_are_weighed_by_their_share():
     )
     lin = r.runs[0].layers[0]
     assert lin.backward.predicted == pytest.approx(lin.backward.rms, rel=0.05)
+
+
+def test_a_sweeps_configurations_are_drawn_side_by_side(tmp_path):
+    """``--arg norm_first=True,False --plot d.png``: beside each configuration's figure, d-all.png
+    with both (forward, backward, token cosine): one measured line per configuration in each panel,
+    its theory dashed."""
+    pytest.importorskip("matplotlib")
+    from sigprop.cli import main
+    from sigprop.plot import build_compare_figure
+
+    nets = tmp_path / "nets.py"
+    nets.write_text(
+        "import torch.nn as nn\n"
+        "def enc(norm_first=True):\n"
+        "    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, norm_first=norm_first)\n"
+        "    m = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)\n"
+        "    for lay in m.layers:\n"
+        "        lay.self_attn._reset_parameters()\n"
+        "    return m\n"
+    )
+    out = tmp_path / "d.png"
+    argv = ["module", f"{nets}:enc", "--arg", "norm_first=True,False", "--input-shape", "8,32"]
+    assert main([*argv, "--samples", "4", "--plot", str(out)]) == 0
+    assert (tmp_path / "d-all.png").stat().st_size > 0
+    results = [
+        sigprop.probe_module(target=f"{nets}:enc", args=(f"norm_first={v}",), input_shape=(8, 32), samples=4)
+        for v in (True, False)
+    ]
+    fig = build_compare_figure(["pre", "post"], results)
+    for ax in fig.axes[:3]:
+        solid = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+        assert [line.get_label() for line in solid] == ["pre", "post"]
