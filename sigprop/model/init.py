@@ -168,7 +168,8 @@ def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]]
         ancestors[n] = a
     out: dict[str, tuple[str, int, int]] = {}
     for n in nodes:  # relu or linear: what reads the layer's output (through norms and reshapes)
-        if kind_of[n] != "dense":
+        module_attention = kind_of[n] == "attention" and n.op == "call_module"
+        if kind_of[n] != "dense" and not module_attention:
             continue
         frontier, role = list(n.users), "linear"
         while frontier:
@@ -178,7 +179,8 @@ def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]]
                 break
             if kind_of[u] in ("norm", "identity", "scale"):
                 frontier += list(u.users)
-        out[trace.module_path(n)] = (role, 1, 0)
+        # an nn.MultiheadAttention kept whole: its output projection is the weight layer here
+        out[f"{n.target}.out_proj" if module_attention else trace.module_path(n)] = (role, 1, 0)
 
     def last_dense(n):
         """The path of the last weight layer of a branch ending at n (an attention module's: its
@@ -257,10 +259,12 @@ def init_(
         )
     records = _draw(model, scheme, seed, draw, wn, blocks, roles_, batch)
     if scheme.standardizes:
-        calibrate(model, [r.name for r in records if r.set], batch)
         layers = dict(model.named_modules())
-        for r in records:
-            if r.set and layers[r.name].bias is None:
+        # the weight layers are calibrated: not the norms, embeddings or attention projections
+        dense = [r for r in records if r.set and isinstance(layers[r.name], DENSE_MODULES)]
+        calibrate(model, [r.name for r in dense], batch)
+        for r in dense:
+            if layers[r.name].bias is None:
                 r.note = "no bias to centre it: scaled to sd 1 only"
     return records
 
@@ -360,8 +364,8 @@ def _other(name: str, m: nn.Module, scheme, role_of, gen_of) -> InitRecord | Non
     -- no activation reads them: gain 1 --, their biases 0), a Hugging Face ``Conv1D`` (x W + b: a
     dense layer with W [fan_in, fan_out]) and an embedding table (rows N(0, I): the tokens at the
     scale of the probe's float inputs; the scheme's ``embedding_std`` where it says, GPT-2's
-    0.02).  None for a module this does not read (a normalisation's gain and offset are kept,
-    named)."""
+    0.02), and a normalisation's gain and offset (1 and 0: its identity, the init every scheme
+    assumes).  None for a module this does not read."""
     with torch.no_grad():
         if isinstance(m, nn.MultiheadAttention) and m.bias_k is None:
             d = m.embed_dim
@@ -399,7 +403,18 @@ def _other(name: str, m: nn.Module, scheme, role_of, gen_of) -> InitRecord | Non
             return InitRecord(
                 name, type(m).__name__, 0, m.weight.shape[1], False, True, "embedding", note=note
             )
+        own = dict(m.named_parameters(recurse=False))
+        if _is_norm(m) and own and set(own) <= {"weight", "bias"}:  # the normalisation's identity
+            for k, v in own.items():
+                v.fill_(1.0 if k == "weight" else 0.0)
+            return InitRecord(name, type(m).__name__, 0, 0, False, True, "norm", note="gain 1, offset 0")
     return None
+
+
+def _is_norm(m: nn.Module) -> bool:
+    """A normalisation: torch's (``NORM_MODULES``) or a model's own class named as one (Hugging
+    Face's ``LlamaRMSNorm``, ``T5LayerNorm``)."""
+    return isinstance(m, NORM_MODULES) or type(m).__name__.endswith(("LayerNorm", "RMSNorm", "GroupNorm"))
 
 
 def _write(m: nn.Module, p, parts, w: torch.Tensor, fan_out: int) -> None:

@@ -409,7 +409,7 @@ def test_init_names_every_parameter_it_leaves():
     # issue 39: the attention's q, k, v projections and the embedding are drawn too
     assert named["attn"].set and named["attn"].note == "q, k, v projections"
     assert named["emb"].set and named["emb"].note == "rows N(0, I)"
-    assert named["norm"].parameters == ("weight", "bias") and not named["norm"].set
+    assert named["norm"].set and named["norm"].note == "gain 1, offset 0"
     # every parameter is set or named
     covered = {f"{r.name}.{p}" for r in records if not r.set for p in r.parameters}
     covered |= {
@@ -419,11 +419,7 @@ def test_init_names_every_parameter_it_leaves():
         for p, _ in model.get_submodule(r.name).named_parameters(recurse=False)
     }
     assert covered == {n for n, _ in model.named_parameters()}
-    notes = init_notes("proposed", records)
-    assert notes[0] == (
-        "init 'proposed' left 2 parameter(s) as they were: LayerNorm norm (weight, bias: a normalisation's "
-        "gain and offset, kept)"
-    )
+    assert init_notes("proposed", records) == []  # nothing left
 
 
 def test_what_init_assumed_without_a_graph_is_said(capsys, tmp_path):
