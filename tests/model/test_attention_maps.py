@@ -192,3 +192,41 @@ def test_a_sweeps_configurations_are_drawn_side_by_side(tmp_path):
     for ax in fig.axes[:3]:
         solid = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
         assert [line.get_label() for line in solid] == ["pre", "post"]
+
+
+class RMSBlock(nn.Module):
+    """Pre-RMSNorm blocks (Llama's layout, MHA for attention): x + SA(RMS(x)), + MLP(RMS(.))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n1, self.n2 = nn.RMSNorm(D), nn.RMSNorm(D)
+        self.attn = nn.MultiheadAttention(D, 4, batch_first=True)
+        self.fc1, self.fc2 = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+
+    def forward(self, x):
+        h = self.n1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.fc2(F.silu(self.fc1(self.n2(x))))
+
+
+def test_rmsnorm_blocks_follow_the_maps():
+    r = sigprop.probe_module(
+        model=lambda: nn.Sequential(RMSBlock(), RMSBlock(), RMSBlock()),
+        input_shape=(T, D),
+        samples=16,
+        seeds=4,
+        device="cpu",
+    )
+    check(r)
+
+
+def test_a_written_out_rmsnorm_is_exported_as_the_one_op():
+    """Llama's RMSNorm (its formula in float32) equals F.rms_norm: the export reads it as one op."""
+    pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    m = LlamaRMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        m.weight.normal_()
+    x = torch.randn(3, 5, 16)
+    assert torch.allclose(m(x), F.rms_norm(x, (16,), m.weight, 1e-6), atol=1e-6)

@@ -22,6 +22,7 @@ from sigprop.model.graph import GraphNode, Part, map_op
 from sigprop.model.ops import activation as act
 from sigprop.model.ops import attention as att
 from sigprop.model.ops.linear import _dense_node
+from sigprop.model.ops.norm import rms_node
 from sigprop.model.ops.registry import TracedOp, register
 
 aten = torch.ops.aten
@@ -58,12 +59,18 @@ TANH_GELUS = ("NewGELUActivation", "GELUTanh", "PytorchGELUTanh", "FastGELUActiv
 def exact_activations(model: nn.Module):
     """While exporting: each of the model's GELU modules that computes a GELU by its formula
     (``TANH_GELUS``; 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))), the tanh approximation
-    exactly) calls ``F.gelu(x, approximate="tanh")`` instead, so the graph holds one activation."""
+    exactly) calls ``F.gelu(x, approximate="tanh")`` instead, and an RMSNorm written out (a class
+    named ``*RMSNorm`` with a gain: Hugging Face's Llama) ``F.rms_norm``, so the graph holds one op."""
     changed = []
     for m in model.modules():
         if type(m).__name__ in TANH_GELUS:
             changed.append(m)
             m.forward = lambda x: F.gelu(x, approximate="tanh")
+        elif type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor):
+            # x rsqrt(mean x^2 + eps) weight, written out (Llama's): the one op it computes
+            eps = getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6))
+            changed.append(m)
+            m.forward = lambda x, m=m, eps=eps: F.rms_norm(x, (m.weight.shape[-1],), m.weight, eps)
     try:
         yield
     finally:
@@ -185,6 +192,15 @@ register(
 register(TracedOp("dense", _is(aten.linear.default), _linear))
 register(TracedOp("dense", _is(aten.addmm.default), _addmm))
 register(TracedOp("norm", _is(aten.layer_norm.default), _layer_norm))
+register(
+    TracedOp(
+        "norm",
+        _is(aten.rms_norm.default),
+        lambda t, n: rms_node(
+            t.label(n), t.inputs(n)[:1], t.value(n.args[2]) if len(n.args) > 2 else None, n.args[1]
+        ),
+    )
+)
 register(TracedOp("dense", _is(aten.conv1d.default, aten.conv2d.default, aten.conv3d.default), _conv))
 register(
     TracedOp(

@@ -109,3 +109,55 @@ def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
 
 
 map_op("norm", _forward, _backward)
+
+
+# --------------------------------------------------------------------------------------------
+# RMSNorm: x / rms(x) over the last dims, times a gain (no centring, no offset)
+# --------------------------------------------------------------------------------------------
+def rms_node(name: str, inputs: tuple, weight, shape) -> GraphNode:
+    """An RMSNorm over ``shape`` (its last dims) with gain ``weight`` (None: 1): ``forward`` the
+    gain's mean square, ``units`` the elements one statistic is taken over."""
+    g2 = 1.0 if weight is None else float(weight.detach().double().pow(2).mean())
+    return GraphNode(name, "rmsnorm", inputs, forward=g2, units=int(math.prod(shape)))
+
+
+def _rms_forward(nd: GraphNode, i: int, fold) -> None:
+    """y = g x / rms(x) per token (rms over ``units`` features, mean and offsets kept): q' = mean
+    g^2, and every other moment divided by q -- m' = m g-bar/sqrt(q) taken as m sqrt(g^2/q), k' =
+    g^2 k/q, t' = g^2 t/q (Zhang & Sennrich 2019's RMSNorm at infinite width: rms(x)^2 -> q)."""
+    out = []
+    for s in fold.states[nd.inputs[0]]:
+        if s.q <= 0.0:
+            return
+        f = nd.forward / s.q
+        tokens = None if s.tokens is None else f * s.tokens
+        out.append(Part(s.share, nd.forward, s.mean * math.sqrt(f), f * s.shared, s.profile, tokens, s.axis))
+    fold.states[i] = out
+
+
+def _rms_backward(nd: GraphNode, i: int, g: list, fold) -> None:
+    """r = (g^2/q) r' (1 - 1/units): the gradient divided by the scale, its component along x
+    (one of ``units`` directions) removed; the shared moment alike."""
+    for j in nd.inputs:
+        src = fold.states[j]
+        parts = g if len(g) == len(src) else g[:1] * len(src)
+        out = []
+        for s, (r, rk, p) in zip(src, parts):
+            f = nd.forward / s.q if s.q > 0 else 0.0
+            out.append((f * r * (1.0 - 1.0 / max(nd.units, 1)), f * rk, p))
+        fold.give(j, out, i)
+
+
+def _rms_module(t, n) -> GraphNode:
+    m = t.module(n)
+    return rms_node(n.target, t.inputs(n), m.weight, m.normalized_shape)
+
+
+register(
+    TracedOp(
+        "norm",
+        lambda gm, n: n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.RMSNorm),
+        _rms_module,
+    )
+)
+map_op("rmsnorm", _rms_forward, _rms_backward)
