@@ -33,7 +33,7 @@ def holds_stack(m: nn.Module) -> bool:
     return any(is_stack(d) for d in m.modules())
 
 
-def auto_sites(model: nn.Module, called=None) -> list[str]:
+def auto_sites(model: nn.Module, called=None, skip=frozenset()) -> list[str]:
     """The default sites: the outputs of the model's top-level blocks, where a plain
     ``nn.Sequential``, ``nn.ModuleList`` or ``nn.ModuleDict`` (a container, not a block: exactly
     those classes) is opened into its own children (torchvision's ResNet reads ``layer3.4``,
@@ -44,7 +44,8 @@ def auto_sites(model: nn.Module, called=None) -> list[str]:
     stands for the block before it: it replaces that block's site (so an MLP's sites are its
     post-activation states; one before any block, such as a shared activation module, is
     skipped).  ``called``: the module paths the forward calls (``survey``); a block outside it
-    (a leftover head) is no site."""
+    (a leftover head) is no site, nor one in ``skip`` (its output is not per sample: Llama's
+    rotary embedding's cos and sin)."""
     blocks: list[tuple[str, nn.Module]] = []
 
     def open_(prefix: str, module: nn.Module) -> None:
@@ -60,18 +61,21 @@ def auto_sites(model: nn.Module, called=None) -> list[str]:
                 blocks.append((path, child))
 
     open_("", model)
-    sites: list[str] = []
+    sites: list[str | None] = []
     for path, child in blocks:
         has_params = any(True for _ in child.parameters())
-        if not has_params:
+        if path in skip:  # not a state: a block with weights holds its slot (GPT-2's wpe, then drop)
+            if has_params:
+                sites.append(None)
+        elif not has_params:
             if sites:
                 sites[-1] = path
         else:
             sites.append(path)
-    return sites
+    return [p for p in sites if p is not None]
 
 
-def resolve_sites(model: nn.Module, sites: str, called=None) -> tuple[list[str], list[str]]:
+def resolve_sites(model: nn.Module, sites: str, called=None, skip=frozenset()) -> tuple[list[str], list[str]]:
     """``auto`` (``auto_sites``), ``leaves`` (every leaf module), or a comma list of module
     paths and fnmatch patterns (``layer3.*``); a name that matches nothing is refused with the
     closest path.  ``called`` (``survey``): modules the forward never calls are left out of auto,
@@ -81,7 +85,7 @@ def resolve_sites(model: nn.Module, sites: str, called=None) -> tuple[list[str],
     runs = (lambda n: True) if called is None else (lambda n: n in called)
     uncalled: list[str] = []
     if sites == "auto":
-        out = auto_sites(model, called)
+        out = auto_sites(model, called, skip)
         uncalled = [n for n in auto_sites(model) if not runs(n)]
     elif sites == "leaves":
         leaves = [n for n, m in model.named_modules(remove_duplicate=False) if n and not list(m.children())]
@@ -129,6 +133,8 @@ class Survey:
     called: frozenset
     units: int
     output: str
+    #: modules whose output is not one row per sample (auto sites skip them)
+    not_per_sample: frozenset = frozenset()
 
 
 def survey(model: nn.Module, x1, what: str = "the model") -> Survey:
@@ -137,11 +143,19 @@ def survey(model: nn.Module, x1, what: str = "the model") -> Survey:
     (``check_finite``)."""
     total = 0
     called: set[str] = set()
+    shared: set[str] = set()
     names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+    rows_ = (x1 if isinstance(x1, tuple) else (x1,))[0].shape[0]
 
     def seen(mod, args, out):
         nonlocal total
         called.add(names.get(id(mod), ""))
+        first = next(
+            (t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)),
+            None,
+        )
+        if first is not None and (first.dim() == 0 or first.shape[0] != rows_):
+            shared.add(names.get(id(mod), ""))
         if not list(mod.children()):
             for t in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(t, torch.Tensor):
@@ -156,5 +170,6 @@ def survey(model: nn.Module, x1, what: str = "the model") -> Survey:
             h.remove()
     y = output_tensor(out)
     check_finite(y, f"{what}'s output on the probe's inputs")
-    rows_ = (x1 if isinstance(x1, tuple) else (x1,))[0].shape[0]
-    return Survey(total // max(rows_, 1), frozenset(called), y[0].numel(), output_choice(out))
+    return Survey(
+        total // max(rows_, 1), frozenset(called), y[0].numel(), output_choice(out), frozenset(shared)
+    )

@@ -207,3 +207,26 @@ def test_the_gpt2_scheme_draws_as_hugging_faces_own_init():
     for name, p in own.named_parameters():
         if name.endswith("weight") and "ln" not in name:
             assert float(mine[name].std()) == pytest.approx(float(p.std()), rel=0.05), name
+
+
+def test_llamas_auto_sites_skip_its_rotary_embedding_and_its_theory_names_the_product():
+    """Llama: the rotary embedding's output (cos, sin) is not one row per sample: no auto site;
+    its rotary products and gated MLP are products of two states: the theory says so and stops."""
+    from transformers import LlamaConfig, LlamaModel
+
+    cfg = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=200,
+        max_position_embeddings=32,
+    )
+    r = sigprop.probe_module(
+        model=lambda: LlamaModel(cfg), input_shape=(16,), vocab=200, samples=4, device="cpu"
+    )
+    assert [l.name for l in r.runs[0].layers] == ["embed_tokens", "layers.0", "layers.1", "norm"]
+    assert (
+        "no moment map for a product of two states: measured only from there on" in r.config["theory_notes"]
+    )
