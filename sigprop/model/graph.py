@@ -158,6 +158,12 @@ def merged(parts: list[Part]) -> Part:
     )
 
 
+def token_groups(parts) -> bool:
+    """Whether a state is kept as groups of tokens (``Part.axis``): several parts, each some of
+    the tokens, which per-token ops map one by one."""
+    return len(parts) > 1 and all(s.axis == "tokens" for s in parts)
+
+
 def tokens_of(parts, f, combine=None):
     """A map of the token moment: None where no part carries one of its own (``Part.tokens``),
     else ``f`` of each part (``combine``d when given)."""

@@ -11,7 +11,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sigprop.model.graph import GraphNode, Part, along, blend, map_op, merged, normalised, profile_of
+from sigprop.model.graph import (
+    GraphNode,
+    Part,
+    along,
+    blend,
+    map_op,
+    merged,
+    normalised,
+    profile_of,
+    token_groups,
+)
 from sigprop.model.ops.registry import TracedOp, register
 
 DENSE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -135,7 +145,7 @@ def _forward(nd: GraphNode, i: int, fold) -> None:
     else:
         src = fold.states[nd.inputs[0]]
         # groups of tokens (a class token beside the patches) each through the same weights
-        parts = src if len(src) > 1 and all(s.axis == "tokens" for s in src) else [x]
+        parts = src if token_groups(src) else [x]
         fold.states[i] = [
             Part(
                 s.share,
@@ -166,7 +176,7 @@ def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
     if nd.mats:  # each input element's gradient sums the outputs whose taps it is
         bp = along(nd.mats, profile_of(rp, nd.mats, transpose=True), transpose=True)
         box, pj = float(bp.mean()), normalised(bp)
-    if len(mine) > 1 and all(s.axis == "tokens" for s in mine) and not nd.mats:  # each group its own
+    if token_groups(mine) and not nd.mats:  # each group its own
         for j in nd.inputs:
             fold.give(
                 j, [(nd.backward * x[0], nd.backward * x[1] if nd.positions else 0.0, None) for x in g], i

@@ -9,7 +9,7 @@ import math
 
 import torch.nn as nn
 
-from sigprop.model.graph import GraphNode, Part, map_op, merged
+from sigprop.model.graph import GraphNode, Part, map_op, merged, token_groups
 from sigprop.model.ops.registry import TracedOp, register
 
 NORM_MODULES = (
@@ -61,15 +61,11 @@ register(
 )
 
 
-def _token_parts(parts) -> bool:
-    return len(parts) > 1 and all(s.axis == "tokens" for s in parts)
-
-
 def _forward(nd: GraphNode, i: int, fold) -> None:
     """Per channel (batch and instance norm) or over every part (layer and group norm)."""
     src = fold.states[nd.inputs[0]]
     # per channel, per group of tokens (each token its own statistics), or over them all
-    parts = src if nd.group in (0, 1) or _token_parts(src) else [merged(src)]
+    parts = src if nd.group in (0, 1) or token_groups(src) else [merged(src)]
     out = []
     for s in parts:
         var = norm_variance(nd, s.q, s.mean, s.shared)
@@ -92,7 +88,7 @@ def _forward(nd: GraphNode, i: int, fold) -> None:
 def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
     for j in nd.inputs:
         src = fold.states[j]
-        parts = src if nd.group in (0, 1) or _token_parts(src) else [merged(src)]
+        parts = src if nd.group in (0, 1) or token_groups(src) else [merged(src)]
         out = []
         for s, (r, rk, p) in zip(parts, g if len(g) == len(parts) else g[:1] * len(parts)):
             var = norm_variance(nd, s.q, s.mean, s.shared)

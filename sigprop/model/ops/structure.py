@@ -15,7 +15,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sigprop.model.graph import MAPS, GraphNode, Part, blend, map_op, merged, tokens_of
+from sigprop.model.graph import MAPS, GraphNode, Part, blend, map_op, merged, token_groups, tokens_of
 from sigprop.model.ops.registry import TracedOp, register
 
 #: modules and calls that leave every element as it is at init (the per-element moments pass)
@@ -243,10 +243,9 @@ def _add(nd: GraphNode, i: int, fold) -> None:
         return
     a, b = fold.states[ins[0]], fold.states[ins[1]]
     if [s.share for s in a] != [s.share for s in b]:
-        tok = lambda p: len(p) > 1 and all(s.axis == "tokens" for s in p)
-        if tok(a) and len(b) == 1:  # the same moments for every token: one per group
+        if token_groups(a) and len(b) == 1:  # the same moments for every token: one per group
             b = [replace(b[0], share=s.share, axis="tokens") for s in a]
-        elif tok(b) and len(a) == 1:
+        elif token_groups(b) and len(a) == 1:
             a = [replace(a[0], share=s.share, axis="tokens") for s in b]
         else:
             a, b = [merged(a)], [merged(b)]
