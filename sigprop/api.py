@@ -20,8 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from sigprop import kinds, run, specs, theory
-from sigprop import sweep as sweep_mod
+from sigprop import kinds, run, specs, sweeps, theory
 from sigprop.errors import SigpropError
 from sigprop.model.init import init_  # noqa: F401  (sigprop.init_: the paper's init for any model)
 from sigprop.public import API
@@ -77,6 +76,68 @@ def spectrum(spec, ss: specs.SpectrumSpec | None = None, progress: ProgressFn | 
     return run.spectrum(spec, ss or specs.SpectrumSpec(), progress, on_start)
 
 
+def measure_point(point: sweeps.Point):
+    """What a sweep's point measures (``point.measure``), wherever it runs: a probe, the curvature
+    or the Jacobian's spectrum of its spec."""
+    if point.curvature is not None:
+        return hessian(point.spec, point.curvature)
+    if point.spectrum is not None:
+        return spectrum(point.spec, point.spectrum)
+    return probe(point.spec, point.probe)
+
+
+def sweep(
+    kind: str,
+    out,
+    init=None,
+    probe_spec: specs.ProbeSpec | None = None,
+    measure: str = "probe",
+    executor="local",
+    workers: int | None = None,
+    scheduler: str | None = None,
+    worker_threads: int | None = None,
+    resources: dict | None = None,
+    on_plan=None,
+    on_point=None,
+    **given,
+) -> list[dict]:
+    """Run or resume a sweep of net kind ``kind`` (``sigprop sweep``; sigprop/sweeps/): the grid of
+    ``given`` (the kind's sweep options: ``depth=[10, 20]``, ``width="128,512"``; a model's
+    ``target``, ``arg``, ``input_shape``) x ``init`` (None: the kind's defaults), each point probed
+    with ``probe_spec`` (None: the kind's sweep samples) or, by ``measure``, its curvature or its
+    Jacobian's spectrum with the same samples, seeds, seed, device and dtype; one JSON line
+    appended to ``out`` per point, the points already in ``out`` skipped.  ``executor``:
+    ``"local"`` (here), ``"dask"`` (``workers`` local processes with ``worker_threads`` torch
+    threads each, or the cluster at ``scheduler``; ``resources`` asked per point, {"GPU": 1}),
+    or a callable ``executor(fn, points)``.  ``on_plan(total, to_run)``, ``on_point(i, to_run,
+    point, line)``: progress.  Returns the lines this call wrote:
+    ``sigprop.sweep("wrn", "r.jsonl", blocks=[16, 40], init="proposed,he", executor="dask", workers=2)``."""
+    points = sweep_points(kind, init, probe_spec, measure, **given)
+    if callable(executor):
+        return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
+    with sweep_executor(executor, workers, scheduler, worker_threads, resources) as ex:
+        return sweeps.run(points, Path(out), measure_point, on_plan, on_point, ex)
+
+
+def sweep_points(kind: str, init=None, probe_spec=None, measure: str = "probe", **given) -> list:
+    """The points of ``sweep`` (``sweeps.Point``), every one validated."""
+    return sweeps.configure(kinds.get(kind), given, init, probe_spec, measure)
+
+
+def sweep_executor(name="local", workers=None, scheduler=None, worker_threads=None, resources=None):
+    """The executor a sweep names (``sweeps.executor``), to be entered with ``with``; local workers
+    that each ask for a GPU need as many GPUs."""
+    if resources and "GPU" in resources and workers:
+        import torch  # only to count the GPUs local workers would share
+
+        if torch.cuda.device_count() < workers:
+            raise SigpropError(
+                f"{workers} local workers with a GPU each, {torch.cuda.device_count()} GPU(s) visible",
+                field="workers",
+            )
+    return sweeps.executor(name, workers, scheduler, worker_threads, resources)
+
+
 def run_sweep(
     kind: str,
     out,
@@ -88,21 +149,19 @@ def run_sweep(
     curvature: specs.HessianSpec | None = None,
     on_plan=None,
     on_point=None,
-    executor=sweep_mod.serial,
+    executor=sweeps.serial,
 ) -> list[dict]:
-    """Run or resume a sweep of net kind ``kind`` (``sigprop sweep``; sigprop/sweep.py): the grid of
-    ``sizes`` ({"depth": [10, 20]}), ``width`` and ``init`` (None: the kind's defaults), each
-    point probed with ``probe_spec`` -- or its curvature measured with ``curvature`` -- and one
-    JSON line appended to ``out`` per point; the points already in ``out`` are skipped.
-    ``on_plan(total, to_run)``, ``on_point(i, to_run, point, line)``: progress; ``executor``:
-    where the points run (``sweep.serial``: here).  Returns the lines this call wrote:
-    ``sigprop.run_sweep("mlp", "s.jsonl", {"depth": [5, 10]}, width=[64])``."""
-    points = sweep_mod.configure(kinds.get(kind), sizes or {}, width, init, input_dim, probe_spec, curvature)
-    if curvature is None:
-        measure = lambda p: probe(p.spec, p.probe)
-    else:
-        measure = lambda p: hessian(p.spec, p.curvature)
-    return sweep_mod.run(points, Path(out), measure, on_plan, on_point, executor)
+    """0.12's form of ``sweep`` (kept): ``sizes`` {"depth": [10, 20]}, ``width``, ``input_dim``,
+    ``curvature`` (its options: a curvature sweep), ``executor(fn, points)``."""
+    given = {**(sizes or {}), "width": width, "input_dim": input_dim}
+    points = sweeps.configure(kinds.get(kind), given, init, probe_spec, "probe")
+    if curvature is not None:
+        if points and points[0].probe.correlations:
+            raise SigpropError(
+                "--measure hessian measures no cosine; drop --correlation", field="correlation"
+            )
+        points = [replace(p, curvature=curvature) for p in points]
+    return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
 
 
 def spec(command: str, inits=None, **options):
@@ -300,6 +359,7 @@ PUBLIC = (
     "hessian",
     "spectrum",
     "run_sweep",
+    "sweep",
     "spec",
     "keywords",
     "run_checks",

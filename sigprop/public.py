@@ -7,6 +7,7 @@ API = (
     "hessian",
     "spectrum",
     "run_sweep",
+    "sweep",
     "spec",
     "keywords",
     "run_checks",

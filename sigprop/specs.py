@@ -149,6 +149,27 @@ class ProbeSpec:
             raise SigpropError(f"tf32 applies to float32 matmuls; --dtype is {self.dtype}", field="precision")
 
 
+def parse_ints(text: str, field: str) -> list[int]:
+    """``10,20,50`` -> [10, 20, 50] (a sweep's axis): every value an integer >= 1, no duplicates."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise SigpropError(f"expected comma-separated integers such as 10,20,50, got {text!r}", field=field)
+    values = [int(p) for p in parts]
+    if min(values) < 1:
+        raise SigpropError(f"values must be >= 1, got {text!r}", field=field)
+    if len(set(values)) != len(values):
+        raise SigpropError(f"a value is repeated in {text!r}", field=field)
+    return values
+
+
+def joined(values, default: str | None = None) -> str | None:
+    """A sweep axis given as a list (repeated options) or one comma-separated string, as one
+    string (``default`` when nothing is given)."""
+    if not values:
+        return default
+    return values if isinstance(values, str) else ",".join(str(v) for v in values)
+
+
 def parse_cosines(texts) -> tuple[float, ...]:
     """``--correlation`` values, repeated or comma-separated, as floats (range checked by
     ProbeSpec); a word that is not a number is refused naming the option."""

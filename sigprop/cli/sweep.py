@@ -1,5 +1,5 @@
 """``sigprop sweep`` and ``sigprop plot``: the options of a sweep over every kind that sweeps (the loop
-is the library's, sigprop/sweep.py), and its figure."""
+is the library's, sigprop/sweeps/), and its figure."""
 
 from __future__ import annotations
 
@@ -9,10 +9,17 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-from sigprop import kinds, report, specs
-from sigprop import sweep as sweep_mod
+from sigprop import kinds, report, specs, sweeps
 from sigprop.cli.options import (
     Argument,
     CorrelationOpt,
@@ -22,6 +29,7 @@ from sigprop.cli.options import (
 )
 from sigprop.cli.output import _say, _stderr
 from sigprop.errors import SigpropError
+from sigprop.sweeps.cluster import parse_resources
 
 
 def P(name: str, annotation, default) -> inspect.Parameter:
@@ -51,13 +59,43 @@ def _size_parameters(swept) -> list[inspect.Parameter]:
     return out
 
 
+class Measure(str, enum.Enum):
+    probe = "probe"
+    hessian = "hessian"
+    spectrum = "spectrum"
+
+
+class Executor(str, enum.Enum):
+    local = "local"
+    dask = "dask"
+
+
 def _probe_parameters() -> list[inspect.Parameter]:
-    """The probe's options of a sweep, and --curvature."""
+    """What each point measures, with which options."""
     return [
         P(
+            "measure",
+            Annotated[
+                Measure,
+                Option(
+                    help="What each point measures: probe (the kind's command), hessian (the curvature "
+                    "at init, as sigprop hessian) or spectrum (the input-output Jacobian's singular "
+                    "values, as sigprop spectrum)."
+                ),
+            ],
+            Measure.probe,
+        ),
+        P(
             "samples",
-            Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")],
-            specs.ProbeSpec.samples,
+            Annotated[
+                Optional[int],
+                Option(
+                    min=1,
+                    help="Random inputs (and error vectors) N. [default: 1000; a model 64; --measure "
+                    "spectrum 8]",
+                ),
+            ],
+            None,
         ),
         P("seed", Annotated[int, Option(min=0, help="Base seed.")], 0),
         P("seeds", Annotated[int, Option(min=1, help="Independent weight draws S per configuration.")], 1),
@@ -67,30 +105,123 @@ def _probe_parameters() -> list[inspect.Parameter]:
         P("pairs", PairsOpt, 256),
         P(
             "curvature",
-            Annotated[
-                bool,
-                Option(
-                    "--curvature",
-                    help="Measure the curvature at init (sigprop hessian: log10 "
-                    "spectral norm of the loss Hessian per point, --seeds "
-                    "draws) instead of probing.",
-                ),
-            ],
+            Annotated[bool, Option("--curvature", help="The same as --measure hessian (0.12's flag).")],
             False,
         ),
     ]
 
 
+def _executor_parameters() -> list[inspect.Parameter]:
+    """Where the points run (sigprop/sweeps/: here, or on a Dask cluster)."""
+    return [
+        P(
+            "executor",
+            Annotated[
+                Executor,
+                Option(
+                    help="local: here, one point after the other; dask: on a Dask cluster, one point per "
+                    "task (--workers N or --scheduler ADDRESS; pip install 'sigprop[cluster]')."
+                ),
+            ],
+            Executor.local,
+        ),
+        P(
+            "workers",
+            Annotated[
+                Optional[int], Option(min=1, help="--executor dask: a local cluster of N worker processes.")
+            ],
+            None,
+        ),
+        P(
+            "scheduler",
+            Annotated[
+                Optional[str],
+                Option(help="--executor dask: the address of a running Dask scheduler, tcp://HOST:PORT."),
+            ],
+            None,
+        ),
+        P(
+            "worker_threads",
+            Annotated[
+                Optional[int],
+                Option(
+                    "--worker-threads",
+                    min=1,
+                    help="--executor dask --workers: torch threads per worker process. [default: 1]",
+                ),
+            ],
+            None,
+        ),
+        P(
+            "resources",
+            Annotated[
+                Optional[str],
+                Option(
+                    help="--executor dask: what each point asks of a worker, NAME=AMOUNT (GPU=1: one point "
+                    "per GPU; a local cluster's worker i gets GPU i)."
+                ),
+            ],
+            None,
+        ),
+    ]
+
+
+def _model_parameters() -> list[inspect.Parameter]:
+    """A model's sweep (``sigprop sweep module TARGET``): its --arg values and input shapes."""
+    return [
+        P(
+            "arg",
+            Annotated[
+                Optional[list[str]],
+                Option(
+                    "--arg",
+                    help="module: a keyword argument of TARGET, name=value (repeatable); a bare comma list "
+                    "sweeps (depth=10,20,50), several such items: every combination.",
+                ),
+            ],
+            None,
+        ),
+        P(
+            "input_shape",
+            Annotated[
+                Optional[list[str]],
+                Option(
+                    "--input-shape",
+                    help="module: the input's shape without the batch (3,64,64); repeat to sweep shapes.",
+                ),
+            ],
+            None,
+        ),
+        P(
+            "sites",
+            Annotated[Optional[str], Option(help="module: where to measure (sigprop module's).")],
+            None,
+        ),
+        P("vocab", Annotated[Optional[int], Option(min=1, help="module: token ids below VOCAB.")], None),
+    ]
+
+
 def _sweep_parameters() -> list[inspect.Parameter]:
-    """``sigprop sweep``'s options: the kind (an argument), the size axis of every kind
-    (``Kind.sweep_size``: --depth, --blocks), the widths, the inits and the probe's options."""
+    """``sigprop sweep``'s options: the kind (an argument; a model's TARGET after it), the size
+    axis of every kind (``Kind.sweep_size``: --depth, --blocks), the widths, a model's --arg and
+    --input-shape, the inits, what is measured and where the points run."""
     swept = [k for k in kinds.KINDS.values() if k.sweeps]
+    sized = [k for k in swept if "width" in k.sweep_fields()]
     arch = enum.Enum("sweep_kind", {k.name: k.name for k in swept}, type=str)
     out = [
         inspect.Parameter(
             "arch",
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
             annotation=Annotated[arch, Argument(help=f"The net kind: {', '.join(k.name for k in swept)}.")],
+        ),
+        inspect.Parameter(
+            "target",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation=Annotated[
+                Optional[str],
+                Argument(help="module: the model, MODULE:CALLABLE or FILE.py:CALLABLE.", show_default=False),
+            ],
         ),
         P(
             "out",
@@ -103,10 +234,10 @@ def _sweep_parameters() -> list[inspect.Parameter]:
             inspect.Parameter.empty,
         ),
     ]
-    out += _size_parameters(swept)
-    widths = "; ".join(f"{k.name}: {k.sweep_width_help}" for k in swept)
-    defaults = "; ".join(f"{k.name} {k.sweep_widths}" for k in swept)
-    with_input = [k.name for k in swept if k.sweep_input_dim]
+    out += _size_parameters(sized)
+    widths = "; ".join(f"{k.name}: {k.sweep_width_help}" for k in sized)
+    defaults = "; ".join(f"{k.name} {k.sweep_widths}" for k in sized)
+    with_input = [k.name for k in sized if k.sweep_input_dim]
     out += [
         P(
             "width",
@@ -119,7 +250,8 @@ def _sweep_parameters() -> list[inspect.Parameter]:
         P(
             "init",
             Annotated[
-                Optional[list[str]], Option(help="Inits, comma-separated or repeated. [default: proposed,he]")
+                Optional[list[str]],
+                Option(help="Inits, comma-separated or repeated. [default: proposed,he; a model as-is]"),
             ],
             None,
         ),
@@ -137,16 +269,69 @@ def _sweep_parameters() -> list[inspect.Parameter]:
             None,
         ),
     ]
-    return out + _probe_parameters()
+    return out + _model_parameters() + _probe_parameters() + _executor_parameters()
+
+
+class _Progress:
+    """The sweep's progress on stderr: a bar with the points done, running and failed and the
+    time left (a terminal), else one line per point."""
+
+    def __init__(self, out: Path, slots: int):
+        self.out, self.slots, self.prog, self.task = out, slots, None, None
+        self.failed = self.refused = self.done = 0
+
+    def plan(self, total: int, to_run: int) -> None:
+        _say(
+            f"sigprop sweep: {total} configuration(s), {total - to_run} already in {self.out}, "
+            f"{to_run} to run"
+        )
+        if sys.stderr.isatty() and to_run:
+            self.prog = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[state]}"),
+                TimeElapsedColumn(),
+                TextColumn("left"),
+                TimeRemainingColumn(),
+                console=_stderr(),
+                transient=True,
+            )
+            self.task = self.prog.add_task("sweep", total=to_run, state=self._state(0, to_run))
+            self.prog.start()
+
+    def _state(self, done: int, total: int) -> str:
+        return f"running {min(self.slots, total - done)}, failed {self.failed}"
+
+    def point(self, i: int, n: int, point, line: dict) -> None:
+        self.failed += "error" in line
+        self.refused += bool(line.get("refused"))
+        self.done += 1
+        text = report.point_line(i, n, point.label(), line)
+        if self.prog is not None:
+            self.prog.update(self.task, advance=1, state=self._state(i, n))
+            self.prog.console.print(text, markup=False, highlight=False)
+        else:
+            _say(text)
+
+    def stop(self) -> None:
+        if self.prog is not None:
+            self.prog.stop()
 
 
 def sweep(
     arch,
     out: Path,
+    target=None,
     width=None,
     init=None,
     input_dim=None,
-    samples=1000,
+    arg=None,
+    input_shape=None,
+    sites=None,
+    vocab=None,
+    measure=Measure.probe,
+    samples=None,
     seed=0,
     seeds=1,
     device="auto",
@@ -154,12 +339,23 @@ def sweep(
     correlation=None,
     pairs=256,
     curvature=False,
+    executor=Executor.local,
+    workers=None,
+    scheduler=None,
+    worker_threads=None,
+    resources=None,
     **sizes,
 ) -> None:
-    """Run a grid of probes (size x width x init; the size is depth or blocks, as the kind grows), one JSON
-    line per configuration; resumes."""
+    """Run a grid (size x width x init; a model's --arg values x input shapes x init), one JSON line per
+    point, here or on a Dask cluster; resumes."""
+    kind = kinds.get(arch.value)
+    what = measure.value
+    if curvature:
+        if measure not in (Measure.probe, Measure.hessian):
+            raise SigpropError(f"is --measure hessian; not with --measure {what}", field="curvature")
+        what = "hessian"
     probe = specs.ProbeSpec(
-        samples=samples,
+        samples=samples or sweeps.default_samples(kind, what),
         seed=seed,
         seeds=seeds,
         device=device,
@@ -167,41 +363,29 @@ def sweep(
         correlations=specs.parse_cosines(correlation or []),
         pairs=pairs,
     )
-    hs = None
-    if curvature:
-        hs = specs.HessianSpec(samples=samples, seed=seed, seeds=seeds, device=device, dtype=dtype.value)
+    given = {**sizes, "width": width, "input_dim": input_dim, "target": target, "arg": arg}
+    given |= {"input_shape": input_shape, "sites": sites, "vocab": vocab}
     from sigprop import api  # the lazy torch import at the CLI's edge
 
-    prog, task = None, None
-
-    def on_plan(total: int, to_run: int) -> None:
-        nonlocal prog, task
-        _say(f"sigprop sweep: {total} configuration(s), {total - to_run} already in {out}, {to_run} to run")
-        if sys.stderr.isatty() and to_run:
-            prog = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=_stderr(),
-                transient=True,
-            )
-            task = prog.add_task("sweep", total=to_run)
-            prog.start()
-
-    def on_point(i: int, n: int, point, line: dict) -> None:
-        text = report.point_line(i, n, point.label(), line)
-        if prog is not None:
-            prog.advance(task)
-            prog.console.print(text, markup=False, highlight=False)
-        else:
-            _say(text)
-
-    try:
-        api.run_sweep(arch.value, out, sizes, width, init, input_dim, probe, hs, on_plan, on_point)
-    finally:
-        if prog is not None:
-            prog.stop()
+    needs = parse_resources(resources)
+    points = api.sweep_points(kind.name, init, probe, what, **given)  # every refusal before a worker starts
+    with api.sweep_executor(executor.value, workers, scheduler, worker_threads, needs) as ex:
+        progress = _Progress(out, ex.slots)
+        if executor.value == "dask":
+            _say(f"sigprop sweep: on {ex.describe()}")
+        for note in ex.notes:
+            _say(f"sigprop sweep: note: {note}")
+        try:
+            sweeps.run(points, out, api.measure_point, progress.plan, progress.point, ex)
+        finally:
+            progress.stop()
+    if progress.failed:
+        _say(
+            f"sigprop sweep: {progress.failed} point(s) failed (their lines in {out} say why; a rerun "
+            "measures them again)"
+        )
+        # every point refused its input (a device, a memory bound): bad input, as a probe's refusal
+        raise typer.Exit(2 if progress.refused == progress.done else 1)
 
 
 def plot_cmd(
@@ -226,7 +410,13 @@ def plot_cmd(
             f"expected forward, backward, correlation or curvature, got {direction!r}", field="direction"
         )
     plot_mod.check_target(out, "out")
-    rows = sweep_mod.read_rows(results)
+    rows, arg_axes = sweeps.plot_rows(sweeps.read_rows(results))
+    if any("spectrum" in r for r in rows):
+        raise SigpropError(
+            "a --measure spectrum sweep is not drawn yet: its lines hold the spectrum's summaries "
+            "(sigprop spectrum --plot draws one configuration)",
+            field="results",
+        )
     if direction == "correlation" and not any(r.get("correlation") for r in rows):
         raise SigpropError(
             "these rows measured no cosine; run the sweep with --correlation C0", field="direction"
@@ -238,11 +428,12 @@ def plot_cmd(
             else "these rows measured no curvature; run the sweep with --curvature",
             field="direction",
         )
-    axes = [*dict.fromkeys(k.sweep_size for k in kinds.KINDS.values()), "width"]
-    if x not in axes or not sweep_mod.axis_values(rows, x):
-        keys = [k for k in axes if sweep_mod.axis_values(rows, k)]
+    axes = [*dict.fromkeys(k.sweep_size for k in kinds.KINDS.values() if "width" in k.sweep_fields())]
+    axes = list(dict.fromkeys([*axes, "width", *arg_axes]))
+    if x not in axes or not sweeps.axis_values(rows, x):
+        keys = [k for k in axes if sweeps.axis_values(rows, k)]
         raise SigpropError(f"no {x!r} in these rows; choose from {', '.join(keys)}", field="x")
-    plot_mod.sweep_figure(rows, x, out, direction)
+    plot_mod.sweep_figure(rows, x, out, direction, others=arg_axes)
     _say(f"sigprop: wrote {out}")
 
 

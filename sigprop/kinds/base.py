@@ -130,12 +130,16 @@ class Kind:
     sweep_width_help: ClassVar[str] = "every layer's width"
     #: ``sweep --input-dim`` applies (the input is set apart from the swept width)
     sweep_input_dim: ClassVar[bool] = False
+    #: the inits a sweep runs when none is named
+    sweep_inits: ClassVar[str] = "proposed,he"
+    #: the samples a sweep's probe draws when --samples is not given
+    sweep_samples: ClassVar[int] = 1000
     #: the default ``--band`` in words (the CLI's help)
     band_help: ClassVar[str] = "0.1:10 around the reference"
     #: what measures it: "plan" (sigprop's walker over the kind's plan) or "model" (autograd on
     #: a torch.nn.Module the spec builds: sigprop/model/)
     engine: ClassVar[str] = "plan"
-    #: ``sigprop sweep`` and ``sigprop hessian`` take this kind (False: not yet, for a model)
+    #: ``sigprop sweep`` takes this kind; ``curvature``: ``sigprop hessian`` does
     sweeps: ClassVar[bool] = True
     curvature: ClassVar[bool] = True
 
@@ -153,6 +157,27 @@ class Kind:
     def sweep_spec(self, size: int, width: int, init: str, input_dim: int | None) -> Any:
         """One point of ``sigprop sweep``: the net at this size and width, one init."""
         raise NotImplementedError
+
+    def sweep_fields(self) -> tuple[str, ...]:
+        """The options a sweep of this kind takes (``sigprop sweep``; others are refused): its size
+        axis and the width, and the input dimension where it is set apart."""
+        return (self.sweep_size, "width") + (("input_dim",) if self.sweep_input_dim else ())
+
+    def sweep_configurations(self, given: dict) -> list[tuple[tuple, Callable[[str], Any]]]:
+        """The configurations of a sweep from ``given`` {option: values} (``sweep_fields``; a list
+        or a comma-separated string, None: the defaults): per configuration its axes (the swept
+        values in the order of the key) and the spec of one init.  Size x width here."""
+        sizes = specs.parse_ints(specs.joined(given.get(self.sweep_size), self.sweep_sizes), self.sweep_size)
+        widths = specs.parse_ints(specs.joined(given.get("width"), self.sweep_widths), "width")
+        input_dim = given.get("input_dim")
+        return [
+            (
+                ((self.sweep_size, size), ("width", width)),
+                lambda init, size=size, width=width: self.sweep_spec(size, width, init, input_dim),
+            )
+            for size in sizes
+            for width in widths
+        ]
 
     def sweep_config(self, spec) -> dict:
         """What a sweep line's ``config`` adds for this kind (part of its resume key)."""

@@ -337,7 +337,6 @@ class ModuleKind(Kind):
     spec = ModuleSpec
     noun = "a model"
     engine = "model"
-    sweeps = False
     curvature = True
     provides = frozenset({"taps", MODEL})
     size_fields = "samples/input_shape"
@@ -479,8 +478,43 @@ class ModuleKind(Kind):
                 v.pop(name, None)
         return ModuleSpec(**v, inits=("as-is",) if inits_ is None else inits_)
 
+    sweep_inits, sweep_samples = "as-is", 64
+
+    def sweep_fields(self) -> tuple[str, ...]:
+        return ("target", "arg", "input_shape", "sites", "vocab")
+
+    def sweep_configurations(self, given: dict) -> list:
+        """Every --input-shape (one value each: ``;`` joins the inputs of one forward) x every
+        combination of the --arg values; the key keeps TARGET as given, the spec a FILE.py's
+        absolute path (a worker may run in another directory)."""
+        target = given.get("target")
+        if not target:
+            raise SigpropError("give the model: sigprop sweep module FILE.py:CALLABLE", field="target")
+        where, _, name = str(target).rpartition(":")
+        found = os.path.abspath(where) + ":" + name if where.endswith(".py") else target
+        resolve_target(found)  # a target that does not import is refused before any point runs
+        items = tuple(given.get("arg") or ())
+        shapes = given.get("input_shape") or []
+        shapes = [shapes] if isinstance(shapes, str) else list(shapes)
+        if not shapes:
+            raise SigpropError("give the input's shape without the batch, e.g. 3,64,64", field="input_shape")
+        if len(set(shapes)) != len(shapes):
+            raise SigpropError("an input shape is given twice", field="input_shape")
+        extra = {k: given[k] for k in ("sites", "vocab") if given.get(k) is not None}
+        out = []
+        for shape in shapes:
+            base = ModuleSpec(target=found, args=items, input_shape=shape, **extra)
+            text = base.to_dict()["input_shape"]
+            for point in base.points():
+                axes = (("target", str(target)), ("args", list(point.args)), ("input_shape", text))
+                out.append((axes, lambda init, point=point: replace(point, inits=(init,))))
+        return out
+
     def sweep_spec(self, size, width, init, input_dim):
-        raise SigpropError("sweep a model with --arg name=a,b,c (not yet)", field="command")
+        raise SigpropError("a model sweeps over --arg and --input-shape", field="command")
+
+    def sweep_config(self, spec) -> dict:
+        return {"sites": spec.sites, "vocab": spec.vocab}
 
     def expand(self, spec) -> list:
         return spec.points()

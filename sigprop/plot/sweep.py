@@ -9,9 +9,11 @@ from typing import Sequence
 from sigprop.plot.common import COSINE_STYLES, _pyplot, save
 
 
-def sweep_figure(rows: Sequence[dict], x: str, path: Path, direction: str = "forward") -> None:
+def sweep_figure(
+    rows: Sequence[dict], x: str, path: Path, direction: str = "forward", others: Sequence[str] = ()
+) -> None:
     """Saved to ``path``: see :func:`build_sweep_figure`."""
-    save(build_sweep_figure(rows, x, direction), path)
+    save(build_sweep_figure(rows, x, direction, others), path)
 
 
 def _sweep_cosines(ax, groups, inits_seen, other_keys, colours, markers, varying, x) -> None:
@@ -35,16 +37,18 @@ def _sweep_cosines(ax, groups, inits_seen, other_keys, colours, markers, varying
     ax.set_ylabel("mean cosine of the last states of input pairs")
 
 
-def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward"):
+def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward", others: Sequence[str] = ()):
     """End-to-end typical ratio (geometric mean over samples and draws) against ``x`` ("depth",
     "width", "blocks"): one colour per init, one marker per value of the other axes
     (width, samples, seeds: rows that differ in any of them are never merged into one line);
     a band of +-1 sd of log10 across samples and, with several draws, the across-draw sd;
     the predicted typical ratio (theory moved by the finite-width drift) dashed in the same
-    colour; linear x axis, numeric legend order, legend outside the data."""
+    colour; linear x axis, numeric legend order, legend outside the data.  ``others``: more axes
+    that keep lines apart (a model's --arg names, ``sweeps.plot_rows``; and its input shape)."""
     plt = _pyplot()
     groups: dict[tuple, list[dict]] = {}
-    others = [k for k in ("width", "depth", "blocks", "dim", "input_dim", "samples", "seeds") if k != x]
+    axes = ("width", "depth", "blocks", "dim", "input_dim", "samples", "seeds", *others, "input_shape")
+    others = [k for k in dict.fromkeys(axes) if k != x]
     for row in rows:
         other = tuple((k, row["config"].get(k)) for k in others if k in row["config"])
         groups.setdefault((row["init"], other), []).append(row)

@@ -1,9 +1,9 @@
 """Result records and the JSON contract (../shared/STYLE.md habit 5): this package, and nowhere
 else, decides the keys of every document sigprop writes -- one module per feature: ``probe``
 (``sigprop.result.v1``), ``curvature`` (``sigprop.hessian.v1``), ``spectrum``
-(``sigprop.spectrum.v1``), ``check`` (``sigprop.check.v1``), ``sweep`` (``sigprop.sweep.v1``),
-``tables`` (``sigprop.theory.v1``), and what they share (``common``).  Every name is re-exported
-here.  Plain data; no torch."""
+(``sigprop.spectrum.v1``), ``check`` (``sigprop.check.v1``), ``sweep`` (``sigprop.sweep.v1``;
+``sigprop.sweep.failed.v1``: a point that raised), ``tables`` (``sigprop.theory.v1``), and what
+they share (``common``).  Every name is re-exported here.  Plain data; no torch."""
 
 from sigprop.results.check import (
     CHECK_SCHEMA,
@@ -48,8 +48,10 @@ from sigprop.results.spectrum import (
     SpectrumRun,
 )
 from sigprop.results.sweep import (
+    FAILED_SCHEMA,
     SWEEP_SCHEMA,
     curvature_row,
+    spectrum_row,
     sweep_row,
 )
 from sigprop.results.tables import (
@@ -85,6 +87,7 @@ __all__ = [
     "SPECTRUM_KEYS",
     "SPECTRUM_SCHEMA",
     "SWEEP_SCHEMA",
+    "FAILED_SCHEMA",
     "SpectrumResult",
     "SpectrumRun",
     "StageInfo",
@@ -96,5 +99,6 @@ __all__ = [
     "probe_config",
     "rerun_differences",
     "separates",
+    "spectrum_row",
     "sweep_row",
 ]

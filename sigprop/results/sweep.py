@@ -1,5 +1,6 @@
 """``sigprop sweep``'s lines (``sigprop.sweep.v1``): per point and init the end-to-end ratios,
-or the curvature's spectral norm."""
+the curvature's spectral norm, or the Jacobian's spectrum; a point that raised is a
+``sigprop.sweep.failed.v1`` line (sigprop/sweeps/run.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from typing import Any
 
 from sigprop.results.curvature import HessianResult
 from sigprop.results.probe import ProbeResult
+from sigprop.results.spectrum import SPECTRUM_KEYS, SpectrumResult
 
 SWEEP_SCHEMA = "sigprop.sweep.v1"
+FAILED_SCHEMA = "sigprop.sweep.failed.v1"
 
 
 def _end_to_end(result: "ProbeResult") -> dict[str, Any]:
@@ -68,6 +71,29 @@ def curvature_row(
             "log10_spectral_norm_std": sd,
             "diverged": run.diverged,
             "draws": [d.to_dict() for d in run.draws],
+        },
+        "seconds": round(seconds, 3),
+        "environment": result.environment,
+    }
+
+
+def spectrum_row(
+    config: dict[str, Any], init: str, result: "SpectrumResult", seconds: float
+) -> dict[str, Any]:
+    """One line of ``sigprop sweep --measure spectrum`` (``sigprop.sweep.v1`` with ``spectrum`` in
+    place of the end-to-end ratios): the means over draws of the summaries of sigma^2, beside the
+    large-width prediction, and each draw's."""
+    run = result.runs[0]
+    return {
+        "schema": SWEEP_SCHEMA,
+        "config": config,
+        "init": init,
+        "spectrum": {
+            **{key: run.averaged(key) for key in SPECTRUM_KEYS},
+            "predicted_mean": run.predicted_mean,
+            "predicted_variance": run.predicted_variance,
+            "theory_note": run.why,
+            "draws": run.draws,
         },
         "seconds": round(seconds, 3),
         "environment": result.environment,

@@ -220,7 +220,7 @@ def test_sweep_figure_axes():
     rows = []
     for d in (2, 4):
         r = api.probe_mlp(depth=d, width=16, input_dim=16, samples=30, inits=["he"], device="cpu")
-        from sigprop import sweep
+        from sigprop import sweeps as sweep
 
         point = sweep.grid(kinds.KINDS["mlp"], [d], [16], ["he"], specs.ProbeSpec(samples=30, device="cpu"))[
             0
@@ -243,7 +243,8 @@ def test_sweep_figure_axes():
 def test_sweep_rows_with_other_samples_are_separate_lines_in_numeric_order():
     """Rows that differ in --samples are never merged into one line, and the legend is ordered
     by number (10, 20, 100), not as strings (10, 100, 20)."""
-    from sigprop import plot, sweep
+    from sigprop import plot
+    from sigprop import sweeps as sweep
 
     rows = []
     for samples in (100, 20, 10):

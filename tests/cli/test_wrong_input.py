@@ -21,7 +21,7 @@ def _run(capsys, args):
 
 def test_sweep_resnet_refuses_depth(capsys, tmp_path):
     code, _, err = _run(capsys, ["sweep", "resnet", "--out", str(tmp_path / "r.jsonl"), "--depth", "3"])
-    assert code == 2 and "--depth" in err and "use --blocks" in err and err.count("\n") == 1
+    assert code == 2 and "--depth" in err and "it takes --blocks" in err and err.count("\n") == 1
     assert not (tmp_path / "r.jsonl").exists()
 
 

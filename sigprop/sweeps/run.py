@@ -1,0 +1,186 @@
+"""A sweep's loop and its file: the points not yet in ``--out`` go to an executor, and every line
+is appended here, in the calling process, as its point finishes.  No torch.
+
+One writer: whichever executor runs the points (``serial`` here, one after the other; a Dask
+cluster's, sigprop/sweeps/cluster.py), the lines are written by the client, one ``write`` of a
+whole line each, flushed and synced, so a killed client loses only the points in flight and a
+rerun skips the points whose ``key`` is already in the file.  A point that raises is one
+failure line (``sigprop.sweep.failed.v1``: its error, where it ran) and the sweep goes on; a
+failure line is not a result, so a rerun measures that point again.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import socket
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from sigprop.errors import SigpropError
+from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA, curvature_row, spectrum_row, sweep_row
+from sigprop.sweeps.grid import Point
+from sigprop.version import __version__
+
+
+def serial(fn: Callable, items: list) -> Iterator:
+    """The default executor: ``fn`` of each item in turn, in this process."""
+    return map(fn, items)
+
+
+def run(
+    points: list[Point],
+    out: Path,
+    measure: Callable[[Point], Any],
+    on_plan: Callable[[int, int], None] | None = None,
+    on_point: Callable[[int, int, Point, dict], None] | None = None,
+    executor: Callable[[Callable, list], Iterable] = serial,
+) -> list[dict[str, Any]]:
+    """Run the points not yet in ``out`` and append each one's line as it finishes: ``measure(point)``
+    is its result (a probe's, the curvature's or the spectrum's); ``executor(fn, points)`` yields
+    ``fn(point)`` -- (point, line) -- as the points finish (``serial``: here, one after the
+    other).  ``on_plan(total, to_run)`` is told before anything runs; ``on_point(i, to_run,
+    point, line)`` after each line is written (a failure's line has ``"error"``).  Returns the
+    lines this call wrote."""
+    out = Path(out)
+    if out.exists() and not out.is_file():
+        raise SigpropError(f"{out} is not a regular file", field="out")
+    if not out.resolve().parent.is_dir():
+        raise SigpropError(f"directory {out.resolve().parent} does not exist", field="out")
+    done = done_keys(out)
+    todo = [p for p in points if p.key not in done]
+    if len({p.key for p in todo}) != len(todo):
+        raise SigpropError("two points of this sweep have the same key", field="out")
+    if on_plan is not None:
+        on_plan(len(points), len(todo))
+    written = []
+    for i, (point, line) in enumerate(executor(partial(finish, measure=measure), todo), 1):
+        append(out, line)
+        written.append(line)
+        if on_point is not None:
+            on_point(i, len(todo), point, line)
+    return written
+
+
+def finish(point: Point, measure: Callable[[Point], Any]) -> tuple[Point, dict[str, Any]]:
+    """One task, wherever it runs: the point and its line -- its result's, or the failure's."""
+    t0 = time.perf_counter()
+    try:
+        result = measure(point)
+    except Exception as exc:  # recorded, and the sweep goes on (KeyboardInterrupt is not an Exception)
+        return point, failed(point, exc, time.perf_counter() - t0)
+    return point, row(point, result, time.perf_counter() - t0)
+
+
+def row(point: Point, result, seconds: float) -> dict[str, Any]:
+    """The JSON line of one finished point (its keys are written by sigprop/results/), its
+    environment record naming the host it ran on."""
+    make = {"hessian": curvature_row, "spectrum": spectrum_row, "probe": sweep_row}[point.measure]
+    line = make(point.config, point.init, result, seconds)
+    line["environment"] = {**line["environment"], "host": socket.gethostname()}
+    return line
+
+
+def failed(point: Point, exc: BaseException, seconds: float | None, host: str | None = None) -> dict:
+    """The line of a point that raised (or whose workers died): its config, the error in one
+    line, where it ran (``host``: None for here)."""
+    message = (str(exc).strip().splitlines() or [""])[0]
+    return {
+        "schema": FAILED_SCHEMA,
+        "config": point.config,
+        "init": point.init,
+        "error": f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
+        # sigprop refused the point's input (a memory bound, a device): not a fault of the run
+        "refused": isinstance(exc, SigpropError),
+        "seconds": None if seconds is None else round(seconds, 3),
+        "environment": {"sigprop": __version__, "host": host or socket.gethostname()},
+    }
+
+
+def done_keys(path: Path) -> set[str]:
+    """Keys of the points already in the file (lines that do not parse, and failure lines, are
+    not; a file that is not text is refused: appending to it would corrupt it further)."""
+    if not path.exists():
+        return set()
+    keys = set()
+    for line in _text(path, "out").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("schema") == SWEEP_SCHEMA and "config" in row:
+            keys.add(json.dumps(row["config"], sort_keys=True))
+    return keys
+
+
+def _text(path: Path, field: str) -> str:
+    """A JSON-lines file's text, or one SigpropError naming ``field``."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SigpropError(f"cannot read {path}: {exc.strerror or exc}", field=field) from None
+    except UnicodeDecodeError as exc:
+        raise SigpropError(
+            f"{path} is not a JSON-lines file (not UTF-8 text: {exc.reason} at byte {exc.start})", field=field
+        ) from None
+
+
+def append(path: Path, data: dict[str, Any]) -> None:
+    """Append one whole line (single write, flushed and synced)."""
+    line = json.dumps(data, allow_nan=False) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The sweep rows of a JSON-lines file, for ``sigprop plot`` (failure lines are not rows)."""
+    if not path.is_file():
+        raise SigpropError(f"no such file: {path}", field="results")
+    rows = []
+    for i, line in enumerate(_text(path, "results").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            raise SigpropError(f"{path}:{i}: not a JSON line", field="results") from None
+        if isinstance(r, dict) and r.get("schema") == SWEEP_SCHEMA:
+            rows.append(r)
+    if not rows:
+        raise SigpropError(f"{path} holds no sweep rows ({SWEEP_SCHEMA})", field="results")
+    commands = sorted({str(r.get("config", {}).get("command")) for r in rows})
+    if len(commands) > 1:
+        raise SigpropError(
+            f"{path} mixes sweeps of {' and '.join(commands)}; plot one kind per file", field="results"
+        )
+    return rows
+
+
+def plot_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows for the figure: a model's ``--arg`` items (``config.args``, ["depth=10"]) become axes
+    of their own (``config.depth`` = 10, a Python literal where it reads as one); returns the rows
+    and those axes' names (the JSON lines are not changed)."""
+    out, names = [], {}
+    for r in rows:
+        config = dict(r["config"])
+        for item in config.pop("args", None) or []:
+            name, _, text = str(item).partition("=")
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text
+            config[name] = value if isinstance(value, (int, float, str, bool)) else text
+            names[name] = None
+        out.append({**r, "config": config})
+    return out, list(names)
+
+
+def axis_values(rows: Iterable[dict[str, Any]], x: str) -> list:
+    return sorted({r["config"].get(x) for r in rows if x in r["config"]})
