@@ -91,8 +91,8 @@ def _probe_parameters() -> list[inspect.Parameter]:
                 Optional[int],
                 Option(
                     min=1,
-                    help="Random inputs (and error vectors) N. [default: 1000; a model 64; --measure "
-                    "spectrum 8]",
+                    help="Random inputs (and error vectors) N. [default: the kind's command's: 1000, "
+                    "wrn 100, module 64; --measure spectrum 8]",
                 ),
             ],
             None,

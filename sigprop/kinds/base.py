@@ -132,8 +132,6 @@ class Kind:
     sweep_input_dim: ClassVar[bool] = False
     #: the inits a sweep runs when none is named
     sweep_inits: ClassVar[str] = "proposed,he"
-    #: the samples a sweep's probe draws when --samples is not given
-    sweep_samples: ClassVar[int] = 1000
     #: the default ``--band`` in words (the CLI's help)
     band_help: ClassVar[str] = "0.1:10 around the reference"
     #: what measures it: "plan" (sigprop's walker over the kind's plan) or "model" (autograd on

@@ -478,7 +478,7 @@ class ModuleKind(Kind):
                 v.pop(name, None)
         return ModuleSpec(**v, inits=("as-is",) if inits_ is None else inits_)
 
-    sweep_inits, sweep_samples = "as-is", 64
+    sweep_inits = "as-is"
 
     def sweep_fields(self) -> tuple[str, ...]:
         return ("target", "arg", "input_shape", "sites", "vocab")

@@ -138,6 +138,11 @@ class Dask:
         spawn = {k: str(self.threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
         saved = dict(os.environ)
         os.environ.pop(TRIM, None)
+        # multiprocessing's resource tracker (started with the first worker) would warn at exit of a
+        # semaphore a killed worker leaked -- the OS frees it; the sweep already said what happened
+        os.environ["PYTHONWARNINGS"] = ",".join(
+            w for w in (saved.get("PYTHONWARNINGS"), "ignore:resource_tracker:UserWarning") if w
+        )
         try:
             with dask.config.set({"distributed.nanny.pre-spawn-environ": spawn}):
                 return distributed.SpecCluster(

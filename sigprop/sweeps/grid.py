@@ -100,9 +100,11 @@ class Point:
 
 
 def default_samples(kind: kinds.Kind, measure: str) -> int:
-    """The samples of a sweep's points when none are given: the kind's probe samples (a probe,
-    the curvature), the spectrum's exact Jacobians at 8 inputs."""
-    return specs.SpectrumSpec.samples if measure == "spectrum" else kind.sweep_samples
+    """The samples of a sweep's points when none are given: its command's (a probe, the
+    curvature: 1000, a WRN 100, a model 64), the spectrum's exact Jacobians at 8 inputs."""
+    if measure == "spectrum":
+        return specs.SpectrumSpec.samples
+    return kind.probe_defaults.get("samples", specs.ProbeSpec.samples)
 
 
 def _measured(probe: specs.ProbeSpec, measure: str):
