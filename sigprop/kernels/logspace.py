@@ -57,7 +57,10 @@ _GATHER = 0x0102040810204080
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     """Bit-pack a bool mask [..., n] into uint8 [..., ceil(n/8)]: 8 ReLU units per byte, unit k
-    of a group at bit k.  One int64 multiply per 8 units (6x faster than a weighted sum)."""
+    of a group at bit k.  One int64 multiply per 8 units (6x faster than a weighted sum); its top
+    byte is the packed byte, read as a strided view of the product (the shift and the conversion
+    were two more kernels per layer: issue 41's launch count).  The view is not contiguous: its
+    users copy it (the mask arena) or gather from it (``mask_of``)."""
     n = mask.shape[-1]
     pad = (-n) % 8
     if pad:
@@ -65,7 +68,7 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     mask = mask.contiguous()
     if sys.byteorder == "little":
         words = mask.view(torch.uint8).view(torch.int64)
-        return ((words * _GATHER) >> 56).to(torch.uint8)
+        return (words * _GATHER).view(torch.uint8)[..., 7::8]  # byte 7 of each word: bits 56-63
     bits = _BITS.get(mask.device)
     if bits is None:
         bits = _BITS[mask.device] = 2 ** torch.arange(8, dtype=torch.uint8, device=mask.device)
@@ -141,7 +144,7 @@ def normalize(y: torch.Tensor, inplace: bool = False) -> tuple[torch.Tensor, tor
     """Per-row unit normalisation over the last dim: returns (y / ||y||, ln ||y|| in float64);
     zero rows stay zero with ln-norm -inf.  ``inplace``: y is a temporary and is overwritten."""
     norm = torch.linalg.vector_norm(y, dim=-1)
-    safe = torch.where(norm > 0, norm, torch.ones_like(norm)).unsqueeze(-1)
+    safe = torch.where(norm > 0, norm, 1.0).unsqueeze(-1)  # the 1.0 is a launch parameter, no kernel
     return (y.div_(safe) if inplace else y / safe), torch.log(norm.to(torch.float64))
 
 
