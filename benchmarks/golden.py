@@ -30,7 +30,10 @@ projections). Spreads (std, draw_std and their log10) are listed, not gated: a s
 values near m moves by the values' absolute change, L u m, which is L u m / s relative -- large
 where the draws agree closely. Measured at 0.8.0 on the 2-core development machine: the ratios
 moved by at most 9.7e-8 (1.6 u) in float32 and 1.0e-15 (9 u) in float64 (docs/benchmarks.md).
-Usage: python benchmarks/golden.py --out FILE | --compare FILE [--kernels]
+``--fuse`` (issue 41) runs the probes of sigprop's nets with their layers' bookkeeping compiled
+(kernels/fused.py); compared with ``--kernels`` against an eager file, its row norms' reordered
+sums must stay within the same rounding units.
+Usage: python benchmarks/golden.py --out FILE | --compare FILE [--kernels] [--fuse]
 """
 
 from __future__ import annotations
@@ -64,12 +67,24 @@ CNN_INITS = (
 )
 
 
+#: ``--fuse``: the plan kinds' probes with their layers' bookkeeping compiled (kernels/fused.py;
+#: users' models run their own layers): compared with ``--kernels`` against an eager file
+FUSE = False
+
+
 def grid():
     for stream in (False, True):
         for seeds in (1, 3):
             for dtype in ("float64", "float32"):
                 probe = specs.ProbeSpec(
-                    samples=16, seed=7, seeds=seeds, device="cpu", dtype=dtype, stream=stream, threads=1
+                    samples=16,
+                    seed=7,
+                    seeds=seeds,
+                    device="cpu",
+                    dtype=dtype,
+                    stream=stream,
+                    threads=1,
+                    fuse=FUSE,
                 )
                 yield (
                     f"mlp fixed {dtype} stream={stream} seeds={seeds}",
@@ -147,7 +162,15 @@ def correlation_grid():
     """Every net kind with input pairs of two cosines (the correlation observer and its theory)."""
     for dtype in ("float64", "float32"):
         probe = specs.ProbeSpec(
-            samples=8, seed=5, seeds=2, device="cpu", dtype=dtype, correlations=(0.0, 0.5), pairs=6, threads=1
+            samples=8,
+            seed=5,
+            seeds=2,
+            device="cpu",
+            dtype=dtype,
+            correlations=(0.0, 0.5),
+            pairs=6,
+            threads=1,
+            fuse=FUSE,
         )
         yield (
             f"corr mlp {dtype}",
@@ -401,7 +424,10 @@ def main() -> None:
     group.add_argument("--out")
     group.add_argument("--compare")
     ap.add_argument("--kernels", action="store_true", help="measured leaves within KERNEL_LAYERS u")
+    ap.add_argument("--fuse", action="store_true", help="the probes of sigprop's nets with --fuse")
     args = ap.parse_args()
+    global FUSE
+    FUSE = args.fuse
     docs = json.loads(json.dumps(documents()))  # as a stored document reads back (tuples are lists)
     if args.out:
         with open(args.out, "w") as fh:

@@ -11,8 +11,9 @@
 4. L = 10,000, n = 4096, N = 256 --stream: completes? time and peak memory.
 5. the default ``sigprop mlp`` / ``sigprop resnet`` split into import, setup and compute
    (benchmarks/phases.py --device cuda): compute < 0.1 s.
-Usage: python benchmarks/gpu.py [--device cuda] [--quick] [--only 1,2,3,4,5]
-(--quick: small shapes, any device)
+Usage: python benchmarks/gpu.py [--device cuda] [--quick] [--only 1,2,3,4,5] [--fuse]
+(--quick: small shapes, any device; --fuse: sigprop's probes with --fuse, issue 41: the layers'
+bookkeeping compiled by torch.compile, its compile included in the first timed probe)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from floor import floor, limit  # noqa: E402
 from peer import peer  # noqa: E402
 
 GIB = 2**30
+FUSE = "--fuse" in sys.argv
 
 
 def sync(device: str) -> None:
@@ -57,7 +59,7 @@ def probe(
     spec = MLPSpec(depth=L, input_dim=n, width=specs.WidthSpec(n, n), inits=("proposed",))
     t0 = time.perf_counter()
     env = run.measure(
-        spec, specs.ProbeSpec(samples=N, device=device, stream=stream, graphs=graphs, seeds=seeds)
+        spec, specs.ProbeSpec(samples=N, device=device, stream=stream, graphs=graphs, seeds=seeds, fuse=FUSE)
     ).environment
     sync(device)
     return time.perf_counter() - t0, env

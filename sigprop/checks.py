@@ -50,6 +50,7 @@ PROBE_KEYS = {
     "stream": bool,
     "precision": str,
     "graphs": bool,
+    "fuse": bool,
     "pairs": int,
 }
 #: the keys of a ``lowest_curvature`` check alone (``specs.HessianSpec`` fields beside the probe's)

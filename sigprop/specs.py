@@ -100,6 +100,9 @@ class ProbeSpec:
     batch: int | None = None
     #: capture each layer step as a CUDA graph and replay it (None: on with CUDA; sigprop/kernels/replay.py)
     graphs: bool | None = None
+    #: compile a dense or conv layer's bookkeeping (ReLU, packed mask, log-space normalisation)
+    #: with torch.compile (sigprop/kernels/fused.py; off by default: slower on a CPU)
+    fuse: bool = False
     #: input cosines whose propagation is measured (``--correlation``, each in [-1, 1]; empty:
     #: none) and the input pairs per cosine (``--pairs``); docs/theory.md section 10
     correlations: tuple[float, ...] = ()

@@ -86,6 +86,14 @@ GraphsOpt = Annotated[
         "the eager step). [default: on with CUDA]",
     ),
 ]
+FuseOpt = Annotated[
+    bool,
+    Option(
+        "--fuse/--no-fuse",
+        help="Compile each dense or conv layer's bookkeeping (ReLU, packed mask, log-space "
+        "normalisation) with torch.compile: fewer kernels per layer (issue 41; slower on a CPU).",
+    ),
+]
 PlotOpt = Annotated[
     Optional[Path],
     Option(
@@ -192,6 +200,7 @@ class ProbeOptions(RunOptions):
     stream: Optional[bool]
     precision: Precision
     graphs: Optional[bool]
+    fuse: bool
     plot: Optional[Path]
     correlation: Optional[list[str]]
     pairs: int
@@ -208,6 +217,7 @@ class ProbeOptions(RunOptions):
             stream=self.stream,
             precision=self.precision.value,
             graphs=self.graphs,
+            fuse=self.fuse,
             correlations=specs.parse_cosines(self.correlation or []),
             pairs=self.pairs,
             threads=self.threads,
@@ -235,6 +245,7 @@ PROBE_OPTIONS = (
     ("stream", StreamOpt, None),
     ("precision", PrecisionOpt, Precision.fp32),
     ("graphs", GraphsOpt, None),
+    ("fuse", FuseOpt, False),
     ("threads", ThreadsOpt, None),
     ("plot", PlotOpt, None),
     ("correlation", CorrelationOpt, None),

@@ -218,6 +218,7 @@ class _Walks:
             progress=self.tick,
             stream=self.stream,
             runner=self.runners[-1],
+            fuse=self.probe_spec.fuse,
         )
         self.runners[-1].release()
         return {k: v.cpu().numpy() for k, v in r.observed.items()}

@@ -72,9 +72,16 @@ def environment(device, dtype: str, **run) -> dict:
 
 
 def probe_environment(probe_spec: specs.ProbeSpec, device, stream: bool, batch: int) -> dict:
-    """A probe's environment record (``graphs`` is filled in once the walks have run)."""
+    """A probe's environment record (``graphs`` is filled in once the walks have run; ``fuse``:
+    the layers' bookkeeping compiled, kernels/fused.py)."""
     return environment(
-        device, probe_spec.dtype, precision=probe_spec.precision, stream=stream, batch=batch, graphs="off"
+        device,
+        probe_spec.dtype,
+        precision=probe_spec.precision,
+        stream=stream,
+        batch=batch,
+        graphs="off",
+        fuse="on" if probe_spec.fuse else "off",
     )
 
 

@@ -79,16 +79,20 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
 _TABLES: dict = {}
 
 
+def mask_table(device, dtype) -> torch.Tensor:
+    """The 256 x 8 table of the bits of every byte (unit k at bit k) in ``dtype``, made once."""
+    key = (device, dtype)
+    table = _TABLES.get(key)
+    if table is None:
+        bits = (torch.arange(256, device=device).unsqueeze(-1) >> torch.arange(8, device=device)) & 1
+        table = _TABLES[key] = bits.to(dtype)
+    return table
+
+
 def mask_of(packed: torch.Tensor, n: int, dtype) -> torch.Tensor:
     """The ReLU mask [..., n] as 0/1 in ``dtype``: each byte looked up in the table of its 8 bits
     (one gather; shifting and masking every byte cost 9x as much on a CPU)."""
-    key = (packed.device, dtype)
-    table = _TABLES.get(key)
-    if table is None:
-        bits = (
-            torch.arange(256, device=packed.device).unsqueeze(-1) >> torch.arange(8, device=packed.device)
-        ) & 1
-        table = _TABLES[key] = bits.to(dtype)
+    table = mask_table(packed.device, dtype)
     return torch.nn.functional.embedding(packed.long(), table).reshape(*packed.shape[:-1], -1)[..., :n]
 
 

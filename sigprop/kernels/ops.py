@@ -22,20 +22,25 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from sigprop.kernels import fused as fused_ops
 from sigprop.kernels import logspace, sampling
 from sigprop.kernels.logspace import LayerParams, col, normalize, transpose
 
 
-def _activate(a: torch.Tensor, m: torch.Tensor, relu: bool, normalized: bool) -> tuple:
+def _activate(a: torch.Tensor, m: torch.Tensor, relu: bool, normalized: bool, fused: bool = False) -> tuple:
     """A layer's output from its pre-activations ``a`` (the layer's own temporary) at ln-scale
-    ``m``: (rows, ln-scale, ReLU mask or None), the rows unit-normalised unless ``normalized`` is
-    False (a residual branch's inner layers)."""
+    ``m``: (rows, ln-scale, packed ReLU mask or None), the rows unit-normalised unless
+    ``normalized`` is False (a residual branch's inner layers).  ``fused``: the same arithmetic
+    compiled (kernels/fused.py, ``--fuse``)."""
+    if fused:
+        return fused_ops.activate(a, m, relu, normalized)
     a = torch.relu_(a) if relu else a
-    mask = a.bool() if relu else None  # = (a > 0) before the ReLU; bool() of the output is 3x faster
+    # = (a > 0) before the ReLU; bool() of the output is 3x faster
+    packed = logspace.pack_mask(a.bool()) if relu else None
     if not normalized:
-        return a, m, mask
+        return a, m, packed
     u, ln_norm = normalize(a, inplace=True)
-    return u, m + ln_norm, mask
+    return u, m + ln_norm, packed
 
 
 def weight(v: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
@@ -61,10 +66,11 @@ class DenseOp:
     def directions(self, v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         return logspace.mm(X, transpose(v))  # the module's seam: benchmarks/tf32_bias.py replaces it
 
-    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None, normalized: bool = True):
+    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None, normalized: bool = True, fused=False):
         """One layer for a batch of draws in log space: input h = exp(c) * u (unit rows u [S, N,
-        in], ln-norms c [S, N] in float64), params stacked [S, ...]; output (u', c', ReLU mask or
-        None, params -- calibrated for a data-dependent scheme).  ``normalized=False``: the rows
+        in], ln-norms c [S, N] in float64), params stacked [S, ...]; output (u', c', packed ReLU
+        mask or None, params -- calibrated for a data-dependent scheme); ``fused``: the ReLU and
+        the normalisation compiled (kernels/fused.py).  ``normalized=False``: the rows
         as computed with their ln-scale, not divided by their norms (a residual branch's inner
         layers, whose block normalises its sum: two passes over the rows fewer); the next layer
         reads any rows h = exp(c) * u.
@@ -84,7 +90,7 @@ class DenseOp:
             a = a.mul_(col(c - m, dtype)).add_(col(-m, dtype) * p.bias.unsqueeze(-2))
         else:
             m = c
-        return _activate(a, m, relu, normalized) + (p,)
+        return _activate(a, m, relu, normalized, fused) + (p,)
 
     def vjp(self, p: LayerParams, d: torch.Tensor) -> torch.Tensor:
         """d (scale * v): the layer's transpose applied to error rows d [S, N, out]."""
@@ -197,8 +203,8 @@ class ConvOp(DenseOp):
         rows = self._grouped(G, v, True) if G.is_cuda else self._per_draw(G, v, transposed=True)
         return rows.reshape(S, N, self.units_in)
 
-    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None, normalized: bool = True):
-        """As the dense layer's (``normalized`` too), the rows' units positions x channels."""
+    def forward(self, p: LayerParams, u, c, relu: bool, calibrate=None, normalized: bool = True, fused=False):
+        """As the dense layer's (``normalized``, ``fused`` too), the rows' units positions x channels."""
         S, N = u.shape[:2]
         if calibrate is not None:  # per channel over the batch and the positions: [S, N H' W', c_out]
             t = self.conv(p.v, u)
@@ -218,7 +224,7 @@ class ConvOp(DenseOp):
             )
         else:
             m = c
-        return _activate(a.reshape(S, N, self.units_out), m, relu, normalized) + (p,)
+        return _activate(a.reshape(S, N, self.units_out), m, relu, normalized, fused) + (p,)
 
     def scaled(self, p: LayerParams) -> torch.Tensor:
         """The rows scale * v [S, c_out, c_in k^2]: the effective kernels (WN's g v/||v||)."""

@@ -112,6 +112,8 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
         raise SigpropError("a model keeps its own weights: nothing to stream", field="stream")
     if probe_spec.graphs:
         raise SigpropError("a model runs eagerly: no CUDA graphs", field="graphs")
+    if probe_spec.fuse:
+        raise SigpropError("a model runs its own layers: nothing of sigprop's to fuse", field="fuse")
     device = dev.resolve_device(probe_spec.device)
     dtype = dev.DTYPES[probe_spec.dtype]
     names = kind.inits(spec)

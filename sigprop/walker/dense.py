@@ -10,6 +10,7 @@ from functools import partial
 import torch
 
 from sigprop.inits import LayerRole
+from sigprop.kernels import fused
 from sigprop.kernels import logspace as ls
 from sigprop.kernels.logspace import LayerParams
 from sigprop.kernels.ops import ConvOp, DenseOp
@@ -76,22 +77,26 @@ class DenseLayer:
 
     def _forward(self, u, c, w: Walk, v_out=None):
         p = w.sample(self.role, 0, v_out)
-        u, c, mask, p = self.op.forward(p, u, c, self.relu, w.calibrate)
+        u, c, packed, p = self.op.forward(p, u, c, self.relu, w.calibrate, fused=w.fuse)
         out = {"u": u, "c": c, "v": p.v, "g": p.g, "bias": p.bias, "scale": p.scale}
-        if mask is not None:
-            out["packed"] = ls.pack_mask(mask)
+        if packed is not None:
+            out["packed"] = packed
         return out
 
-    def _forward_given(self, u, c, v, scale):
+    def _forward_given(self, u, c, v, scale, fused: bool = False):
         """The layer with directions drawn by ``HaarChunks``."""
-        u, c, mask, _ = self.op.forward(LayerParams(v=v, g=None, bias=None, scale=scale), u, c, relu=True)
-        return {"u": u, "c": c, "packed": ls.pack_mask(mask)}
+        p = LayerParams(v=v, g=None, bias=None, scale=scale)
+        u, c, packed, _ = self.op.forward(p, u, c, relu=True, fused=fused)
+        return {"u": u, "c": c, "packed": packed}
 
     def _backward(self, d, acc, scale, packed=None, w: Walk = None, v=None):
         if v is None:  # streaming: redraw (the generators were reseeded for this layer)
             v = w.sample(self.role, 0).v
-        y = ls.masked(self.op.vjp(LayerParams(v=v, g=None, bias=None, scale=scale), d), packed)
-        d, ln_norm = ls.normalize(y, inplace=True)
+        y = self.op.vjp(LayerParams(v=v, g=None, bias=None, scale=scale), d)
+        if w.fuse:
+            d, ln_norm = fused.backward(y, packed)
+        else:
+            d, ln_norm = ls.normalize(ls.masked(y, packed), inplace=True)
         return {"d": d, "acc": acc + ln_norm}
 
     def forward(self, w: Walk, index: int, state: dict):
@@ -106,7 +111,7 @@ class DenseLayer:
                 v = slot.copy_(v)
             out = run(
                 ("fwd-given", role),
-                self._forward_given,
+                partial(self._forward_given, fused=w.fuse),
                 {"u": state["u"], "c": state["c"], "v": v, "scale": chunk["scale"][k]},
                 _no_reseed,
             )

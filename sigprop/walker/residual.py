@@ -62,11 +62,13 @@ class ResidualBlock:
         for j, op in enumerate(self.ops):
             p = w.sample(op.role, self.slot_ids[j], None if v_outs is None else v_outs[j])
             if j < self.k:  # the branch unnormalised: its norm is read once, the sum normalised once
-                bu, bc, mask, p = op.forward(p, bu, bc, self.relus[j], w.calibrate, normalized=False)
-                if mask is not None:
-                    out[f"packed{j}"] = ls.pack_mask(mask)
+                bu, bc, packed, p = op.forward(
+                    p, bu, bc, self.relus[j], w.calibrate, normalized=False, fused=w.fuse
+                )
+                if packed is not None:
+                    out[f"packed{j}"] = packed
             else:
-                su, sc, _, p = op.forward(p, u, c, False, w.calibrate)
+                su, sc, _, p = op.forward(p, u, c, False, w.calibrate, fused=w.fuse)
             out.update({f"v{j}": p.v, f"g{j}": p.g, f"bias{j}": p.bias, f"scale{j}": p.scale})
         fc = bc + (math.log(self.alpha) if self.alpha > 0 else -math.inf)  # alpha F(h) = exp(fc) bu
         fb = fc + ls.ln_rows(bu)

@@ -74,7 +74,17 @@ class Walk:
     per-row parameters are kept, the space, and the forward reference ln-norms."""
 
     def __init__(
-        self, units, scheme: InitScheme, space, x, seed: int, draws, stream: bool, runner, keep: bool
+        self,
+        units,
+        scheme: InitScheme,
+        space,
+        x,
+        seed: int,
+        draws,
+        stream: bool,
+        runner,
+        keep: bool,
+        fuse: bool = False,
     ) -> None:
         self.units, self.scheme, self.space = units, scheme, space
         self.calibrate = sampling.calibration(scheme)  # a data-dependent scheme's, else None
@@ -82,6 +92,8 @@ class Walk:
         self.seed, self.draws = seed, list(draws)
         self.S, self.n = len(self.draws), x.shape[0]
         self.stream, self.runner, self.keep = stream, runner, keep
+        #: a dense or conv layer's bookkeeping compiled (kernels/fused.py, ``--fuse``)
+        self.fuse = fuse
         self.store = keep and not stream  # directions kept for the backward pass
         self.slots = [
             sampling.LayerGenerators(seed, self.draws, self.device)
@@ -153,17 +165,18 @@ def walk(
     progress: Callable[[], None] | None = None,
     stream: bool = False,
     runner: replay.Eager | None = None,
+    fuse: bool = False,
 ) -> Walked:
     """Run ``units`` on inputs x [N, n_0] for S = len(draws) draws at once: forward unit by unit,
     then (``e`` given: the error vectors at the top [N, n_top]) backward to the first recorded
     state.  Entries: the input when ``record_input``, then each unit's output.  Each observer
     sees every entry's state forward and gradient backward.  A data-dependent init runs eagerly
     (its calibration reads the batch on the host), as does a plan with a unit that is not
-    ``replayable``."""
+    ``replayable``.  ``fuse``: the dense and conv layers' bookkeeping compiled (kernels/fused.py)."""
     space = space or LogSpace()
     if runner is None or scheme.standardizes or not all(u.replayable for u in units):
         runner = replay.Eager()
-    w = Walk(units, scheme, space, x, seed, draws, stream, runner, keep=e is not None)
+    w = Walk(units, scheme, space, x, seed, draws, stream, runner, keep=e is not None, fuse=fuse)
     # a conv state's rows are held channels last (kernels/ops.py ConvOp): the input and the error
     # vectors converted once; a norm or cosine of a row does not depend on its units' order
     x = channels_last(x, units[0].shape_in)

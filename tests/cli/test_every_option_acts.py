@@ -69,6 +69,7 @@ VALUES = {
     "--stream": ([], ["--stream"]),
     "--precision": ([], ["--precision", "tf32"]),
     "--graphs": ([], ["--graphs"]),
+    "--fuse": ([], ["--fuse"]),
     # one thread more than the run's default (OMP_NUM_THREADS, or half the cores): recorded, and used
     "--threads": ([], ["--threads", str(environment.probe_threads()[0] + 1)]),
     "--plot": ([], ["--plot", "{tmp}/fig.png"]),
