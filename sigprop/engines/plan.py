@@ -250,10 +250,12 @@ def walk_plan(
     stream: bool = False,
     runner=None,
     progress=None,
+    fuse: bool = False,
 ) -> walker.Walked:
     """One walk of a plan outside a probe -- the benchmarks', the golden grid's, the tests' --: the
     steps compiled for ``scheme`` (sigprop/walker/), the named observers, the draws ``draws``
-    at once; no memory plan, no statistics; the observations stay tensors."""
+    at once; no memory plan, no statistics; the observations stay tensors.  ``fuse``: the
+    layers' bookkeeping compiled (kernels/fused.py)."""
     units, record_input = walker.compile_plan(steps, scheme)
     with torch.no_grad():
         return walker.walk(
@@ -269,6 +271,7 @@ def walk_plan(
             progress=progress,
             stream=stream,
             runner=runner,
+            fuse=fuse,
         )
 
 

@@ -12,6 +12,7 @@ within a rounding of zero."""
 import math
 
 import pytest
+import torch
 
 import sigprop
 from sigprop import specs
@@ -103,3 +104,26 @@ def test_fuse_on_the_command_line_is_recorded(capsys):
     )
     assert code == 0
     assert json.loads(capsys.readouterr().out)["config"]["fuse"] is True
+
+
+def test_a_replayed_fused_step_equals_the_eager_fused_one():
+    """CPU proxy of CUDA graphs over compiled kernels: the replay runner's static buffers (inputs
+    copied in, outputs copied out; ``replay.Emulated``) around the fused steps give the eager
+    fused walk's ln ratios (within the fused bound: a buffer's offset may pick another compiled
+    variant), with every step replayed."""
+    import walks
+
+    from sigprop import inits
+    from sigprop.kernels import replay, sampling
+    from sigprop.kinds import mlp as mlp_kind
+
+    widths = [16, 24, 24, 24, 24, 12]
+    x, e = sampling.probe_inputs(5, 6, widths[0], widths[-1], torch.device("cpu"), torch.float32)
+    args = (mlp_kind.steps(widths), inits.get("he"), x, e, 5, [0, 3])
+    eager = walks.walk(*args, fuse=True)
+    runner = replay.Emulated()
+    replayed = walks.walk(*args, runner=runner, fuse=True)
+    assert runner.status == "on" and runner.steps
+    bound = 2 * len(widths) * max(widths) * U
+    for key in ("fwd", "bwd"):
+        assert torch.allclose(eager.observed[key], replayed.observed[key], rtol=0, atol=bound), key
