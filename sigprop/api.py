@@ -155,12 +155,9 @@ def run_sweep(
     """0.12's form of ``sweep`` (kept): ``sizes`` {"depth": [10, 20]}, ``width``, ``input_dim``,
     ``curvature`` (its options: a curvature sweep), ``executor(fn, points)``."""
     given = {**(sizes or {}), "width": width, "input_dim": input_dim}
-    points = sweeps.configure(kinds.get(kind), given, init, probe_spec, "probe")
-    if curvature is not None:
-        if points and points[0].probe.correlations:
-            raise SigpropError(
-                "--measure hessian measures no cosine; drop --correlation", field="correlation"
-            )
+    measure = "probe" if curvature is None else "hessian"  # configure refuses cosines beside it
+    points = sweeps.configure(kinds.get(kind), given, init, probe_spec, measure)
+    if curvature is not None:  # the curvature's own options in place of the probe's copy
         points = [replace(p, curvature=curvature) for p in points]
     return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
 

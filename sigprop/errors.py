@@ -27,3 +27,10 @@ class SigpropError(Exception):
 
     def __str__(self) -> str:  # one line, naming the field
         return f"{self.field}: {self.message}" if self.field else self.message
+
+
+def described(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message (its type alone
+    when it has none) -- how sigprop reports an error it did not raise itself."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sigprop import inits, specs, stats, theory
-from sigprop.errors import SigpropError
+from sigprop.errors import SigpropError, described
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Memory, Opt
 from sigprop.results import LayerRecord, RunResult
@@ -105,10 +105,7 @@ def resolve_target(target: str) -> Callable:
     except SigpropError:
         raise
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise SigpropError(
-            f"cannot import {where!r}: {type(exc).__name__}: {first}", field="target"
-        ) from None
+        raise SigpropError(f"cannot import {where!r}: {described(exc)}", field="target") from None
     obj = mod
     for part in name.split("."):
         if not hasattr(obj, part):

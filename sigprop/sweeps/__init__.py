@@ -34,7 +34,7 @@ class Serial:
     """The local executor as a context manager: ``serial``, one point at a time, here."""
 
     slots = 1
-    notes: list[str] = []
+    notes: tuple[str, ...] = ()
 
     def __enter__(self) -> "Serial":
         return self

@@ -21,7 +21,7 @@ import os
 import uuid
 from typing import Callable, Iterator
 
-from sigprop.errors import SigpropError
+from sigprop.errors import SigpropError, described
 from sigprop.sweeps.run import failed
 from sigprop.version import __version__
 
@@ -100,7 +100,7 @@ class Dask:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise SigpropError(
                 f"cannot reach a Dask scheduler at {self.scheduler}: {first}", field="scheduler"
-            )
+            ) from None
         try:
             client.wait_for_workers(1, timeout=self.timeout)
         except (TimeoutError, OSError):
@@ -152,38 +152,41 @@ class Dask:
             os.environ.clear()
             os.environ.update(saved)
 
-    def _check_workers(self) -> None:
-        """Every worker's sigprop: importable, and this client's version."""
-        answers = self.client.run(eval, VERSION_QUESTION, on_error="return")
+    def _ask(self, question: str, failing: str, advice: str = "") -> dict:
+        """Every worker's answer to ``question`` (a Python expression, evaluated there, so that
+        asking needs nothing of sigprop's to unpickle); a worker that raises is refused in one
+        line: it ``failing`` (its error), then ``advice``."""
+        answers = self.client.run(eval, question, on_error="return")
         for address, answer in sorted(answers.items()):
             if isinstance(answer, BaseException):
-                first = (str(answer).strip().splitlines() or [""])[0]
                 raise SigpropError(
-                    f"worker {address} cannot import sigprop ({type(answer).__name__}: {first}); install "
-                    f"sigprop {__version__} on every worker",
+                    f"worker {address} {failing} ({described(answer)}){advice}",
                     field="scheduler" if self.scheduler else "workers",
                 )
+        return answers
+
+    def _check_workers(self) -> None:
+        """Every worker's sigprop: importable, and this client's version; its environment (a slow
+        setting is noted); then its API loaded."""
+        versions = self._ask(
+            VERSION_QUESTION, "cannot import sigprop", f"; install sigprop {__version__} on every worker"
+        )
+        for address, answer in sorted(versions.items()):
             if answer != __version__:
                 raise SigpropError(
                     f"worker {address} runs sigprop {answer}, this client {__version__}: install the same "
                     "version on every worker",
                     field="scheduler" if self.scheduler else "workers",
                 )
-        trims = self.client.run(eval, f"__import__('os').environ.get('{TRIM}')", on_error="return")
-        slow = sorted(a for a, v in trims.items() if isinstance(v, str))
+        trims = self._ask(f"__import__('os').environ.get('{TRIM}')", "cannot read its environment")
+        slow = sorted(a for a, v in trims.items() if v is not None)
         if slow:
             self.notes.append(
                 f"{len(slow)} worker(s) run with {TRIM}={trims[slow[0]]} (Dask's nanny default), which "
                 "slows a point up to 1.6x; docs/cluster.md says how to start workers without it"
             )
         # each worker loads the API (torch) now, all at once, not inside its first point
-        for address, answer in sorted(self.client.run(eval, LOAD_API, on_error="return").items()):
-            if isinstance(answer, BaseException):
-                first = (str(answer).strip().splitlines() or [""])[0]
-                raise SigpropError(
-                    f"worker {address} cannot load sigprop's API ({type(answer).__name__}: {first})",
-                    field="scheduler" if self.scheduler else "workers",
-                )
+        self._ask(LOAD_API, "cannot load sigprop's API")
 
     def __exit__(self, *exc) -> None:
         for closing in (self.client, self.cluster):

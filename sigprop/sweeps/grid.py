@@ -22,9 +22,8 @@ from sigprop.errors import SigpropError
 MEASURES = ("probe", "hessian", "spectrum")
 
 
-def parse_ints(text: str, field: str) -> list[int]:
-    """``10,20,50`` -> [10, 20, 50]; every value an integer >= 1, no duplicates."""
-    return specs.parse_ints(text, field)
+#: ``10,20,50`` -> [10, 20, 50] (specs.py's, where the kinds read their axes too)
+parse_ints = specs.parse_ints
 
 
 def parse_inits(text: str, kind: kinds.Kind) -> list[str]:

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from sigprop.errors import SigpropError
+from sigprop.errors import SigpropError, described
 from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA, curvature_row, spectrum_row, sweep_row
 from sigprop.sweeps.grid import Point
 from sigprop.version import __version__
@@ -87,12 +87,11 @@ def row(point: Point, result, seconds: float) -> dict[str, Any]:
 def failed(point: Point, exc: BaseException, seconds: float | None, host: str | None = None) -> dict:
     """The line of a point that raised (or whose workers died): its config, the error in one
     line, where it ran (``host``: None for here)."""
-    message = (str(exc).strip().splitlines() or [""])[0]
     return {
         "schema": FAILED_SCHEMA,
         "config": point.config,
         "init": point.init,
-        "error": f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
+        "error": described(exc),
         # sigprop refused the point's input (a memory bound, a device): not a fault of the run
         "refused": isinstance(exc, SigpropError),
         "seconds": None if seconds is None else round(seconds, 3),
