@@ -16,12 +16,10 @@ def sweep_figure(
     save(build_sweep_figure(rows, x, direction, others), path)
 
 
-def _sweep_cosines(ax, groups, inits_seen, other_keys, colours, markers, varying, x) -> None:
+def _sweep_cosines(ax, ordered, colours, markers, varying, x) -> None:
     """Sweep rows with ``correlation``: the last state's mean cosine per init and input cosine
     (line style per c0), the prediction dashed in the same colour."""
-    for (init, other), pts in sorted(
-        groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))
-    ):
+    for (init, other), pts in ordered:
         pts = sorted(pts, key=lambda r: r["config"][x])
         c0s = [c["c0"] for c in pts[0].get("correlation", [])]
         for k, c0 in enumerate(c0s):
@@ -35,6 +33,56 @@ def _sweep_cosines(ax, groups, inits_seen, other_keys, colours, markers, varying
             if all(v is not None for v in pred):
                 ax.plot(xs, pred, color=colours[init], ls="--", lw=0.8, alpha=0.7)
     ax.set_ylabel("mean cosine of the last states of input pairs")
+
+
+def _sweep_curvature(ax, ordered, colours, markers, varying, x) -> None:
+    """Sweep rows with ``curvature``: the log10 spectral norm per init, bars of its sd over draws,
+    diverged points left out."""
+    for (init, other), pts in ordered:
+        pts = [
+            p
+            for p in sorted(pts, key=lambda r: r["config"][x])
+            if p["curvature"]["log10_spectral_norm_mean"] is not None
+        ]
+        xs = [p["config"][x] for p in pts]
+        ys = [p["curvature"]["log10_spectral_norm_mean"] for p in pts]
+        err = [p["curvature"]["log10_spectral_norm_std"] or 0.0 for p in pts]
+        label = init + "".join(f", {k} {v}" for k, v in other if k in varying)
+        ax.errorbar(
+            xs, ys, yerr=err, marker=markers[other], ms=4, color=colours[init], capsize=3, label=label
+        )
+    ax.set_ylabel("log10 spectral norm of the loss Hessian at init")
+
+
+def _sweep_ratios(ax, ordered, colours, markers, varying, x, direction) -> tuple[bool, bool]:
+    """Sweep rows with ``end_to_end``: the typical ratio per init and the other axes, +-1 sd
+    across samples shaded, across draws as bars, the typical prediction dashed (or, for a conv
+    net, the energy-map RMS dotted).  Returns whether either prediction was drawn."""
+    theory_drawn = rms_drawn = False
+    for (init, other), pts in ordered:
+        pts = sorted(pts, key=lambda r: r["config"][x])
+        xs = [p["config"][x] for p in pts]
+        e2e = [p["end_to_end"][direction] for p in pts]
+        ys = [e["log10_mean"] for e in e2e]
+        sd = [e.get("log10_std") or 0.0 for e in e2e]
+        dsd = [e.get("log10_draw_std") or 0.0 for e in e2e]
+        label = init + "".join(f", {k} {v}" for k, v in other if k in varying)
+        c = colours[init]
+        ax.plot(xs, ys, marker=markers[other], ms=4, color=c, label=label)
+        ax.fill_between(
+            xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], color=c, alpha=0.12, lw=0
+        )
+        if any(dsd):
+            ax.errorbar(xs, ys, yerr=dsd, fmt="none", ecolor=c, elinewidth=1.2, capsize=3)
+        typ = [e.get("log10_predicted_typical") for e in e2e]
+        rms = [e.get("log10_predicted") for e in e2e]
+        if all(t is not None for t in typ):
+            ax.plot(xs, typ, ls="--", lw=1, color=c)
+            theory_drawn = True
+        elif all(t is not None for t in rms):  # conv nets: the energy-map RMS (no typical prediction yet)
+            ax.plot(xs, rms, ls=":", lw=1.2, color=c)
+            rms_drawn = True
+    return theory_drawn, rms_drawn
 
 
 def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward", others: Sequence[str] = ()):
@@ -60,69 +108,30 @@ def build_sweep_figure(rows: Sequence[dict], x: str, direction: str = "forward",
     )
     markers = {o: ["o", "s", "^", "D", "v", "P"][i % 6] for i, o in enumerate(other_keys)}
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
-    if direction == "curvature":
-        for (init, other), pts in sorted(
-            groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))
-        ):
-            pts = [
-                p
-                for p in sorted(pts, key=lambda r: r["config"][x])
-                if p["curvature"]["log10_spectral_norm_mean"] is not None
-            ]
-            xs = [p["config"][x] for p in pts]
-            ys = [p["curvature"]["log10_spectral_norm_mean"] for p in pts]
-            err = [p["curvature"]["log10_spectral_norm_std"] or 0.0 for p in pts]
-            label = init + "".join(f", {k} {v}" for k, v in other if k in varying)
-            ax.errorbar(
-                xs, ys, yerr=err, marker=markers[other], ms=4, color=colours[init], capsize=3, label=label
-            )
-        ax.set_xlabel(x)
-        ax.set_ylabel("log10 spectral norm of the loss Hessian at init")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        ax.set_title(
+    ordered = sorted(groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1])))
+    titles = {
+        "curvature": (
+            _sweep_curvature,
             f"sigprop sweep --curvature: curvature at init vs {x} (bars: sd over draws; diverged points left "
-            f"out)",
-            fontsize=9,
-        )
-        fig.tight_layout()
-        return fig
-    if direction == "correlation":
-        _sweep_cosines(ax, groups, inits_seen, other_keys, colours, markers, varying, x)
+            "out)",
+            9,
+        ),
+        "correlation": (
+            _sweep_cosines,
+            f"sigprop sweep: cosine of two inputs at the last state vs {x} (dashed: theory)",
+            10,
+        ),
+    }
+    if direction in titles:
+        draw, title, size = titles[direction]
+        draw(ax, ordered, colours, markers, varying, x)
         ax.set_xlabel(x)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        ax.set_title(
-            f"sigprop sweep: cosine of two inputs at the last state vs {x} (dashed: theory)", fontsize=10
-        )
+        ax.set_title(title, fontsize=size)
         fig.tight_layout()
         return fig
-    theory_drawn = rms_drawn = False
-    for (init, other), pts in sorted(
-        groups.items(), key=lambda kv: (inits_seen.index(kv[0][0]), other_keys.index(kv[0][1]))
-    ):
-        pts = sorted(pts, key=lambda r: r["config"][x])
-        xs = [p["config"][x] for p in pts]
-        e2e = [p["end_to_end"][direction] for p in pts]
-        ys = [e["log10_mean"] for e in e2e]
-        sd = [e.get("log10_std") or 0.0 for e in e2e]
-        dsd = [e.get("log10_draw_std") or 0.0 for e in e2e]
-        label = init + "".join(f", {k} {v}" for k, v in other if k in varying)
-        c = colours[init]
-        ax.plot(xs, ys, marker=markers[other], ms=4, color=c, label=label)
-        ax.fill_between(
-            xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], color=c, alpha=0.12, lw=0
-        )
-        if any(dsd):
-            ax.errorbar(xs, ys, yerr=dsd, fmt="none", ecolor=c, elinewidth=1.2, capsize=3)
-        typ = [e.get("log10_predicted_typical") for e in e2e]
-        rms = [e.get("log10_predicted") for e in e2e]
-        if all(t is not None for t in typ):
-            ax.plot(xs, typ, ls="--", lw=1, color=c)
-            theory_drawn = True
-        elif all(t is not None for t in rms):  # conv nets: the energy-map RMS (no typical prediction yet)
-            ax.plot(xs, rms, ls=":", lw=1.2, color=c)
-            rms_drawn = True
+    theory_drawn, rms_drawn = _sweep_ratios(ax, ordered, colours, markers, varying, x, direction)
     ax.axhline(0.0, color="0.4", lw=0.8, ls=":")
     ax.set_xlabel(x)
     ax.set_ylabel(f"log10 typical end-to-end {direction} ratio")
