@@ -10,10 +10,12 @@
 3. --seeds 16 against --seeds 1 at L = 100, n = 128, N = 256: <= 2x.
 4. L = 10,000, n = 4096, N = 256 --stream: completes? time and peak memory.
 5. the default ``sigprop mlp`` / ``sigprop resnet`` split into import, setup and compute
-   (benchmarks/phases.py --device cuda): compute < 0.1 s.
-Usage: python benchmarks/gpu.py [--device cuda] [--quick] [--only 1,2,3,4,5] [--fuse]
+   (benchmarks/phases.py --device cuda --profile): compute < 0.1 s; then each under torch.profiler
+   (top host ops, top kernels, launches, synchronisations and copies: where the time goes).
+Usage: python benchmarks/gpu.py [--device cuda] [--quick] [--only 1,2,3,4,5] [--fuse] [--profile]
 (--quick: small shapes, any device; --fuse: sigprop's probes with --fuse, issue 41: the layers'
-bookkeeping compiled by torch.compile, its compile included in the first timed probe)
+bookkeeping compiled by torch.compile, its compile included in the first timed probe; --profile:
+line 3's two probes under torch.profiler, benchmarks/phases.py's summary)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from floor import floor, limit  # noqa: E402
 from peer import peer  # noqa: E402
+from phases import profile_summary  # noqa: E402
 
 GIB = 2**30
 FUSE = "--fuse" in sys.argv
@@ -133,6 +136,10 @@ def main() -> None:
             f"<= 2), best of 3",
             flush=True,
         )
+        if "--profile" in sys.argv:  # where the 16 draws' time goes
+            for seeds in (1, 16):
+                print(f"--- line 3, --seeds {seeds}, under the profiler ---", flush=True)
+                profile_summary(lambda: probe(100, 128, 256, device, None, seeds=seeds), device)
     if 4 in only:
         L, n, N = (100, 256, 64) if quick else (10_000, 4096, 256)
         try:
@@ -143,7 +150,9 @@ def main() -> None:
     if 5 in only:
         print("5. default runs, phases:", flush=True)
         out = subprocess.run(
-            [sys.executable, str(HERE / "phases.py"), "--device", device], capture_output=True, text=True
+            [sys.executable, str(HERE / "phases.py"), "--device", device, "--profile"],
+            capture_output=True,
+            text=True,
         )
         print(out.stdout.strip() or out.stderr.strip(), flush=True)
 

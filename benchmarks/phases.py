@@ -6,7 +6,10 @@ widths, memory estimate, up to the driver's ``on_start``); compute (sigprop/run.
 draw of every init, until the arrays are on the host); statistics and theory (each net kind's
 ``assemble``); rendering the
 JSON.  On CUDA the compute phase ends with a device synchronisation.
-Usage: python benchmarks/phases.py [--device cpu|cuda] [--repeat 1]  (1: the cold first call a CLI user sees)
+Usage: python benchmarks/phases.py [--device cpu|cuda] [--repeat 1] [--profile]  (1: the cold first
+call a CLI user sees; --profile: after the timed calls, one more call of each under torch.profiler,
+printing the compute phase's top host ops and device kernels, and the counts of kernel launches,
+synchronisations and host<->device copies -- where a GPU's short run spends its time, issue 41)
 """
 
 from __future__ import annotations
@@ -63,6 +66,43 @@ def main() -> None:
             + ", ".join(f"{k} {v:.3f} s" for k, v in best.items())
             + f"  (total after import {sum(best.values()):.2f} s)"
         )
+    if "--profile" in sys.argv:
+        for kind in ("mlp", "resnet"):
+            profiled(kind, device)
+
+
+def profiled(kind: str, device: str) -> None:
+    """One more default call under torch.profiler, summarised by ``summary``."""
+    print(f"--- sigprop {kind} under the profiler ---")
+    profile_summary(lambda: phases(kind, device), device)
+
+
+def profile_summary(fn, device: str) -> None:
+    """``fn()`` under torch.profiler: the top 12 ops by host time (self), the top 12 device
+    kernels, and the runtime calls that stall a short run (launches, synchronisations, copies,
+    graph launches, allocations)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=acts) as prof:
+        fn()
+    table = prof.key_averages()
+    print(table.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=48))
+    if device.startswith("cuda"):
+        print(table.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=48))
+    stalls = (
+        "cudaLaunchKernel",
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaMemcpyAsync",
+        "cudaGraphLaunch",
+        "cudaGraphInstantiate",
+        "cudaMalloc",
+        "cudaMemGetInfo",
+    )
+    counts = {e.key: (e.count, e.self_cpu_time_total / 1e3) for e in table if e.key in stalls}
+    ops = sum(e.count for e in table if e.key.startswith("aten::"))
+    print(f"aten ops {ops}; " + "; ".join(f"{k} {n} ({ms:.1f} ms)" for k, (n, ms) in sorted(counts.items())))
 
 
 if __name__ == "__main__":

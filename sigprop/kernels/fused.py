@@ -6,13 +6,19 @@ can emit few kernels -- Triton on a GPU, C++ on a CPU.
 Forward, from the pre-activations a (scale and bias applied, kernels/ops.py) at ln-scale m: the
 ReLU, its mask packed 8 units a byte, and the rows normalised in log space (ln-norms in float64).
 Backward, after the transposed product y: the ReLU mask of the layer below, then the same
-normalisation.  Compiled with dynamic shapes: a net of drawn widths compiles each function for
-widths that are multiples of 8 and for those that are not (the mask's padding), not per width.
+normalisation.  A residual block's (kernels/logspace.py ``combine_``): the branch's ln-norm,
+the sum of the skip and the branch with the larger ln-norm factored out, and its
+normalisation, forward; the sum of the two error paths and its normalisation, backward.
+Compiled with dynamic shapes: a net of drawn widths compiles each function for widths that are
+multiples of 8 and for those that are not (the mask's padding), not per width.
 
 Numbers: the mask and every elementwise result are the eager ones; the row norm's sum may be
 reordered by the compiler, so unit rows differ from eager by about one float32 ulp and each
 layer's ln-norm by a few (measured on a CPU: 6e-8 and 1.6e-7 at widths 200-256);
-tests/kernels/test_fused.py holds whole probes within a bound argued from that.  Measured on a
+tests/kernels/test_fused.py holds whole probes within a bound argued from that.  A ReLU unit
+whose pre-activation lies within that rounding of zero may take the other side, and a sample's
+backward ratio then crosses a different mask (docs/theory.md section 8; one such unit in
+benchmarks/golden.py's grid, docs/benchmarks.md).  Measured on a
 2-core CPU the compiled forward ran 8-13x slower than the eager one after a compile of seconds:
 the default stays eager; the GPU's figures are for its first measurement (docs/benchmarks.md).
 """
@@ -48,6 +54,21 @@ def _backward(y, table, packed, n: int):
     return d, torch.log(norm.to(torch.float64))
 
 
+def _combine(sc, su, fc, bu):
+    fb = fc + torch.log(torch.linalg.vector_norm(bu, dim=-1).to(torch.float64))
+    M = torch.nan_to_num(torch.maximum(sc, fb), nan=0.0, posinf=0.0, neginf=0.0)
+    y = bu * torch.exp(fc - M).to(bu.dtype).unsqueeze(-1) + su * torch.exp(sc - M).to(bu.dtype).unsqueeze(-1)
+    norm = torch.linalg.vector_norm(y, dim=-1)
+    u = y / torch.where(norm > 0, norm, 1.0).unsqueeze(-1)
+    return u, M + torch.log(norm.to(torch.float64)), fb
+
+
+def _sum_normalize(z, y):
+    s = z + y
+    norm = torch.linalg.vector_norm(s, dim=-1)
+    return s / torch.where(norm > 0, norm, 1.0).unsqueeze(-1), torch.log(norm.to(torch.float64))
+
+
 #: the variants one function may compile: float32 and float64, widths that are multiples of 8
 #: or not, with or without a mask, a mask at the start of its arena or further in (the
 #: compiler's 0/1 specialisation of the storage offset) -- 16 for the backward, over torch's
@@ -79,3 +100,16 @@ def backward(y, packed):
     none below)."""
     table = ls.mask_table(y.device, y.dtype)
     return _compiled("backward", _backward)(y, table, packed, y.shape[-1])
+
+
+def combine(sc, su, fc, bu):
+    """A residual block's sum in log space, as ``logspace.combine_`` after ``fb = fc +
+    ln_rows(bu)``: (unit rows, ln-norms, fb) of exp(sc) su + exp(fc) bu, the larger ln-norm
+    factored out (the branch's ln-norm ``fb`` is the block's branch record)."""
+    return _compiled("combine", _combine)(sc, su, fc, bu)
+
+
+def sum_normalize(z, y):
+    """(unit rows, ln-norms) of z + y: a residual block's backward, the branch's and the skip's
+    error rows summed and normalised."""
+    return _compiled("sum_normalize", _sum_normalize)(z, y)

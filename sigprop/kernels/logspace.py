@@ -172,8 +172,9 @@ def combine_(sc, su, fc, fu, fb):
     ln-norm M = max(sc, fb) is factored out, so both coefficients applied are <= 1 relative to
     their rows' norms: nothing overflows.  Either term may be -inf.  Two passes over the rows and
     the normalisation's two, no allocation of their size."""
-    M = torch.maximum(sc, fb)
-    M = torch.where(torch.isfinite(M), M, torch.zeros_like(M))
+    # a non-finite M (both terms -inf: a zero row) factors out nothing: one kernel, where
+    # ``where(isfinite(M), M, 0)`` took six (isfinite's abs, ne, eq, and; zeros; where)
+    M = torch.nan_to_num(torch.maximum(sc, fb), nan=0.0, posinf=0.0, neginf=0.0)
     y = fu.mul_(col(fc - M, fu.dtype)).addcmul_(su, col(sc - M, fu.dtype))
     u, ln_norm = normalize(y, inplace=True)
     return u, M + ln_norm

@@ -37,6 +37,13 @@ Body = Callable[..., dict]
 
 #: at most this many distinct step shapes are captured per walk (the others run eagerly)
 MAX_GRAPHS = 8
+#: a step is captured only when at least this many runs of its key follow the capturing run.
+#: Capturing costs about two eager steps of host time beyond the eager run it replaces (the
+#: warm-up on a side stream, recording the same calls, instantiating, one replay and the
+#: comparison's reads); each later replay saves most of an eager step (a few input copies and
+#: one launch instead of ~30-90 kernels: docs/benchmarks.md "Launch overhead").  An estimate
+#: from those counts, to be checked on a device (issue 41).
+MIN_LATER = 4
 
 
 class Eager:
@@ -76,7 +83,9 @@ class Replayed(Eager):
     """Static buffers per step shape; subclasses say how a step is captured and replayed.
 
     A shape seen for the first time runs eagerly (random widths make most shapes unique:
-    capturing those would only cost).  The second time: the body runs eagerly on the static
+    capturing those would only cost), and so does one that recurs fewer than ``MIN_LATER``
+    times after its second run (the walk announces its counts: ``expect``).  Otherwise, the
+    second time: the body runs eagerly on the static
     inputs (the reference, and the warm-up a capture needs), is captured, and is replayed for
     the same layer; the replay must reproduce the eager outputs (``_same``) or graphs are off
     for the rest of the call.  Any exception while capturing does the same.  Either way the
@@ -85,20 +94,33 @@ class Replayed(Eager):
     def __init__(self) -> None:
         self.steps: dict = {}
         self.seen: set = set()
+        self.left: dict = {}  # runs of each announced key still to come (``expect``)
         self.captured = 0  # steps captured (and checked) over the call
         self.status = "on"
         self.off = False
+
+    def expect(self, counts) -> None:
+        """How many times the walk will run each step key (walker/walk.py ``step_counts``): a
+        key is captured only when ``MIN_LATER`` runs follow the capturing one.  A key not
+        announced is captured at its second run."""
+        self.left = dict(counts)
 
     def release(self) -> None:
         self.steps.clear()
         self.seen.clear()
 
+    def _worth_capturing(self, key) -> bool:
+        later = self.left.get(key)
+        return key in self.seen and len(self.steps) < MAX_GRAPHS and (later is None or later >= MIN_LATER)
+
     def run(self, key, body, inputs, reseed, direct=None):
+        if key in self.left:
+            self.left[key] -= 1  # now: the runs after this one
         if self.off:
             return Eager.run(self, key, body, inputs, reseed, direct)
         step = self.steps.get(key)
         if step is None:
-            if key not in self.seen or len(self.steps) >= MAX_GRAPHS:
+            if not self._worth_capturing(key):
                 self.seen.add(key)
                 return Eager.run(self, key, body, inputs, reseed, direct)
             step = _Step(inputs)

@@ -99,18 +99,30 @@ class DenseLayer:
             d, ln_norm = ls.normalize(ls.masked(y, packed), inplace=True)
         return {"d": d, "acc": acc + ln_norm}
 
+    def step_keys(self, w: Walk, below) -> tuple:
+        """The runner's keys of this layer's forward and backward steps (``below``: the unit
+        under it, None for the first): the steps ``forward`` and ``backward`` run."""
+        if self._given(w):
+            fwd = ("fwd-given", self.role)
+        else:
+            fwd = ("fwd", self.op.key(True), self.relu)
+        masked = below is not None and not below.branch and below.relu  # its kept mask is packed
+        return fwd, ("bwd", self.op.key(True), masked)
+
+    def _given(self, w: Walk) -> bool:
+        """Drawn with its chunk (one batched Haar call, walker/haar.py)."""
+        return w.chunks is not None and w.chunks.covers(self.layer)
+
     def forward(self, w: Walk, index: int, state: dict):
         role, run = self.role, w.runner.run
         slot = w.slot(role)
-        if w.chunks is not None and w.chunks.covers(
-            self.layer
-        ):  # drawn with its chunk (one batched Haar call)
+        if self._given(w):
             chunk, k = w.chunks.forward(w, self.layer)
             v = chunk["v"][k]
             if slot is not None:
                 v = slot.copy_(v)
             out = run(
-                ("fwd-given", role),
+                self.step_keys(w, None)[0],
                 partial(self._forward_given, fused=w.fuse),
                 {"u": state["u"], "c": state["c"], "v": v, "scale": chunk["scale"][k]},
                 _no_reseed,
@@ -118,7 +130,7 @@ class DenseLayer:
             out = {**out, "v": v, "g": chunk["g"][k], "bias": None, "scale": chunk["scale"][k]}
         else:
             out = run(
-                ("fwd", self.op.key(True), self.relu),
+                self.step_keys(w, None)[0],
                 partial(self._forward, w=w),
                 {"u": state["u"], "c": state["c"]},
                 w.reseeder(self),
@@ -143,9 +155,8 @@ class DenseLayer:
             inputs["v"] = p.v
         elif w.chunks is not None:  # streaming in chunks: redraw a chunk when the walk enters it from above
             inputs["v"], reseed = w.chunks.backward(w, self.layer), _no_reseed
-        return w.runner.run(
-            ("bwd", self.op.key(True), "packed" in inputs), partial(self._backward, w=w), inputs, reseed
-        )
+        key = ("bwd", self.op.key(True), "packed" in inputs)
+        return w.runner.run(key, partial(self._backward, w=w), inputs, reseed)
 
     # -- the unit as a differentiable function (the curvature, the oracle) -------------------
     @property

@@ -52,11 +52,21 @@ class HaarChunks:
         p = sampling.haar_params(w.scheme, role, g)
         return {"v": p.v, "g": p.g, "scale": p.scale}
 
+    def step_keys(self, w) -> list:
+        """The runner's keys of the chunks' steps, one per chunk each time a walk enters it
+        (forward; and backward when streaming)."""
+        spans = {self.span(layer) for layer in range(2, self.L + 1)}
+        keys = [self._key(w, first, count) for first, count in sorted(spans)]
+        return keys * (1 + bool(w.stream and w.keep))
+
+    def _key(self, w, first: int, count: int) -> tuple:
+        return ("chunk", w.units[first - 1].role, count)
+
     def _run(self, w, layer: int) -> None:
         first, count = self.span(layer)
         role = w.units[first - 1].role
         self.current = w.runner.run(
-            ("chunk", role, count),
+            self._key(w, first, count),
             partial(self._draw, w=w, role=role, count=count),
             {"anchor": w.ref},
             sampling.chunk_reseeder(self.rows, first, count),

@@ -10,6 +10,7 @@ from typing import Sequence
 
 import torch
 
+from sigprop.kernels import fused
 from sigprop.kernels import logspace as ls
 from sigprop.kernels.logspace import LayerParams
 from sigprop.kernels.ops import DenseOp
@@ -71,9 +72,12 @@ class ResidualBlock:
                 su, sc, _, p = op.forward(p, u, c, False, w.calibrate, fused=w.fuse)
             out.update({f"v{j}": p.v, f"g{j}": p.g, f"bias{j}": p.bias, f"scale{j}": p.scale})
         fc = bc + (math.log(self.alpha) if self.alpha > 0 else -math.inf)  # alpha F(h) = exp(fc) bu
-        fb = fc + ls.ln_rows(bu)
+        if w.fuse:
+            out["u"], out["c"], fb = fused.combine(sc, su, fc, bu)
+        else:
+            fb = fc + ls.ln_rows(bu)
+            out["u"], out["c"] = ls.combine_(sc, su, fc, bu, fb)
         out["branch"] = fb - c
-        out["u"], out["c"] = ls.combine_(sc, su, fc, bu, fb)
         return out
 
     def _backward(self, d, acc, w: Walk, **t):
@@ -85,6 +89,7 @@ class ResidualBlock:
 
         k = self.k
         y = d if not self.has_projection else self.ops[k].vjp(layer(k), d)
+        z = None
         if self.alpha != 0.0:
             z = d
             for j in range(k - 1, -1, -1):
@@ -94,14 +99,21 @@ class ResidualBlock:
                 z = self.ops[j].vjp(p, z)
                 if j > 0 and self.relus[j - 1]:
                     z = z.mul_(ls.mask_of(t[f"packed{j - 1}"], z.shape[-1], z.dtype))
-            y = z.add_(y)  # z: the branch's own temporary
-        d, ln_norm = ls.normalize(y, inplace=y is not d)
+        if w.fuse:
+            d, ln_norm = fused.backward(y, None) if z is None else fused.sum_normalize(z, y)
+        else:
+            y = y if z is None else z.add_(y)  # z: the branch's own temporary
+            d, ln_norm = ls.normalize(y, inplace=y is not d)
         return {"d": d, "acc": acc + ln_norm}
+
+    def step_keys(self, w: Walk, below) -> tuple:
+        """The runner's keys of this block's forward and backward steps."""
+        return ("fwd", *self.key), ("bwd", *self.key)
 
     def forward(self, w: Walk, index: int, state: dict):
         v_outs = [w.slot(r) for r in self.roles] if w.store else None
         out = w.runner.run(
-            ("fwd", *self.key),
+            self.step_keys(w, None)[0],
             partial(self._forward, w=w),
             {"u": state["u"], "c": state["c"]},
             w.reseeder(self),
@@ -131,7 +143,7 @@ class ResidualBlock:
         if self.alpha != 0.0:
             inputs.update({f"packed{j}": m for j, m in kept.masks.items()})
         return w.runner.run(
-            ("bwd", *self.key),
+            self.step_keys(w, None)[1],
             partial(self._backward, w=w),
             inputs,
             w.reseeder(self) if w.stream else _no_reseed,

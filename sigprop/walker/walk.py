@@ -5,6 +5,7 @@ observers handed every recorded state."""
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -177,6 +178,8 @@ def walk(
     if runner is None or scheme.standardizes or not all(u.replayable for u in units):
         runner = replay.Eager()
     w = Walk(units, scheme, space, x, seed, draws, stream, runner, keep=e is not None, fuse=fuse)
+    if isinstance(runner, replay.Replayed):
+        runner.expect(step_counts(w, int(not record_input)))
     # a conv state's rows are held channels last (kernels/ops.py ConvOp): the input and the error
     # vectors converted once; a norm or cosine of a row does not depend on its units' order
     x = channels_last(x, units[0].shape_in)
@@ -208,6 +211,21 @@ def walk(
             if progress is not None:
                 progress()
     return Walked({obs.name: obs.result() for obs in observers}, kept)
+
+
+def step_counts(w: Walk, first: int) -> collections.Counter:
+    """How many times the walk runs each step key (the runner captures only steps that recur:
+    kernels/replay.py): every unit forward, with a backward (``w.keep``) every unit from
+    ``first`` up, and the Haar chunks' steps."""
+    counts: collections.Counter = collections.Counter()
+    for i, unit in enumerate(w.units):
+        fwd, bwd = unit.step_keys(w, w.units[i - 1] if i > 0 else None)
+        counts[fwd] += 1
+        if w.keep and i >= first:
+            counts[bwd] += 1
+    if w.chunks is not None:
+        counts.update(w.chunks.step_keys(w))
+    return counts
 
 
 SPACES = {"log": LogSpace, "plain": PlainSpace}

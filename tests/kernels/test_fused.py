@@ -34,6 +34,10 @@ CASES = [
     ("mlp", dict(depth=5, width="40", input_dim=24, inits="pytorch"), 5, 40),
     ("cnn", dict(depth=4, channels=8, image="3x8x8", inits="he"), 4, 8 * 64),
     ("resnet", dict(blocks=3, dim=24, width="20", inits="proposed"), 8, 24),
+    # a projection block (two stages) and a zero branch (alpha = 0: the skip alone, both ways);
+    # two ReLU layers per branch (the branch's inner mask)
+    ("resnet", dict(blocks=2, stages=2, dim=12, width="16", inits="skipinit"), 10, 24),
+    ("resnet", dict(blocks=2, dim=16, width="12", block_depth=2, inits="he"), 8, 16),
 ]
 
 
@@ -106,7 +110,7 @@ def test_fuse_on_the_command_line_is_recorded(capsys):
     assert json.loads(capsys.readouterr().out)["config"]["fuse"] is True
 
 
-def test_a_replayed_fused_step_equals_the_eager_fused_one():
+def test_a_replayed_fused_step_equals_the_eager_fused_one(monkeypatch):
     """CPU proxy of CUDA graphs over compiled kernels: the replay runner's static buffers (inputs
     copied in, outputs copied out; ``replay.Emulated``) around the fused steps give the eager
     fused walk's ln ratios (within the fused bound: a buffer's offset may pick another compiled
@@ -122,6 +126,7 @@ def test_a_replayed_fused_step_equals_the_eager_fused_one():
     args = (mlp_kind.steps(widths), inits.get("he"), x, e, 5, [0, 3])
     eager = walks.walk(*args, fuse=True)
     runner = replay.Emulated()
+    monkeypatch.setattr(replay, "MIN_LATER", 0)  # four layers of one shape: capture at the second
     replayed = walks.walk(*args, runner=runner, fuse=True)
     assert runner.status == "on" and runner.steps
     bound = 2 * len(widths) * max(widths) * U

@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sigprop import inits
 from sigprop.kernels import replay, sampling
+from sigprop.kinds import resnet
 
 #: dispatched ops that launch no kernel: views, allocations, Python scalars
 NOT_KERNELS = {
@@ -84,6 +85,26 @@ def layer_kernels(name: str, draws: int, stream: bool = False) -> tuple[int, int
         walks.mlp(inits.get(name), widths, x, e, 1, list(range(draws)), stream=stream, runner=runner)
     fwd, bwd = runner.steps["fwd"], runner.steps["bwd"]
     return sum(fwd[3].values()), sum(bwd[2].values())
+
+
+def block_kernels(name: str, stream: bool = False) -> tuple[int, int]:
+    """The kernels of a middle residual block's forward and backward step (4 blocks, dim 64,
+    one hidden ReLU layer of width 48 per branch: the default ResNet's shape, smaller)."""
+    plan = resnet.resnet_plan(64, 1, 4, 1, [48] * 4)
+    x, e = sampling.probe_inputs(1, 32, 64, 64, CPU, torch.float32)
+    runner = Counted()
+    with torch.no_grad():
+        walks.resnet(inits.get(name), plan, x, e, 1, [0], stream=stream, runner=runner)
+    fwd, bwd = runner.steps["fwd"], runner.steps["bwd"]
+    return sum(fwd[2].values()), sum(bwd[1].values())
+
+
+def test_a_residual_blocks_kernels_are_bounded():
+    """He, stored: forward 42 (two layers of 18 but the branch's one normalisation, the
+    branch's ln-norm, and the log-space sum with the larger ln-norm factored out), backward 16.
+    0.13.0: 47 (the factor's finiteness test took six kernels, ``nan_to_num`` one)."""
+    fwd, bwd = block_kernels("he")
+    assert fwd <= 42 and bwd <= 16, (fwd, bwd)
 
 
 @pytest.mark.parametrize("name", ["he", "proposed-gaussian"])

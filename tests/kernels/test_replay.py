@@ -25,6 +25,14 @@ CPU = torch.device("cpu")
 MLP_WIDTHS = [12, 9, 17, 17, 17, 17, 8, 11]  # (17, 17) repeats: one step each way is captured
 
 
+@pytest.fixture(autouse=True)
+def capture_at_the_second_run(monkeypatch):
+    """These tests check the replay plumbing on small nets whose shapes recur only a few times:
+    a step is captured at its second run whatever follows (``replay.MIN_LATER`` = 0).  The rule
+    that skips steps too rare to pay for their capture is tested in test_capture_rule.py."""
+    monkeypatch.setattr(replay, "MIN_LATER", 0)
+
+
 def _same_mlp(got, want, widths=MLP_WIDTHS):
     """The ln ratios of two MLP runs, within the reduction-order bound (tests/arith.py): 2L steps
     of width at most max(widths)."""

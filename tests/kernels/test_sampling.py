@@ -77,6 +77,7 @@ def test_chunked_haar_equals_per_layer_and_autograd(monkeypatch, name, stream, e
     monkeypatch.setattr(sampling, "CHUNK_MAX", 4)
     assert sampling.haar_chunk(scheme, widths, 2, torch.device("cpu"), 8, FREE) == 4
     runner = replay.Emulated() if emulated else None
+    monkeypatch.setattr(replay, "MIN_LATER", 0)  # chunks of 4, 4, 2: capture what recurs at all
     with torch.no_grad():
         got = walks.mlp(scheme, widths, x, e, 5, [0, 2], stream=stream, runner=runner)
     np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=0, atol=1e-13)
