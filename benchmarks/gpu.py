@@ -8,7 +8,8 @@
 2. L = 2000, n = 256 and 1024, N = 1000: sigprop against the naive autograd peer
    (benchmarks/peer.py on the same device): time <= 0.25x, peak memory <= 0.4x.
 3. --seeds 16 against --seeds 1 at L = 100, n = 128, N = 256: <= 2x.
-4. L = 10,000, n = 4096, N = 256 --stream: completes? time and peak memory.
+4. L = 10,000, n = 4096, N = 256 --stream: completes? time and peak memory; first, Haar matrices of
+   that size by orgqr and by the batched UT transform the CUDA chunks use, per matrix.
 5. the default ``sigprop mlp`` / ``sigprop resnet`` split into import, setup and compute
    (benchmarks/phases.py --device cuda --profile): compute < 0.1 s; then each under torch.profiler
    (top host ops, top kernels, launches, synchronisations and copies: where the time goes).
@@ -74,6 +75,33 @@ def timed(device: str, fn, *args) -> tuple[float, float]:
     t = fn(*args)
     sync(device)
     return (t[0] if isinstance(t, tuple) else t), peak(device)
+
+
+def haar_costs(n: int, device: str, count: int) -> None:
+    """Line 4's draws: ``count`` Haar matrices of n x n one orgqr each (``haar.orthogonalize``)
+    against one batched UT transform (``haar.orthogonalize_batched``, what CUDA chunks use), per
+    matrix.  The UT transform spends about 5 n^3 flops where orgqr spends 4/3 n^3, at GEMM speed:
+    at n = 1024 it won by far (the orgqr panels' latency); which wins at 4096 is this line's
+    question, and the streamed line's time is about 2 L times the faster (drawn forward, redrawn
+    backward)."""
+    from sigprop.kernels import haar
+
+    g = torch.randn(count, n, n, device=device)
+    for fn in (lambda: [haar.orthogonalize(m) for m in g], lambda: haar.orthogonalize_batched(g)):
+        fn()  # warm-up: handles, workspaces
+    times = []
+    for fn in (lambda: [haar.orthogonalize(m) for m in g], lambda: haar.orthogonalize_batched(g)):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) / count)
+    print(
+        f"4. Haar n={n}, {count} matrices: orgqr {times[0] * 1e3:.1f} ms each, batched UT "
+        f"{times[1] * 1e3:.1f} ms each (UT / orgqr {times[1] / times[0]:.2f}); "
+        f"UT {5 * n**3 / times[1] / 1e12:.1f} TFLOP/s, orgqr {4 / 3 * n**3 / times[0] / 1e12:.1f} TFLOP/s",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -142,6 +170,7 @@ def main() -> None:
                 profile_summary(lambda: probe(100, 128, 256, device, None, seeds=seeds), device)
     if 4 in only:
         L, n, N = (100, 256, 64) if quick else (10_000, 4096, 256)
+        haar_costs(n, device, 4 if quick else 8)
         try:
             t, p = timed(device, lambda: probe(L, n, N, device, True))
             print(f"4. L={L} n={n} N={N} --stream: completed in {t:.1f} s, peak {p:.2f} GiB", flush=True)
