@@ -22,7 +22,6 @@ from typing import Callable
 
 from sigprop import kinds, run, specs, sweeps, theory
 from sigprop.errors import SigpropError
-from sigprop.model.init import init_  # noqa: F401  (sigprop.init_: the paper's init for any model)
 from sigprop.public import API
 from sigprop.results import RESULT_SCHEMA, Check, CheckOutcome, CheckReport, HessianResult, ProbeResult
 
@@ -216,7 +215,14 @@ def keywords(kind: kinds.Kind) -> Callable[..., ProbeResult]:
 
 
 def __getattr__(name: str):
-    """``probe_<kind>`` for every registered kind, made when first asked for."""
+    """``probe_<kind>`` for every registered kind, made when first asked for; ``init_`` (the
+    paper's init for any model, sigprop/model/init.py) imported when first asked for: the model
+    package (its traced-op maps, scipy.special) is 80 ms of import a probe of sigprop's own nets
+    never needs."""
+    if name == "init_":
+        from sigprop.model.init import init_  # lazy: the model package is 80 ms a probe never needs
+
+        return init_
     if name.startswith("probe_"):
         for k in kinds.KINDS.values():
             if name == f"probe_{k.name.replace('-', '_')}":
@@ -225,7 +231,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(keyword_names()))
+    return sorted(set(globals()) | set(keyword_names()) | {"init_"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,21 +358,6 @@ theory_table = theory.table
 #: the API's names besides ``probe_<kind>`` (one per registered kind: ``keyword_names``), as
 #: ``sigprop.NAME`` reaches them (declared once, in sigprop/public.py)
 PUBLIC = API
-PUBLIC = (
-    "probe",
-    "init_",
-    "hessian",
-    "spectrum",
-    "run_sweep",
-    "sweep",
-    "spec",
-    "keywords",
-    "run_checks",
-    "lowest_curvature",
-    "rerun_specs",
-    "rerun",
-    "theory_table",
-)
 
 
 def keyword_names() -> list[str]:

@@ -15,7 +15,6 @@ from typing import Callable
 from sigprop import engines, kinds, observers, specs, theory
 from sigprop.engines.shared import Measured, ProgressFn
 from sigprop.kernels import device as dev
-from sigprop.model import engine as model_engine  # noqa: F401  (importing it registers the "model" engine)
 from sigprop.observers import correlation
 from sigprop.results import HessianResult, ProbeResult, SpectrumResult, probe_config
 from sigprop.version import __version__

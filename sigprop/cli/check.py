@@ -11,6 +11,7 @@ from rich.console import Console
 
 from sigprop import checks as checks_mod
 from sigprop import report
+from sigprop.cli import common
 from sigprop.cli.options import (
     Argument,
     CheckFormat,
@@ -51,7 +52,7 @@ def check(
     entries = checks_mod.load(path, table)
     _say(f"sigprop check: {len(entries)} check(s) from {path}")
 
-    from sigprop import api  # the lazy torch import at the CLI's edge
+    api = common.core()  # the lazy torch import at the CLI's edge
 
     console = Console(highlight=False, soft_wrap=True)
     lines: list[str] = []

@@ -3,7 +3,30 @@ the --probes 1 warning."""
 
 from __future__ import annotations
 
+import gc
+import sys
+
 from sigprop import kinds
+
+
+def core():
+    """The core (sigprop/api.py, which loads torch) imported at the CLI's edge, with the
+    collector paused while it loads and its objects frozen out of later collections
+    (``gc.freeze``): importing torch makes hundreds of thousands of objects that live until the
+    process exits, and collecting them as they were made cost 0.19 s of a default ``sigprop mlp``
+    (docs/benchmarks.md, "Import").  The collector runs as before for what a command makes; once
+    the core is loaded (a second command in one process: the tests') nothing is frozen again."""
+    if "sigprop.api" in sys.modules:
+        return sys.modules["sigprop.api"]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        from sigprop import api  # the lazy torch import at the CLI's edge
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+    return api
 
 
 def _banner(kind: kinds.Kind, spec, seed: int, seeds: int):

@@ -7,6 +7,7 @@ import typer
 from rich.markup import escape
 
 from sigprop import kinds, report
+from sigprop.cli import common
 from sigprop.cli.common import ONE_PROBE, _banner, _plot_target
 from sigprop.cli.options import (
     HESSIAN_OPTIONS,
@@ -36,7 +37,7 @@ def run_hessian(kind: kinds.Kind, spec, opts: HessianOptions) -> None:
     if hs.density and hs.probes == 1:
         _say(ONE_PROBE)
 
-    from sigprop import api  # the lazy torch import at the CLI's edge
+    api = common.core()  # the lazy torch import at the CLI's edge
 
     prog, update = _progress_callback("hessian", "Hessian-vector products")
     banner = _banner(kind, spec, hs.seed, hs.seeds)

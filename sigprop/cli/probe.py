@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 
 from sigprop import kinds, report
+from sigprop.cli import common
 from sigprop.cli.common import _banner, _plot_target
 from sigprop.cli.options import (
     ProbeOptions,
@@ -53,7 +54,7 @@ def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
         for path in plots + ([_point_path(opts.plot, "all")] if len(points) > 1 else []):
             plot_mod.check_target(path)
 
-    from sigprop import api  # the lazy torch import at the CLI's edge: --help never loads it
+    api = common.core()  # the lazy torch import at the CLI's edge: --help never loads it
 
     results = []
     for point, label in zip(points, labels):

@@ -7,6 +7,7 @@ import typer
 from rich.markup import escape
 
 from sigprop import kinds, report
+from sigprop.cli import common
 from sigprop.cli.common import ONE_PROBE, _banner, _plot_target
 from sigprop.cli.options import (
     SPECTRUM_OPTIONS,
@@ -33,7 +34,7 @@ def run_spectrum(kind: kinds.Kind, spec, opts: SpectrumOptions) -> None:
     _check_output_target(opts.output)
     plot_mod = _plot_target(opts.plot)
 
-    from sigprop import api  # the lazy torch import at the CLI's edge
+    api = common.core()  # the lazy torch import at the CLI's edge
 
     prog, update = _progress_callback("spectrum", "draws")
     banner = _banner(kind, spec, ss.seed, ss.seeds)

@@ -20,6 +20,7 @@ from rich.progress import (
 )
 
 from sigprop import kinds, report, specs, sweeps
+from sigprop.cli import common
 from sigprop.cli.options import (
     Argument,
     CorrelationOpt,
@@ -365,7 +366,7 @@ def sweep(
     )
     given = {**sizes, "width": width, "input_dim": input_dim, "target": target, "arg": arg}
     given |= {"input_shape": input_shape, "sites": sites, "vocab": vocab}
-    from sigprop import api  # the lazy torch import at the CLI's edge
+    api = common.core()  # the lazy torch import at the CLI's edge
 
     needs = parse_resources(resources)
     points = api.sweep_points(kind.name, init, probe, what, **given)  # every refusal before a worker starts

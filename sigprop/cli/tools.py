@@ -17,6 +17,7 @@ from rich.markup import escape
 from sigprop import citations, inits, report
 from sigprop import theory as theory_mod
 from sigprop.cli import check as check_cli
+from sigprop.cli import common
 from sigprop.cli import sweep as sweep_cli
 from sigprop.cli.options import (
     Argument,
@@ -68,7 +69,7 @@ def rerun(
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SigpropError(f"{result} is not JSON: {exc}", field="result") from None
 
-    from sigprop import api  # the lazy torch import at the CLI's edge
+    api = common.core()  # the lazy torch import at the CLI's edge
 
     new = api.rerun(
         doc,

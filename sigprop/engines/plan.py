@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from sigprop import hessian as H
+import sigprop.hessian as H  # not ``from sigprop import hessian``: an API name, it loads the API
 from sigprop import kinds, observers, plans, specs, spectra, walker
 from sigprop.engines import shared
 from sigprop.engines.registry import Engine, register

@@ -1,9 +1,12 @@
 """The engines' registry: an engine runs a kind's probe, curvature and spectrum; a kind names its
 engine (``Kind.engine``: "plan" for sigprop's own nets, "model" for a user's module), and
 sigprop/run.py dispatches through ``of(kind)``.  A new engine is a subclass of ``Engine``
-registered once at import (sigprop/engines/__init__.py imports the built-in ones)."""
+registered once at import (sigprop/engines/__init__.py imports the built-in ones; ``LAZY`` names
+those imported on first use)."""
 
 from __future__ import annotations
+
+import importlib
 
 from sigprop.errors import SigpropError
 
@@ -29,6 +32,11 @@ class Engine:
 #: name -> the registered engine
 ENGINES: dict[str, Engine] = {}
 
+#: engines outside this package, imported (and so registered) the first time a kind asks for
+#: one: the "model" engine (sigprop/model/engine.py) brings torch.fx and the traced-op maps, 80 ms
+#: of import a run of sigprop's own nets never needs (docs/benchmarks.md, "Import")
+LAZY = {"model": "sigprop.model.engine"}
+
 
 def register(engine: Engine) -> Engine:
     """Add ``engine`` under its name (once: a second engine of one name is a bug)."""
@@ -39,7 +47,9 @@ def register(engine: Engine) -> Engine:
 
 
 def of(kind) -> Engine:
-    """The engine that runs ``kind`` (its ``engine`` attribute)."""
+    """The engine that runs ``kind`` (its ``engine`` attribute), imported first if it is ``LAZY``."""
+    if kind.engine not in ENGINES and kind.engine in LAZY:
+        importlib.import_module(LAZY[kind.engine])
     try:
         return ENGINES[kind.engine]
     except KeyError:

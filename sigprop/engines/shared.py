@@ -12,8 +12,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+import sigprop.hessian as H  # not ``from sigprop import hessian``: an API name, it loads the API
 from sigprop import data as data_mod
-from sigprop import hessian as H
 from sigprop import kinds, specs, spectra
 from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev

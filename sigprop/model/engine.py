@@ -12,8 +12,8 @@ import time
 import numpy as np
 import torch
 
+import sigprop.hessian as H  # not ``from sigprop import hessian``: an API name, it loads the API
 from sigprop import data as data_mod
-from sigprop import hessian as H
 from sigprop import plans, specs
 from sigprop.engines import shared
 from sigprop.engines.registry import Engine, register

@@ -251,6 +251,26 @@ def test_help_and_inits_do_not_import_torch():
     assert "TORCH False" in out.stderr
 
 
+def test_a_probe_of_sigprops_own_nets_loads_only_what_it_runs():
+    """In a fresh interpreter, ``sigprop mlp`` loads neither the model engine (its traced-op
+    maps) nor scipy.special: 0.2 s of import that 0.13.0 added to every run (``from sigprop
+    import hessian`` loaded the whole API, the API imported ``init_``, the driver the model
+    engine).  The core is loaded with the collector paused and frozen after (cli/common.py
+    ``core``: 0.19 s of collections over torch's objects), once: the collector is on after, and
+    a second command freezes nothing more (frozen objects that die leave the count).  Issue 41:
+    a default run's wall time no longer than 0.10.1's."""
+    code = (
+        "import gc, sys; from sigprop.cli import main, common\n"
+        "main(['mlp', '--format', 'json', '--depth', '2', '--samples', '4'])\n"
+        "frozen = gc.get_freeze_count()\n"
+        "main(['mlp', '--format', 'json', '--depth', '2', '--samples', '4']); common.core()\n"
+        "print('LOADED', sorted(m for m in ('sigprop.model', 'scipy.special') if m in sys.modules), "
+        "gc.isenabled(), frozen > 10000, gc.get_freeze_count() <= frozen, file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "LOADED [] True True True" in out.stderr, out.stderr[-2000:]
+
+
 def test_installed_entry_point():
     beside = os.path.join(os.path.dirname(sys.executable), "sigprop")
     exe = beside if os.path.exists(beside) else shutil.which("sigprop")
