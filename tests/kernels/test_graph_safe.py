@@ -210,3 +210,29 @@ def test_wrn_steps_are_graph_safe(name, stream, bottleneck):
     assert runner.steps == 14  # 7 units forward, 7 backward (the stem's backward reaches the input)
     assert not runner.mode.found, sorted(set(runner.mode.found))
     assert not mode.found, sorted(set(mode.found))
+
+
+@pytest.mark.parametrize("name", ["he", "proposed", "skipinit"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_fused_steps_are_graph_safe(name, stream):
+    """``--fuse`` (kernels/fused.py, issue 41): the compiled forward and backward tails of the
+    dense layers and of the residual blocks (sum, normalisation, mask) inside captured steps.
+    Under a dispatch mode the compiled functions dispatch their source's ops one by one (seen
+    here: relu, the mask's shifts and pad, the norms), so the watch covers the arithmetic Inductor
+    compiles; its generated kernels take the sizes as launch arguments, and the replay's
+    comparison with the eager step checks the capture on a device (kernels/replay.py)."""
+    scheme = inits.get(name)
+    runs = []
+    if scheme.defined_for(kinds.KINDS["mlp"].provides):
+        widths = [12, 9, 16, 16, 16, 8]
+        x, e = sampling.probe_inputs(1, 6, widths[0], widths[-1], CPU, torch.float32)
+        runs.append((mlp.steps(widths), x, e))
+    spec = ResNetSpec(blocks=3, stages=2, dim=10, width=specs.WidthSpec(8, 8), block_depth=2, inits=(name,))
+    plan = kinds.of(spec).plan(spec, 3)
+    x, e = sampling.probe_inputs(3, 5, plan.entries[0], plan.entries[-1], CPU, torch.float32)
+    runs.append((plan.steps, x, e))
+    for steps, x, e in runs:
+        runner = Guarded()
+        walks.walk(steps, scheme, x, e, 3, [0, 2], stream=stream, runner=runner, fuse=True)
+        assert runner.steps > 0
+        assert not runner.mode.found, sorted(set(runner.mode.found))
