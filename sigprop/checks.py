@@ -191,27 +191,7 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
         )
     kind = kinds.get(command)
     own = {o.name: (o.toml or o.type) for o in kind.options}
-    allowed = {**META_KEYS, **PROBE_KEYS, **own}
-    for key, value in opts.items():
-        if key not in allowed:
-            close = difflib.get_close_matches(key, list(allowed), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                where(key), f"check {name!r}: unknown key {original[key]!r} for {command}{hint}"
-            )
-        want = allowed[key]
-        if (
-            isinstance(value, bool)
-            and want is not bool
-            and bool not in (want if isinstance(want, tuple) else (want,))
-        ):
-            raise ConfigError(
-                where(key), f"check {name!r}: {original[key]} must be {_type_name(want)}, got {value!r}"
-            )
-        if not isinstance(value, want):
-            raise ConfigError(
-                where(key), f"check {name!r}: {original[key]} must be {_type_name(want)}, got {value!r}"
-            )
+    _check_keys(name, command, opts, original, {**META_KEYS, **PROBE_KEYS, **own}, where)
     expect = opts.get("expect", "pass")
     if expect not in EXPECT:
         raise ConfigError(where("expect"), f'check {name!r}: expect must be "pass" or "fail", got {expect!r}')
@@ -221,43 +201,14 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
     if names is not None and not all(isinstance(n, str) for n in names):
         raise ConfigError(where("init"), f"check {name!r}: init must be a name or a list of names")
     try:
-        band = opts.get("band")
-        if band is not None and (
-            len(band) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band)
-        ):
-            raise SigpropError(f"expected two numbers [LO, HI], got {band!r}", field="band")
-        gate = specs.GateSpec(
-            opts.get("gate", "preserved"), None if band is None else tuple(band), opts.get("max_correlation")
-        )
+        gate = _gate(opts)
         cos = opts.get("correlation", [])
         given = {k: opts[k] for k in PROBE_KEYS if k in opts}
         probe = specs.ProbeSpec(
             **{**kind.probe_defaults, **given}, correlations=cos if isinstance(cos, list) else [cos]
         )
         spec = _spec(kind, {k: opts[k] for k in own if k in opts}, names)
-        curvature, lowest = None, opts.get("lowest_curvature")
-        if lowest is None:
-            for key in CURVATURE_KEYS:
-                if key in opts:
-                    raise ConfigError(
-                        where(key),
-                        f"check {name!r}: {original[key]} applies to a lowest_curvature check only",
-                    )
-        else:
-            listed = kind.inits(spec)
-            if lowest not in listed or len(listed) < 2:
-                raise ConfigError(
-                    where("lowest_curvature"),
-                    f"check {name!r}: lowest_curvature must name one of two or more inits listed in init, "
-                    f"got {lowest!r}",
-                )
-            curvature = specs.HessianSpec(
-                **{
-                    k: opts[k]
-                    for k in ("samples", "seed", "seeds", "device", "dtype", *CURVATURE_KEYS)
-                    if k in opts
-                }
-            )
+        curvature, lowest = _curvature(name, kind, spec, opts, original, where)
     except ConfigError:
         raise
     except SigpropError as exc:
@@ -278,6 +229,56 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
         curvature,
         lowest,
     )
+
+
+def _check_keys(name: str, command: str, opts: dict, original: dict, allowed: dict, where) -> None:
+    """Every key of a check is one its command takes, of its type (a TOML boolean is not a number)."""
+    for key, value in opts.items():
+        if key not in allowed:
+            close = difflib.get_close_matches(key, list(allowed), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                where(key), f"check {name!r}: unknown key {original[key]!r} for {command}{hint}"
+            )
+        want = allowed[key]
+        wrong_bool = isinstance(value, bool) and bool not in (want if isinstance(want, tuple) else (want,))
+        if wrong_bool or not isinstance(value, want):
+            raise ConfigError(
+                where(key), f"check {name!r}: {original[key]} must be {_type_name(want)}, got {value!r}"
+            )
+
+
+def _gate(opts: dict) -> specs.GateSpec:
+    band = opts.get("band")
+    if band is not None and (
+        len(band) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band)
+    ):
+        raise SigpropError(f"expected two numbers [LO, HI], got {band!r}", field="band")
+    return specs.GateSpec(
+        opts.get("gate", "preserved"), None if band is None else tuple(band), opts.get("max_correlation")
+    )
+
+
+def _curvature(name: str, kind, spec, opts: dict, original: dict, where):
+    """(the curvature spec, the init expected lowest) of a ``lowest_curvature`` check, or (None,
+    None); the curvature keys belong to such a check only."""
+    lowest = opts.get("lowest_curvature")
+    if lowest is None:
+        for key in CURVATURE_KEYS:
+            if key in opts:
+                raise ConfigError(
+                    where(key), f"check {name!r}: {original[key]} applies to a lowest_curvature check only"
+                )
+        return None, None
+    listed = kind.inits(spec)
+    if lowest not in listed or len(listed) < 2:
+        raise ConfigError(
+            where("lowest_curvature"),
+            f"check {name!r}: lowest_curvature must name one of two or more inits listed in init, "
+            f"got {lowest!r}",
+        )
+    keys = ("samples", "seed", "seeds", "device", "dtype", *CURVATURE_KEYS)
+    return specs.HessianSpec(**{k: opts[k] for k in keys if k in opts}), lowest
 
 
 #: a check without ``init`` checks the paper's init (docs/cli.md), where the net takes it

@@ -86,83 +86,76 @@ def _draw(
     conv = (lambda v: v) if yspace == "log10" else (lambda v: 10.0**v)
     theory_labelled = False
     for run in runs:
-        col, mk = colours[run.init]
         for j, seg in enumerate(_curve(run, direction, staged)):
-            pts = [(x, m, sd, dsd) for x, m, sd, dsd, _ in seg if m is not None]
-            if not pts:
-                continue
-            xs = [p[0] for p in pts]
-            ax.plot(
-                xs,
-                [conv(p[1]) for p in pts],
-                color=col,
-                lw=1.6,
-                marker=mk,
-                ms=4,
-                markevery=max(1, len(xs) // 8),
-                label=run.init if j == 0 else None,
+            label = (
+                "theory (dashed): predicted typical ratio" if first_panel and not theory_labelled else None
             )
-            if pts[0][2] is not None:
-                ax.fill_between(
-                    xs,
-                    [conv(m - (sd or 0)) for _, m, sd, _ in pts],
-                    [conv(m + (sd or 0)) for _, m, sd, _ in pts],
-                    color=col,
-                    alpha=0.15,
-                    lw=0,
-                )
-                if seeds > 1:
-                    ax.fill_between(
-                        xs,
-                        [conv(m - (d or 0)) for _, m, _, d in pts],
-                        [conv(m + (d or 0)) for _, m, _, d in pts],
-                        color=col,
-                        alpha=0.3,
-                        lw=0,
-                    )
-            th = [(x, p) for x, _, _, _, p in seg if p is not None]
-            if th:
-                ax.plot(
-                    [t[0] for t in th],
-                    [conv(t[1]) for t in th],
-                    color=col,
-                    ls="--",
-                    lw=1.0,
-                    label="theory (dashed): predicted typical ratio"
-                    if first_panel and not theory_labelled
-                    else None,
-                )
-                theory_labelled = True
-    if kinds.get(
-        result.command, field="result"
-    ).hints.energy:  # no typical prediction for convs yet: the energy-map RMS, dotted
-        labelled = False
-        for run in runs:
-            spans = [(st.first, st.last) for st in run.stages] if staged else [(0, len(run.layers) - 1)]
-            for first, last in spans:
-                p0 = (
-                    getattr(run.layers[first if direction == "forward" else last], direction).log10_predicted
-                    if staged
-                    else 0.0
-                )
-                pts = [(r.index, getattr(r, direction).log10_predicted) for r in run.layers[first : last + 1]]
-                pts = [(x, v - p0) for x, v in pts if v is not None and p0 is not None]
-                if pts:
-                    ax.plot(
-                        [p[0] for p in pts],
-                        [conv(p[1]) for p in pts],
-                        color=colours[run.init][0],
-                        ls=":",
-                        lw=1.2,
-                        label=f"theory (dotted): {kinds.get(result.command, field='result').hints.rms_label}"
-                        if first_panel and not labelled
-                        else None,
-                    )
-                    labelled = True
-    if kinds.get(result.command, field="result").hints.residual:
+            theory_labelled |= _draw_segment(
+                ax, seg, run.init if j == 0 else None, label, colours[run.init], seeds, conv
+            )
+    hints = kinds.get(result.command, field="result").hints
+    if hints.energy:  # no typical prediction for convs yet: the energy-map RMS, dotted
+        label = f"theory (dotted): {hints.rms_label}" if first_panel else None
+        _draw_energy(ax, runs, direction, staged, colours, label, conv)
+    if hints.residual:
         _draw_stage_bands(ax, result, direction, staged, yspace)
     if yspace == "log":
         ax.set_yscale("log")
+
+
+def _draw_segment(ax, seg, label, theory_label, colour, seeds: int, conv) -> bool:
+    """One curve segment of an init: its typical ratio, the spreads shaded, its prediction dashed
+    (labelled ``theory_label``); whether a prediction was drawn."""
+    col, mk = colour
+    pts = [(x, m, sd, dsd) for x, m, sd, dsd, _ in seg if m is not None]
+    if pts:
+        xs = [p[0] for p in pts]
+        ax.plot(
+            xs,
+            [conv(p[1]) for p in pts],
+            color=col,
+            lw=1.6,
+            marker=mk,
+            ms=4,
+            markevery=max(1, len(xs) // 8),
+            label=label,
+        )
+        if pts[0][2] is not None:
+            spreads = [(2, 0.15)] + ([(3, 0.3)] if seeds > 1 else [])  # across samples; across draws, darker
+            for k, alpha in spreads:
+                lo = [conv(p[1] - (p[k] or 0)) for p in pts]
+                hi = [conv(p[1] + (p[k] or 0)) for p in pts]
+                ax.fill_between(xs, lo, hi, color=col, alpha=alpha, lw=0)
+    th = [(x, p) for x, _, _, _, p in seg if p is not None]
+    if not pts or not th:
+        return False
+    ax.plot([t[0] for t in th], [conv(t[1]) for t in th], color=col, ls="--", lw=1.0, label=theory_label)
+    return True
+
+
+def _draw_energy(ax, runs, direction: str, staged: bool, colours: dict, label, conv) -> None:
+    """The energy map's RMS prediction of each init, dotted, relative to each stage's start (or
+    end, backward) when staged; ``label`` on the first curve drawn."""
+    for run in runs:
+        spans = [(st.first, st.last) for st in run.stages] if staged else [(0, len(run.layers) - 1)]
+        for first, last in spans:
+            p0 = (
+                getattr(run.layers[first if direction == "forward" else last], direction).log10_predicted
+                if staged
+                else 0.0
+            )
+            pts = [(r.index, getattr(r, direction).log10_predicted) for r in run.layers[first : last + 1]]
+            pts = [(x, v - p0) for x, v in pts if v is not None and p0 is not None]
+            if pts:
+                ax.plot(
+                    [p[0] for p in pts],
+                    [conv(p[1]) for p in pts],
+                    color=colours[run.init][0],
+                    ls=":",
+                    lw=1.2,
+                    label=label,
+                )
+                label = None
 
 
 def _draw_stage_bands(ax, result, direction: str, staged: bool, yspace: str) -> None:
