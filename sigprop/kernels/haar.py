@@ -37,9 +37,9 @@ def _reflectors(h):
     denom = alpha - beta
     if k == m:  # the last reflector acts on R^1: H = I (tau = 0), beta = alpha, as in dlarfg
         last = i == k - 1
-        tau = torch.where(last, torch.zeros_like(tau), tau)
+        tau = torch.where(last, 0.0, tau)  # a Python scalar is a launch parameter: no fill kernel
         beta = torch.where(last, alpha, beta)
-        denom = torch.where(last, torch.ones_like(denom), denom)
+        denom = torch.where(last, 1.0, denom)
     return tau, beta, denom
 
 
@@ -66,17 +66,16 @@ def orthogonalize_batched(g):
     eye = (i.unsqueeze(1) == j.unsqueeze(0)).to(dt)  # the first k columns of I
     live = (tau != 0).unsqueeze(-2)  # [B, 1, k]
     v = torch.where(below, (h / denom.to(dt).unsqueeze(-1)).transpose(-1, -2), eye)
-    v = torch.where(live, v, torch.zeros_like(v))
-    inv_tau = (1.0 / torch.where(tau != 0, tau, torch.ones_like(tau))).to(dt)  # 1 where tau = 0
+    v = torch.where(live, v, 0.0)
+    inv_tau = (1.0 / torch.where(tau != 0, tau, 1.0)).to(dt)  # 1 where tau = 0
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         s = torch.triu(v.transpose(-1, -2) @ v, 1) + torch.diag_embed(inv_tau)
         w = torch.linalg.solve_triangular(s, v[..., :k, :].transpose(-1, -2), upper=True)  # S^{-1} V_top^T
-        q = -(v @ w)
+        q = eye - v @ w  # = -(v @ w) + eye exactly, one kernel fewer
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
-    q = q + eye
     q = q * torch.sign(beta).to(dt).unsqueeze(-2)
     return q.transpose(-1, -2) if rows <= cols else q
 

@@ -162,3 +162,18 @@ def test_batched_gaussian_draws_equal_each_draw_alone(name, into):
         assert torch.equal(got, torch.stack(want)), field
     if into:
         assert batched.v.data_ptr() == slot.data_ptr()
+
+
+def test_a_haar_draws_kernels_are_bounded():
+    """One square Haar draw (kernels/haar.py): the batched UT transform (what CUDA runs, per layer
+    or per chunk of layers) <= 43 kernels, the LAPACK path <= 25 (0.13.0: 48 and 27: the fills
+    of ``zeros_like``/``ones_like`` where a Python scalar does, and ``-(v @ w) + eye`` as one
+    subtraction; the same bits, tests/kernels/test_haar.py)."""
+    from sigprop.kernels import haar
+
+    g = torch.randn(3, 16, 16)
+    with Kernels() as batched:
+        haar.orthogonalize_batched(g)
+    with Kernels() as lapack:
+        haar.orthogonalize(g[0])
+    assert sum(batched.ops.values()) <= 43 and sum(lapack.ops.values()) <= 25, (batched.ops, lapack.ops)
