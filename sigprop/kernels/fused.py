@@ -41,7 +41,7 @@ def _activate(a, m, relu: bool, normalized: bool):
         packed = ls.pack_mask(a > 0)
     if normalized:
         norm = torch.linalg.vector_norm(a, dim=-1)
-        a = a / torch.where(norm > 0, norm, 1.0).unsqueeze(-1)
+        a = a / ls.safe(norm).unsqueeze(-1)
         m = m + torch.log(norm.to(torch.float64))
     return a, m, packed
 
@@ -50,7 +50,7 @@ def _backward(y, table, packed, n: int):
     if packed is not None:
         y = y * torch.nn.functional.embedding(packed.long(), table).reshape(*packed.shape[:-1], -1)[..., :n]
     norm = torch.linalg.vector_norm(y, dim=-1)
-    d = y / torch.where(norm > 0, norm, 1.0).unsqueeze(-1)
+    d = y / ls.safe(norm).unsqueeze(-1)
     return d, torch.log(norm.to(torch.float64))
 
 
@@ -59,14 +59,14 @@ def _combine(sc, su, fc, bu):
     M = torch.nan_to_num(torch.maximum(sc, fb), nan=0.0, posinf=0.0, neginf=0.0)
     y = bu * torch.exp(fc - M).to(bu.dtype).unsqueeze(-1) + su * torch.exp(sc - M).to(bu.dtype).unsqueeze(-1)
     norm = torch.linalg.vector_norm(y, dim=-1)
-    u = y / torch.where(norm > 0, norm, 1.0).unsqueeze(-1)
+    u = y / ls.safe(norm).unsqueeze(-1)
     return u, M + torch.log(norm.to(torch.float64)), fb
 
 
 def _sum_normalize(z, y):
     s = z + y
     norm = torch.linalg.vector_norm(s, dim=-1)
-    return s / torch.where(norm > 0, norm, 1.0).unsqueeze(-1), torch.log(norm.to(torch.float64))
+    return s / ls.safe(norm).unsqueeze(-1), torch.log(norm.to(torch.float64))
 
 
 #: the variants one function may compile: float32 and float64, widths that are multiples of 8

@@ -146,10 +146,21 @@ def keep(p: LayerParams, rows: Arena, stream: bool) -> LayerParams:
 # --------------------------------------------------------------------------------------------
 def normalize(y: torch.Tensor, inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row unit normalisation over the last dim: returns (y / ||y||, ln ||y|| in float64);
-    zero rows stay zero with ln-norm -inf.  ``inplace``: y is a temporary and is overwritten."""
+    zero rows stay zero with ln-norm -inf.  ``inplace``: y is a temporary and is overwritten.
+    The divisor is the norm raised to the dtype's smallest normal number (``safe``): one kernel
+    where ``where(norm > 0, norm, 1)`` took two, the same quotient for every norm but a subnormal
+    one (a row whose entries are all below 1e-38 and not all zero, which unit rows times a layer
+    do not produce), a zero row 0 either way."""
     norm = torch.linalg.vector_norm(y, dim=-1)
-    safe = torch.where(norm > 0, norm, 1.0).unsqueeze(-1)  # the 1.0 is a launch parameter, no kernel
-    return (y.div_(safe) if inplace else y / safe), torch.log(norm.to(torch.float64))
+    s = safe(norm).unsqueeze(-1)
+    return (y.div_(s) if inplace else y / s), torch.log(norm.to(torch.float64))
+
+
+def safe(norm: torch.Tensor) -> torch.Tensor:
+    """A divisor for rows of these norms: the norm, or the smallest normal number of its dtype
+    where it is smaller (0: a zero row, which stays 0).  A normal bound, not the smallest
+    subnormal: hardware that flushes subnormals to zero would read that as 0."""
+    return norm.clamp_min(torch.finfo(norm.dtype).tiny)
 
 
 def col(c: torch.Tensor, dtype) -> torch.Tensor:

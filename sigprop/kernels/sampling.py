@@ -110,7 +110,7 @@ def pair_inputs(seed: int, pairs: int, dim: int, c0: float, device, dtype) -> to
     a_hat = a / norm
     perp = b - (b * a_hat).sum(-1, keepdim=True) * a_hat
     p_norm = torch.linalg.vector_norm(perp, dim=-1, keepdim=True)
-    perp = perp / torch.where(p_norm > 0, p_norm, torch.ones_like(p_norm))
+    perp = perp / torch.where(p_norm > 0, p_norm, 1.0)
     second = norm * (c0 * a_hat + math.sqrt(max(0.0, 1.0 - c0 * c0)) * perp)
     return torch.cat([a, second]).to(dtype)
 

@@ -36,7 +36,7 @@ class Correlation(Observer):
         dot = (a * b).sum(dim=-1)
         torch.where(
             norms > 0,
-            dot / torch.where(norms > 0, norms, torch.ones_like(norms)),
+            dot / torch.where(norms > 0, norms, 1.0),
             torch.full_like(dot, math.nan),
             out=self.buf[:, entry],
         )
