@@ -1,7 +1,7 @@
 """A dense or conv layer's bookkeeping around its matmul, compiled by ``torch.compile``
 (``--fuse``; issue 41): the same arithmetic as the eager step (kernels/ops.py ``_activate`` and
-the walker's backward, kernels/logspace.py), written as one function each way so that Inductor
-can emit few kernels -- Triton on a GPU, C++ on a CPU.
+the walker's backward, from kernels/logspace.py's own functions, out of place), gathered into
+one function each way so that Inductor can emit few kernels -- Triton on a GPU, C++ on a CPU.
 
 Forward, from the pre-activations a (scale and bias applied, kernels/ops.py) at ln-scale m: the
 ReLU, its mask packed 8 units a byte, and the rows normalised in log space (ln-norms in float64).
@@ -39,6 +39,8 @@ def _activate(a, m, relu: bool, normalized: bool):
     if relu:
         a = torch.relu(a)
         packed = ls.pack_mask(a > 0)
+    # ``ls.normalize`` written out: called here, the same ops compile into kernels that round
+    # otherwise (2e-6 in a CNN's statistics), and --fuse keeps its numbers
     if normalized:
         norm = torch.linalg.vector_norm(a, dim=-1)
         a = a / ls.safe(norm).unsqueeze(-1)
@@ -47,26 +49,18 @@ def _activate(a, m, relu: bool, normalized: bool):
 
 
 def _backward(y, table, packed, n: int):
-    if packed is not None:
-        y = y * torch.nn.functional.embedding(packed.long(), table).reshape(*packed.shape[:-1], -1)[..., :n]
-    norm = torch.linalg.vector_norm(y, dim=-1)
-    d = y / ls.safe(norm).unsqueeze(-1)
-    return d, torch.log(norm.to(torch.float64))
+    return ls.normalize(y if packed is None else y * ls.unpack(packed, table, n))
 
 
 def _combine(sc, su, fc, bu):
-    fb = fc + torch.log(torch.linalg.vector_norm(bu, dim=-1).to(torch.float64))
+    fb = fc + ls.ln_rows(bu)
     M = torch.nan_to_num(torch.maximum(sc, fb), nan=0.0, posinf=0.0, neginf=0.0)
-    y = bu * torch.exp(fc - M).to(bu.dtype).unsqueeze(-1) + su * torch.exp(sc - M).to(bu.dtype).unsqueeze(-1)
-    norm = torch.linalg.vector_norm(y, dim=-1)
-    u = y / ls.safe(norm).unsqueeze(-1)
-    return u, M + torch.log(norm.to(torch.float64)), fb
+    u, ln_norm = ls.normalize(bu * ls.col(fc - M, bu.dtype) + su * ls.col(sc - M, bu.dtype))
+    return u, M + ln_norm, fb
 
 
 def _sum_normalize(z, y):
-    s = z + y
-    norm = torch.linalg.vector_norm(s, dim=-1)
-    return s / ls.safe(norm).unsqueeze(-1), torch.log(norm.to(torch.float64))
+    return ls.normalize(z + y)
 
 
 #: the variants one function may compile: float32 and float64, widths that are multiples of 8

@@ -92,7 +92,11 @@ def mask_table(device, dtype) -> torch.Tensor:
 def mask_of(packed: torch.Tensor, n: int, dtype) -> torch.Tensor:
     """The ReLU mask [..., n] as 0/1 in ``dtype``: each byte looked up in the table of its 8 bits
     (one gather; shifting and masking every byte cost 9x as much on a CPU)."""
-    table = mask_table(packed.device, dtype)
+    return unpack(packed, mask_table(packed.device, dtype), n)
+
+
+def unpack(packed: torch.Tensor, table: torch.Tensor, n: int) -> torch.Tensor:
+    """``mask_of`` with its table given (a compiled caller takes the table as an input)."""
     return torch.nn.functional.embedding(packed.long(), table).reshape(*packed.shape[:-1], -1)[..., :n]
 
 
