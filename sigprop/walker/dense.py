@@ -102,12 +102,14 @@ class DenseLayer:
     def step_keys(self, w: Walk, below) -> tuple:
         """The runner's keys of this layer's forward and backward steps (``below``: the unit
         under it, None for the first): the steps ``forward`` and ``backward`` run."""
-        if self._given(w):
-            fwd = ("fwd-given", self.role)
-        else:
-            fwd = ("fwd", self.op.key(True), self.relu)
         masked = below is not None and not below.branch and below.relu  # its kept mask is packed
-        return fwd, ("bwd", self.op.key(True), masked)
+        return self._fwd_key(w), self._bwd_key(masked)
+
+    def _fwd_key(self, w: Walk) -> tuple:
+        return ("fwd-given", self.role) if self._given(w) else ("fwd", self.op.key(True), self.relu)
+
+    def _bwd_key(self, masked: bool) -> tuple:
+        return ("bwd", self.op.key(True), masked)
 
     def _given(self, w: Walk) -> bool:
         """Drawn with its chunk (one batched Haar call, walker/haar.py)."""
@@ -122,7 +124,7 @@ class DenseLayer:
             if slot is not None:
                 v = slot.copy_(v)
             out = run(
-                self.step_keys(w, None)[0],
+                self._fwd_key(w),
                 partial(self._forward_given, fused=w.fuse),
                 {"u": state["u"], "c": state["c"], "v": v, "scale": chunk["scale"][k]},
                 _no_reseed,
@@ -130,7 +132,7 @@ class DenseLayer:
             out = {**out, "v": v, "g": chunk["g"][k], "bias": None, "scale": chunk["scale"][k]}
         else:
             out = run(
-                self.step_keys(w, None)[0],
+                self._fwd_key(w),
                 partial(self._forward, w=w),
                 {"u": state["u"], "c": state["c"]},
                 w.reseeder(self),
@@ -155,7 +157,7 @@ class DenseLayer:
             inputs["v"] = p.v
         elif w.chunks is not None:  # streaming in chunks: redraw a chunk when the walk enters it from above
             inputs["v"], reseed = w.chunks.backward(w, self.layer), _no_reseed
-        key = ("bwd", self.op.key(True), "packed" in inputs)
+        key = self._bwd_key("packed" in inputs)
         return w.runner.run(key, partial(self._backward, w=w), inputs, reseed)
 
     # -- the unit as a differentiable function (the curvature, the oracle) -------------------
