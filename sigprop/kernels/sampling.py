@@ -181,11 +181,7 @@ def _gaussian_draws(scheme: InitScheme, role: LayerRole, gens, device, dtype, v_
     of its generator; the same row norms, a reduction along each row), in 4 + S kernels rather
     than 6 S."""
     factor, gains = GAUSSIAN_SCHEMES[scheme.name](role)
-    v = (
-        torch.empty(len(gens), role.fan_out, role.fan_in, device=device, dtype=dtype)
-        if v_out is None
-        else v_out
-    )
+    v = _directions(len(gens), role, device, dtype, v_out)
     for s, gen in enumerate(gens):
         torch.randn(role.fan_out, role.fan_in, generator=gen, device=device, dtype=dtype, out=v[s])
     if factor != 1.0:
@@ -333,11 +329,7 @@ def sample_layer(
         return haar_params(scheme, role, g, v_out)
     if scheme.name in GAUSSIAN_SCHEMES:
         return _gaussian_draws(scheme, role, gens, device, dtype, v_out)
-    v = (
-        torch.empty(len(gens), role.fan_out, role.fan_in, device=device, dtype=dtype)
-        if v_out is None
-        else v_out
-    )
+    v = _directions(len(gens), role, device, dtype, v_out)
     ps = []
     for s, gen in enumerate(gens):
         p = sample(scheme, role, gen, device, dtype)
@@ -350,6 +342,14 @@ def sample_layer(
         bias=_stack([p.bias for p in ps]),
         scale=_stack([p.scale for p in ps]),
     )
+
+
+def _directions(S: int, role: LayerRole, device, dtype, v_out) -> torch.Tensor:
+    """Where S draws' directions [S, fan_out, fan_in] are written: ``v_out`` (their arena slot)
+    or a new tensor."""
+    if v_out is not None:
+        return v_out
+    return torch.empty(S, role.fan_out, role.fan_in, device=device, dtype=dtype)
 
 
 def _stack(xs: list) -> torch.Tensor | None:
