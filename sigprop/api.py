@@ -347,8 +347,8 @@ def rerun_specs(doc: dict) -> tuple[object, specs.ProbeSpec, specs.GateSpec, int
 def rerun(doc: dict, progress: ProgressFn | None = None, on_start=None) -> ProbeResult:
     """Run again what a result document records (same config, seed, device, thread count)."""
     net, probe_spec, gate, threads = rerun_specs(doc)
-    if threads:
-        probe_spec = replace(probe_spec, threads=int(threads))
+    if threads:  # the recorded count, where this machine has the cores (--threads is refused above them)
+        probe_spec = replace(probe_spec, threads=min(int(threads), specs.available_cores()))
     return probe(net, probe_spec, progress=progress, on_start=on_start, gate=gate)
 
 

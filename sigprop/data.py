@@ -94,12 +94,13 @@ def _array(value, name: str, path: Path) -> np.ndarray:
     return value
 
 
-def load(path, shape, classes: int) -> Data:
+def load(path, shape, classes: int | None) -> Data:
     """Read and check ``path``: x must be [N, *shape] (or [N, prod(shape)]) of finite numbers, y
-    [N] integer labels in [0, classes), N >= 1."""
+    [N] integer labels in [0, classes), N >= 1 (``classes`` None: labels >= 0, their bound checked
+    by the caller once it knows the model's outputs, ``check_labels``)."""
     p = Path(path)
     if not p.is_file():
-        raise _refuse(f"no such file: {p}")
+        raise _refuse(f"{p} is a directory, not a file" if p.is_dir() else f"no such file: {p}")
     suffix = p.suffix.lower()
     if suffix == ".npz":
         x, y = _read_npz(p)
@@ -119,14 +120,25 @@ def load(path, shape, classes: int) -> Data:
     if not finite.all():
         bad = int(np.count_nonzero(~finite.reshape(x.shape[0], -1).all(axis=1)))
         raise _refuse(f"{p}: x holds NaN or inf in {bad} of its {x.shape[0]} samples")
+    within = "(class indices)" if classes is None else f"in [0, {classes})"
     if y.dtype.kind == "f" or y.dtype.kind == "b":
-        raise _refuse(f"{p}: y must hold integer labels in [0, {classes}), got dtype {y.dtype}")
-    if int(y.min()) < 0 or int(y.max()) >= classes:
+        raise _refuse(f"{p}: y must hold integer labels {within}, got dtype {y.dtype}")
+    if int(y.min()) < 0 or (classes is not None and int(y.max()) >= classes):
         raise _refuse(
-            f"{p}: y must hold integer labels in [0, {classes}), got labels from {int(y.min())} to "
-            f"{int(y.max())}"
+            f"{p}: y must hold integer labels {within}, got labels from {int(y.min())} to {int(y.max())}"
         )
     return Data(x.reshape(x.shape[0], -1).astype(np.float64), y.astype(np.int64), str(p))
+
+
+def check_labels(data: Data, outputs: int) -> None:
+    """Labels that name a class the model has no output for, refused (``load`` with ``classes``
+    None defers this until the model's output size is known)."""
+    top = int(data.y.max())
+    if top >= outputs:
+        raise _refuse(
+            f"{data.path}: y holds label {top}, and the model has {outputs} output(s): labels must be in "
+            f"[0, {outputs})"
+        )
 
 
 def inputs(data: Data, device, dtype) -> torch.Tensor:

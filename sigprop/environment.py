@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from sigprop import specs
 from sigprop.version import __version__
 
 
@@ -20,11 +21,7 @@ def default_threads() -> int:
     EPYC (docs/cli.md): unloaded, 1 vs 2 threads cost 3.3 vs 3.7 s (mlp defaults) and 5.1 vs
     4.4 s (resnet --blocks 40); with another process busy, 2 threads took 45.6 s against 6.2 s
     for one -- oversubscription costs far more than an idle core."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // 2)
+    return max(1, specs.available_cores() // 2)
 
 
 def probe_threads(requested: int | None = None) -> tuple[int, str]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -42,6 +43,10 @@ from sigprop.kernels import ops, sampling
 from sigprop.kernels.logspace import LayerParams
 
 CLASSES = 10
+#: a product's time against the setup's (``HVP.guess``): the gradient with its graph, or the loss
+#: alone over minibatches (the upper ends of the ratios measured)
+PRODUCT_PER_GRADIENT = 2.0
+PRODUCT_PER_LOSS = 15.0
 #: the head's generator id: beyond every plan's layer ids
 HEAD_LAYER = 2**40
 
@@ -148,6 +153,7 @@ class HVP:
         self.tick: Callable[[], None] | None = None
         self._loss = model.loss
         n = x.shape[0]
+        t0 = time.perf_counter()
         if batch_size is None or batch_size >= n:
             loss = self._loss(self._params(), x, y)
             self.loss = float(loss.detach())
@@ -160,6 +166,12 @@ class HVP:
             ]
             with torch.no_grad():
                 self.loss = float(sum(w * self._loss(self._params(), xb, yb) for xb, yb, w in self.batches))
+        #: a rough guess of one product's seconds before any runs, from what the setup just timed:
+        #: the gradient with its graph (a product is one more backward through it: 1.3-1.9x the
+        #: gradient's time measured on MLP, ResNet, CNN and WRN on a 2-core CPU), or the loss alone
+        #: over the minibatches (a product is a forward and two backwards a minibatch: 8-15x)
+        ratio = PRODUCT_PER_GRADIENT if self.batches is None else PRODUCT_PER_LOSS
+        self.guess = (time.perf_counter() - t0) * ratio
 
     def _params(self) -> dict:
         return dict(zip(self.names, self.leaves))

@@ -9,6 +9,7 @@ from the seed with numpy, so the CLI can print and record it without touching te
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass, replace
 
@@ -31,6 +32,27 @@ def check_size(value: int, field: str) -> None:
         raise SigpropError(f"must be >= 1, got {value}", field=field)
     if value > MAX_SIZE:
         raise SigpropError(f"must be <= {MAX_SIZE:.0e}, got {value}", field=field)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity; all of them where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def check_threads(value: int) -> None:
+    """``--threads``: at least 1 and at most the cores this process may run on (more only
+    oversubscribes them: 999 threads on 2 cores ran, recorded as 999, without a word)."""
+    check_size(value, "threads")
+    cores = available_cores()
+    if value > cores:
+        raise SigpropError(
+            f"{value} threads on the {cores} core(s) this process may run on would oversubscribe them; "
+            f"give at most {cores}",
+            field="threads",
+        )
 
 
 #: spawn keys of the independent random streams derived from one --seed
@@ -121,7 +143,7 @@ class ProbeSpec:
         if len(set(self.observe)) != len(self.observe):
             raise SigpropError("a measurement is named twice", field="observe")
         if self.threads is not None:
-            check_size(self.threads, "threads")
+            check_threads(self.threads)
         check_size(self.pairs, "pairs")
         cs = (self.correlations,) if isinstance(self.correlations, (int, float)) else tuple(self.correlations)
         for c in cs:
@@ -298,6 +320,8 @@ HEADS = {
 
 
 #: synthetic data points of ``sigprop hessian`` when --samples is not given
+#: the curvature's synthetic samples when none are given, unless the kind says fewer
+#: (``Kind.curvature_samples``: an image net's product costs ~100x a dense net's a sample)
 HESSIAN_SAMPLES = 512
 
 
@@ -332,14 +356,14 @@ class HessianSpec:
     #: the eigenvalue density by stochastic Lanczos quadrature: ``probes`` Rademacher probes of
     #: ``steps`` Lanczos steps each
     density: bool = False
-    probes: int = 10
-    steps: int = 40
+    probes: int = 4
+    steps: int = 20
     #: also the largest-magnitude eigenvalue of each layer's diagonal block
     per_layer: bool = False
 
     def __post_init__(self) -> None:
         if self.threads is not None:
-            check_size(self.threads, "threads")
+            check_threads(self.threads)
         check_size(self.probes, "probes")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 2:
             raise SigpropError(f"must be an integer >= 2, got {self.steps!r}", field="steps")
@@ -393,7 +417,7 @@ class SpectrumSpec:
 
     def __post_init__(self) -> None:
         if self.threads is not None:
-            check_size(self.threads, "threads")
+            check_threads(self.threads)
         if self.path not in ("auto", "exact", "lanczos"):
             raise SigpropError(f"expected auto, exact or lanczos, got {self.path!r}", field="path")
         check_size(self.probes, "probes")
@@ -405,6 +429,9 @@ class SpectrumSpec:
             raise SigpropError(f"must be an integer >= 2, got {self.steps!r}", field="steps")
         if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in self.at):
             raise SigpropError(f"expected depths >= 1, got {list(self.at)!r}", field="at")
+        twice = sorted({d for d in self.at if list(self.at).count(d) > 1})
+        if twice:
+            raise SigpropError(f"depth {twice[0]} given twice in {list(self.at)!r}", field="at")
         if self.at and self.depths:
             raise SigpropError("every depth (depths) or some (at): give one of them", field="at")
         if self.at and self.path == "lanczos":

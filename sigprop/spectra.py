@@ -234,29 +234,32 @@ def _smallest(op, c: float, count: int, lanczos_top) -> list[float]:
     return out
 
 
-def extremes_lanczos(grams: list, count: int, lanczos_top) -> dict:
-    """The same by Lanczos (``lanczos_top``: the k largest-magnitude eigenvalues of an operator)
-    on J^T J or J J^T, the smaller: the largest directly, the smallest from the top Ritz vectors
+def extremes_one(g: "Gram", count: int, lanczos_top) -> tuple[np.ndarray, np.ndarray]:
+    """One sample's ``count`` largest and smallest singular values, as ``extremes_exact`` reads
+    them, by Lanczos (``lanczos_top``: the k largest-magnitude eigenvalues of an operator) on
+    J^T J or J J^T, the smaller: the largest directly, the smallest from the top Ritz vectors
     v of c I - G (c a bound on the largest: 1.01 x its estimate) as the Rayleigh quotients
     ||J v||^2 (``Gram.quadratic``).  Read as c minus the Ritz values they were off by ARPACK's
     tolerance times c -- sqrt(1e-4) = 1% of sigma_max where J is rank-deficient (measured 0.0002-
     0.042 against the exact path's 0); the quotient's error is the vector's squared, and a null
     vector of J gives ||J v|| at float rounding (docs/theory.md §14)."""
-    tops, bottoms = [], []
-    for g in grams:
-        small = g if g.size <= g.n_out else Gram(g.f, g.xi, outer=True)
-        top = sorted(lanczos_top(small, count), reverse=True)
-        c = 1.01 * top[0]
-        low = sorted(_smallest(small, c, count, lanczos_top))
-        tops.append(np.sqrt(np.maximum(top, 0.0)))
-        bottoms.append(np.sqrt(np.maximum(low, 0.0)))
+    small = g if g.size <= g.n_out else Gram(g.f, g.xi, outer=True)
+    top = sorted(lanczos_top(small, count), reverse=True)
+    c = 1.01 * top[0]
+    low = sorted(_smallest(small, c, count, lanczos_top))
+    return np.sqrt(np.maximum(top, 0.0)), np.sqrt(np.maximum(low, 0.0))
+
+
+def extremes_mean(per_sample: list) -> dict:
+    """The samples' extremes (``extremes_one``) averaged, as the record holds them."""
+    tops, bottoms = [t for t, _ in per_sample], [b for _, b in per_sample]
     return {"top": [float(v) for v in np.mean(tops, 0)], "bottom": [float(v) for v in np.mean(bottoms, 0)]}
 
 
 def lanczos_summary(
-    grams: list, largest: list, nodes: list, weights: list
+    n_in: int, n_out: int, largest: list, nodes: list, weights: list
 ) -> tuple[dict, np.ndarray, np.ndarray]:
-    """One draw's summaries from its samples' J^T J operators (``grams``), their largest
+    """One draw's summaries from its samples' J^T J operators (n_in x n_in, J with n_out rows), their largest
     eigenvalues (restarted Lanczos) and their stochastic Lanczos quadratures (nodes and
     weights per probe, over the n_in eigenvalues of J^T J): the mean of the n_out eigenvalues of
     J J^T is n_in E[sum w theta]/n_out (the trace), their second moment n_in E[sum w theta^2]/n_out,
@@ -264,7 +267,6 @@ def lanczos_summary(
     approaches from above: exact when the quadrature resolves the lower edge; 0 when n_in > n_out
     makes J^T J singular), and the fraction within a factor ``NEAR`` of one from the quadrature.
     Also the pooled nodes and their weights in units of eigenvalues (for the histogram)."""
-    n_in, n_out = grams[0].size, grams[0].n_out
     m1 = np.mean([sum(w * t for w, t in zip(ws, ts)) for ws, ts in zip(weights, nodes)])
     m2 = np.mean([sum(w * t * t for w, t in zip(ws, ts)) for ws, ts in zip(weights, nodes)])
     near = np.mean(
@@ -275,7 +277,7 @@ def lanczos_summary(
     low = 0.0 if n_in > n_out else max(0.0, min(min(ts) for ts in nodes))
     s_min = math.sqrt(low)
     pooled = np.concatenate([np.asarray(ts) for ts in nodes])
-    mass = np.concatenate([np.asarray(ws) for ws in weights]) * n_in / len(nodes) * len(grams)
+    mass = np.concatenate([np.asarray(ws) for ws in weights]) * n_in / len(nodes) * len(largest)
     return (
         {
             "mean": float(mean),

@@ -250,9 +250,15 @@ def explain_preserved(
         return ""
     if st.dead_fraction > 0:
         return f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
-    if ln_rms is None:
-        return "no closed-form prediction for this init"
     lo, hi = c.log10_low, c.log10_high
+    if ln_rms is None:  # what the measurement says, since no theory says why
+        m, way = c.log10_measured, "backward" if "backward" in c.name else "forward"
+        if m is None:
+            return NO_CLOSED_FORM
+        off = f"{fmt(m - hi)}x above the band's top: the signal grows" if m > hi else (
+            f"{fmt(lo - m)}x below the band's bottom: the signal shrinks"
+        )
+        return f"{off} {way} through the net (this init has no closed-form prediction to say why)"
     r, t = ln_rms / LN10, (ln_typical if ln_typical is not None else ln_rms) / LN10
     if not lo <= r <= hi:
         return (

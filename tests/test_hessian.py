@@ -12,7 +12,7 @@ import pytest
 import torch
 import walks
 
-from sigprop import api, hessian, inits, kinds
+from sigprop import api, hessian, inits, kinds, specs
 from sigprop.cli import main
 from sigprop.kernels import ops, sampling
 from sigprop.kinds import cnn, mlp, resnet, wrn
@@ -551,7 +551,7 @@ def test_hessian_module_command(tmp_path, capsys):
     assert [r["init"] for r in doc["runs"]] == ["as-is", "proposed"]
     for run in doc["runs"]:
         d = run["draws"][0]
-        assert d["status"] == "converged" and len(d["density"]["nodes"]) == 10
+        assert d["status"] == "converged" and len(d["density"]["nodes"]) == specs.HessianSpec.probes
         assert [b["layer"] for b in d["blocks"]] == ["0", "2", "(head)"]
         assert d["parameters"] == 6 * 8 + 8 + 8 * 4 + 4 + 4 * 10 + 10
     capsys.readouterr()
@@ -562,8 +562,9 @@ def test_hessian_module_command(tmp_path, capsys):
 
 def test_a_long_curvature_run_says_its_estimate_and_logs_its_progress(capsys, monkeypatch):
     """Issue 37, item 12: on a stderr that is not a terminal (a log, a CI job) a curvature run
-    says its estimate once -- from its second product's time and the products planned -- and a
-    progress line at intervals (here every call: the interval and the threshold set to 0)."""
+    says its estimate -- before the first product from its gradient's time, then refined from
+    the median of its first products (issue 47) -- and a progress line at intervals (here every
+    call: the interval and the threshold set to 0)."""
     from sigprop.cli import output
 
     monkeypatch.setattr(output, "LOG_INTERVAL", 0.0)
@@ -572,7 +573,8 @@ def test_a_long_curvature_run_says_its_estimate_and_logs_its_progress(capsys, mo
     assert main(argv + ["--seeds", "2", "--iters", "5", "--trace", "2", "--init", "proposed"]) == 0
     err = capsys.readouterr().err.splitlines()
     estimate = [line for line in err if "in all, for at most" in line]
-    assert len(estimate) == 1 and "14 Hessian-vector products at" in estimate[0], err
+    assert len(estimate) == 2 and all("14 Hessian-vector products at" in e for e in estimate), err
+    assert "rough, from the gradient's time" in estimate[0] and "refined: about" in estimate[1]
     progress = [line for line in err if "of at most" in line and "elapsed" in line]
     assert progress and all(line.startswith("sigprop: hessian proposed: draw ") for line in progress)
 

@@ -58,7 +58,8 @@ def test_rows_read_back_refuse_a_mixed_file(tmp_path):
     path = tmp_path / "s.jsonl"
     rows = [{"schema": sweep.SWEEP_SCHEMA, "config": {"command": c, "depth": 3}} for c in ("mlp", "resnet")]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
-    assert len(sweep.done_keys(path)) == 2  # an interrupted line is skipped when resuming
+    with pytest.raises(SigpropError, match="3: not a JSON line"):
+        sweep.done_keys(path)  # refused before a sweep appends to it (issue 47)
     with pytest.raises(SigpropError, match="3: not a JSON line"):
         sweep.read_rows(path)  # and named when plotting
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")

@@ -33,7 +33,35 @@ except ImportError:  # pragma: no cover
     from click.exceptions import UsageError
 
 
-def _usage_hint(msg: str) -> str:
+def _given(option: str, argv: list[str]) -> str | None:
+    """The value ``argv`` gives ``option`` last (``--depth 3`` or ``--depth=3``), or None."""
+    found = None
+    for i, tok in enumerate(argv):
+        if tok == option and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif tok.startswith(option + "="):
+            found = tok.split("=", 1)[1]
+    return found
+
+
+def _not_an_integer(option: str, value: str | None) -> str:
+    """Why ``value`` is not one integer, and what to give instead: several values go to a sweep;
+    a number in another notation is written out."""
+    if value is not None and "," in value:
+        return (
+            f"{option}: expected one integer, got {value!r} (for several values use sigprop sweep, which "
+            "takes comma-separated lists)"
+        )
+    try:
+        number = float(value) if value is not None else None
+    except ValueError:
+        number = None
+    if number is not None and number.is_integer() and abs(number) < 2**63:
+        return f"{option}: expected one integer, got {value!r} (write it out: {int(number)})"
+    return f"{option}: expected one integer" + ("" if value is None else f", got {value!r}")
+
+
+def _usage_hint(msg: str, argv: list[str] = ()) -> str:
     """typer's words for a bad choice or number, without its validator's prefix, with a
     did-you-mean and the way to give several values."""
     msg = msg.replace("Value error, ", "")
@@ -49,13 +77,38 @@ def _usage_hint(msg: str) -> str:
         close = difflib.get_close_matches(value, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return f"{option}: unknown value {value!r}{hint}; choose from {', '.join(names)}"
-    if re.search(r"valid int(eger)?\b", msg):  # typer's "a valid integer", click's "a valid int range"
-        return (
-            msg.split(":")[0]
-            + ": expected one integer (for several values use sigprop sweep, which takes comma-separated "
-            "lists)"
-        )
+    m = re.match(r"Invalid value for '(--[\w-]+)'", msg)
+    if m and re.search(r"valid int(eger)?\b", msg):  # typer's "a valid integer", click's "a valid int range"
+        return _not_an_integer(m.group(1), _given(m.group(1), list(argv)))
     return msg
+
+
+def repeated(command, argv: list[str]) -> str | None:
+    """The first option of the command ``argv`` runs that takes one value and is given twice
+    (``--depth 3 --depth 4``; ``--check --no-check``): click keeps the last without a word, so
+    it is refused before parsing.  Options that take several (``--init``, a sweep's axes) may
+    repeat; nothing after ``--`` is read."""
+    cmd, rest = command, list(argv)
+    # click's classes duck-typed: typer vendors its own copy of click, whose Group is not click's
+    while hasattr(cmd, "commands"):  # down to the command the arguments name
+        i = next((i for i, tok in enumerate(rest) if tok in cmd.commands), None)
+        if i is None:
+            return None
+        cmd, rest = cmd.commands[rest[i]], rest[i + 1 :]
+    options = {n: p for p in cmd.params if hasattr(p, "secondary_opts") for n in p.opts + p.secondary_opts}
+    seen: set[str] = set()
+    i = 0
+    while i < len(rest) and rest[i] != "--":
+        name = rest[i].split("=", 1)[0]
+        p = options.get(name)
+        if p is not None:
+            if not p.multiple and not p.count:
+                if p.name in seen:
+                    return name
+                seen.add(p.name)
+            i += 0 if p.is_flag or "=" in rest[i] else 1  # its value is not an option
+        i += 1
+    return None
 
 
 def build() -> typer.Typer:
@@ -72,6 +125,11 @@ def build() -> typer.Typer:
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
     command = typer.main.get_command(build())
+    given = list(sys.argv[1:] if argv is None else argv)
+    twice = repeated(command, given)
+    if twice is not None:
+        _say(f"sigprop: error: {twice}: given twice; it takes one value")
+        return 2
     try:
         rv = command.main(args=argv, prog_name="sigprop", standalone_mode=False)
     except SigpropError as exc:
@@ -85,7 +143,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         msg = " ".join(exc.format_message().split())
         if not msg:  # bare `sigprop`: help was printed (no_args_is_help)
             return 0
-        _say(f"sigprop: error: {_usage_hint(msg)} (see sigprop -h)")
+        _say(f"sigprop: error: {_usage_hint(msg, given)} (see sigprop -h)")
         return 2
     except (typer.Abort, KeyboardInterrupt):
         _say("sigprop: interrupted")

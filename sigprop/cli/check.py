@@ -43,11 +43,7 @@ def check(
     """Run named probe configurations with expectations from TOML: exit 0 all met, 1 one not met, 2 bad
     config."""
     _check_output_target(output)
-    if junit is not None:
-        try:
-            _check_output_target(junit)
-        except SigpropError as exc:
-            raise SigpropError(str(exc.args[0]), field="junit") from None
+    _check_output_target(junit, "junit")
     path, table = checks_mod.find_config(file, Path.cwd())
     entries = checks_mod.load(path, table)
     _say(f"sigprop check: {len(entries)} check(s) from {path}")

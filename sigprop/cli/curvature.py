@@ -10,9 +10,9 @@ from sigprop import kinds, report
 from sigprop.cli import common
 from sigprop.cli.common import ONE_PROBE, _banner, _plot_target
 from sigprop.cli.options import (
-    HESSIAN_OPTIONS,
     HessianOptions,
     command,
+    hessian_table,
 )
 from sigprop.cli.output import (
     _check_output_target,
@@ -70,4 +70,4 @@ def register(app: typer.Typer) -> None:
                 f"Curvature at init of the net of `sigprop {kind.name}` (same net options), with a "
                 "10-way linear head and cross-entropy; per init, mean ± sd over --seeds draws."
             ),
-        )(command(kind, HESSIAN_OPTIONS, HessianOptions, run_hessian, "hessian"))
+        )(command(kind, hessian_table(kind), HessianOptions, run_hessian, "hessian"))

@@ -265,8 +265,8 @@ class HessianOptions(RunOptions):
     top: int
     trace: int
     density: bool
-    probes: int
-    steps: int
+    probes: Optional[int]
+    steps: Optional[int]
     per_layer: bool
     data: Optional[Path]
     head: Head
@@ -274,6 +274,11 @@ class HessianOptions(RunOptions):
     plot: Optional[Path]
 
     def hessian_spec(self) -> specs.HessianSpec:
+        for name in ("probes", "steps"):
+            if getattr(self, name) is not None and not self.density:
+                raise specs.SigpropError(
+                    "sets the eigenvalue density's quadrature: it takes --density too", field=name
+                )
         return specs.HessianSpec(
             samples=self.samples,
             seed=self.seed,
@@ -285,8 +290,8 @@ class HessianOptions(RunOptions):
             top=self.top,
             trace=self.trace,
             density=self.density,
-            probes=self.probes,
-            steps=self.steps,
+            probes=specs.HessianSpec.probes if self.probes is None else self.probes,
+            steps=specs.HessianSpec.steps if self.steps is None else self.steps,
             per_layer=self.per_layer,
             data=None if self.data is None else str(self.data),
             head=self.head.value,
@@ -420,19 +425,20 @@ SPECTRUM_OPTIONS = (
 )
 
 
+def _curvature_samples(default: int):
+    """``sigprop hessian``'s --samples, its help stating the kind's default (``Kind.curvature_samples``)."""
+    return Annotated[
+        Optional[int],
+        Option(
+            min=1,
+            help="Data points N: synthetic x ~ N(0, I) with labels uniform over 10 classes, "
+            f"or with --data the first N of the file. [default: {default} synthetic; all of --data]",
+        ),
+    ]
+
+
 HESSIAN_OPTIONS = (
-    (
-        "samples",
-        Annotated[
-            Optional[int],
-            Option(
-                min=1,
-                help="Data points N: synthetic x ~ N(0, I) with labels uniform over 10 classes, "
-                "or with --data the first N of the file. [default: 512 synthetic; all of --data]",
-            ),
-        ],
-        None,
-    ),
+    ("samples", _curvature_samples(specs.HESSIAN_SAMPLES), None),
     ("seed", SeedOpt, 0),
     ("seeds", Annotated[int, Option(min=1, help="Weight draws; the table gives mean ± sd over them.")], 3),
     ("device", DeviceOpt, "auto"),
@@ -487,8 +493,29 @@ HESSIAN_OPTIONS = (
         ],
         False,
     ),
-    ("probes", Annotated[int, Option(min=1, help="--density: Rademacher probes.")], 10),
-    ("steps", Annotated[int, Option(min=2, help="--density: Lanczos steps a probe (quadrature nodes).")], 40),
+    # a quick look by default (issue 47: a documented --density example ran 22 h on a laptop CPU);
+    # Ghorbani et al. 2019's scale is --probes 10 --steps 90, behind the options
+    # None: not given (refused without --density, which alone reads them)
+    (
+        "probes",
+        Annotated[
+            Optional[int],
+            Option(min=1, help=f"--density: Rademacher probes. [default: {specs.HessianSpec.probes}]"),
+        ],
+        None,
+    ),
+    (
+        "steps",
+        Annotated[
+            Optional[int],
+            Option(
+                min=2,
+                help="--density: Lanczos steps a probe (quadrature nodes). "
+                f"[default: {specs.HessianSpec.steps}]",
+            ),
+        ],
+        None,
+    ),
     (
         "per_layer",
         Annotated[
@@ -610,6 +637,15 @@ def probe_table(kind: kinds.Kind):
     return tuple(
         (name, band if name == "band" else opt, kind.probe_defaults.get(name, default))
         for name, opt, default in PROBE_OPTIONS
+    )
+
+
+def hessian_table(kind: kinds.Kind):
+    """``HESSIAN_OPTIONS`` for a kind's ``sigprop hessian`` command: its --samples help states the
+    kind's default."""
+    return tuple(
+        (name, _curvature_samples(kind.curvature_samples) if name == "samples" else opt, default)
+        for name, opt, default in HESSIAN_OPTIONS
     )
 
 

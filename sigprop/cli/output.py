@@ -21,7 +21,6 @@ from rich.progress import (
 
 from sigprop import files, report
 from sigprop.cli.options import Format
-from sigprop.errors import SigpropError
 
 
 def _stderr() -> Console:
@@ -34,16 +33,9 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
-def _check_output_target(output: Optional[Path]) -> Optional[Path]:
-    """Fail on a bad --output before the run, not after minutes of compute."""
-    if output is None:
-        return None
-    target = output.resolve()
-    if target.is_dir():
-        raise SigpropError(f"{output} is a directory", field="output")
-    if not target.parent.is_dir():
-        raise SigpropError(f"directory {target.parent} does not exist", field="output")
-    return target
+def _check_output_target(output: Optional[Path], field: str = "output") -> Optional[Path]:
+    """Fail on a bad --output before the run, not after minutes of compute (``files.check_target``)."""
+    return None if output is None else files.check_target(output, field)
 
 
 def write_output(text: str, output: Optional[Path]) -> None:
@@ -95,18 +87,33 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+#: step durations a run's estimate waits for: their median is its time a step, so that one step
+#: holding a compile (``--fuse``) or a warm-up is timed apart instead of multiplied
+SETTLE_STEPS = 3
+
+
 class _Progress:
-    """What every long run says on stderr: once its second step is done, the estimate of the
-    whole run from that step's time and the steps planned (when it exceeds ``LONG_RUN``: "about
-    12 min for at most 9,000 Hessian-vector products at 0.08 s each"), then its progress -- a
-    rich bar on a terminal, else a line every ``LOG_INTERVAL`` seconds (a log, a CI job)."""
+    """What every long run says on stderr: an estimate of the whole run (when it exceeds
+    ``LONG_RUN``: "about 12 min for at most 9,000 Hessian-vector products at 0.08 s each"), then
+    its progress -- a rich bar on a terminal, else a line every ``LOG_INTERVAL`` seconds (a log,
+    a CI job).  The estimate is said once ``SETTLE_STEPS`` steps after the first are timed, from
+    their median: the time already spent (setup, compiles, warm-up: the first steps) is counted
+    apart, not as the time of every step (``--fuse``'s compile in the second step once read as
+    "about 7 min at 60 s each" of a run that took 159 s).  A core that can guess a step's time
+    before the first one (the curvature, from its gradient's time) says so through ``prior``;
+    the measured estimate then follows as the refined one."""
 
     def __init__(self, total_label: str, unit: str) -> None:
         self.label, self.unit = total_label, unit
         self.bar = _bar() if sys.stderr.isatty() else None
         self.task = self.bar.add_task(total_label, total=None) if self.bar else None
-        self.t0 = self.last = self.t1 = 0.0
-        self.said = False
+        self.t0 = self.last = self.prev = 0.0
+        self.done = 0  # the steps done at ``prev``
+        self.steps: list[float] = []  # the durations of the steps after the first
+        self.said = self.guessed = False
+
+    def __call__(self, done: int, total: int, label: str = "") -> None:
+        self.update(done, total, label)
 
     def start(self) -> None:
         self.t0 = self.last = time.monotonic()
@@ -123,28 +130,56 @@ class _Progress:
         else:
             _say(text)
 
+    def _tail(self) -> str:
+        return "" if self.bar is not None else f"; a line every {_duration(LOG_INTERVAL)} here"
+
+    def prior(self, total: int, step: float, basis: str) -> None:
+        """Before the first step: the whole run's estimate from a guess of a step's time (``basis``
+        says what it is from), said when it exceeds ``LONG_RUN``."""
+        spent = time.monotonic() - self.t0
+        if spent + step * total > LONG_RUN:
+            self.guessed = True
+            self._line(
+                f"sigprop: {self.label}: about {_duration(spent + step * total)} in all, for at most "
+                f"{total:,} {self.unit} at about {step:.2g} s each ({basis}; refined after the first "
+                f"{SETTLE_STEPS + 1}){self._tail()}"
+            )
+
+    def _step(self) -> float:
+        """The time of one step: the median of the timed ones (a compile is one outlier)."""
+        return sorted(self.steps)[len(self.steps) // 2] if self.steps else 0.0
+
+    def _estimate(self, now: float, done: int, total: int) -> None:
+        step = self._step()
+        spent, left = now - self.t0, step * (total - done)
+        self.said = True
+        if spent + left <= LONG_RUN and not self.guessed:
+            return
+        first = spent - step * (done - 1)  # setup and the first steps beyond their share
+        apart = ""
+        if first > 0.25 * (spent + left):
+            apart = f", after {_duration(first)} of setup, compiles and warm-up"
+        self._line(
+            f"sigprop: {self.label}: {'refined: ' if self.guessed else ''}about {_duration(spent + left)} in "
+            f"all, for at most {total:,} {self.unit} at {step:.2g} s each{apart}"
+            + ("" if self.guessed else self._tail())
+        )
+
     def update(self, done: int, total: int, label: str = "") -> None:
         now = time.monotonic()
-        if done == 1:
-            self.t1 = now
-        elif done == 2 and total > 2 and not self.said:
-            step = now - self.t1
-            left = step * (total - done)
-            self.said = True
-            if now - self.t0 + left > LONG_RUN:
-                self._line(
-                    f"sigprop: {self.label}: about {_duration(now - self.t0 + left)} in all, for at most "
-                    f"{total:,} {self.unit} at {step:.2g} s each"
-                    + ("" if self.bar is not None else f"; a line every {_duration(LOG_INTERVAL)} here")
-                )
+        if done > self.done:  # a call that repeats a count (a draw's end) times nothing
+            if self.done >= 1:
+                self.steps += [(now - self.prev) / (done - self.done)] * min(done - self.done, SETTLE_STEPS)
+            self.prev, self.done = now, done
+        if not self.said and len(self.steps) >= SETTLE_STEPS and total > done:
+            self._estimate(now, done, total)
         if self.bar is not None:
             self.bar.update(
                 self.task, completed=done, total=total, description=f"{self.label} {label}".strip()
             )
         elif now - self.last >= LOG_INTERVAL and done < total:
             self.last = now
-            rate = (now - self.t1) / max(done - 1, 1) if done > 1 else None
-            eta = "" if rate is None else f", about {_duration(rate * (total - done))} left"
+            eta = "" if not self.steps else f", about {_duration(self._step() * (total - done))} left"
             _say(
                 f"sigprop: {self.label} {label}: {done:,} of at most {total:,} {self.unit}, "
                 f"{_duration(now - self.t0)} elapsed{eta}"
@@ -174,6 +209,7 @@ def _bar() -> Progress:
 
 
 def _progress_callback(total_label: str, unit: str = "steps"):
-    """(progress, update): ``_Progress`` and its update, for the core's ``progress`` callback."""
+    """(progress, update): ``_Progress`` and the callable the core's ``progress`` takes (the
+    object itself: a core that guesses a step's time before the first finds ``prior`` on it)."""
     prog = _Progress(total_label, unit)
-    return prog, prog.update
+    return prog, prog

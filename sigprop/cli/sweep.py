@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -27,6 +28,7 @@ from sigprop.cli.options import (
     DType,
     Option,
     PairsOpt,
+    _hidden,
 )
 from sigprop.cli.output import _say, _stderr
 from sigprop.errors import SigpropError
@@ -38,11 +40,13 @@ def P(name: str, annotation, default) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-def _size_parameters(swept) -> list[inspect.Parameter]:
-    """The size axis of every swept kind (``Kind.sweep_size``: --depth, --blocks)."""
+def _size_parameters(swept, kind) -> list[inspect.Parameter]:
+    """The size axis of every swept kind (``Kind.sweep_size``: --depth, --blocks), its help
+    ``kind``'s alone where it is ``kind``'s."""
     out = []
     for size in dict.fromkeys(k.sweep_size for k in swept):
         which = [k for k in swept if k.sweep_size == size]
+        which = [kind] if kind in which else which
         defaults = "; ".join(f"{k.name} {k.sweep_sizes}" for k in which)
         out.append(
             P(
@@ -71,7 +75,7 @@ class Executor(str, enum.Enum):
     dask = "dask"
 
 
-def _probe_parameters() -> list[inspect.Parameter]:
+def _probe_parameters(kind) -> list[inspect.Parameter]:
     """What each point measures, with which options."""
     return [
         P(
@@ -92,8 +96,9 @@ def _probe_parameters() -> list[inspect.Parameter]:
                 Optional[int],
                 Option(
                     min=1,
-                    help="Random inputs (and error vectors) N. [default: the kind's command's: 1000, "
-                    "wrn 100, module 64; --measure spectrum 8]",
+                    help="Random inputs (and error vectors) N. [default: "
+                    f"{sweeps.default_samples(kind, 'probe')}; --measure spectrum "
+                    f"{sweeps.default_samples(kind, 'spectrum')}]",
                 ),
             ],
             None,
@@ -202,26 +207,26 @@ def _model_parameters() -> list[inspect.Parameter]:
     ]
 
 
-def _sweep_parameters() -> list[inspect.Parameter]:
-    """``sigprop sweep``'s options: the kind (an argument; a model's TARGET after it), the size
-    axis of every kind (``Kind.sweep_size``: --depth, --blocks), the widths, a model's --arg and
-    --input-shape, the inits, what is measured and where the points run."""
+def _sweep_parameters(kind: kinds.Kind) -> list[inspect.Parameter]:
+    """``sigprop sweep KIND``'s options: a model's TARGET (an argument), the axes the kind sweeps
+    (``Kind.sweep_fields``: its size axis -- --depth, --blocks --, the widths, an MLP's input
+    dimension; a model's --arg, --input-shape, --sites, --vocab), the inits, what is measured and
+    where the points run.  The other kinds' axes are parsed but left out of the help
+    (``_hidden``), so that one given is refused with what this kind takes instead."""
     swept = [k for k in kinds.KINDS.values() if k.sweeps]
     sized = [k for k in swept if "width" in k.sweep_fields()]
-    arch = enum.Enum("sweep_kind", {k.name: k.name for k in swept}, type=str)
     out = [
-        inspect.Parameter(
-            "arch",
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            annotation=Annotated[arch, Argument(help=f"The net kind: {', '.join(k.name for k in swept)}.")],
-        ),
         inspect.Parameter(
             "target",
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
             default=None,
             annotation=Annotated[
                 Optional[str],
-                Argument(help="module: the model, MODULE:CALLABLE or FILE.py:CALLABLE.", show_default=False),
+                Argument(
+                    help="The model, MODULE:CALLABLE or FILE.py:CALLABLE.",
+                    show_default=False,
+                    hidden="target" not in kind.sweep_fields(),
+                ),
             ],
         ),
         P(
@@ -235,9 +240,10 @@ def _sweep_parameters() -> list[inspect.Parameter]:
             inspect.Parameter.empty,
         ),
     ]
-    out += _size_parameters(sized)
-    widths = "; ".join(f"{k.name}: {k.sweep_width_help}" for k in sized)
-    defaults = "; ".join(f"{k.name} {k.sweep_widths}" for k in sized)
+    out += _size_parameters(sized, kind)
+    described = [kind] if kind in sized else sized  # the help speaks of this kind where it sweeps widths
+    widths = "; ".join(f"{k.name}: {k.sweep_width_help}" for k in described)
+    defaults = "; ".join(f"{k.name} {k.sweep_widths}" for k in described)
     with_input = [k.name for k in sized if k.sweep_input_dim]
     out += [
         P(
@@ -270,7 +276,10 @@ def _sweep_parameters() -> list[inspect.Parameter]:
             None,
         ),
     ]
-    return out + _model_parameters() + _probe_parameters() + _executor_parameters()
+    out += _model_parameters()
+    own = set(kind.sweep_fields())
+    out = [p if p.name in own or p.name in ("target", "out", "init") else _hidden(p) for p in out]
+    return out + _probe_parameters(kind) + _executor_parameters()
 
 
 class _Progress:
@@ -321,7 +330,7 @@ class _Progress:
 
 
 def sweep(
-    arch,
+    kind: kinds.Kind,
     out: Path,
     target=None,
     width=None,
@@ -349,7 +358,6 @@ def sweep(
 ) -> None:
     """Run a grid (size x width x init; a model's --arg values x input shapes x init), one JSON line per
     point, here or on a Dask cluster; resumes."""
-    kind = kinds.get(arch.value)
     what = measure.value
     if curvature:
         if measure not in (Measure.probe, Measure.hessian):
@@ -438,7 +446,29 @@ def plot_cmd(
     _say(f"sigprop: wrote {out}")
 
 
-def prepare() -> None:
-    """``sweep``'s signature from the kinds registered now (``_sweep_parameters``)."""
-    sweep.__signature__ = inspect.Signature(_sweep_parameters())
-    sweep.__annotations__ = {p.name: p.annotation for p in sweep.__signature__.parameters.values()}
+SWEEP_HELP = (
+    "Run a grid (size x width x init; a model's --arg values x input shapes x init), one JSON line per "
+    "point, here or on a Dask cluster; resumes. One command per net kind: sigprop sweep KIND --help "
+    "lists what that kind sweeps."
+)
+
+
+def _kind_sweep(kind: kinds.Kind):
+    """``sigprop sweep KIND``: ``sweep`` for this kind, its signature ``_sweep_parameters``'s."""
+
+    def run_sweep(**kw) -> None:
+        sweep(kind, **kw)
+
+    run_sweep.__signature__ = inspect.Signature(_sweep_parameters(kind))
+    return run_sweep
+
+
+def register(app: typer.Typer) -> None:
+    """``sigprop sweep`` with one command per kind that sweeps, from the kinds registered now."""
+    sweep_app = typer.Typer(help=SWEEP_HELP, no_args_is_help=True)
+    app.add_typer(sweep_app, name="sweep")
+    for kind in (k for k in kinds.KINDS.values() if k.sweeps):
+        sweep_app.command(
+            kind.name,
+            help=escape(f"Sweep the net of `sigprop {kind.name}` over a grid of its options and inits."),
+        )(_kind_sweep(kind))

@@ -105,6 +105,7 @@ def theory(
     output: Annotated[Optional[Path], Option(help="Write the output to this file.")] = None,
 ) -> None:
     """K_n of Theorem 1 (closed form and quadrature) and the ResNet ratio (1 + 1/B)^{B/2}."""
+    _check_output_target(output)
     result = theory_mod.table(n, blocks)
     if fmt is TableFormat.json:
         write_output(report.to_json(result), output)
@@ -120,9 +121,8 @@ def list_inits() -> None:
 
 def register(app: typer.Typer) -> None:
     """The commands besides the probes, in the order ``sigprop -h`` lists them."""
-    sweep_cli.prepare()
+    sweep_cli.register(app)
     for name, fn in (
-        ("sweep", sweep_cli.sweep),
         ("plot", sweep_cli.plot_cmd),
         ("rerun", rerun),
         ("check", check_cli.check),

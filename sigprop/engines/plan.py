@@ -284,7 +284,7 @@ def curvature(kind, spec, hs: specs.HessianSpec, progress, on_start) -> HessianR
     plan = kind.plan(spec, hs.seed)
     shape = plans.input_shape(plan.steps)
     shape = shape if shape[1:] != (1, 1) else (shape[0],)
-    x, y = shared.curvature_data(hs, shape, device, dtype)
+    x, y = shared.curvature_data(hs, shape, device, dtype, kind.curvature_samples)
     names = kind.inits(spec)
     schemes = {n: kind.scheme(spec, n) for n in names}
     itemsize = dev.itemsize(hs.dtype)
@@ -341,6 +341,7 @@ def spectrum(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> Spectrum
     shared.check_rows(kind, spec)
     plan = kind.plan(spec, ss.seed)
     n_in, n_out = _inputs_units(plan)
+    shared.check_spectrum_inputs(ss, n_in, device)
     path, chosen = _spectrum_path(kind, plan, ss, device)
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_INPUTS))
     x = torch.randn(ss.samples, n_in, generator=gx, device=device, dtype=dtype)  # the probe's inputs
@@ -405,6 +406,7 @@ def _spectrum_path(kind, plan, ss: specs.SpectrumSpec, device) -> tuple[str, lis
     else:  # one sample's graph at a time, and the Lanczos basis of --steps input vectors
         lanczos_need = weights + (8 * activations + (ss.steps + 4) * n_in) * itemsize
         dev.check_memory(lanczos_need, device, kind.size_fields, hint="")
+        shared.check_lanczos_samples(ss, n_in)
     shared.check_top(ss, path, n_in, n_out)
     return path, chosen
 

@@ -93,11 +93,11 @@ def check_finite(name: str, arrays: dict) -> None:
             raise SigpropError(f"internal error: init {name!r} produced a non-finite log ratio")
 
 
-def curvature_data(hs: specs.HessianSpec, shape, device, dtype):
-    """(x [N, prod(shape)], y [N]): synthetic (``hs.samples`` or ``specs.HESSIAN_SAMPLES`` points), or the
+def curvature_data(hs: specs.HessianSpec, shape, device, dtype, default: int = specs.HESSIAN_SAMPLES):
+    """(x [N, prod(shape)], y [N]): synthetic (``hs.samples`` or the kind's ``default`` points), or the
     first ``hs.samples`` of the user's file (all of it when None; ``sigprop.data`` checks it)."""
     if hs.data is None:
-        n = specs.HESSIAN_SAMPLES if hs.samples is None else hs.samples
+        n = default if hs.samples is None else hs.samples
         return H.data(hs.seed, n, shape, device, dtype)
     d = data_mod.take(data_mod.load(hs.data, shape, H.CLASSES), hs.samples)
     return data_mod.inputs(d, device, dtype), torch.as_tensor(d.y, device=device, dtype=torch.long)
@@ -159,9 +159,14 @@ class Products:
     def start(self, h, label: str, draws_left: int) -> None:
         """A draw begins on ``h`` (its products now counted); ``draws_left`` with it."""
         planned = H.planned_products(self.hs, len(H.layer_blocks(h)) if self.hs.per_layer else 0, h.size)
+        first = self.total == 0
         self.total = self.done + planned * draws_left
         self.end, self.label = self.done + planned, label
         h.tick = self.tick
+        prior = getattr(self.progress, "prior", None)  # the CLI's: the estimate before the first product
+        if first and prior is not None:
+            what = "the gradient's" if h.batches is None else "the minibatches' loss"
+            prior(self.total, h.guess, f"rough, from {what} time")
 
     def tick(self) -> None:
         self.done += 1
@@ -230,17 +235,44 @@ def spectrum_draw(
         extra = spectra.extremes_exact(lam, k, ss.top) if ss.top else {}
         return {"draw": draw, **spectra.summary(lam, k), **extra}, lam.reshape(-1)
     gen = torch.Generator(device=x.device).manual_seed(specs.derive_seed(ss.seed, specs.STREAM_DENSITY, draw))
-    grams = [spectra.Gram(f, x[i]) for i, f in enumerate(functions)]
-    largest, nodes, weights = [], [], []
-    for g in grams:
+    largest, nodes, weights, extremes = [], [], [], []
+    for i, f in enumerate(functions):  # one sample's operator (its forward's graph) alive at a time
+        g = spectra.Gram(f, x[i])
         top = H.largest_eigenvalue(g, gen, 100, 1e-3)
         largest.append(top.eigenvalue or 0.0)
         q = H.slq(g, ss.probes, ss.steps, gen)
         nodes += q.nodes
         weights += q.weights
-    summary, lam, mass = spectra.lanczos_summary(grams, largest, nodes, weights)
-    extra = spectra.extremes_lanczos(grams, ss.top, H.lanczos_top) if ss.top else {}
+        if ss.top:
+            extremes.append(spectra.extremes_one(g, ss.top, H.lanczos_top))
+        n_out = g.n_out
+    summary, lam, mass = spectra.lanczos_summary(n_in, n_out, largest, nodes, weights)
+    extra = spectra.extremes_mean(extremes) if ss.top else {}
     return {"draw": draw, **summary, **extra}, (lam, mass)
+
+
+#: host bytes a sample of the Lanczos path keeps beyond its quadrature: its per-sample function and
+#: its largest eigenvalue (a list slot and a Python object each; rounded up)
+LANCZOS_SAMPLE_BYTES = 256
+#: a Python float in a list: the object and the list's slot
+PY_FLOAT_BYTES = 32
+
+
+def check_spectrum_inputs(ss: specs.SpectrumSpec, n_in: int, device) -> None:
+    """The samples' inputs (S x n_in on the device), refused naming --samples before they are
+    drawn, whatever the path (the paths' own estimates are their engines')."""
+    dev.check_memory(ss.samples * n_in * dev.itemsize(ss.dtype), device, "samples")
+
+
+def check_lanczos_samples(ss: specs.SpectrumSpec, n_in: int) -> None:
+    """What the Lanczos path keeps of every sample on the host, refused naming --samples: its
+    quadrature for the pooled density (2 x probes x steps nodes and weights, at most n_in steps,
+    as Python floats while a draw runs and as float64 for every draw) and its bookkeeping (its
+    operator, one sample's forward graph, is alive one at a time: ``spectrum_draw``)."""
+    quadrature = 2 * ss.probes * min(ss.steps, n_in) * (PY_FLOAT_BYTES + 8 * ss.seeds)
+    need = ss.samples * (quadrature + LANCZOS_SAMPLE_BYTES)
+    hint = " (the Lanczos path keeps each one's quadrature)"
+    dev.check_memory(need, torch.device("cpu"), "samples", hint=hint)
 
 
 def spectrum_environment(

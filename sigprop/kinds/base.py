@@ -118,6 +118,8 @@ class Kind:
     refuses: ClassVar[dict[str, dict[str, str]]] = {}
     #: the command's own probe defaults (e.g. fewer samples for a conv net)
     probe_defaults: ClassVar[dict] = {}
+    #: ``sigprop hessian``'s synthetic samples when --samples is not given
+    curvature_samples: ClassVar[int] = specs.HESSIAN_SAMPLES
     hints: ClassVar[Hints] = Hints()
     #: "the MLP", "ResNets": how messages name the net
     noun: ClassVar[str] = "this net"

@@ -157,6 +157,8 @@ class CNN(Kind):
         "stride 2) layer by layer."
     )
     size_fields = "depth/channels/image/samples"
+    #: an image net's Hessian-vector product costs ~100x a dense net's a sample (``Kind``)
+    curvature_samples = 64
     spec = CNNSpec
     noun = "the CNN"
     provides = frozenset({inits.TAPS})

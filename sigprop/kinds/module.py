@@ -147,9 +147,9 @@ class ModuleSpec:
         """``3,64,64`` or ``3,32,32;10`` (several inputs) or tuples, as a tuple of ints (one
         input) or of tuples (several); () when none is given."""
         if isinstance(shape, str):
-            parts = [p for p in shape.split(";")]
-            try:
-                out = [tuple(int(s) for s in p.replace("x", ",").split(",") if s.strip()) for p in parts]
+            parts = [p.strip() for p in shape.split(";")]
+            try:  # an empty size ("32x", "3,,64") is not read as nothing: int("") refuses it
+                out = [tuple(int(s) for s in p.replace("x", ",").split(",")) if p else () for p in parts]
             except ValueError:
                 raise SigpropError(
                     f"expected sizes like 3,64,64 (several inputs: 3,32,32;10), got {shape!r}",
@@ -365,6 +365,7 @@ class ModuleKind(Kind):
     default_inits = ("as-is",)
     init_help = "Init (repeatable): as-is keeps the model's own; the others are applied by sigprop.init_."
     probe_defaults = {"samples": 64, "seeds": 1}
+    curvature_samples = 64
     options = (
         Opt("target", str, None, "The model: MODULE:CALLABLE or FILE.py:CALLABLE.", positional=True),
         Opt(

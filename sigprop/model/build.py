@@ -67,6 +67,33 @@ def prepare(model: nn.Module, device, dtype) -> nn.Module:
     return model
 
 
+def prepare_notes(model: nn.Module, dtype: torch.dtype) -> list[str]:
+    """What ``prepare`` changes in the model that a user should read in the run, not only in the
+    docs: weights of another floating dtype cast to the probe's (a float64 or float16 model is
+    probed in ``--dtype``), and normalisations the model came with in eval mode, which a probe
+    runs in training mode (statistics of the probe's batch, not the running ones)."""
+    notes = []
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.is_floating_point()})
+    want = str(dtype).replace("torch.", "")
+    if any(d != want for d in dtypes):
+        notes.append(
+            f"the model's {' and '.join(dtypes)} weights are cast to {want} for the probe (--dtype {want})"
+        )
+    frozen = [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and not m.training
+    ]
+    if frozen:
+        shown = ", ".join(map(repr, frozen[:3])) + (f" and {len(frozen) - 3} more" if len(frozen) > 3 else "")
+        notes.append(
+            f"the model came in eval mode: its {len(frozen)} batch/instance norm(s) ({shown}) run in "
+            "training mode here, normalising by the probe's batch as at the first training step, not by "
+            "their running statistics"
+        )
+    return notes
+
+
 #: dropout modules: identity in eval mode
 DROPOUT_MODULES = (
     nn.Dropout,
@@ -226,6 +253,12 @@ def output_tensor(y, where: str = "the model's output"):
         raise SigpropError(f"{where} holds no tensor (got a {type(y).__name__})", field="target")
     if not t.is_floating_point():
         raise SigpropError(f"{where} is a {t.dtype} tensor: the probe needs floating outputs", field="target")
+    if t.dim() == 0:
+        raise SigpropError(
+            f"{where} is a scalar (a 0-dim tensor): a probe reads one output row per sample; return the "
+            "per-sample output (the logits, not a loss)",
+            field="target",
+        )
     return t
 
 
@@ -244,7 +277,9 @@ def output_choice(y) -> str:
     if len(tensors) < 2:
         return ""
     rest = ", ".join(tensors[1:4]) + (f" and {len(tensors) - 4} more" if len(tensors) > 4 else "")
-    return f"the output read is {tensors[0]} of the model's {type(y).__name__} (its first tensor; not {rest})"
+    # torch.fx's shape propagation hands a dict or list output back as its immutable_dict/_list
+    kind = type(y).__name__.removeprefix("immutable_")
+    return f"the output read is {tensors[0]} of the model's {kind} (its first tensor; not {rest})"
 
 
 def check_finite(t: torch.Tensor, what: str) -> None:
@@ -255,6 +290,20 @@ def check_finite(t: torch.Tensor, what: str) -> None:
             f"{what} holds NaN or inf ({bad} of {t.numel()} entries): sigprop measures finite signals",
             field="target",
         )
+
+
+def probe_output(out, rows_: int, what: str) -> torch.Tensor:
+    """The output tensor a probe reads (``output_tensor``) from a forward of ``rows_`` samples,
+    refused in one line where it is not one row per sample (a mean over the batch) or not finite."""
+    y = output_tensor(out)
+    if y.shape[0] != rows_:
+        raise SigpropError(
+            f"{what}'s output has {y.shape[0]} row(s) for {rows_} samples (shape {tuple(y.shape)}): a probe "
+            "reads one output row per sample; return the per-sample output, not a reduction over the batch",
+            field="target",
+        )
+    check_finite(y, f"{what}'s output on the probe's inputs")
+    return y
 
 
 def check_finite_weights(model: nn.Module, what: str) -> None:

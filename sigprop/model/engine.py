@@ -39,7 +39,9 @@ def _check_instance_draws(spec, names, seeds: int) -> None:
 def _model_inputs(spec, samples: int, seed: int, device, dtype):
     """A model kind's inputs: the API's own tensors (their first ``samples`` rows), the user's
     --data, N(0, I) of each --input-shape, or token ids uniform over --vocab (one tensor, or a
-    tuple for a forward of several)."""
+    tuple for a forward of several); and the --data read (None otherwise), whose labels are
+    checked against the model's outputs once they are known (``_check_labels``)."""
+    d = None
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(seed, specs.STREAM_INPUTS))
     x: torch.Tensor | tuple
     if spec.inputs is not None:  # the API's own tensors: their first `samples` rows
@@ -58,7 +60,7 @@ def _model_inputs(spec, samples: int, seed: int, device, dtype):
         )
         x = xs[0] if len(xs) == 1 else xs
     elif spec.data is not None:  # the user's inputs, checked before anything is built
-        d = data_mod.take(data_mod.load(spec.data, spec.input_shape, 2**62), samples)
+        d = data_mod.take(data_mod.load(spec.data, spec.input_shape, None), samples)
         x = data_mod.inputs(d, device, dtype).reshape(d.count, *spec.input_shape)
     elif spec.vocab is None:  # N(0, I), one tensor per input the forward takes
         xs = tuple(
@@ -67,7 +69,13 @@ def _model_inputs(spec, samples: int, seed: int, device, dtype):
         x = xs[0] if len(xs) == 1 else xs
     else:  # token ids, uniform over the vocabulary
         x = torch.randint(spec.vocab, (samples, *spec.input_shape), generator=gx, device=device)
-    return x
+    return x, d
+
+
+def _check_labels(d, units: int) -> None:
+    """--data's labels within the model's outputs (``data.check_labels``; no --data: nothing)."""
+    if d is not None:
+        data_mod.check_labels(d, units)
 
 
 def _check_inputs_fit(spec, samples: int, itemsize: int, device, fields: str) -> None:
@@ -85,7 +93,8 @@ def _model_draw(factory, scheme, name: str, seed: int, draw: int, device, dtype,
     normalisation) and its weights checked finite (one line, the same on every path)."""
     model = build.build(factory, seed, draw)
     records = init.init_(model, scheme, seed, draw, batch=calib)
-    notes += [n for n in init.init_notes(name, records) if n not in notes]
+    said = init.init_notes(name, records) + build.prepare_notes(model, dtype)
+    notes += [n for n in said if n not in notes]
     model = build.prepare(model, device, dtype)
     build.check_finite_weights(model, f"init {name!r}: the model's weights")
     return model
@@ -122,7 +131,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     _check_inputs_fit(spec, probe_spec.samples, dev.itemsize(probe_spec.dtype), device, kind.size_fields)
     env = shared.probe_environment(probe_spec, device, stream=False, batch=1)
     factory = spec.factory()
-    x = _model_inputs(spec, probe_spec.samples, probe_spec.seed, device, dtype)
+    x, data = _model_inputs(spec, probe_spec.samples, probe_spec.seed, device, dtype)
     e_seed = specs.derive_seed(probe_spec.seed, specs.STREAM_ERRORS)
     plan = kind.plan(spec, probe_spec.seed)
     total, done = len(names) * probe_spec.seeds, 0
@@ -142,7 +151,8 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
             what = f"init {name!r}: the model"
             traced = trace.trace_graph(model, x, what)
             if not plan.sites:  # one forward of two samples: the input checked, the sites, the memory
-                _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what, device)
+                units = _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what, device)
+                _check_labels(data, units)
             got_ = measure.measure(model, x, e_seed, plan.sites, spec.batch_size, what, tokens)
             if not started:  # the banner once the model has run: a model that cannot, says only why
                 started = True
@@ -162,9 +172,10 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     return Measured(kind, plan, names, schemes, arrays, env)
 
 
-def _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what: str, device) -> None:
+def _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what: str, device) -> int:
     """The first draw's sites (``plan.sites``, their notes) from the trace's survey or one forward
-    of two samples with hooks, and the batch's memory refused before it runs."""
+    of two samples with hooks, and the batch's memory refused before it runs; the model's output
+    units."""
     seen = traced.survey if traced and traced.survey else sites.survey(model, build.rows(x, 0, 2), what)
     plan.sites, plan.site_notes = sites.resolve_sites(model, spec.sites, seen.called, seen.not_per_sample)
     if seen.output:
@@ -174,6 +185,7 @@ def _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what: str, de
     # 3x224x224 with 64 samples (benchmarks/module.py)
     rows = min(spec.batch_size or probe_spec.samples, probe_spec.samples)
     dev.check_memory(weights + seen.per_sample * rows, device, kind.size_fields, MODEL_MEMORY_HINT)
+    return seen.units
 
 
 def sequence_length(x) -> int | None:
@@ -290,9 +302,9 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
     shape = tuple(spec.shapes[0])
     itemsize = dev.itemsize(hs.dtype)
     if hs.data is None:  # synthetic inputs: refused before they are drawn when they cannot fit
-        samples = specs.HESSIAN_SAMPLES if hs.samples is None else hs.samples
+        samples = kind.curvature_samples if hs.samples is None else hs.samples
         _check_inputs_fit(spec, samples, itemsize, device, kind.size_fields)
-    x, y = shared.curvature_data(hs, shape, device, dtype)
+    x, y = shared.curvature_data(hs, shape, device, dtype, kind.curvature_samples)
     x = x.reshape(x.shape[0], *shape)
     factory = spec.factory()
     rows = min(x.shape[0], hs.batch_size or x.shape[0])
@@ -380,7 +392,8 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
     names = kind.inits(spec)
     _check_instance_draws(spec, names, ss.seeds)
     _check_inputs_fit(spec, ss.samples, dev.itemsize(ss.dtype), device, kind.size_fields)
-    x = _model_inputs(spec, ss.samples, ss.seed, device, dtype)
+    shared.check_spectrum_inputs(ss, math.prod(spec.shapes[0]), device)
+    x, data = _model_inputs(spec, ss.samples, ss.seed, device, dtype)
     factory = spec.factory()
     env: dict = {}
     notes: list[str] = []
@@ -395,6 +408,7 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
             if not env:  # one forward of two samples: the input checked, the sizes, the path, the memory
                 seen = traced.survey or sites.survey(model, x[: min(2, ss.samples)], what)
                 n_out = seen.units
+                _check_labels(data, n_out)
                 if seen.output:
                     notes.append(seen.output)
             means.append(_model_spectrum_mean(traced, x, n_out))
@@ -448,6 +462,9 @@ def _spectrum_plan(kind, ss: specs.SpectrumSpec, model, per_sample: int, n_in: i
     if path == "exact":
         hint = "; the exact Jacobian holds n_out x n_in entries a sample"
         dev.check_memory(need, device, kind.size_fields, hint=hint)
+    else:  # one sample's graph at a time
+        dev.check_memory(weights + 4 * per_output, device, kind.size_fields, hint=MODEL_MEMORY_HINT)
+        shared.check_lanczos_samples(ss, n_in)
     return path, chunk, shared.spectrum_environment(ss, device, n_in, n_out, path, chunk)
 
 

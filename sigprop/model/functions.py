@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from sigprop import inits
+from sigprop.errors import SigpropError
 from sigprop.hessian import CLASSES, Model, _head
 from sigprop.inits import LayerRole
 from sigprop.model import build as model_build
@@ -47,11 +48,23 @@ def build_module(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, seed:
         return F.cross_entropy(logits, yb)
 
     probe = {n: t.clone().requires_grad_(True) for n, t in own.items() if t.is_floating_point()}
+    if not probe:
+        raise SigpropError(
+            f"the model ({type(model).__name__}) has no parameters: the curvature is the loss Hessian in "
+            "the model's own weights (buffers are not weights)",
+            field="target",
+        )
     with torch.enable_grad():
         grads = torch.autograd.grad(
             loss({**own, **probe, **head}, x[:2], y[:2]), list(probe.values()), allow_unused=True
         )
     left_out = [n for n, g in zip(probe, grads) if g is None]
+    if len(left_out) == len(probe):
+        raise SigpropError(
+            f"none of the model's {len(probe)} parameter(s) reaches its output: the loss Hessian in its "
+            "weights is zero",
+            field="target",
+        )
     params = {**{n: t for n, t in own.items() if n not in left_out}, **head}
     return Model([], params, loss, left_out)
 

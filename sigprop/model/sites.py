@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from sigprop.errors import SigpropError
-from sigprop.model.build import call, check_finite, output_choice, output_tensor
+from sigprop.model.build import call, output_choice, probe_output
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -168,8 +168,7 @@ def survey(model: nn.Module, x1, what: str = "the model") -> Survey:
     finally:
         for h in handles:
             h.remove()
-    y = output_tensor(out)
-    check_finite(y, f"{what}'s output on the probe's inputs")
+    y = probe_output(out, rows_, what)
     return Survey(
         total // max(rows_, 1), frozenset(called), y[0].numel(), output_choice(out), frozenset(shared)
     )

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import inspect
 import io
+import logging
 import math
 import operator
 from dataclasses import dataclass
@@ -20,7 +21,15 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from sigprop.errors import SigpropError
 from sigprop.model import ops
-from sigprop.model.build import Deterministic, check_finite, first_line, output_choice, output_tensor, rows
+from sigprop.model.build import (
+    Deterministic,
+    call,
+    first_line,
+    output_choice,
+    output_tensor,
+    probe_output,
+    rows,
+)
 from sigprop.model.graph import GraphNode
 from sigprop.model.sites import Survey
 
@@ -114,8 +123,7 @@ def _survey_of(gm: fx.GraphModule, out, rows_: int, what: str) -> Survey:
             meta = n.meta.get("tensor_meta")
             if meta is not None and hasattr(meta, "shape"):
                 total += math.prod(meta.shape) * meta.dtype.itemsize
-    y = output_tensor(out)
-    check_finite(y, f"{what}'s output on the probe's inputs")
+    y = probe_output(out, rows_, what)
     return Survey(total // max(rows_, 1), frozenset(called), y[0].numel(), output_choice(out))
 
 
@@ -130,6 +138,26 @@ def _node(t: Tracing, n: fx.Node) -> GraphNode:
         return GraphNode(n.name, "const", ())  # arithmetic on sizes or constants: no state
     op = ops.classify(t.gm, n)
     return t.unknown(n) if op is None else op.node(t, n)
+
+
+@contextlib.contextmanager
+def quiet():
+    """torch's own logging and stderr silenced around sigprop's trace and export attempts: a
+    failing shape propagation logs its traceback at ERROR level through torch's loggers
+    (``torch._subclasses.fake_tensor``: some 70 lines), whose handlers hold the real stderr, so
+    redirecting ``sys.stderr`` alone does not reach them.  sigprop says a failure in one line
+    itself; the levels are set back after."""
+    manager = logging.Logger.manager
+    names = ["torch", *(n for n in list(manager.loggerDict) if n.startswith("torch."))]
+    saved = {n: logging.getLogger(n).level for n in names}
+    try:
+        for n in names:
+            logging.getLogger(n).setLevel(logging.CRITICAL + 1)
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for n, level in saved.items():
+            logging.getLogger(n).setLevel(level)
 
 
 class _Root(nn.Module):
@@ -162,11 +190,13 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
         # call of a wrapper, whose path prefix is taken off again (``_unwrapped``)
         return _unwrapped(trace_graph(_Root(model), x, what))
     try:
-        gm = ops.symbolic_trace(model)
-        # ShapeProp prints the traceback of a failing node itself: the failure is said in one line
-        with torch.no_grad(), Deterministic(), contextlib.redirect_stderr(io.StringIO()):
+        # ShapeProp logs the traceback of a failing node itself: the failure is said in one line
+        with torch.no_grad(), Deterministic(), quiet():
+            gm = ops.symbolic_trace(model)
             out = ShapeProp(gm).propagate(*two)
     except Exception as exc:
+        with torch.no_grad():
+            call(model, two)  # the model's own forward fails on these inputs: one line naming them
         why = f"torch.fx could not trace the model ({type(exc).__name__}: {first_line(exc)})"
         return _export_graph(model, two, why)
     try:
@@ -259,7 +289,7 @@ def exported_graph(model: nn.Module, x) -> fx.GraphModule:
     two = (x[:2],)
     key = _export_key(model, two)
     if key not in _EXPORTED:
-        with torch.no_grad(), ops.aten.exact_activations(model), contextlib.redirect_stderr(io.StringIO()):
+        with torch.no_grad(), ops.aten.exact_activations(model), quiet():
             _EXPORTED[key] = torch.export.export(_Exported(model), two, strict=False).module()
     return _EXPORTED[key]
 
@@ -303,7 +333,7 @@ def _export_graph(model: nn.Module, two: tuple, fx_why: str) -> Traced:
     if len(two) != 1:
         return Traced(None, {}, fx_why)
     try:
-        with torch.no_grad(), ops.aten.exact_activations(model), contextlib.redirect_stderr(io.StringIO()):
+        with torch.no_grad(), ops.aten.exact_activations(model), quiet():
             gm, rec = _reused(model, two)
             if rec is None:
                 gm = torch.export.export(_Exported(model), two, strict=False).module()

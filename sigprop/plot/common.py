@@ -33,12 +33,7 @@ def check_target(path: Path, field: str = "plot") -> Path:
         raise SigpropError(
             f"unknown figure format {path.suffix or '(none)'!r}; use .png, .svg or .pdf", field=field
         )
-    target = path.resolve()
-    if target.is_dir() or not target.parent.is_dir():
-        raise SigpropError(
-            f"cannot write {path}: {'is a directory' if target.is_dir() else 'no such directory'}",
-            field=field,
-        )
+    target = files.check_target(path, field)
     try:
         import matplotlib  # noqa: F401  (the plot extra: is it installed?)
     except ImportError:

@@ -1,6 +1,7 @@
 """A sweep's configurations side by side (``--arg norm_first=True,False --plot d.png`` writes
 ``d-all.png`` beside each configuration's own figure): per configuration and init the typical
-forward and backward ratio at every site, the traced theory dashed, and the token cosine where the
+forward and backward ratio at every site, the traced theory's RMS ratio dotted (the token cosine's
+prediction dashed), and the token cosine where the
 sites read one -- pre-LN against post-LN at a glance.  The x axis is the site's position among its
 configuration's sites (their counts may differ: a depth sweep).  Rendering only."""
 
@@ -43,19 +44,21 @@ def build_compare_figure(labels: list[str], results: list):
                         else 10 ** getattr(r, direction).log10_mean
                     ),
                 )
+                # the traced theory's RMS ratio (the table's theory column): a model's typical
+                # prediction leans on a spread model that counts its layers as if in series
                 theory = _series(
                     run,
                     lambda r: (
                         None
-                        if getattr(r, direction).log10_predicted_typical is None
-                        else 10 ** getattr(r, direction).log10_predicted_typical
+                        if getattr(r, direction).log10_predicted is None
+                        else 10 ** getattr(r, direction).log10_predicted
                     ),
                 )
                 if typical:
                     axes[c].plot(*zip(*typical), color=colour, marker=marker, markersize=4, label=name)
                     spans[c] += [v for _, v in typical]
                 if theory:
-                    axes[c].plot(*zip(*theory), color=colour, linestyle="--", linewidth=1)
+                    axes[c].plot(*zip(*theory), color=colour, linestyle=":", linewidth=1.2)
             if tokens:
                 cos = _series(run, lambda r: None if r.tokens is None else r.tokens.mean)
                 pred = _series(run, lambda r: None if r.tokens is None else r.tokens.predicted)
@@ -80,7 +83,7 @@ def build_compare_figure(labels: list[str], results: list):
     axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.suptitle(
         f"sigprop {results[0].command}: {len(labels)} configurations side by side; solid: measured "
-        "(typical), dashed: traced theory",
+        "(typical); dotted: traced theory's RMS ratio; dashed: its token cosine",
         fontsize=9,
     )
     fig.tight_layout()

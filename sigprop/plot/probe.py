@@ -84,28 +84,46 @@ def _draw(
     ``yspace``: "log" (ratio on a log axis), "log10" (the exponent, for ratios beyond a float),
     "linear" (the ratio on a linear axis)."""
     conv = (lambda v: v) if yspace == "log10" else (lambda v: 10.0**v)
-    theory_labelled = False
+    hints = kinds.get(result.command, field="result").hints
+    # a kind whose theory is drawn as its RMS prediction (dotted, as its table's theory column)
+    # draws no typical one: a model's typical prediction leans on a spread model that counts its
+    # weight layers as if in series (DenseNet121's logits: 10x below the measured; docs/theory.md §13)
+    typical = not hints.energy
+    drawn = False
     for run in runs:
         for j, seg in enumerate(_curve(run, direction, staged)):
-            label = (
-                "theory (dashed): predicted typical ratio" if first_panel and not theory_labelled else None
+            drawn |= _draw_segment(
+                ax, seg, run.init if j == 0 else None, colours[run.init], seeds, conv, typical
             )
-            theory_labelled |= _draw_segment(
-                ax, seg, run.init if j == 0 else None, label, colours[run.init], seeds, conv
+    # the theory's legend entries in a neutral colour: each init's theory is drawn in its own
+    if first_panel and drawn:
+        ax.plot(
+            [],
+            [],
+            color="0.3",
+            ls="--",
+            lw=1.0,
+            label="theory (dashed, each init's colour): predicted typical ratio",
+        )
+    if hints.energy:
+        if _draw_energy(ax, runs, direction, staged, colours, conv) and first_panel:
+            ax.plot(
+                [],
+                [],
+                color="0.3",
+                ls=":",
+                lw=1.2,
+                label=f"theory (dotted, each init's colour): {hints.rms_label}",
             )
-    hints = kinds.get(result.command, field="result").hints
-    if hints.energy:  # no typical prediction for convs yet: the energy-map RMS, dotted
-        label = f"theory (dotted): {hints.rms_label}" if first_panel else None
-        _draw_energy(ax, runs, direction, staged, colours, label, conv)
     if hints.residual:
         _draw_stage_bands(ax, result, direction, staged, yspace)
     if yspace == "log":
         ax.set_yscale("log")
 
 
-def _draw_segment(ax, seg, label, theory_label, colour, seeds: int, conv) -> bool:
-    """One curve segment of an init: its typical ratio, the spreads shaded, its prediction dashed
-    (labelled ``theory_label``); whether a prediction was drawn."""
+def _draw_segment(ax, seg, label, colour, seeds: int, conv, typical: bool = True) -> bool:
+    """One curve segment of an init: its typical ratio, the spreads shaded, its predicted typical
+    ratio dashed (``typical``); whether a prediction was drawn."""
     col, mk = colour
     pts = [(x, m, sd, dsd) for x, m, sd, dsd, _ in seg if m is not None]
     if pts:
@@ -127,15 +145,16 @@ def _draw_segment(ax, seg, label, theory_label, colour, seeds: int, conv) -> boo
                 hi = [conv(p[1] + (p[k] or 0)) for p in pts]
                 ax.fill_between(xs, lo, hi, color=col, alpha=alpha, lw=0)
     th = [(x, p) for x, _, _, _, p in seg if p is not None]
-    if not pts or not th:
+    if not pts or not th or not typical:
         return False
-    ax.plot([t[0] for t in th], [conv(t[1]) for t in th], color=col, ls="--", lw=1.0, label=theory_label)
+    ax.plot([t[0] for t in th], [conv(t[1]) for t in th], color=col, ls="--", lw=1.0)
     return True
 
 
-def _draw_energy(ax, runs, direction: str, staged: bool, colours: dict, label, conv) -> None:
+def _draw_energy(ax, runs, direction: str, staged: bool, colours: dict, conv) -> bool:
     """The energy map's RMS prediction of each init, dotted, relative to each stage's start (or
-    end, backward) when staged; ``label`` on the first curve drawn."""
+    end, backward) when staged; whether one was drawn."""
+    drawn = False
     for run in runs:
         spans = [(st.first, st.last) for st in run.stages] if staged else [(0, len(run.layers) - 1)]
         for first, last in spans:
@@ -148,14 +167,10 @@ def _draw_energy(ax, runs, direction: str, staged: bool, colours: dict, label, c
             pts = [(x, v - p0) for x, v in pts if v is not None and p0 is not None]
             if pts:
                 ax.plot(
-                    [p[0] for p in pts],
-                    [conv(p[1]) for p in pts],
-                    color=colours[run.init][0],
-                    ls=":",
-                    lw=1.2,
-                    label=label,
+                    [p[0] for p in pts], [conv(p[1]) for p in pts], color=colours[run.init][0], ls=":", lw=1.2
                 )
-                label = None
+                drawn = True
+    return drawn
 
 
 def _draw_stage_bands(ax, result, direction: str, staged: bool, yspace: str) -> None:

@@ -248,7 +248,12 @@ def _verdict_line(run: RunResult, verdict: str) -> str:
         and all(not c.has_band for c in checks)
     ):
         return f"  {head}: {escape(reasons.pop())}"  # one reason for every check: said once
-    parts = [escape(gate_text(c)) for c in checks]
+    # a verdict of passing and failing gates: the failing ones first, each marked
+    banded = [c for c in checks if c.has_band]
+    mixed = any(c.passed for c in banded) and any(not c.passed for c in banded)
+    mark = lambda c: ("✓ " if c.passed else "✗ ") if mixed and c.has_band else ""
+    shown = sorted(checks, key=lambda c: c.passed or not c.has_band) if mixed else checks
+    parts = [mark(c) + escape(gate_text(c)) for c in shown]
     # why each failed gate failed (a gate without a band already says it in its text)
     notes = dict.fromkeys(
         (c.name.split(" ||")[0], c.note) for c in checks if c.note and not c.passed and c.has_band

@@ -19,6 +19,27 @@ def _ratio_cell(measured: float | None, predicted: float | None) -> str:
     return f"{fmt_num(measured)} ({fmt_num(predicted)})"
 
 
+def depth_table(result):
+    """--at / --depths: per init and recorded state the mean and variance of sigma^2 of the
+    Jacobian of that state in the input (mean over draws), the large-width prediction beside."""
+    t = _table("[bold]against depth[/bold] — σ² of ∂h^l/∂x at the states asked for, mean over draws (theory)")
+    for name in ("init", "depth", "mean σ²", "var σ²", "var/mean²"):
+        t.add_column(name, justify="left" if name == "init" else "right")
+    for run in result.runs:
+        for i, d in enumerate(run.depths):
+            pm, pv = d["predicted_mean"], d["predicted_variance"]
+            norm = None if not d["mean"] else d["variance"] / (d["mean"] * d["mean"])
+            pnorm = None if pv is None or not pm else pv / (pm * pm)
+            t.add_row(
+                escape(run.init) if i == 0 else "",
+                str(d["depth"]),
+                _ratio_cell(d["mean"], pm),
+                _ratio_cell(d["variance"], pv),
+                _ratio_cell(norm, pnorm),
+            )
+    return t
+
+
 def render_spectrum(result, console: Console) -> None:
     """Per init the eigenvalues sigma^2 of J J^T (mean over draws of each draw's summaries) with
     the large-width prediction in parentheses, then what was not derived."""
@@ -45,6 +66,8 @@ def render_spectrum(result, console: Console) -> None:
             + (f" ({100 * run.predicted_density['near_one']:.1f}%)" if run.predicted_density else ""),
         )
     console.print(t)
+    if any(run.depths for run in result.runs):
+        console.print(depth_table(result))
     for run in result.runs:
         if "top" in run.draws[0]:  # --top K: the extreme singular values, mean over draws
             top = [statistics.fmean(d["top"][i] for d in run.draws) for i in range(len(run.draws[0]["top"]))]

@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from sigprop import files
 from sigprop.errors import SigpropError, described
 from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA, curvature_row, spectrum_row, sweep_row
 from sigprop.sweeps.grid import Point
@@ -46,10 +47,7 @@ def run(
     point, line)`` after each line is written (a failure's line has ``"error"``).  Returns the
     lines this call wrote."""
     out = Path(out)
-    if out.exists() and not out.is_file():
-        raise SigpropError(f"{out} is not a regular file", field="out")
-    if not out.resolve().parent.is_dir():
-        raise SigpropError(f"directory {out.resolve().parent} does not exist", field="out")
+    files.check_target(out, "out", append=True)
     done = done_keys(out)
     todo = [p for p in points if p.key not in done]
     if len({p.key for p in todo}) != len(todo):
@@ -100,16 +98,23 @@ def failed(point: Point, exc: BaseException, seconds: float | None, host: str | 
 
 
 def done_keys(path: Path) -> set[str]:
-    """Keys of the points already in the file (lines that do not parse, and failure lines, are
-    not; a file that is not text is refused: appending to it would corrupt it further)."""
+    """Keys of the points already in the file (failure lines are not).  A file that is not text, or
+    holds a line that is not JSON, is refused before anything runs: appending to it would make a
+    file ``sigprop plot`` refuses (``read_rows``) -- the same line named by both."""
     if not path.exists():
         return set()
     keys = set()
-    for line in _text(path, "out").splitlines():
+    for i, line in enumerate(_text(path, "out").splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            continue
+            raise SigpropError(
+                f"{path}:{i}: not a JSON line; sigprop sweep appends only to its own JSON-lines files "
+                "(remove the line, or give another --out)",
+                field="out",
+            ) from None
         if isinstance(row, dict) and row.get("schema") == SWEEP_SCHEMA and "config" in row:
             keys.add(json.dumps(row["config"], sort_keys=True))
     return keys
@@ -141,7 +146,8 @@ def append(path: Path, data: dict[str, Any]) -> None:
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The sweep rows of a JSON-lines file, for ``sigprop plot`` (failure lines are not rows)."""
     if not path.is_file():
-        raise SigpropError(f"no such file: {path}", field="results")
+        what = f"{path} is a directory, not a file" if path.is_dir() else f"no such file: {path}"
+        raise SigpropError(what, field="results")
     rows = []
     for i, line in enumerate(_text(path, "results").splitlines(), 1):
         if not line.strip():

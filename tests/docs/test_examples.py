@@ -5,8 +5,9 @@ comparison and the way to regenerate the docs: tests/docs/examples.py."""
 import importlib.util
 import re
 
-import examples as ex  # tests/docs/examples.py (pytest puts this folder on sys.path)
 import pytest
+
+import examples as ex  # tests/docs/examples.py (pytest puts this folder on sys.path)
 
 EXAMPLES = ex.examples()
 

@@ -43,8 +43,22 @@ ACTIVATION_FUNCTIONS = {
     torch.sigmoid: torch.sigmoid,
     F.leaky_relu: F.leaky_relu,
     F.elu: F.elu,
+    # in place: the same function (a probe's measurement is taken before the next op reads it)
+    torch.relu_: torch.relu,
+    F.relu_: F.relu,
+    torch.tanh_: torch.tanh,
+    torch.sigmoid_: torch.sigmoid,
+    F.leaky_relu_: F.leaky_relu,
+    F.elu_: F.elu,
 }
-ACTIVATION_METHODS = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+ACTIVATION_METHODS = {
+    "relu": torch.relu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "relu_": torch.relu,
+    "tanh_": torch.tanh,
+    "sigmoid_": torch.sigmoid,
+}
 
 
 def _numpy_fn(fn):
@@ -113,7 +127,9 @@ def _numpy_activation(n: fx.Node, m: nn.Module | None):
         else:
             both = {nn.Tanh: _tanh, nn.Sigmoid: _sigmoid, nn.SiLU: _silu}.get(type(m))
     elif not [a for a in n.args[1:] if not isinstance(a, fx.Node)] and not set(n.kwargs) - {"inplace"}:
-        key = n.target if n.op == "call_function" else getattr(torch, n.target, None)
+        # an in-place variant as its function (``ACTIVATION_FUNCTIONS``, ``ACTIVATION_METHODS``)
+        table = ACTIVATION_FUNCTIONS if n.op == "call_function" else ACTIVATION_METHODS
+        key = table.get(n.target)
         both = {
             torch.relu: _relu,
             F.relu: _relu,

@@ -1,0 +1,50 @@
+"""The models docs/quickstart.md and docs/ci.md probe as ``examples/my_nets.py:NAME`` -- a user's
+own file, as sigprop reads one (``sigprop module FILE.py:CALLABLE``); tests/docs/test_my_nets.py
+runs each.  Every factory builds a fresh model, so that ``--seeds S`` draws S models."""
+
+import torch.nn as nn
+from torch.nn.utils.parametrizations import weight_norm
+
+
+class Block(nn.Module):
+    """h + W2 relu(W1 h): a residual block of two weight-normalized 3 x 3 convs."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = weight_norm(nn.Conv2d(channels, channels, 3, padding=1))
+        self.conv2 = weight_norm(nn.Conv2d(channels, channels, 3, padding=1))
+        self.relu = nn.ReLU()
+
+    def forward(self, h):
+        return h + self.conv2(self.relu(self.conv1(h)))
+
+
+def wn_resnet(blocks: int = 10, channels: int = 64) -> nn.Module:
+    """A WN ResNet's residual stream on 3 x 32 x 32 images: a stride-2 weight-normalized stem
+    to channels x 16 x 16, then ``blocks`` residual blocks (each a site of its own)."""
+    stem = weight_norm(nn.Conv2d(3, channels, 3, stride=2, padding=1))
+    return nn.Sequential(stem, *[Block(channels) for _ in range(blocks)])
+
+
+def encoder(layers: int = 6, norm_first: bool = True, d: int = 128) -> nn.Module:
+    """PyTorch's transformer encoder on float tokens [T, d] (``--input-shape 32,128``): d = 128, 4
+    heads, FF 512, GELU, every layer re-drawn -- ``nn.TransformerEncoder`` deep-copies one layer,
+    so its layers start equal (docs/quickstart.md: the copies change the numbers)."""
+    layer = nn.TransformerEncoderLayer(
+        d, 4, 4 * d, dropout=0.0, activation="gelu", batch_first=True, norm_first=norm_first
+    )
+    model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+    for copy in model.layers:
+        for m in copy.modules():  # MultiheadAttention names its own _reset_parameters
+            reset = getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
+            if m is not copy and reset is not None:
+                reset()
+    return model
+
+
+def gpt2(layers: int = 12, d: int = 128, vocab: int = 1000):
+    """A small GPT-2 (Hugging Face transformers, the [models] extra) on token ids below ``vocab``:
+    ``sigprop module examples/my_nets.py:gpt2 --vocab 1000 --input-shape 32``."""
+    from transformers import GPT2Config, GPT2Model  # the [models] extra: only this factory needs it
+
+    return GPT2Model(GPT2Config(n_embd=d, n_layer=layers, n_head=4, vocab_size=vocab, n_positions=64))
