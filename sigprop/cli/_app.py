@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from sigprop import kinds
 from sigprop.version import __version__
@@ -42,3 +43,13 @@ def new_app() -> typer.Typer:
     )
     app.callback()(root)
     return app
+
+
+def add_family(app: typer.Typer, name: str, help_: str, which, describe, make) -> None:
+    """``sigprop NAME KIND``: a command group with one command per kind in ``which`` (the kinds
+    registered now), each helped by ``describe(kind)`` and built by ``make(kind)`` (hessian,
+    spectrum, sweep)."""
+    family = typer.Typer(help=help_, no_args_is_help=True)
+    app.add_typer(family, name=name)
+    for kind in which:
+        family.command(kind.name, help=escape(describe(kind)))(make(kind))

@@ -4,10 +4,10 @@ measures it."""
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
 
 from sigprop import kinds, report
 from sigprop.cli import common
+from sigprop.cli._app import add_family
 from sigprop.cli.common import ONE_PROBE, _banner, _plot_target
 from sigprop.cli.options import (
     HessianOptions,
@@ -61,13 +61,12 @@ def run_hessian(kind: kinds.Kind, spec, opts: HessianOptions) -> None:
 
 def register(app: typer.Typer) -> None:
     """``sigprop hessian`` with one command per kind that measures the curvature."""
-    hessian_app = typer.Typer(help=HESSIAN_HELP, no_args_is_help=True)
-    app.add_typer(hessian_app, name="hessian")
-    for kind in (k for k in kinds.KINDS.values() if k.curvature):
-        hessian_app.command(
-            kind.name,
-            help=escape(
-                f"Curvature at init of the net of `sigprop {kind.name}` (same net options), with a "
-                "10-way linear head and cross-entropy; per init, mean ± sd over --seeds draws."
-            ),
-        )(command(kind, hessian_table(kind), HessianOptions, run_hessian, "hessian"))
+    add_family(
+        app,
+        "hessian",
+        HESSIAN_HELP,
+        [k for k in kinds.KINDS.values() if k.curvature],
+        lambda kind: f"Curvature at init of the net of `sigprop {kind.name}` (same net options), with a "
+        "10-way linear head and cross-entropy; per init, mean ± sd over --seeds draws.",
+        lambda kind: command(kind, hessian_table(kind), HessianOptions, run_hessian, "hessian"),
+    )

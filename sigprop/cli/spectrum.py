@@ -4,10 +4,10 @@ per kind."""
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
 
 from sigprop import kinds, report
 from sigprop.cli import common
+from sigprop.cli._app import add_family
 from sigprop.cli.common import ONE_PROBE, _banner, _plot_target
 from sigprop.cli.options import (
     SPECTRUM_OPTIONS,
@@ -62,13 +62,12 @@ def run_spectrum(kind: kinds.Kind, spec, opts: SpectrumOptions) -> None:
 
 def register(app: typer.Typer) -> None:
     """``sigprop spectrum`` with one command per kind."""
-    spectrum_app = typer.Typer(help=SPECTRUM_HELP, no_args_is_help=True)
-    app.add_typer(spectrum_app, name="spectrum")
-    for kind in kinds.KINDS.values():
-        spectrum_app.command(
-            kind.name,
-            help=escape(
-                f"The input-output Jacobian's singular values of the net of `sigprop {kind.name}` (same net "
-                "options), exactly at a few inputs, per init and draw, beside the large-width theory."
-            ),
-        )(command(kind, SPECTRUM_OPTIONS, SpectrumOptions, run_spectrum, "spectrum"))
+    add_family(
+        app,
+        "spectrum",
+        SPECTRUM_HELP,
+        kinds.KINDS.values(),
+        lambda kind: f"The input-output Jacobian's singular values of the net of `sigprop {kind.name}` (same "
+        "net options), exactly at a few inputs, per init and draw, beside the large-width theory.",
+        lambda kind: command(kind, SPECTRUM_OPTIONS, SpectrumOptions, run_spectrum, "spectrum"),
+    )

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,6 +21,7 @@ from rich.progress import (
 
 from sigprop import kinds, report, specs, sweeps
 from sigprop.cli import common
+from sigprop.cli._app import add_family
 from sigprop.cli.options import (
     Argument,
     CorrelationOpt,
@@ -465,10 +465,11 @@ def _kind_sweep(kind: kinds.Kind):
 
 def register(app: typer.Typer) -> None:
     """``sigprop sweep`` with one command per kind that sweeps, from the kinds registered now."""
-    sweep_app = typer.Typer(help=SWEEP_HELP, no_args_is_help=True)
-    app.add_typer(sweep_app, name="sweep")
-    for kind in (k for k in kinds.KINDS.values() if k.sweeps):
-        sweep_app.command(
-            kind.name,
-            help=escape(f"Sweep the net of `sigprop {kind.name}` over a grid of its options and inits."),
-        )(_kind_sweep(kind))
+    add_family(
+        app,
+        "sweep",
+        SWEEP_HELP,
+        [k for k in kinds.KINDS.values() if k.sweeps],
+        lambda kind: f"Sweep the net of `sigprop {kind.name}` over a grid of its options and inits.",
+        _kind_sweep,
+    )
