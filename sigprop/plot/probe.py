@@ -317,7 +317,7 @@ def _draw_cosines(row, result, colours: dict, xlabel: str) -> None:
                 th1 = [(x, 1.0 - p) for x, p in th if 1.0 - p > 0]
                 right.plot([t[0] for t in th1], [t[1] for t in th1], color=col, ls="--", lw=0.9)
     left.set_ylabel("cosine of the two forward states")
-    left.set_title("correlation: mean over input pairs (dashed: infinite-width theory)", fontsize=10)
+    left.set_title("correlation: mean over input pairs\n(dashed: infinite-width theory)", fontsize=10)
     right.set_ylabel("1 − cosine")
     right.set_yscale("log")
     right.set_title("correlation: distance from collapse (log axis)", fontsize=10)
