@@ -288,14 +288,12 @@ def _is_factory(obj) -> bool:
 @dataclass
 class ModulePlan:
     """What the trace found, filled in by the driver (the model is built only there): the sites'
-    names and units per sample (``entries``), the per-site spread of ln ratio forward and
-    backward, and the notes (which op ended the theory, why the trace failed; what an init could
-    not set)."""
+    names and units per sample (``entries``) and the notes (which op ended the theory, why the
+    trace failed; what an init could not set).  What depends on an init's weights -- its
+    predictions and their finite-width spread -- is in its arrays, not here."""
 
     sites: list[str] = field(default_factory=list)
     entries: list[int] = field(default_factory=list)
-    spread_forward: list[float] = field(default_factory=list)
-    spread_backward: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     init_notes: list[str] = field(default_factory=list)
     #: which output is read, the sites left out (never called), the sites off the output's path
@@ -559,10 +557,14 @@ class ModuleKind(Kind):
         E = len(plan.sites)
         pf = _rms_over_draws(arrays["pred_fwd"])
         pb = _rms_over_draws(arrays["pred_bwd"])
+        # this init's own spread (its first draw's trace: every draw has the same structure)
+        spread = tuple(
+            [float(v) for v in np.nan_to_num(arrays[k][0])] for k in ("spread_fwd", "spread_bwd")
+        )
         sf = _separations(pf, arrays, "fwd")
         sb = _separations(pb, arrays, "bwd")
         reached = np.asarray(arrays.get("reached", np.ones((1, E)))).any(axis=0)
-        layers = _site_rows(plan, arrays, probe, reached, (pf, pb), (sf, sb))
+        layers = _site_rows(plan, arrays, probe, reached, (pf, pb), (sf, sb), spread)
         off = [plan.sites[i] for i in range(E) if not reached[i]]
         note = off_path_note(off)
         if note and note not in plan.site_notes:
@@ -584,14 +586,14 @@ class ModuleKind(Kind):
                 f"forward ratio at site {plan.sites[last]}",
                 layers[last].forward,
                 pf[last],
-                plan.spread_forward[last],
+                spread[0][last],
                 sf[last],
             ),
             (
                 f"backward ratio at site {plan.sites[first]}",
                 layers[first].backward,
                 pb[first],
-                plan.spread_backward[first],
+                spread[1][first],
                 sb[first],
             ),
         )
@@ -627,19 +629,20 @@ class ModuleKind(Kind):
 INFORMATIONAL = ("theory traced by", "attention:")
 
 
-def _site_rows(plan, arrays: dict, probe, reached, preds, seps) -> list[LayerRecord]:
+def _site_rows(plan, arrays: dict, probe, reached, preds, seps, spread) -> list[LayerRecord]:
     """One row per site: the measured ratios with their predictions (``preds``: RMS over draws;
-    ``seps``: the shifts of the factor-of-two alternatives) and finite-width bands, the token
-    statistics; a site off the output's path has no backward ratio."""
-    (pf, pb), (sf, sb) = preds, seps
+    ``seps``: the shifts of the factor-of-two alternatives) and finite-width bands (``spread``:
+    the init's variance of ln ratio forward and backward), the token statistics; a site off the
+    output's path has no backward ratio."""
+    (pf, pb), (sf, sb), (vf, vb) = preds, seps, spread
     rounding = stats.rounding_ln(probe.dtype, len(plan.sites))
     layers = []
     for i, site in enumerate(plan.sites):
         f = stats.ratio_stats(arrays["fwd"][:, i, :])
         b = stats.ratio_stats(arrays["bwd"][:, i, :]) if reached[i] else stats.no_ratio()
-        stats.attach_prediction(f, pf[i], plan.spread_forward[i], rounding=rounding, separation=sf[i])
+        stats.attach_prediction(f, pf[i], vf[i], rounding=rounding, separation=sf[i])
         if reached[i]:
-            stats.attach_prediction(b, pb[i], plan.spread_backward[i], rounding=rounding, separation=sb[i])
+            stats.attach_prediction(b, pb[i], vb[i], rounding=rounding, separation=sb[i])
         layers.append(
             LayerRecord(
                 i + 1, plan.entries[i], f, b, name=site, off_path=not reached[i], tokens=_tokens(arrays, i)

@@ -162,7 +162,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
                 plan.entries = list(got_.units)
             got["reached"].append(np.asarray(got_.reached, dtype=np.float64))
             measured = {"fwd": got_.ln_f, "bwd": got_.ln_b, "cosine": got_.cosine, "entropy": got_.entropy}
-            for k, v in {**measured, **_model_prediction(traced, x, plan, kind)}.items():
+            for k, v in {**measured, **_model_prediction(traced, x, plan, kind, name)}.items():
                 got[k].append(v)
             done += 1
             if progress is not None:
@@ -197,12 +197,23 @@ def sequence_length(x) -> int | None:
     return None
 
 
-#: a model's predictions, per site and draw: ln RMS ratios as traced, and with every weight
-#: layer's variance halved and doubled (``plans.SEPARATION_FACTOR``: the theory verdict's test)
-PREDICTIONS = ("pred_fwd", "pred_bwd", "pred_fwd_down", "pred_bwd_down", "pred_fwd_up", "pred_bwd_up")
+#: a model's predictions, per site and draw: ln RMS ratios as traced, with every weight layer's
+#: variance halved and doubled (``plans.SEPARATION_FACTOR``: the theory verdict's test), and the
+#: finite-width spread of ln ratio forward and backward (each init's, from its own draw's trace:
+#: an init's record does not depend on the inits run before it)
+PREDICTIONS = (
+    "pred_fwd",
+    "pred_bwd",
+    "pred_fwd_down",
+    "pred_bwd_down",
+    "pred_fwd_up",
+    "pred_bwd_up",
+    "spread_fwd",
+    "spread_bwd",
+)
 
 
-def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
+def _model_prediction(traced, x, plan, kind, name: str) -> dict[str, np.ndarray]:
     """ln of the predicted RMS ratios at the sites for this draw's weights (``PREDICTIONS``; nan
     where no map reaches) from its trace (``trace.trace_graph``; None: token inputs), and,
     once, the sites' finite-width spread and the notes (sigprop/kinds/module.py)."""
@@ -212,8 +223,6 @@ def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
     def none(why: str) -> dict[str, np.ndarray]:  # measured only, said once
         if why not in plan.notes:
             plan.notes.append(why)
-        if not plan.spread_forward:
-            plan.spread_forward, plan.spread_backward = [0.0] * E, [0.0] * E
         return out
 
     xs = x if isinstance(x, tuple) else (x,)
@@ -244,10 +253,12 @@ def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
     # the first as the reason)
     if traced.tracer != "torch.fx" and not any(n.startswith("theory traced by") for n in plan.notes):
         plan.notes.append(f"theory traced by {traced.tracer} (ATen ops; torch.fx could not trace the model)")
-    if preds[""].regimes and not any(n.startswith("attention:") for n in plan.notes):
+    # each init's regime (its weights' logits), said once for it: not the first init's for all
+    under = f"across keys under init {name!r}"
+    if preds[""].regimes and not any(n.startswith("attention:") and under in n for n in plan.notes):
         s2 = preds[""].regimes
         plan.notes.append(
-            f"attention: logits of variance {min(s2):.2g} to {max(s2):.2g} across keys "
+            f"attention: logits of variance {min(s2):.2g} to {max(s2):.2g} {under} "
             f"({'near-uniform' if max(s2) < 0.1 else 'beyond uniform: softmax moments by quadrature'}; "
             "docs/theory.md §15)"
         )
@@ -267,17 +278,16 @@ def _model_prediction(traced, x, plan, kind) -> dict[str, np.ndarray]:
                 pf[i] = 0.5 * math.log(pred.q[j] / ref)
             if pred.r[j] is not None and pred.r[j] > 0:
                 pb[i] = 0.5 * math.log(pred.r[j])
-    if not plan.spread_forward:
-        # a layer applied to each of T tokens: a sample's ratio averages T x width units (the
-        # spread model's width; docs/theory.md §15)
-        widths = [
-            (k, nd.width * (tokens if tokens and not nd.mats else 1))
-            for k, nd in enumerate(nodes)
-            if nd.op in ("dense", "standardized")
-        ]
-        before = [[w for k, w in widths if j is not None and k <= j] for j in where]
-        after = [[w for k, w in widths if j is not None and k > j] for j in where]
-        plan.spread_forward, plan.spread_backward = kind.spreads(before, after)
+    # a layer applied to each of T tokens: a sample's ratio averages T x width units (the spread
+    # model's width; docs/theory.md §15)
+    widths = [
+        (k, nd.width * (tokens if tokens and not nd.mats else 1))
+        for k, nd in enumerate(nodes)
+        if nd.op in ("dense", "standardized")
+    ]
+    before = [[w for k, w in widths if j is not None and k <= j] for j in where]
+    after = [[w for k, w in widths if j is not None and k > j] for j in where]
+    out["spread_fwd"][:], out["spread_bwd"][:] = kind.spreads(before, after)
     return out
 
 

@@ -219,7 +219,22 @@ def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]]
         for i, last in enumerate(stage):
             if last is not None:
                 out[last] = ("block_last", len(stage), i)
-    return out, ""
+    return _attention_outputs(model, out), ""
+
+
+def _attention_outputs(model: nn.Module, out: dict) -> dict:
+    """The roles read at an ``nn.MultiheadAttention``'s own path (torch.export's graph runs its
+    output projection inside the attention module's call: the weight is read, the Linear is not
+    called) given to its output projection, the weight layer ``init_`` draws (issue 48: a
+    re-drawn encoder's ``self_attn.out_proj`` got the ReLU gain, 2.0 a row, instead of 1/B)."""
+    for path in [p for p in out if p]:
+        try:
+            m = model.get_submodule(path)
+        except AttributeError:
+            continue
+        if isinstance(m, nn.MultiheadAttention) and f"{path}.out_proj" not in out:
+            out[f"{path}.out_proj"] = out.pop(path)
+    return out
 
 
 def init_(
