@@ -79,3 +79,36 @@ def test_the_proposed_init_keeps_a_pre_ln_encoders_tokens_apart():
     )
     cos = {run.init: run.layers[-1].tokens.mean for run in r.runs}
     assert cos["proposed"] < cos["as-is"], cos
+
+
+def test_gpt2_and_bert_branches_end_at_one_over_b():
+    """Hugging Face's GPT-2 (Conv1D: x W, a unit's weights a column) and BERT (post-LN): each
+    layer's attention and MLP branch ends at 1/B, B = 2L, read from torch.export's graph."""
+    transformers = pytest.importorskip("transformers")
+    ids = torch.randint(50, (4, T), generator=torch.Generator().manual_seed(0))
+    gpt2 = transformers.GPT2Model(
+        transformers.GPT2Config(n_embd=D, n_layer=2, n_head=4, vocab_size=50, n_positions=16)
+    )
+    init.init_(gpt2, "proposed", 0, 0, batch=ids)
+    B = 4
+    for h in gpt2.h:  # Conv1D weights are [in, out]: a unit's squared norm is a column's
+        assert float(h.attn.c_proj.weight.detach().pow(2).sum(0).mean()) == pytest.approx(1 / B, rel=1e-5)
+        assert float(h.mlp.c_proj.weight.detach().pow(2).sum(0).mean()) == pytest.approx(
+            4 * D / D / B, rel=1e-5
+        )
+        assert float(h.mlp.c_fc.weight.detach().pow(2).sum(0).mean()) == pytest.approx(2 / 4, rel=1e-5)
+    bert = transformers.BertModel(
+        transformers.BertConfig(
+            hidden_size=D,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=FF,
+            vocab_size=50,
+            max_position_embeddings=16,
+        )
+    )
+    init.init_(bert, "proposed", 0, 0, batch=ids)
+    for layer in bert.encoder.layer:
+        assert row_norm2(layer.attention.output.dense.weight) == pytest.approx(1 / B, rel=1e-5)
+        assert row_norm2(layer.output.dense.weight) == pytest.approx(FF / D / B, rel=1e-5)
+        assert row_norm2(layer.intermediate.dense.weight) == pytest.approx(2 * D / FF, rel=1e-5)
