@@ -319,7 +319,6 @@ HEADS = {
 }
 
 
-#: synthetic data points of ``sigprop hessian`` when --samples is not given
 #: the curvature's synthetic samples when none are given, unless the kind says fewer
 #: (``Kind.curvature_samples``: an image net's product costs ~100x a dense net's a sample)
 HESSIAN_SAMPLES = 512

@@ -402,7 +402,6 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
     names = kind.inits(spec)
     _check_instance_draws(spec, names, ss.seeds)
     _check_inputs_fit(spec, ss.samples, dev.itemsize(ss.dtype), device, kind.size_fields)
-    shared.check_spectrum_inputs(ss, math.prod(spec.shapes[0]), device)
     x, data = _model_inputs(spec, ss.samples, ss.seed, device, dtype)
     factory = spec.factory()
     env: dict = {}

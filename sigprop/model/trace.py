@@ -189,14 +189,16 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
         # torch's own module as the whole model (an nn.TransformerEncoder): traced as the one
         # call of a wrapper, whose path prefix is taken off again (``_unwrapped``)
         return _unwrapped(trace_graph(_Root(model), x, what))
+    gm = None
     try:
         # ShapeProp logs the traceback of a failing node itself: the failure is said in one line
         with torch.no_grad(), Deterministic(), quiet():
             gm = ops.symbolic_trace(model)
             out = ShapeProp(gm).propagate(*two)
     except Exception as exc:
-        with torch.no_grad():
-            call(model, two)  # the model's own forward fails on these inputs: one line naming them
+        if gm is not None:  # traced, and its forward failed: the model's own, on these inputs, in one line
+            with torch.no_grad():
+                call(model, two)
         why = f"torch.fx could not trace the model ({type(exc).__name__}: {first_line(exc)})"
         return _export_graph(model, two, why)
     try:
