@@ -34,3 +34,9 @@ def described(exc: BaseException) -> str:
     when it has none) -- how sigprop reports an error it did not raise itself."""
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+class RolesGuessed(UserWarning):
+    """``sigprop.init_`` could not read the roles of some weight layers from the model's graph
+    (torch.fx cannot trace it and no input was given to export it on) and drew them as ReLU
+    layers: the message names every one (issue 48)."""

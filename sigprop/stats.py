@@ -84,6 +84,60 @@ def ratio_stats(ln: np.ndarray) -> RatioStats:
     )
 
 
+def run_standard_error(per_sample_var: float, samples: int, draws: int) -> float:
+    """The standard error of a value averaged over ``samples`` samples of each of ``draws`` weight
+    draws, from one sample's variance (within a draw): each draw's mean moves by var/S over its
+    samples and by ``theory.DRAW_SHARE`` x var across draws (docs/theory.md §15)."""
+    return math.sqrt(max(per_sample_var, 0.0) * (1.0 / samples + theory.DRAW_SHARE) / draws)
+
+
+def rms_sample_variance(ln: np.ndarray) -> float:
+    """One sample's share of the variance of a run's ln RMS ratio, from the ln ratios [draws,
+    samples]: the delta method on the mean of r^2, Var[r^2] / (4 E[r^2]^2), pooled over the
+    draws (0 with one sample: unknown, read as none)."""
+    ln = np.asarray(ln, dtype=np.float64)
+    if ln.shape[1] < 2 or not np.isfinite(ln).any():
+        return 0.0
+    k = float(ln[np.isfinite(ln)].max())
+    r2 = np.exp(2.0 * (ln - k))  # in [0, 1]: no overflow
+    m = r2.mean(axis=1)
+    ok = m > 0
+    if not ok.any():
+        return 0.0
+    return float(np.mean(r2[ok].var(axis=1, ddof=1) / (4.0 * m[ok] ** 2)))
+
+
+def attach_traced(
+    st: RatioStats,
+    ln: np.ndarray,
+    ln_pred: float | None,
+    accuracy: float,
+    rounding: float,
+    z: float = theory.Z_CHECK,
+) -> None:
+    """Pair a traced model's measured RMS ratio with its prediction (ln of the RMS over draws of
+    each draw's composed maps): the band ln_pred +- (z se + ``accuracy``), se the run's standard
+    error of its ln RMS (``run_standard_error`` of ``rms_sample_variance``) and ``accuracy`` the
+    maps' stated accuracy in that direction (``theory.MAP_ACCURACY_*``); agrees when the
+    measured RMS is inside (docs/theory.md §15: the prediction follows each draw's weights, so
+    the question is whether the model behaves as the maps predict, not this init against
+    another -- every such band is a test).  ``log10_std_predicted``: how far one draw's measured
+    value moves across draws (the run's standard error times sqrt(draws))."""
+    if ln_pred is None or not math.isfinite(ln_pred):
+        return
+    draws, samples = np.asarray(ln).shape
+    se = run_standard_error(rms_sample_variance(ln), samples, draws)
+    half = z * se + accuracy
+    st.log10_predicted = ln_pred / LN10
+    st.predicted = exp_or_none(ln_pred)
+    st.log10_predicted_typical = ln_pred / LN10
+    st.log10_std_predicted = se * math.sqrt(draws) / LN10
+    st.log10_low = (ln_pred - half) / LN10
+    st.log10_high = (ln_pred + half) / LN10
+    eps = rounding / LN10
+    st.agrees = st.log10_rms is not None and bool(st.log10_low - eps <= st.log10_rms <= st.log10_high + eps)
+
+
 def token_stats(
     cos: np.ndarray,
     entropy: np.ndarray | None = None,
@@ -95,9 +149,9 @@ def token_stats(
     pooled), and the sd of the per-draw means across draws; beside it the attention entropy's
     mean and sd over the samples where it was read (``entropy`` finite); and the prediction, the
     mean over draws of each draw's traced token cosine (``predicted`` [draws], nan: no map),
-    which agrees when |mean - predicted| <= z sd, sd the spread over samples: one sample's
-    finite-width fluctuation around the infinite-width value, which also bounds the finite-width
-    shift of the mean (docs/theory.md §15)."""
+    which agrees when |mean - predicted| <= z se + ``theory.MAP_ACCURACY_COSINE``, se the run's
+    standard error of its mean (``run_standard_error``; ``tolerance`` holds that half-width:
+    docs/theory.md §15)."""
     cos = np.asarray(cos, dtype=np.float64)
     if not np.isfinite(cos).all():
         return None
@@ -108,8 +162,9 @@ def token_stats(
     pred = None if predicted is None else np.asarray(predicted, dtype=np.float64)
     if pred is not None and np.isfinite(pred).all():
         out.predicted = float(pred.mean())
-        if std == std:
-            out.agrees = bool(abs(out.mean - out.predicted) <= z * std)
+        var = std * std if std == std else 0.0
+        out.tolerance = z * run_standard_error(var, samples, draws) + theory.MAP_ACCURACY_COSINE
+        out.agrees = bool(abs(out.mean - out.predicted) <= out.tolerance)
     h = None if entropy is None else np.asarray(entropy, dtype=np.float64)
     if h is not None and np.isfinite(h).all():
         out.entropy = float(h.mean())
@@ -255,8 +310,10 @@ def explain_preserved(
         m, way = c.log10_measured, "backward" if "backward" in c.name else "forward"
         if m is None:
             return NO_CLOSED_FORM
-        off = f"{fmt(m - hi)}x above the band's top: the signal grows" if m > hi else (
-            f"{fmt(lo - m)}x below the band's bottom: the signal shrinks"
+        off = (
+            f"{fmt(m - hi)}x above the band's top: the signal grows"
+            if m > hi
+            else (f"{fmt(lo - m)}x below the band's bottom: the signal shrinks")
         )
         return f"{off} {way} through the net (this init has no closed-form prediction to say why)"
     r, t = ln_rms / LN10, (ln_typical if ln_typical is not None else ln_rms) / LN10

@@ -66,7 +66,9 @@ def register(app: typer.Typer) -> None:
         "hessian",
         HESSIAN_HELP,
         [k for k in kinds.KINDS.values() if k.curvature],
-        lambda kind: f"Curvature at init of the net of `sigprop {kind.name}` (same net options), with a "
-        "10-way linear head and cross-entropy; per init, mean ± sd over --seeds draws.",
+        lambda kind: (
+            f"Curvature at init of the net of `sigprop {kind.name}` (same net options), with a "
+            "10-way linear head and cross-entropy; per init, mean ± sd over --seeds draws."
+        ),
         lambda kind: command(kind, hessian_table(kind), HessianOptions, run_hessian, "hessian"),
     )

@@ -67,7 +67,9 @@ def register(app: typer.Typer) -> None:
         "spectrum",
         SPECTRUM_HELP,
         kinds.KINDS.values(),
-        lambda kind: f"The input-output Jacobian's singular values of the net of `sigprop {kind.name}` (same "
-        "net options), exactly at a few inputs, per init and draw, beside the large-width theory.",
+        lambda kind: (
+            f"The input-output Jacobian's singular values of the net of `sigprop {kind.name}` (same "
+            "net options), exactly at a few inputs, per init and draw, beside the large-width theory."
+        ),
         lambda kind: command(kind, SPECTRUM_OPTIONS, SpectrumOptions, run_spectrum, "spectrum"),
     )

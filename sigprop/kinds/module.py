@@ -29,7 +29,7 @@ from sigprop import inits, specs, stats, theory
 from sigprop.errors import SigpropError, described
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Memory, Opt
-from sigprop.results import LayerRecord, RunResult
+from sigprop.results import Check, LayerRecord, RunResult
 
 #: the structure only a model provides: inits that keep or read its own weights (``as-is``)
 MODEL = inits.MODEL
@@ -310,17 +310,6 @@ class ModulePlan:
         }
 
 
-def spreads(widths_before: list[list[int]], widths_after: list[list[int]]) -> tuple[list[float], list[float]]:
-    """Per site the variance of ln(ratio) across samples and draws that finite width allows: the
-    conv nets' envelope (kinds.cnn.variances, c = 5 per layer of c_out rows, docs/theory.md §11)
-    summed over the weight layers the signal passed, forward before the site, backward after it."""
-    per = theory.SPREAD_C_GAUSSIAN / 4.0
-    return (
-        [sum(per / w for w in ws if w > 0) for ws in widths_before],
-        [sum(per / w for w in ws if w > 0) for ws in widths_after],
-    )
-
-
 @base.register
 class ModuleKind(Kind):
     name = "module"
@@ -531,9 +520,6 @@ class ModuleKind(Kind):
         args = "".join(" " + a for a in config.get("args") or [])
         return f"{config.get('target')}{args}, input {config.get('input_shape')}"
 
-    def spreads(self, before, after) -> tuple[list[float], list[float]]:
-        return spreads(before, after)
-
     def plan(self, spec, seed: int) -> ModulePlan:
         return ModulePlan()
 
@@ -547,24 +533,20 @@ class ModuleKind(Kind):
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
         """Per site the measured ratios beside the traced prediction (the RMS over draws of each
-        draw's composed moment maps, ``model.graph.predict_graph``) with the conv nets' finite-width
-        band; verdicts as the conv nets': ``preserved`` -- the typical forward ratio at the last
+        draw's composed moment maps, ``model.graph.predict_graph``) with its band: z standard
+        errors of the run's measured RMS plus the maps' stated accuracy (``stats.attach_traced``;
+        docs/theory.md §15).  Verdicts: ``preserved`` -- the typical forward ratio at the last
         site on the output's path and the backward ratio at the first such site inside
-        ``gate.band`` around 1 (per element: the input's scale); ``theory`` -- the same inside the
-        prediction's band (not testable where no map reaches).  A site the output's gradient
-        does not reach (``arrays["reached"]``: a side head) has no backward ratio and is read by
-        no verdict."""
+        ``gate.band`` around 1 (per element: the input's scale); ``theory`` -- the RMS ratio
+        there inside the prediction's band (not testable where no map reaches).  A site the
+        output's gradient does not reach (``arrays["reached"]``: a side head) has no backward
+        ratio and is read by no verdict.  Everything here is this init's own: its arrays, its
+        trace (the same record run alone or after other inits)."""
         E = len(plan.sites)
         pf = _rms_over_draws(arrays["pred_fwd"])
         pb = _rms_over_draws(arrays["pred_bwd"])
-        # this init's own spread (its first draw's trace: every draw has the same structure)
-        spread = tuple(
-            [float(v) for v in np.nan_to_num(arrays[k][0])] for k in ("spread_fwd", "spread_bwd")
-        )
-        sf = _separations(pf, arrays, "fwd")
-        sb = _separations(pb, arrays, "bwd")
         reached = np.asarray(arrays.get("reached", np.ones((1, E)))).any(axis=0)
-        layers = _site_rows(plan, arrays, probe, reached, (pf, pb), (sf, sb), spread)
+        layers = _site_rows(plan, arrays, probe, reached, (pf, pb), z)
         off = [plan.sites[i] for i in range(E) if not reached[i]]
         note = off_path_note(off)
         if note and note not in plan.site_notes:
@@ -582,22 +564,10 @@ class ModuleKind(Kind):
             )
         last, first = on[-1], on[0]
         named = (
-            (
-                f"forward ratio at site {plan.sites[last]}",
-                layers[last].forward,
-                pf[last],
-                spread[0][last],
-                sf[last],
-            ),
-            (
-                f"backward ratio at site {plan.sites[first]}",
-                layers[first].backward,
-                pb[first],
-                spread[1][first],
-                sb[first],
-            ),
+            (f"forward ratio at site {plan.sites[last]}", layers[last].forward, pf[last]),
+            (f"backward ratio at site {plan.sites[first]}", layers[first].backward, pb[first]),
         )
-        for cname, st, p, var, sep in named:
+        for cname, st, p in named:
             c = stats.gate(cname, "preserved", st, math.log(band[0]), math.log(band[1]))
             if not c.passed and st.dead_fraction > 0:
                 c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
@@ -606,10 +576,7 @@ class ModuleKind(Kind):
                 why = next((n for n in plan.notes if not n.startswith(INFORMATIONAL)), None)
                 own.append(stats.untestable(cname, st.log10_mean, why))
                 continue
-            t = stats.theory_gate(cname, st, *theory.log_band(p, var, z), p - var, sep)
-            if not t.passed and t.has_band:
-                t.note = f"the traced theory predicts a typical ratio of {stats.fmt((p - var) / stats.LN10)}"
-            own.append(t)
+            own.append(_theory_check(cname, st))
         if spec.max_token_cosine is not None:
             checks.append(
                 stats.token_cosine_check(layers[last].name, layers[last].tokens, spec.max_token_cosine)
@@ -626,38 +593,52 @@ class ModuleKind(Kind):
 
 
 #: theory notes that say how the theory was read, not why a prediction is missing
-INFORMATIONAL = ("theory traced by", "attention:")
+INFORMATIONAL = ("theory traced by", "theory traced with", "attention:")
 
 
-def _site_rows(plan, arrays: dict, probe, reached, preds, seps, spread) -> list[LayerRecord]:
-    """One row per site: the measured ratios with their predictions (``preds``: RMS over draws;
-    ``seps``: the shifts of the factor-of-two alternatives) and finite-width bands (``spread``:
-    the init's variance of ln ratio forward and backward), the token statistics; a site off the
-    output's path has no backward ratio."""
-    (pf, pb), (sf, sb), (vf, vb) = preds, seps, spread
+def _site_rows(plan, arrays: dict, probe, reached, preds, z: float) -> list[LayerRecord]:
+    """One row per site: the measured ratios with their predictions (``preds``: RMS over draws)
+    and bands (``stats.attach_traced``), the token statistics; a site off the output's path has
+    no backward ratio."""
+    pf, pb = preds
     rounding = stats.rounding_ln(probe.dtype, len(plan.sites))
     layers = []
     for i, site in enumerate(plan.sites):
         f = stats.ratio_stats(arrays["fwd"][:, i, :])
         b = stats.ratio_stats(arrays["bwd"][:, i, :]) if reached[i] else stats.no_ratio()
-        stats.attach_prediction(f, pf[i], vf[i], rounding=rounding, separation=sf[i])
+        stats.attach_traced(f, arrays["fwd"][:, i, :], pf[i], theory.MAP_ACCURACY_FORWARD, rounding, z)
         if reached[i]:
-            stats.attach_prediction(b, pb[i], vb[i], rounding=rounding, separation=sb[i])
+            stats.attach_traced(b, arrays["bwd"][:, i, :], pb[i], theory.MAP_ACCURACY_BACKWARD, rounding, z)
         layers.append(
             LayerRecord(
-                i + 1, plan.entries[i], f, b, name=site, off_path=not reached[i], tokens=_tokens(arrays, i)
+                i + 1, plan.entries[i], f, b, name=site, off_path=not reached[i], tokens=_tokens(arrays, i, z)
             )
         )
     return layers
 
 
-def _tokens(arrays: dict, i: int):
+def _theory_check(name: str, st) -> Check:
+    """The ``theory`` verdict on one traced ratio: its measured RMS inside the band
+    ``stats.attach_traced`` set (z standard errors of the run plus the maps' stated accuracy)."""
+    m, lo, hi = st.log10_rms, st.log10_low, st.log10_high
+    c = Check(f"RMS {name}", bool(st.agrees), m, lo, hi, "theory")
+    if not c.passed:
+        off = 10.0 ** (m - st.log10_predicted) - 1.0 if m is not None else float("nan")
+        c.note = (
+            f"the traced theory predicts an RMS ratio of {stats.fmt(st.log10_predicted)} ({off:+.1%} off); "
+            "the band is 3 standard errors of this run plus the maps' stated accuracy (docs/theory.md "
+            "§15): the model does not behave as independent-weight moment maps predict"
+        )
+    return c
+
+
+def _tokens(arrays: dict, i: int, z: float = theory.Z_CHECK):
     """Site i's token statistics (None: the run measured no token sequence there)."""
     if "cosine" not in arrays:
         return None
     entropy = arrays["entropy"][:, i, :] if "entropy" in arrays else None
     pred = arrays["pred_cosine"][:, i] if "pred_cosine" in arrays else None
-    return stats.token_stats(arrays["cosine"][:, i, :], entropy, pred)
+    return stats.token_stats(arrays["cosine"][:, i, :], entropy, pred, z)
 
 
 def off_path_note(off: list[str]) -> str:
@@ -669,16 +650,6 @@ def off_path_note(off: list[str]) -> str:
         f"off the output's path: {shown} (the output's gradient does not reach it: no backward ratio, "
         "read by no verdict)"
     )
-
-
-def _separations(base: list[float | None], arrays: dict, direction: str) -> list[tuple[float, float] | None]:
-    """Per site the ln shifts (down, up) of the RMS-over-draws prediction with every weight
-    layer's variance halved and doubled (the run's ``pred_*_down``, ``pred_*_up``)."""
-    down = _rms_over_draws(arrays.get(f"pred_{direction}_down", np.full((1, len(base)), np.nan)))
-    up = _rms_over_draws(arrays.get(f"pred_{direction}_up", np.full((1, len(base)), np.nan)))
-    return [
-        None if b is None or d is None or u is None else (d - b, u - b) for b, d, u in zip(base, down, up)
-    ]
 
 
 def _rms_over_draws(ln_pred: np.ndarray) -> list[float | None]:

@@ -14,7 +14,7 @@ import torch
 
 import sigprop.hessian as H  # not ``from sigprop import hessian``: an API name, it loads the API
 from sigprop import data as data_mod
-from sigprop import plans, specs
+from sigprop import specs
 from sigprop.engines import shared
 from sigprop.engines.registry import Engine, register
 from sigprop.engines.shared import Measured
@@ -92,7 +92,7 @@ def _model_draw(factory, scheme, name: str, seed: int, draw: int, device, dtype,
     it assumed joins ``notes`` once), prepared (``build.prepare``: no stochastic op, training-mode
     normalisation) and its weights checked finite (one line, the same on every path)."""
     model = build.build(factory, seed, draw)
-    records = init.init_(model, scheme, seed, draw, batch=calib)
+    records = init.init_(model, scheme, seed, draw, batch=calib, quiet=True)
     said = init.init_notes(name, records) + build.prepare_notes(model, dtype)
     notes += [n for n in said if n not in notes]
     model = build.prepare(model, device, dtype)
@@ -197,26 +197,16 @@ def sequence_length(x) -> int | None:
     return None
 
 
-#: a model's predictions, per site and draw: ln RMS ratios as traced, with every weight layer's
-#: variance halved and doubled (``plans.SEPARATION_FACTOR``: the theory verdict's test), and the
-#: finite-width spread of ln ratio forward and backward (each init's, from its own draw's trace:
-#: an init's record does not depend on the inits run before it)
-PREDICTIONS = (
-    "pred_fwd",
-    "pred_bwd",
-    "pred_fwd_down",
-    "pred_bwd_down",
-    "pred_fwd_up",
-    "pred_bwd_up",
-    "spread_fwd",
-    "spread_bwd",
-)
+#: a model's predictions, per site and draw: ln RMS ratios as traced on that draw's weights (an
+#: init's record does not depend on the inits run before it; its band is the run's own standard
+#: error plus the maps' stated accuracy: ``stats.attach_traced``)
+PREDICTIONS = ("pred_fwd", "pred_bwd")
 
 
 def _model_prediction(traced, x, plan, kind, name: str) -> dict[str, np.ndarray]:
     """ln of the predicted RMS ratios at the sites for this draw's weights (``PREDICTIONS``; nan
-    where no map reaches) from its trace (``trace.trace_graph``; None: token inputs), and,
-    once, the sites' finite-width spread and the notes (sigprop/kinds/module.py)."""
+    where no map reaches) from its trace (``trace.trace_graph``; None: token inputs), the
+    token cosine's, and the notes once (sigprop/kinds/module.py)."""
     E = len(plan.sites)
     out = {k: np.full(E, np.nan) for k in (*PREDICTIONS, "pred_cosine")}
 
@@ -237,12 +227,8 @@ def _model_prediction(traced, x, plan, kind, name: str) -> dict[str, np.ndarray]
         moments = ([float(t.double().pow(2).mean()) for t in xs], [float(t.double().mean()) for t in xs])
     else:
         q_in, moments = None, ([1.0] * len(xs), [0.0] * len(xs))
-    factor = plans.SEPARATION_FACTOR
     try:
-        preds = {
-            suffix: graph.predict_graph(nodes, *moments, weight_factor=w)
-            for suffix, w in (("", 1.0), ("_down", 1.0 / factor), ("_up", factor))
-        }
+        preds = {"": graph.predict_graph(nodes, *moments)}
     except Exception as exc:  # a map sigprop got wrong must not cost the user the measurement
         return none(f"the moment maps failed ({type(exc).__name__}: {exc}); measured only; please report it")
     if preds[""].unmapped:
@@ -253,6 +239,12 @@ def _model_prediction(traced, x, plan, kind, name: str) -> dict[str, np.ndarray]
     # the first as the reason)
     if traced.tracer != "torch.fx" and not any(n.startswith("theory traced by") for n in plan.notes):
         plan.notes.append(f"theory traced by {traced.tracer} (ATen ops; torch.fx could not trace the model)")
+    if traced.cache_off and not any(n.startswith("theory traced with") for n in plan.notes):
+        held = ", ".join(repr(p) if p else "the model" for p in traced.cache_off)
+        plan.notes.append(
+            f"theory traced with the key/value cache of {held} off (config.use_cache; at init the "
+            "cache only concatenates one forward's keys to an empty one); measured as the model runs"
+        )
     # each init's regime (its weights' logits), said once for it: not the first init's for all
     under = f"across keys under init {name!r}"
     if preds[""].regimes and not any(n.startswith("attention:") and under in n for n in plan.notes):
@@ -278,16 +270,6 @@ def _model_prediction(traced, x, plan, kind, name: str) -> dict[str, np.ndarray]
                 pf[i] = 0.5 * math.log(pred.q[j] / ref)
             if pred.r[j] is not None and pred.r[j] > 0:
                 pb[i] = 0.5 * math.log(pred.r[j])
-    # a layer applied to each of T tokens: a sample's ratio averages T x width units (the spread
-    # model's width; docs/theory.md §15)
-    widths = [
-        (k, nd.width * (tokens if tokens and not nd.mats else 1))
-        for k, nd in enumerate(nodes)
-        if nd.op in ("dense", "standardized")
-    ]
-    before = [[w for k, w in widths if j is not None and k <= j] for j in where]
-    after = [[w for k, w in widths if j is not None and k > j] for j in where]
-    out["spread_fwd"][:], out["spread_bwd"][:] = kind.spreads(before, after)
     return out
 
 

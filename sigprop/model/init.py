@@ -6,6 +6,7 @@ other parameter named as left."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch.nn as nn
 from torch.nn.utils.parametrize import ParametrizationList
 
 from sigprop import inits
-from sigprop.errors import SigpropError
+from sigprop.errors import RolesGuessed, SigpropError
 from sigprop.kernels import sampling
 from sigprop.model import ops, trace
 from sigprop.model.build import call, first_line
@@ -110,14 +111,16 @@ def _example(model: nn.Module, batch):
     return ids if isinstance(ids, torch.Tensor) and ids.shape[0] >= 2 else None
 
 
-def _graph_of(model: nn.Module, batch):
-    """The graph the roles are read from: torch.fx's, else torch.export's ATen graph (its weight
-    layers named by the modules they run in) on the batch or a Hugging Face model's own dummy
-    inputs; (None, why) where neither reads the model."""
-    try:
-        return ops.symbolic_trace(model), ""
-    except Exception as exc:
-        why = f"torch.fx could not trace the model ({type(exc).__name__}: {first_line(exc)})"
+def _graph_of(model: nn.Module, batch, export: bool = False):
+    """The graph the roles are read from: torch.fx's, else (or with ``export``) torch.export's
+    ATen graph (its weight layers named by the modules they run in) on the batch or a Hugging
+    Face model's own dummy inputs; (None, why) where neither reads the model."""
+    why = "torch.fx's graph keeps weight layers inside modules it calls whole"
+    if not export:
+        try:
+            return ops.symbolic_trace(model), ""
+        except Exception as exc:
+            why = f"torch.fx could not trace the model ({type(exc).__name__}: {first_line(exc)})"
     x = _example(model, batch)
     if x is None:
         return None, why
@@ -158,6 +161,26 @@ def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]]
     gm, why = _graph_of(model, batch)
     if gm is None:
         return {}, why
+    found = _roles_in(model, gm)
+    dense = {n for n, m in model.named_modules() if isinstance(m, DENSE_MODULES)}
+    if gm is not None and dense - set(found) and not _exported(gm):
+        # fx called a module whole (an nn.TransformerEncoder inside a user's wrapper) whose weight
+        # layers it never reached: the exported graph, where an input is at hand, reads them
+        gx, _ = _graph_of(model, batch, export=True)
+        if gx is not None:
+            wider = _roles_in(model, gx)
+            if len(dense & set(wider)) > len(dense & set(found)):
+                found = wider
+    return found, ""
+
+
+def _exported(gm) -> bool:
+    """Whether a graph is torch.export's (ATen ops) rather than torch.fx's."""
+    return any(n.op == "call_function" and "aten" in str(n.target) for n in gm.graph.nodes)
+
+
+def _roles_in(model: nn.Module, gm) -> dict[str, tuple[str, int, int]]:
+    """``roles`` read from one graph (torch.fx's or torch.export's)."""
     nodes = list(gm.graph.nodes)
     kind_of = _kinds(gm, nodes)
     ancestors: dict[fx.Node, set] = {}
@@ -219,7 +242,7 @@ def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]]
         for i, last in enumerate(stage):
             if last is not None:
                 out[last] = ("block_last", len(stage), i)
-    return _attention_outputs(model, out), ""
+    return _attention_outputs(model, out)
 
 
 def _attention_outputs(model: nn.Module, out: dict) -> dict:
@@ -246,6 +269,9 @@ def init_(
     blocks: dict | None = None,
     roles_: dict | None = None,
     batch=None,
+    input_shape=None,
+    vocab: int | None = None,
+    quiet: bool = False,
 ) -> list[InitRecord]:
     """Apply the init scheme ``scheme`` (a name or an ``inits.InitScheme``) to every Linear and
     ConvNd of ``model`` (Arpit et al. 2019's schemes and their baselines), each layer's weights
@@ -262,8 +288,15 @@ def init_(
     c_out/groups).  A data-dependent scheme (``datadep``: Salimans & Kingma 2016, section 3)
     then calibrates the layers in the order the forward calls them on ``batch`` (the inputs: a
     tensor or a tuple of them), ``calibrate``.  Returns what it did per layer; a layer it does
-    not understand (a transposed conv, transformers' Conv1D, an embedding's table) is left as it
-    is, named."""
+    not understand (a transposed conv, an embedding's table) is left as it is, named.
+
+    The roles are read from torch.fx's graph, or, where fx cannot trace the model, from
+    torch.export's on an input: ``batch``, else two rows drawn for ``input_shape`` (one sample's
+    shape; token ids below ``vocab`` when given, else N(0, 1) floats), else a Hugging Face
+    model's own ``dummy_inputs`` -- as the CLI, which exports on the probe's inputs.  Where no
+    graph can be read the layers it could not place are drawn as ReLU layers and a
+    ``sigprop.errors.RolesGuessed`` warning names every one (``quiet``: not warned -- the
+    probe, which says it under its table)."""
     if isinstance(scheme, str):
         scheme = inits.get(scheme, frozenset({inits.TAPS, inits.MODEL}), "a model")
     if scheme.name == "as-is":
@@ -272,7 +305,10 @@ def init_(
         raise SigpropError(
             f"init {scheme.name!r} calibrates on a batch: pass batch= (the inputs)", field="init"
         )
-    records = _draw(model, scheme, seed, draw, wn, blocks, roles_, batch)
+    example = batch if batch is not None else _drawn_example(model, input_shape, vocab)
+    records = _draw(model, scheme, seed, draw, wn, blocks, roles_, example)
+    if not quiet:
+        _warn_guessed(records)
     if scheme.standardizes:
         layers = dict(model.named_modules())
         # the weight layers are calibrated: not the norms, embeddings or attention projections
@@ -282,6 +318,43 @@ def init_(
             if layers[r.name].bias is None:
                 r.note = "no bias to centre it: scaled to sd 1 only"
     return records
+
+
+def _drawn_example(model: nn.Module, input_shape, vocab: int | None):
+    """Two rows of inputs of one sample's shape ``input_shape`` to export the model on (token ids
+    below ``vocab``, else N(0, 1) floats, on the model's device), None without a shape."""
+    if input_shape is None:
+        if vocab is not None:
+            raise SigpropError("vocab= needs input_shape= (the ids' shape per sample)", field="input_shape")
+        return None
+    shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
+    if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+        raise SigpropError(
+            f"input_shape must be positive integers (one sample's shape), got {input_shape!r}",
+            field="input_shape",
+        )
+    home = next((p for p in model.parameters() if p.is_floating_point()), None)
+    device = home.device if home is not None else torch.device("cpu")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    if vocab is not None:
+        return torch.randint(int(vocab), (2, *shape), generator=gen).to(device)
+    dtype = home.dtype if home is not None else torch.float32
+    return torch.randn((2, *shape), generator=gen).to(device=device, dtype=dtype)
+
+
+def _warn_guessed(records: list[InitRecord]) -> None:
+    """A ``RolesGuessed`` warning naming every layer whose role was not read (none: silent)."""
+    guessed = [r for r in records if r.note.startswith("role not read")]
+    if not guessed:
+        return
+    why = guessed[0].note[len("role not read (") : guessed[0].note.index("): ")]
+    warnings.warn(
+        f"init_: {len(guessed)} of {sum(r.set for r in records)} layers' roles not read ({why}); "
+        f"{ASSUMED}: {', '.join(r.name for r in guessed)}. Pass input_shape= (with vocab= for token ids) "
+        "or batch= so that the graph can be exported, or roles_=/blocks= to name them",
+        RolesGuessed,
+        stacklevel=3,
+    )
 
 
 def calibrate(model: nn.Module, names: list[str], batch) -> None:

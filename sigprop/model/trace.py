@@ -100,6 +100,8 @@ class Traced:
     survey: Survey | None = None
     #: which tracer read it: torch.fx (a module's calls) or torch.export (ATen ops)
     tracer: str = "torch.fx"
+    #: the paths of the Hugging Face models whose key/value cache the export switched off
+    cache_off: tuple = ()
 
     def where(self, sites: list[str]) -> list[int | None]:
         return [self.last_in.get(s) for s in sites]
@@ -239,9 +241,37 @@ def _nodes_of(t: Tracing, paths) -> tuple[list, dict]:
     return t.nodes, last_in
 
 
+def cached(model: nn.Module) -> list[str]:
+    """The module paths of the Hugging Face models inside ``model`` whose key/value cache is on
+    (``config.use_cache``; "" for the model itself)."""
+    return [
+        path
+        for path, m in model.named_modules()
+        if getattr(getattr(m, "config", None), "use_cache", False) is True
+        and "use_cache" in inspect.signature(getattr(type(m), "forward", lambda self: None)).parameters
+    ]
+
+
+@contextlib.contextmanager
+def cache_off(model: nn.Module):
+    """Every Hugging Face model inside ``model`` with its key/value cache off (its config's
+    ``use_cache``), restored after: at init a forward reads one sequence, which the cache only
+    concatenates to an empty one -- an op the maps do not read (issue 48: a user's wrapper
+    calling ``self.gpt(inputs_embeds=x)`` lost every theory value at ``cat.default``)."""
+    configs = [model.get_submodule(p).config for p in cached(model)]
+    try:
+        for c in configs:
+            c.use_cache = False
+        yield
+    finally:
+        for c in configs:
+            c.use_cache = True
+
+
 class _Exported(nn.Module):
-    """The model as torch.export reads it: one input, its output tensor (``output_tensor``), a
-    Hugging Face model's key/value cache off (an output torch.export cannot flatten)."""
+    """The model as torch.export reads it: one input, its output tensor (``output_tensor``), the
+    key/value cache of every Hugging Face model inside it off (``cache_off``; at the top also
+    by the argument: an output torch.export cannot flatten)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -250,7 +280,8 @@ class _Exported(nn.Module):
         self.cache = "use_cache" in inspect.signature(forward).parameters if forward else False
 
     def forward(self, x):
-        return output_tensor(self.m(x, use_cache=False) if self.cache else self.m(x))
+        with cache_off(self.m):
+            return output_tensor(self.m(x, use_cache=False) if self.cache else self.m(x))
 
 
 #: exported graphs by ``_export_key``: a draw (or a later probe of the same model) reuses the
@@ -354,4 +385,4 @@ def _export_graph(model: nn.Module, two: tuple, fx_why: str) -> Traced:
                 yield path[2:]
 
     nodes, last_in = _nodes_of(t, paths)
-    return Traced(nodes, last_in, "", None, tracer="torch.export")
+    return Traced(nodes, last_in, "", None, tracer="torch.export", cache_off=tuple(cached(model)))

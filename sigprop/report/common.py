@@ -122,11 +122,12 @@ def gate_text(c) -> str:
             f"{c.name}: {'diverged' if c.log10_measured is None else fmt_log10(c.log10_measured)} "
             f"{'<' if c.passed else '>='} {other} (the lowest other, mean over draws)"
         )
+    lead = "" if c.name.startswith("RMS ") else "typical "  # a traced model's theory reads the RMS
     if not c.has_band:
-        return f"typical {c.name} {fmt_log10(c.log10_measured)}: {c.note}"
+        return f"{lead}{c.name} {fmt_log10(c.log10_measured)}: {c.note}"
     word = "in" if c.passed else "outside"
     return (
-        f"typical {c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, "
+        f"{lead}{c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, "
         f"{fmt_log10(c.log10_high)}]"
     )
 

@@ -176,6 +176,9 @@ class TokenStats:
     agrees: bool | None = None
     entropy: float | None = None
     entropy_std: float | None = None
+    #: the half-width of the prediction's band: z standard errors of the run's mean plus the
+    #: maps' stated accuracy (``stats.token_stats``; None: no prediction)
+    tolerance: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -183,6 +186,7 @@ class TokenStats:
             "std": _num(self.std),
             "draw_std": _num(self.draw_std),
             "predicted": _num(self.predicted),
+            "tolerance": _num(self.tolerance),
             "agrees": self.agrees,
         }
 

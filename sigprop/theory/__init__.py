@@ -101,7 +101,11 @@ from sigprop.theory.spread import (
     spread_c,
 )
 from sigprop.theory.tolerances import (
+    DRAW_SHARE,
     LN10,
+    MAP_ACCURACY_BACKWARD,
+    MAP_ACCURACY_COSINE,
+    MAP_ACCURACY_FORWARD,
     SPREAD_C_GAUSSIAN,
     SPREAD_C_ORTHOGONAL_BASE,
     Z_AGREEMENT,
@@ -109,6 +113,10 @@ from sigprop.theory.tolerances import (
 )
 
 __all__ = [
+    "DRAW_SHARE",
+    "MAP_ACCURACY_BACKWARD",
+    "MAP_ACCURACY_COSINE",
+    "MAP_ACCURACY_FORWARD",
     "MAX_LOGIT_VARIANCE",
     "attention_weights",
     "collision",

@@ -22,3 +22,17 @@ Z_CHECK = 3.0
 SPREAD_C_GAUSSIAN = 5.0
 #: for orthogonal rows the projection spread is reduced to 2*(1 - n_out/n_in)^+ .
 SPREAD_C_ORTHOGONAL_BASE = 3.0
+
+# A traced model's theory band (docs/theory.md §15, "Which traced bands are a test"): the
+# prediction is composed on each draw's own weights, so the band is the measurement's own
+# standard error (z of them) plus the maps' stated accuracy.
+#: the variance of a run's measured value across weight draws, as a share of one sample's
+#: variance (ln RMS ratio or token cosine): measured over 32 draws on 11 models
+#: (benchmarks/reliability.py: 0.03 to 1.0, median 0.15; docs/reliability.md)
+DRAW_SHARE = 0.25
+#: the accuracy the infinite-width maps are held to on a traced model, per direction: the RMS
+#: ratio's relative error forward and backward, the token cosine's absolute error (issue 48's
+#: and issue 50's bounds; docs/theory.md §15 lists where they are met)
+MAP_ACCURACY_FORWARD = math.log(1.06)
+MAP_ACCURACY_BACKWARD = math.log(1.10)
+MAP_ACCURACY_COSINE = 0.05
