@@ -13,8 +13,9 @@ Cases where the maps hold (pre-LN and post-LN encoders, GPT-2 and BERT from smal
 should read "=" in >= 95% of runs; cases where the theory gives a number and is wrong should read
 "≠" in >= 90%: post-LN's backward at depth 24-48 (the maps 10-25% off).  A tied-weight block
 x + W^T relu(W x), where the maps would be wrong (E||W^T W x||^2 = 2 q at square widths, not q),
-has no map (a functional linear on a transposed parameter): measured only, said so.  A block that applies the same W twice is *not* a miss: the powers of a Gaussian
-matrix have the singular values of a product of independent ones at infinite width, so the maps
+has no map (a functional linear on a transposed parameter): measured only, said so.  A block
+that applies the same W twice is *not* a miss: the powers of a Gaussian matrix have the singular
+values of a product of independent ones at infinite width, so the maps
 are right (docs/theory.md §13), and the verdict reads "=" -- but with W symmetric (W = W^T) the
 maps' "independent draws" is wrong (E||W^2 x||^2 = 2 q): that case must read "≠".
 
@@ -119,8 +120,7 @@ CASES = {
     "post_d64_T16_L24": ("encoder", ["layers=24", "norm_first=False"], "16,64", None, "≠"),
     "post_d64_T16_L48": ("encoder", ["layers=48", "norm_first=False"], "16,64", None, "≠"),
 }
-SEEDS = {"post_d64_T16_L24": 8, "post_d64_T16_L48": 8
-}
+SEEDS = {"post_d64_T16_L24": 8, "post_d64_T16_L48": 8}
 
 
 def run_case(name: str, runs: int) -> dict:
