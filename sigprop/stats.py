@@ -128,14 +128,7 @@ def attach_traced(
     draws, samples = np.asarray(ln).shape
     se = run_standard_error(rms_sample_variance(ln), samples, draws)
     half = z * se + accuracy
-    st.log10_predicted = ln_pred / LN10
-    st.predicted = exp_or_none(ln_pred)
-    st.log10_predicted_typical = ln_pred / LN10
-    st.log10_std_predicted = se * math.sqrt(draws) / LN10
-    st.log10_low = (ln_pred - half) / LN10
-    st.log10_high = (ln_pred + half) / LN10
-    eps = rounding / LN10
-    st.agrees = st.log10_rms is not None and bool(st.log10_low - eps <= st.log10_rms <= st.log10_high + eps)
+    _set_band(st, ln_pred, ln_pred, se * math.sqrt(draws), ln_pred - half, ln_pred + half, rounding)
 
 
 def token_stats(
@@ -222,20 +215,26 @@ def attach_prediction(
         return
     var = max(ln_var, 0.0)
     sd = math.sqrt(var)
-    stats.log10_predicted = ln_pred / LN10
-    stats.predicted = exp_or_none(ln_pred)
-    stats.log10_predicted_typical = (ln_pred + (-var if drift is None else drift)) / LN10
-    stats.log10_std_predicted = sd / LN10
-    stats.log10_low = (ln_pred + (-var if drift is None else min(drift, 0.0)) - z * sd) / LN10
-    stats.log10_high = (ln_pred + z * sd) / LN10
+    typical = ln_pred + (-var if drift is None else drift)
+    low = ln_pred + (-var if drift is None else min(drift, 0.0)) - z * sd
+    _set_band(stats, ln_pred, typical, sd, low, ln_pred + z * sd, rounding)
     if separation is not None:
         stats.log10_separation = (separation[0] / LN10, separation[1] / LN10)
-    if stats.log10_rms is not None:
-        # exact equality (e.g. the backward ratio at layer L, sd = 0) needs a rounding margin
-        eps = rounding / LN10
-        stats.agrees = bool(stats.log10_low - eps <= stats.log10_rms <= stats.log10_high + eps)
-    else:
-        stats.agrees = False
+
+
+def _set_band(
+    st: RatioStats, ln_pred: float, ln_typical: float, sd: float, low: float, high: float, rounding: float
+) -> None:
+    """A prediction and its band on a ratio's record (all ln), and whether the measured RMS is
+    inside -- with a rounding margin: an exact equality (the backward ratio at the last layer,
+    sd = 0) must be met by a float measurement."""
+    st.log10_predicted = ln_pred / LN10
+    st.predicted = exp_or_none(ln_pred)
+    st.log10_predicted_typical = ln_typical / LN10
+    st.log10_std_predicted = sd / LN10
+    st.log10_low, st.log10_high = low / LN10, high / LN10
+    eps = rounding / LN10
+    st.agrees = st.log10_rms is not None and bool(st.log10_low - eps <= st.log10_rms <= st.log10_high + eps)
 
 
 def fmt(log10: float | None) -> str:

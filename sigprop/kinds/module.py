@@ -576,7 +576,7 @@ class ModuleKind(Kind):
                 why = next((n for n in plan.notes if not n.startswith(INFORMATIONAL)), None)
                 own.append(stats.untestable(cname, st.log10_mean, why))
                 continue
-            own.append(_theory_check(cname, st))
+            own.append(_theory_check(cname, st, z))
         if spec.max_token_cosine is not None:
             checks.append(
                 stats.token_cosine_check(layers[last].name, layers[last].tokens, spec.max_token_cosine)
@@ -617,7 +617,7 @@ def _site_rows(plan, arrays: dict, probe, reached, preds, z: float) -> list[Laye
     return layers
 
 
-def _theory_check(name: str, st) -> Check:
+def _theory_check(name: str, st, z: float) -> Check:
     """The ``theory`` verdict on one traced ratio: its measured RMS inside the band
     ``stats.attach_traced`` set (z standard errors of the run plus the maps' stated accuracy)."""
     m, lo, hi = st.log10_rms, st.log10_low, st.log10_high
@@ -626,7 +626,7 @@ def _theory_check(name: str, st) -> Check:
         off = 10.0 ** (m - st.log10_predicted) - 1.0 if m is not None else float("nan")
         c.note = (
             f"the traced theory predicts an RMS ratio of {stats.fmt(st.log10_predicted)} ({off:+.1%} off); "
-            "the band is 3 standard errors of this run plus the maps' stated accuracy (docs/theory.md "
+            f"the band is {z:g} standard errors of this run plus the maps' stated accuracy (docs/theory.md "
             "§15): the model does not behave as independent-weight moment maps predict"
         )
     return c

@@ -162,7 +162,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
                 plan.entries = list(got_.units)
             got["reached"].append(np.asarray(got_.reached, dtype=np.float64))
             measured = {"fwd": got_.ln_f, "bwd": got_.ln_b, "cosine": got_.cosine, "entropy": got_.entropy}
-            for k, v in {**measured, **_model_prediction(traced, x, plan, kind, name)}.items():
+            for k, v in {**measured, **_model_prediction(traced, x, plan, name)}.items():
                 got[k].append(v)
             done += 1
             if progress is not None:
@@ -203,7 +203,7 @@ def sequence_length(x) -> int | None:
 PREDICTIONS = ("pred_fwd", "pred_bwd")
 
 
-def _model_prediction(traced, x, plan, kind, name: str) -> dict[str, np.ndarray]:
+def _model_prediction(traced, x, plan, name: str) -> dict[str, np.ndarray]:
     """ln of the predicted RMS ratios at the sites for this draw's weights (``PREDICTIONS``; nan
     where no map reaches) from its trace (``trace.trace_graph``; None: token inputs), the
     token cosine's, and the notes once (sigprop/kinds/module.py)."""
@@ -228,11 +228,11 @@ def _model_prediction(traced, x, plan, kind, name: str) -> dict[str, np.ndarray]
     else:
         q_in, moments = None, ([1.0] * len(xs), [0.0] * len(xs))
     try:
-        preds = {"": graph.predict_graph(nodes, *moments)}
+        pred = graph.predict_graph(nodes, *moments)
     except Exception as exc:  # a map sigprop got wrong must not cost the user the measurement
         return none(f"the moment maps failed ({type(exc).__name__}: {exc}); measured only; please report it")
-    if preds[""].unmapped:
-        note = f"no moment map for {preds[''].unmapped}: measured only from there on"
+    if pred.unmapped:
+        note = f"no moment map for {pred.unmapped}: measured only from there on"
         if note not in plan.notes:
             plan.notes.append(note)
     # informational notes after the one that says why a prediction is missing (the verdicts read
@@ -247,29 +247,25 @@ def _model_prediction(traced, x, plan, kind, name: str) -> dict[str, np.ndarray]
         )
     # each init's regime (its weights' logits), said once for it: not the first init's for all
     under = f"across keys under init {name!r}"
-    if preds[""].regimes and not any(n.startswith("attention:") and under in n for n in plan.notes):
-        s2 = preds[""].regimes
+    if pred.regimes and not any(n.startswith("attention:") and under in n for n in plan.notes):
+        s2 = pred.regimes
         plan.notes.append(
             f"attention: logits of variance {min(s2):.2g} to {max(s2):.2g} {under} "
             f"({'near-uniform' if max(s2) < 0.1 else 'beyond uniform: softmax moments by quadrature'}; "
             "docs/theory.md §15)"
         )
     tokens = sequence_length(x)
-    for i, j in enumerate(where):  # the mean cosine between the tokens of one sample: t / q
-        shape = nodes[j].shape if j is not None else ()
-        p0 = preds[""]
-        if tokens and len(shape) == 2 and shape[0] == tokens and p0.q[j] and p0.tokens[j] is not None:
-            out["pred_cosine"][i] = p0.tokens[j] / p0.q[j]
-    for suffix, pred in preds.items():
-        pf, pb = out["pred_fwd" + suffix], out["pred_bwd" + suffix]
-        ref = q_in if floating else (pred.q[where[0]] if where and where[0] is not None else None)
-        for i, j in enumerate(where):
-            if j is None:
-                continue
-            if ref and pred.q[j] is not None and pred.q[j] > 0:
-                pf[i] = 0.5 * math.log(pred.q[j] / ref)
-            if pred.r[j] is not None and pred.r[j] > 0:
-                pb[i] = 0.5 * math.log(pred.r[j])
+    ref = q_in if floating else (pred.q[where[0]] if where and where[0] is not None else None)
+    for i, j in enumerate(where):
+        if j is None:
+            continue
+        if ref and pred.q[j] is not None and pred.q[j] > 0:
+            out["pred_fwd"][i] = 0.5 * math.log(pred.q[j] / ref)
+        if pred.r[j] is not None and pred.r[j] > 0:
+            out["pred_bwd"][i] = 0.5 * math.log(pred.r[j])
+        shape = nodes[j].shape  # the mean cosine between the tokens of one sample: t / q
+        if tokens and len(shape) == 2 and shape[0] == tokens and pred.q[j] and pred.tokens[j] is not None:
+            out["pred_cosine"][i] = pred.tokens[j] / pred.q[j]
     return out
 
 

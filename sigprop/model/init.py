@@ -163,7 +163,7 @@ def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]]
         return {}, why
     found = _roles_in(model, gm)
     dense = {n for n, m in model.named_modules() if isinstance(m, DENSE_MODULES)}
-    if gm is not None and dense - set(found) and not _exported(gm):
+    if dense - set(found) and not _exported(gm):
         # fx called a module whole (an nn.TransformerEncoder inside a user's wrapper) whose weight
         # layers it never reached: the exported graph, where an input is at hand, reads them
         gx, _ = _graph_of(model, batch, export=True)
