@@ -38,20 +38,8 @@ import torch.nn as nn
 import sigprop
 
 HERE = os.path.abspath(__file__)
-
-
-def encoder(layers: int = 6, norm_first: bool = True, d: int = 64) -> nn.Module:
-    """PyTorch's encoder on float tokens, d, 4 heads, FF 4d, GELU, every layer re-drawn."""
-    layer = nn.TransformerEncoderLayer(
-        d, 4, 4 * d, dropout=0.0, activation="gelu", batch_first=True, norm_first=norm_first
-    )
-    model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-    for copy in model.layers:
-        for m in copy.modules():
-            reset = getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
-            if m is not copy and reset is not None:
-                reset()
-    return model
+#: PyTorch's encoder on float tokens (4 heads, FF 4d, GELU, every layer re-drawn): the quickstart's
+ENCODER = os.path.join(os.path.dirname(HERE), "..", "examples", "my_nets.py") + ":encoder"
 
 
 def gpt2(layers: int = 4, d: int = 64):
@@ -102,34 +90,34 @@ def symmetric(blocks: int = 4, d: int = 64) -> nn.Module:
     return model
 
 
-#: name: (factory, args, input shape, vocab, what the verdict should read); the deep post-LN
+#: name: (target, args, input shape, vocab, what the verdict should read); the deep post-LN
 #: cases run 8 draws each (--seeds 8): one draw's measured backward RMS moves by 9% across draws
 #: there, more than the maps' error can be told from at 3 standard errors
 CASES = {
-    "pre_d64_T16_L2": ("encoder", ["layers=2"], "16,64", None, "="),
-    "pre_d64_T16_L6": ("encoder", ["layers=6"], "16,64", None, "="),
-    "pre_d64_T16_L24": ("encoder", ["layers=24"], "16,64", None, "="),
-    "pre_d128_T32_L6": ("encoder", ["layers=6", "d=128"], "32,128", None, "="),
-    "pre_d256_T64_L2": ("encoder", ["layers=2", "d=256"], "64,256", None, "="),
-    "post_d64_T16_L6": ("encoder", ["layers=6", "norm_first=False"], "16,64", None, "="),
-    "post_d128_T32_L12": ("encoder", ["layers=12", "norm_first=False", "d=128"], "32,128", None, "="),
-    "gpt2_d64_T32_L4": ("gpt2", ["layers=4"], "32", 1000, "="),
-    "bert_d64_T16_L4": ("bert", ["layers=4"], "16", 1000, "="),
-    "reused_W_twice": ("reused", [], "16,64", None, "="),
-    "symmetric_W_twice": ("symmetric", [], "16,64", None, "≠"),
-    "post_d64_T16_L24": ("encoder", ["layers=24", "norm_first=False"], "16,64", None, "≠"),
-    "post_d64_T16_L48": ("encoder", ["layers=48", "norm_first=False"], "16,64", None, "≠"),
+    "pre_d64_T16_L2": (ENCODER, ["d=64", "layers=2"], "16,64", None, "="),
+    "pre_d64_T16_L6": (ENCODER, ["d=64", "layers=6"], "16,64", None, "="),
+    "pre_d64_T16_L24": (ENCODER, ["d=64", "layers=24"], "16,64", None, "="),
+    "pre_d128_T32_L6": (ENCODER, ["layers=6", "d=128"], "32,128", None, "="),
+    "pre_d256_T64_L2": (ENCODER, ["layers=2", "d=256"], "64,256", None, "="),
+    "post_d64_T16_L6": (ENCODER, ["d=64", "layers=6", "norm_first=False"], "16,64", None, "="),
+    "post_d128_T32_L12": (ENCODER, ["layers=12", "norm_first=False", "d=128"], "32,128", None, "="),
+    "gpt2_d64_T32_L4": (f"{HERE}:gpt2", ["layers=4"], "32", 1000, "="),
+    "bert_d64_T16_L4": (f"{HERE}:bert", ["layers=4"], "16", 1000, "="),
+    "reused_W_twice": (f"{HERE}:reused", [], "16,64", None, "="),
+    "symmetric_W_twice": (f"{HERE}:symmetric", [], "16,64", None, "≠"),
+    "post_d64_T16_L24": (ENCODER, ["d=64", "layers=24", "norm_first=False"], "16,64", None, "≠"),
+    "post_d64_T16_L48": (ENCODER, ["d=64", "layers=48", "norm_first=False"], "16,64", None, "≠"),
 }
 SEEDS = {"post_d64_T16_L24": 8, "post_d64_T16_L48": 8}
 
 
 def run_case(name: str, runs: int) -> dict:
-    factory, args, shape, vocab, want = CASES[name]
+    target, args, shape, vocab, want = CASES[name]
     reads, stat_half, rms_fwd, rms_bwd, worst = [], [], [], [], []
     t0 = time.perf_counter()
     for seed in range(runs):
         r = sigprop.probe_module(
-            target=f"{HERE}:{factory}",
+            target=target,
             args=args,
             input_shape=shape,
             vocab=vocab,
