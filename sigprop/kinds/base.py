@@ -56,8 +56,8 @@ class Hints:
     labels (matplotlib mathtext); ``units``: what a row counts in notes ("layers", "blocks");
     ``energy``: the prediction is the energy-map RMS (conv nets: drawn dotted as such); ``names``:
     the rows have names (``LayerRecord.name``), which the table and the figure show;
-    ``curvature_parameters``: the Hessian's parameters in words; ``spread_envelope``: the
-    spread line's theory sd is an upper envelope."""
+    ``curvature_parameters``: the Hessian's parameters in words; ``spread``: where the
+    spread line's sd comes from."""
 
     width: str = "n_l"
     row: str = "layer"
@@ -74,9 +74,11 @@ class Hints:
     names: bool = False
     #: what ``sigprop hessian`` differentiates in, before the head ({head}: the head's words)
     curvature_parameters: str = "every trainable parameter (WN g, v, b; BN gamma, beta; {head})"
-    #: the theory's across-draw sd of the end-to-end ratio is an upper envelope, not an estimate
-    #: (the conv nets' law: measured 1.4x (CNN) to 30x (WRN) wider; docs/theory.md section 11)
-    spread_envelope: bool = False
+    #: where the across-draw sd of the end-to-end ratio in the spread line comes from: "theory"
+    #: (an estimate), "envelope" (an upper envelope, the conv nets' law: measured 1.4x (CNN) to 30x
+    #: (WRN) wider; docs/theory.md section 11) or "run" (a traced model's: one sample's spread in
+    #: this run times the draw share; docs/theory.md section 13)
+    spread: str = "theory"
     #: ``sigprop spectrum``'s theory in words, under its table
     spectrum_theory: str = (
         "theory (large width): mean ∏ g² E[φ'²]; var/mean² gains r·v + μ₂/μ₁² − 1 + max(r − 1, 0) − s₁ "

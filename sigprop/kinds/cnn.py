@@ -173,7 +173,7 @@ class CNN(Kind):
     hints = Hints(
         width="units",
         energy=True,
-        spread_envelope=True,
+        spread="envelope",
         footer="mean ± std over samples of ||h^l||/||x|| (forward) and ||dl/da^l||/||e|| (backward) over all "
         "units "
         "(channels × positions); theory = the energy-map rms (zero padding and strides, docs/theory.md §11); "

@@ -433,6 +433,7 @@ class ModuleKind(Kind):
         ),
     )
     hints = Hints(
+        spread="run",
         width="units",
         row="site",
         footer="mean ± std over samples of rms(h_site)/rms(x) (forward) and rms(dl/dh_site)/rms(dl/dy) "

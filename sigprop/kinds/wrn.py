@@ -308,7 +308,7 @@ class WRN(Kind):
         row="b",
         residual=True,
         energy=True,
-        spread_envelope=True,
+        spread="envelope",
         x=r"block $b$ (state $h^b$)",
         forward=r"$\|h^b\| \,/\, \|h^0\|$",
         backward=r"$\|\partial\ell/\partial h^b\| \,/\, \|\partial\ell/\partial h^B\|$",

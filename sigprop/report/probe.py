@@ -262,7 +262,7 @@ def _verdict_line(run: RunResult, verdict: str) -> str:
     return f"  {head}: " + "; ".join(parts) + tail
 
 
-def run_summary(run: RunResult, draws: int = 1, envelope: bool = False) -> Text:
+def run_summary(run: RunResult, draws: int = 1, source: str = "theory") -> Text:
     """Both verdicts of one init, each named, with the reason when one fails."""
     ag = run.agreement()
     predicted = {
@@ -284,30 +284,48 @@ def run_summary(run: RunResult, draws: int = 1, envelope: bool = False) -> Text:
         f"  {'[green]' if c.passed else '[red]'}{escape(verdict_words(c.verdict))}[/]: {escape(gate_text(c))}"
         for c in run.verdict_checks("tokens")
     ]
-    spread = spread_line(run, draws, envelope)
+    spread = spread_line(run, draws, source)
     if spread:
         lines.append("  " + spread)
     return Text.from_markup("\n".join(lines))
 
 
-def spread_line(run: RunResult, draws: int, envelope: bool = False) -> str:
+#: per source of the spread line's sd (``Hints.spread``): how it is said after one draw, the
+#: words before it, and how it is said beside a measured spread
+SPREAD_WORDS = {
+    "theory": ("theory", "about", "theory ≈"),
+    "envelope": (
+        "the conv nets' upper envelope, docs/theory.md §11",
+        "up to about",
+        "the conv nets' upper envelope, docs/theory.md §11: up to",
+    ),
+    "run": (
+        "one sample's spread in this run times the draw share, docs/theory.md §13",
+        "about",
+        "estimated from the samples ≈",
+    ),
+}
+
+
+def _decades(x: float) -> str:
+    """A spread in decades: two decimals, one significant digit below 0.005 (never "0.00")."""
+    return f"{x:.2f}" if x >= 0.005 or x == 0 else f"{x:.1g}"
+
+
+def spread_line(run: RunResult, draws: int, source: str = "theory") -> str:
     """How far the typical end-to-end ratio moves between weight draws: measured with several
-    draws; with one, the theory's sd of the log ratio (docs/theory.md §4, "Across draws"),
-    which the across-draw spread approaches at depth -- or, ``envelope`` (the conv nets' law,
-    §11), an upper envelope of it, said as such."""
+    draws; with one, the sd of the log ratio the kind's ``source`` gives (``SPREAD_WORDS``):
+    the theory's (docs/theory.md §4, "Across draws"), which the across-draw spread approaches at
+    depth, the conv nets' upper envelope of it (§11), or a traced model's estimate from its
+    run's samples (§13) -- said as such."""
     s = run.end_rows[0].forward
     theory_sd = s.log10_std_predicted
-    envelope_words = "the conv nets' upper envelope, docs/theory.md §11"
-    said, about, measured_beside = (
-        (envelope_words, "up to about", f"{envelope_words}: up to")
-        if envelope
-        else ("theory", "about", "theory ≈")
-    )
+    said, about, measured_beside = SPREAD_WORDS[source]
     if draws > 1 and s.log10_draw_std is not None:
-        tail = "" if theory_sd is None else f"; {measured_beside} ±{theory_sd:.2f}"
+        tail = "" if theory_sd is None else f"; {measured_beside} ±{_decades(theory_sd)}"
         return (
-            f"across {draws} draws the typical end-to-end forward ratio moved by ±{s.log10_draw_std:.2f} "
-            f"decades (sd{tail})"
+            f"across {draws} draws the typical end-to-end forward ratio moved by "
+            f"±{_decades(s.log10_draw_std)} decades (sd{tail})"
         )
     if theory_sd is None:
         return (
@@ -316,7 +334,7 @@ def spread_line(run: RunResult, draws: int, envelope: bool = False) -> str:
         )
     return (
         "one weight draw: the ± in the table is across samples only; across draws the typical end-to-end "
-        f"forward ratio moves by {about} ±{theory_sd:.2f} decades "
+        f"forward ratio moves by {about} ±{_decades(theory_sd)} decades "
         f"(sd, {said}); --seeds S measures it"
     )
 
@@ -357,9 +375,7 @@ def render_table(result: ProbeResult, console: Console) -> None:
         console.print(f"[yellow]sites: {escape(note)}[/yellow]", soft_wrap=True)
     console.print(f"[dim]{escape(hints.footer)}[/dim]", soft_wrap=True)
     for run in result.runs:
-        console.print(
-            run_summary(run, int(result.config.get("seeds", 1)), hints.spread_envelope), soft_wrap=True
-        )
+        console.print(run_summary(run, int(result.config.get("seeds", 1)), hints.spread), soft_wrap=True)
     console.print(preserved_line(result), highlight=False)
 
 

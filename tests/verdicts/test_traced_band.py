@@ -14,7 +14,8 @@ import torch
 import torch.nn as nn
 
 import sigprop
-from sigprop import stats, theory
+from sigprop import kinds, stats, theory
+from sigprop.report.probe import spread_line
 
 D, T = 32, 8
 
@@ -57,6 +58,9 @@ def test_an_encoder_reads_agrees_and_the_band_is_a_test():
     # 3 standard errors of the run (one sample's sd times sqrt(1/S + DRAW_SHARE)) plus 0.05
     want = 3 * tok.std * math.sqrt(1 / 64 + theory.DRAW_SHARE) + theory.MAP_ACCURACY_COSINE
     assert tok.agrees and tok.tolerance == pytest.approx(want, rel=0.05)
+    # the spread line says where its sd comes from, and never rounds it to "±0.00"
+    line = spread_line(run, 1, kinds.get("module").hints.spread)
+    assert "this run times the draw share" in line and "±0.00 " not in line
 
 
 def test_a_symmetric_weight_applied_twice_reads_disagrees():
