@@ -215,10 +215,11 @@ class ModuleSpec:
             raise SigpropError(
                 f"a cosine bound must be a number in [-1, 1], got {x!r}", field="max_token_cosine"
             )
-        if x is not None and not self.sequences:
+        if x is not None and not self.sequences and len(self.shapes[0]) < 3:
             raise SigpropError(
-                "token cosines are measured on sequences: token ids (--vocab, --input-shape T) or float "
-                f"tokens (--input-shape T,d), not inputs of shape {','.join(map(str, self.shapes[0]))}",
+                "token cosines are measured on sequences: token ids (--vocab, --input-shape T), float "
+                "tokens (--input-shape T,d) or images a model's attention reads as tokens (a ViT), not "
+                f"inputs of shape {','.join(map(str, self.shapes[0]))}",
                 field="max_token_cosine",
             )
         if not isinstance(self.sites, str) or not self.sites.strip():
@@ -418,8 +419,9 @@ class ModuleKind(Kind):
             float,
             None,
             "Also fail (--check) when the mean cosine between the tokens of one sample at the last site on "
-            "the output's path exceeds X (rank collapse); the inputs must be sequences: --vocab, or "
-            "--input-shape T,d.",
+            "the output's path exceeds X (rank collapse); the inputs must be sequences (--vocab, or "
+            "--input-shape T,d) or images whose model reads them as tokens (a ViT's patches: T from its "
+            "first attention).",
             toml=(int, float),
         ),
         Opt(

@@ -139,7 +139,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     arrays: dict[str, dict[str, np.ndarray]] = {}
     # a data-dependent init calibrates on the probe's inputs (a chunk's worth with --batch-size)
     calib = build.rows(x, 0, spec.batch_size) if spec.batch_size else x
-    tokens = sequence_length(x)
+    tokens = sequence_length(x)  # an image model's: from its first draw's graph
     for name, scheme in zip(names, schemes):
         got: dict[str, list] = {
             k: [] for k in ("fwd", "bwd", "reached", "cosine", "entropy", "pred_cosine", *PREDICTIONS)
@@ -150,6 +150,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
             )
             what = f"init {name!r}: the model"
             traced = trace.trace_graph(model, x, what)
+            tokens = tokens or sequence_length(x, traced)
             if not plan.sites:  # one forward of two samples: the input checked, the sites, the memory
                 units = _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what, device)
                 _check_labels(data, units)
@@ -188,13 +189,15 @@ def _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what: str, de
     return seen.units
 
 
-def sequence_length(x) -> int | None:
+def sequence_length(x, traced=None) -> int | None:
     """T of inputs that are sequences of tokens -- token ids [N, T] or float tokens [N, T, d] (the
-    first input of several) --, the sites whose outputs are [N, T, d'] read as tokens; else None."""
+    first input of several) --, or else of the first attention in the traced graph (a ViT's
+    patches and class token), the sites whose outputs are [N, T, d'] read as tokens; else None."""
     first = x[0] if isinstance(x, tuple) else x
     if first.dim() == (3 if first.is_floating_point() else 2):
         return int(first.shape[1])
-    return None
+    nodes = getattr(traced, "nodes", None) or ()
+    return next((nd.params.tokens for nd in nodes if nd.op in ("attention", "sdpa")), None)
 
 
 #: a model's predictions, per site and draw: ln RMS ratios as traced on that draw's weights (an
@@ -254,7 +257,7 @@ def _model_prediction(traced, x, plan, name: str) -> dict[str, np.ndarray]:
             f"({'near-uniform' if max(s2) < 0.1 else 'beyond uniform: softmax moments by quadrature'}; "
             "docs/theory.md §15)"
         )
-    tokens = sequence_length(x)
+    tokens = sequence_length(x, traced)
     ref = q_in if floating else (pred.q[where[0]] if where and where[0] is not None else None)
     for i, j in enumerate(where):
         if j is None:
@@ -264,8 +267,8 @@ def _model_prediction(traced, x, plan, name: str) -> dict[str, np.ndarray]:
         if pred.r[j] is not None and pred.r[j] > 0:
             out["pred_bwd"][i] = 0.5 * math.log(pred.r[j])
         shape = nodes[j].shape  # the mean cosine between the tokens of one sample: t / q
-        if tokens and len(shape) == 2 and shape[0] == tokens and pred.q[j] and pred.tokens[j] is not None:
-            out["pred_cosine"][i] = pred.tokens[j] / pred.q[j]
+        if tokens and len(shape) == 2 and shape[0] == tokens and pred.q[j] and pred.cosine[j] is not None:
+            out["pred_cosine"][i] = pred.cosine[j]
     return out
 
 

@@ -79,6 +79,8 @@ class GraphPrediction:
     tokens: list[float | None] = field(default_factory=list)
     #: the attention maps' logit variances across keys (``Fold.regimes``)
     regimes: list[float] = field(default_factory=list)
+    #: per node the mean cosine between two tokens of one sample (``_pair_cosine``)
+    cosine: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -99,6 +101,12 @@ class Part:
     #: a concatenation along the tokens), which every op but attention maps on its own; "units":
     #: a group of the units (a concatenation of channels), which a weight layer mixes
     axis: str = "units"
+    #: (u, c_q, c_k, c_t, v): the mean over groups of ``u`` last-axis units (a layer norm's), its
+    #: second moment in one token, between two samples and between two tokens of one sample, and
+    #: the variance of a token's variance over its units -- where an op made them other than a
+    #: state of independent Gaussian units has them (``centre_of``): a layer norm's output is
+    #: centred exactly, at one variance, and so is a sum's normalised summand
+    centre: tuple | None = None
 
     @property
     def tok(self) -> float:
@@ -143,6 +151,27 @@ def normalised(fld: np.ndarray) -> np.ndarray | None:
     return fld / mu if mu > 0 and fld.ndim else None
 
 
+def centre_of(s: Part, units: int) -> tuple[float, float, float, float]:
+    """The second moments of the mean over ``units`` last-axis units of a token -- in one token,
+    between two samples, between two tokens of a sample -- and the variance of the token's
+    variance over them: the state's own (``Part.centre``) where an op set them for groups of that
+    size, else those of independent Gaussian units about a common mean m: (x - m^2)/units + m^2,
+    and 2 var^2/(units - 1), a chi-square's (docs/theory.md §15, "The centred residual stream")."""
+    if s.centre is not None and s.centre[0] == units:
+        return s.centre[1:5]
+    m2, u = s.mean * s.mean, max(units, 1)
+    cq, ck, ct = ((x - m2) / u + m2 for x in (s.q, s.shared, s.tok))
+    return cq, ck, ct, 2.0 * (s.q - cq) ** 2 / max(u - 1, 1)
+
+
+def inverse_mean(var: float, v: float) -> float:
+    """E[1/X] for X > 0 of mean ``var`` and variance ``v``, X a scaled chi-square of the same two
+    moments (2 var^2/v degrees of freedom): 1/(var (1 - v/var^2)) -- exact for a Gaussian token's
+    variance, (u - 1)/(u - 3) over 1/var; v/var^2 held at 1/2 (a chi-square of 4 degrees), below
+    which the mean would not exist."""
+    return 1.0 / (var * (1.0 - min(v / (var * var), 0.5)))
+
+
 def merged(parts: list[Part]) -> Part:
     """A state's parts as one (what a layer that mixes all units reads)."""
     if len(parts) == 1:
@@ -180,12 +209,15 @@ class OpMap:
     gradient at node i (``grads``: per part (r, rk, profile)); ``receive(j, parts, reader,
     fold)``, where given, is told of every gradient node j receives (an activation keeps what
     passes through it); ``weighted``: a weight layer, whose ``forward`` and ``backward`` a
-    prediction with every weight layer's variance scaled multiplies."""
+    prediction with every weight layer's variance scaled multiplies; ``tangent(nd, i, e, fold)``,
+    where given: the moment of node i's state with its response to the state of a node upstream
+    (``Fold.tangent``), from its inputs' (``e``: None for an input that does not move with it)."""
 
     forward: Callable
     backward: Callable | None = None
     receive: Callable | None = None
     weighted: bool = False
+    tangent: Callable | None = None
 
 
 #: the maps of every node op, registered by the traced ops' files (``map_op``)
@@ -218,10 +250,22 @@ class Fold:
     why: dict = field(default_factory=dict)
     #: the attention maps' logit variances across keys, in graph order (their regime)
     regimes: list = field(default_factory=list)
+    #: per node and part, each reader's (r, r_k, w_c, w_a): its gradient's second moments, and
+    #: the share of the generic second moment of its mean over a token's units and of its
+    #: component along the node's state that it holds (``alignment``; 1: a gradient independent
+    #: of them, 0: one a layer norm projected them out of)
+    aligned: dict = field(default_factory=dict)
 
-    def give(self, j: int, parts: list[tuple[float, float, np.ndarray | None]], reader: int) -> None:
+    def give(
+        self,
+        j: int,
+        parts: list[tuple[float, float, np.ndarray | None]],
+        reader: int,
+        align: list[tuple[float, float]] | None = None,
+    ) -> None:
         """Add a reader's gradient at node j (one per part of j, or one for all its parts), and
-        tell j's op (``OpMap.receive``)."""
+        tell j's op (``OpMap.receive``); ``align``: per part its (w_c, w_a) where the reader
+        knows them (a layer norm, a sum, a reshape of either), None where they are generic."""
         segs = self.states[j]
         if len(parts) != len(segs) and len(segs) == 1 and len(self.states[reader]) == len(parts):
             # one part reading several token parts (a sum's single side): their share-weighted sum
@@ -233,17 +277,63 @@ class Fold:
                     None,
                 )
             ]
+            align = None
         elif len(parts) != len(segs):
-            parts = parts[:1] * len(segs)
+            parts, align = parts[:1] * len(segs), None
         if self.grads[j] is None:
             self.grads[j] = [[0.0, 0.0, []] for _ in segs]
-        for g, (c, ck, p) in zip(self.grads[j], parts):
+        readers = self.aligned.setdefault(j, [[] for _ in segs])
+        for k, (g, (c, ck, p)) in enumerate(zip(self.grads[j], parts)):
             g[0] += c
             g[1] += ck
             g[2].append((c, p))
+            readers[k].append((c, ck, *(align[k] if align is not None and k < len(align) else (1.0, 1.0))))
         op = MAPS.get(self.nodes[j].op)
         if op is not None and op.receive is not None:
             op.receive(j, parts, reader, self)
+
+    def alignment(self, j: int, k: int, units: int) -> tuple[float, float]:
+        """The gradient at node j's part k: the second moment of its mean over a token's
+        ``units`` units (r_c) and of its component along the state, (x^T g)^2 / (units^2 q) (r_a):
+        over its readers, w_c r/units and w_a r/units -- a gradient independent of the state has
+        w = 1 (docs/theory.md §15, "The centred residual stream")."""
+        u = max(units, 1)
+        readers = self.aligned.get(j, [[]] * (k + 1))[k]
+        return sum(c * r for r, _, c, _ in readers) / u, sum(a * r for r, _, _, a in readers) / u
+
+    def tangent(self, fork: int, node: int) -> float | None:
+        """E[x . (J x_fork)] per element: the moment of node ``node``'s state x with its response
+        J x_fork to its upstream node ``fork``'s own state -- q of a branch made of weight layers
+        and homogeneous activations, 0 through a normalisation (scale-invariant) -- by each op's
+        ``OpMap.tangent`` along the nodes between them; None where an op on the way has none
+        (docs/theory.md §15, "The centred residual stream")."""
+        if node <= fork or self.states[fork] is None:
+            return None
+        on_way = {node}  # the nodes between them: upstream of ``node``, after ``fork``
+        for i in range(node, fork, -1):
+            if i in on_way:
+                on_way.update(j for j in self.nodes[i].inputs if j >= fork)
+        e: dict[int, float] = {fork: merged(self.states[fork]).q}
+        for i in sorted(on_way - {fork}):
+            nd = self.nodes[i]
+            if not any(j in e for j in nd.inputs):
+                continue  # does not move with the fork
+            op = MAPS.get(nd.op)
+            if op is None or op.tangent is None or self.states[i] is None:
+                return None
+            got = op.tangent(nd, i, [e.get(j) for j in nd.inputs], self)
+            if got is None:
+                return None
+            e[i] = got
+        return e.get(node)
+
+    def weights(self, j: int, k: int) -> tuple[float, float]:
+        """The (w_c, w_a) of node j's part k's whole gradient (``alignment``'s, over its readers)."""
+        readers = self.aligned.get(j, [[]] * (k + 1))[k]
+        r = sum(x[0] for x in readers)
+        if r <= 0:
+            return 1.0, 1.0
+        return sum(c * x for x, _, c, _ in readers) / r, sum(a * x for x, _, _, a in readers) / r
 
 
 def _scaled(nodes: Sequence[GraphNode], weight_factor: float) -> list[GraphNode]:
@@ -331,18 +421,38 @@ def predict_graph(
                 fold.poisoned[j] = True
             continue
         op.backward(nd, i, [(r, rk, blend(parts)) for r, rk, parts in fold.grads[i]], fold)
+    return _prediction(fold, unmapped)
+
+
+def _prediction(fold: Fold, unmapped: str) -> GraphPrediction:
+    """A fold's per-node moments, each part's share-weighted (``GraphPrediction``)."""
     st, grads = fold.states, fold.grads
+
+    def mean(f) -> list:
+        return [None if s is None else sum(x.share * f(x) for x in s) for s in st]
+
     return GraphPrediction(
-        [None if s is None else sum(x.share * x.q for x in s) for s in st],
-        [None if s is None else sum(x.share * x.mean for x in s) for s in st],
+        mean(lambda x: x.q),
+        mean(lambda x: x.mean),
         [
             None
             if fold.poisoned[i] or grads[i] is None
             else sum(x.share * g[0] for x, g in zip(st[i], grads[i]))
-            for i in range(n)
+            for i in range(len(st))
         ],
         unmapped,
-        [None if s is None else sum(x.share * x.shared for x in s) for s in st],
-        [None if s is None else sum(x.share * x.tok for x in s) for s in st],
+        mean(lambda x: x.shared),
+        mean(lambda x: x.tok),
         list(fold.regimes),
+        [None if s is None else _pair_cosine(s, nd.shape) for s, nd in zip(st, fold.nodes)],
     )
+
+
+def _pair_cosine(parts: list[Part], shape: tuple) -> float | None:
+    """The mean cosine between two tokens of one sample: t/q, over the groups of two or more
+    tokens where a state is kept as groups (a ViT's patches beside its class token, whose one
+    token has no pair of its own: its pairs with the patches are read as theirs)."""
+    if token_groups(parts) and len(shape) == 2:
+        parts = [s for s in parts if s.share * shape[0] >= 1.5] or parts
+    q = sum(s.share * s.q for s in parts)
+    return sum(s.share * s.tok for s in parts) / q if q > 0 else None

@@ -195,6 +195,22 @@ def test_vit_with_its_class_token_follows_the_maps():
         assert l.backward.predicted == pytest.approx(l.backward.rms, rel=tol), l.name
 
 
+def test_a_vits_tokens_are_read_from_its_attention_and_their_cosine_predicted():
+    """Image inputs: the token count comes from the graph's first attention (16 patches and the
+    class token), so every layer site reads its token cosine beside the maps' (the class token's
+    one-token group has no pair of its own; 0.14.x read its self-moment as a pair's: 0.036 high
+    at the final LayerNorm), and --max-token-cosine is a check there, not a refusal."""
+    r = sigprop.probe_module(
+        model=vit, input_shape=(3, 16, 16), samples=16, seeds=2, device="cpu", max_token_cosine=0.9
+    )
+    run = r.runs[0]
+    for layer in run.layers:
+        assert layer.tokens is not None, layer.name
+        assert layer.tokens.predicted == pytest.approx(layer.tokens.mean, abs=0.02), layer.name
+    (gate,) = [c for c in run.checks if c.verdict == "tokens"]
+    assert gate.passed and gate.cosine == pytest.approx(run.layers[-1].tokens.mean)
+
+
 def test_the_gpt2_scheme_draws_as_hugging_faces_own_init():
     """``--init gpt2`` (Radford et al. 2019): each weight's standard deviation equals the one
     Hugging Face's own init gives the same model (0.02, c_proj 0.02/sqrt(2L), embeddings 0.02),

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from scipy import special
 
 from sigprop import theory
-from sigprop.model.graph import GraphNode, Part, map_op
+from sigprop.model.graph import GraphNode, Part, map_op, merged
 from sigprop.model.ops.registry import TracedOp, register
 
 #: elementwise activations the trace maps by quadrature (module classes, functions,
@@ -219,4 +219,17 @@ def _receive(j: int, parts: list, reader: int, fold) -> None:
         t[1] += ck * fk
 
 
-map_op("act", _forward, _backward, receive=_receive)
+def _tangent(nd: GraphNode, i: int, e: list, fold) -> float | None:
+    """E[phi(z) phi'(z) zeta] for the input's response zeta of moment e with z: its regression
+    on z, e/var(z) (z - m), by the same quadrature (a ReLU's is e/2 at mean 0, homogeneous)."""
+    s = merged(fold.states[nd.inputs[0]])
+    var = s.q - s.mean * s.mean
+    if var <= 0.0:
+        return None
+    phi, dphi = nd.fn
+    m = s.mean
+    moment = theory.activation_moments(lambda z: phi(z) * dphi(z) * (z - m), dphi, m, s.q)[0]
+    return moment * e[0] / var
+
+
+map_op("act", _forward, _backward, receive=_receive, tangent=_tangent)

@@ -22,7 +22,7 @@ from sigprop.model.graph import GraphNode, Part, map_op
 from sigprop.model.ops import activation as act
 from sigprop.model.ops import attention as att
 from sigprop.model.ops.linear import _dense_node
-from sigprop.model.ops.norm import rms_node
+from sigprop.model.ops.norm import gain_offset, rms_node
 from sigprop.model.ops.registry import TracedOp, register
 
 aten = torch.ops.aten
@@ -145,7 +145,16 @@ def _layer_norm(t, n: fx.Node) -> GraphNode:
     g2 = 1.0 if w is None else float(w.detach().double().pow(2).mean())
     b2 = 0.0 if b is None else float(b.detach().double().pow(2).mean())
     units = int(np.prod(shape))
-    return GraphNode(t.label(n), "norm", t.inputs(n), forward=g2, bias=b2, units=units, group=int(shape[0]))
+    return GraphNode(
+        t.label(n),
+        "norm",
+        t.inputs(n),
+        forward=g2,
+        bias=b2,
+        units=units,
+        group=int(shape[0]),
+        params=gain_offset(w, b),
+    )
 
 
 def _activation(t, n: fx.Node) -> GraphNode:

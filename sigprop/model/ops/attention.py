@@ -291,13 +291,15 @@ def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
     o = p.projection("o", fold.weight_factor)
     r = o.backward * sum(s.share * x[0] for s, x in zip(mine, g))
     rk = o.backward * sum(s.share * x[1] for s, x in zip(mine, g))
-    (qq, _, _), _, (qv, tv, _) = mom
+    (qq, tq, _), _, (qv, tv, _) = mom
     T = p.tokens
     spread_v = max(qv - tv, 0.0)
     r_v = P * r + (T - 1) * C * rk
     rk_v = (1 - P) * r / max(T - 1, 1) + (1 - C) * rk
     r_q = P * r * spread_v * s2 / qq if qq > 0 else 0.0
-    r_k = P * r * spread_v * p.scale**2 * p.head_dim * qq
+    # a key's gradient sums its queries, weighted: the gradient's part shared by the tokens adds
+    # up the queries' shared part coherently, (1 - P) t_q beside P q_q
+    r_k = (P * r * qq + (1 - P) * rk * max(tq, 0.0)) * spread_v * p.scale**2 * p.head_dim
     for j, name, (rr, kk) in zip(nd.inputs, "qkv", ((r_q, 0.0), (r_k, 0.0), (r_v, rk_v))):
         b = p.projection(name, fold.weight_factor).backward
         fold.give(j, [(b * rr, b * kk, None)], i)
@@ -306,5 +308,20 @@ def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
 # a module's projections are weight layers (its output uncorrelated with its input; a scaled
 # prediction scales them, ``Attention.projection``); the function's queries, keys and values are
 # the layers before it
-map_op("attention", _forward, _backward, weighted=True)
-map_op("sdpa", _forward, _backward)
+def _tangent(nd: GraphNode, i: int, e: list, fold) -> float | None:
+    """The value path is linear in the values for fixed weights: the output moves with the values'
+    response as much as the values do, (e_v/q_v) of the attended values' q_o, through the output
+    projection; the softmax's own response (through the queries and keys) is left out."""
+    p: Attention = nd.params
+    if e[2] is None:
+        return 0.0
+    mom, P, _, _ = _moments(nd, fold)
+    qv, tv, _ = mom[2]
+    v, o = (p.projection(k, fold.weight_factor) for k in "vo")
+    if qv <= 0.0:
+        return None
+    return o.forward * v.forward * e[2] / qv * (tv + (qv - tv) * P)
+
+
+map_op("attention", _forward, _backward, weighted=True, tangent=_tangent)
+map_op("sdpa", _forward, _backward, tangent=_tangent)

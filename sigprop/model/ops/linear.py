@@ -186,5 +186,12 @@ def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
         fold.give(j, [(nd.backward * box * r, nd.backward * box * rk if nd.positions else 0.0, pj)], i)
 
 
-map_op("dense", _forward, _backward, weighted=True)
+map_op(
+    "dense",
+    _forward,
+    _backward,
+    weighted=True,
+    # a dense layer moves with its input by its weights alone (its bias does not): f e
+    tangent=lambda nd, i, e, fold: None if nd.mats else nd.forward * e[0],
+)
 map_op("standardized", _standardized, _backward, weighted=True)

@@ -15,7 +15,17 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sigprop.model.graph import MAPS, GraphNode, Part, blend, map_op, merged, token_groups, tokens_of
+from sigprop.model.graph import (
+    MAPS,
+    GraphNode,
+    Part,
+    blend,
+    centre_of,
+    map_op,
+    merged,
+    token_groups,
+    tokens_of,
+)
 from sigprop.model.ops.registry import TracedOp, register
 
 #: modules and calls that leave every element as it is at init (the per-element moments pass)
@@ -230,10 +240,61 @@ def _passes(nd: GraphNode, i: int, fold) -> None:
 
 
 def _gives_back(nd: GraphNode, i: int, g: list, fold) -> None:
-    """add, offset, identity, output: each input element's gradient is the output's."""
+    """offset, identity, output: each input element's gradient is the output's (where the shape
+    is kept, so is the gradient's alignment with a token's mean and state, ``Fold.alignment``)."""
     for j in nd.inputs:
         same = nd.shape == fold.nodes[j].shape
-        fold.give(j, [(r, rk, p if same else None) for r, rk, p in g], i)
+        keeps = same and nd.op != "offset" and len(g) == len(fold.states[j])
+        align = [fold.weights(i, k) for k in range(len(g))] if keeps else None
+        fold.give(j, [(r, rk, p if same else None) for r, rk, p in g], i, align)
+
+
+def _add_back(nd: GraphNode, i: int, g: list, fold) -> None:
+    """a + b: each summand's gradient is the sum's, its token mean too; its component along the
+    summand a is q_a/Q of the one along the sum plus q_b/Q of a generic one (the sum's gradient
+    seen from a holds b's share of directions it is independent of; docs/theory.md §15, "The
+    centred residual stream"), and a fork loses the cross term of its two gradients
+    (``_fork_cross``)."""
+    ins = nd.inputs
+    states = [fold.states[j] for j in ins]
+    if len(ins) != 2 or not all(len(st) == len(g) for st in states) or nd.shape != fold.nodes[ins[0]].shape:
+        return _gives_back(nd, i, g, fold)
+    along = [fold.weights(i, k)[1] for k in range(len(g))]
+    fork, cross = _fork_cross(nd, i, fold) if min(along) < 1.0 else (None, 0.0)
+    for j, mine, other in ((ins[0], states[0], states[1]), (ins[1], states[1], states[0])):
+        same = nd.shape == fold.nodes[j].shape
+        align = []
+        for k, (a, b) in enumerate(zip(mine, other)):
+            wc, wa = fold.weights(i, k)
+            total = a.q + b.q
+            share = a.q / total if total > 0 else 0.5
+            align.append((wc, share * wa + (1.0 - share)))
+        # the fork's two gradients, the sum's and the branch's, are correlated (``_fork_cross``)
+        less = [cross * (1.0 - wa) if j == fork else 0.0 for wa in along]
+        fold.give(
+            j,
+            [(r * (1.0 - c), rk, p if same else None) for (r, rk, p), c in zip(g, less)],
+            i,
+            align if same else None,
+        )
+
+
+def _fork_cross(nd: GraphNode, i: int, fold) -> tuple[int | None, float]:
+    """x + B(x), x a fork: its gradient g + J_B^T g has the cross term 2 g^T J_B g, which for a g
+    with no part along the sum y (a LayerNorm read y: w_a = 0) is -2 r (y^T J_B y)/(|y|^2 u) per
+    element = -2 r e_B/(q_y u), e_B the branch's moment with its own response to x
+    (``Fold.tangent``: q_B for weight layers and homogeneous activations, 0 behind a norm);
+    (1 - w_a) of it in general (docs/theory.md §15, "The centred residual stream").  The fork,
+    and that share of the sum's r it loses."""
+    a, b = sorted(nd.inputs)
+    shape = nd.shape
+    if a == b or not shape or shape[-1] < 2:
+        return None, 0.0
+    e = fold.tangent(a, b)
+    y = merged(fold.states[i])
+    if e is None or y.q <= 0.0:
+        return None, 0.0
+    return a, 2.0 * e / (y.q * shape[-1])
 
 
 def _add(nd: GraphNode, i: int, fold) -> None:
@@ -258,9 +319,23 @@ def _add(nd: GraphNode, i: int, fold) -> None:
             blend([(x.q, x.profile), (y.q, y.profile)]),
             None if x.tokens is None and y.tokens is None else x.tok + y.tok + 2 * x.mean * y.mean,
             x.axis,
+            _summed_centre(x, y),
         )
         for x, y in zip(a, b)
     ]
+
+
+def _summed_centre(x: Part, y: Part) -> tuple | None:
+    """A sum's token-mean moments where a summand has its own (a layer norm's output beside a
+    branch): the summands' (``centre_of``) plus their means' cross term."""
+    known = x.centre or y.centre
+    if known is None:
+        return None
+    u, cross = known[0], 2 * x.mean * y.mean
+    (*cx, vx), (*cy, vy) = centre_of(x, u), centre_of(y, u)
+    # a token's variance: the summands' own and their cross term's 4 var_x var_y / u
+    v = vx + vy + 4.0 * (x.q - cx[0]) * (y.q - cy[0]) / u
+    return (u, *(p + q + cross for p, q in zip(cx, cy)), v)
 
 
 def _scaled(nd: GraphNode, i: int, fold) -> None:
@@ -274,6 +349,9 @@ def _scaled(nd: GraphNode, i: int, fold) -> None:
             s.profile,
             tokens_of([s], lambda t: c2 * t.tok, sum),
             s.axis,
+            None
+            if s.centre is None
+            else (s.centre[0], *(c2 * c for c in s.centre[1:4]), c2 * c2 * s.centre[4]),
         )
         for s in fold.states[nd.inputs[0]]
     ]
@@ -281,7 +359,9 @@ def _scaled(nd: GraphNode, i: int, fold) -> None:
 
 def _scaled_back(nd: GraphNode, i: int, g: list, fold) -> None:
     for j in nd.inputs:
-        fold.give(j, [(nd.forward * r, nd.forward * rk, p) for r, rk, p in g], i)
+        keeps = nd.shape == fold.nodes[j].shape and len(g) == len(fold.states[j])
+        align = [fold.weights(i, k) for k in range(len(g))] if keeps else None
+        fold.give(j, [(nd.forward * r, nd.forward * rk, p) for r, rk, p in g], i, align)
 
 
 def _offset(nd: GraphNode, i: int, fold) -> None:
@@ -333,11 +413,23 @@ def _sliced_back(nd: GraphNode, i: int, g: list, fold) -> None:
         fold.give(j, [(nd.forward * r, nd.forward * rk, None) for r, rk, _ in g], i)
 
 
-map_op("identity", _passes, _gives_back)
-map_op("slice", _passes, _sliced_back)
-map_op("output", _passes, _gives_back)
-map_op("add", _add, _gives_back)
-map_op("offset", _offset, _gives_back)
-map_op("scale", _scaled, _scaled_back)
-map_op("cat", _concatenated, _concatenated_back)
+def _same(nd, i, e, fold):
+    return e[0]
+
+
+def _summed(nd, i, e, fold):
+    return sum(x for x in e if x is not None)
+
+
+def _cat_tangent(nd, i, e, fold):
+    return sum(w * x for w, x in zip(nd.shares, e) if x is not None)
+
+
+map_op("identity", _passes, _gives_back, tangent=_same)
+map_op("slice", _passes, _sliced_back, tangent=_same)
+map_op("output", _passes, _gives_back, tangent=_same)
+map_op("add", _add, _add_back, tangent=_summed)
+map_op("offset", _offset, _gives_back, tangent=_same)
+map_op("scale", _scaled, _scaled_back, tangent=lambda nd, i, e, fold: nd.forward * e[0])
+map_op("cat", _concatenated, _concatenated_back, tangent=_cat_tangent)
 map_op("constant", _constant, lambda nd, i, g, fold: None)
