@@ -99,6 +99,7 @@ def sweep(
     resources: dict | None = None,
     on_plan=None,
     on_point=None,
+    worker_wait: float | None = None,
     **given,
 ) -> list[dict]:
     """Run or resume a sweep of net kind ``kind`` (``sigprop sweep``; sigprop/sweeps/): the grid of
@@ -108,14 +109,15 @@ def sweep(
     Jacobian's spectrum with the same samples, seeds, seed, device and dtype; one JSON line
     appended to ``out`` per point, the points already in ``out`` skipped.  ``executor``:
     ``"local"`` (here), ``"dask"`` (``workers`` local processes with ``worker_threads`` torch
-    threads each, or the cluster at ``scheduler``; ``resources`` asked per point, {"GPU": 1}),
-    or a callable ``executor(fn, points)``.  ``on_plan(total, to_run)``, ``on_point(i, to_run,
-    point, line)``: progress.  Returns the lines this call wrote:
+    threads each, or the cluster at ``scheduler``; ``resources`` asked per point, {"GPU": 1};
+    ``worker_wait`` seconds for a worker, 60 by default), or a callable ``executor(fn,
+    points)``.  ``on_plan(total, to_run)``, ``on_point(i, to_run, point, line)``: progress.
+    Returns the lines this call wrote:
     ``sigprop.sweep("wrn", "r.jsonl", blocks=[16, 40], init="proposed,he", executor="dask", workers=2)``."""
     points = sweep_points(kind, init, probe_spec, measure, **given)
     if callable(executor):
         return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
-    with sweep_executor(executor, workers, scheduler, worker_threads, resources) as ex:
+    with sweep_executor(executor, workers, scheduler, worker_threads, resources, worker_wait) as ex:
         return sweeps.run(points, Path(out), measure_point, on_plan, on_point, ex)
 
 
@@ -124,7 +126,9 @@ def sweep_points(kind: str, init=None, probe_spec=None, measure: str = "probe", 
     return sweeps.configure(kinds.get(kind), given, init, probe_spec, measure)
 
 
-def sweep_executor(name="local", workers=None, scheduler=None, worker_threads=None, resources=None):
+def sweep_executor(
+    name="local", workers=None, scheduler=None, worker_threads=None, resources=None, worker_wait=None
+):
     """The executor a sweep names (``sweeps.executor``), to be entered with ``with``; local workers
     that each ask for a GPU need as many GPUs."""
     if resources and "GPU" in resources and workers:
@@ -135,7 +139,7 @@ def sweep_executor(name="local", workers=None, scheduler=None, worker_threads=No
                 f"{workers} local workers with a GPU each, {torch.cuda.device_count()} GPU(s) visible",
                 field="workers",
             )
-    return sweeps.executor(name, workers, scheduler, worker_threads, resources)
+    return sweeps.executor(name, workers, scheduler, worker_threads, resources, worker_wait)
 
 
 def run_sweep(

@@ -169,6 +169,19 @@ def _executor_parameters() -> list[inspect.Parameter]:
             ],
             None,
         ),
+        P(
+            "worker_wait",
+            Annotated[
+                Optional[float],
+                Option(
+                    "--worker-wait",
+                    help="--executor dask: seconds to wait for a worker -- the first to join, and whenever "
+                    "none is left or none offers --resources -- before stopping in one line (the points "
+                    "done are kept). [default: 60]",
+                ),
+            ],
+            None,
+        ),
     ]
 
 
@@ -354,6 +367,7 @@ def sweep(
     scheduler=None,
     worker_threads=None,
     resources=None,
+    worker_wait=None,
     **sizes,
 ) -> None:
     """Run a grid (size x width x init; a model's --arg values x input shapes x init), one JSON line per
@@ -378,7 +392,7 @@ def sweep(
 
     needs = parse_resources(resources)
     points = api.sweep_points(kind.name, init, probe, what, **given)  # every refusal before a worker starts
-    with api.sweep_executor(executor.value, workers, scheduler, worker_threads, needs) as ex:
+    with api.sweep_executor(executor.value, workers, scheduler, worker_threads, needs, worker_wait) as ex:
         progress = _Progress(out, ex.slots)
         if executor.value == "dask":
             _say(f"sigprop sweep: on {ex.describe()}")

@@ -55,13 +55,20 @@ def executor(
     scheduler: str | None = None,
     threads: int | None = None,
     resources: dict[str, float] | None = None,
+    wait: float | None = None,
 ):
     """The executor ``name`` (``EXECUTORS``) with its options, to be entered (``with``) before it
-    runs points; an option that does not apply to it is refused naming it."""
+    runs points; an option that does not apply to it is refused naming it.  ``wait``: the
+    seconds a Dask sweep waits for a worker (``cluster.WORKER_WAIT`` when None)."""
     if name not in EXECUTORS:
         raise SigpropError(f"expected local or dask, got {name!r}", field="executor")
     if name == "local":
-        for field, value in (("workers", workers), ("scheduler", scheduler), ("resources", resources)):
+        for field, value in (
+            ("workers", workers),
+            ("scheduler", scheduler),
+            ("resources", resources),
+            ("worker_wait", wait),
+        ):
             if value:
                 raise SigpropError("applies to --executor dask only", field=field)
         if threads is not None:
@@ -78,7 +85,7 @@ def executor(
         )
     from sigprop.sweeps.cluster import Dask  # the dask executor's room, loaded when named
 
-    return Dask(workers, scheduler, threads or 1, resources)
+    return Dask(workers, scheduler, threads or 1, resources, wait=wait)
 
 
 __all__ = [

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from typing import Callable, Iterator
 
 from sigprop.errors import SigpropError, described
+from sigprop.specs import available_cores
 from sigprop.sweeps.run import failed
 from sigprop.version import __version__
 
@@ -32,8 +34,15 @@ VERSION_QUESTION = "__import__('sigprop.version', fromlist=['__version__']).__ve
 LOAD_API = "__import__('sigprop.api') and None"
 #: glibc's trim threshold, which Dask's nannies set to 65536 by default (docs/cluster.md)
 TRIM = "MALLOC_TRIM_THRESHOLD_"
-#: seconds to reach a scheduler, and for its first worker to join
+#: seconds to reach a scheduler
 CONNECT_TIMEOUT = 10.0
+#: seconds a sweep waits for a worker (``--worker-wait``): for the first to join, and whenever
+#: none is left (killed, or their jobs expired) or none offers the points' ``--resources``
+WORKER_WAIT = 60.0
+#: seconds between two looks at the scheduler's workers while no point finishes
+POLL = 0.25
+#: Dask's loggers of the client's side, quiet while a sweep runs
+QUIET_LOGGERS = ("distributed.client", "distributed.core", "distributed.comm", "distributed.batched")
 
 
 def parse_resources(text: str | None) -> dict[str, float]:
@@ -64,14 +73,27 @@ class Dask:
         threads: int = 1,
         resources: dict[str, float] | None = None,
         timeout: float | None = None,
+        wait: float | None = None,
     ):
         if (workers is None) == (scheduler is None):
             raise SigpropError("give --workers N (a local cluster) or --scheduler ADDRESS", field="executor")
+        cores = available_cores()
+        if workers is not None and workers > cores:  # each a process with its own torch
+            raise SigpropError(
+                f"{workers} worker processes on {cores} core(s): give at most {cores} (each worker runs "
+                "its own torch; 100 on 2 cores ran 445 s without a point)",
+                field="workers",
+            )
+        if wait is not None and not wait > 0:
+            raise SigpropError(f"must be a number of seconds > 0, got {wait!r}", field="worker_wait")
         self.workers, self.scheduler, self.threads = workers, scheduler, threads
         self.resources, self.timeout = dict(resources or {}), timeout or CONNECT_TIMEOUT
+        self.wait = WORKER_WAIT if wait is None else float(wait)
         self.client = self.cluster = None
         #: what the client should say before the points run (a slow worker setting)
         self.notes: list[str] = []
+        #: Dask's own loggers' levels, kept while the sweep runs (``__enter__``)
+        self._levels: dict[str, int] = {}
 
     # -- connecting ---------------------------------------------------------------------------
     def __enter__(self) -> "Dask":
@@ -81,6 +103,11 @@ class Dask:
             raise SigpropError(
                 "the dask executor needs Dask distributed: pip install 'sigprop[cluster]'", field="executor"
             ) from None
+        # the client's own tracebacks (a lost scheduler, a worker's heartbeat) are not the user's:
+        # the sweep says what happened in one line
+        for name in QUIET_LOGGERS:
+            self._levels[name] = logging.getLogger(name).level
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         try:
             if self.scheduler is not None:
                 self.client = self._connect(distributed)
@@ -94,6 +121,8 @@ class Dask:
         return self
 
     def _connect(self, distributed):
+        _check_address(self.scheduler)
+        _handshake(self.scheduler, self.timeout)  # before a Client: a failed one hangs in its __del__
         try:
             client = distributed.Client(self.scheduler, timeout=self.timeout, set_as_default=False)
         except (OSError, TimeoutError, ValueError) as exc:
@@ -102,11 +131,11 @@ class Dask:
                 f"cannot reach a Dask scheduler at {self.scheduler}: {first}", field="scheduler"
             ) from None
         try:
-            client.wait_for_workers(1, timeout=self.timeout)
+            client.wait_for_workers(1, timeout=self.wait)
         except (TimeoutError, OSError):
             client.close()
             raise SigpropError(
-                f"no worker joined the scheduler at {self.scheduler} within {self.timeout:g} s",
+                f"no worker joined the scheduler at {self.scheduler} within {self.wait:g} s (--worker-wait)",
                 field="scheduler",
             ) from None
         return client
@@ -196,6 +225,20 @@ class Dask:
                 except Exception:  # closing after a failure must not hide the failure
                     pass
         self.client = self.cluster = None
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
+        self._levels.clear()
+
+    def _lost(self, exc: BaseException) -> None:
+        """A point cancelled because the client lost its scheduler (it died, or its job ended):
+        one line, nothing written for the points not run (a rerun finishes them)."""
+        cancelled = type(exc).__name__ in ("FutureCancelledError", "CancelledError")
+        if cancelled or self.client.status in ("closing", "closed", "connecting"):
+            where = self.scheduler or "the local cluster's scheduler"
+            raise SigpropError(
+                f"lost the scheduler at {where}: the points done are kept; a rerun finishes the rest",
+                field="scheduler" if self.scheduler else "workers",
+            ) from None
 
     # -- running ------------------------------------------------------------------------------
     @property
@@ -221,13 +264,138 @@ class Dask:
             for i, item in enumerate(items)
         ]
         item_of = {f.key: item for f, item in zip(futures, items)}
+        watch = _Watch(self)
         try:
             with self.client.as_current():  # as_completed asks for the current client
                 done = as_completed(futures)
-            for future in done:
-                try:
-                    yield future.result()
-                except Exception as exc:  # KilledWorker: the point's workers died; the sweep goes on
-                    yield item_of[future.key], failed(item_of[future.key], exc, None)
+            while not done.is_empty():
+                if not done.has_ready():  # nothing finished: is any worker left to finish it?
+                    watch.check()
+                    time.sleep(POLL)
+                    continue
+                for future in done.next_batch(block=False):
+                    try:
+                        point, line = future.result()
+                    except Exception as exc:  # KilledWorker: the point's workers died; the sweep goes on
+                        self._lost(exc)
+                        item = item_of[future.key]
+                        yield item, failed(item, exc, None, _last_host(exc))
+                        continue
+                    _same_version(line)
+                    yield point, line
+                watch.seen()
         finally:
             self.client.cancel(futures)
+
+
+class _Watch:
+    """While no point finishes: the scheduler's workers, looked at; none for ``--worker-wait``
+    seconds (killed, their jobs expired), or none that offers the points' ``--resources``, is
+    one line (the points done are kept: a rerun finishes the rest)."""
+
+    def __init__(self, dask: Dask) -> None:
+        self.dask = dask
+        self.since: float | None = None
+
+    def seen(self) -> None:
+        self.since = None
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            return
+        if now - self.since < self.dask.wait:
+            return
+        try:
+            workers = self.dask.client.scheduler_info(n_workers=-1).get("workers", {})
+        except Exception as exc:  # the scheduler is gone
+            self.dask._lost(exc)
+            raise
+        where = self.dask.scheduler or "the local cluster"
+        field = "scheduler" if self.dask.scheduler else "workers"
+        done = "the points done are kept; a rerun finishes the rest"
+        if not workers:
+            raise SigpropError(
+                f"no worker at {where} for {self.dask.wait:g} s (--worker-wait): {done}", field=field
+            )
+        asked = self.dask.resources
+        if asked and not any(_offers(w.get("resources") or {}, asked) for w in workers.values()):
+            wanted = ",".join(f"{k}={v:g}" for k, v in asked.items())
+            raise SigpropError(
+                f"none of the {len(workers)} worker(s) at {where} offers {wanted} (--resources) after "
+                f"{self.dask.wait:g} s (--worker-wait): {done}",
+                field="resources",
+            )
+        self.since = now  # workers are there and busy: a long point is no hang
+
+
+def _offers(has: dict, asked: dict) -> bool:
+    return all(has.get(k, 0) >= v for k, v in asked.items())
+
+
+def _last_host(exc: BaseException) -> str | None:
+    """The host of the worker a KilledWorker names last (where the point ran), where it says."""
+    worker = getattr(exc, "last_worker", None)
+    address = getattr(worker, "address", worker)
+    if not isinstance(address, str):
+        return None
+    return address.split("://")[-1].rsplit(":", 1)[0] or None
+
+
+def _same_version(line: dict) -> None:
+    """A point's line records the sigprop of the worker that ran it: a worker that joined after
+    the start with another version is refused in one line, nothing of it written."""
+    env = line.get("environment") or {}
+    theirs = env.get("sigprop")
+    if theirs != __version__:
+        raise SigpropError(
+            f"worker {env.get('host', '?')} runs sigprop {theirs or '(unknown)'}, this client "
+            f"{__version__} (it joined after the start): install the same version on every worker; "
+            "the points done are kept",
+            field="scheduler",
+        )
+
+
+def _check_address(address: str) -> None:
+    """A scheduler's address as Dask reads it (SCHEME://HOST:PORT, tcp:// by default): anything
+    else is one line naming --scheduler, before any connection is tried."""
+    from distributed.comm import registry
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, where = parse_address(str(address).strip(), strict=False)
+        if scheme not in registry.backends:
+            raise ValueError(f"no Dask scheme {scheme!r}")
+        host, port = parse_host_port(where)
+        if not host or not 0 < int(port) < 65536:
+            raise ValueError("no host or port")
+    except (ValueError, TypeError) as exc:
+        raise SigpropError(
+            f"expected a Dask scheduler's address tcp://HOST:PORT, got {address!r} ({exc})", field="scheduler"
+        ) from None
+
+
+def _handshake(address: str, timeout: float) -> None:
+    """Dask's own handshake with ``address`` within ``timeout`` seconds: a port that refuses, one
+    that answers as something else (SSH's banner read as a frame of exabytes, an HTTP server
+    waiting for a request) or not at all is one line, not a client that hangs in its __del__."""
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def shake() -> None:
+        comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout + 1.0)
+        await comm.close()
+
+    try:
+        asyncio.run(shake())
+    except (TimeoutError, asyncio.TimeoutError):
+        why = f"no Dask handshake within {timeout:g} s (is a Dask scheduler listening there?)"
+    except OSError as exc:
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    except Exception as exc:  # a reply that is not Dask's (MemoryError: a banner read as a length)
+        why = f"the port answers, but not as a Dask scheduler ({type(exc).__name__})"
+    else:
+        return
+    raise SigpropError(f"cannot reach a Dask scheduler at {address}: {why}", field="scheduler")

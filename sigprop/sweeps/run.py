@@ -75,10 +75,11 @@ def finish(point: Point, measure: Callable[[Point], Any]) -> tuple[Point, dict[s
 
 def row(point: Point, result, seconds: float) -> dict[str, Any]:
     """The JSON line of one finished point (its keys are written by sigprop/results/), its
-    environment record naming the host it ran on."""
+    environment record naming the host it ran on and its sigprop (a cluster's client checks it,
+    sigprop/sweeps/cluster.py)."""
     make = {"hessian": curvature_row, "spectrum": spectrum_row, "probe": sweep_row}[point.measure]
     line = make(point.config, point.init, result, seconds)
-    line["environment"] = {**line["environment"], "host": socket.gethostname()}
+    line["environment"] = {**line["environment"], "sigprop": __version__, "host": socket.gethostname()}
     return line
 
 

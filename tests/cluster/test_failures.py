@@ -1,0 +1,288 @@
+"""A sweep's cluster when it fails (issue 49): no worker left, none that offers the points'
+resources, more local workers than cores, a worker that joins late with another sigprop.  Each
+ends in one line within ``--worker-wait`` seconds, the points done kept -- 0.14.x waited
+forever (no worker: 120 s seen; resources: 90 s), ran 100 workers on 2 cores for 445 s, and
+wrote a late worker's other-version lines into the file."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import distributed
+import pytest
+
+from sigprop import api, specs
+from sigprop.cli import main
+from sigprop.errors import SigpropError
+from sigprop.sweeps import cluster as dask_executor
+from sigprop.version import __version__
+
+#: slow enough (about 1 s a point on one thread) that the later points are still queued when the
+#: test takes the workers away
+SLOW = dict(kind="mlp", depth=[150, 151, 152, 153], width=[128], init="proposed")
+PROBE = specs.ProbeSpec(samples=500, device="cpu", threads=1)
+
+
+def _within(seconds: float, fn) -> dict:
+    """``fn()`` in a thread: its value or its error, or a failed test if it is still running after
+    ``seconds`` (the hang this file is about)."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"the sweep still waits after {seconds} s"
+    return box
+
+
+def _cluster(n: int = 1) -> distributed.LocalCluster:
+    return distributed.LocalCluster(
+        n_workers=n,
+        threads_per_worker=1,
+        host="127.0.0.1",
+        dashboard_address=":0",
+        silence_logs=logging.CRITICAL,
+    )
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_no_worker_left_is_one_line_and_the_points_done_are_kept(tmp_path):
+    """The only worker leaves after the first point (its job expired): the sweep stops after
+    --worker-wait (2 s here), naming it, with the first point's line in the file."""
+    out = tmp_path / "r.jsonl"
+    with _cluster() as c:
+
+        def leave(i, n, point, line):
+            if i == 1:
+                c.scale(0)
+
+        box = _within(
+            90,
+            lambda: api.sweep(
+                out=out, executor="dask", scheduler=c.scheduler_address, probe_spec=PROBE,
+                on_point=leave, worker_wait=2, **SLOW,
+            ),
+        )  # fmt: skip
+    err = box.get("error")
+    assert isinstance(err, SigpropError) and err.field == "scheduler", box
+    assert "no worker at" in str(err) and "for 2 s (--worker-wait)" in str(err)
+    assert "the points done are kept" in str(err)
+    assert 1 <= len(_lines(out)) < 4
+
+
+def test_resources_no_worker_offers_are_one_line(tmp_path):
+    """GPU=1 asked of CPU workers: no point can start; after --worker-wait the sweep says which
+    resource no worker offers, nothing written."""
+    out = tmp_path / "r.jsonl"
+    with _cluster() as c:
+        box = _within(
+            90,
+            lambda: api.sweep(
+                out=out, executor="dask", scheduler=c.scheduler_address, probe_spec=PROBE,
+                resources={"GPU": 1}, worker_wait=2, **SLOW,
+            ),
+        )  # fmt: skip
+    err = box.get("error")
+    assert isinstance(err, SigpropError) and err.field == "resources", box
+    assert "offers GPU=1 (--resources) after 2 s (--worker-wait)" in str(err)
+    assert not _lines(out)
+
+
+def test_more_local_workers_than_cores_are_refused(tmp_path, capsys):
+    cores = specs.available_cores()
+    out = tmp_path / "r.jsonl"
+    args = ["sweep", "mlp", "--depth", "3", "--width", "8", "--device", "cpu", "--out", str(out)]
+    code = main([*args, "--executor", "dask", "--workers", str(cores + 1)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--workers: {cores + 1} worker processes on {cores} core(s): give at most {cores}" in err
+    assert not out.exists()
+    code = main([*args, "--worker-wait", "5"])  # a local sweep waits for no worker
+    assert code == 2 and "--worker-wait: applies to --executor dask only" in capsys.readouterr().err
+
+
+def test_a_worker_that_joins_late_with_another_version_writes_nothing(tmp_path):
+    """A worker that passed the start's check leaves; one whose sigprop says 0.0.1 joins after the
+    start and runs the next point: its line is refused in one line (the worker and both
+    versions named), and the file holds this version's lines only."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sigprop.version\nsigprop.version.__version__ = '0.0.1'\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    env["OMP_NUM_THREADS"] = "1"
+    out = tmp_path / "r.jsonl"
+    late = []
+    with _cluster() as c:
+
+        def swap(i, n, point, line):
+            if i == 1:
+                dask = Path(sys.executable).with_name("dask")
+                worker = [str(dask), "worker", c.scheduler_address, "--nthreads", "1", "--no-dashboard"]
+                late.append(
+                    subprocess.Popen(
+                        [*worker, "--host", "127.0.0.1"],
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
+                c.scale(0)
+
+        try:
+            box = _within(
+                120,
+                lambda: api.sweep(
+                    out=out, executor="dask", scheduler=c.scheduler_address, probe_spec=PROBE,
+                    on_point=swap, **SLOW,
+                ),
+            )  # fmt: skip
+        finally:
+            for p in late:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=30)
+    err = box.get("error")
+    assert isinstance(err, SigpropError), box
+    assert f"runs sigprop 0.0.1, this client {__version__}" in str(err)
+    lines = _lines(out)
+    assert 1 <= len(lines) < 4 and all(f'"sigprop": "{__version__}"' in t for t in lines)
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan"])
+def test_a_worker_wait_that_is_no_time_is_refused(tmp_path, capsys, seconds):
+    out = tmp_path / "r.jsonl"
+    args = ["sweep", "mlp", "--depth", "3", "--width", "8", "--device", "cpu", "--out", str(out)]
+    code = main([*args, "--executor", "dask", "--workers", "1", "--worker-wait", seconds])
+    err = capsys.readouterr().err
+    assert code == 2 and "--worker-wait: must be a number of seconds > 0" in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_a_sweep_that_waits_for_its_workers_says_nothing_wrong_when_they_are_busy(tmp_path):
+    """A point longer than --worker-wait is no hang: workers are there and busy."""
+    out = tmp_path / "r.jsonl"
+    t0 = time.monotonic()
+    with _cluster() as c:
+        box = _within(
+            120,
+            lambda: api.sweep(
+                out=out, executor="dask", scheduler=c.scheduler_address, probe_spec=PROBE,
+                worker_wait=0.5, **SLOW,
+            ),
+        )  # fmt: skip
+    assert "error" not in box, box
+    assert len(_lines(out)) == 4 and time.monotonic() - t0 > 0.5
+
+
+def _cli(args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "sigprop", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def _serve(reply: bytes | None):
+    """A TCP server on 127.0.0.1 that sends ``reply`` to whoever connects (an SSH banner), or
+    nothing (None: a service waiting for its own request); its address."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            if reply is not None:
+                conn.sendall(reply)
+            threading.Thread(target=conn.recv, args=(65536,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, "tcp://127.0.0.1:%d" % server.getsockname()[1]
+
+
+@pytest.mark.parametrize("address", ["garbage", "tcp://", ":notaport", "http://", "", "banner"])
+def test_a_scheduler_that_is_not_one_is_one_line(tmp_path, address):
+    """A malformed --scheduler, a port that answers as something else (an SSH banner: 0.14.x read
+    it as a frame of exabytes and said "out of memory"), one that never answers (an HTTP server
+    waiting for its request: 0.14.x over 4 minutes): one line on stderr, exit 2, quickly, nothing
+    written (0.14.x added a 9-line Client.__del__ traceback after 20 s)."""
+    server = None
+    if address == "banner":
+        server, address = _serve(b"SSH-2.0-OpenSSH_9.6p1\r\n")
+    out = tmp_path / "r.jsonl"
+    t0 = time.monotonic()
+    try:
+        r = _cli(["sweep", "mlp", "--depth", "3", "--width", "8", "--device", "cpu", "--out", str(out),
+                  "--executor", "dask", "--scheduler", address])  # fmt: skip
+    finally:
+        if server is not None:
+            server.close()
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("sigprop: error: --scheduler: "), r.stderr
+    assert time.monotonic() - t0 < 30 and not out.exists()
+
+
+def test_a_port_that_never_answers_is_one_line_after_the_connect_timeout(tmp_path, capsys, monkeypatch):
+    """A service that waits for its own request (an HTTP server): Dask's handshake gets no reply;
+    one line after the connect timeout (1 s here, 10 s by default), nothing written."""
+    monkeypatch.setattr(dask_executor, "CONNECT_TIMEOUT", 1.0)
+    server, address = _serve(None)
+    out = tmp_path / "r.jsonl"
+    t0 = time.monotonic()
+    try:
+        code = main(["sweep", "mlp", "--depth", "3", "--width", "8", "--device", "cpu", "--out", str(out),
+                     "--executor", "dask", "--scheduler", address])  # fmt: skip
+    finally:
+        server.close()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "no Dask handshake within 1 s" in err, err
+    assert time.monotonic() - t0 < 10 and not out.exists()
+
+
+def test_a_lost_scheduler_is_one_line_and_a_rerun_finishes(tmp_path):
+    """The scheduler dies after the first point (its job ended): one line naming it, no failure
+    line for the points not run; a rerun on a new cluster finishes them."""
+    out = tmp_path / "r.jsonl"
+    c = _cluster()
+    try:
+
+        def lose(i, n, point, line):
+            if i == 1:
+                c.close(timeout=5)
+
+        box = _within(
+            120,
+            lambda: api.sweep(
+                out=out, executor="dask", scheduler=c.scheduler_address, probe_spec=PROBE,
+                on_point=lose, **SLOW,
+            ),
+        )  # fmt: skip
+    finally:
+        c.close()
+    err = box.get("error")
+    assert isinstance(err, SigpropError) and "lost the scheduler at tcp://" in str(err), box
+    first = _lines(out)
+    assert 1 <= len(first) < 4 and all('"schema": "sigprop.sweep.v' in t for t in first), first
+    with _cluster() as again:
+        api.sweep(out=out, executor="dask", scheduler=again.scheduler_address, probe_spec=PROBE, **SLOW)
+    assert len(_lines(out)) == 4
