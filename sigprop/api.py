@@ -100,6 +100,7 @@ def sweep(
     on_plan=None,
     on_point=None,
     worker_wait: float | None = None,
+    scheduler_file: str | None = None,
     **given,
 ) -> list[dict]:
     """Run or resume a sweep of net kind ``kind`` (``sigprop sweep``; sigprop/sweeps/): the grid of
@@ -110,14 +111,17 @@ def sweep(
     appended to ``out`` per point, the points already in ``out`` skipped.  ``executor``:
     ``"local"`` (here), ``"dask"`` (``workers`` local processes with ``worker_threads`` torch
     threads each, or the cluster at ``scheduler``; ``resources`` asked per point, {"GPU": 1};
-    ``worker_wait`` seconds for a worker, 60 by default), or a callable ``executor(fn,
+    ``worker_wait`` seconds for a worker, 60 by default; ``scheduler_file``: the JSON file a
+    scheduler wrote its address to), or a callable ``executor(fn,
     points)``.  ``on_plan(total, to_run)``, ``on_point(i, to_run, point, line)``: progress.
     Returns the lines this call wrote:
     ``sigprop.sweep("wrn", "r.jsonl", blocks=[16, 40], init="proposed,he", executor="dask", workers=2)``."""
     points = sweep_points(kind, init, probe_spec, measure, **given)
     if callable(executor):
         return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
-    with sweep_executor(executor, workers, scheduler, worker_threads, resources, worker_wait) as ex:
+    with sweep_executor(
+        executor, workers, scheduler, worker_threads, resources, worker_wait, scheduler_file
+    ) as ex:
         return sweeps.run(points, Path(out), measure_point, on_plan, on_point, ex)
 
 
@@ -127,7 +131,13 @@ def sweep_points(kind: str, init=None, probe_spec=None, measure: str = "probe", 
 
 
 def sweep_executor(
-    name="local", workers=None, scheduler=None, worker_threads=None, resources=None, worker_wait=None
+    name="local",
+    workers=None,
+    scheduler=None,
+    worker_threads=None,
+    resources=None,
+    worker_wait=None,
+    scheduler_file=None,
 ):
     """The executor a sweep names (``sweeps.executor``), to be entered with ``with``; local workers
     that each ask for a GPU need as many GPUs."""
@@ -139,7 +149,7 @@ def sweep_executor(
                 f"{workers} local workers with a GPU each, {torch.cuda.device_count()} GPU(s) visible",
                 field="workers",
             )
-    return sweeps.executor(name, workers, scheduler, worker_threads, resources, worker_wait)
+    return sweeps.executor(name, workers, scheduler, worker_threads, resources, worker_wait, scheduler_file)
 
 
 def run_sweep(

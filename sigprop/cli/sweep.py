@@ -147,6 +147,19 @@ def _executor_parameters() -> list[inspect.Parameter]:
             None,
         ),
         P(
+            "scheduler_file",
+            Annotated[
+                Optional[str],
+                Option(
+                    "--scheduler-file",
+                    help="--executor dask: the JSON file a running scheduler wrote its address to (dask "
+                    "scheduler --scheduler-file PATH, as an HPC batch job starts one); waited for up to "
+                    "--worker-wait.",
+                ),
+            ],
+            None,
+        ),
+        P(
             "worker_threads",
             Annotated[
                 Optional[int],
@@ -368,6 +381,7 @@ def sweep(
     worker_threads=None,
     resources=None,
     worker_wait=None,
+    scheduler_file=None,
     **sizes,
 ) -> None:
     """Run a grid (size x width x init; a model's --arg values x input shapes x init), one JSON line per
@@ -392,7 +406,9 @@ def sweep(
 
     needs = parse_resources(resources)
     points = api.sweep_points(kind.name, init, probe, what, **given)  # every refusal before a worker starts
-    with api.sweep_executor(executor.value, workers, scheduler, worker_threads, needs, worker_wait) as ex:
+    with api.sweep_executor(
+        executor.value, workers, scheduler, worker_threads, needs, worker_wait, scheduler_file
+    ) as ex:
         progress = _Progress(out, ex.slots)
         if executor.value == "dask":
             _say(f"sigprop sweep: on {ex.describe()}")

@@ -56,6 +56,7 @@ def executor(
     threads: int | None = None,
     resources: dict[str, float] | None = None,
     wait: float | None = None,
+    scheduler_file: str | None = None,
 ):
     """The executor ``name`` (``EXECUTORS``) with its options, to be entered (``with``) before it
     runs points; an option that does not apply to it is refused naming it.  ``wait``: the
@@ -68,6 +69,7 @@ def executor(
             ("scheduler", scheduler),
             ("resources", resources),
             ("worker_wait", wait),
+            ("scheduler_file", scheduler_file),
         ):
             if value:
                 raise SigpropError("applies to --executor dask only", field=field)
@@ -77,15 +79,19 @@ def executor(
                 field="worker_threads",
             )
         return Serial()
-    if workers is not None and scheduler is not None:
+    if workers is not None and (scheduler is not None or scheduler_file is not None):
         raise SigpropError("a cluster at --scheduler has its own workers; give one of them", field="workers")
-    if scheduler is not None and threads is not None:
+    if scheduler is not None and scheduler_file is not None:
+        raise SigpropError(
+            "give --scheduler ADDRESS or --scheduler-file PATH, not both", field="scheduler_file"
+        )
+    if (scheduler is not None or scheduler_file is not None) and threads is not None:
         raise SigpropError(
             "the workers of a running scheduler were started with their own threads", field="worker_threads"
         )
     from sigprop.sweeps.cluster import Dask  # the dask executor's room, loaded when named
 
-    return Dask(workers, scheduler, threads or 1, resources, wait=wait)
+    return Dask(workers, scheduler, threads or 1, resources, wait=wait, scheduler_file=scheduler_file)
 
 
 __all__ = [

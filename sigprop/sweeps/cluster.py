@@ -74,9 +74,14 @@ class Dask:
         resources: dict[str, float] | None = None,
         timeout: float | None = None,
         wait: float | None = None,
+        scheduler_file: str | None = None,
     ):
-        if (workers is None) == (scheduler is None):
-            raise SigpropError("give --workers N (a local cluster) or --scheduler ADDRESS", field="executor")
+        given = [x is not None for x in (workers, scheduler, scheduler_file)]
+        if sum(given) != 1:
+            raise SigpropError(
+                "give one of --workers N (a local cluster), --scheduler ADDRESS or --scheduler-file PATH",
+                field="executor",
+            )
         cores = available_cores()
         if workers is not None and workers > cores:  # each a process with its own torch
             raise SigpropError(
@@ -89,6 +94,7 @@ class Dask:
         self.workers, self.scheduler, self.threads = workers, scheduler, threads
         self.resources, self.timeout = dict(resources or {}), timeout or CONNECT_TIMEOUT
         self.wait = WORKER_WAIT if wait is None else float(wait)
+        self.scheduler_file = scheduler_file
         self.client = self.cluster = None
         #: what the client should say before the points run (a slow worker setting)
         self.notes: list[str] = []
@@ -109,6 +115,8 @@ class Dask:
             self._levels[name] = logging.getLogger(name).level
             logging.getLogger(name).setLevel(logging.CRITICAL)
         try:
+            if self.scheduler_file is not None:  # a batch job's scheduler writes it
+                self.scheduler = _address_in(self.scheduler_file, self.wait)
             if self.scheduler is not None:
                 self.client = self._connect(distributed)
             else:
@@ -248,7 +256,18 @@ class Dask:
 
     def describe(self) -> str:
         where = self.scheduler or f"a local cluster of {self.workers} worker process(es)"
-        return f"Dask, {where}, {self.slots} point(s) at a time"
+        if self.scheduler_file is not None:
+            where += f" (from {self.scheduler_file})"
+        board = self.dashboard()
+        return f"Dask, {where}, {self.slots} point(s) at a time" + (f"; dashboard {board}" if board else "")
+
+    def dashboard(self) -> str | None:
+        """The scheduler's dashboard, where it serves one (a local cluster's does not)."""
+        try:
+            services = self.client.scheduler_info(n_workers=0).get("services", {})
+            return self.client.dashboard_link if "dashboard" in services else None
+        except Exception:  # no dashboard to name
+            return None
 
     def __call__(self, fn: Callable, items: list) -> Iterator:
         """Submit every item, yield ``fn(item)`` as each finishes; an item whose task could not
@@ -399,3 +418,29 @@ def _handshake(address: str, timeout: float) -> None:
     else:
         return
     raise SigpropError(f"cannot reach a Dask scheduler at {address}: {why}", field="scheduler")
+
+
+def _address_in(path: str, wait: float) -> str:
+    """The address a scheduler wrote to its ``--scheduler-file`` (``dask scheduler
+    --scheduler-file``, a batch job's), waited for up to ``wait`` seconds while the file does not
+    exist yet; one line naming --scheduler-file otherwise."""
+    import json
+
+    deadline = time.monotonic() + wait
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(POLL)
+    try:
+        with open(path, encoding="utf-8") as f:
+            address = json.load(f)["address"]
+    except FileNotFoundError:
+        raise SigpropError(
+            f"no scheduler wrote {path} within {wait:g} s (--worker-wait)", field="scheduler_file"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SigpropError(
+            f'{path} is not a Dask scheduler file (a JSON object with its "address"): {described(exc)}',
+            field="scheduler_file",
+        ) from None
+    if not isinstance(address, str):
+        raise SigpropError(f'{path}: its "address" is not a string', field="scheduler_file")
+    return address

@@ -321,7 +321,10 @@ def test_bad_executor_input_is_one_line_and_nothing_written(tmp_path, capsys, mo
             ["--executor", "dask", "--scheduler", "tcp://127.0.0.1:9"],
             "--scheduler: cannot reach a Dask scheduler",
         ),
-        (["--executor", "dask"], "give --workers N (a local cluster) or --scheduler ADDRESS"),
+        (
+            ["--executor", "dask"],
+            "give one of --workers N (a local cluster), --scheduler ADDRESS or --scheduler-file",
+        ),
         (["--workers", "2"], "--workers: applies to --executor dask only"),
         (["--executor", "dask", "--workers", "2", "--resources", "GPU"], "--resources: expected NAME=AMOUNT"),
         (
@@ -361,3 +364,57 @@ def test_local_gpu_workers_see_one_gpu_each():
         threads = set(ex.client.run(eval, ask.format("OMP_NUM_THREADS")).values())
         assert seen == ["0", "1"] and threads == {"1"}
         assert ex.slots == 2
+
+
+def test_a_scheduler_file_finds_the_scheduler_and_its_dashboard(tmp_path, capsys, monkeypatch):
+    """--scheduler-file: the address a `dask scheduler --scheduler-file` wrote, the sweep equal to
+    the serial one, its dashboard named on the first line; a file that never appears, or is not
+    a scheduler's, is one line naming --scheduler-file, nothing written."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    file = tmp_path / "scheduler.json"
+    args = [
+        "sweep",
+        "mlp",
+        "--depth",
+        "3,4",
+        "--width",
+        "16",
+        "--samples",
+        "64",
+        "--init",
+        "he",
+        "--device",
+        "cpu",
+    ]
+    scheduler = ["scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", "127.0.0.1:0"]
+    procs = [_start([*scheduler, "--scheduler-file", str(file)])]
+    try:
+        deadline = time.monotonic() + 60
+        while not file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        address = json.loads(file.read_text())["address"]
+        procs.append(_start(["worker", address, "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"]))
+        serial, out = tmp_path / "serial.jsonl", tmp_path / "r.jsonl"
+        assert main([*args, "--out", str(serial)]) == 0
+        capsys.readouterr()
+        assert main([*args, "--out", str(out), "--executor", "dask", "--scheduler-file", str(file)]) == 0
+        said = capsys.readouterr().err.splitlines()[0]
+        assert f"on Dask, {address} (from {file})" in said and "dashboard http://127.0.0.1:" in said, said
+        assert _lines(out) == _lines(serial)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=30)
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    for path, words in (
+        (tmp_path / "never.json", "no scheduler wrote"),
+        (bad, "is not a Dask scheduler file"),
+    ):
+        refused = tmp_path / "refused.jsonl"
+        cmd = [*args, "--out", str(refused), "--executor", "dask", "--scheduler-file", str(path)]
+        code = main([*cmd, "--worker-wait", "1"])
+        err = capsys.readouterr().err
+        assert code == 2 and words in err and err.count("\n") == 1 and "--scheduler-file" in err, err
+        assert not refused.exists()
