@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from sigprop import kinds, run, specs, sweeps, theory
+from sigprop import files, kinds, run, specs, sweeps, theory
 from sigprop.errors import SigpropError
 from sigprop.public import API
 from sigprop.results import RESULT_SCHEMA, Check, CheckOutcome, CheckReport, HessianResult, ProbeResult
@@ -101,6 +101,7 @@ def sweep(
     on_point=None,
     worker_wait: float | None = None,
     scheduler_file: str | None = None,
+    shard: str | None = None,
     **given,
 ) -> list[dict]:
     """Run or resume a sweep of net kind ``kind`` (``sigprop sweep``; sigprop/sweeps/): the grid of
@@ -113,10 +114,16 @@ def sweep(
     threads each, or the cluster at ``scheduler``; ``resources`` asked per point, {"GPU": 1};
     ``worker_wait`` seconds for a worker, 60 by default; ``scheduler_file``: the JSON file a
     scheduler wrote its address to), or a callable ``executor(fn,
-    points)``.  ``on_plan(total, to_run)``, ``on_point(i, to_run, point, line)``: progress.
+    points)``.  ``shard="i/N"``: only the i-th of N disjoint parts of the grid, ``out`` its own
+    file (``sigprop sweep merge`` joins the parts).  ``on_plan(total, to_run)``, ``on_point(i,
+    to_run, point, line)``: progress.
     Returns the lines this call wrote:
     ``sigprop.sweep("wrn", "r.jsonl", blocks=[16, 40], init="proposed,he", executor="dask", workers=2)``."""
     points = sweep_points(kind, init, probe_spec, measure, **given)
+    if shard is not None:  # "i/N": the i-th of N parts of the grid, its own file (sweeps/shard.py)
+        i, n = sweeps.parse_shard(shard)
+        files.check_target(Path(out), "out", append=True)
+        points = sweeps.start_shard(Path(out), points, i, n)
     if callable(executor):
         return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
     with sweep_executor(

@@ -45,11 +45,12 @@ def new_app() -> typer.Typer:
     return app
 
 
-def add_family(app: typer.Typer, name: str, help_: str, which, describe, make) -> None:
+def add_family(app: typer.Typer, name: str, help_: str, which, describe, make) -> typer.Typer:
     """``sigprop NAME KIND``: a command group with one command per kind in ``which`` (the kinds
     registered now), each helped by ``describe(kind)`` and built by ``make(kind)`` (hessian,
-    spectrum, sweep)."""
+    spectrum, sweep); the group (a family may add a command of its own: ``sweep merge``)."""
     family = typer.Typer(help=help_, no_args_is_help=True)
     app.add_typer(family, name=name)
     for kind in which:
         family.command(kind.name, help=escape(describe(kind)))(make(kind))
+    return family

@@ -28,6 +28,8 @@ FLAGS = {
     "result": "RESULT",
     "results": "RESULTS",
     "file": "FILE",
+    "parts": "PARTS",
+    "merged": "OUT",
     "batch": "batch (recorded in the result)",
 }
 

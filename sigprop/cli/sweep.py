@@ -19,7 +19,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from sigprop import kinds, report, specs, sweeps
+from sigprop import files, kinds, report, specs, sweeps
 from sigprop.cli import common
 from sigprop.cli._app import add_family
 from sigprop.cli.options import (
@@ -171,6 +171,13 @@ def _executor_parameters() -> list[inspect.Parameter]:
             ],
             None,
         ),
+    ] + _queue_parameters()
+
+
+def _queue_parameters() -> list[inspect.Parameter]:
+    """What the points ask of a cluster, how long to wait for one, and which part of the grid
+    runs here."""
+    return [
         P(
             "resources",
             Annotated[
@@ -178,6 +185,18 @@ def _executor_parameters() -> list[inspect.Parameter]:
                 Option(
                     help="--executor dask: what each point asks of a worker, NAME=AMOUNT (GPU=1: one point "
                     "per GPU; a local cluster's worker i gets GPU i)."
+                ),
+            ],
+            None,
+        ),
+        P(
+            "shard",
+            Annotated[
+                Optional[str],
+                Option(
+                    help="Run the i-th of N disjoint parts of the grid, i/N with 0 <= i < N (a SLURM "
+                    "array task's $SLURM_ARRAY_TASK_ID/N), into its own --out; sigprop sweep merge joins "
+                    "the parts.",
                 ),
             ],
             None,
@@ -382,6 +401,7 @@ def sweep(
     resources=None,
     worker_wait=None,
     scheduler_file=None,
+    shard=None,
     **sizes,
 ) -> None:
     """Run a grid (size x width x init; a model's --arg values x input shapes x init), one JSON line per
@@ -406,6 +426,10 @@ def sweep(
 
     needs = parse_resources(resources)
     points = api.sweep_points(kind.name, init, probe, what, **given)  # every refusal before a worker starts
+    if shard is not None:
+        i, n = sweeps.parse_shard(shard)
+        files.check_target(out, "out", append=True)
+        points = sweeps.start_shard(out, points, i, n)
     with api.sweep_executor(
         executor.value, workers, scheduler, worker_threads, needs, worker_wait, scheduler_file
     ) as ex:
@@ -493,9 +517,30 @@ def _kind_sweep(kind: kinds.Kind):
     return run_sweep
 
 
+def merge_cmd(
+    out: Annotated[Path, Argument(help="The merged sweep's JSON-lines file (a new file).", metavar="OUT")],
+    parts: Annotated[
+        list[Path], Argument(help="The parts' files (sigprop sweep ... --shard i/N).", metavar="PARTS")
+    ],
+) -> None:
+    """Join the parts of a sweep run with --shard i/N into one file: every point once (a point in two parts
+    is refused), the points no part holds listed (exit 1)."""
+    files.check_target(out, "merged")
+    rows, missing = sweeps.merge(out, parts)
+    _say(f"sigprop sweep merge: {rows} point(s) from {len(parts)} part(s) into {out}")
+    if missing:
+        shown = "; ".join(missing[:10]) + (f"; and {len(missing) - 10} more" if len(missing) > 10 else "")
+        _say(
+            f"sigprop sweep merge: {len(missing)} missing: {shown} (rerun their parts, or the whole "
+            f"sweep on {out})"
+        )
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
-    """``sigprop sweep`` with one command per kind that sweeps, from the kinds registered now."""
-    add_family(
+    """``sigprop sweep`` with one command per kind that sweeps, from the kinds registered now, and
+    ``sigprop sweep merge``."""
+    family = add_family(
         app,
         "sweep",
         SWEEP_HELP,
@@ -503,3 +548,4 @@ def register(app: typer.Typer) -> None:
         lambda kind: f"Sweep the net of `sigprop {kind.name}` over a grid of its options and inits.",
         _kind_sweep,
     )
+    family.command("merge")(merge_cmd)

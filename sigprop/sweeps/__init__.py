@@ -26,6 +26,8 @@ from sigprop.sweeps.run import (
     run,
     serial,
 )
+from sigprop.sweeps.shard import SHARD_SCHEMA, merge, parse_shard
+from sigprop.sweeps.shard import start as start_shard
 
 EXECUTORS = ("local", "dask")
 
@@ -117,4 +119,8 @@ __all__ = [
     "row",
     "run",
     "serial",
+    "parse_shard",
+    "start_shard",
+    "merge",
+    "SHARD_SCHEMA",
 ]
