@@ -333,6 +333,8 @@ class _Progress:
 
     def __init__(self, out: Path, slots: int):
         self.out, self.slots, self.prog, self.task = out, slots, None, None
+        #: the executor's count of the points running now (``running(left)``)
+        self.running = None
         self.failed = self.refused = self.done = 0
 
     def plan(self, total: int, to_run: int) -> None:
@@ -356,7 +358,8 @@ class _Progress:
             self.prog.start()
 
     def _state(self, done: int, total: int) -> str:
-        return f"running {min(self.slots, total - done)}, failed {self.failed}"
+        running = self.running(total - done) if self.running else min(self.slots, total - done)
+        return f"running {running}, failed {self.failed}"
 
     def point(self, i: int, n: int, point, line: dict) -> None:
         self.failed += "error" in line
@@ -430,10 +433,15 @@ def sweep(
         i, n = sweeps.parse_shard(shard)
         files.check_target(out, "out", append=True)
         points = sweeps.start_shard(out, points, i, n)
-    with api.sweep_executor(
+    chosen = api.sweep_executor(
         executor.value, workers, scheduler, worker_threads, needs, worker_wait, scheduler_file
-    ) as ex:
+    )  # its options checked: what follows is no refusal of them
+    chosen.say = lambda text: _say(f"sigprop sweep: {text}")
+    if workers is not None:  # its processes take seconds to start, each loading torch
+        _say(f"sigprop sweep: starting a local cluster of {workers} worker process(es) ...")
+    with chosen as ex:
         progress = _Progress(out, ex.slots)
+        progress.running = ex.running
         if executor.value == "dask":
             _say(f"sigprop sweep: on {ex.describe()}")
         for note in ex.notes:

@@ -37,6 +37,8 @@ class Serial:
 
     slots = 1
     notes: tuple[str, ...] = ()
+    #: what the executor says while it waits (the Dask one, for its workers); unused here
+    say: Callable[[str], None] | None = None
 
     def __enter__(self) -> "Serial":
         return self
@@ -46,6 +48,10 @@ class Serial:
 
     def describe(self) -> str:
         return "here, one point after the other"
+
+    def running(self, left: int) -> int:
+        """Points running now, of ``left`` not finished: here, the one."""
+        return min(1, left)
 
     def __call__(self, fn: Callable, items: list):
         return serial(fn, items)

@@ -42,7 +42,15 @@ WORKER_WAIT = 60.0
 #: seconds between two looks at the scheduler's workers while no point finishes
 POLL = 0.25
 #: Dask's loggers of the client's side, quiet while a sweep runs
-QUIET_LOGGERS = ("distributed.client", "distributed.core", "distributed.comm", "distributed.batched")
+QUIET_LOGGERS = (
+    "distributed.client",
+    "distributed.core",
+    "distributed.comm",
+    "distributed.batched",
+    "distributed.deploy.spec",
+    "distributed.nanny",
+    "asyncio",
+)
 
 
 def parse_resources(text: str | None) -> dict[str, float]:
@@ -100,6 +108,8 @@ class Dask:
         self.notes: list[str] = []
         #: Dask's own loggers' levels, kept while the sweep runs (``__enter__``)
         self._levels: dict[str, int] = {}
+        #: where the executor says what it waits for (no worker yet, none left): a line each time
+        self.say: Callable[[str], None] | None = None
 
     # -- connecting ---------------------------------------------------------------------------
     def __enter__(self) -> "Dask":
@@ -123,8 +133,10 @@ class Dask:
                 self.cluster = self._local(distributed)
                 self.client = distributed.Client(self.cluster, set_as_default=False)
             self._check_workers()
-        except BaseException:
-            self.__exit__(None, None, None)
+        except BaseException as exc:
+            # Ctrl-C while the cluster starts: its half-started tasks' complaints (a nanny that
+            # failed to start, an exception never retrieved) stay quiet to the end
+            self.__exit__(None, None, None, quiet=isinstance(exc, KeyboardInterrupt))
             raise
         return self
 
@@ -139,6 +151,11 @@ class Dask:
                 f"cannot reach a Dask scheduler at {self.scheduler}: {first}", field="scheduler"
             ) from None
         try:
+            if not client.scheduler_info(n_workers=-1).get("workers") and self.say is not None:
+                self.say(
+                    f"connected to {self.scheduler}; waiting up to {self.wait:g} s for a worker "
+                    "(--worker-wait)"
+                )
             client.wait_for_workers(1, timeout=self.wait)
         except (TimeoutError, OSError):
             client.close()
@@ -180,11 +197,20 @@ class Dask:
         os.environ["PYTHONWARNINGS"] = ",".join(
             w for w in (saved.get("PYTHONWARNINGS"), "ignore:resource_tracker:UserWarning") if w
         )
+        started = set(distributed.SpecCluster._instances)
         try:
             with dask.config.set({"distributed.nanny.pre-spawn-environ": spawn}):
                 return distributed.SpecCluster(
                     workers=spec, scheduler=scheduler, silence_logs=logging.CRITICAL
                 )
+        except BaseException:  # Ctrl-C while it starts: closed here, not by Dask's atexit hook
+            for half in set(distributed.SpecCluster._instances) - started:
+                distributed.SpecCluster._instances.discard(half)  # its AssertionError at exit
+                try:
+                    half.close(timeout=2)
+                except BaseException:  # a half-started cluster's close may fail: it is going
+                    pass
+            raise
         finally:  # this process keeps its own environment
             os.environ.clear()
             os.environ.update(saved)
@@ -225,7 +251,7 @@ class Dask:
         # each worker loads the API (torch) now, all at once, not inside its first point
         self._ask(LOAD_API, "cannot load sigprop's API")
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc, quiet: bool = False) -> None:
         for closing in (self.client, self.cluster):
             if closing is not None:
                 try:
@@ -233,9 +259,10 @@ class Dask:
                 except Exception:  # closing after a failure must not hide the failure
                     pass
         self.client = self.cluster = None
-        for name, level in self._levels.items():
-            logging.getLogger(name).setLevel(level)
-        self._levels.clear()
+        if not quiet:
+            for name, level in self._levels.items():
+                logging.getLogger(name).setLevel(level)
+            self._levels.clear()
 
     def _lost(self, exc: BaseException) -> None:
         """A point cancelled because the client lost its scheduler (it died, or its job ended):
@@ -261,8 +288,18 @@ class Dask:
         board = self.dashboard()
         return f"Dask, {where}, {self.slots} point(s) at a time" + (f"; dashboard {board}" if board else "")
 
+    def running(self, left: int) -> int:
+        """Points running now: the tasks the scheduler's workers are processing (not the slots:
+        a worker that has not joined runs nothing)."""
+        try:
+            return min(left, sum(len(keys) for keys in self.client.processing().values()))
+        except Exception:  # the scheduler is gone: the sweep says so
+            return 0
+
     def dashboard(self) -> str | None:
         """The scheduler's dashboard, where it serves one (a local cluster's does not)."""
+        if self.workers is not None:
+            return None
         try:
             services = self.client.scheduler_info(n_workers=0).get("services", {})
             return self.client.dashboard_link if "dashboard" in services else None
@@ -312,18 +349,24 @@ class _Watch:
     seconds (killed, their jobs expired), or none that offers the points' ``--resources``, is
     one line (the points done are kept: a rerun finishes the rest)."""
 
+    #: seconds of no point finishing and no worker before the sweep says it waits
+    QUIET = 2.0
+
     def __init__(self, dask: Dask) -> None:
         self.dask = dask
         self.since: float | None = None
+        self.said = False
 
     def seen(self) -> None:
-        self.since = None
+        self.since, self.said = None, False
 
     def check(self) -> None:
         now = time.monotonic()
         if self.since is None:
             self.since = now
             return
+        if not self.said and now - self.since >= self.QUIET and self.dask.say is not None:
+            self._say_waiting()
         if now - self.since < self.dask.wait:
             return
         try:
@@ -347,6 +390,18 @@ class _Watch:
                 field="resources",
             )
         self.since = now  # workers are there and busy: a long point is no hang
+
+    def _say_waiting(self) -> None:
+        """Once per wait: that no worker is there (none joined yet, or all left), and for how long
+        the sweep waits."""
+        try:
+            workers = self.dask.client.scheduler_info(n_workers=-1).get("workers", {})
+        except Exception:  # the scheduler is gone: check() says so
+            return
+        self.said = True
+        if not workers:
+            where = self.dask.scheduler or "the local cluster"
+            self.dask.say(f"no worker at {where}: waiting up to {self.dask.wait:g} s (--worker-wait)")
 
 
 def _offers(has: dict, asked: dict) -> bool:
