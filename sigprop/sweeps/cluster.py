@@ -16,6 +16,8 @@ reached or has no worker.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import os
 import time
@@ -151,12 +153,15 @@ class Dask:
                 f"cannot reach a Dask scheduler at {self.scheduler}: {first}", field="scheduler"
             ) from None
         try:
-            if not client.scheduler_info(n_workers=-1).get("workers") and self.say is not None:
-                self.say(
-                    f"connected to {self.scheduler}; waiting up to {self.wait:g} s for a worker "
-                    "(--worker-wait)"
-                )
-            client.wait_for_workers(1, timeout=self.wait)
+            try:  # a worker that is there, or joins in a moment, needs no word
+                client.wait_for_workers(1, timeout=min(_Watch.QUIET, self.wait))
+            except TimeoutError:
+                if self.say is not None:
+                    self.say(
+                        f"connected to {self.scheduler}; waiting up to {self.wait:g} s for a worker "
+                        "(--worker-wait)"
+                    )
+                client.wait_for_workers(1, timeout=max(self.wait - _Watch.QUIET, 0.001))
         except (TimeoutError, OSError):
             client.close()
             raise SigpropError(
@@ -434,8 +439,8 @@ def _same_version(line: dict) -> None:
 def _check_address(address: str) -> None:
     """A scheduler's address as Dask reads it (SCHEME://HOST:PORT, tcp:// by default): anything
     else is one line naming --scheduler, before any connection is tried."""
-    from distributed.comm import registry
-    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm import registry  # the cluster extra (the executor's own room)
+    from distributed.comm.addressing import parse_address, parse_host_port  # the cluster extra
 
     try:
         scheme, where = parse_address(str(address).strip(), strict=False)
@@ -454,9 +459,7 @@ def _handshake(address: str, timeout: float) -> None:
     """Dask's own handshake with ``address`` within ``timeout`` seconds: a port that refuses, one
     that answers as something else (SSH's banner read as a frame of exabytes, an HTTP server
     waiting for a request) or not at all is one line, not a client that hangs in its __del__."""
-    import asyncio
-
-    from distributed.comm import connect
+    from distributed.comm import connect  # the cluster extra (the executor's own room)
 
     async def shake() -> None:
         comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout + 1.0)
@@ -479,8 +482,6 @@ def _address_in(path: str, wait: float) -> str:
     """The address a scheduler wrote to its ``--scheduler-file`` (``dask scheduler
     --scheduler-file``, a batch job's), waited for up to ``wait`` seconds while the file does not
     exist yet; one line naming --scheduler-file otherwise."""
-    import json
-
     deadline = time.monotonic() + wait
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(POLL)

@@ -398,7 +398,7 @@ def test_a_scheduler_file_finds_the_scheduler_and_its_dashboard(tmp_path, capsys
         assert main([*args, "--out", str(serial)]) == 0
         capsys.readouterr()
         assert main([*args, "--out", str(out), "--executor", "dask", "--scheduler-file", str(file)]) == 0
-        said = capsys.readouterr().err.splitlines()[0]
+        said = next(t for t in capsys.readouterr().err.splitlines() if " on Dask, " in t)
         assert f"on Dask, {address} (from {file})" in said and "dashboard http://127.0.0.1:" in said, said
         assert _lines(out) == _lines(serial)
     finally:

@@ -296,7 +296,7 @@ def test_a_sweep_says_what_it_waits_for(tmp_path, capsys, monkeypatch):
     with distributed.LocalCluster(
         n_workers=0, host="127.0.0.1", dashboard_address=":0", silence_logs=logging.CRITICAL
     ) as c:
-        threading.Timer(2.0, lambda: c.scale(1)).start()
+        threading.Timer(4.0, lambda: c.scale(1)).start()
         args = [
             "sweep",
             "mlp",
