@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from sigprop import files, kinds, run, specs, sweeps, theory
+from sigprop import kinds, run, specs, sweeps, theory
 from sigprop.errors import SigpropError
 from sigprop.public import API
 from sigprop.results import RESULT_SCHEMA, Check, CheckOutcome, CheckReport, HessianResult, ProbeResult
@@ -121,9 +121,7 @@ def sweep(
     ``sigprop.sweep("wrn", "r.jsonl", blocks=[16, 40], init="proposed,he", executor="dask", workers=2)``."""
     points = sweep_points(kind, init, probe_spec, measure, **given)
     if shard is not None:  # "i/N": the i-th of N parts of the grid, its own file (sweeps/shard.py)
-        i, n = sweeps.parse_shard(shard)
-        files.check_target(Path(out), "out", append=True)
-        points = sweeps.start_shard(Path(out), points, i, n)
+        points = sweeps.start_shard(Path(out), points, shard)
     if callable(executor):
         return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
     with sweep_executor(

@@ -430,9 +430,7 @@ def sweep(
     needs = parse_resources(resources)
     points = api.sweep_points(kind.name, init, probe, what, **given)  # every refusal before a worker starts
     if shard is not None:
-        i, n = sweeps.parse_shard(shard)
-        files.check_target(out, "out", append=True)
-        points = sweeps.start_shard(out, points, i, n)
+        points = sweeps.start_shard(out, points, shard)
     chosen = api.sweep_executor(
         executor.value, workers, scheduler, worker_threads, needs, worker_wait, scheduler_file
     )  # its options checked: what follows is no refusal of them

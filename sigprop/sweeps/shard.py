@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from sigprop import files
 from sigprop.errors import SigpropError
 from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA
 from sigprop.sweeps.grid import Point
@@ -51,10 +52,12 @@ def header(points: list[Point], i: int, n: int) -> dict:
     }
 
 
-def start(out: Path, points: list[Point], i: int, n: int) -> list[Point]:
-    """A part's points, its file begun with its header (again: checked to be this part's)."""
+def start(out: Path, points: list[Point], text: str) -> list[Point]:
+    """The points of part ``text`` ("i/N", ``parse_shard``), its file ``out`` begun with its
+    header (again: checked to be this part's)."""
+    i, n = parse_shard(text)
+    out = files.check_target(out, "out", append=True)
     head = header(points, i, n)
-    out = Path(out)
     if out.exists():
         first = next((t for t in _text(out, "out").splitlines() if t.strip()), None)
         try:
