@@ -375,11 +375,11 @@ class _Watch:
         if now - self.since < self.dask.wait:
             return
         try:
-            workers = self.dask.client.scheduler_info(n_workers=-1).get("workers", {})
+            workers = self._workers()
         except Exception as exc:  # the scheduler is gone
             self.dask._lost(exc)
             raise
-        where = self.dask.scheduler or "the local cluster"
+        where = self._where()
         field = "scheduler" if self.dask.scheduler else "workers"
         done = "the points done are kept; a rerun finishes the rest"
         if not workers:
@@ -400,13 +400,19 @@ class _Watch:
         """Once per wait: that no worker is there (none joined yet, or all left), and for how long
         the sweep waits."""
         try:
-            workers = self.dask.client.scheduler_info(n_workers=-1).get("workers", {})
+            workers = self._workers()
         except Exception:  # the scheduler is gone: check() says so
             return
         self.said = True
         if not workers:
-            where = self.dask.scheduler or "the local cluster"
-            self.dask.say(f"no worker at {where}: waiting up to {self.dask.wait:g} s (--worker-wait)")
+            self.dask.say(f"no worker at {self._where()}: waiting up to {self.dask.wait:g} s (--worker-wait)")
+
+    def _workers(self) -> dict:
+        """The scheduler's workers now, by address."""
+        return self.dask.client.scheduler_info(n_workers=-1).get("workers", {})
+
+    def _where(self) -> str:
+        return self.dask.scheduler or "the local cluster"
 
 
 def _offers(has: dict, asked: dict) -> bool:

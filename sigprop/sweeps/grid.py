@@ -38,6 +38,11 @@ def parse_inits(text: str, kind: kinds.Kind) -> list[str]:
     return names
 
 
+def config_key(config: dict) -> str:
+    """A point's resume key: its config as JSON with sorted keys (a line's ``config`` alike)."""
+    return json.dumps(config, sort_keys=True)
+
+
 @dataclass(frozen=True)
 class Point:
     """One task of a sweep: a configuration (``axes``: the swept values in the order of the key,
@@ -86,7 +91,7 @@ class Point:
 
     @property
     def key(self) -> str:
-        return json.dumps(self.config, sort_keys=True)
+        return config_key(self.config)
 
     def label(self) -> str:
         words = [self.kind.name]

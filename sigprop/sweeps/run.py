@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Iterator
 from sigprop import files
 from sigprop.errors import SigpropError, described
 from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA, curvature_row, spectrum_row, sweep_row
-from sigprop.sweeps.grid import Point
+from sigprop.sweeps.grid import Point, config_key
 from sigprop.version import __version__
 
 
@@ -104,21 +104,26 @@ def done_keys(path: Path) -> set[str]:
     file ``sigprop plot`` refuses (``read_rows``) -- the same line named by both."""
     if not path.exists():
         return set()
-    keys = set()
-    for i, line in enumerate(_text(path, "out").splitlines(), 1):
-        if not line.strip():
+    advice = (
+        "; sigprop sweep appends only to its own JSON-lines files (remove the line, or give another --out)"
+    )
+    return {
+        config_key(row["config"])
+        for _, row in json_lines(path, "out", advice)
+        if isinstance(row, dict) and row.get("schema") == SWEEP_SCHEMA and "config" in row
+    }
+
+
+def json_lines(path: Path, field: str, advice: str = ""):
+    """(line number, value) of each non-blank line of a JSON-lines file; a line that is not JSON
+    is one SigpropError naming ``field`` and the line (then ``advice``)."""
+    for number, text in enumerate(_text(path, field).splitlines(), 1):
+        if not text.strip():
             continue
         try:
-            row = json.loads(line)
+            yield number, json.loads(text)
         except json.JSONDecodeError:
-            raise SigpropError(
-                f"{path}:{i}: not a JSON line; sigprop sweep appends only to its own JSON-lines files "
-                "(remove the line, or give another --out)",
-                field="out",
-            ) from None
-        if isinstance(row, dict) and row.get("schema") == SWEEP_SCHEMA and "config" in row:
-            keys.add(json.dumps(row["config"], sort_keys=True))
-    return keys
+            raise SigpropError(f"{path}:{number}: not a JSON line{advice}", field=field) from None
 
 
 def _text(path: Path, field: str) -> str:
@@ -149,16 +154,9 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         what = f"{path} is a directory, not a file" if path.is_dir() else f"no such file: {path}"
         raise SigpropError(what, field="results")
-    rows = []
-    for i, line in enumerate(_text(path, "results").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            raise SigpropError(f"{path}:{i}: not a JSON line", field="results") from None
-        if isinstance(r, dict) and r.get("schema") == SWEEP_SCHEMA:
-            rows.append(r)
+    rows = [
+        r for _, r in json_lines(path, "results") if isinstance(r, dict) and r.get("schema") == SWEEP_SCHEMA
+    ]
     if not rows:
         raise SigpropError(f"{path} holds no sweep rows ({SWEEP_SCHEMA})", field="results")
     commands = sorted({str(r.get("config", {}).get("command")) for r in rows})

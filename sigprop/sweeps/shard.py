@@ -17,8 +17,8 @@ from pathlib import Path
 from sigprop import files
 from sigprop.errors import SigpropError
 from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA
-from sigprop.sweeps.grid import Point
-from sigprop.sweeps.run import _text, append
+from sigprop.sweeps.grid import Point, config_key
+from sigprop.sweeps.run import _text, append, json_lines
 
 #: the first line of a part's file
 SHARD_SCHEMA = "sigprop.sweep.shard.v1"
@@ -75,10 +75,6 @@ def start(out: Path, points: list[Point], text: str) -> list[Point]:
     return shard(points, i, n)
 
 
-def _key(config: dict) -> str:
-    return json.dumps(config, sort_keys=True)
-
-
 def _label(config: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items() if k not in ("command",) and v not in (None, []))
 
@@ -95,16 +91,10 @@ class _Parts:
         self.expected: dict[str, dict] = {}
 
     def read(self, path: Path) -> None:
-        for number, text in enumerate(_text(path, "parts").splitlines(), 1):
-            if not text.strip():
-                continue
-            try:
-                line = json.loads(text)
-            except json.JSONDecodeError:
-                raise SigpropError(f"{path}:{number}: not a JSON line", field="parts") from None
+        for number, line in json_lines(path, "parts"):
             schema = line.get("schema") if isinstance(line, dict) else None
             if schema == SWEEP_SCHEMA:
-                key = _key(line["config"])
+                key = config_key(line["config"])
                 if key in self.rows:
                     raise SigpropError(
                         f"{_label(line['config'])} is in both {self.rows[key][1]} and {path}: each point "
@@ -113,7 +103,7 @@ class _Parts:
                     )
                 self.rows[key] = (line, path)
             elif schema == FAILED_SCHEMA:
-                self.failed[_key(line["config"])] = line
+                self.failed[config_key(line["config"])] = line
             elif schema == SHARD_SCHEMA:
                 self.header(line, path)
             else:
@@ -126,7 +116,7 @@ class _Parts:
         if i in self.shards:
             raise SigpropError(f"{self.shards[i]} and {path} are both part {i}/{n}", field="parts")
         self.of, self.shards[i] = n, path
-        self.expected.update({_key(c): c for c in line["configs"]})
+        self.expected.update({config_key(c): c for c in line["configs"]})
 
 
 def merge(out: Path, parts: list[Path]) -> tuple[int, list[str]]:

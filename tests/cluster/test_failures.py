@@ -48,6 +48,16 @@ def _within(seconds: float, fn) -> dict:
     return box
 
 
+def _sweep_on(c, out: Path, seconds: float, **kw) -> dict:
+    """``SLOW``'s sweep into ``out`` on cluster ``c`` (``_within`` ``seconds``)."""
+    return _within(
+        seconds,
+        lambda: api.sweep(
+            out=out, executor="dask", scheduler=c.scheduler_address, probe_spec=PROBE, **kw, **SLOW
+        ),
+    )
+
+
 def _cluster(n: int = 1) -> distributed.LocalCluster:
     return distributed.LocalCluster(
         n_workers=n,
@@ -72,13 +82,7 @@ def test_no_worker_left_is_one_line_and_the_points_done_are_kept(tmp_path):
             if i == 1:
                 c.scale(0)
 
-        box = _within(
-            90,
-            lambda: api.sweep(
-                out=out, executor="dask", scheduler=c.scheduler_address, probe_spec=PROBE,
-                on_point=leave, worker_wait=2, **SLOW,
-            ),
-        )  # fmt: skip
+        box = _sweep_on(c, out, 90, on_point=leave, worker_wait=2)
     err = box.get("error")
     assert isinstance(err, SigpropError) and err.field == "scheduler", box
     assert "no worker at" in str(err) and "for 2 s (--worker-wait)" in str(err)
@@ -91,13 +95,7 @@ def test_resources_no_worker_offers_are_one_line(tmp_path):
     resource no worker offers, nothing written."""
     out = tmp_path / "r.jsonl"
     with _cluster() as c:
-        box = _within(
-            90,
-            lambda: api.sweep(
-                out=out, executor="dask", scheduler=c.scheduler_address, probe_spec=PROBE,
-                resources={"GPU": 1}, worker_wait=2, **SLOW,
-            ),
-        )  # fmt: skip
+        box = _sweep_on(c, out, 90, resources={"GPU": 1}, worker_wait=2)
     err = box.get("error")
     assert isinstance(err, SigpropError) and err.field == "resources", box
     assert "offers GPU=1 (--resources) after 2 s (--worker-wait)" in str(err)
@@ -146,13 +144,7 @@ def test_a_worker_that_joins_late_with_another_version_writes_nothing(tmp_path):
                 c.scale(0)
 
         try:
-            box = _within(
-                120,
-                lambda: api.sweep(
-                    out=out, executor="dask", scheduler=c.scheduler_address, probe_spec=PROBE,
-                    on_point=swap, **SLOW,
-                ),
-            )  # fmt: skip
+            box = _sweep_on(c, out, 120, on_point=swap)
         finally:
             for p in late:
                 p.send_signal(signal.SIGTERM)
@@ -179,13 +171,7 @@ def test_a_sweep_that_waits_for_its_workers_says_nothing_wrong_when_they_are_bus
     out = tmp_path / "r.jsonl"
     t0 = time.monotonic()
     with _cluster() as c:
-        box = _within(
-            120,
-            lambda: api.sweep(
-                out=out, executor="dask", scheduler=c.scheduler_address, probe_spec=PROBE,
-                worker_wait=0.5, **SLOW,
-            ),
-        )  # fmt: skip
+        box = _sweep_on(c, out, 120, worker_wait=0.5)
     assert "error" not in box, box
     assert len(_lines(out)) == 4 and time.monotonic() - t0 > 0.5
 
@@ -270,13 +256,7 @@ def test_a_lost_scheduler_is_one_line_and_a_rerun_finishes(tmp_path):
             if i == 1:
                 c.close(timeout=5)
 
-        box = _within(
-            120,
-            lambda: api.sweep(
-                out=out, executor="dask", scheduler=c.scheduler_address, probe_spec=PROBE,
-                on_point=lose, **SLOW,
-            ),
-        )  # fmt: skip
+        box = _sweep_on(c, out, 120, on_point=lose)
     finally:
         c.close()
     err = box.get("error")
