@@ -7,7 +7,8 @@ A queue starts jobs late and ends them at their walltime, and dask-jobqueue does
 job that ended: ``adapt`` keeps JOBS jobs, submitting a new one for each that ends, and each
 worker leaves by itself before its job's walltime (``--lifetime``, staggered so that they do not
 all leave at once), its point then finishing on another.  The sweep waits up to WAIT seconds for
-a worker (the queue's delay).  Every number below is the environment's ``SIGPROP_*`` where set:
+its JOBS workers (the queue's delay), saying how many have joined, then runs on those there.
+Every number below is the environment's ``SIGPROP_*`` where set:
 benchmarks/slurm_recipe.py runs this file on a fake queue, with seconds for hours.
 """
 
@@ -58,6 +59,8 @@ try:
         scheduler=cluster.scheduler_address,
         resources={"GPU": 1} if GPU else None,
         worker_wait=float(env("SIGPROP_WAIT", "3600")),  # the queue's delay for a job
+        wait_workers=JOBS,  # the points go out once the JOBS workers are there (or WAIT is over)
+        on_note=lambda text: print(f"sigprop: {text}", flush=True),  # "waiting for workers (k of N)"
         on_point=lambda i, n, point, line: print(f"[{i}/{n}] {point.label()}", flush=True),
         **GRID,
     )

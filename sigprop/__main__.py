@@ -1,3 +1,3 @@
-from sigprop.cli import run
+from sigprop.console import run
 
 run()

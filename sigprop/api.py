@@ -102,6 +102,8 @@ def sweep(
     worker_wait: float | None = None,
     scheduler_file: str | None = None,
     shard: str | None = None,
+    wait_workers: int | None = None,
+    on_note=None,
     **given,
 ) -> list[dict]:
     """Run or resume a sweep of net kind ``kind`` (``sigprop sweep``; sigprop/sweeps/): the grid of
@@ -113,7 +115,10 @@ def sweep(
     ``"local"`` (here), ``"dask"`` (``workers`` local processes with ``worker_threads`` torch
     threads each, or the cluster at ``scheduler``; ``resources`` asked per point, {"GPU": 1};
     ``worker_wait`` seconds for a worker, 60 by default; ``scheduler_file``: the JSON file a
-    scheduler wrote its address to), or a callable ``executor(fn,
+    scheduler wrote its address to; ``wait_workers``: the workers a scheduler should have before
+    the points are sent, up to ``worker_wait``; ``on_note(text)``: what it says -- while it waits
+    for workers, and of the workers it found),
+    or a callable ``executor(fn,
     points)``.  ``shard="i/N"``: only the i-th of N disjoint parts of the grid, ``out`` its own
     file (``sigprop sweep merge`` joins the parts).  ``on_plan(total, to_run)``, ``on_point(i,
     to_run, point, line)``: progress.
@@ -124,9 +129,13 @@ def sweep(
         points = sweeps.start_shard(Path(out), points, shard)
     if callable(executor):
         return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
-    with sweep_executor(
-        executor, workers, scheduler, worker_threads, resources, worker_wait, scheduler_file
-    ) as ex:
+    chosen = sweep_executor(
+        executor, workers, scheduler, worker_threads, resources, worker_wait, scheduler_file, wait_workers
+    )
+    chosen.say = on_note
+    with chosen as ex:
+        for note in ex.notes if on_note is not None else ():
+            on_note(note)
         return sweeps.run(points, Path(out), measure_point, on_plan, on_point, ex)
 
 
@@ -143,6 +152,7 @@ def sweep_executor(
     resources=None,
     worker_wait=None,
     scheduler_file=None,
+    wait_workers=None,
 ):
     """The executor a sweep names (``sweeps.executor``), to be entered with ``with``; local workers
     that each ask for a GPU need as many GPUs."""
@@ -154,7 +164,9 @@ def sweep_executor(
                 f"{workers} local workers with a GPU each, {torch.cuda.device_count()} GPU(s) visible",
                 field="workers",
             )
-    return sweeps.executor(name, workers, scheduler, worker_threads, resources, worker_wait, scheduler_file)
+    return sweeps.executor(
+        name, workers, scheduler, worker_threads, resources, worker_wait, scheduler_file, wait_workers
+    )
 
 
 def run_sweep(

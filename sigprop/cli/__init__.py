@@ -163,7 +163,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     if rv == 130:  # typer's click returns 130 for Ctrl-C (KeyboardInterrupt) without standalone mode
         _say("sigprop: interrupted")
     return rv if isinstance(rv, int) else 0
-
-
-def run() -> None:  # console-script entry point
-    sys.exit(main())

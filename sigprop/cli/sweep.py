@@ -214,6 +214,20 @@ def _queue_parameters() -> list[inspect.Parameter]:
             ],
             None,
         ),
+        P(
+            "wait_workers",
+            Annotated[
+                Optional[int],
+                Option(
+                    "--wait-workers",
+                    min=1,
+                    help="--scheduler/--scheduler-file: workers to wait for before the points are sent "
+                    "(a queue starts its jobs over minutes), up to --worker-wait; fewer by then: the "
+                    "sweep runs on those. [default: 1]",
+                ),
+            ],
+            None,
+        ),
     ]
 
 
@@ -405,6 +419,7 @@ def sweep(
     worker_wait=None,
     scheduler_file=None,
     shard=None,
+    wait_workers=None,
     **sizes,
 ) -> None:
     """Run a grid (size x width x init; a model's --arg values x input shapes x init), one JSON line per
@@ -432,7 +447,7 @@ def sweep(
     if shard is not None:
         points = sweeps.start_shard(out, points, shard)
     chosen = api.sweep_executor(
-        executor.value, workers, scheduler, worker_threads, needs, worker_wait, scheduler_file
+        executor.value, workers, scheduler, worker_threads, needs, worker_wait, scheduler_file, wait_workers
     )  # its options checked: what follows is no refusal of them
     chosen.say = lambda text: _say(f"sigprop sweep: {text}")
     if workers is not None:  # its processes take seconds to start, each loading torch

@@ -65,10 +65,12 @@ def executor(
     resources: dict[str, float] | None = None,
     wait: float | None = None,
     scheduler_file: str | None = None,
+    wait_workers: int | None = None,
 ):
     """The executor ``name`` (``EXECUTORS``) with its options, to be entered (``with``) before it
     runs points; an option that does not apply to it is refused naming it.  ``wait``: the
-    seconds a Dask sweep waits for a worker (``cluster.WORKER_WAIT`` when None)."""
+    seconds a Dask sweep waits for a worker (``cluster.WORKER_WAIT`` when None);
+    ``wait_workers``: the workers a running scheduler should have before the points are sent."""
     if name not in EXECUTORS:
         raise SigpropError(f"expected local or dask, got {name!r}", field="executor")
     if name == "local":
@@ -78,6 +80,7 @@ def executor(
             ("resources", resources),
             ("worker_wait", wait),
             ("scheduler_file", scheduler_file),
+            ("wait_workers", wait_workers),
         ):
             if value:
                 raise SigpropError("applies to --executor dask only", field=field)
@@ -99,7 +102,15 @@ def executor(
         )
     from sigprop.sweeps.cluster import Dask  # the dask executor's room, loaded when named
 
-    return Dask(workers, scheduler, threads or 1, resources, wait=wait, scheduler_file=scheduler_file)
+    return Dask(
+        workers,
+        scheduler,
+        threads or 1,
+        resources,
+        wait=wait,
+        scheduler_file=scheduler_file,
+        wait_workers=wait_workers,
+    )
 
 
 __all__ = [

@@ -85,6 +85,7 @@ class Dask:
         timeout: float | None = None,
         wait: float | None = None,
         scheduler_file: str | None = None,
+        wait_workers: int | None = None,
     ):
         given = [x is not None for x in (workers, scheduler, scheduler_file)]
         if sum(given) != 1:
@@ -101,10 +102,21 @@ class Dask:
             )
         if wait is not None and not wait > 0:
             raise SigpropError(f"must be a number of seconds > 0, got {wait!r}", field="worker_wait")
+        if wait_workers is not None and workers is not None:  # a local cluster starts all its workers
+            raise SigpropError(
+                "applies to --scheduler or --scheduler-file (a local cluster starts all its workers)",
+                field="wait_workers",
+            )
+        if wait_workers is not None and not (isinstance(wait_workers, int) and wait_workers >= 1):
+            raise SigpropError(
+                f"must be a number of workers >= 1, got {wait_workers!r}", field="wait_workers"
+            )
         self.workers, self.scheduler, self.threads = workers, scheduler, threads
         self.resources, self.timeout = dict(resources or {}), timeout or CONNECT_TIMEOUT
         self.wait = WORKER_WAIT if wait is None else float(wait)
         self.scheduler_file = scheduler_file
+        #: workers a running scheduler should have before the points are sent (up to ``wait`` s)
+        self.wait_workers = wait_workers or 1
         self.client = self.cluster = None
         #: what the client should say before the points run (a slow worker setting)
         self.notes: list[str] = []
@@ -153,22 +165,43 @@ class Dask:
                 f"cannot reach a Dask scheduler at {self.scheduler}: {first}", field="scheduler"
             ) from None
         try:
-            try:  # a worker that is there, or joins in a moment, needs no word
-                client.wait_for_workers(1, timeout=min(_Watch.QUIET, self.wait))
-            except TimeoutError:
-                if self.say is not None:
-                    self.say(
-                        f"connected to {self.scheduler}; waiting up to {self.wait:g} s for a worker "
-                        "(--worker-wait)"
-                    )
-                client.wait_for_workers(1, timeout=max(self.wait - _Watch.QUIET, 0.001))
-        except (TimeoutError, OSError):
+            self._await_workers(client)
+        except BaseException:
             client.close()
+            raise
+        return client
+
+    def _await_workers(self, client) -> None:
+        """Wait up to ``wait`` s for ``wait_workers`` workers at the scheduler (a queue starts its
+        jobs over minutes), saying "waiting for workers (k of N)" once the wait is not a moment
+        and again whenever k changes.  None after the wait is one line; some, fewer than N, go on
+        (the queue may still bring the rest: the sweep runs on whatever joins)."""
+        need, start, said = self.wait_workers, time.monotonic(), None
+        while True:
+            try:
+                joined = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+            except (TimeoutError, OSError):
+                joined = 0
+            waited = time.monotonic() - start
+            if joined >= need or waited >= self.wait:
+                break
+            if self.say is not None and joined != said and (waited >= _Watch.QUIET or said is not None):
+                self.say(
+                    f"connected to {self.scheduler}; waiting for workers ({joined} of {need}), up to "
+                    f"{self.wait:g} s (--worker-wait)"
+                )
+                said = joined
+            time.sleep(POLL)
+        if joined == 0:
             raise SigpropError(
                 f"no worker joined the scheduler at {self.scheduler} within {self.wait:g} s (--worker-wait)",
                 field="scheduler",
-            ) from None
-        return client
+            )
+        if joined < need:
+            self.notes.append(
+                f"{joined} of {need} workers (--wait-workers) joined {self.scheduler} within {self.wait:g} s "
+                f"(--worker-wait): the sweep runs on them and on any that join later"
+            )
 
     def _local(self, distributed):
         """Worker processes on this machine: ``workers`` nannies on 127.0.0.1, one task at a time

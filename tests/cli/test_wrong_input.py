@@ -268,3 +268,34 @@ def test_a_long_top_list_keeps_the_table_readable_and_the_json_whole(capsys, tmp
     assert row.count(",") == 5  # five values, then the pointer to the JSON
     code, out, _ = _run(capsys, args + ["--format", "json"])
     assert len(json.loads(out)["runs"][0]["draws"][0]["top"]) == 30
+
+
+def test_ctrl_c_while_the_cli_loads_is_one_line(monkeypatch, capsys):
+    """Ctrl-C in the first half second, while the console script imports typer and the commands:
+    one line, exit 130 (0.15.0's entry point, ``sigprop.cli:run``, imported the CLI before any
+    handler and printed a 35-line KeyboardInterrupt traceback).  The script is the one
+    pyproject.toml declares; the interrupt is raised by the import of ``sigprop.cli``."""
+    import importlib
+    import re
+    import sys
+    from pathlib import Path
+
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    module, _, name = re.search(r'^sigprop = "([^"]+)"', pyproject, re.M).group(1).partition(":")
+
+    class Interrupt:
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname == "sigprop.cli":
+                raise KeyboardInterrupt
+            return None
+
+    for loaded in [
+        m for m in sys.modules if m == "sigprop.cli" or m.startswith("sigprop.cli.") or m == module
+    ]:
+        monkeypatch.delitem(sys.modules, loaded)
+    monkeypatch.setattr(sys, "meta_path", [Interrupt(), *sys.meta_path])
+    monkeypatch.setattr(sys, "argv", ["sigprop", "inits"])
+    with pytest.raises(SystemExit) as stop:
+        getattr(importlib.import_module(module), name)()
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == "sigprop: interrupted\n"

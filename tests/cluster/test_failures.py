@@ -295,8 +295,98 @@ def test_a_sweep_says_what_it_waits_for(tmp_path, capsys, monkeypatch):
                      "--scheduler", c.scheduler_address])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 0, err
-    assert f"connected to {c.scheduler_address}; waiting up to 60 s for a worker (--worker-wait)" in err, err
+    assert (
+        f"connected to {c.scheduler_address}; waiting for workers (0 of 1), up to 60 s (--worker-wait)" in err
+    )
     assert len(_lines(tmp_path / "r.jsonl")) == 2
+
+
+FAST = dict(kind="mlp", depth=[3, 4], width=[8], init="he")
+FAST_PROBE = specs.ProbeSpec(samples=32, device="cpu", threads=1)
+
+
+def test_a_sweep_waits_for_n_workers_saying_k_of_n(tmp_path):
+    """--wait-workers 2 on a scheduler whose workers join late (a queue starts its jobs over
+    minutes): "waiting for workers (0 of 2)", then "(1 of 2)", and no point is sent before the
+    second joins (0.14.x sent them to the first worker after at most 10 s, its only wait)."""
+    said, seen = [], []
+    with distributed.LocalCluster(
+        n_workers=0,
+        threads_per_worker=1,
+        host="127.0.0.1",
+        dashboard_address=":0",
+        silence_logs=logging.CRITICAL,
+    ) as c:
+        timers = [threading.Timer(3.0, lambda: c.scale(1)), threading.Timer(6.0, lambda: c.scale(2))]
+        for t in timers:
+            t.start()
+        box = _within(
+            120,
+            lambda: api.sweep(
+                out=tmp_path / "r.jsonl",
+                executor="dask",
+                scheduler=c.scheduler_address,
+                probe_spec=FAST_PROBE,
+                wait_workers=2,
+                on_note=said.append,
+                on_plan=lambda total, to_run: seen.append(len(c.scheduler_info["workers"])),
+                **FAST,
+            ),
+        )
+    assert "error" not in box, box
+    assert seen == [2], seen
+    waits = [t for t in said if "waiting for workers" in t]
+    assert waits[0] == (
+        f"connected to {c.scheduler_address}; waiting for workers (0 of 2), up to 60 s (--worker-wait)"
+    ), said
+    assert any("(1 of 2)" in t for t in waits), said
+    assert len(_lines(tmp_path / "r.jsonl")) == 2
+
+
+def test_fewer_workers_than_waited_for_run_the_sweep_and_say_so(tmp_path):
+    """--wait-workers 3 with one worker: after --worker-wait the sweep runs on the one that joined
+    and says so (the queue may still bring the rest)."""
+    said = []
+    start = time.monotonic()
+    with _cluster() as c:
+        box = _within(
+            120,
+            lambda: api.sweep(
+                out=tmp_path / "r.jsonl",
+                executor="dask",
+                scheduler=c.scheduler_address,
+                probe_spec=FAST_PROBE,
+                wait_workers=3,
+                worker_wait=2,
+                on_note=said.append,
+                **FAST,
+            ),
+        )
+    assert "error" not in box, box
+    assert time.monotonic() - start >= 2
+    note = f"1 of 3 workers (--wait-workers) joined {c.scheduler_address} within 2 s (--worker-wait)"
+    assert any(t.startswith(note) for t in said), said
+    assert len(_lines(tmp_path / "r.jsonl")) == 2
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (
+            ["--executor", "dask", "--workers", "1", "--wait-workers", "2"],
+            "--wait-workers: applies to --scheduler",
+        ),
+        (["--wait-workers", "2"], "--wait-workers: applies to --executor dask only"),
+        (["--executor", "dask", "--scheduler", "tcp://127.0.0.1:1", "--wait-workers", "0"], "--wait-workers"),
+    ],
+)
+def test_a_wait_for_workers_that_cannot_apply_is_refused(tmp_path, capsys, extra, words):
+    out = tmp_path / "r.jsonl"
+    args = ["sweep", "mlp", "--depth", "3", "--width", "8", "--device", "cpu", "--out", str(out)]
+    code = main([*args, *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and err.count("\n") == 1, err
+    assert not out.exists()
 
 
 def test_a_local_cluster_says_it_is_starting(tmp_path, capsys, monkeypatch):
