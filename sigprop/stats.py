@@ -136,6 +136,7 @@ def token_stats(
     entropy: np.ndarray | None = None,
     predicted: np.ndarray | None = None,
     z: float = theory.Z_CHECK,
+    predicted_entropy: np.ndarray | None = None,
 ) -> TokenStats | None:
     """The token cosine at one site from its per-sample values [draws, samples] (None where the
     site's output is no token sequence: nan): mean and sd over all samples (sd within draws,
@@ -144,7 +145,8 @@ def token_stats(
     mean over draws of each draw's traced token cosine (``predicted`` [draws], nan: no map),
     which agrees when |mean - predicted| <= z se + ``theory.MAP_ACCURACY_COSINE``, se the run's
     standard error of its mean (``run_standard_error``; ``tolerance`` holds that half-width:
-    docs/theory.md §15)."""
+    docs/theory.md §15); the entropy's prediction the mean over draws of ``predicted_entropy``
+    (the traced attention's, nan: none)."""
     cos = np.asarray(cos, dtype=np.float64)
     if not np.isfinite(cos).all():
         return None
@@ -162,6 +164,9 @@ def token_stats(
     if h is not None and np.isfinite(h).all():
         out.entropy = float(h.mean())
         out.entropy_std = float(math.sqrt(h.var(axis=1).mean())) if samples > 1 else None
+        ph = None if predicted_entropy is None else np.asarray(predicted_entropy, dtype=np.float64)
+        if ph is not None and np.isfinite(ph).all():
+            out.entropy_predicted = float(ph.mean())
     return out
 
 

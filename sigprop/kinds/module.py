@@ -641,7 +641,8 @@ def _tokens(arrays: dict, i: int, z: float = theory.Z_CHECK):
         return None
     entropy = arrays["entropy"][:, i, :] if "entropy" in arrays else None
     pred = arrays["pred_cosine"][:, i] if "pred_cosine" in arrays else None
-    return stats.token_stats(arrays["cosine"][:, i, :], entropy, pred, z)
+    pred_h = arrays["pred_entropy"][:, i] if "pred_entropy" in arrays else None
+    return stats.token_stats(arrays["cosine"][:, i, :], entropy, pred, z, pred_h)
 
 
 def off_path_note(off: list[str]) -> str:

@@ -141,9 +141,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     calib = build.rows(x, 0, spec.batch_size) if spec.batch_size else x
     tokens = sequence_length(x)  # an image model's: from its first draw's graph
     for name, scheme in zip(names, schemes):
-        got: dict[str, list] = {
-            k: [] for k in ("fwd", "bwd", "reached", "cosine", "entropy", "pred_cosine", *PREDICTIONS)
-        }
+        got: dict[str, list] = {k: [] for k in (*RECORDED, *PREDICTIONS)}
         for draw in range(probe_spec.seeds):
             model = _model_draw(
                 factory, scheme, name, probe_spec.seed, draw, device, dtype, calib, plan.init_notes
@@ -204,6 +202,9 @@ def sequence_length(x, traced=None) -> int | None:
 #: init's record does not depend on the inits run before it; its band is the run's own standard
 #: error plus the maps' stated accuracy: ``stats.attach_traced``)
 PREDICTIONS = ("pred_fwd", "pred_bwd")
+#: what a draw records per site beside them: the measured ratios and token statistics, where the
+#: output's gradient reached, and the token cosine's and attention entropy's predictions
+RECORDED = ("fwd", "bwd", "reached", "cosine", "entropy", "pred_cosine", "pred_entropy")
 
 
 def _model_prediction(traced, x, plan, name: str) -> dict[str, np.ndarray]:
@@ -211,7 +212,7 @@ def _model_prediction(traced, x, plan, name: str) -> dict[str, np.ndarray]:
     where no map reaches) from its trace (``trace.trace_graph``; None: token inputs), the
     token cosine's, and the notes once (sigprop/kinds/module.py)."""
     E = len(plan.sites)
-    out = {k: np.full(E, np.nan) for k in (*PREDICTIONS, "pred_cosine")}
+    out = {k: np.full(E, np.nan) for k in (*PREDICTIONS, "pred_cosine", "pred_entropy")}
 
     def none(why: str) -> dict[str, np.ndarray]:  # measured only, said once
         if why not in plan.notes:
@@ -269,6 +270,10 @@ def _model_prediction(traced, x, plan, name: str) -> dict[str, np.ndarray]:
         shape = nodes[j].shape  # the mean cosine between the tokens of one sample: t / q
         if tokens and len(shape) == 2 and shape[0] == tokens and pred.q[j] and pred.cosine[j] is not None:
             out["pred_cosine"][i] = pred.cosine[j]
+    for i, site in enumerate(plan.sites):  # the attention inside a site: its weights' entropy
+        h = [pred.entropy[k] for k in traced.inside(site) if k in pred.entropy]
+        if h and all(v == v for v in h):
+            out["pred_entropy"][i] = float(np.mean(h))
     return out
 
 

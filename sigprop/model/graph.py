@@ -81,6 +81,8 @@ class GraphPrediction:
     regimes: list[float] = field(default_factory=list)
     #: per node the mean cosine between two tokens of one sample (``_pair_cosine``)
     cosine: list[float | None] = field(default_factory=list)
+    #: per attention node its weights' predicted normalised entropy (``Fold.entropy``)
+    entropy: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -250,6 +252,8 @@ class Fold:
     why: dict = field(default_factory=dict)
     #: the attention maps' logit variances across keys, in graph order (their regime)
     regimes: list = field(default_factory=list)
+    #: per attention node, its weights' normalised entropy (``theory.attention_entropy``)
+    entropy: dict = field(default_factory=dict)
     #: per node and part, each reader's (r, r_k, w_c, w_a): its gradient's second moments, and
     #: the share of the generic second moment of its mean over a token's units and of its
     #: component along the node's state that it holds (``alignment``; 1: a gradient independent
@@ -445,6 +449,7 @@ def _prediction(fold: Fold, unmapped: str) -> GraphPrediction:
         mean(lambda x: x.tok),
         list(fold.regimes),
         [None if s is None else _pair_cosine(s, nd.shape) for s, nd in zip(st, fold.nodes)],
+        dict(fold.entropy),
     )
 
 

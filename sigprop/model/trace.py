@@ -102,9 +102,16 @@ class Traced:
     tracer: str = "torch.fx"
     #: the paths of the Hugging Face models whose key/value cache the export switched off
     cache_off: tuple = ()
+    #: the first node inside every module path (with ``last_in``: the nodes a site holds)
+    first_in: dict = dataclasses.field(default_factory=dict)
 
     def where(self, sites: list[str]) -> list[int | None]:
         return [self.last_in.get(s) for s in sites]
+
+    def inside(self, site: str) -> range:
+        """The indices of the nodes inside module path ``site`` (empty where it holds none)."""
+        first, last = self.first_in.get(site), self.last_in.get(site)
+        return range(0) if first is None or last is None else range(first, last + 1)
 
 
 def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
@@ -139,7 +146,31 @@ def _node(t: Tracing, n: fx.Node) -> GraphNode:
     if ins and all(a in t.index and t.nodes[t.index[a]].op == "const" for a in ins):
         return GraphNode(n.name, "const", ())  # arithmetic on sizes or constants: no state
     op = ops.classify(t.gm, n)
-    return t.unknown(n) if op is None else op.node(t, n)
+    made = t.unknown(n) if op is None else op.node(t, n)
+
+    def placed(nd: GraphNode) -> GraphNode:  # where the maps stop: the module path and the op
+        if nd.op != "unknown" or not module_path(n):  # the model's own forward: the op says it
+            return nd
+        return dataclasses.replace(nd, why=f"{nd.why or nd.name} ({place(n)})")
+
+    return [placed(nd) for nd in made] if isinstance(made, list) else placed(made)
+
+
+def place(n: fx.Node) -> str:
+    """Where fx node ``n`` is, for a note: the module it runs in (``module_path``) and its op
+    (``layers.0.self_attn: aten.mul.Tensor``; a module call's class)."""
+    if n.op == "call_module":
+        what = type(n.graph.owning_module.get_submodule(n.target)).__name__
+    elif n.op == "call_method":
+        what = f"Tensor.{n.target}"
+    elif isinstance(n.target, torch._ops.OpOverload):
+        what = str(n.target)
+    else:  # torch.sin, operator.mul: the name a user writes
+        what = getattr(n.target, "__name__", str(n.target))
+        module = getattr(n.target, "__module__", None)
+        what = f"{module.lstrip('_')}.{what}" if module in ("torch", "_operator") else what
+    path = module_path(n)
+    return f"{path}: {what}" if path else what
 
 
 @contextlib.contextmanager
@@ -179,7 +210,13 @@ def _unwrapped(t: Traced) -> Traced:
     if t.nodes is None:
         return t
     nodes = [dataclasses.replace(nd, name=strip(nd.name), why=nd.why.replace("root.", "")) for nd in t.nodes]
-    return Traced(nodes, {strip(k): v for k, v in t.last_in.items()}, t.why, None)
+    return Traced(
+        nodes,
+        {strip(k): v for k, v in t.last_in.items()},
+        t.why,
+        None,
+        first_in={strip(k): v for k, v in t.first_in.items()},
+    )
 
 
 def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
@@ -214,13 +251,13 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
         # calls is not in the graph; ``survey``'s hooks see them
         seen = None
     t = Tracing(gm, {}, [], [])
-    nodes, last_in = _nodes_of(t, lambda n: (n.meta.get("nn_module_stack") or {}).keys())
-    return Traced(nodes, last_in, "", seen)
+    nodes, last_in, first_in = _nodes_of(t, lambda n: (n.meta.get("nn_module_stack") or {}).keys())
+    return Traced(nodes, last_in, "", seen, first_in=first_in)
 
 
-def _nodes_of(t: Tracing, paths) -> tuple[list, dict]:
-    """The graph's nodes made into moment-map nodes, and per module path the last node inside
-    it (``paths(n)``: the module paths an fx node runs in)."""
+def _nodes_of(t: Tracing, paths) -> tuple[list, dict, dict]:
+    """The graph's nodes made into moment-map nodes, and per module path the last and the first
+    node inside it (``paths(n)``: the module paths an fx node runs in)."""
     last_in: dict[str, int] = {}  # a module path -> the last node inside it
     for n in t.gm.graph.nodes:
         node = _node(t, n)
@@ -238,7 +275,14 @@ def _nodes_of(t: Tracing, paths) -> tuple[list, dict]:
             last_in[path] = t.index[n]
         if n.op == "call_module":
             last_in[n.target] = t.index[n]
-    return t.nodes, last_in
+    first_in: dict[str, int] = {}
+    for path, last in last_in.items():  # the first node whose module path is this one or inside
+        first_in[path] = last
+    for i, n in enumerate(t.fx_of):
+        for path in [*paths(n), *([n.target] if n.op == "call_module" else [])]:
+            if path in first_in and i < first_in[path]:
+                first_in[path] = i
+    return t.nodes, last_in, first_in
 
 
 def cached(model: nn.Module) -> list[str]:
@@ -384,5 +428,7 @@ def _export_graph(model: nn.Module, two: tuple, fx_why: str) -> Traced:
             if path.startswith("m."):
                 yield path[2:]
 
-    nodes, last_in = _nodes_of(t, paths)
-    return Traced(nodes, last_in, "", None, tracer="torch.export", cache_off=tuple(cached(model)))
+    nodes, last_in, first_in = _nodes_of(t, lambda n: list(paths(n)))
+    return Traced(
+        nodes, last_in, "", None, tracer="torch.export", cache_off=tuple(cached(model)), first_in=first_in
+    )

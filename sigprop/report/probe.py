@@ -56,7 +56,7 @@ def run_table(run: RunResult, units: str = "n_l") -> Table:
     if tokens:  # a model's token sequences: the mean cosine between the tokens of one sample
         t.add_column("tok cos", justify="right", no_wrap=True)
         t.add_column("theory", justify="right", no_wrap=True)
-        t.add_column("attn H", justify="right", no_wrap=True)
+        t.add_column("H/theory", justify="right", no_wrap=True)
     for i in table_rows(len(run.layers)):
         r = run.layers[i]
         f, b = r.forward, r.backward
@@ -84,6 +84,8 @@ def _token_cells(c) -> tuple:
         return ("", "", "")
     spread = "" if c.std != c.std else f"±{c.std:.3f}"
     h = "" if c.entropy is None else f"{c.entropy:.3f}"
+    if h and c.entropy_predicted is not None:  # the traced attention's prediction beside it
+        h += f"/{c.entropy_predicted:.3f}"
     return (f"{c.mean:.3f}{spread}", _cos_theory_cell(c), h)
 
 
@@ -457,7 +459,9 @@ def to_csv(result: ProbeResult) -> str:
     header += [f"{m.name}_{c}" for m in measured for c in m.columns]
     tokens = any(r.tokens is not None for run in result.runs for r in run.layers)
     header += [f"token_cosine_{k}" for k in ("mean", "std", "predicted", "agrees")] if tokens else []
-    header += ["attention_entropy_mean", "attention_entropy_std"] if tokens else []
+    header += (
+        ["attention_entropy_mean", "attention_entropy_std", "attention_entropy_predicted"] if tokens else []
+    )
     header += ["off_output_path"] if named else []
     w.writerow(header)
     for run in result.runs:
@@ -478,9 +482,9 @@ def to_csv(result: ProbeResult) -> str:
             if tokens:
                 c = r.tokens
                 vals = (
-                    (None,) * 6
+                    (None,) * 7
                     if c is None
-                    else (c.mean, c.std, c.predicted, c.agrees, c.entropy, c.entropy_std)
+                    else (c.mean, c.std, c.predicted, c.agrees, c.entropy, c.entropy_std, c.entropy_predicted)
                 )
                 row += ["" if v is None else v for v in vals]
             row += [r.off_path] if named else []

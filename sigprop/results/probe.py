@@ -176,6 +176,8 @@ class TokenStats:
     agrees: bool | None = None
     entropy: float | None = None
     entropy_std: float | None = None
+    #: the entropy the traced attention's maps predict (docs/theory.md §16; None: no map)
+    entropy_predicted: float | None = None
     #: the half-width of the prediction's band: z standard errors of the run's mean plus the
     #: maps' stated accuracy (``stats.token_stats``; None: no prediction)
     tolerance: float | None = None
@@ -193,7 +195,11 @@ class TokenStats:
     def entropy_dict(self) -> dict[str, Any] | None:
         if self.entropy is None:
             return None
-        return {"mean": _num(self.entropy), "std": _num(self.entropy_std), "predicted": None}
+        return {
+            "mean": _num(self.entropy),
+            "std": _num(self.entropy_std),
+            "predicted": _num(self.entropy_predicted),
+        }
 
 
 @dataclass

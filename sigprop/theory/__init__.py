@@ -31,8 +31,10 @@ from sigprop.theory.activation import (
 )
 from sigprop.theory.attention import (
     MAX_LOGIT_VARIANCE,
+    attention_entropy,
     attention_weights,
     collision,
+    key_weight,
     logit_variance,
 )
 from sigprop.theory.conv import (
@@ -119,7 +121,9 @@ __all__ = [
     "MAP_ACCURACY_FORWARD",
     "MAX_LOGIT_VARIANCE",
     "attention_weights",
+    "attention_entropy",
     "collision",
+    "key_weight",
     "logit_variance",
     "BN_EPS",
     "CORR_COLLAPSE_K",

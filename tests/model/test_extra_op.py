@@ -99,8 +99,11 @@ def _probe(path, tmp_path) -> dict:
 def test_a_custom_activation_registered_from_outside_gets_its_theory(nets, tmp_path):
     path = nets
     before = _probe(path, tmp_path)
-    # torch.fx traces into SquarePlus: a product of two states, no map from the first one on
-    assert any("a product of two states" in n for n in before["config"]["theory_notes"])
+    # torch.fx traces into SquarePlus: z * z, a product of a state with itself, no map from the
+    # first one on; the note names where (the module's path, the op)
+    assert any(
+        "a product of a state with itself (1: operator.mul)" in n for n in before["config"]["theory_notes"]
+    ), before["config"]["theory_notes"]
     assert all(l["forward"]["predicted"] is None for l in before["runs"][0]["layers"][1:])
 
     # the CLI loads the file as a module of its own: its class is matched by name

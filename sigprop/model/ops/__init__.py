@@ -6,7 +6,7 @@ that calls ``register`` and ``map_op`` (tests/model/test_extra_op.py adds one fr
 alone).  ``kind`` is the op's category, which ``model.init.roles`` reads as well (a ReLU layer is
 a layer an ``act`` reads).  Importing this package registers the built-in ones."""
 
-from sigprop.model.ops import activation, aten, attention, linear, norm, pool, structure, transformer
+from sigprop.model.ops import activation, aten, attention, decoder, linear, norm, pool, structure, transformer
 from sigprop.model.ops.registry import (
     TRACED,
     TracedOp,
@@ -25,6 +25,7 @@ __all__ = [
     "aten",
     "attention",
     "classify",
+    "decoder",
     "classify_module",
     "kind_of",
     "symbolic_trace",

@@ -67,15 +67,40 @@ def exact_activations(model: nn.Module):
             changed.append(m)
             m.forward = lambda x: F.gelu(x, approximate="tanh")
         elif type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor):
-            # x rsqrt(mean x^2 + eps) weight, written out (Llama's): the one op it computes
+            # x rsqrt(mean x^2 + eps) g, written out (Llama's g = weight; Gemma's g = 1 + weight):
+            # the one op it computes, with the gain it is seen to apply (else left as written)
             eps = getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6))
-            changed.append(m)
-            m.forward = lambda x, m=m, eps=eps: F.rms_norm(x, (m.weight.shape[-1],), m.weight, eps)
+            gain = _rms_gain(m, eps)
+            if gain is not None:
+                changed.append(m)
+                m.forward = lambda x, m=m, eps=eps, gain=gain: F.rms_norm(
+                    x, (m.weight.shape[-1],), gain(m), eps
+                )
     try:
         yield
     finally:
         for m in changed:
             del m.forward
+
+
+def _rms_gain(m: nn.Module, eps: float):
+    """The gain an RMSNorm module applies, as a function of it -- its weight (Llama) or one plus it
+    (Gemma, whose weight starts at 0) -- told apart by calling it on a random input; None where it
+    is neither."""
+    d = m.weight.shape[-1]
+    w = m.weight.detach()
+    with torch.no_grad():
+        x = torch.randn(3, d, generator=torch.Generator().manual_seed(0)).to(w)
+        try:
+            y = m(x)
+        except Exception:  # a module that takes other arguments: traced as written
+            return None
+        for gain in (lambda m: m.weight, lambda m: 1.0 + m.weight):
+            if isinstance(y, torch.Tensor) and torch.allclose(
+                y, F.rms_norm(x, (d,), gain(m).detach(), eps), atol=1e-5
+            ):
+                return gain
+    return None
 
 
 def _is(*targets):

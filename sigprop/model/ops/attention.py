@@ -11,10 +11,11 @@ values' second moment q_v, token moment t_v and cross-sample moment k_v:
 
     forward:  q_o = t_v + (q_v - t_v) P,   t_o = t_v + (q_v - t_v) C,   k_o = k_v;
     backward: r_v = P r + (T - 1) C r_k,   rk_v = (1 - P) r / (T - 1) + (1 - C) r_k,
-              r_q = P r (q_v - t_v) s^2 / q_q,   r_k = P r (q_v - t_v) scale^2 d_h q_q,
+              r_q = K r (q_v - t_v) s^2 / q_q,   r_k = K r (q_v - t_v) scale^2 d_h q_q + ...,
 
 (r, r_k the gradient's second moment and its shared moment between two tokens at the output;
-the softmax's gradient to the queries and keys taken at independent keys) -- uniform attention
+the softmax's gradient to the queries and keys taken at independent keys; K the mean of w^2
+(1 - 2 w + sum w^2) over the weights, ``theory.key_weight``) -- uniform attention
 (s^2 -> 0) keeps t_v + (q_v - t_v)/T of the values and maps every token to the same vector.  A
 module's projections are dense maps around it (q' = f q + b per element, r = g r')."""
 
@@ -276,6 +277,7 @@ def _forward(nd: GraphNode, i: int, fold) -> None:
         )
         return
     fold.regimes.append(s2)
+    fold.entropy[i] = theory.attention_entropy(s2, p.tokens, p.causal, p.keys)
     qv, tv, kv = mom[2]
     o = p.projection("o", fold.weight_factor)
     q_out, t_out = tv + (qv - tv) * P, tv + (qv - tv) * C
@@ -296,10 +298,13 @@ def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
     spread_v = max(qv - tv, 0.0)
     r_v = P * r + (T - 1) * C * rk
     rk_v = (1 - P) * r / max(T - 1, 1) + (1 - C) * rk
-    r_q = P * r * spread_v * s2 / qq if qq > 0 else 0.0
-    # a key's gradient sums its queries, weighted: the gradient's part shared by the tokens adds
-    # up the queries' shared part coherently, (1 - P) t_q beside P q_q
-    r_k = (P * r * qq + (1 - P) * rk * max(tq, 0.0)) * spread_v * p.scale**2 * p.head_dim
+    # a query's and a key's gradients sum their keys' and queries' parts weighted by K, the
+    # weights' squares less what the softmax's centring takes (``theory.key_weight``; P-bar in
+    # 0.15.0: 2x high under a causal mask, whose first query sends nothing back), and the
+    # gradient's part shared by the tokens adds up the queries' shared part coherently, (1 - P) t_q
+    K = theory.key_weight(s2, T, p.causal, p.keys)
+    r_q = K * r * spread_v * s2 / qq if qq > 0 else 0.0
+    r_k = (K * r * qq + (1 - P) * rk * max(tq, 0.0)) * spread_v * p.scale**2 * p.head_dim
     for j, name, (rr, kk) in zip(nd.inputs, "qkv", ((r_q, 0.0), (r_k, 0.0), (r_v, rk_v))):
         b = p.projection(name, fold.weight_factor).backward
         fold.give(j, [(b * rr, b * kk, None)], i)

@@ -58,6 +58,22 @@ def _constant_factor(n: fx.Node) -> float | None:
     return float(consts[0]) if len(consts) == 1 and any(isinstance(v, fx.Node) for v in a) else None
 
 
+def _one_element(t, n: fx.Node, kind: str) -> float | None:
+    """c of ``h * c`` or ``h / c`` where c is a constant tensor of one element, else None."""
+    consts = [
+        a
+        for a in n.args
+        if isinstance(a, fx.Node) and (a not in t.index or t.nodes[t.index[a]].op == "const")
+    ]
+    if len(consts) != 1 or (kind == "div" and n.args[-1] is not consts[0]):
+        return None
+    v = t.value(consts[0])
+    if v is None or v.numel() != 1:
+        return None
+    c = float(v.detach().double().reshape(()))
+    return (1.0 / c if c != 0 else None) if kind == "div" else c
+
+
 def _root(j: int, nodes: list, fx_of: list) -> tuple[int, float]:
     """A node as c times an earlier node whose elements it keeps in place: through constant
     scalings and element-preserving identities (nn.Identity, dropout -- off in a probe --,
@@ -67,7 +83,7 @@ def _root(j: int, nodes: list, fx_of: list) -> tuple[int, float]:
         n = fx_of[j]
         ins = nodes[j].inputs
         if nodes[j].op == "scale" and len(ins) == 1:
-            c *= _constant_factor(n)
+            c *= nodes[j].params if nodes[j].params is not None else _constant_factor(n)
         elif nodes[j].op == "identity" and len(ins) == 1 and _keeps_elements(n, nodes[j], nodes[ins[0]]):
             pass
         else:
@@ -202,9 +218,26 @@ def _cat(t, n) -> GraphNode | list:
 def _scale(kind: str):
     def node(t, n) -> GraphNode:
         c, ins = _constant_factor(n), t.inputs(n)
+        if c is None and len(ins) == 1:  # a one-element tensor the model holds (Gemma's sqrt(d))
+            c = _one_element(t, n, kind)
         if len(ins) == 1 and c is not None:
-            return GraphNode(t.label(n), "scale", ins, forward=c**2)
-        why = "a product of two states" if kind == "mul" else "a division by a state"
+            return GraphNode(t.label(n), "scale", ins, forward=c**2, params=c)
+        if kind == "mul" and len(ins) == 2 and ins[0] != ins[1]:
+            shared = _near(ins[0], t.nodes) & _near(ins[1], t.nodes)
+            if not shared:  # a gated MLP's silu(x W1) * (x W3): independent weights
+                return GraphNode(t.label(n), "product", ins)
+            via = t.nodes[max(shared)].name
+            why = f"a product of two states that share {via} with no weight layer between"
+        elif (
+            len(ins) == 1
+            and sum(
+                isinstance(a, fx.Node) and a in t.index and t.nodes[t.index[a]].op != "const" for a in n.args
+            )
+            == 1
+        ):
+            why = "a state times a constant table" if kind == "mul" else "a state divided by a constant table"
+        else:
+            why = "a product of a state with itself" if kind == "mul" else "a division by a state"
         return GraphNode(t.label(n), "unknown", ins, why=why)
 
     return node
@@ -433,3 +466,33 @@ map_op("offset", _offset, _gives_back, tangent=_same)
 map_op("scale", _scaled, _scaled_back, tangent=lambda nd, i, e, fold: nd.forward * e[0])
 map_op("cat", _concatenated, _concatenated_back, tangent=_cat_tangent)
 map_op("constant", _constant, lambda nd, i, g, fold: None)
+
+
+def _product(nd: GraphNode, i: int, fold) -> None:
+    """a * b, independent states (each behind weights of its own: a gated MLP's silu(x W1) and
+    x W3): every moment the product of the two's -- q' = q_a q_b, m' = m_a m_b, and the shared
+    moments between two samples and between two tokens alike (docs/theory.md §16, "Gated MLPs")."""
+    a, b = (merged(fold.states[j]) for j in nd.inputs)
+    profile = None  # over the positions: the two's product where both have one
+    if a.profile is not None and b.profile is not None and a.profile.shape == b.profile.shape:
+        profile = a.profile * b.profile / float((a.profile * b.profile).mean())
+    tokens = None if a.tokens is None and b.tokens is None else a.tok * b.tok
+    fold.states[i] = [Part(1.0, a.q * b.q, a.mean * b.mean, a.shared * b.shared, profile, tokens)]
+
+
+def _product_back(nd: GraphNode, i: int, g: list, fold) -> None:
+    """The gradient g at a * b reaches a as g * b: r q_b, its moment between two positions r_k
+    k_b (g independent of b: it comes from the weights above), and b as g * a."""
+    (r, rk, p) = g[0] if len(g) == 1 else (sum(x[0] for x in g) / len(g), sum(x[1] for x in g) / len(g), None)
+    a, b = (merged(fold.states[j]) for j in nd.inputs)
+    for j, other in zip(nd.inputs, (b, a)):
+        fold.give(j, [(r * other.q, rk * other.tok, p)], i)
+
+
+def _product_tangent(nd, i, e, fold):
+    """d(a b) = b da + a db: E[a b (b J_a x + a J_b x)] = q_b e_a + q_a e_b (independent a, b)."""
+    a, b = (merged(fold.states[j]).q for j in nd.inputs)
+    return (b * e[0] if e[0] is not None else 0.0) + (a * e[1] if e[1] is not None else 0.0)
+
+
+map_op("product", _product, _product_back, tangent=_product_tangent)

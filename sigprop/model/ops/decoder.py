@@ -1,0 +1,191 @@
+"""The ops of the decoders trained today (Llama, Qwen2/3, Mistral, Gemma: docs/theory.md §16) that
+the older transformers lack: rotary position embeddings, read whole from their pattern
+``x * cos + rotate_half(x) * sin`` (a state times a constant table, its halves swapped with a
+sign, a sum of two summands that share x: no op-by-op map follows it, the whole is a rotation per
+token), and the keys and values of grouped-query attention broadcast over the query heads they
+serve (``expand``: each copy's gradient comes back, summed).  The gated MLP's product of two
+states is ops/structure.py's ``product``."""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from sigprop.model.graph import GraphNode, Part, map_op
+from sigprop.model.ops import structure
+from sigprop.model.ops.registry import TracedOp, register
+
+aten = torch.ops.aten
+CATS = (torch.cat, aten.cat.default)
+NEGS = (operator.neg, torch.neg, aten.neg.default)
+EXPANDS = (aten.expand.default,)
+
+
+def _call(n, targets) -> bool:
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+
+
+def _last_slice(n) -> tuple[fx.Node, int, int] | None:
+    """``x[..., a:b]`` (ATen's ``slice`` on the last axis, or a getitem): (x, a, b); None else."""
+    if _call(n, (aten.slice.Tensor,)):
+        x, dim = n.args[0], n.args[1] if len(n.args) > 1 else 0
+        rank = len(x.meta["tensor_meta"].shape) if "tensor_meta" in x.meta else None
+        if rank is None or dim not in (-1, rank - 1):
+            return None
+        start = n.args[2] if len(n.args) > 2 else 0
+        end = n.args[3] if len(n.args) > 3 else None
+        return x, start or 0, end
+    if _call(n, (operator.getitem,)) and isinstance(n.args[1], tuple) and n.args[1][:1] == (Ellipsis,):
+        rest = n.args[1][1:]
+        if len(rest) == 1 and isinstance(rest[0], slice) and rest[0].step in (None, 1):
+            return n.args[0], rest[0].start or 0, rest[0].stop
+    return None
+
+
+def rotary_parts(n: fx.Node):
+    """Of ``x * cos + cat(-x[..., h:], x[..., :h]) * sin`` (either order of every sum and
+    product): (x, cos, sin, x[..., :h], -x[..., h:]); None for any other sum."""
+    if not _call(n, structure.ADD_FUNCTIONS) or len(n.args) != 2 or n.kwargs:
+        return None
+    muls = n.args
+    if not all(_call(m, structure.MUL_FUNCTIONS) and len(m.args) == 2 for m in muls):
+        return None
+    for plain, turned in (muls, muls[::-1]):
+        cats = [a for a in turned.args if _call(a, CATS)]
+        if len(cats) != 1:
+            continue
+        sin = turned.args[1] if turned.args[0] is cats[0] else turned.args[0]
+        halves = cats[0].args[0]
+        if not isinstance(halves, (list, tuple)) or len(halves) != 2 or not _call(halves[0], NEGS):
+            continue
+        hi, lo = _last_slice(halves[0].args[0]), _last_slice(halves[1])
+        if hi is None or lo is None or hi[0] is not lo[0] or lo[1] != 0:
+            continue
+        known = not isinstance(lo[2], fx.Node) and not isinstance(hi[1], fx.Node)
+        if known and lo[2] != hi[1]:  # sizes torch.fx left symbolic: checked by their shapes
+            continue
+        x = hi[0]
+        if x not in plain.args:
+            continue
+        cos = plain.args[1] if plain.args[0] is x else plain.args[0]
+        return x, cos, sin, halves[1], halves[0]
+    return None
+
+
+def _table(t, c, shape) -> np.ndarray | None:
+    """A constant table broadcast to a sample's ``shape`` (its first sample's where it has the
+    batch axis)."""
+    v = t.value(c)
+    if v is None or not shape:
+        return None
+    v = v.detach().double()
+    if v.dim() == len(shape) + 1:
+        v = v[0]
+    try:
+        return v.expand(*shape).numpy()
+    except RuntimeError:
+        return None
+
+
+def _pairs_mean(a: np.ndarray, b: np.ndarray) -> float:
+    """The mean over two tokens t != s (axis -2) and everything else of a_t b_s."""
+    T = a.shape[-2]
+    if T < 2:
+        return 0.0
+    total = (a.sum(-2) * b.sum(-2) - (a * b).sum(-2)).mean()
+    return float(total / (T * (T - 1)))
+
+
+def rotary(t, n: fx.Node) -> GraphNode:
+    """The node of a rotary embedding (``rotary_parts``); a sum of another form is a sum."""
+    found = rotary_parts(n)
+    x = found[0] if found else None
+    if found is None or x not in t.index or t.nodes[t.index[x]].op == "const":
+        return structure._add_node(t, n)
+    shape, lo, hi = t.shape(x), t.shape(found[3]), t.shape(found[4])
+    c, s = _table(t, found[1], shape), _table(t, found[2], shape)
+    h = lo[-1] if lo else 0
+    if c is None or s is None or len(shape) < 2 or not hi or hi[-1] != h or shape[-1] != 2 * h:
+        return structure._add_node(t, n)
+    sign = np.concatenate([-np.ones(h), np.ones(h)])  # rotate_half's: -x[h:] first, then x[:h]
+    # the partner of unit i is i + h (i < h) or i - h: the sin table read at the partner's place
+    s_p = np.concatenate([s[..., h:], s[..., :h]], axis=-1)
+    params = {
+        "gain": float((c * c + s * s).mean()),  # 1 for cos and sin of one angle
+        "cross": float(2.0 * (sign * c * s).mean()),  # times m^2: the unit and its partner
+        "mean": float(c.mean() + (sign * s).mean()),
+        "tokens": _pairs_mean(c, c) + _pairs_mean(s, s),  # mean of cos((t - s) theta)
+        "tokens_cross": _pairs_mean(sign * c, s) + _pairs_mean(sign * s, c),
+        "grad_tokens": _pairs_mean(c, c) + _pairs_mean(s_p, s_p),
+    }
+    return GraphNode(t.label(n), "rotary", (t.index[x],), params=params)
+
+
+def _rotary(nd: GraphNode, i: int, fold) -> None:
+    """x cos + rotate_half(x) sin, per unit i and its partner p(i) = i -+ h (sign -+1): q' = q
+    mean(c^2 + s^2) + 2 m^2 mean(sign c s), likewise between two samples (the same positions,
+    the same rotation); between two tokens t != s of a sample, tok mean(c_t c_s + s_t s_s) -- the
+    mean of cos((t - s) theta_i) for one angle -- plus m^2 mean(sign (c_t s_s + s_t c_s)); the
+    units are independent about a common mean m (docs/theory.md §16, "Rotary positions")."""
+    p = nd.params
+    fold.states[i] = [
+        Part(
+            x.share,
+            p["gain"] * x.q + p["cross"] * x.mean**2,
+            p["mean"] * x.mean,
+            p["gain"] * x.shared + p["cross"] * x.mean**2,
+            None,
+            p["tokens"] * x.tok + p["tokens_cross"] * x.mean**2,
+            x.axis,
+        )
+        for x in fold.states[nd.inputs[0]]
+    ]
+
+
+def _rotary_back(nd: GraphNode, i: int, g: list, fold) -> None:
+    """The gradient goes back through the transposed rotation: r mean(c^2 + s^2), and between
+    two positions r_k mean(c_t c_s + s_t s_s) (the gradient's units uncorrelated)."""
+    p = nd.params
+    fold.give(nd.inputs[0], [(p["gain"] * r, p["grad_tokens"] * rk, None) for r, rk, _ in g], i)
+
+
+map_op("rotary", _rotary, _rotary_back, tangent=lambda nd, i, e, fold: nd.params["gain"] * e[0])
+
+
+def _expand(t, n: fx.Node) -> GraphNode:
+    """``expand``: a state's elements copied.  Along an axis before a sample's last two (the
+    query heads a grouped-query attention's key and value serve: Llama's ``repeat_kv``) the
+    copies' gradients come back summed from independent heads: ``broadcast``, k copies; any
+    other expand keeps each element's moments (``identity``)."""
+    ins = t.inputs(n)
+    src, out = (t.shape(n.args[0]) if ins else None), t.shape(n)
+    if not ins or not src or not out or len(src) != len(out) or len(out) < 3:
+        return GraphNode(t.label(n), "identity", ins[:1])
+    grown = [k for k, (a, b) in enumerate(zip(src, out)) if a != b]
+    copies = math.prod(out) // max(math.prod(src), 1)
+    if not grown or copies <= 1 or max(grown) >= len(out) - 2:
+        return GraphNode(t.label(n), "identity", ins[:1])
+    return GraphNode(t.label(n), "broadcast", ins[:1], forward=float(copies))
+
+
+def _broadcast_back(nd: GraphNode, i: int, g: list, fold) -> None:
+    """Each element's k copies' gradients, independent (each a head's own): k r, k r_k."""
+    k = nd.forward
+    fold.give(nd.inputs[0], [(k * r, k * rk, p) for r, rk, p in g], i)
+
+
+map_op("broadcast", structure.MAPS["identity"].forward, _broadcast_back, tangent=lambda nd, i, e, fold: e[0])
+
+register(TracedOp("add", lambda gm, n: rotary_parts(n) is not None, rotary), first=True)
+register(
+    TracedOp(
+        "identity",
+        lambda gm, n: _call(n, EXPANDS) or (n.op == "call_method" and n.target == "expand"),
+        _expand,
+    ),
+    first=True,
+)
