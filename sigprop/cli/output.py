@@ -65,7 +65,7 @@ def render_rich(draw, output: Optional[Path]) -> None:
     """A rich rendering to the terminal, or as plain text (no colour) to ``output``."""
     if output is None:
         # a pipe or file has no width to respect: do not let rich squeeze columns to 80
-        draw(Console() if sys.stdout.isatty() else Console(width=120))
+        draw(Console() if sys.stdout.isatty() else Console(width=160))  # as --output
         return
     with open(os.devnull, "w") as sink:
         console = Console(record=True, file=sink, width=160, color_system=None)

@@ -216,7 +216,8 @@ def _roles_in(model: nn.Module, gm) -> dict[str, tuple[str, int, int]]:
 
     joins = []
     for n in nodes:
-        if kind_of[n] != "add":
+        # a rotary embedding's x cos + rotate_half(x) sin is a rotation, no residual join
+        if kind_of[n] != "add" or len(n.all_input_nodes) != 2 or ops.decoder.rotary_parts(n) is not None:
             continue
         a, b = n.all_input_nodes
         if a in ancestors[b]:

@@ -12,6 +12,7 @@ import io
 import logging
 import math
 import operator
+import re
 from dataclasses import dataclass
 
 import torch
@@ -209,7 +210,9 @@ def _unwrapped(t: Traced) -> Traced:
     strip = lambda s: s[len("root.") :] if s.startswith("root.") else ("" if s == "root" else s)
     if t.nodes is None:
         return t
-    nodes = [dataclasses.replace(nd, name=strip(nd.name), why=nd.why.replace("root.", "")) for nd in t.nodes]
+    # the wrapper's own call is no place to name: " (root: TransformerEncoder)" goes
+    unplace = lambda why: re.sub(r" \(root: [^()]*\)$", "", why).replace("root.", "")
+    nodes = [dataclasses.replace(nd, name=strip(nd.name), why=unplace(nd.why)) for nd in t.nodes]
     return Traced(
         nodes,
         {strip(k): v for k, v in t.last_in.items()},

@@ -86,12 +86,26 @@ def key_weight(s2: float, T: int, causal: bool, keys: int | None = None) -> floa
     gradient a key's logits receive survives the softmax's centring -- d logit_tj = w_tj g_t .
     (v_j - sum_s w_ts v_s), and v_j - v-bar_t keeps 1 - 2 w_tj + sum_s w_ts^2 of the values'
     spread.  For rows of equal weights (s^2 -> 0) it is the mean over queries of c_t (1 - c_t),
-    c_t = 1/n_t; beyond, c_t = P(s^2, n_t) in that form (``collision``; exact at s^2 = 0, the
-    cube of the weights then taken as c_t^2).  A query that reads one key (a causal mask's first)
+    c_t = 1/n_t; beyond, each query's expectation by ``entropy``'s Monte Carlo (``_key_weight``).
+    A query that reads one key (a causal mask's first)
     sends its key nothing: under a causal mask K is about half of P-bar (0.53 at T = 16), and it
     is P-bar (1 - 1/T) without one (docs/theory.md §15)."""
-    c = np.array([collision(s2, int(k)) for k in key_counts(T, causal, keys)])
-    return float(np.mean(c * (1.0 - c)))
+    return float(np.mean([_key_weight(s2, int(k)) for k in key_counts(T, causal, keys)]))
+
+
+@lru_cache(maxsize=4096)
+def _key_weight(s2: float, n: int) -> float:
+    """E[sum w^2 - 2 sum w^3 + (sum w^2)^2] for the softmax w of n i.i.d. N(0, s^2) logits: c (1 -
+    c), c = 1/n, at s^2 = 0; beyond, ``entropy``'s Monte Carlo on its fixed stream."""
+    if n <= 1:
+        return 0.0
+    if s2 <= 0.0:
+        return (1.0 / n) * (1.0 - 1.0 / n)
+    z = np.random.Generator(np.random.PCG64(0)).standard_normal((ENTROPY_DRAWS, n)) * math.sqrt(s2)
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    w = e / e.sum(axis=1, keepdims=True)
+    c = (w * w).sum(axis=1)
+    return float((c - 2.0 * (w**3).sum(axis=1) + c * c).mean())
 
 
 #: draws of ``entropy``'s Monte Carlo (one fixed stream: the same value every call): its
@@ -124,6 +138,18 @@ def attention_entropy(s2: float, T: int, causal: bool, keys: int | None = None) 
     measured column averages (docs/theory.md §16)."""
     n = [int(k) for k in key_counts(T, causal, keys) if k >= 2]
     return float(np.mean([entropy(s2, k) for k in n])) if n else float("nan")
+
+
+def capped(s2: float, cap: float | None) -> tuple[float, float]:
+    """Soft-capped logits c tanh(z/c) (Gemma 2's ``attn_logit_softcapping``) of z ~ N(0, s^2):
+    their variance E[c^2 tanh^2(z/c)] and E[sech^4(z/c)], the square of the cap's slope (what it
+    passes of a logit's gradient), by Gauss-Hermite quadrature; (s^2, 1) without a cap."""
+    if cap is None or s2 <= 0.0:
+        return s2, 1.0
+    x, w = np.polynomial.hermite_e.hermegauss(ATTENTION_NODES)
+    w = w / w.sum()
+    th = np.tanh(math.sqrt(s2) * x / cap)
+    return float((w * (cap * th) ** 2).sum()), float((w * (1.0 - th * th) ** 2).sum())
 
 
 def logit_variance(scale: float, head_dim: int, q_query: float, q_key: float, tokens_key: float) -> float:

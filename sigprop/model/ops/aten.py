@@ -231,7 +231,11 @@ register(
         "norm",
         _is(aten.rms_norm.default),
         lambda t, n: rms_node(
-            t.label(n), t.inputs(n)[:1], t.value(n.args[2]) if len(n.args) > 2 else None, n.args[1]
+            t.label(n),
+            t.inputs(n)[:1],
+            t.value(n.args[2]) if len(n.args) > 2 else None,
+            n.args[1],
+            n.args[3] if len(n.args) > 3 else n.kwargs.get("eps"),
         ),
     )
 )

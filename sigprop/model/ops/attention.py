@@ -72,6 +72,8 @@ class Attention:
     #: the projections are weight layers (a module's): a prediction with every weight layer's
     #: variance scaled scales them
     weighted: bool = True
+    #: logits soft-capped to c tanh(z/c) (Gemma 2), None: not capped
+    cap: float | None = None
 
     def projection(self, name: str, factor: float) -> Projection:
         pr = getattr(self, name)
@@ -262,7 +264,7 @@ def _moments(nd: GraphNode, fold):
         (pr.forward * x.q + pr.bias, pr.forward * x.tok + pr.bias, pr.forward * x.shared + pr.bias)
         for pr, x in zip(proj, xs)
     ]
-    s2 = theory.logit_variance(p.scale, p.head_dim, mom[0][0], mom[1][0], mom[1][1])
+    s2, _ = theory.capped(theory.logit_variance(p.scale, p.head_dim, mom[0][0], mom[1][0], mom[1][1]), p.cap)
     P, C = theory.attention_weights(s2, p.tokens, p.causal, p.keys)
     return mom, P, C, s2
 
@@ -303,8 +305,11 @@ def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
     # 0.15.0: 2x high under a causal mask, whose first query sends nothing back), and the
     # gradient's part shared by the tokens adds up the queries' shared part coherently, (1 - P) t_q
     K = theory.key_weight(s2, T, p.causal, p.keys)
-    r_q = K * r * spread_v * s2 / qq if qq > 0 else 0.0
-    r_k = (K * r * qq + (1 - P) * rk * max(tq, 0.0)) * spread_v * p.scale**2 * p.head_dim
+    # a cap passes E[sech^4] of a logit's gradient; the uncapped variance is the keys' spread
+    raw = theory.logit_variance(p.scale, p.head_dim, qq, mom[1][0], mom[1][1])
+    slope = theory.capped(raw, p.cap)[1]
+    r_q = slope * K * r * spread_v * raw / qq if qq > 0 else 0.0
+    r_k = slope * (K * r * qq + (1 - P) * rk * max(tq, 0.0)) * spread_v * p.scale**2 * p.head_dim
     for j, name, (rr, kk) in zip(nd.inputs, "qkv", ((r_q, 0.0), (r_k, 0.0), (r_v, rk_v))):
         b = p.projection(name, fold.weight_factor).backward
         fold.give(j, [(b * rr, b * kk, None)], i)

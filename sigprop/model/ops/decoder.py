@@ -14,6 +14,7 @@ import operator
 import numpy as np
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 from sigprop.model.graph import GraphNode, Part, map_op
 from sigprop.model.ops import structure
@@ -189,3 +190,98 @@ register(
     ),
     first=True,
 )
+
+
+# -- attention written out: softmax(q k^T scale [soft-capped] + mask) v ------------------------
+
+MATMULS = (torch.matmul, operator.matmul, aten.matmul.default)
+SOFTMAXES = (torch.softmax, F.softmax, aten.softmax.int, aten._softmax.default)
+#: what may sit between the softmax and the product with the values (a probe runs dropout off)
+AFTER_SOFTMAX = (aten.to.dtype, aten.dropout.default, aten.clone.default, aten.alias.default, F.dropout)
+TRANSPOSES = (aten.transpose.int, torch.transpose)
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _scaled_by(n):
+    """n = x * c or x / c (c a number): (x, c as a factor); else (n, None)."""
+    if _call(n, structure.MUL_FUNCTIONS) and len(n.args) == 2:
+        for a, b in (n.args, n.args[::-1]):
+            if isinstance(a, fx.Node) and _number(b) is not None:
+                return a, _number(b)
+    if _call(n, structure.DIV_FUNCTIONS) and len(n.args) == 2 and _number(n.args[1]):
+        return n.args[0], 1.0 / _number(n.args[1])
+    return n, None
+
+
+def eager_parts(n: fx.Node) -> dict | None:
+    """Of attention written out -- ``softmax(q k^T scale [+ mask], -1) v``, its logits optionally
+    soft-capped ``c tanh(z / c)`` (Gemma 2), the softmax's result through a cast or dropout --:
+    {q, k, v, scale, cap, mask (an fx node or None)}; None for any other product."""
+    if not _call(n, MATMULS) or len(n.args) != 2:
+        return None
+    w, v = n.args
+    while _call(w, AFTER_SOFTMAX) or (isinstance(w, fx.Node) and w.op == "call_method" and w.target == "to"):
+        w = w.args[0]
+    if not _call(w, SOFTMAXES):
+        return None
+    dim = w.args[1] if len(w.args) > 1 else w.kwargs.get("dim")
+    z, mask = w.args[0], None
+    if dim not in (-1, 3):
+        return None
+    if _call(z, structure.ADD_FUNCTIONS) and len(z.args) == 2:  # the mask, added
+        z, mask = z.args  # which side is the state: read by ``eager`` (the constant is the mask)
+    cap = None
+    for logits, other in ((z, mask), (mask, z)) if mask is not None else ((z, None),):
+        inner, c = _scaled_by(logits)
+        if c is not None and _call(inner, (aten.tanh.default, torch.tanh)):
+            tanh_in, c_in = _scaled_by(inner.args[0])
+            if c_in is not None and abs(c * c_in - 1.0) < 1e-9:  # c tanh(z / c)
+                cap, logits = c, tanh_in
+        scale = 1.0
+        while True:  # the scalings of the logits (q k^T * scale, / sqrt(d))
+            logits, c = _scaled_by(logits)
+            if c is None:
+                break
+            scale *= c
+        if _call(logits, MATMULS) and len(logits.args) == 2:
+            q, kt = logits.args
+            turned = _call(kt, TRANSPOSES) or (
+                isinstance(kt, fx.Node) and kt.op == "call_method" and kt.target == "transpose"
+            )
+            if turned and sorted(a % 4 if isinstance(a, int) else -1 for a in kt.args[1:3]) == [2, 3]:
+                return {"q": q, "k": kt.args[0], "v": v, "scale": scale, "cap": cap, "mask": other}
+    return None
+
+
+def eager(t, n: fx.Node) -> GraphNode:
+    """The written-out attention's node: ``sdpa``'s maps with its scale, its cap and its mask (none
+    or causal, ``attention.mask_kind``); a product of another form is ``unknown``, named."""
+    from sigprop.model.ops import attention as att  # the attention maps' room
+
+    found = eager_parts(n)
+    label = t.label(n)
+    states = [found[k] for k in ("q", "k", "v")] if found else []
+    if not found or not all(isinstance(x, fx.Node) and x in t.index for x in states):
+        return GraphNode(label, "unknown", t.inputs(n), why=f"{label}: a product of two states")
+    causal = False
+    if found["mask"] is not None:
+        kind = att.mask_kind(t.value(found["mask"]))
+        if kind is None:
+            return GraphNode(
+                label, "unknown", t.inputs(n), why=f"{label}: attention with a mask it cannot read"
+            )
+        causal = kind == "causal"
+    sq, sk = t.shape(found["q"]), t.shape(found["k"])
+    if not sq or not sk or len(sq) < 2:
+        return GraphNode(label, "unknown", t.inputs(n), why=f"{label}: shapes not recorded")
+    one = att.Projection()
+    params = att.Attention(
+        one, one, one, one, sq[-1], found["scale"], sq[-2], sk[-2], causal, weighted=False, cap=found["cap"]
+    )
+    return GraphNode(label, "sdpa", tuple(t.index[x] for x in states), params=params)
+
+
+register(TracedOp("attention", lambda gm, n: eager_parts(n) is not None, eager), first=True)

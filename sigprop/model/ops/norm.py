@@ -156,26 +156,40 @@ map_op("norm", _forward, _backward, tangent=lambda nd, i, e, fold: 0.0 if nd.gro
 # --------------------------------------------------------------------------------------------
 # RMSNorm: x / rms(x) over the last dims, times a gain (no centring, no offset)
 # --------------------------------------------------------------------------------------------
-def rms_node(name: str, inputs: tuple, weight, shape) -> GraphNode:
-    """An RMSNorm over ``shape`` (its last dims) with gain ``weight`` (None: 1): ``forward`` the
-    gain's mean square, ``units`` the elements one statistic is taken over."""
+#: torch's eps of an RMSNorm given none (``F.rms_norm``, ``nn.RMSNorm``): float32's machine eps
+RMS_DEFAULT_EPS = 1.1920928955078125e-07
+
+
+def rms_node(name: str, inputs: tuple, weight, shape, eps=None) -> GraphNode:
+    """An RMSNorm over ``shape`` (its last dims) with gain ``weight`` (None: 1) and ``eps``
+    (None: torch's default): ``forward`` the gain's mean square, ``units`` the elements one
+    statistic is taken over, ``bias`` the eps."""
     g2 = 1.0 if weight is None else float(weight.detach().double().pow(2).mean())
-    return GraphNode(name, "rmsnorm", inputs, forward=g2, units=int(math.prod(shape)))
+    e = RMS_DEFAULT_EPS if eps is None else float(eps)
+    return GraphNode(name, "rmsnorm", inputs, forward=g2, units=int(math.prod(shape)), bias=e)
 
 
 def _rms_forward(nd: GraphNode, i: int, fold) -> None:
-    """y = g x / rms(x) per token (rms over ``units`` features, mean and offsets kept): q' = mean
-    g^2, and every other moment divided by q -- m' = m g-bar/sqrt(q) taken as m sqrt(g^2/q), k' =
-    g^2 k/q, t' = g^2 t/q (Zhang & Sennrich 2019's RMSNorm at infinite width: rms(x)^2 -> q)."""
+    """y = g x / sqrt(ms(x) + eps) per token (ms over ``units`` features, mean and offsets kept):
+    every moment times f = g^2/(q + eps) -- q' = g^2 q/(q + eps), m' = m g-bar/sqrt(q + eps) taken
+    as m sqrt(f), k' = f k, t' = f t (Zhang & Sennrich 2019's RMSNorm at infinite width: ms(x) ->
+    q; the eps matters where q is not far above it: OLMo-2's branch outputs at init, q ~ 6e-8
+    beside eps 1e-5, leave the norm all but linear)."""
     out = []
     for s in fold.states[nd.inputs[0]]:
         if s.q <= 0.0:
             return
-        f = nd.forward / s.q
+        f = nd.forward / (s.q + nd.bias)
         tokens = None if s.tokens is None else f * s.tokens
-        centre = (nd.units, *(f * c for c in centre_of(s, nd.units)[:3]), 0.0)  # one scale a token
+        # one scale a token where eps is negligible; else its mean square moves by f (1 - c) of its own
+        c = s.q / (s.q + nd.bias)
+        centre = (
+            nd.units,
+            *(f * x for x in centre_of(s, nd.units)[:3]),
+            (f * (1 - c)) ** 2 * centre_of(s, nd.units)[3],
+        )
         out.append(
-            Part(s.share, nd.forward, s.mean * math.sqrt(f), f * s.shared, s.profile, tokens, s.axis, centre)
+            Part(s.share, f * s.q, s.mean * math.sqrt(f), f * s.shared, s.profile, tokens, s.axis, centre)
         )
     fold.states[i] = out
 
@@ -188,18 +202,22 @@ def _rms_backward(nd: GraphNode, i: int, g: list, fold) -> None:
         src = fold.states[j]
         own = len(g) == len(src)
         parts = g if own else g[:1] * len(src)
-        out = []
+        out, align = [], []
         for k, (s, (r, rk, p)) in enumerate(zip(src, parts)):
-            # E[1/rms-hat^2]: a token's mean square varies by ~ the variance of its variance
-            f = nd.forward * inverse_mean(s.q, centre_of(s, nd.units)[3]) if s.q > 0 else 0.0
+            # E[1/(ms-hat + eps)]: a token's mean square varies by ~ the variance of its variance
+            f = nd.forward * inverse_mean(s.q + nd.bias, centre_of(s, nd.units)[3]) if s.q > 0 else 0.0
             ra = fold.alignment(i, k, nd.units)[1] if own else r / max(nd.units, 1)
-            out.append((f * (r - ra), f * rk, p))
-        fold.give(j, out, i, [(1.0, 0.0)] * len(out))
+            # J^T g = g (g_out - x (x.g_out)/(d s))/sqrt(s), s = ms + eps: the component along x
+            # keeps (1 - c)^2 of itself, c = ms/s (1 without eps: none left)
+            c = s.q / (s.q + nd.bias) if s.q > 0 else 1.0
+            out.append((f * (r - c * (2 - c) * ra), f * rk, p))
+            align.append((1.0, (1 - c) ** 2))
+        fold.give(j, out, i, align)
 
 
 def _rms_module(t, n) -> GraphNode:
     m = t.module(n)
-    return rms_node(n.target, t.inputs(n), m.weight, m.normalized_shape)
+    return rms_node(n.target, t.inputs(n), m.weight, m.normalized_shape, m.eps)
 
 
 register(
