@@ -48,3 +48,21 @@ def gpt2(layers: int = 12, d: int = 128, vocab: int = 1000):
     from transformers import GPT2Config, GPT2Model  # the [models] extra: only this factory needs it
 
     return GPT2Model(GPT2Config(n_embd=d, n_layer=layers, n_head=4, vocab_size=vocab, n_positions=64))
+
+
+def llama(layers: int = 4, d: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 1000):
+    """A small Llama decoder (Hugging Face transformers, the [models] extra): RMSNorm, rotary
+    positions, SwiGLU, ``heads`` query heads on ``kv_heads`` key/value heads, on token ids below
+    ``vocab``: ``sigprop module examples/my_nets.py:llama --vocab 1000 --input-shape 16``."""
+    from transformers import LlamaConfig, LlamaModel  # the [models] extra: only this factory needs it
+
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=2 * d,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=64,
+    )
+    return LlamaModel(cfg)
