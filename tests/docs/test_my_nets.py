@@ -20,7 +20,7 @@ def test_every_factory_the_docs_name_is_shipped():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     named = {n for path in DOCS for n in re.findall(r"my_nets\.py:(\w+)", path.read_text(encoding="utf-8"))}
-    assert named == {"wn_resnet", "encoder", "gpt2"}
+    assert named == {"wn_resnet", "encoder", "gpt2", "llama"}
     assert all(callable(getattr(module, n, None)) for n in named)
     assert not re.search(r"(?<![/\w])my_nets\.py", " ".join(p.read_text(encoding="utf-8") for p in DOCS))
 
@@ -49,11 +49,22 @@ def test_every_factory_the_docs_name_is_shipped():
             "--input-shape",
             "4",
         ],
+        [
+            "examples/my_nets.py:llama",
+            "--arg",
+            "layers=2",
+            "--arg",
+            "d=32",
+            "--vocab",
+            "50",
+            "--input-shape",
+            "4",
+        ],
     ],
-    ids=["wn_resnet", "encoder", "gpt2"],
+    ids=["wn_resnet", "encoder", "gpt2", "llama"],
 )
 def test_each_factory_runs_through_sigprop(args, monkeypatch, capsys):
-    if "gpt2" in args[0]:
+    if "gpt2" in args[0] or "llama" in args[0]:
         pytest.importorskip("transformers")
     monkeypatch.chdir(ROOT)  # the docs run them from the repository's root
     assert main(["module", *args, "--samples", "4", "--init", "as-is", "--init", "proposed"]) == 0, (
