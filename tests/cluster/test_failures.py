@@ -305,6 +305,22 @@ FAST = dict(kind="mlp", depth=[3, 4], width=[8], init="he")
 FAST_PROBE = specs.ProbeSpec(samples=32, device="cpu", threads=1)
 
 
+def _fast_sweep_on(c, out: Path, said: list, **kw) -> dict:
+    """``FAST``'s two points on cluster ``c``, what the sweep says kept in ``said``."""
+    return _within(
+        120,
+        lambda: api.sweep(
+            out=out,
+            executor="dask",
+            scheduler=c.scheduler_address,
+            probe_spec=FAST_PROBE,
+            on_note=said.append,
+            **kw,
+            **FAST,
+        ),
+    )
+
+
 def test_a_sweep_waits_for_n_workers_saying_k_of_n(tmp_path):
     """--wait-workers 2 on a scheduler whose workers join late (a queue starts its jobs over
     minutes): "waiting for workers (0 of 2)", then "(1 of 2)", and no point is sent before the
@@ -320,18 +336,12 @@ def test_a_sweep_waits_for_n_workers_saying_k_of_n(tmp_path):
         timers = [threading.Timer(3.0, lambda: c.scale(1)), threading.Timer(6.0, lambda: c.scale(2))]
         for t in timers:
             t.start()
-        box = _within(
-            120,
-            lambda: api.sweep(
-                out=tmp_path / "r.jsonl",
-                executor="dask",
-                scheduler=c.scheduler_address,
-                probe_spec=FAST_PROBE,
-                wait_workers=2,
-                on_note=said.append,
-                on_plan=lambda total, to_run: seen.append(len(c.scheduler_info["workers"])),
-                **FAST,
-            ),
+        box = _fast_sweep_on(
+            c,
+            tmp_path / "r.jsonl",
+            said,
+            wait_workers=2,
+            on_plan=lambda total, to_run: seen.append(len(c.scheduler_info["workers"])),
         )
     assert "error" not in box, box
     assert seen == [2], seen
@@ -349,19 +359,7 @@ def test_fewer_workers_than_waited_for_run_the_sweep_and_say_so(tmp_path):
     said = []
     start = time.monotonic()
     with _cluster() as c:
-        box = _within(
-            120,
-            lambda: api.sweep(
-                out=tmp_path / "r.jsonl",
-                executor="dask",
-                scheduler=c.scheduler_address,
-                probe_spec=FAST_PROBE,
-                wait_workers=3,
-                worker_wait=2,
-                on_note=said.append,
-                **FAST,
-            ),
-        )
+        box = _fast_sweep_on(c, tmp_path / "r.jsonl", said, wait_workers=3, worker_wait=2)
     assert "error" not in box, box
     assert time.monotonic() - start >= 2
     note = f"1 of 3 workers (--wait-workers) joined {c.scheduler_address} within 2 s (--worker-wait)"
