@@ -149,17 +149,19 @@ def _node(t: Tracing, n: fx.Node) -> GraphNode:
     op = ops.classify(t.gm, n)
     made = t.unknown(n) if op is None else op.node(t, n)
 
+    path = module_path(n)
+
     def placed(nd: GraphNode) -> GraphNode:  # where the maps stop: the module path and the op
-        if nd.op != "unknown" or not module_path(n):  # the model's own forward: the op says it
+        if nd.op != "unknown" or not path:  # the model's own forward: the op says it
             return nd
-        return dataclasses.replace(nd, why=f"{nd.why or nd.name} ({place(n)})")
+        return dataclasses.replace(nd, why=f"{nd.why or nd.name} ({path}: {op_name(n)})")
 
     return [placed(nd) for nd in made] if isinstance(made, list) else placed(made)
 
 
-def place(n: fx.Node) -> str:
-    """Where fx node ``n`` is, for a note: the module it runs in (``module_path``) and its op
-    (``layers.0.self_attn: aten.mul.Tensor``; a module call's class)."""
+def op_name(n: fx.Node) -> str:
+    """Fx node ``n``'s op, for a note where it runs (``aten.mul.Tensor``, ``torch.sin``; a module
+    call's class)."""
     if n.op == "call_module":
         what = type(n.graph.owning_module.get_submodule(n.target)).__name__
     elif n.op == "call_method":
@@ -170,8 +172,7 @@ def place(n: fx.Node) -> str:
         what = getattr(n.target, "__name__", str(n.target))
         module = getattr(n.target, "__module__", None)
         what = f"{module.lstrip('_')}.{what}" if module in ("torch", "_operator") else what
-    path = module_path(n)
-    return f"{path}: {what}" if path else what
+    return what
 
 
 @contextlib.contextmanager
@@ -262,8 +263,15 @@ def _nodes_of(t: Tracing, paths) -> tuple[list, dict, dict]:
     """The graph's nodes made into moment-map nodes, and per module path the last and the first
     node inside it (``paths(n)``: the module paths an fx node runs in)."""
     last_in: dict[str, int] = {}  # a module path -> the last node inside it
+    first_in: dict[str, int] = {}  # ... and the first
+
+    def inside(path: str, first: int, last: int) -> None:
+        first_in.setdefault(path, first)
+        last_in[path] = last
+
     for n in t.gm.graph.nodes:
         node = _node(t, n)
+        first = len(t.nodes)
         # an op may expand one call into the nodes its forward computes (a module kept whole:
         # ``ops.transformer``), each named by its module's path: a site inside reads its last
         for sub in node if isinstance(node, list) else [node]:
@@ -273,18 +281,9 @@ def _nodes_of(t: Tracing, paths) -> tuple[list, dict, dict]:
             if isinstance(node, list):
                 parts = sub.name.split(".")
                 for k in range(1, len(parts) + 1):
-                    last_in[".".join(parts[:k])] = t.index[n]
-        for path in paths(n):
-            last_in[path] = t.index[n]
-        if n.op == "call_module":
-            last_in[n.target] = t.index[n]
-    first_in: dict[str, int] = {}
-    for path, last in last_in.items():  # the first node whose module path is this one or inside
-        first_in[path] = last
-    for i, n in enumerate(t.fx_of):
+                    inside(".".join(parts[:k]), t.index[n], t.index[n])
         for path in [*paths(n), *([n.target] if n.op == "call_module" else [])]:
-            if path in first_in and i < first_in[path]:
-                first_in[path] = i
+            inside(path, first, t.index[n])
     return t.nodes, last_in, first_in
 
 

@@ -179,7 +179,7 @@ class Dask:
         need, start, said = self.wait_workers, time.monotonic(), None
         while True:
             try:
-                joined = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+                joined = len(_workers_of(client))
             except (TimeoutError, OSError):
                 joined = 0
             waited = time.monotonic() - start
@@ -441,11 +441,15 @@ class _Watch:
             self.dask.say(f"no worker at {self._where()}: waiting up to {self.dask.wait:g} s (--worker-wait)")
 
     def _workers(self) -> dict:
-        """The scheduler's workers now, by address."""
-        return self.dask.client.scheduler_info(n_workers=-1).get("workers", {})
+        return _workers_of(self.dask.client)
 
     def _where(self) -> str:
         return self.dask.scheduler or "the local cluster"
+
+
+def _workers_of(client) -> dict:
+    """The scheduler's workers now, by address."""
+    return client.scheduler_info(n_workers=-1).get("workers", {})
 
 
 def _offers(has: dict, asked: dict) -> bool:

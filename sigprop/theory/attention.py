@@ -101,11 +101,20 @@ def _key_weight(s2: float, n: int) -> float:
         return 0.0
     if s2 <= 0.0:
         return (1.0 / n) * (1.0 - 1.0 / n)
-    z = np.random.Generator(np.random.PCG64(0)).standard_normal((ENTROPY_DRAWS, n)) * math.sqrt(s2)
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    w = e / e.sum(axis=1, keepdims=True)
+    _, w, _ = _softmax_draws(s2, n)
     c = (w * w).sum(axis=1)
     return float((c - 2.0 * (w**3).sum(axis=1) + c * c).mean())
+
+
+def _softmax_draws(s2: float, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``ENTROPY_DRAWS`` rows of n i.i.d. N(0, s^2) logits on one fixed stream (numpy's PCG64,
+    seed 0: the same every call), shifted by their row's maximum, their softmax weights and the
+    log of each row's sum of exponentials: what ``entropy`` and ``_key_weight`` average."""
+    z = np.random.Generator(np.random.PCG64(0)).standard_normal((ENTROPY_DRAWS, n)) * math.sqrt(s2)
+    z -= z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    total = e.sum(axis=1, keepdims=True)
+    return z, e / total, np.log(total[:, 0])
 
 
 #: draws of ``entropy``'s Monte Carlo (one fixed stream: the same value every call): its
@@ -125,11 +134,8 @@ def entropy(s2: float, n: int) -> float:
         return float("nan")  # one key: no entropy to compare (as the measured column)
     if s2 <= 0.0:
         return 1.0
-    z = np.random.Generator(np.random.PCG64(0)).standard_normal((ENTROPY_DRAWS, n)) * math.sqrt(s2)
-    z -= z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    total = e.sum(axis=1)
-    h = np.log(total) - (e * z).sum(axis=1) / total
+    z, w, log_total = _softmax_draws(s2, n)
+    h = log_total - (w * z).sum(axis=1)
     return float(h.mean() / math.log(n))
 
 

@@ -22,7 +22,7 @@ from sigprop.model.graph import GraphNode, Part, map_op
 from sigprop.model.ops import activation as act
 from sigprop.model.ops import attention as att
 from sigprop.model.ops.linear import _dense_node
-from sigprop.model.ops.norm import gain_offset, rms_node
+from sigprop.model.ops.norm import norm_node, rms_node
 from sigprop.model.ops.registry import TracedOp, register
 
 aten = torch.ops.aten
@@ -167,19 +167,7 @@ def _layer_norm(t, n: fx.Node) -> GraphNode:
     shape = n.args[1]
     w = t.value(n.args[2]) if len(n.args) > 2 else None
     b = t.value(n.args[3]) if len(n.args) > 3 else None
-    g2 = 1.0 if w is None else float(w.detach().double().pow(2).mean())
-    b2 = 0.0 if b is None else float(b.detach().double().pow(2).mean())
-    units = int(np.prod(shape))
-    return GraphNode(
-        t.label(n),
-        "norm",
-        t.inputs(n),
-        forward=g2,
-        bias=b2,
-        units=units,
-        group=int(shape[0]),
-        params=gain_offset(w, b),
-    )
+    return norm_node(t.label(n), t.inputs(n), w, b, int(np.prod(shape)), int(shape[0]))
 
 
 def _activation(t, n: fx.Node) -> GraphNode:

@@ -256,7 +256,8 @@ register(
 
 def _moments(nd: GraphNode, fold):
     """The projected queries, keys and values ((q, tokens, shared) per element), the weights'
-    (P, C) and the logits' variance s^2."""
+    (P, C), the logits' variance s^2 (soft-capped where they are) and, before the cap, their
+    variance and the cap's slope E[sech^4] (``theory.capped``; (s^2, 1) without one)."""
     p: Attention = nd.params
     proj = [p.projection(k, fold.weight_factor) for k in "qkv"]
     xs = [merged(fold.states[j]) for j in nd.inputs]
@@ -264,14 +265,15 @@ def _moments(nd: GraphNode, fold):
         (pr.forward * x.q + pr.bias, pr.forward * x.tok + pr.bias, pr.forward * x.shared + pr.bias)
         for pr, x in zip(proj, xs)
     ]
-    s2, _ = theory.capped(theory.logit_variance(p.scale, p.head_dim, mom[0][0], mom[1][0], mom[1][1]), p.cap)
+    raw = theory.logit_variance(p.scale, p.head_dim, mom[0][0], mom[1][0], mom[1][1])
+    s2, slope = theory.capped(raw, p.cap)
     P, C = theory.attention_weights(s2, p.tokens, p.causal, p.keys)
-    return mom, P, C, s2
+    return mom, P, C, s2, (raw, slope)
 
 
 def _forward(nd: GraphNode, i: int, fold) -> None:
     p: Attention = nd.params
-    mom, P, C, s2 = _moments(nd, fold)
+    mom, P, C, s2, _ = _moments(nd, fold)
     if s2 > MAP_LOGIT_VARIANCE:  # beyond the map's range: no state, said why
         fold.why[i] = (
             f"{nd.name} at logits of variance {s2:.3g} across keys (the attention map covers up to "
@@ -290,7 +292,7 @@ def _forward(nd: GraphNode, i: int, fold) -> None:
 
 def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
     p: Attention = nd.params
-    mom, P, C, s2 = _moments(nd, fold)
+    mom, P, C, s2, (raw, slope) = _moments(nd, fold)
     mine = fold.states[i]
     o = p.projection("o", fold.weight_factor)
     r = o.backward * sum(s.share * x[0] for s, x in zip(mine, g))
@@ -305,9 +307,8 @@ def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
     # 0.15.0: 2x high under a causal mask, whose first query sends nothing back), and the
     # gradient's part shared by the tokens adds up the queries' shared part coherently, (1 - P) t_q
     K = theory.key_weight(s2, T, p.causal, p.keys)
-    # a cap passes E[sech^4] of a logit's gradient; the uncapped variance is the keys' spread
-    raw = theory.logit_variance(p.scale, p.head_dim, qq, mom[1][0], mom[1][1])
-    slope = theory.capped(raw, p.cap)[1]
+    # a cap passes E[sech^4] of a logit's gradient (``slope``); the uncapped variance is the keys'
+    # spread
     r_q = slope * K * r * spread_v * raw / qq if qq > 0 else 0.0
     r_k = slope * (K * r * qq + (1 - P) * rk * max(tq, 0.0)) * spread_v * p.scale**2 * p.head_dim
     for j, name, (rr, kk) in zip(nd.inputs, "qkv", ((r_q, 0.0), (r_k, 0.0), (r_v, rk_v))):
@@ -325,7 +326,7 @@ def _tangent(nd: GraphNode, i: int, e: list, fold) -> float | None:
     p: Attention = nd.params
     if e[2] is None:
         return 0.0
-    mom, P, _, _ = _moments(nd, fold)
+    mom, P, _, _, _ = _moments(nd, fold)
     qv, tv, _ = mom[2]
     v, o = (p.projection(k, fold.weight_factor) for k in "vo")
     if qv <= 0.0:

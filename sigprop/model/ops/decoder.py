@@ -17,6 +17,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from sigprop.model.graph import GraphNode, Part, map_op
+from sigprop.model.ops import attention as att
 from sigprop.model.ops import structure
 from sigprop.model.ops.registry import TracedOp, register
 
@@ -201,18 +202,14 @@ AFTER_SOFTMAX = (aten.to.dtype, aten.dropout.default, aten.clone.default, aten.a
 TRANSPOSES = (aten.transpose.int, torch.transpose)
 
 
-def _number(x) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-
 def _scaled_by(n):
-    """n = x * c or x / c (c a number): (x, c as a factor); else (n, None)."""
-    if _call(n, structure.MUL_FUNCTIONS) and len(n.args) == 2:
-        for a, b in (n.args, n.args[::-1]):
-            if isinstance(a, fx.Node) and _number(b) is not None:
-                return a, _number(b)
-    if _call(n, structure.DIV_FUNCTIONS) and len(n.args) == 2 and _number(n.args[1]):
-        return n.args[0], 1.0 / _number(n.args[1])
+    """n = x * c, c * x or x / c (c a number): (x, c as a factor, ``structure._constant_factor``);
+    else (n, None)."""
+    if _call(n, structure.MUL_FUNCTIONS + structure.DIV_FUNCTIONS):
+        c = structure._constant_factor(n)
+        x = next((a for a in n.args if isinstance(a, fx.Node)), None)
+        if c is not None and x is not None:
+            return x, c
     return n, None
 
 
@@ -259,8 +256,6 @@ def eager_parts(n: fx.Node) -> dict | None:
 def eager(t, n: fx.Node) -> GraphNode:
     """The written-out attention's node: ``sdpa``'s maps with its scale, its cap and its mask (none
     or causal, ``attention.mask_kind``); a product of another form is ``unknown``, named."""
-    from sigprop.model.ops import attention as att  # the attention maps' room
-
     found = eager_parts(n)
     label = t.label(n)
     states = [found[k] for k in ("q", "k", "v")] if found else []

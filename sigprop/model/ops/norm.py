@@ -29,10 +29,6 @@ def _norm_node(m: nn.Module, name, inputs, shape_in) -> GraphNode:
     (``GraphNode``): batch norm over the batch (group 0); layer norm over its normalized
     shape, one offset per leading entry; group norm over a group's channels and positions;
     instance norm over one channel's positions."""
-    gamma = getattr(m, "weight", None)
-    beta = getattr(m, "bias", None)
-    g2 = 1.0 if gamma is None else float(gamma.detach().double().pow(2).mean())
-    b2 = 0.0 if beta is None else float(beta.detach().double().pow(2).mean())
     units = group = 0
     positions = math.prod(shape_in[1:]) if shape_in else 1
     if isinstance(m, nn.LayerNorm):
@@ -42,6 +38,14 @@ def _norm_node(m: nn.Module, name, inputs, shape_in) -> GraphNode:
         units = group * positions
     elif isinstance(m, (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)):
         units, group = positions, 1
+    return norm_node(name, inputs, getattr(m, "weight", None), getattr(m, "bias", None), units, group)
+
+
+def norm_node(name, inputs, gamma, beta, units: int, group: int) -> GraphNode:
+    """A normalisation's node from its gain and offset (None: 1 and 0) and what one statistic is
+    taken over (``_norm_node``; ATen's ``layer_norm``): their mean squares, ``gain_offset``."""
+    g2 = 1.0 if gamma is None else float(gamma.detach().double().pow(2).mean())
+    b2 = 0.0 if beta is None else float(beta.detach().double().pow(2).mean())
     return GraphNode(
         name, "norm", inputs, forward=g2, bias=b2, units=units, group=group, params=gain_offset(gamma, beta)
     )

@@ -58,13 +58,18 @@ def _constant_factor(n: fx.Node) -> float | None:
     return float(consts[0]) if len(consts) == 1 and any(isinstance(v, fx.Node) for v in a) else None
 
 
+def _parts_of(t, n: fx.Node) -> tuple[list, list]:
+    """A call's arguments split into states (nodes of the graph that are not constants) and the
+    rest (numbers, constant tensors)."""
+    states = [
+        a for a in n.args if isinstance(a, fx.Node) and a in t.index and t.nodes[t.index[a]].op != "const"
+    ]
+    return states, [a for a in n.args if not any(a is s for s in states)]
+
+
 def _one_element(t, n: fx.Node, kind: str) -> float | None:
     """c of ``h * c`` or ``h / c`` where c is a constant tensor of one element, else None."""
-    consts = [
-        a
-        for a in n.args
-        if isinstance(a, fx.Node) and (a not in t.index or t.nodes[t.index[a]].op == "const")
-    ]
+    consts = [a for a in _parts_of(t, n)[1] if isinstance(a, fx.Node)]
     if len(consts) != 1 or (kind == "div" and n.args[-1] is not consts[0]):
         return None
     v = t.value(consts[0])
@@ -125,8 +130,7 @@ def _add_node(t, n: fx.Node) -> GraphNode:
     label, index, nodes, fx_of = t.label(n), t.index, t.nodes, t.fx_of
     if n.kwargs:  # torch.add(..., alpha=...)
         return GraphNode(label, "unknown", (), why=f"{label} with alpha")
-    states = [a for a in n.args if isinstance(a, fx.Node) and nodes[index[a]].op != "const"]
-    consts = [a for a in n.args if not (isinstance(a, fx.Node) and nodes[index[a]].op != "const")]
+    states, consts = _parts_of(t, n)
     ins = tuple(index[a] for a in states)
     if len(states) == 2:
         (ra, ca), (rb, cb) = (_root(j, nodes, fx_of) for j in ins)
@@ -228,13 +232,7 @@ def _scale(kind: str):
                 return GraphNode(t.label(n), "product", ins)
             via = t.nodes[max(shared)].name
             why = f"a product of two states that share {via} with no weight layer between"
-        elif (
-            len(ins) == 1
-            and sum(
-                isinstance(a, fx.Node) and a in t.index and t.nodes[t.index[a]].op != "const" for a in n.args
-            )
-            == 1
-        ):
+        elif len(ins) == 1 and len(_parts_of(t, n)[0]) == 1:
             why = "a state times a constant table" if kind == "mul" else "a state divided by a constant table"
         else:
             why = "a product of a state with itself" if kind == "mul" else "a division by a state"
@@ -483,7 +481,7 @@ def _product(nd: GraphNode, i: int, fold) -> None:
 def _product_back(nd: GraphNode, i: int, g: list, fold) -> None:
     """The gradient g at a * b reaches a as g * b: r q_b, its moment between two positions r_k
     k_b (g independent of b: it comes from the weights above), and b as g * a."""
-    (r, rk, p) = g[0] if len(g) == 1 else (sum(x[0] for x in g) / len(g), sum(x[1] for x in g) / len(g), None)
+    r, rk, p = g[0]  # the product is one part (``_product``)
     a, b = (merged(fold.states[j]) for j in nd.inputs)
     for j, other in zip(nd.inputs, (b, a)):
         fold.give(j, [(r * other.q, rk * other.tok, p)], i)
