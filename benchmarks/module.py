@@ -11,7 +11,8 @@ excluded, the model's construction included on both sides) and then warm (the me
 later calls), with its peak RSS.
 
 Models (``--models``, default bn-resnet,gpt2,unet): a batch-normalised CIFAR ResNet-20 (3 x 32 x
-32), Hugging Face's GPT-2 from a small config (4 layers, 256 wide, 64 tokens), MONAI's 2-D UNet
+32), Hugging Face's GPT-2 from a small config (4 layers, 256 wide, 64 tokens), ``llama``: a
+LlamaModel from a small config (4 layers, 256 wide, 4 heads on 2 key/value heads, 64 tokens), MONAI's 2-D UNet
 (1 x 96 x 96, channels 16-128); ``densenet`` is 0.9.0's DenseNet121 at 3 x 224 x 224; ``tiny``, a
 3-layer MLP, shows the fixed cost.
 
@@ -80,6 +81,24 @@ def gpt2_12():
     return transformers.GPT2Model(cfg)
 
 
+def llama():
+    """Issue 50 item 4: a Llama-family decoder from a small config (RMSNorm, rotary positions, a
+    gated MLP, grouped-query attention), whose theory the decoder maps of 0.16.0 compose."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        vocab_size=1000,
+        attn_implementation="sdpa",
+    )
+    return transformers.LlamaModel(cfg)
+
+
 def unet():
     from monai.networks.nets import UNet
 
@@ -103,6 +122,7 @@ MODELS = {
     "bn-resnet": (bn_resnet, (3, 32, 32), None),
     "gpt2": (gpt2, (64,), 1000),
     "gpt2-12": (gpt2_12, (64,), 1000),
+    "llama": (llama, (64,), 1000),
     "unet": (unet, (1, 96, 96), None),
     "densenet": (densenet, (3, 224, 224), None),
     "tiny": (tiny, (32,), None),

@@ -50,19 +50,37 @@ def gpt2(layers: int = 12, d: int = 128, vocab: int = 1000):
     return GPT2Model(GPT2Config(n_embd=d, n_layer=layers, n_head=4, vocab_size=vocab, n_positions=64))
 
 
-def llama(layers: int = 4, d: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 1000):
-    """A small Llama decoder (Hugging Face transformers, the [models] extra): RMSNorm, rotary
-    positions, SwiGLU, ``heads`` query heads on ``kv_heads`` key/value heads, on token ids below
-    ``vocab``: ``sigprop module examples/my_nets.py:llama --vocab 1000 --input-shape 16``."""
-    from transformers import LlamaConfig, LlamaModel  # the [models] extra: only this factory needs it
+#: ``llama``'s families: (config, model, what differs from Llama's layout)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaModel", {}),
+    "qwen3": ("Qwen3Config", "Qwen3Model", {}),  # QK-norm: an RMSNorm on each head's q and k
+    # OLMo-2: the norms after each branch (x + norm(branch(x))), QK-norm over all heads
+    "olmo2": ("Olmo2Config", "Olmo2Model", {}),
+    # Gemma 2: logits soft-capped at 50, gains 1 + w, the embedding times sqrt(d); no padding row
+    # (its default pad_token_id 0 zeroes token 0's embedding, which the maps do not follow)
+    "gemma2": ("Gemma2Config", "Gemma2Model", {"pad_token_id": None, "attn_implementation": "eager"}),
+}
 
-    cfg = LlamaConfig(
+
+def llama(
+    layers: int = 4, d: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 1000, family: str = "llama"
+):
+    """A small Llama-family decoder (Hugging Face transformers, the [models] extra): RMSNorm,
+    rotary positions, a gated MLP, ``heads`` query heads on ``kv_heads`` key/value heads, on token
+    ids below ``vocab``: ``sigprop module examples/my_nets.py:llama --vocab 1000 --input-shape 16``;
+    ``family`` one of ``FAMILIES`` (``--arg family=llama,qwen3,olmo2,gemma2``: one run each)."""
+    import transformers  # the [models] extra: only this factory needs it
+
+    cfg_name, model_name, extra = FAMILIES[family]
+    cfg = getattr(transformers, cfg_name)(
         vocab_size=vocab,
         hidden_size=d,
         intermediate_size=2 * d,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
+        head_dim=d // heads,
         max_position_embeddings=64,
+        **extra,
     )
-    return LlamaModel(cfg)
+    return getattr(transformers, model_name)(cfg)

@@ -37,6 +37,18 @@ BIBTEX = {
   institution = {OpenAI},
   year        = {2019}
 }""",
+    "black2022gptneox": """@inproceedings{black2022gptneox,
+  title     = {{GPT-NeoX-20B}: An Open-Source Autoregressive Language Model},
+  author    = {Black, Sid and Biderman, Stella and Hallahan, Eric and others},
+  booktitle = {Proceedings of BigScience Episode 5 -- Workshop on Challenges \\& Perspectives in Creating Large Language Models},
+  year      = {2022}
+}""",
+    "nguyen2019transformers": """@inproceedings{nguyen2019transformers,
+  title     = {Transformers without Tears: Improving the Normalization of Self-Attention},
+  author    = {Nguyen, Toan Q. and Salazar, Julian},
+  booktitle = {Proceedings of the 16th International Conference on Spoken Language Translation},
+  year      = {2019}
+}""",
     "hanin2018start": """@inproceedings{hanin2018start,
   title     = {How to Start Training: The Effect of Initialization and Architecture},
   author    = {Hanin, Boris and Rolnick, David},

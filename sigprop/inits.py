@@ -73,8 +73,9 @@ class InitScheme:
     #: True when the draw depends on ``LayerRole.block_index``: residual blocks that differ only
     #: in their index then run as different CUDA-graph steps (sigprop/kernels/replay.py)
     by_block_index: bool = False
-    #: a model's embedding tables (``sigprop.init_``): rows N(0, embedding_std^2 I)
-    embedding_std: float = 1.0
+    #: a model's embedding tables (``sigprop.init_``): rows N(0, embedding_std^2 I); a function
+    #: of the table's width where the scheme's std depends on it
+    embedding_std: float | Callable[[int], float] = 1.0
     #: for schemes whose layer is "Haar directions with a constant gain": the gain squared, so
     #: that many layers or draws can be orthogonalized in one batched call (kernels/haar.py)
     haar_gain_sq: Callable[[LayerRole], float] | None = field(default=None, repr=False)
@@ -354,6 +355,39 @@ register(
         needs=frozenset({MODEL}),
         normalized=False,
         embedding_std=GPT2_STD,
+    )
+)
+
+
+def neox_std(role: LayerRole) -> float:
+    """GPT-NeoX's init (Black et al. 2022, section 2.3.1): "small init" (Nguyen & Salazar 2019),
+    std sqrt(2/(5 d)), for every weight but a residual branch's last, which takes Wang's 2/(L sqrt
+    d) -- d the model's width (a branch's last layer writes it: its fan-out; every other layer of
+    a decoder reads it: its fan-in), L its transformer layers, B/2 of the B residual branches the
+    model's graph gives (``sigprop.init_``: an attention and an MLP branch per layer)."""
+    if role.kind == "block_last":
+        layers = max(role.blocks_in_stage / 2.0, 1.0)
+        return 2.0 / (layers * math.sqrt(role.fan_out))
+    return math.sqrt(2.0 / (5.0 * role.fan_in))
+
+
+def neox_embedding_std(width: int) -> float:
+    """GPT-NeoX's embedding table: small init over its width, sqrt(2/(5 d))."""
+    return math.sqrt(2.0 / (5.0 * width))
+
+
+register(
+    InitScheme(
+        name="neox",
+        cites=("black2022gptneox", "nguyen2019transformers"),
+        description="GPT-NeoX's: W ~ N(0, 2/(5d)) (small init), each residual branch's last layer "
+        "N(0, 4/(L^2 d)) (Wang's), L = B/2 layers, b = 0, embeddings N(0, 2/(5d))",
+        paper="Black et al. 2022, section 2.3.1 (small init of Nguyen & Salazar 2019; Wang's init of GPT-J)",
+        direction="gaussian",
+        moments=lambda r: theory.LayerMoments(row_sq=r.fan_in * neox_std(r) ** 2),
+        needs=frozenset({MODEL}),
+        normalized=False,
+        embedding_std=neox_embedding_std,
     )
 )
 register(

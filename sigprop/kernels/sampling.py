@@ -255,6 +255,13 @@ def _gpt2(role, gen, device, dtype):
     return LayerParams(v=w, g=None, bias=None, scale=torch.ones(role.fan_out, device=device, dtype=dtype))
 
 
+@sampler("neox")
+def _neox(role, gen, device, dtype):
+    """GPT-NeoX's init (``inits.neox_std``): small init, Wang's at a branch's last layer; b = 0."""
+    w = gaussian(role, gen, device, dtype) * inits.neox_std(role)
+    return LayerParams(v=w, g=None, bias=None, scale=torch.ones(role.fan_out, device=device, dtype=dtype))
+
+
 @sampler("delta-orthogonal")
 def _delta_orthogonal(role, gen, device, dtype):
     """Xiao et al. 2018: an orthogonal c_out x c_in matrix at the kernel's centre tap, zeros at the

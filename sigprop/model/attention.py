@@ -15,6 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from sigprop.model.sites import call_name
+
 SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 MHA = (F.multi_head_attention_forward,)
 
@@ -101,19 +103,22 @@ def _mha_entropy(query, key, value, embed_dim, num_heads, in_proj_weight, in_pro
 
 class AttentionReader(TorchFunctionMode):
     """While active, every attention call's per-sample normalised entropy (``normalised_entropy``)
-    under the path of the innermost module running it (global forward hooks keep the stack):
-    ``calls`` is a list of (module path, entropy [B])."""
+    under the module calls running it (global forward hooks keep the stack):
+    ``calls`` is a list of (the module calls running it, outermost first, entropy [B])."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.paths = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
         self.stack: list[str] = []
-        self.calls: list[tuple[str, torch.Tensor]] = []
+        self.calls: list[tuple[tuple, torch.Tensor]] = []
         self._hooks: list = []
+        self.count: dict[str, int] = {}
 
     def __enter__(self):
-        def push(mod, args):
-            self.stack.append(self.paths.get(id(mod), ""))
+        def push(mod, args):  # each call named as a site names it: ``block@1``, its second
+            path = self.paths.get(id(mod), "")
+            k = self.count[path] = self.count.get(path, -1) + 1
+            self.stack.append(call_name(path, k) if path else "")
 
         def pop(mod, args, out):
             if self.stack:
@@ -141,11 +146,11 @@ class AttentionReader(TorchFunctionMode):
             except Exception:  # a call of a form not read here: its site shows no entropy
                 h = None
             if h is not None:
-                where = next((p for p in reversed(self.stack) if p), "")
-                self.calls.append((where, h))
+                self.calls.append((tuple(p for p in self.stack if p), h))
         return out
 
     def at(self, site: str) -> torch.Tensor | None:
-        """The mean entropy per sample over the calls inside module ``site`` (None: none)."""
-        got = [h for p, h in self.calls if p == site or p.startswith(site + ".")]
+        """The mean entropy per sample over the calls inside site ``site`` -- a module's call
+        (``block@1``) or a module's only call -- (None: none)."""
+        got = [h for stack, h in self.calls if site in stack]
         return None if not got else torch.stack(got).mean(0)

@@ -176,7 +176,9 @@ def _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what: str, de
     of two samples with hooks, and the batch's memory refused before it runs; the model's output
     units."""
     seen = traced.survey if traced and traced.survey else sites.survey(model, build.rows(x, 0, 2), what)
-    plan.sites, plan.site_notes = sites.resolve_sites(model, spec.sites, seen.called, seen.not_per_sample)
+    plan.sites, plan.site_notes = sites.resolve_sites(
+        model, spec.sites, seen.called, seen.not_per_sample, seen.order
+    )
     if seen.output:
         plan.site_notes.insert(0, seen.output)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -487,8 +487,9 @@ def _other(name: str, m: nn.Module, scheme, role_of, gen_of) -> InitRecord | Non
         if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
             gen = gen_of()
             std = scheme.embedding_std
+            std = std(m.weight.shape[1]) if callable(std) else std
             m.weight.copy_(std * torch.randn(m.weight.shape, generator=gen, device=gen.device).to(m.weight))
-            note = "rows N(0, I)" if std == 1.0 else f"rows N(0, {std:g}^2 I)"
+            note = "rows N(0, I)" if std == 1.0 else f"rows N(0, {std:.4g}^2 I)"
             return InitRecord(
                 name, type(m).__name__, 0, m.weight.shape[1], False, True, "embedding", note=note
             )

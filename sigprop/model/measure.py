@@ -16,6 +16,7 @@ import torch.nn as nn
 from sigprop.errors import SigpropError
 from sigprop.model.attention import AttentionReader
 from sigprop.model.build import call, check_finite, output_tensor
+from sigprop.model.sites import call_name, module_of
 
 #: the chunk over which ``mean_squares`` sums squares in the state's own precision
 SQUARES_CHUNK = 1024
@@ -140,11 +141,17 @@ class _Measurement:
             )
         return ms
 
-    def hook(self, name: str, rows: int, fwd: dict, bwd: dict, cos: dict):
-        """The forward hook of site ``name``: its mean squares per sample, and a hook on its
-        output's gradient for the backward ones."""
+    def hook(self, path: str, rows: int, fwd: dict, bwd: dict, cos: dict):
+        """The forward hook of module ``path``: at each call that is a site (``sites.call_name``:
+        a module the forward calls several times is a site per call), its mean squares per
+        sample, and a hook on its output's gradient for the backward ones."""
+        calls = [0]
 
         def fn(mod, args, out):
+            name = call_name(path, calls[0])
+            calls[0] += 1
+            if name not in self.parts_f:
+                return
             t = output_tensor(out, f"site {name!r}'s output")
             if t.shape[0] != rows:
                 raise SigpropError(
@@ -171,9 +178,8 @@ class _Measurement:
         fwd: dict[str, torch.Tensor] = {}
         bwd: dict[str, torch.Tensor] = {}
         cos: dict[str, torch.Tensor] = {}
-        handles = [
-            self.modules[n].register_forward_hook(self.hook(n, rows, fwd, bwd, cos)) for n in self.sites
-        ]
+        paths = dict.fromkeys(module_of(n) for n in self.sites)  # one hook per module, in order
+        handles = [self.modules[p].register_forward_hook(self.hook(p, rows, fwd, bwd, cos)) for p in paths]
         # sequences: the attention calls read beside the forward (their weights' entropy)
         reader = AttentionReader(self.model) if self.tokens is not None else None
         try:

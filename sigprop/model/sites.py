@@ -33,7 +33,34 @@ def holds_stack(m: nn.Module) -> bool:
     return any(is_stack(d) for d in m.modules())
 
 
-def auto_sites(model: nn.Module, called=None, skip=frozenset()) -> list[str]:
+def call_name(path: str, k: int) -> str:
+    """The site of a module's call ``k`` (0-based) in one forward: its path for the first,
+    ``path@k`` after (torch.fx's and torch.export's names: a looped block's ``block@2`` is its third
+    call)."""
+    return path if k == 0 else f"{path}@{k}"
+
+
+def module_of(site: str) -> str:
+    """The module path a site names (``block@2`` -> ``block``)."""
+    return site.split("@", 1)[0]
+
+
+def calls_of(path: str, called) -> list[str]:
+    """Every call of module ``path`` the forward made (``called``: the survey's names, a call
+    after the first as ``path@k``): ``[path]`` for a module called once."""
+    out, k = [path], 1
+    while called is not None and call_name(path, k) in called:
+        out.append(call_name(path, k))
+        k += 1
+    return out
+
+
+def reused(path: str, called) -> bool:
+    """Whether the forward calls module ``path`` more than once (a looped block, a shared layer)."""
+    return called is not None and call_name(path, 1) in called
+
+
+def auto_sites(model: nn.Module, called=None, skip=frozenset(), order=()) -> list[str]:
     """The default sites: the outputs of the model's top-level blocks, where a plain
     ``nn.Sequential``, ``nn.ModuleList`` or ``nn.ModuleDict`` (a container, not a block: exactly
     those classes) is opened into its own children (torchvision's ResNet reads ``layer3.4``,
@@ -45,15 +72,28 @@ def auto_sites(model: nn.Module, called=None, skip=frozenset()) -> list[str]:
     post-activation states; one before any block, such as a shared activation module, is
     skipped).  ``called``: the module paths the forward calls (``survey``); a block outside it
     (a leftover head) is no site, nor one in ``skip`` (its output is not per sample: Llama's
-    rotary embedding's cos and sin)."""
+    rotary embedding's cos and sin).  A block the forward calls several times (a looped block,
+    ALBERT's shared layer: ``reused``) is a site per call, ``block``, ``block@1``, ...; a block that
+    holds one is opened down to it; and then the sites go in the order the forward finished them
+    (``order``: the survey's)."""
     blocks: list[tuple[str, nn.Module]] = []
+
+    def holds_reused(path: str, m: nn.Module) -> bool:  # a weighted module called again inside
+        return any(
+            reused(f"{path}.{n}", called) and any(True for _ in c.parameters())
+            for n, c in m.named_modules()
+            if n
+        )
 
     def open_(prefix: str, module: nn.Module) -> None:
         for name, child in module.named_children():
             path = f"{prefix}{name}"
-            if (
+            if reused(path, called) and any(True for _ in child.parameters()):
+                blocks.extend((c, child) for c in calls_of(path, called))
+            elif (
                 type(child) in CONTAINERS
                 or holds_stack(child)
+                or holds_reused(path, child)
                 or (len(list(module.named_children())) == 1 and list(child.children()) and module is model)
             ):
                 open_(path + ".", child)
@@ -72,28 +112,41 @@ def auto_sites(model: nn.Module, called=None, skip=frozenset()) -> list[str]:
                 sites[-1] = path
         else:
             sites.append(path)
-    return [p for p in sites if p is not None]
+    out = [p for p in sites if p is not None]
+    if order and any("@" in p for p in out):  # calls interleave: the forward's order
+        rank = {p: i for i, p in enumerate(order)}
+        out.sort(key=lambda p: rank.get(p, len(rank)))
+    return out
 
 
-def resolve_sites(model: nn.Module, sites: str, called=None, skip=frozenset()) -> tuple[list[str], list[str]]:
+def resolve_sites(
+    model: nn.Module, sites: str, called=None, skip=frozenset(), order=()
+) -> tuple[list[str], list[str]]:
     """``auto`` (``auto_sites``), ``leaves`` (every leaf module), or a comma list of module
     paths and fnmatch patterns (``layer3.*``); a name that matches nothing is refused with the
     closest path.  ``called`` (``survey``): modules the forward never calls are left out of auto,
     leaves and patterns, and named in the notes returned beside the sites; a site named
-    exactly that the forward never calls is refused."""
-    names = [n for n, _ in model.named_modules(remove_duplicate=False) if n]
+    exactly that the forward never calls is refused.  A module the forward calls several times is
+    a site per call (``calls_of``; ``block@2`` names its third call alone)."""
+    paths = [n for n, _ in model.named_modules(remove_duplicate=False) if n]
+    names = [c for n in paths for c in calls_of(n, called)]
     runs = (lambda n: True) if called is None else (lambda n: n in called)
     uncalled: list[str] = []
     if sites == "auto":
-        out = auto_sites(model, called, skip)
+        out = auto_sites(model, called, skip, order)
         uncalled = [n for n in auto_sites(model) if not runs(n)]
     elif sites == "leaves":
         leaves = [n for n, m in model.named_modules(remove_duplicate=False) if n and not list(m.children())]
-        out, uncalled = [n for n in leaves if runs(n)], [n for n in leaves if not runs(n)]
+        out, uncalled = (
+            [c for n in leaves if runs(n) for c in calls_of(n, called)],
+            [n for n in leaves if not runs(n)],
+        )
     else:
         out = []
         for pat in (s.strip() for s in sites.split(",")):
             hit = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+            if pat in paths:  # a module's name: each of its calls
+                hit = calls_of(pat, called)
             if not hit:
                 close = difflib.get_close_matches(pat, names, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -104,7 +157,7 @@ def resolve_sites(model: nn.Module, sites: str, called=None, skip=frozenset()) -
                     field="sites",
                 )
             # the shallowest matches: ``encoder.layers.*`` means the layers, not every module in them
-            hit = [n for n in hit if not any(n.startswith(h + ".") for h in hit)]
+            hit = [n for n in hit if not any(module_of(n).startswith(module_of(h) + ".") for h in hit)]
             out += [n for n in hit if runs(n) and n not in out]
             uncalled += [n for n in hit if not runs(n) and n not in uncalled]
     if not out and not names:
@@ -135,6 +188,8 @@ class Survey:
     output: str
     #: modules whose output is not one row per sample (auto sites skip them)
     not_per_sample: frozenset = frozenset()
+    #: the calls (``call_name``) in the order the forward finished them
+    order: tuple = ()
 
 
 def survey(model: nn.Module, x1, what: str = "the model") -> Survey:
@@ -144,12 +199,17 @@ def survey(model: nn.Module, x1, what: str = "the model") -> Survey:
     total = 0
     called: set[str] = set()
     shared: set[str] = set()
+    order: list[str] = []  # each call as the forward finishes it
+    count: dict[str, int] = {}
     names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
     rows_ = (x1 if isinstance(x1, tuple) else (x1,))[0].shape[0]
 
     def seen(mod, args, out):
         nonlocal total
-        called.add(names.get(id(mod), ""))
+        name = names.get(id(mod), "")
+        k = count[name] = count.get(name, -1) + 1
+        called.add(call_name(name, k))
+        order.append(call_name(name, k))
         first = next(
             (t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)),
             None,
@@ -170,5 +230,10 @@ def survey(model: nn.Module, x1, what: str = "the model") -> Survey:
             h.remove()
     y = probe_output(out, rows_, what)
     return Survey(
-        total // max(rows_, 1), frozenset(called), y[0].numel(), output_choice(out), frozenset(shared)
+        total // max(rows_, 1),
+        frozenset(called),
+        y[0].numel(),
+        output_choice(out),
+        frozenset(shared),
+        tuple(order),
     )

@@ -32,7 +32,7 @@ from sigprop.model.build import (
     rows,
 )
 from sigprop.model.graph import GraphNode
-from sigprop.model.sites import Survey
+from sigprop.model.sites import Survey, call_name
 
 
 @dataclass
@@ -125,16 +125,28 @@ def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
 def _survey_of(gm: fx.GraphModule, out, rows_: int, what: str) -> Survey:
     """``survey``'s record from a shape propagation: its modules' outputs (bytes per sample),
     the module paths it ran (calls and their enclosing modules), and its output."""
-    total, called = 0, set()
-    for n in gm.graph.nodes:
-        called |= set((n.meta.get("nn_module_stack") or {}).keys())
+    total, last, count = 0, {}, {}
+    for i, n in enumerate(gm.graph.nodes):
+        for key in _call_paths(n, count):  # the calls it runs in (a call after the first: "path@k")
+            last[key] = i
         if n.op == "call_module":
-            called.add(n.target)
             meta = n.meta.get("tensor_meta")
             if meta is not None and hasattr(meta, "shape"):
                 total += math.prod(meta.shape) * meta.dtype.itemsize
     y = probe_output(out, rows_, what)
-    return Survey(total // max(rows_, 1), frozenset(called), y[0].numel(), output_choice(out))
+    order = tuple(sorted(last, key=last.get))  # as the forward finishes them
+    return Survey(total // max(rows_, 1), frozenset(last), y[0].numel(), output_choice(out), order=order)
+
+
+def _call_paths(n: fx.Node, count: dict) -> list[str]:
+    """The module calls fx node ``n`` runs in, named as sites name them (``sites.call_name``):
+    torch.fx's module stack keys -- ``block@1`` for a module's second call -- and a call_module's
+    target, its k-th call ``target@k`` (``count``: the calls of each target so far)."""
+    keys = list((n.meta.get("nn_module_stack") or {}).keys())
+    if n.op == "call_module":
+        k = count[n.target] = count.get(n.target, -1) + 1
+        keys.append(call_name(n.target, k))
+    return keys
 
 
 def _node(t: Tracing, n: fx.Node) -> GraphNode:
@@ -255,13 +267,14 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
         # calls is not in the graph; ``survey``'s hooks see them
         seen = None
     t = Tracing(gm, {}, [], [])
-    nodes, last_in, first_in = _nodes_of(t, lambda n: (n.meta.get("nn_module_stack") or {}).keys())
+    nodes, last_in, first_in = _nodes_of(t, _call_paths)
     return Traced(nodes, last_in, "", seen, first_in=first_in)
 
 
 def _nodes_of(t: Tracing, paths) -> tuple[list, dict, dict]:
-    """The graph's nodes made into moment-map nodes, and per module path the last and the first
-    node inside it (``paths(n)``: the module paths an fx node runs in)."""
+    """The graph's nodes made into moment-map nodes, and per module call the last and the first
+    node inside it (``paths(n, count)``: the module calls an fx node runs in, a call after a
+    module's first as ``path@k``; ``count`` for the paths' own tally of calls)."""
     last_in: dict[str, int] = {}  # a module path -> the last node inside it
     first_in: dict[str, int] = {}  # ... and the first
 
@@ -269,8 +282,12 @@ def _nodes_of(t: Tracing, paths) -> tuple[list, dict, dict]:
         first_in.setdefault(path, first)
         last_in[path] = last
 
+    reads, count = _Reads(), {}
     for n in t.gm.graph.nodes:
         node = _node(t, n)
+        again = reads.again(t, n)
+        if again:  # a weight read before: the maps (independent draws) stop here
+            node = GraphNode(t.label(n), "unknown", t.inputs(n), why=again)
         first = len(t.nodes)
         # an op may expand one call into the nodes its forward computes (a module kept whole:
         # ``ops.transformer``), each named by its module's path: a site inside reads its last
@@ -282,9 +299,84 @@ def _nodes_of(t: Tracing, paths) -> tuple[list, dict, dict]:
                 parts = sub.name.split(".")
                 for k in range(1, len(parts) + 1):
                     inside(".".join(parts[:k]), t.index[n], t.index[n])
-        for path in [*paths(n), *([n.target] if n.op == "call_module" else [])]:
+        for path in paths(n, count):
             inside(path, first, t.index[n])
     return t.nodes, last_in, first_in
+
+
+class _Reads:
+    """The weights the graph's calls have read so far, to find one read again -- a module called
+    twice (a looped block, ALBERT's shared layer: depth that reuses its weights) or a copy of an
+    earlier one's values (layers deep-copied and not re-drawn).  Every moment map assumes each
+    weight drawn independently of all the others; a reused one correlates the branches that
+    read it (docs/theory.md §16, "Depth that reuses its weights"), so the maps stop at its second
+    reader.  A weight of one value everywhere (a zero output layer, a norm's gain) carries no
+    draw to share and is left out; so is an embedding table read again by a dense layer (tied
+    input and output embeddings, read as independent: docs/theory.md §16)."""
+
+    def __init__(self) -> None:
+        self.first: dict = {}  # (data_ptr, shape) -> (path, kind of its first reader)
+        self.by_sum: dict = {}  # (shape, checksum) -> [(tensor, path)]
+        self.count: dict = {}  # call_module target -> its calls so far
+
+    def _call(self, n: fx.Node) -> str:
+        """The module call ``n`` runs in, as a site names it (``block@1``: block's second call)."""
+        if n.op == "call_module":
+            k = self.count[n.target] = self.count.get(n.target, -1) + 1
+            return call_name(n.target, k)
+        stack = list((n.meta.get("nn_module_stack") or {}).items())
+        if not stack:
+            return ""
+        key, val = stack[-1]
+        path = val[0] if isinstance(val, tuple) else str(val)
+        path = path[2:] if path.startswith("m.") else ("" if path == "m" else path)
+        return path + (key[key.rindex("@") :] if "@" in key and "@" not in path else "")
+
+    @staticmethod
+    def _params(t: Tracing, n: fx.Node) -> list:
+        m = t.module(n)
+        if m is not None:
+            return list(m.parameters())
+        vals = (t.value(a) for a in n.all_input_nodes if getattr(a, "op", "") == "get_attr")
+        return [v for v in vals if isinstance(v, nn.Parameter)]
+
+    def again(self, t: Tracing, n: fx.Node) -> str:
+        """Why ``n`` is no map (one line naming both readers), or ""."""
+        if n.op not in ("call_module", "call_function", "call_method"):
+            return ""
+        path = self._call(n) or t.label(n)
+        kind = "embedding" if "embedding" in op_name(n).lower() else "other"
+        why = ""
+        for w in self._params(t, n):
+            if w.numel() < 2 or not bool((w != w.reshape(-1)[0]).any()):
+                continue  # one value everywhere: nothing drawn to share
+            key = (w.data_ptr(), tuple(w.shape))
+            if key in self.first:
+                before, was = self.first[key]
+                if was == "embedding" and kind != "embedding":
+                    continue  # tied embeddings: read as an independent weight
+                why = why or (
+                    f"{path}, which reads the weights of {before} again (a module called twice, a "
+                    "shared layer: depth that reuses its weights; the maps assume every weight drawn "
+                    "once)"
+                )
+                continue
+            self.first[key] = (path, kind)
+            sig = (
+                tuple(w.shape),
+                float(w.detach().double().sum()),
+                float(w.detach().reshape(-1)[:8].double().abs().sum()),
+            )
+            # within one call the op reads its own weights (nn.TransformerEncoder's copies: its
+            # expansion names them, ``ops.transformer``)
+            twin = next((p for x, p in self.by_sum.get(sig, []) if p != path and torch.equal(x, w)), None)
+            self.by_sum.setdefault(sig, []).append((w.detach(), path))
+            if twin is not None and not why:
+                why = (
+                    f"{path}, which starts with the same weights as {twin} (a copy not re-drawn; the "
+                    "maps assume independent draws: re-draw it)"
+                )
+        return why
 
 
 def cached(model: nn.Module) -> list[str]:
@@ -425,12 +517,12 @@ def _export_graph(model: nn.Module, two: tuple, fx_why: str) -> Traced:
         return Traced(None, {}, f"{fx_why}; torch.export neither ({type(exc).__name__}: {first_line(exc)})")
     t = Tracing(gm, {}, [], [], rec.values)
 
-    def paths(n):  # nn_module_stack: {key: (path in the wrapper "m.h.0", class)}
-        for path, _ in (n.meta.get("nn_module_stack") or {}).values():
+    def paths(n, count):  # nn_module_stack: {key ("...block@1" from a second call): (path "m.h.0", class)}
+        for key, (path, _) in (n.meta.get("nn_module_stack") or {}).items():
             if path.startswith("m."):
-                yield path[2:]
+                yield path[2:] + (key[key.rindex("@") :] if "@" in key else "")
 
-    nodes, last_in, first_in = _nodes_of(t, lambda n: list(paths(n)))
+    nodes, last_in, first_in = _nodes_of(t, lambda n, count: list(paths(n, count)))
     return Traced(
         nodes, last_in, "", None, tracer="torch.export", cache_off=tuple(cached(model)), first_in=first_in
     )

@@ -19,14 +19,15 @@ def _series(run, field: str):
         v = None if t is None else getattr(t, field, None)
         if v is not None and v == v:
             sd = t.std if field == "mean" else getattr(t, "entropy_std", None)
-            pred = t.predicted if field == "mean" else None
+            pred = t.predicted if field == "mean" else getattr(t, "entropy_predicted", None)
             out.append((r.index, v, sd if sd is not None and sd == sd else 0.0, pred))
     return out
 
 
 def draw_tokens(row, result, colours: dict, xlabel: str) -> None:
     """Left: the token cosine per site, ±1 sd over samples shaded, the theory dashed where a map
-    gives it; right: the attention entropy per site where measured (else the panel says so)."""
+    gives it; right: the attention entropy per site where measured (else the panel says so), its
+    prediction dashed where the traced maps give it."""
     left, right = row
     entropy = False
     for run in result.runs:
@@ -44,11 +45,14 @@ def draw_tokens(row, result, colours: dict, xlabel: str) -> None:
         ent = _series(run, "entropy")
         if ent:
             entropy = True
-            x, m, sd, _ = zip(*ent)
+            x, m, sd, pred = zip(*ent)
             right.plot(x, m, color=colour, marker=marker, markersize=4, label=run.init)
             right.fill_between(
                 x, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=colour, alpha=0.15
             )
+            given = [(i, p) for i, p in zip(x, pred) if p is not None and p == p]
+            if given:
+                right.plot(*zip(*given), color=colour, linestyle="--", linewidth=1)
     left.set_title("tokens: mean cosine within a sample (1: collapsed)", fontsize=10)
     left.set_ylabel("token cosine")
     left.set_ylim(min(-0.05, left.get_ylim()[0]), 1.05)
