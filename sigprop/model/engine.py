@@ -241,6 +241,10 @@ def _model_prediction(traced, x, plan, name: str) -> dict[str, np.ndarray]:
         note = f"no moment map for {pred.unmapped}: measured only from there on"
         if note not in plan.notes:
             plan.notes.append(note)
+    if pred.backward_why and pred.backward_why not in plan.notes:
+        plan.notes.append(pred.backward_why)
+    if pred.shared_draws and not any(n.startswith("shared depth:") for n in plan.notes):
+        plan.notes.append(shared_depth_note(pred.shared_draws))
     # informational notes after the one that says why a prediction is missing (the verdicts read
     # the first as the reason)
     if traced.tracer != "torch.fx" and not any(n.startswith("theory traced by") for n in plan.notes):
@@ -277,6 +281,19 @@ def _model_prediction(traced, x, plan, name: str) -> dict[str, np.ndarray]:
         if h and all(v == v for v in h):
             out["pred_entropy"][i] = float(np.mean(h))
     return out
+
+
+def shared_depth_note(shared: dict) -> str:
+    """What a user reads where weights are read at several depths: which, how often, and how
+    far the infinite-width maps held as measured (docs/theory.md §16)."""
+    most = max(shared.values())
+    key = max(shared, key=shared.get)
+    return (
+        f"shared depth: {len(shared)} weight draw(s) read at several nodes ({key} {most} times); "
+        "the theory carries their cross moments at infinite width (docs/theory.md §16: measured "
+        "within 6% forward, 3% backward, 0.05 cosine for pre-norm blocks at width 128; a post-norm "
+        "block's backward up to 26% off at width 128, 11% at 256, 1% at 512)"
+    )
 
 
 def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> HessianResult:

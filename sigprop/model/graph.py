@@ -14,10 +14,13 @@ of one channel of one sample, and its profile.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
+
+from sigprop.model import cross
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,9 @@ class GraphNode:
     #: what an op's maps read that the fields above do not hold (``attention``: its projections'
     #: factors, heads, tokens and mask; sigprop/model/ops/attention.py)
     params: object = field(default=None, compare=False, repr=False)
+    #: the draw of its weights where another node reads the same one (a module called again, a
+    #: copy not re-drawn): nodes of one ``weight`` share it (sigprop/model/cross.py); "" else
+    weight: str = ""
 
 
 @dataclass
@@ -83,6 +89,10 @@ class GraphPrediction:
     cosine: list[float | None] = field(default_factory=list)
     #: per attention node its weights' predicted normalised entropy (``Fold.entropy``)
     entropy: dict = field(default_factory=dict)
+    #: why the gradients stop where they do ("": where the forward maps reach)
+    backward_why: str = ""
+    #: the weight draws read at several nodes, each with its readers' count
+    shared_draws: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -254,6 +264,11 @@ class Fold:
     regimes: list = field(default_factory=list)
     #: per attention node, its weights' normalised entropy (``theory.attention_entropy``)
     entropy: dict = field(default_factory=dict)
+    #: the cross moments between the states of nodes whose weights are shared (sigprop/model/
+    #: cross.py); None where every weight is read once
+    cross: object = None
+    #: their gradients' cross moments (``cross.BackCross``), where ``cross`` is set
+    back: object = None
     #: per node and part, each reader's (r, r_k, w_c, w_a): its gradient's second moments, and
     #: the share of the generic second moment of its mean over a token's units and of its
     #: component along the node's state that it holds (``alignment``; 1: a gradient independent
@@ -367,6 +382,17 @@ def predict_graph(
     shared_input: float | Sequence[float] | None = None,
     weight_factor: float = 1.0,
 ) -> GraphPrediction:
+    """``fold_graph``'s per-node moments (``GraphPrediction``)."""
+    return _prediction(*fold_graph(nodes, q_input, mean_input, shared_input, weight_factor))
+
+
+def fold_graph(
+    nodes: Sequence[GraphNode],
+    q_input: float | Sequence[float],
+    mean_input: float | Sequence[float] = 0.0,
+    shared_input: float | Sequence[float] | None = None,
+    weight_factor: float = 1.0,
+) -> tuple[Fold, str, str]:
     """Compose a traced model's moment maps: forward in graph order from the input's
     per-element second moment, mean and shared moment (default mean^2: independent samples and
     positions), each node's op's ``forward``; then the gradients back from the output (r = 1),
@@ -380,7 +406,10 @@ def predict_graph(
     over the units.  A forward of several tensors: ``q_input`` (and the mean, the shared moment)
     one per input node, in order.  ``weight_factor``: the same model with every weight layer's
     output variance times that factor (a layer's ||W||^2, both ways; a standardised layer's
-    output), as ``plans.predict``'s."""
+    output), as ``plans.predict``'s.  Weights read at several nodes (``GraphNode.weight``): their
+    states' and gradients' cross moments added at sums and forks (sigprop/model/cross.py).
+    Returns the fold, the first unmapped node's why and why the gradients stop ("": they do
+    not)."""
     if weight_factor != 1.0:
         nodes = _scaled(nodes, weight_factor)
     n = len(nodes)
@@ -394,6 +423,11 @@ def predict_graph(
     if not len(q_ins) == len(m_ins) == len(k_ins) == n_in:
         raise ValueError(f"{n_in} input nodes, {len(q_ins)} input moments")
     fold = Fold(nodes, [None] * n, weight_factor, grads=[None] * n, poisoned=[False] * n)
+    keys = cross.shared_keys(nodes)
+    if keys:
+        fold.cross = cross.Cross(fold, keys, merged)
+        # the cross moments recurse along the graph (a 24-layer ALBERT: ~1000 nodes deep)
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 20 * n + 1000))
     seen = 0
     unmapped = ""
     live = _reaching_output(nodes)  # an op whose result nothing reads (discarded weights) is no gap
@@ -413,22 +447,46 @@ def predict_graph(
             fold.states[i] is None and not unmapped and i in live
         ):  # no map, or one that could not read its inputs
             unmapped = fold.why.get(i) or nd.why or nd.name
+    return fold, unmapped, _fold_back(fold)
+
+
+def _fold_back(fold: Fold) -> str:
+    """The gradients back from the output (r = 1), each node's op's ``backward`` once all its
+    readers gave theirs -- with their shares' cross moments where a shared weight correlates them
+    (``cross.BackCross``); why they stop where they do ("": they do not)."""
+    nodes = fold.nodes
+    back = fold.back = cross.BackCross(fold, fold.cross) if fold.cross is not None else None
+    why = ""
     for i in (i for i, nd in enumerate(nodes) if nd.op == "output"):
         fold.grads[i] = [[1.0, 0.0, []] for _ in fold.states[i]] if fold.states[i] is not None else None
-    for i in range(n - 1, -1, -1):
+    for i in range(len(nodes) - 1, -1, -1):
         nd = nodes[i]
         if fold.grads[i] is None and not fold.poisoned[i]:
             continue
+        if back is not None and not fold.poisoned[i] and back.forks(i):
+            try:  # its readers' shares correlate through a shared weight (docs/theory.md §16)
+                S, K = back.fork(i)
+                fold.grads[i][0][0] += S
+                fold.grads[i][0][1] += K
+            except cross.Unsupported as exc:
+                fold.poisoned[i] = True
+                why = why or f"{SHARED_BACKWARD} ({nd.name}: through {exc})"
         op = MAPS.get(nd.op)
         if fold.poisoned[i] or op is None or op.backward is None or fold.states[i] is None:
             for j in nd.inputs:
                 fold.poisoned[j] = True
             continue
         op.backward(nd, i, [(r, rk, blend(parts)) for r, rk, parts in fold.grads[i]], fold)
-    return _prediction(fold, unmapped)
+    return why
 
 
-def _prediction(fold: Fold, unmapped: str) -> GraphPrediction:
+#: why a fold through shared weights stops its gradients where it does
+SHARED_BACKWARD = (
+    "no backward map for the gradients' cross moments through shared weights: measured only from there on"
+)
+
+
+def _prediction(fold: Fold, unmapped: str, backward_why: str = "") -> GraphPrediction:
     """A fold's per-node moments, each part's share-weighted (``GraphPrediction``)."""
     st, grads = fold.states, fold.grads
 
@@ -450,6 +508,8 @@ def _prediction(fold: Fold, unmapped: str) -> GraphPrediction:
         list(fold.regimes),
         [None if s is None else _pair_cosine(s, nd.shape) for s, nd in zip(st, fold.nodes)],
         dict(fold.entropy),
+        backward_why,
+        {} if fold.cross is None else fold.cross.readers_of(),
     )
 
 

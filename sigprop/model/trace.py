@@ -31,6 +31,7 @@ from sigprop.model.build import (
     probe_output,
     rows,
 )
+from sigprop.model.cross import GAUSSIAN, OPS
 from sigprop.model.graph import GraphNode
 from sigprop.model.sites import Survey, call_name
 
@@ -285,10 +286,9 @@ def _nodes_of(t: Tracing, paths) -> tuple[list, dict, dict]:
     reads, count = _Reads(), {}
     for n in t.gm.graph.nodes:
         node = _node(t, n)
-        again = reads.again(t, n)
-        if again:  # a weight read before: the maps (independent draws) stop here
-            node = GraphNode(t.label(n), "unknown", t.inputs(n), why=again)
+        node = reads.mark(t, n, node)
         first = len(t.nodes)
+        k = count.get(n.target, -1) + 1 if n.op == "call_module" else 0  # this call of its module
         # an op may expand one call into the nodes its forward computes (a module kept whole:
         # ``ops.transformer``), each named by its module's path: a site inside reads its last
         for sub in node if isinstance(node, list) else [node]:
@@ -297,8 +297,8 @@ def _nodes_of(t: Tracing, paths) -> tuple[list, dict, dict]:
             t.nodes.append(dataclasses.replace(sub, shape=sub.shape or t.shape(n) or ()))
             if isinstance(node, list):
                 parts = sub.name.split(".")
-                for k in range(1, len(parts) + 1):
-                    inside(".".join(parts[:k]), t.index[n], t.index[n])
+                for j in range(1, len(parts) + 1):
+                    inside(call_name(".".join(parts[:j]), k), t.index[n], t.index[n])
         for path in paths(n, count):
             inside(path, first, t.index[n])
     return t.nodes, last_in, first_in
@@ -315,8 +315,8 @@ class _Reads:
     input and output embeddings, read as independent: docs/theory.md §16)."""
 
     def __init__(self) -> None:
-        self.first: dict = {}  # (data_ptr, shape) -> (path, kind of its first reader)
-        self.by_sum: dict = {}  # (shape, checksum) -> [(tensor, path)]
+        self.first: dict = {}  # (data_ptr, shape) -> (path, kind, node of its first reader)
+        self.by_sum: dict = {}  # (shape, checksum) -> [(tensor, path, node)]
         self.count: dict = {}  # call_module target -> its calls so far
 
     def _call(self, n: fx.Node) -> str:
@@ -340,28 +340,48 @@ class _Reads:
         vals = (t.value(a) for a in n.all_input_nodes if getattr(a, "op", "") == "get_attr")
         return [v for v in vals if isinstance(v, nn.Parameter)]
 
-    def again(self, t: Tracing, n: fx.Node) -> str:
-        """Why ``n`` is no map (one line naming both readers), or ""."""
+    def mark(self, t: Tracing, n: fx.Node, node):
+        """Fx node ``n``'s graph node(s): where it reads a weight read before (``again``), one
+        weight layer or attention tagged with the draw (``GraphNode.weight``, its first reader
+        too), an expansion whose nodes the shared-depth maps all read (each tagged by the
+        expansion: ``ops.transformer``) kept; anything else no map, naming both readers."""
+        key, why, first = self.again(t, n)
+        if not why:
+            return node
+        if isinstance(node, list):
+            if all(sub.op in OPS for sub in node):
+                return node
+        elif node.op in GAUSSIAN and not node.mats:  # a conv's taps mix positions: not read
+            if first is not None and t.nodes[first].op == node.op:
+                t.nodes[first] = dataclasses.replace(t.nodes[first], weight=key)
+                return dataclasses.replace(node, weight=key)
+        return GraphNode(t.label(n), "unknown", t.inputs(n), why=why)
+
+    def again(self, t: Tracing, n: fx.Node) -> tuple[str, str, int | None]:
+        """(the draw's key, why ``n`` reads a weight read before -- one line naming both readers
+        --, the first reader's node) or ("", "", None)."""
         if n.op not in ("call_module", "call_function", "call_method"):
-            return ""
+            return "", "", None
         path = self._call(n) or t.label(n)
         kind = "embedding" if "embedding" in op_name(n).lower() else "other"
-        why = ""
+        why, draw, at = "", "", None
         for w in self._params(t, n):
             if w.numel() < 2 or not bool((w != w.reshape(-1)[0]).any()):
                 continue  # one value everywhere: nothing drawn to share
             key = (w.data_ptr(), tuple(w.shape))
             if key in self.first:
-                before, was = self.first[key]
+                before, was, node = self.first[key]
                 if was == "embedding" and kind != "embedding":
                     continue  # tied embeddings: read as an independent weight
-                why = why or (
-                    f"{path}, which reads the weights of {before} again (a module called twice, a "
-                    "shared layer: depth that reuses its weights; the maps assume every weight drawn "
-                    "once)"
-                )
+                if not why:
+                    why, draw, at = (
+                        f"{path}, which reads the weights of {before} again (a module called twice, "
+                        "a shared layer: depth that reuses its weights)",
+                        before,
+                        node,
+                    )
                 continue
-            self.first[key] = (path, kind)
+            self.first[key] = (path, kind, len(t.nodes))
             sig = (
                 tuple(w.shape),
                 float(w.detach().double().sum()),
@@ -369,14 +389,17 @@ class _Reads:
             )
             # within one call the op reads its own weights (nn.TransformerEncoder's copies: its
             # expansion names them, ``ops.transformer``)
-            twin = next((p for x, p in self.by_sum.get(sig, []) if p != path and torch.equal(x, w)), None)
-            self.by_sum.setdefault(sig, []).append((w.detach(), path))
+            twin = next(
+                ((p, i) for x, p, i in self.by_sum.get(sig, []) if p != path and torch.equal(x, w)), None
+            )
+            self.by_sum.setdefault(sig, []).append((w.detach(), path, len(t.nodes)))
             if twin is not None and not why:
-                why = (
-                    f"{path}, which starts with the same weights as {twin} (a copy not re-drawn; the "
-                    "maps assume independent draws: re-draw it)"
+                why, draw, at = (
+                    f"{path}, which starts with the same weights as {twin[0]} (a copy not re-drawn)",
+                    twin[0],
+                    twin[1],
                 )
-        return why
+        return draw, why, at
 
 
 def cached(model: nn.Module) -> list[str]:

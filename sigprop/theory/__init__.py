@@ -27,6 +27,8 @@ from sigprop.theory.activation import (
     QUADRATURE_CACHE,
     SharedMoments,
     activation_moments,
+    bivariate_moment,
+    derivative_mean,
     shared_moments,
 )
 from sigprop.theory.attention import (
@@ -185,6 +187,8 @@ __all__ = [
     "resnet_step_variance",
     "safe_log",
     "shared_moments",
+    "bivariate_moment",
+    "derivative_mean",
     "spread_c",
     "stage_band_ln",
     "standardized",

@@ -127,3 +127,36 @@ class SharedMoments(tuple):
         self = super().__new__(cls, (mean, second, cross, derivative_second))
         self.derivative_cross = derivative_cross
         return self
+
+
+@functools.lru_cache(maxsize=QUADRATURE_CACHE)
+def bivariate_moment(phi, psi, mean_a: float, second_a: float, mean_b: float, second_b: float, cross: float):
+    """E[phi(a) psi(b)] for (a, b) jointly Gaussian with means ``mean_a``, ``mean_b``, second
+    moments ``second_a``, ``second_b`` and E[a b] = ``cross`` -- the two-input map of two
+    activations at inputs of different scales (the states two calls of one shared layer read:
+    docs/theory.md §16, "Depth that reuses its weights").  b = mean_b + sd_b (rho u + sqrt(1 -
+    rho^2) w), a = mean_a + sd_a u, u, w independent standard normals: Gauss-Legendre on
+    +-``QUAD_SPAN`` in each (``QUAD_NODES`` nodes per side of 0), the correlation clipped to [-1, 1]."""
+    sa = math.sqrt(max(second_a - mean_a * mean_a, 0.0))
+    sb = math.sqrt(max(second_b - mean_b * mean_b, 0.0))
+    cov = cross - mean_a * mean_b
+    rho = min(max(cov / (sa * sb), -1.0), 1.0) if sa > 0.0 and sb > 0.0 else 0.0
+    t, w = _legendre(QUAD_NODES)
+    x = np.concatenate([0.5 * QUAD_SPAN * (t - 1.0), 0.5 * QUAD_SPAN * (t + 1.0)])
+    wt = (
+        np.concatenate([0.5 * QUAD_SPAN * w, 0.5 * QUAD_SPAN * w])
+        * np.exp(-0.5 * x * x)
+        / math.sqrt(2.0 * math.pi)
+    )
+    u, v = x[:, None], x[None, :]
+    a = mean_a + sa * u
+    b = mean_b + sb * (rho * u + math.sqrt(max(1.0 - rho * rho, 0.0)) * v)
+    fa = phi(a.ravel()).reshape(a.shape) * np.ones_like(b)
+    fb = psi(b.ravel()).reshape(b.shape)
+    return float(wt @ (fa * fb) @ wt)
+
+
+def derivative_mean(dphi, mean: float, second: float) -> float:
+    """E[phi'(z)] for z ~ N(mean, second - mean^2): Stein's factor, E[phi(z) g] = E[phi'(z)] cov(z,
+    g) + E[phi(z)] E[g] for g jointly Gaussian with z."""
+    return activation_moments(dphi, dphi, mean, second)[0]

@@ -15,6 +15,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from sigprop.model.cross import Unsupported
 from sigprop.model.graph import (
     MAPS,
     GraphNode,
@@ -329,10 +330,15 @@ def _fork_cross(nd: GraphNode, i: int, fold) -> tuple[int | None, float]:
 
 
 def _add(nd: GraphNode, i: int, fold) -> None:
-    """a + b, independent summands: q' = q_a + q_b + 2 m_a m_b, k' alike."""
+    """a + b, independent summands: q' = q_a + q_b + 2 m_a m_b, k' alike; summands that read a
+    shared weight (``Fold.cross``): q' = q_a + q_b + 2 S, t' = t_a + t_b + 2 K, their cross
+    moments (sigprop/model/cross.py)."""
     ins = nd.inputs
     if len(ins) != 2:
         return
+    c = fold.cross
+    if c is not None and c.ancestors[ins[0]] & c.ancestors[ins[1]]:
+        return _correlated_add(nd, i, fold)
     a, b = fold.states[ins[0]], fold.states[ins[1]]
     if [s.share for s in a] != [s.share for s in b]:
         if token_groups(a) and len(b) == 1:  # the same moments for every token: one per group
@@ -353,6 +359,31 @@ def _add(nd: GraphNode, i: int, fold) -> None:
             _summed_centre(x, y),
         )
         for x, y in zip(a, b)
+    ]
+
+
+def _correlated_add(nd: GraphNode, i: int, fold) -> None:
+    """a + b, both downstream of a weight read at several nodes: their cross moments added (the
+    parts merged; the two-sample moment as for independent summands)."""
+    a, b = (merged(fold.states[j]) for j in nd.inputs)
+    try:
+        S, K = fold.cross.pair(*nd.inputs)
+    except Unsupported as exc:
+        fold.why[i] = (
+            f"{nd.name}: a sum of states that share weights, through {exc}, which the shared-depth "
+            "maps do not read"
+        )
+        return
+    fold.states[i] = [
+        Part(
+            1.0,
+            a.q + b.q + 2 * S,
+            a.mean + b.mean,
+            a.shared + b.shared + 2 * a.mean * b.mean,
+            None,
+            a.tok + b.tok + 2 * K,
+            a.axis,
+        )
     ]
 
 

@@ -33,9 +33,15 @@ class _Nodes:
         return self.base + len(self.nodes) - 1
 
 
-def _layer(out: _Nodes, m: nn.TransformerEncoderLayer, path: str, x: int, shape, causal: bool) -> int | str:
+def _layer(
+    out: _Nodes, m: nn.TransformerEncoderLayer, path: str, x: int, shape, causal: bool, draw: str = ""
+) -> int | str:
     """One layer's nodes after node x (its input, per-sample shape [T, d]); the index of its
-    output node, or why it cannot be expanded."""
+    output node, or why it cannot be expanded.  Its attention and weight layers are tagged with
+    their draw (``GraphNode.weight``): ``draw`` (the layer it is a copy of; default its own path)
+    and the module's name -- a layer called again, or a copy, reads the same draws
+    (sigprop/model/cross.py)."""
+    draw = draw or path
     if not m.self_attn.batch_first:
         return f"{path}: batch_first=False (the tokens are not the first axis after the batch)"
     act = m.activation
@@ -48,13 +54,25 @@ def _layer(out: _Nodes, m: nn.TransformerEncoderLayer, path: str, x: int, shape,
 
     def attn(h: int) -> int:
         return out.add(
-            GraphNode(f"{path}.self_attn", "attention", (h, h, h), width=d, params=params, shape=shape)
+            GraphNode(
+                f"{path}.self_attn",
+                "attention",
+                (h, h, h),
+                width=d,
+                params=params,
+                shape=shape,
+                weight=f"{draw}.self_attn",
+            )
         )
 
+    def dense(mod, name: str, h: int, s_in, s_out) -> int:
+        nd = _dense_node(mod, s_in, s_out, f"{path}.{name}", (h,))
+        return out.add(replace(nd, shape=tuple(s_out), weight=f"{draw}.{name}"))
+
     def ff(h: int) -> int:
-        a = out.add(_with_shape(_dense_node(m.linear1, shape, hidden, f"{path}.linear1", (h,)), hidden))
+        a = dense(m.linear1, "linear1", h, shape, hidden)
         b = out.add(act_node(fn, f"{path}.activation", (a,), hidden))
-        return out.add(_with_shape(_dense_node(m.linear2, hidden, shape, f"{path}.linear2", (b,)), shape))
+        return dense(m.linear2, "linear2", b, hidden, shape)
 
     def norm(mod: nn.Module, name: str, h: int) -> int:
         return out.add(_with_shape(_norm_node(mod, f"{path}.{name}", (h,), shape), shape))
@@ -104,15 +122,9 @@ def _expand(t, n: fx.Node):
         else list((f"{n.target}.layers.{k}", layer) for k, layer in enumerate(m.layers))
     )
     for k, (path, layer) in enumerate(layers):
+        # nn.TransformerEncoder deep-copies its layer: a copy reads its twin's draws
         twin = next((p for p, other in layers[:k] if _same_weights(layer, other)), None)
-        if twin is not None:  # the maps assume independent draws: the rest is measured only
-            why = (
-                f"{path}, which starts with the same weights as {twin} (nn.TransformerEncoder copies its "
-                "layer; the maps assume independent layers: re-draw them)"
-            )
-            out.add(GraphNode(path, "unknown", (x,), why=why, shape=tuple(shape)))
-            return out.nodes
-        x = _layer(out, layer, path, x, shape, causal)
+        x = _layer(out, layer, path, x, shape, causal, twin or "")
         if isinstance(x, str):
             return GraphNode(n.target, "unknown", t.inputs(n), why=x)
     if isinstance(m, nn.TransformerEncoder) and m.norm is not None:
