@@ -194,18 +194,23 @@ def quiet():
     failing shape propagation logs its traceback at ERROR level through torch's loggers
     (``torch._subclasses.fake_tensor``: some 70 lines), whose handlers hold the real stderr, so
     redirecting ``sys.stderr`` alone does not reach them.  sigprop says a failure in one line
-    itself; the levels are set back after."""
+    itself; the levels are set back after.  The levels are written directly and the loggers'
+    cache cleared once each way: ``Logger.setLevel`` clears every logger's cache per call, 0.15 s
+    a probe for torch's ~290 loggers (12% of a warm probe of a small Llama)."""
     manager = logging.Logger.manager
     names = ["torch", *(n for n in list(manager.loggerDict) if n.startswith("torch."))]
-    saved = {n: logging.getLogger(n).level for n in names}
+    loggers = [logging.getLogger(n) for n in names]
+    saved = [lg.level for lg in loggers]
     try:
-        for n in names:
-            logging.getLogger(n).setLevel(logging.CRITICAL + 1)
+        for lg in loggers:
+            lg.level = logging.CRITICAL + 1
+        manager._clear_cache()
         with contextlib.redirect_stderr(io.StringIO()):
             yield
     finally:
-        for n, level in saved.items():
-            logging.getLogger(n).setLevel(level)
+        for lg, level in zip(loggers, saved):
+            lg.level = level
+        manager._clear_cache()
 
 
 class _Root(nn.Module):
@@ -226,7 +231,10 @@ def _unwrapped(t: Traced) -> Traced:
         return t
     # the wrapper's own call is no place to name: " (root: TransformerEncoder)" goes
     unplace = lambda why: re.sub(r" \(root: [^()]*\)$", "", why).replace("root.", "")
-    nodes = [dataclasses.replace(nd, name=strip(nd.name), why=unplace(nd.why)) for nd in t.nodes]
+    nodes = [
+        dataclasses.replace(nd, name=strip(nd.name), why=unplace(nd.why), weight=strip(nd.weight))
+        for nd in t.nodes
+    ]
     return Traced(
         nodes,
         {strip(k): v for k, v in t.last_in.items()},

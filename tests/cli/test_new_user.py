@@ -155,6 +155,8 @@ def test_torch_loggers_are_silenced_around_a_trace_and_set_back():
         assert not logging.getLogger("torch._subclasses.fake_tensor").isEnabledFor(logging.CRITICAL)
     after = {n: logging.getLogger(n).level for n in before}
     assert after == before
+    # and enabled again: the loggers' cache (written inside) cleared on the way out
+    assert logging.getLogger("torch._subclasses.fake_tensor").isEnabledFor(logging.CRITICAL)
 
 
 # 2. output paths checked before any work
