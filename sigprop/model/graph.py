@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from sigprop.model import cross
+from sigprop.model import cross, gram
 
 
 @dataclass(frozen=True)
@@ -267,6 +267,13 @@ class Fold:
     #: the cross moments between the states of nodes whose weights are shared (sigprop/model/
     #: cross.py); None where every weight is read once
     cross: object = None
+    #: per node downstream of a causal attention its tokens' Gram matrix (``gram``), T x T; its
+    #: gradient's (``rgram``), and the shares of it its readers gave so far (``rshares``)
+    gram: dict = field(default_factory=dict)
+    rgram: dict = field(default_factory=dict)
+    #: per attention node its logits' variance across keys (their regime)
+    logit_variance: dict = field(default_factory=dict)
+    rshares: dict = field(default_factory=dict)
     #: their gradients' cross moments (``cross.BackCross``), where ``cross`` is set
     back: object = None
     #: per node and part, each reader's (r, r_k, w_c, w_a): its gradient's second moments, and
@@ -443,6 +450,7 @@ def fold_graph(
         op = MAPS.get(nd.op)
         if op is not None:
             op.forward(nd, i, fold)
+            gram.step(nd, i, fold, merged)  # a causal attention's position profile, downstream
         if (
             fold.states[i] is None and not unmapped and i in live
         ):  # no map, or one that could not read its inputs
@@ -476,8 +484,18 @@ def _fold_back(fold: Fold) -> str:
             for j in nd.inputs:
                 fold.poisoned[j] = True
             continue
+        gram.finish(i, fold)  # its readers have all given: its gradient's Gram
+        before = {j: _totals(fold, j) for j in nd.inputs}
         op.backward(nd, i, [(r, rk, blend(parts)) for r, rk, parts in fold.grads[i]], fold)
+        given = {j: tuple(a - b for a, b in zip(_totals(fold, j), before[j])) for j in set(nd.inputs)}
+        gram.back_step(nd, i, given, fold, merged)
     return why
+
+
+def _totals(fold: Fold, j: int) -> tuple[float, float]:
+    """Node j's gradient so far, (r, rk) of its one part ((0, 0): none yet, or several parts)."""
+    g = fold.grads[j]
+    return (g[0][0], g[0][1]) if g is not None and len(g) == 1 else (0.0, 0.0)
 
 
 #: why a fold through shared weights stops its gradients where it does
@@ -506,7 +524,12 @@ def _prediction(fold: Fold, unmapped: str, backward_why: str = "") -> GraphPredi
         mean(lambda x: x.shared),
         mean(lambda x: x.tok),
         list(fold.regimes),
-        [None if s is None else _pair_cosine(s, nd.shape) for s, nd in zip(st, fold.nodes)],
+        [
+            None
+            if s is None
+            else (gram.cosine(fold.gram[i]) if i in fold.gram else _pair_cosine(s, nd.shape))
+            for i, (s, nd) in enumerate(zip(st, fold.nodes))
+        ],
         dict(fold.entropy),
         backward_why,
         {} if fold.cross is None else fold.cross.readers_of(),

@@ -281,6 +281,7 @@ def _forward(nd: GraphNode, i: int, fold) -> None:
         )
         return
     fold.regimes.append(s2)
+    fold.logit_variance[i] = s2
     fold.entropy[i] = theory.attention_entropy(s2, p.tokens, p.causal, p.keys)
     qv, tv, kv = mom[2]
     o = p.projection("o", fold.weight_factor)

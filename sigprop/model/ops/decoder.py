@@ -102,6 +102,13 @@ def _pairs_mean(a: np.ndarray, b: np.ndarray) -> float:
     return float(total / (T * (T - 1)))
 
 
+def _pair_matrix(c: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """[T, T]: the mean over units (and leading axes) of c_t c_s + s_t s_s, tables [..., T, u]."""
+    T, u = c.shape[-2], c.shape[-1]
+    cc, ss = c.reshape(-1, T, u), s.reshape(-1, T, u)
+    return (np.einsum("btu,bsu->ts", cc, cc) + np.einsum("btu,bsu->ts", ss, ss)) / (cc.shape[0] * u)
+
+
 def rotary(t, n: fx.Node) -> GraphNode:
     """The node of a rotary embedding (``rotary_parts``); a sum of another form is a sum."""
     found = rotary_parts(n)
@@ -123,6 +130,8 @@ def rotary(t, n: fx.Node) -> GraphNode:
         "tokens": _pairs_mean(c, c) + _pairs_mean(s, s),  # mean of cos((t - s) theta)
         "tokens_cross": _pairs_mean(sign * c, s) + _pairs_mean(sign * s, c),
         "grad_tokens": _pairs_mean(c, c) + _pairs_mean(s_p, s_p),
+        # per pair of positions: the mean over units of c_t c_s + s_t s_s (the Gram's factor)
+        "pair": _pair_matrix(c, s),
     }
     return GraphNode(t.label(n), "rotary", (t.index[x],), params=params)
 

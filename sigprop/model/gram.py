@@ -1,0 +1,314 @@
+"""The tokens' Gram matrix downstream of a causal attention (docs/theory.md §16, "A causal mask's
+position profile").  No torch here.
+
+A causal attention at uniform weights gives query t the mean of the first t + 1 values: its output
+Gram G_o = W G_v W^T (W_ts = 1/(t + 1) for s <= t) is far from the one number per moment the fold
+keeps -- early tokens carry more of their own energy (G_o,tt = 1/(t + 1) of the values' own part),
+late ones are near-copies of each other.  Ops that are nonlinear in the pair moments read that
+profile: a per-token norm divides each token by its own RMS, so two tokens' cosine after it is
+the mean over pairs of G_ts/sqrt(G_tt G_ss), not mean(G_ts)/mean(G_tt); an activation's kernel
+is a curve in each pair's correlation.  This module carries, from each causal attention on, the
+T x T shape of the state's Gram (``fold.gram``: per element, absolute, rescaled to the fold's
+own q and token moment at every node) and corrects the token moment the fold keeps at those ops
+by the ratio of the profile's answer to the uniform one's -- so each op's own corrections (a
+layer norm's centring, an RMSNorm's eps) stay, and a state without a profile is left exactly as
+before.  The token cosine read at a site is the mean over pairs of the cosines of the carried
+Gram.  Ops that mix tokens otherwise, or whose token axis the fold does not know (a slice, a
+concatenation, a pooling), drop the profile (uniform from there on)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from sigprop import theory
+
+#: ops that act on each token alike and linearly: the Gram's shape passes
+LINEAR = frozenset({"identity", "output", "scale", "offset", "dense", "broadcast", "standardized"})
+#: Gauss-Legendre nodes per side of 0 of the per-pair quadrature (the activation's kernel)
+NODES = 24
+
+
+def uniform(q: float, tok: float, T: int) -> np.ndarray:
+    """The Gram of T tokens that share one moment ``tok`` and each hold ``q``."""
+    return (q - tok) * np.eye(T) + tok * np.ones((T, T))
+
+
+def off_mean(G: np.ndarray) -> float:
+    T = G.shape[0]
+    return float((G.sum() - np.trace(G)) / (T * (T - 1))) if T > 1 else 0.0
+
+
+def rescaled(G: np.ndarray, q: float, tok: float) -> np.ndarray:
+    """G's shape at the level (q, tok): its diagonal times q/mean(diag), the rest times tok/mean."""
+    d = np.diag(np.diag(G))
+    o = G - d
+    dm, om = float(np.trace(G)) / G.shape[0], off_mean(G)
+    a = q / dm if dm > 0 else 0.0
+    b = tok / om if abs(om) > 1e-12 * max(dm, 1e-300) else 0.0
+    return a * d + b * o
+
+
+def cosine(G: np.ndarray) -> float:
+    """The mean over two tokens t != s of G_ts/sqrt(G_tt G_ss)."""
+    d = np.sqrt(np.clip(np.diag(G), 1e-300, None))
+    return off_mean(G / np.outer(d, d))
+
+
+def causal_mean(T: int) -> np.ndarray:
+    """W_ts = 1/(t + 1) for s <= t: a causal attention's mean weights."""
+    return np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+
+
+def _pair_weights(s2: float, T: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per causal query t (n = t + 1 keys) its weights' E[w_s^2] - 1/n^2 (a) and E[w_s w_s'] -
+    1/n^2 for two keys s != s' (b): the weights' fluctuation about their mean, from the collision
+    probability c = E[sum w^2] of n i.i.d. N(0, s^2) logits (``theory.collision``): E[w_s^2] =
+    c/n, E[w_s w_s'] = (1 - c)/(n (n - 1))."""
+    n = np.arange(1, T + 1, dtype=np.float64)
+    c = np.array([theory.collision(float(s2), int(k)) for k in n.astype(int)])
+    a = c / n - 1.0 / n**2
+    b = np.where(n > 1, (1.0 - c) / (n * np.maximum(n - 1.0, 1.0)) - 1.0 / n**2, 0.0)
+    return a, b
+
+
+def attended(Gv: np.ndarray, s2: float) -> np.ndarray:
+    """A causal attention's output Gram from its values': W G_v W^T between two queries (their
+    weights independent, each of mean W), and on the diagonal each query's own weights'
+    fluctuation added -- sum_s E[w_s^2] G_ss + sum_{s != s'} E[w_s w_s'] G_ss' over its keys."""
+    T = Gv.shape[0]
+    W = causal_mean(T)
+    G = W @ Gv @ W.T
+    if s2 > 0.0:
+        a, b = _pair_weights(s2, T)
+        d = np.cumsum(np.diag(Gv))  # sum over the first t + 1 keys of G_ss
+        tot = np.cumsum(np.cumsum(Gv, 0), 1)[np.arange(T), np.arange(T)]  # sum over the block
+        G[np.arange(T), np.arange(T)] += a * d + b * (tot - d)
+    return G
+
+
+def attended_back(R: np.ndarray, s2: float) -> np.ndarray:
+    """The values' gradient Gram from the output's: W^T R W, plus each query's weights'
+    fluctuation on its own block, R_tt (a on the diagonal, b off it, over its keys)."""
+    T = R.shape[0]
+    W = causal_mean(T)
+    C = W.T @ R @ W
+    if s2 > 0.0:
+        a, b = _pair_weights(s2, T)
+        for t in range(T):
+            k = t + 1
+            C[:k, :k] += R[t, t] * b[t]
+            C[np.arange(k), np.arange(k)] += R[t, t] * (a[t] - b[t])
+    return C
+
+
+def _kernel(phi, mean: float, G: np.ndarray) -> np.ndarray:
+    """E[phi(u_t) phi(u_s)] for every pair, (u_t, u_s) jointly Gaussian about ``mean`` with
+    second moments G (Gauss-Legendre in two standard variables, as ``theory.bivariate_moment``;
+    every pair in one array; a uniform G in two evaluations)."""
+    T = G.shape[0]
+    if np.allclose(G, uniform(G[0, 0], G[0, 1], T), rtol=0.0, atol=1e-14 * abs(G[0, 0])):
+        pairs = [(0, 0), (0, 1)]
+    else:
+        pairs = [(a, b) for a in range(T) for b in range(a, T)]
+    t, w = np.polynomial.legendre.leggauss(NODES)
+    span = theory.activation.QUAD_SPAN
+    x = np.concatenate([0.5 * span * (t - 1.0), 0.5 * span * (t + 1.0)])
+    wt = np.concatenate([0.5 * span * w, 0.5 * span * w]) * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    sd = np.sqrt(np.clip(np.diag(G) - mean * mean, 0.0, None))
+    a, b = (np.array(c) for c in zip(*pairs))
+    rho = np.clip((G[a, b] - mean * mean) / np.maximum(sd[a] * sd[b], 1e-300), -1.0, 1.0)
+    u, v = x[None, :, None], x[None, None, :]
+    za = mean + sd[a][:, None, None] * u
+    zb = mean + sd[b][:, None, None] * (rho[:, None, None] * u + np.sqrt(1.0 - rho * rho)[:, None, None] * v)
+    shape = (len(pairs), x.size, x.size)
+    fa = phi(np.broadcast_to(za, shape).ravel()).reshape(shape)
+    fb = phi(zb.ravel()).reshape(shape)
+    vals = np.einsum("i,pij,j->p", wt, fa * fb, wt)
+    if len(pairs) == 2:
+        return uniform(vals[0], vals[1], T)
+    out = np.empty_like(G)
+    out[a, b] = vals
+    out[b, a] = vals
+    return out
+
+
+def _tok_ratio(before: np.ndarray, after_profile: np.ndarray, after_uniform: np.ndarray) -> float | None:
+    """The token moment's correction: the profile's off-diagonal share over the uniform one's."""
+    ref = off_mean(after_uniform) / max(float(np.trace(after_uniform)) / after_uniform.shape[0], 1e-300)
+    got = off_mean(after_profile) / max(float(np.trace(after_profile)) / after_profile.shape[0], 1e-300)
+    if abs(ref) < 1e-12:
+        return None
+    return got / ref
+
+
+def step(nd, i: int, fold, merged) -> None:
+    """Node i's Gram (``fold.gram[i]``) from its inputs', and where the op reads the pairs
+    nonlinearly, its state's token moment corrected (``merged``: a state's parts as one)."""
+    st = fold.states[i]
+    if st is None or len(st) != 1 or st[0].tokens is None:
+        return
+    op = nd.op
+    G = None
+    if op in ("sdpa", "attention") and nd.params is not None and nd.params.causal:
+        T = int(nd.params.tokens)
+        if T < 2 or int(nd.params.keys) != T:
+            return
+        v = nd.inputs[2]
+        Gv = fold.gram.get(v)
+        s2 = fold.logit_variance.get(i, 0.0)
+        if Gv is not None and Gv.shape[0] == T:
+            # the fold's one number per moment read the values as uniform: its q and token
+            # moment times the profile's over the uniform one's (its own terms kept)
+            flat = attended(uniform(float(np.trace(Gv)) / T, off_mean(Gv), T), s2)
+            G = attended(Gv, s2)
+            dq = (np.trace(G) / np.trace(flat)) if np.trace(flat) > 0 else 1.0
+            _correct(st, _tok_ratio(Gv, G, flat), float(dq))
+        else:
+            s = merged(fold.states[v])
+            G = attended(uniform(s.q, s.tok, T), s2)
+    else:
+        grams = [fold.gram.get(j) for j in nd.inputs]
+        if all(g is None for g in grams):
+            return
+        src = merged(fold.states[nd.inputs[0]])
+        G_in = grams[0]
+        if op in LINEAR and G_in is not None and not nd.mats:
+            G = G_in
+        elif op == "rotary" and G_in is not None:
+            pair = nd.params.get("pair")
+            G = G_in * pair if pair is not None and pair.shape == G_in.shape else G_in
+        elif G_in is not None and (op == "rmsnorm" or (op == "norm" and nd.group == nd.units > 1)):
+            d = np.sqrt(np.clip(np.diag(G_in), 1e-300, None))
+            G = G_in / np.outer(d, d)
+            T = G.shape[0]
+            flat = uniform(1.0, off_mean(G_in) / (np.trace(G_in) / T), T)
+            _correct(st, _tok_ratio(G_in, G, flat))
+        elif op == "act" and G_in is not None:
+            T = G_in.shape[0]
+            G = _kernel(nd.fn[0], src.mean, G_in)
+            flat = _kernel(nd.fn[0], src.mean, uniform(float(np.trace(G_in)) / T, off_mean(G_in), T))
+            _correct(st, _tok_ratio(G_in, G, flat))
+        elif op in ("add", "product") and len(nd.inputs) == 2:
+            T = next(g.shape[0] for g in grams if g is not None)
+            mats = []
+            for j, g in zip(nd.inputs, grams):
+                s = merged(fold.states[j])
+                mats.append(g if g is not None and g.shape[0] == T else uniform(s.q, s.tok, T))
+            G = mats[0] + mats[1] if op == "add" else mats[0] * mats[1]
+        else:
+            return
+    fold.gram[i] = rescaled(G, st[0].q, st[0].tok)
+
+
+def _correct(st: list, ratio: float | None, q_ratio: float = 1.0) -> None:
+    """A state's token moment times the profile's correction (``ratio``: of its share of q), its
+    second moment times ``q_ratio``."""
+    if ratio is not None and math.isfinite(ratio) and math.isfinite(q_ratio):
+        s = st[0]
+        st[0] = dataclasses.replace(s, q=s.q * q_ratio, tokens=s.tok * ratio * q_ratio)
+
+
+# --------------------------------------------------------------------------------------------
+# the gradients' Gram: the same profile backward
+# --------------------------------------------------------------------------------------------
+def _diag_mean(G: np.ndarray) -> float:
+    return float(np.trace(G)) / G.shape[0]
+
+
+def _levels(C: np.ndarray, flat: np.ndarray) -> tuple[float, float | None]:
+    """The ratios of a share's second moment and token moment with the profile to without."""
+    dq = _diag_mean(C) / _diag_mean(flat) if _diag_mean(flat) > 0 else 1.0
+    of = off_mean(flat)
+    dk = off_mean(C) / of if abs(of) > 1e-12 * max(_diag_mean(flat), 1e-300) else None
+    return dq, dk
+
+
+def _share(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
+    """(the share's Gram shape, its levels' corrections) that reader k (op ``nd``, j its input
+    ``pos``) gives node j from k's gradient Gram R; None where the op is not read here."""
+    op = nd.op
+    T = R.shape[0]
+    if op in LINEAR and not nd.mats or op == "add":
+        return R, (1.0, 1.0)
+    if op == "rotary":
+        pair = nd.params.get("pair")
+        return (R * pair if pair is not None and pair.shape == R.shape else R), (1.0, 1.0)
+    G = fold.gram.get(j)
+    if op == "rmsnorm" or (op == "norm" and nd.group == nd.units > 1):
+        if G is None or G.shape[0] != T:
+            return R, (1.0, 1.0)
+        v = np.diag(G) + (nd.bias if op == "rmsnorm" else 0.0)
+        s = 1.0 / np.sqrt(np.clip(v, 1e-300, None))
+        C = R * np.outer(s, s)
+        return C, _levels(C, R / float(np.mean(v)))
+    if op == "act":
+        if G is None or G.shape[0] != T:
+            return R, (1.0, 1.0)
+        m = merged(fold.states[j]).mean
+        D = _kernel(nd.fn[1], m, G)
+        C = R * D
+        return C, _levels(C, R * _kernel(nd.fn[1], m, uniform(_diag_mean(G), off_mean(G), T)))
+    if op == "sdpa" and nd.params is not None and nd.params.causal and int(nd.params.tokens) == T:
+        if pos != 2:  # a query's or a key's gradient: R's shape, the map's own level
+            return R, (1.0, 1.0)
+        s2 = fold.logit_variance.get(k, 0.0)
+        C = attended_back(R, s2)
+        return C, _levels(C, attended_back(uniform(_diag_mean(R), off_mean(R), T), s2))
+    if op == "product" and len(nd.inputs) == 2:
+        other = nd.inputs[1 - pos]
+        Go = fold.gram.get(other)
+        if Go is None or Go.shape[0] != T:
+            return R, (1.0, 1.0)
+        C = R * Go
+        return C, _levels(C, R * uniform(_diag_mean(Go), off_mean(Go), T))
+    return None
+
+
+def back_step(nd, k: int, given: dict, fold, merged) -> None:
+    """After node k's backward gave its inputs ``given`` ({j: (r, rk)}, what each got from k):
+    where k's gradient has a Gram (``fold.rgram``) or its op makes one from the forward's, each
+    input's share with its profile, its levels corrected in the fold's gradients (the op's own
+    terms kept), recorded for the input's Gram (``fold.rshares``)."""
+    R = fold.rgram.get(k)
+    g = fold.grads[k]
+    if R is None:
+        T = next((fold.gram[j].shape[0] for j in nd.inputs if j in fold.gram), None)
+        if T is None and nd.op == "sdpa" and nd.params is not None and nd.params.causal:
+            T = int(nd.params.tokens)
+        if T is None or g is None or len(g) != 1 or T < 2:
+            return
+        R = uniform(g[0][0], g[0][1], T)
+    for pos, j in enumerate(nd.inputs):
+        if j not in given or fold.grads[j] is None or len(fold.grads[j]) != 1:
+            continue
+        got = _share(nd, k, pos, j, R, fold, merged)
+        if got is None:
+            continue
+        C, (dq, dk) = got
+        r, rk = given.pop(j)
+        r2, rk2 = r * dq, (rk * dk if dk is not None else rk)
+        if math.isfinite(r2) and math.isfinite(rk2):
+            fold.grads[j][0][0] += r2 - r
+            fold.grads[j][0][1] += rk2 - rk
+            r, rk = r2, rk2
+        fold.rshares.setdefault(j, []).append((C, r, rk))
+
+
+def finish(j: int, fold) -> None:
+    """Node j's gradient Gram once all its readers gave: the sum of their shares, each at its
+    level (a share given without a profile: uniform), rescaled to the fold's totals."""
+    shares = fold.rshares.pop(j, None)
+    g = fold.grads[j]
+    if not shares or g is None or len(g) != 1:
+        return
+    T = shares[0][0].shape[0]
+    total = sum(rescaled(C, r, rk) for C, r, rk in shares if C.shape[0] == T)
+    given = sum(r for _, r, _ in shares)
+    rest = g[0][0] - given  # readers whose share has no profile here
+    if rest > 1e-12 * max(g[0][0], 1e-300):
+        rest_k = g[0][1] - sum(rk for _, _, rk in shares)
+        total = total + uniform(rest, rest_k, T)
+    fold.rgram[j] = rescaled(total, g[0][0], g[0][1])
