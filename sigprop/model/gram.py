@@ -100,12 +100,13 @@ def attended_back(R: np.ndarray, s2: float) -> np.ndarray:
     T = R.shape[0]
     W = causal_mean(T)
     C = W.T @ R @ W
-    if s2 > 0.0:
+    if s2 > 0.0:  # query t's block is keys 0..t: sum over t >= max(s, s') of R_tt b_t, and a - b on it
         a, b = _pair_weights(s2, T)
-        for t in range(T):
-            k = t + 1
-            C[:k, :k] += R[t, t] * b[t]
-            C[np.arange(k), np.arange(k)] += R[t, t] * (a[t] - b[t])
+        r = np.diag(R)
+        tail = lambda v: np.cumsum(v[::-1])[::-1]
+        idx = np.arange(T)
+        C += tail(r * b)[np.maximum.outer(idx, idx)]
+        C[idx, idx] += tail(r * (a - b))
     return C
 
 
