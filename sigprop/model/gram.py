@@ -137,9 +137,9 @@ def _kernel(phi, mean: float, G: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def _continuous(phi) -> bool:
-    """Whether phi has no jump on [-8, 8] (steps of 1e-4: a jump is a step 100 times the largest
+    """Whether phi has no jump on [-8, 8] (steps of 1e-3: a jump is a step 100 times the largest
     of its neighbours' and above 1e-3 of its range)."""
-    x = np.linspace(-8.0, 8.0, 160001)
+    x = np.linspace(-8.0, 8.0, 16001)
     d = np.abs(np.diff(phi(x)))
     scale = float(np.abs(phi(x)).max()) + 1e-300
     big = int(np.argmax(d))
