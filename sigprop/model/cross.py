@@ -38,6 +38,8 @@ PASS = frozenset({"identity", "output"})
 GAUSSIAN = frozenset({"dense", "attention"})
 #: nodes independent of every earlier one (their own draw: the probe's inputs, a table's rows)
 FRESH = frozenset({"input", "embedding", "const"})
+#: ops linear in their inputs per token (``Cross._through``)
+LINEAR = PASS | frozenset({"add", "scale", "offset", "norm", "rmsnorm"})
 #: every op the cross moments read (a node of another op between two shared reads: unsupported)
 OPS = PASS | GAUSSIAN | FRESH | frozenset({"add", "scale", "offset", "norm", "rmsnorm", "act", "sdpa"})
 
@@ -117,21 +119,8 @@ class Cross:
         if op in FRESH:  # its own draw, independent of every earlier node
             m = self._state(a).mean * self._state(b).mean
             return m, m
-        if op in PASS:
-            return self.pair(nd.inputs[0], b)
-        if op == "scale":
-            c = math.sqrt(nd.forward)
-            S, K = self.pair(nd.inputs[0], b)
-            return c * S, c * K
-        if op == "offset":
-            S, K = self.pair(nd.inputs[0], b)
-            m = nd.bias * self._state(b).mean
-            return S + m, K + m
-        if op == "add":
-            parts = [self.pair(j, b) for j in nd.inputs]
-            return sum(p[0] for p in parts), sum(p[1] for p in parts)
-        if op in ("norm", "rmsnorm"):
-            return self._norm(nd, b)
+        if op in LINEAR:
+            return self._through(a, b)
         if op == "sdpa":  # the values' cross moments, mixed over the keys
             return _mix(self.pair(nd.inputs[2], b), nd.params)
         if op == "act":
@@ -146,11 +135,6 @@ class Cross:
         x = self._state(nd.inputs[0])
         var = x.q + nd.bias if nd.op == "rmsnorm" else max(x.q - x.mean * x.mean, 1e-30)
         return math.sqrt(nd.forward / var)
-
-    def _norm(self, nd, b: int) -> tuple[float, float]:
-        c = self.gain(nd)
-        S, K = self.pair(nd.inputs[0], b)
-        return c * S, c * K
 
     def _gaussian(self, a: int, b: int) -> tuple[float, float]:
         """Node a a weight's output (b earlier): with b of the same draw, f times the inputs' cross
@@ -175,32 +159,25 @@ class Cross:
             return e * S, e * K
         if other.op == "sdpa":
             return _mix(self.pair(a, other.inputs[2]), other.params)
-        # linear in b: the same rules with the roles turned (b's op read by ``_pair`` of b)
-        return self._linear_in(a, b)
+        return self._through(b, a)  # b linear in its inputs: its rule, a held
 
-    def _linear_in(self, a: int, b: int) -> tuple[float, float]:
-        """The cross moment with b where b is linear in its inputs (a sum, a scaling, a norm, a
-        reshape): b's rule applied to a's cross moments with b's inputs."""
-        other = self.nodes[b]
-        op = other.op
-        if op not in OPS:
-            raise Unsupported(f"{other.name} ({op})")
-        if op in PASS:
-            return self.pair(a, other.inputs[0])
+    def _through(self, x: int, other: int) -> tuple[float, float]:
+        """The cross moment of node ``other`` with node x, x linear in its inputs (a reshape, a
+        sum, a scaling, an offset, a per-token norm): x's rule applied to ``other``'s cross
+        moments with x's inputs."""
+        nd = self.nodes[x]
+        op = nd.op
+        if op not in LINEAR:
+            raise Unsupported(f"{nd.name} ({op})")
         if op == "add":
-            parts = [self.pair(a, j) for j in other.inputs]
+            parts = [self.pair(j, other) for j in nd.inputs]
             return sum(p[0] for p in parts), sum(p[1] for p in parts)
-        if op == "scale":
-            c = math.sqrt(other.forward)
-            S, K = self.pair(a, other.inputs[0])
-            return c * S, c * K
+        S, K = self.pair(nd.inputs[0], other)
         if op == "offset":
-            S, K = self.pair(a, other.inputs[0])
-            m = other.bias * self._state(a).mean
+            m = nd.bias * self._state(other).mean
             return S + m, K + m
-        if op in ("norm", "rmsnorm"):
-            return self._norm(other, a)
-        raise Unsupported(f"{other.name} ({op})")
+        c = 1.0 if op in PASS else (math.sqrt(nd.forward) if op == "scale" else self.gain(nd))
+        return c * S, c * K
 
     def _activation(self, a: int, b: int) -> tuple[float, float]:
         """phi(u) at node a: with an activation, the two-input quadrature at the same token (S)
@@ -220,7 +197,7 @@ class Cross:
             return e * (S - u.mean * y.mean) + m, e * (K - u.mean * y.mean) + m
         if other.op == "sdpa":
             return _mix(self.pair(a, other.inputs[2]), other.params)
-        return self._linear_in(a, b)
+        return self._through(b, a)
 
 
 #: reader ops whose gradient to an input is a multiple of their own (c: ``BackCross._factor``)
