@@ -368,11 +368,12 @@ def neox_std(role: LayerRole) -> float:
     if role.kind == "block_last":
         layers = max(role.blocks_in_stage / 2.0, 1.0)
         return 2.0 / (layers * math.sqrt(role.fan_out))
-    return math.sqrt(2.0 / (5.0 * role.fan_in))
+    return neox_small_std(role.fan_in)
 
 
-def neox_embedding_std(width: int) -> float:
-    """GPT-NeoX's embedding table: small init over its width, sqrt(2/(5 d))."""
+def neox_small_std(width: int) -> float:
+    """Nguyen & Salazar 2019's small init over a width d, sqrt(2/(5 d)): GPT-NeoX's every weight
+    but a branch's last, and its embedding table."""
     return math.sqrt(2.0 / (5.0 * width))
 
 
@@ -387,7 +388,7 @@ register(
         moments=lambda r: theory.LayerMoments(row_sq=r.fan_in * neox_std(r) ** 2),
         needs=frozenset({MODEL}),
         normalized=False,
-        embedding_std=neox_embedding_std,
+        embedding_std=neox_small_std,
     )
 )
 register(

@@ -38,20 +38,26 @@ PASS = frozenset({"identity", "output"})
 GAUSSIAN = frozenset({"dense", "attention"})
 #: nodes independent of every earlier one (their own draw: the probe's inputs, a table's rows)
 FRESH = frozenset({"input", "embedding", "const"})
-#: ops linear in their inputs per token (``Cross._through``)
+#: ops linear in their inputs per token (``Cross._through``), both ways (``BackCross.share``)
 LINEAR = PASS | frozenset({"add", "scale", "offset", "norm", "rmsnorm"})
 #: every op the cross moments read (a node of another op between two shared reads: unsupported)
-OPS = PASS | GAUSSIAN | FRESH | frozenset({"add", "scale", "offset", "norm", "rmsnorm", "act", "sdpa"})
+OPS = LINEAR | GAUSSIAN | FRESH | frozenset({"act", "sdpa"})
 
 
 class Unsupported(Exception):
     """A node the cross moments do not read (its name and op)."""
 
 
-def shared_keys(nodes) -> frozenset:
-    """The weight draws read at two or more nodes (``GraphNode.weight``)."""
+def shared_draws(nodes) -> dict:
+    """The weight draws read at two or more nodes (``GraphNode.weight``), each with its readers'
+    count."""
     count = Counter(nd.weight for nd in nodes if nd.weight)
-    return frozenset(k for k, c in count.items() if c > 1)
+    return {k: c for k, c in count.items() if c > 1}
+
+
+def shared_keys(nodes) -> frozenset:
+    """The weight draws read at two or more nodes."""
+    return frozenset(shared_draws(nodes))
 
 
 def _mixing(params) -> tuple[float, float]:
@@ -88,11 +94,6 @@ class Cross:
             up = frozenset().union(*(self.ancestors[j] for j in nd.inputs)) if nd.inputs else frozenset()
             self.ancestors.append(up | {nd.weight} if nd.weight in keys else up)
 
-    def readers_of(self) -> dict:
-        """Each shared draw's key with the number of nodes that read it."""
-        count = Counter(nd.weight for nd in self.nodes if nd.weight in self.keys)
-        return dict(count)
-
     def _state(self, i: int):
         st = self.fold.states[i]
         if st is None:
@@ -127,9 +128,14 @@ class Cross:
             return self._activation(a, b)
         return self._gaussian(a, b)
 
-    def gain(self, nd) -> float:
-        """A per-token norm's factor: its gain over the token's RMS (a layer norm's: of the
-        centred token; an RMSNorm's with its eps), both ways; a batch norm has none here."""
+    def factor(self, nd) -> float:
+        """The multiple of its input a node linear in it holds, both ways: 1 for a reshape, a sum
+        or an offset, c for a scaling by c, a per-token norm's gain over the token's RMS (a layer
+        norm's: of the centred token; an RMSNorm's with its eps); a batch norm has none here."""
+        if nd.op == "scale":
+            return math.sqrt(nd.forward)
+        if nd.op not in ("norm", "rmsnorm"):
+            return 1.0
         if nd.op == "norm" and nd.group == 0:
             raise Unsupported(f"{nd.name} (batch statistics)")
         x = self._state(nd.inputs[0])
@@ -176,7 +182,7 @@ class Cross:
         if op == "offset":
             m = nd.bias * self._state(other).mean
             return S + m, K + m
-        c = 1.0 if op in PASS else (math.sqrt(nd.forward) if op == "scale" else self.gain(nd))
+        c = self.factor(nd)
         return c * S, c * K
 
     def _activation(self, a: int, b: int) -> tuple[float, float]:
@@ -198,10 +204,6 @@ class Cross:
         if other.op == "sdpa":
             return _mix(self.pair(a, other.inputs[2]), other.params)
         return self._through(b, a)
-
-
-#: reader ops whose gradient to an input is a multiple of their own (c: ``BackCross._factor``)
-LINEAR_BACK = frozenset({"identity", "output", "add", "scale", "offset", "norm", "rmsnorm"})
 
 
 class BackCross:
@@ -242,12 +244,6 @@ class BackCross:
             raise Unsupported(f"{self.nodes[i].name} (its gradient)")
         return g[0][0], g[0][1]
 
-    def _factor(self, k: int) -> float:
-        nd = self.nodes[k]
-        if nd.op in ("norm", "rmsnorm"):
-            return self.fwd.gain(nd)
-        return math.sqrt(nd.forward) if nd.op == "scale" else 1.0
-
     def grad(self, i: int, j: int) -> tuple[float, float]:
         """(S, K) between the gradients at nodes i and j: the earlier one's readers' shares."""
         if i == j:
@@ -262,8 +258,8 @@ class BackCross:
     def share(self, k: int, pos: int, a: int, b: int) -> tuple[float, float]:
         """E[C . g_b], C the share of node a's gradient from its reader k (a's input ``pos``)."""
         nd = self.nodes[k]
-        if nd.op in LINEAR_BACK:
-            c = self._factor(k)
+        if nd.op in LINEAR:
+            c = self.fwd.factor(nd)
             S, K = self.grad(k, b)
             return c * S, c * K
         if nd.op == "act":
@@ -289,8 +285,8 @@ class BackCross:
         S = K = 0.0
         for k2, pos2 in self.readers[b]:
             other = self.nodes[k2]
-            if other.op in LINEAR_BACK:
-                c = self._factor(k2)
+            if other.op in LINEAR:
+                c = self.fwd.factor(self.nodes[k2])
                 s, t = self.gaussian(k, k2)
                 s, t = c * s, c * t
             elif other.op == "act":
@@ -369,14 +365,14 @@ class BackCross:
             op = self.nodes[k].op
             if op in ("sdpa", "attention") and p != 2:
                 return 0.0, 0.0  # a query or key path
-            kinds.append("lin" if op in LINEAR_BACK or op == "sdpa" else op)
+            kinds.append("lin" if op in LINEAR or op == "sdpa" else op)
         if kinds[1] == "lin" and kinds[0] != "lin":
             (k1, p1), (k2, p2), kinds = (k2, p2), (k1, p1), kinds[::-1]
         if kinds[0] == "lin":  # c g_k1 (or its mean over queries) against the other share
             S, K = self.share(k2, p2, i, k1)
             if self.nodes[k1].op == "sdpa":
                 return _mix((S, K), self.nodes[k1].params)
-            c = self._factor(k1)
+            c = self.fwd.factor(self.nodes[k1])
             return c * S, c * K
         if kinds == ["act", "act"]:
             raise Unsupported(f"{self.nodes[i].name} (read by two activations)")

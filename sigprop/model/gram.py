@@ -42,6 +42,20 @@ def off_mean(G: np.ndarray) -> float:
     return float((G.sum() - np.trace(G)) / (T * (T - 1))) if T > 1 else 0.0
 
 
+def _diag_mean(G: np.ndarray) -> float:
+    return float(np.trace(G)) / G.shape[0]
+
+
+def _flat(G: np.ndarray) -> np.ndarray:
+    """The uniform Gram of G's own means: what the fold's one number per moment reads."""
+    return uniform(_diag_mean(G), off_mean(G), G.shape[0])
+
+
+def _per_token(nd) -> bool:
+    """A norm with one statistic per token (an RMSNorm; a layer norm over a token's units)."""
+    return nd.op == "rmsnorm" or (nd.op == "norm" and nd.group == nd.units > 1)
+
+
 def rescaled(G: np.ndarray, q: float, tok: float) -> np.ndarray:
     """G's shape at the level (q, tok): its diagonal times q/mean(diag), the rest times tok/mean."""
     T = G.shape[0]
@@ -192,13 +206,12 @@ def _basis() -> np.ndarray:
     return h
 
 
-def _tok_ratio(before: np.ndarray, after_profile: np.ndarray, after_uniform: np.ndarray) -> float | None:
+def _tok_ratio(profile: np.ndarray, flat: np.ndarray) -> float | None:
     """The token moment's correction: the profile's off-diagonal share over the uniform one's."""
-    ref = off_mean(after_uniform) / max(float(np.trace(after_uniform)) / after_uniform.shape[0], 1e-300)
-    got = off_mean(after_profile) / max(float(np.trace(after_profile)) / after_profile.shape[0], 1e-300)
+    ref = off_mean(flat) / max(_diag_mean(flat), 1e-300)
     if abs(ref) < 1e-12:
         return None
-    return got / ref
+    return off_mean(profile) / max(_diag_mean(profile), 1e-300) / ref
 
 
 def step(nd, i: int, fold, merged) -> None:
@@ -219,10 +232,10 @@ def step(nd, i: int, fold, merged) -> None:
         if Gv is not None and Gv.shape[0] == T:
             # the fold's one number per moment read the values as uniform: its q and token
             # moment times the profile's over the uniform one's (its own terms kept)
-            flat = attended(uniform(float(np.trace(Gv)) / T, off_mean(Gv), T), s2)
+            flat = attended(_flat(Gv), s2)
             G = attended(Gv, s2)
             dq = (np.trace(G) / np.trace(flat)) if np.trace(flat) > 0 else 1.0
-            _correct(st, _tok_ratio(Gv, G, flat), float(dq))
+            _correct(st, _tok_ratio(G, flat), float(dq))
         else:
             s = merged(fold.states[v])
             G = attended(uniform(s.q, s.tok, T), s2)
@@ -237,17 +250,13 @@ def step(nd, i: int, fold, merged) -> None:
         elif op == "rotary" and G_in is not None:
             pair = nd.params.get("pair")
             G = G_in * pair if pair is not None and pair.shape == G_in.shape else G_in
-        elif G_in is not None and (op == "rmsnorm" or (op == "norm" and nd.group == nd.units > 1)):
+        elif G_in is not None and _per_token(nd):
             d = np.sqrt(np.clip(np.diag(G_in), 1e-300, None))
             G = G_in / np.outer(d, d)
-            T = G.shape[0]
-            flat = uniform(1.0, off_mean(G_in) / (np.trace(G_in) / T), T)
-            _correct(st, _tok_ratio(G_in, G, flat))
+            _correct(st, _tok_ratio(G, _flat(G_in) / _diag_mean(G_in)))
         elif op == "act" and G_in is not None:
-            T = G_in.shape[0]
             G = _kernel(nd.fn[0], src.mean, G_in)
-            flat = _kernel(nd.fn[0], src.mean, uniform(float(np.trace(G_in)) / T, off_mean(G_in), T))
-            _correct(st, _tok_ratio(G_in, G, flat))
+            _correct(st, _tok_ratio(G, _kernel(nd.fn[0], src.mean, _flat(G_in))))
         elif op in ("add", "product") and len(nd.inputs) == 2:
             T = next(g.shape[0] for g in grams if g is not None)
             mats = []
@@ -271,10 +280,6 @@ def _correct(st: list, ratio: float | None, q_ratio: float = 1.0) -> None:
 # --------------------------------------------------------------------------------------------
 # the gradients' Gram: the same profile backward
 # --------------------------------------------------------------------------------------------
-def _diag_mean(G: np.ndarray) -> float:
-    return float(np.trace(G)) / G.shape[0]
-
-
 def _levels(C: np.ndarray, flat: np.ndarray) -> tuple[float, float | None]:
     """The ratios of a share's second moment and token moment with the profile to without."""
     dq = _diag_mean(C) / _diag_mean(flat) if _diag_mean(flat) > 0 else 1.0
@@ -294,7 +299,7 @@ def _share(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
         pair = nd.params.get("pair")
         return (R * pair if pair is not None and pair.shape == R.shape else R), (1.0, 1.0)
     G = fold.gram.get(j)
-    if op == "rmsnorm" or (op == "norm" and nd.group == nd.units > 1):
+    if _per_token(nd):
         if G is None or G.shape[0] != T:
             return R, (1.0, 1.0)
         v = np.diag(G) + (nd.bias if op == "rmsnorm" else 0.0)
@@ -307,20 +312,20 @@ def _share(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
         m = merged(fold.states[j]).mean
         D = _kernel(nd.fn[1], m, G)
         C = R * D
-        return C, _levels(C, R * _kernel(nd.fn[1], m, uniform(_diag_mean(G), off_mean(G), T)))
+        return C, _levels(C, R * _kernel(nd.fn[1], m, _flat(G)))
     if op == "sdpa" and nd.params is not None and nd.params.causal and int(nd.params.tokens) == T:
         if pos != 2:  # a query's or a key's gradient: R's shape, the map's own level
             return R, (1.0, 1.0)
         s2 = fold.logit_variance.get(k, 0.0)
         C = attended_back(R, s2)
-        return C, _levels(C, attended_back(uniform(_diag_mean(R), off_mean(R), T), s2))
+        return C, _levels(C, attended_back(_flat(R), s2))
     if op == "product" and len(nd.inputs) == 2:
         other = nd.inputs[1 - pos]
         Go = fold.gram.get(other)
         if Go is None or Go.shape[0] != T:
             return R, (1.0, 1.0)
         C = R * Go
-        return C, _levels(C, R * uniform(_diag_mean(Go), off_mean(Go), T))
+        return C, _levels(C, R * _flat(Go))
     return None
 
 

@@ -484,6 +484,9 @@ def _fold_back(fold: Fold) -> str:
             for j in nd.inputs:
                 fold.poisoned[j] = True
             continue
+        if not fold.gram:  # no causal attention: no profile to carry back
+            op.backward(nd, i, [(r, rk, blend(parts)) for r, rk, parts in fold.grads[i]], fold)
+            continue
         gram.finish(i, fold)  # its readers have all given: its gradient's Gram
         before = {j: _totals(fold, j) for j in nd.inputs}
         op.backward(nd, i, [(r, rk, blend(parts)) for r, rk, parts in fold.grads[i]], fold)
@@ -532,7 +535,7 @@ def _prediction(fold: Fold, unmapped: str, backward_why: str = "") -> GraphPredi
         ],
         dict(fold.entropy),
         backward_why,
-        {} if fold.cross is None else fold.cross.readers_of(),
+        cross.shared_draws(fold.nodes) if fold.cross is not None else {},
     )
 
 

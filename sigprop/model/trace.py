@@ -293,10 +293,12 @@ def _nodes_of(t: Tracing, paths) -> tuple[list, dict, dict]:
 
     reads, count = _Reads(), {}
     for n in t.gm.graph.nodes:
-        node = _node(t, n)
-        node = reads.mark(t, n, node)
-        first = len(t.nodes)
         k = count.get(n.target, -1) + 1 if n.op == "call_module" else 0  # this call of its module
+        calls = list(paths(n, count))
+        # the call it runs in, as a site names it: a module's own k-th call, else the innermost
+        where = call_name(n.target, k) if n.op == "call_module" else (calls[-1] if calls else "")
+        node = reads.mark(t, n, _node(t, n), where)
+        first = len(t.nodes)
         # an op may expand one call into the nodes its forward computes (a module kept whole:
         # ``ops.transformer``), each named by its module's path: a site inside reads its last
         for sub in node if isinstance(node, list) else [node]:
@@ -307,7 +309,7 @@ def _nodes_of(t: Tracing, paths) -> tuple[list, dict, dict]:
                 parts = sub.name.split(".")
                 for j in range(1, len(parts) + 1):
                     inside(call_name(".".join(parts[:j]), k), t.index[n], t.index[n])
-        for path in paths(n, count):
+        for path in calls:
             inside(path, first, t.index[n])
     return t.nodes, last_in, first_in
 
@@ -317,28 +319,15 @@ class _Reads:
     twice (a looped block, ALBERT's shared layer: depth that reuses its weights) or a copy of an
     earlier one's values (layers deep-copied and not re-drawn).  Every moment map assumes each
     weight drawn independently of all the others; a reused one correlates the branches that
-    read it (docs/theory.md §16, "Depth that reuses its weights"), so the maps stop at its second
-    reader.  A weight of one value everywhere (a zero output layer, a norm's gain) carries no
+    read it (docs/theory.md §16, "Depth that reuses its weights"): its readers are tagged with
+    the draw for the shared-depth maps where they read them, else the maps stop at its second
+    reader (``mark``).  A weight of one value everywhere (a zero output layer, a norm's gain) carries no
     draw to share and is left out; so is an embedding table read again by a dense layer (tied
     input and output embeddings, read as independent: docs/theory.md §16)."""
 
     def __init__(self) -> None:
         self.first: dict = {}  # (data_ptr, shape) -> (path, kind, node of its first reader)
         self.by_sum: dict = {}  # (shape, checksum) -> [(tensor, path, node)]
-        self.count: dict = {}  # call_module target -> its calls so far
-
-    def _call(self, n: fx.Node) -> str:
-        """The module call ``n`` runs in, as a site names it (``block@1``: block's second call)."""
-        if n.op == "call_module":
-            k = self.count[n.target] = self.count.get(n.target, -1) + 1
-            return call_name(n.target, k)
-        stack = list((n.meta.get("nn_module_stack") or {}).items())
-        if not stack:
-            return ""
-        key, val = stack[-1]
-        path = val[0] if isinstance(val, tuple) else str(val)
-        path = path[2:] if path.startswith("m.") else ("" if path == "m" else path)
-        return path + (key[key.rindex("@") :] if "@" in key and "@" not in path else "")
 
     @staticmethod
     def _params(t: Tracing, n: fx.Node) -> list:
@@ -348,12 +337,13 @@ class _Reads:
         vals = (t.value(a) for a in n.all_input_nodes if getattr(a, "op", "") == "get_attr")
         return [v for v in vals if isinstance(v, nn.Parameter)]
 
-    def mark(self, t: Tracing, n: fx.Node, node):
-        """Fx node ``n``'s graph node(s): where it reads a weight read before (``again``), one
+    def mark(self, t: Tracing, n: fx.Node, node, where: str):
+        """Fx node ``n``'s graph node(s), ``where`` the module call it runs in (``block@1``): where
+        it reads a weight read before (``again``), one
         weight layer or attention tagged with the draw (``GraphNode.weight``, its first reader
         too), an expansion whose nodes the shared-depth maps all read (each tagged by the
         expansion: ``ops.transformer``) kept; anything else no map, naming both readers."""
-        key, why, first = self.again(t, n)
+        key, why, first = self.again(t, n, where)
         if not why:
             return node
         if isinstance(node, list):
@@ -365,12 +355,12 @@ class _Reads:
                 return dataclasses.replace(node, weight=key)
         return GraphNode(t.label(n), "unknown", t.inputs(n), why=why)
 
-    def again(self, t: Tracing, n: fx.Node) -> tuple[str, str, int | None]:
+    def again(self, t: Tracing, n: fx.Node, where: str) -> tuple[str, str, int | None]:
         """(the draw's key, why ``n`` reads a weight read before -- one line naming both readers
         --, the first reader's node) or ("", "", None)."""
         if n.op not in ("call_module", "call_function", "call_method"):
             return "", "", None
-        path = self._call(n) or t.label(n)
+        path = where or t.label(n)
         kind = "embedding" if "embedding" in op_name(n).lower() else "other"
         why, draw, at = "", "", None
         for w in self._params(t, n):
