@@ -63,11 +63,14 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     users copy it (the mask arena) or gather from it (``mask_of``)."""
     n = mask.shape[-1]
     pad = (-n) % 8
+    # bytes 0/1 (a bool's storage): a free view in eager; under torch.compile a conversion, since
+    # torch 2.11's inductor cannot lower the bitcast of a bool (--fuse failed there on CPU and CUDA)
+    mask = mask.to(torch.uint8) if torch.compiler.is_compiling() else mask.view(torch.uint8)
     if pad:
         mask = torch.nn.functional.pad(mask, (0, pad))
     mask = mask.contiguous()
     if sys.byteorder == "little":
-        words = mask.view(torch.uint8).view(torch.int64)
+        words = mask.view(torch.int64)
         return (words * _GATHER).view(torch.uint8)[..., 7::8]  # byte 7 of each word: bits 56-63
     bits = _BITS.get(mask.device)
     if bits is None:

@@ -66,13 +66,13 @@ def _numpy_fn(fn):
 
     def f(z: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return fn(torch.from_numpy(np.asarray(z, dtype=np.float64))).numpy()
+            return fn(torch.from_numpy(np.asarray(z, dtype=np.float64))).cpu().numpy()
 
     def df(z: np.ndarray) -> np.ndarray:
         t = torch.from_numpy(np.asarray(z, dtype=np.float64)).requires_grad_(True)
         with torch.enable_grad():
             (g,) = torch.autograd.grad(fn(t).sum(), t)
-        return g.numpy()
+        return g.cpu().numpy()
 
     return f, df
 

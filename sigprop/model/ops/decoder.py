@@ -88,7 +88,7 @@ def _table(t, c, shape) -> np.ndarray | None:
     if v.dim() == len(shape) + 1:
         v = v[0]
     try:
-        return v.expand(*shape).numpy()
+        return v.expand(*shape).cpu().numpy()  # a CUDA model's table: read on the host
     except RuntimeError:
         return None
 

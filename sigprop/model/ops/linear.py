@@ -84,7 +84,7 @@ def _conv_matrices(m: nn.Module, shape_in, shape_out, transposed: bool = False) 
             return ()
         if a.shape[-1] != n_out:
             return ()
-        mats.append(a.reshape(n_in, n_out).T.numpy())
+        mats.append(a.reshape(n_in, n_out).T.cpu().numpy())
     return tuple(mats)
 
 

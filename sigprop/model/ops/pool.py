@@ -114,7 +114,7 @@ def _axis_matrices(m, shape_in, shape_out) -> list[np.ndarray] | None:
             a = F.interpolate(eye, mode=mode, align_corners=ac, **kw)
         if a.shape[-1] != n_out:
             return None
-        out.append(a.reshape(n_in, n_out).T.numpy())
+        out.append(a.reshape(n_in, n_out).T.cpu().numpy())
     return out
 
 
