@@ -57,7 +57,8 @@ FAMILIES = {
     # OLMo-2: the norms after each branch (x + norm(branch(x))), QK-norm over all heads
     "olmo2": ("Olmo2Config", "Olmo2Model", {}),
     # Gemma 2: logits soft-capped at 50, gains 1 + w, the embedding times sqrt(d); no padding row
-    # (its default pad_token_id 0 zeroes token 0's embedding, which the maps do not follow)
+    # (its default pad_token_id 0 zeroes token 0's embedding: sigprop's random ids leave such an id
+    # out since 0.16.0; None keeps docs/quickstart.md's figures as they were drawn)
     "gemma2": ("Gemma2Config", "Gemma2Model", {"pad_token_id": None, "attn_implementation": "eager"}),
 }
 

@@ -41,6 +41,32 @@ def build(factory, seed: int, draw: int) -> nn.Module:
     return model
 
 
+def padding_ids(model: nn.Module, vocab: int) -> list[int]:
+    """The ids below ``vocab`` that an embedding of the model keeps as its padding token
+    (``nn.Embedding.padding_idx``, Hugging Face's ``pad_token_id``): the rows a real input only
+    puts where its attention mask hides them, and which ``--vocab``'s random ids leave out."""
+    found = {
+        int(m.padding_idx) % m.num_embeddings
+        for m in model.modules()
+        if isinstance(m, nn.Embedding) and m.padding_idx is not None
+    }
+    return sorted(i for i in found if i < vocab)
+
+
+def uniform_ids(vocab: int, shape: tuple, skip: list[int], gen: torch.Generator, device) -> torch.Tensor:
+    """Token ids uniform over [0, vocab) less the sorted ids ``skip``: uniform over the vocab -
+    len(skip) others, each drawn id shifted past the skipped ids at or below it."""
+    if len(skip) >= vocab:
+        raise SigpropError(
+            f"--vocab {vocab} holds only the model's padding ids {skip}: give a larger vocabulary",
+            field="vocab",
+        )
+    ids = torch.randint(vocab - len(skip), shape, generator=gen, device=device)
+    for s in skip:  # ascending: an id pushed to s is pushed again past s
+        ids = ids + (ids >= s).to(ids.dtype)
+    return ids
+
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__

@@ -36,11 +36,12 @@ def _check_instance_draws(spec, names, seeds: int) -> None:
         )
 
 
-def _model_inputs(spec, samples: int, seed: int, device, dtype):
+def _model_inputs(spec, samples: int, seed: int, device, dtype, skip=()):
     """A model kind's inputs: the API's own tensors (their first ``samples`` rows), the user's
-    --data, N(0, I) of each --input-shape, or token ids uniform over --vocab (one tensor, or a
-    tuple for a forward of several); and the --data read (None otherwise), whose labels are
-    checked against the model's outputs once they are known (``_check_labels``)."""
+    --data, N(0, I) of each --input-shape, or token ids uniform over --vocab less the padding ids
+    ``skip`` (``build.padding_ids``) -- one tensor, or a tuple for a forward of several; and the
+    --data read (None otherwise), whose labels are checked against the model's outputs once they
+    are known (``_check_labels``)."""
     d = None
     gx = torch.Generator(device=device).manual_seed(specs.derive_seed(seed, specs.STREAM_INPUTS))
     x: torch.Tensor | tuple
@@ -67,8 +68,8 @@ def _model_inputs(spec, samples: int, seed: int, device, dtype):
             torch.randn(samples, *shape, generator=gx, device=device, dtype=dtype) for shape in spec.shapes
         )
         x = xs[0] if len(xs) == 1 else xs
-    else:  # token ids, uniform over the vocabulary
-        x = torch.randint(spec.vocab, (samples, *spec.input_shape), generator=gx, device=device)
+    else:  # token ids, uniform over the vocabulary less its padding ids
+        x = build.uniform_ids(spec.vocab, (samples, *spec.input_shape), list(skip), gx, device)
     return x, d
 
 
@@ -86,12 +87,15 @@ def _check_inputs_fit(spec, samples: int, itemsize: int, device, fields: str) ->
     dev.check_memory(bound, device, fields)
 
 
-def _model_draw(factory, scheme, name: str, seed: int, draw: int, device, dtype, calib, notes: list):
+def _model_draw(
+    factory, scheme, name: str, seed: int, draw: int, device, dtype, calib, notes: list, built=None
+):
     """One draw of a model kind's model, as the probe, the spectrum and the curvature all run it:
-    built under its seeded generator, the init applied (``init.init_``; what it left and what
-    it assumed joins ``notes`` once), prepared (``build.prepare``: no stochastic op, training-mode
-    normalisation) and its weights checked finite (one line, the same on every path)."""
-    model = build.build(factory, seed, draw)
+    built under its seeded generator (or ``built``, that draw's model built already), the init
+    applied (``init.init_``; what it left and what it assumed joins ``notes`` once), prepared
+    (``build.prepare``: no stochastic op, training-mode normalisation) and its weights checked
+    finite (one line, the same on every path)."""
+    model = build.build(factory, seed, draw) if built is None else built
     records = init.init_(model, scheme, seed, draw, batch=calib, quiet=True)
     said = init.init_notes(name, records) + build.prepare_notes(model, dtype)
     notes += [n for n in said if n not in notes]
@@ -131,9 +135,21 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     _check_inputs_fit(spec, probe_spec.samples, dev.itemsize(probe_spec.dtype), device, kind.size_fields)
     env = shared.probe_environment(probe_spec, device, stream=False, batch=1)
     factory = spec.factory()
-    x, data = _model_inputs(spec, probe_spec.samples, probe_spec.seed, device, dtype)
+    first, skip = None, ()
+    if spec.vocab is not None and spec.inputs is None and spec.data is None:
+        # random ids never the padding token (its row is zero, and a real input masks it): the
+        # first draw's model, built once here, says which
+        first = build.build(factory, probe_spec.seed, 0)
+        skip = build.padding_ids(first, spec.vocab)
+    x, data = _model_inputs(spec, probe_spec.samples, probe_spec.seed, device, dtype, skip)
     e_seed = specs.derive_seed(probe_spec.seed, specs.STREAM_ERRORS)
     plan = kind.plan(spec, probe_spec.seed)
+    if skip:
+        plan.init_notes.append(
+            f"inputs: token ids uniform over [0, {spec.vocab}) less the padding id(s) "
+            f"{', '.join(map(str, skip))} (an embedding's padding_idx: a zero row at init, which a "
+            "real input puts only where its attention mask hides it)"
+        )
     total, done = len(names) * probe_spec.seeds, 0
     started = False
     arrays: dict[str, dict[str, np.ndarray]] = {}
@@ -144,8 +160,9 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
         got: dict[str, list] = {k: [] for k in (*RECORDED, *PREDICTIONS)}
         for draw in range(probe_spec.seeds):
             model = _model_draw(
-                factory, scheme, name, probe_spec.seed, draw, device, dtype, calib, plan.init_notes
+                factory, scheme, name, probe_spec.seed, draw, device, dtype, calib, plan.init_notes, first
             )
+            first = None
             what = f"init {name!r}: the model"
             traced = trace.trace_graph(model, x, what)
             tokens = tokens or sequence_length(x, traced)

@@ -277,6 +277,9 @@ FAMILY = {
     "qwen2": ("Qwen2Config", "Qwen2Model", {}),
     "mistral": ("MistralConfig", "MistralModel", {}),
     "qwen3": ("Qwen3Config", "Qwen3Model", {"head_dim": 16}),  # QK-norm
+    # GeGLU, sqrt(d) scale, (1 + w) norms, and its config's padding token 0 (a zero row the
+    # random ids leave out; 0.16.0.dev0 fed it: the embeddings' backward 83% low, "≠")
+    "gemma": ("GemmaConfig", "GemmaModel", {"head_dim": 16}),
 }
 
 

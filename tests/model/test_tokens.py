@@ -229,3 +229,68 @@ def test_max_token_cosine_gates_and_is_refused_without_sequences(tmp_path, capsy
     assert "--max-token-cosine: token cosines are measured on sequences" in capsys.readouterr().err
     with pytest.raises(SigpropError, match="a cosine bound must be a number"):
         sigprop.probe_module(model=Encoder, input_shape=(4, 32), max_token_cosine=1.5)
+
+
+class _PaddedLM(nn.Module):
+    """Token ids -> an embedding with a padding row (zero at init, as nn.Embedding and Hugging
+    Face's decoders make it) -> a linear layer; returns the embeddings' output too."""
+
+    def __init__(self, vocab: int = 12, d: int = 16, pad: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d, padding_idx=pad)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, ids):
+        return self.out(self.embed(ids))
+
+
+def test_random_ids_leave_out_the_padding_ids_and_are_uniform_over_the_rest():
+    """``build.uniform_ids``: 60,000 ids over [0, 10) less 0, 3 and 9 -- none of those, each of
+    the other 7 at 1/7 within 5 standard errors (sd of a share sqrt(p(1-p)/n) = 0.0014); no padding
+    id: torch.randint's own draws, unchanged; every id a padding one: refused, naming --vocab."""
+    from sigprop.model import build
+
+    gen = torch.Generator().manual_seed(0)
+    ids = build.uniform_ids(10, (60_000,), [0, 3, 9], gen, "cpu")
+    counts = torch.bincount(ids, minlength=10).double() / ids.numel()
+    assert counts[[0, 3, 9]].sum() == 0
+    rest = counts[[1, 2, 4, 5, 6, 7, 8]]
+    assert (rest - 1 / 7).abs().max() < 5 * math.sqrt((1 / 7) * (6 / 7) / 60_000)
+    a = build.uniform_ids(10, (50,), [], torch.Generator().manual_seed(1), "cpu")
+    assert torch.equal(a, torch.randint(10, (50,), generator=torch.Generator().manual_seed(1)))
+    assert build.padding_ids(_PaddedLM(pad=3), 12) == [3] and build.padding_ids(_PaddedLM(pad=3), 3) == []
+    with pytest.raises(SigpropError, match="--vocab 1") as e:
+        build.uniform_ids(1, (4,), [0], gen, "cpu")
+    assert e.value.field == "vocab"
+
+
+def test_the_probe_never_feeds_the_padding_token_and_maps_the_rows_it_reads():
+    """A probe of ``--vocab 12`` on an embedding with padding row 3: the ids the model receives
+    (a forward pre-hook) never hold 3 and hold every other id, the note says so, and the
+    embedding's map takes the moments of the rows read: its q is the mean square of the table
+    less row 3, computed here (exact arithmetic on the same weights: relative 1e-12)."""
+    from sigprop.model import build
+    from sigprop.model.ops.aten import embedding_node
+
+    seen = []
+
+    def make():
+        m = _PaddedLM()
+        m.register_forward_pre_hook(lambda mod, args: seen.append(args[0].clone()))
+        return m
+
+    r = sigprop.probe_module(model=make, input_shape=(8,), vocab=12, samples=64, device="cpu")
+    ids = torch.cat([s.reshape(-1) for s in seen])
+    assert (ids != 3).all() and set(ids.tolist()) == set(range(12)) - {3}
+    assert any("padding id(s) 3" in n for n in r.config["init_notes"])
+    table = build.build(make, 0, 0).embed.weight.detach().double()
+    rows = torch.cat((table[:3], table[4:]))
+    assert embedding_node(table, "embed", (), 3).forward == pytest.approx(
+        float(rows.pow(2).mean()), rel=1e-12
+    )
+    assert embedding_node(table, "embed", (), 3).params == pytest.approx(
+        float(rows.mean(0).pow(2).mean()), rel=1e-12
+    )
+    assert embedding_node(table, "embed", (), -1).forward == pytest.approx(
+        float(table.pow(2).mean()), rel=1e-12
+    )

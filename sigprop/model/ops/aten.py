@@ -182,18 +182,24 @@ def _activation(t, n: fx.Node) -> GraphNode:
 
 
 def _embedding(t, n: fx.Node) -> GraphNode:
-    table = t.module(n).weight if n.op == "call_module" else t.value(n.args[0])
-    return embedding_node(table, t.label(n) if n.op != "call_module" else n.target, t.inputs(n))
+    if n.op == "call_module":
+        m = t.module(n)
+        return embedding_node(m.weight, n.target, t.inputs(n), m.padding_idx)
+    pad = n.args[2] if len(n.args) > 2 else n.kwargs.get("padding_idx", -1)
+    return embedding_node(t.value(n.args[0]), t.label(n), t.inputs(n), pad)
 
 
-def embedding_node(table, name: str, inputs: tuple) -> GraphNode:
-    """The token embedding of ids uniform over its table: per element q = mean ||E_i||^2 / d, the
-    mean m of its entries, and two tokens' (and two samples') shared moment ||E-bar||^2 / d, the
-    mean row's (exactly: two ids drawn independently, equal or not).  Its gradient stops here (ids
-    have none)."""
+def embedding_node(table, name: str, inputs: tuple, padding_idx=None) -> GraphNode:
+    """The token embedding of ids uniform over its table less its padding row (``padding_idx``;
+    aten's -1: none), as sigprop draws them (``build.uniform_ids``): per element q = mean
+    ||E_i||^2 / d, the mean m of its entries, and two tokens' (and two samples') shared moment
+    ||E-bar||^2 / d, the mean row's (exactly: two ids drawn independently, equal or not).  Its
+    gradient stops here (ids have none)."""
     if table is None:
         return GraphNode(name, "unknown", inputs, why=f"{name} with a table that is not a parameter")
     e = table.detach().double()
+    if padding_idx is not None and padding_idx >= 0 and e.shape[0] > 1:
+        e = torch.cat((e[:padding_idx], e[padding_idx + 1 :]))
     q = float(e.pow(2).mean())
     shared = float(e.mean(0).pow(2).mean())
     return GraphNode(
