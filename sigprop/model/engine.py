@@ -104,6 +104,24 @@ def _model_draw(
     return model
 
 
+def _padding_ids(spec, factory, seed: int):
+    """(the first draw's model, built once here, or None; the ids sigprop's random token ids
+    leave out): a model's padding ids (``build.padding_ids``: a zero row at init, which a real
+    input masks) where sigprop draws the ids, none where the user gives the inputs."""
+    if spec.vocab is None or spec.inputs is not None or spec.data is not None:
+        return None, ()
+    first = build.build(factory, seed, 0)
+    return first, build.padding_ids(first, spec.vocab)
+
+
+def _padding_note(vocab: int, skip) -> str:
+    return (
+        f"inputs: token ids uniform over [0, {vocab}) less the padding id(s) {', '.join(map(str, skip))} "
+        "(an embedding's padding_idx: a zero row at init, which a real input puts only where its "
+        "attention mask hides it)"
+    )
+
+
 def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, extra) -> Measured:
     """A kind whose spec builds a ``torch.nn.Module`` (``Kind.engine == "model"``): per init and
     draw, build the model (its factory under a seeded generator), apply the init
@@ -135,21 +153,11 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     _check_inputs_fit(spec, probe_spec.samples, dev.itemsize(probe_spec.dtype), device, kind.size_fields)
     env = shared.probe_environment(probe_spec, device, stream=False, batch=1)
     factory = spec.factory()
-    first, skip = None, ()
-    if spec.vocab is not None and spec.inputs is None and spec.data is None:
-        # random ids never the padding token (its row is zero, and a real input masks it): the
-        # first draw's model, built once here, says which
-        first = build.build(factory, probe_spec.seed, 0)
-        skip = build.padding_ids(first, spec.vocab)
+    first, skip = _padding_ids(spec, factory, probe_spec.seed)
     x, data = _model_inputs(spec, probe_spec.samples, probe_spec.seed, device, dtype, skip)
     e_seed = specs.derive_seed(probe_spec.seed, specs.STREAM_ERRORS)
     plan = kind.plan(spec, probe_spec.seed)
-    if skip:
-        plan.init_notes.append(
-            f"inputs: token ids uniform over [0, {spec.vocab}) less the padding id(s) "
-            f"{', '.join(map(str, skip))} (an embedding's padding_idx: a zero row at init, which a "
-            "real input puts only where its attention mask hides it)"
-        )
+    plan.init_notes += [_padding_note(spec.vocab, skip)] if skip else []
     total, done = len(names) * probe_spec.seeds, 0
     started = False
     arrays: dict[str, dict[str, np.ndarray]] = {}
