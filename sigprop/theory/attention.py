@@ -114,7 +114,7 @@ def _softmax_draws(s2: float, n: int) -> tuple[float, float]:
     e = np.exp(z)
     total = e.sum(axis=1, keepdims=True)
     w = e / total
-    h = np.log(total[:, 0]) - (w * z).sum(axis=1)
+    h = np.log(total[:, 0]) - (e * z).sum(axis=1) / total[:, 0]
     c = (w * w).sum(axis=1)
     return float(h.mean() / math.log(n)), float((c - 2.0 * (w**3).sum(axis=1) + c * c).mean())
 

@@ -356,18 +356,8 @@ def test_qk_norm_attention_entropy_is_predicted():
     variance, over the causal mask's queries -- within 0.05 of the measured one at every layer
     (measured over 8 draws: within 0.023), and the forward within 6% (its backward: the family
     test above)."""
-    cfg = transformers.Qwen3Config(
-        vocab_size=200,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=64,
-    )
     r = sigprop.probe_module(
-        model=lambda: transformers.Qwen3Model(cfg),
+        model=_decoder("qwen3"),
         input_shape=(16,),
         vocab=200,
         samples=32,
