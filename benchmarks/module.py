@@ -17,7 +17,7 @@ LlamaModel from a small config (4 layers, 256 wide, 4 heads on 2 key/value heads
 3-layer MLP, shows the fixed cost.
 
 Usage: python benchmarks/module.py [--samples 64] [--threads 1] [--models bn-resnet,gpt2,unet]
-       [--calls 5] [--device cpu]
+       [--calls 11] [--device cpu]
 Prints per model and side the cold and warm seconds and the peak RSS, and the warm ratio
 sigprop / floor (the issue's target: <= 1.3).
 """
@@ -197,7 +197,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default="bn-resnet,gpt2,unet")
-    ap.add_argument("--calls", type=int, default=5, help="calls per process: the first is cold")
+    ap.add_argument("--calls", type=int, default=11, help="calls per process: the first is cold")
     ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
     for name in a.models.split(","):

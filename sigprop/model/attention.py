@@ -23,18 +23,21 @@ MHA = (F.multi_head_attention_forward,)
 
 def normalised_entropy(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
     """Per sample the mean over heads and queries of H(softmax(logits)) / ln(keys allowed), float64
-    [B], from logits [B, H, Tq, Tk] and a boolean mask of the keys each query may read (None:
-    all); a query that may read one key only (a causal first token) has no entropy to compare
-    and is left out.  1: uniform over the keys allowed; 0: all weight on one key.  H = -
-    sum_k p_k ln p_k per query (``torch.special.entr`` of the softmax, 0 at p = 0) in float32 at
-    least (float64 logits stay so): the entropy of T_k <= 10^4 keys to 10^-6 relative, its mean
-    over queries in float64 -- 0.16.0.dev0 took every element to float64, 7% of a warm probe of
-    a small Llama; lse(z) - sum_k p_k z_k took 6.7 ms a call where this takes 3.6
-    (64 samples, 4 heads, 64 tokens)."""
+    [B], from logits [B, H, Tq, Tk], finite wherever a key may be read, and a boolean mask
+    broadcastable to them of the keys each query may read (None: all); a query that may read one
+    key only (a causal first token) has no entropy to compare and is left out.  1: uniform over
+    the keys allowed; 0: all weight on one key.  H = - sum_k p_k ln p_k per query
+    (``torch.special.entr`` of the softmax, 0 at p = 0) in float32 at least (float64 logits stay
+    so): the entropy of T_k <= 10^4 keys to 10^-6 relative, its mean over queries in float64.
+    The keys allowed are counted on the mask as given (a causal [T, T] mask: T^2 elements, not
+    the logits' B H T^2): 0.16.0.dev0 took every element to float64 (7% of a warm probe of a
+    small Llama), then counted the finite logits (a further pass over all of them)."""
     z = logits if logits.dtype == torch.float64 else logits.float()
-    if allowed is not None:
+    if allowed is None:
+        n = torch.full(z.shape[:-1], z.shape[-1], device=z.device)
+    else:
         z = z.masked_fill(~allowed, -math.inf)
-    n = torch.isfinite(z).sum(-1)  # keys allowed per query
+        n = allowed.sum(-1).expand(z.shape[:-1])
     h = torch.special.entr(torch.softmax(z, dim=-1)).sum(-1)
     keep = n >= 2
     h = h.double()
@@ -43,9 +46,18 @@ def normalised_entropy(logits: torch.Tensor, allowed: torch.Tensor | None) -> to
     return ratio.flatten(1).sum(1) / count
 
 
+def _additive(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the keys a float attention mask lets a query read, its finite bias where it does): an
+    entry of -inf, or at or below half the dtype's lowest value (Hugging Face masks with
+    ``torch.finfo(dtype).min``), hides its key; any other is a bias added to the logit (ALiBi)."""
+    mask = mask.detach()
+    hides = mask <= torch.finfo(mask.dtype).min / 2
+    return ~hides, mask.masked_fill(hides, 0.0)
+
+
 def _sdpa_entropy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **_):
     """The entropy of an ``F.scaled_dot_product_attention`` call's weights ([B, H, T, E] inputs;
-    a boolean mask True where a key may be read, a float one added to the logits)."""
+    a boolean mask True where a key may be read, a float one added to the logits, ``_additive``)."""
     q, k = q.detach(), k.detach()
     if q.dim() != 4 or k.dim() != 4:
         return None
@@ -57,12 +69,10 @@ def _sdpa_entropy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale
     if is_causal:
         allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
     if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            allowed = attn_mask if allowed is None else allowed & attn_mask
-        else:
-            logits = logits + attn_mask.detach()
-    if allowed is not None:
-        allowed = allowed.expand_as(logits)
+        if attn_mask.dtype != torch.bool:
+            attn_mask, bias = _additive(attn_mask)
+            logits = logits + bias
+        allowed = attn_mask if allowed is None else allowed & attn_mask
     return normalised_entropy(logits, allowed)
 
 
@@ -86,22 +96,22 @@ def _mha_entropy(query, key, value, embed_dim, num_heads, in_proj_weight, in_pro
     q = F.linear(query.detach(), wq.detach(), bq).reshape(T, B, num_heads, hd).permute(1, 2, 0, 3)
     k = F.linear(key.detach(), wk.detach(), bk).reshape(S, B, num_heads, hd).permute(1, 2, 0, 3)
     logits = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
-    allowed = torch.ones_like(logits, dtype=torch.bool)
+    allowed = torch.ones(T, S, dtype=torch.bool, device=logits.device)
     mask = kw.get("attn_mask")
     if mask is not None:
         mask = mask.detach()
         mask = mask.reshape(B, num_heads, T, S) if mask.dim() == 3 else mask
-        if mask.dtype == torch.bool:
-            allowed = allowed & ~mask
-        else:
-            logits = logits + mask
+        if mask.dtype != torch.bool:
+            mask, bias = _additive(mask)
+            logits, mask = logits + bias, ~mask
+        allowed = allowed & ~mask
     pad = kw.get("key_padding_mask")
     if pad is not None:
-        pad = pad.detach()
-        if pad.dtype == torch.bool:
-            allowed = allowed & ~pad[:, None, None, :]
-        else:
-            logits = logits + pad[:, None, None, :]
+        pad = pad.detach()[:, None, None, :]
+        if pad.dtype != torch.bool:
+            pad, bias = _additive(pad)
+            logits, pad = logits + bias, ~pad
+        allowed = allowed & ~pad
     return normalised_entropy(logits, allowed)
 
 

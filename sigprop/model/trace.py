@@ -364,7 +364,10 @@ class _Reads:
         kind = "embedding" if "embedding" in op_name(n).lower() else "other"
         why, draw, at = "", "", None
         for w in self._params(t, n):
-            if w.numel() < 2 or not bool((w != w.reshape(-1)[0]).any()):
+            if w.numel() < 2:
+                continue
+            lo, hi = torch.aminmax(w.detach())
+            if bool(lo == hi):
                 continue  # one value everywhere: nothing drawn to share
             key = (w.data_ptr(), tuple(w.shape))
             if key in self.first:
@@ -382,7 +385,7 @@ class _Reads:
             self.first[key] = (path, kind, len(t.nodes))
             sig = (
                 tuple(w.shape),
-                float(w.detach().double().sum()),
+                float(w.detach().sum(dtype=torch.float64)),
                 float(w.detach().reshape(-1)[:8].double().abs().sum()),
             )
             # within one call the op reads its own weights (nn.TransformerEncoder's copies: its
@@ -466,7 +469,8 @@ def _reused(model: nn.Module, two: tuple):
         return None, None
     gm.load_state_dict({f"m.{k}": v for k, v in model.state_dict().items()}, strict=False)
     rec = _Recording(gm)
-    got = rec.propagate(*two)
+    rec.statics()  # the shapes are the key's: only the input-free values are read anew
+    got = gm(*two)  # the graph's own code, not node by node
     want = _Exported(model)(*two)
     scale = float(want.abs().max()) if want.numel() else 0.0
     if got.shape != want.shape or float((got - want).abs().max()) > 1e-4 * max(scale, 1e-30):
@@ -515,6 +519,16 @@ class _Recording(ShapeProp):
             self.static.add(n)
             self.values[n] = out
         return out
+
+    def statics(self) -> None:
+        """The values of the nodes that depend on no input only, under the weights loaded now
+        (a graph kept for its key, ``_reused``: its shapes are already on its nodes)."""
+        self.env = {}
+        for n in self.module.graph.nodes:
+            if n.op == "get_attr" or (
+                n.op == "call_function" and all(a in self.static for a in n.all_input_nodes)
+            ):
+                self.env[n] = self.run_node(n)
 
 
 def _export_graph(model: nn.Module, two: tuple, fx_why: str) -> Traced:

@@ -73,28 +73,56 @@ def test_gpt2_is_traced_with_its_causal_mask_and_tanh_gelu():
     assert layers["h.0"].tokens.entropy > 0.99  # N(0, 0.02^2) weights: uniform attention
 
 
-def test_a_reused_export_reads_each_draws_own_weights():
-    """The second draw reuses the exported graph with its own weights loaded: its prediction
-    equals a fresh export's on the same weights."""
+def _llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=200,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return transformers.LlamaModel(cfg)
+
+
+@pytest.mark.parametrize("make", [gpt2, _llama], ids=["gpt2", "llama"])
+def test_a_reused_export_reads_each_draws_own_weights(make):
+    """The second draw reuses the exported graph (the same graph object) with its own weights
+    loaded, its input-free values read anew and its shapes kept (``_Recording.statics``): its
+    prediction equals a fresh export's on the same weights.  A buffer the state dict leaves out
+    (a Llama's rotary ``inv_freq``), other in a third model: the kept graph's output differs from
+    that model's and the graph is exported again."""
     from sigprop.model import trace as tr
+    from sigprop.model.graph import predict_graph
+
+    def q(traced):
+        return [None if v is None else round(v, 12) for v in predict_graph(traced.nodes, 1.0).q]
 
     torch.manual_seed(0)
-    a, b = gpt2().eval(), gpt2().eval()
+    a, b = make().eval(), make().eval()
     ids = torch.randint(0, 200, (2, 16))
     tr._EXPORTED.clear()
     first = trace_graph(a, ids)
+    kept = next(iter(tr._EXPORTED.values()))
     second = trace_graph(b, ids)  # reused, b's weights
+    assert next(iter(tr._EXPORTED.values())) is kept
     tr._EXPORTED.clear()
     fresh = trace_graph(b, ids)
     assert first.tracer == second.tracer == "torch.export"
-    from sigprop.model.graph import predict_graph
-
-    q2 = predict_graph(second.nodes, 1.0).q
-    qf = predict_graph(fresh.nodes, 1.0).q
-    assert [round(v, 12) if v is not None else None for v in q2] == [
-        round(v, 12) if v is not None else None for v in qf
-    ]
-    assert predict_graph(first.nodes, 1.0).q != q2
+    assert q(second) == q(fresh)
+    assert q(first) != q(second)
+    c = make().eval()
+    buffers = [buf for name, buf in c.named_buffers() if name.endswith("inv_freq")]
+    if buffers:
+        for buf in buffers:
+            buf.mul_(0.5)
+        kept = next(iter(tr._EXPORTED.values()))
+        again = trace_graph(c, ids)
+        assert next(iter(tr._EXPORTED.values())) is not kept
+        tr._EXPORTED.clear()
+        assert q(again) == q(trace_graph(c, ids))
 
 
 def test_mask_kinds():

@@ -96,6 +96,24 @@ def test_the_attention_reader_matches_the_weights_computed_by_hand_sdpa():
     assert float(want.mean()) < 0.9  # not the uniform regime: the test can tell a wrong mask
 
 
+def test_a_float_mask_of_the_dtypes_lowest_value_hides_its_keys():
+    """Hugging Face's additive masks write ``torch.finfo(dtype).min`` where a key is hidden: those
+    keys get weight 0 and are not counted among the keys a query may read (the oracle counts the
+    non-zero weights); a finite bias elsewhere (ALiBi-like) is added to the logits."""
+    torch.manual_seed(2)
+    B, H, T, E = 3, 2, 7, 8
+    q, k, v = (3.0 * torch.randn(B, H, T, E) for _ in range(3))
+    lowest = torch.finfo(torch.float32).min
+    mask = torch.triu(torch.full((T, T), lowest), 1) - 0.3 * torch.arange(T).float()  # causal + bias
+    mask = mask.expand(B, 1, T, T).clone()
+    mask[1, ..., 1] = lowest  # sample 1 may not read key 1 either (its second query: one key)
+    with AttentionReader(nn.Identity()) as r:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    ((_, got),) = r.calls
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(E) + mask, -1).double()
+    assert torch.allclose(got, entropy_of(w), atol=1e-5)
+
+
 def test_the_attention_reader_matches_multihead_attentions_own_weights():
     """nn.MultiheadAttention returns its weights (need_weights, per head): their entropy equals
     the reader's, with a causal float mask and a key padding mask."""
