@@ -25,6 +25,7 @@ from typing import Callable, Collection
 
 from sigprop import theory
 from sigprop.errors import SigpropError
+from sigprop.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -88,14 +89,12 @@ class InitScheme:
         return self.needs <= frozenset(provides)
 
 
-INITS: dict[str, InitScheme] = {}
+INITS: Registry[InitScheme] = Registry("init", field="init", skip=(__name__,))
 
 
 def register(scheme: InitScheme) -> InitScheme:
-    if scheme.name in INITS:
-        raise ValueError(f"init {scheme.name!r} registered twice")
-    INITS[scheme.name] = scheme
-    return scheme
+    """Add an init scheme (a name taken is refused, naming both)."""
+    return INITS.add(scheme.name, scheme)
 
 
 def names(provides: Collection[str] | None = None) -> list[str]:

@@ -185,7 +185,7 @@ def _walk_all(
             tick.name = name
             walks = _Walks(units, scheme, record_input, probe_spec, walker.SPACES[kind.space(spec)], tick)
             walks.stream, walks.graphs, walks.runners = stream, graphs, runners
-            observe = lambda: [observers.make(o) for o in kind.observers(spec)] + [type(o)() for o in extra]
+            observe = lambda: [observers.make(o) for o in kind.observers(spec)] + [o.fresh() for o in extra]
             out[name] = walks.arrays(x, e, pairs, chunks, observe)
             shared.check_finite(name, out[name])
     env["graphs"] = graphs_status(runners)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from sigprop.errors import SigpropError
+from sigprop.registry import Registry
 
 
 class Engine:
@@ -30,7 +31,7 @@ class Engine:
 
 
 #: name -> the registered engine
-ENGINES: dict[str, Engine] = {}
+ENGINES: Registry[Engine] = Registry("engine", skip=(__name__,))
 
 #: engines outside this package, imported (and so registered) the first time a kind asks for
 #: one: the "model" engine (sigprop/model/engine.py) brings torch.fx and the traced-op maps, 80 ms
@@ -39,11 +40,8 @@ LAZY = {"model": "sigprop.model.engine"}
 
 
 def register(engine: Engine) -> Engine:
-    """Add ``engine`` under its name (once: a second engine of one name is a bug)."""
-    if not engine.name or engine.name in ENGINES:
-        raise ValueError(f"engine name {engine.name!r} is empty or taken")
-    ENGINES[engine.name] = engine
-    return engine
+    """Add ``engine`` under its name (once: a second engine of one name is refused)."""
+    return ENGINES.add(engine.name, engine)
 
 
 def of(kind) -> Engine:

@@ -20,9 +20,10 @@ from sigprop.errors import SigpropError
 from sigprop.inits import InitScheme, LayerRole
 from sigprop.kernels import haar
 from sigprop.kernels.logspace import LayerParams, wn
+from sigprop.registry import Registry
 
 Sampler = Callable[[LayerRole, torch.Generator, torch.device, torch.dtype], LayerParams]
-SAMPLERS: dict[str, Sampler] = {}
+SAMPLERS: Registry[Sampler] = Registry("sampler", field="init", skip=(__name__,))
 #: data-dependent schemes: (params, pre-activations [N, out]) -> params with g and b set
 CALIBRATIONS: dict[str, Callable[[LayerParams, torch.Tensor], LayerParams]] = {}
 
@@ -31,14 +32,22 @@ def sampler(name: str):
     """Register the sampler of the init scheme ``name`` (a decorator)."""
 
     def deco(fn: Sampler) -> Sampler:
-        SAMPLERS[name] = fn
-        return fn
+        return SAMPLERS.add(name, fn)
 
     return deco
 
 
 def sample(scheme: InitScheme, role: LayerRole, gen, device, dtype) -> LayerParams:
-    return SAMPLERS[scheme.name](role, gen, device, dtype)
+    """One layer's draw of ``scheme``: its registered sampler (an init added from outside
+    registers its ``inits.InitScheme`` and its sampler, ``@sampler(name)``)."""
+    fn = SAMPLERS.get(scheme.name)
+    if fn is None:
+        raise SigpropError(
+            f"init {scheme.name!r} has no sampler: register one with sigprop.kernels.sampling.sampler"
+            f"({scheme.name!r})",
+            field="init",
+        )
+    return fn(role, gen, device, dtype)
 
 
 def calibration(scheme: InitScheme):

@@ -6,12 +6,12 @@ back the package that imports it)."""
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from sigprop import inits, specs
 from sigprop.errors import SigpropError
+from sigprop.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -267,26 +267,22 @@ class Kind:
         return scheme.description
 
 
-KINDS: dict[str, Kind] = {}
+KINDS: Registry[Kind] = Registry("net", field="command", skip=(__name__,))
 
 
 def register(cls: type) -> type:
     """Register a Kind subclass (a decorator): ``KINDS[cls.name]``; its spec learns its kind."""
-    kind = cls()
-    if cls.name in KINDS:
-        raise ValueError(f"net kind {cls.name!r} registered twice")
+    KINDS.add(cls.name, cls())
     cls.spec.kind = cls.name
-    KINDS[cls.name] = kind
     return cls
 
 
 def get(name: str, field: str = "command") -> Kind:
     """The kind ``name``; unknown names raise with a did-you-mean and the list."""
-    if name in KINDS:
-        return KINDS[name]
-    close = difflib.get_close_matches(str(name), list(KINDS), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise SigpropError(f"unknown net {name!r}{hint}; choose from {', '.join(KINDS)}", field=field)
+    try:
+        return KINDS.lookup(name)
+    except SigpropError as exc:
+        raise SigpropError(exc.message, field=field) from None
 
 
 def of(spec) -> Kind:

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from sigprop.model import cross, gram
+from sigprop.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -233,13 +234,13 @@ class OpMap:
 
 
 #: the maps of every node op, registered by the traced ops' files (``map_op``)
-MAPS: dict[str, OpMap] = {}
+MAPS: Registry[OpMap] = Registry("moment map", skip=(__name__,))
 
 
 def map_op(name: str, forward: Callable, backward: Callable | None = None, **kw) -> OpMap:
-    """Register the maps of node op ``name`` (one call per op, in the op's own file)."""
-    MAPS[name] = OpMap(forward, backward, **kw)
-    return MAPS[name]
+    """Register the maps of node op ``name`` (one call per op, in the op's own file; a name taken
+    is refused, naming both)."""
+    return MAPS.add(name, OpMap(forward, backward, **kw))
 
 
 @dataclass

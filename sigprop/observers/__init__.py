@@ -14,9 +14,11 @@ figure, ``--check`` and ``--observe NAME`` read it generically.
 
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 from sigprop.errors import SigpropError
+from sigprop.registry import Registry
 
 
 class Observer:
@@ -24,6 +26,12 @@ class Observer:
     its tensor.  The base class ignores everything (override what you measure)."""
 
     name = ""
+
+    def fresh(self) -> "Observer":
+        """A new observer for one walk, built as this one was (its constructor's arguments kept):
+        a deep copy of this one, which has not walked (its buffers come in ``start``).  An
+        observer that holds what must not be copied overrides it."""
+        return copy.deepcopy(self)
 
     def start(self, w, entries: int) -> None:
         pass
@@ -48,16 +56,15 @@ class Observer:
 
 #: the built-in collectors by the name a kind asks for (filled by their files), and the plug-in
 #: measurements by the name ``--observe`` takes
-COLLECTORS: dict[str, Callable[[], Observer]] = {}
-PLUGINS: dict[str, Callable[[], Observer]] = {}
+COLLECTORS: Registry[Callable[[], Observer]] = Registry("observer", skip=(__name__,))
+PLUGINS: Registry[Callable[[], Observer]] = Registry("observer", field="observe", skip=(__name__,))
 
 
 def collector(name: str):
     """Register a built-in collector (a decorator on its class)."""
 
     def deco(cls):
-        COLLECTORS[name] = cls
-        return cls
+        return COLLECTORS.add(name, cls)
 
     return deco
 
@@ -65,10 +72,12 @@ def collector(name: str):
 def register(factory: Callable[[], Observer], name: str | None = None) -> Callable[[], Observer]:
     """Register a plug-in measurement: ``factory()`` makes a fresh observer for each walk."""
     key = name or factory().name
-    if key in PLUGINS or key in COLLECTORS:
-        raise ValueError(f"observer {key!r} registered twice")
-    PLUGINS[key] = factory
-    return factory
+    if key in COLLECTORS:
+        raise SigpropError(
+            f"observer {key!r} registered twice: a built-in collector has the name; give the new one another",
+            field="observe",
+        )
+    return PLUGINS.add(key, factory)
 
 
 def check_names(names) -> None:

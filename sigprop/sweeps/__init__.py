@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from sigprop.errors import SigpropError
+from sigprop.registry import Registry
 from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA
 from sigprop.sweeps.grid import MEASURES, Point, configure, default_samples, grid, parse_inits, parse_ints
 from sigprop.sweeps.run import (
@@ -29,7 +30,15 @@ from sigprop.sweeps.run import (
 from sigprop.sweeps.shard import SHARD_SCHEMA, merge, parse_shard
 from sigprop.sweeps.shard import start as start_shard
 
-EXECUTORS = ("local", "dask")
+#: the executors by name (``register_executor``): ``local`` and ``dask`` built in, others added
+#: from outside (a builder taking the options a sweep was given, returning a context manager
+#: that is called as ``executor(fn, items)`` and yields ``fn(item)`` as the items finish)
+EXECUTORS: Registry[Callable[..., object]] = Registry("executor", field="executor", skip=(__name__,))
+
+
+def register_executor(name: str, build: Callable[..., object]) -> Callable[..., object]:
+    """Add an executor's builder under ``name`` (a name taken is refused, naming both)."""
+    return EXECUTORS.add(name, build)
 
 
 class Serial:
@@ -57,6 +66,57 @@ class Serial:
         return serial(fn, items)
 
 
+def _local(**given) -> Serial:
+    """``local``: every option is Dask's, refused naming it."""
+    for field in ("workers", "scheduler", "resources", "worker_wait", "scheduler_file", "wait_workers"):
+        if given.get(field):
+            raise SigpropError("applies to --executor dask only", field=field)
+    if given.get("worker_threads") is not None:
+        raise SigpropError(
+            "applies to --executor dask only (a local sweep's threads: OMP_NUM_THREADS)",
+            field="worker_threads",
+        )
+    return Serial()
+
+
+def _dask(
+    workers=None,
+    scheduler=None,
+    worker_threads=None,
+    resources=None,
+    worker_wait=None,
+    scheduler_file=None,
+    wait_workers=None,
+):
+    """``dask``: a local cluster of ``workers``, or the running scheduler at ``scheduler`` /
+    ``scheduler_file``."""
+    if workers is not None and (scheduler is not None or scheduler_file is not None):
+        raise SigpropError("a cluster at --scheduler has its own workers; give one of them", field="workers")
+    if scheduler is not None and scheduler_file is not None:
+        raise SigpropError(
+            "give --scheduler ADDRESS or --scheduler-file PATH, not both", field="scheduler_file"
+        )
+    if (scheduler is not None or scheduler_file is not None) and worker_threads is not None:
+        raise SigpropError(
+            "the workers of a running scheduler were started with their own threads", field="worker_threads"
+        )
+    from sigprop.sweeps.cluster import Dask  # the dask executor's room, loaded when named
+
+    return Dask(
+        workers,
+        scheduler,
+        worker_threads or 1,
+        resources,
+        wait=worker_wait,
+        scheduler_file=scheduler_file,
+        wait_workers=wait_workers,
+    )
+
+
+register_executor("local", _local)
+register_executor("dask", _dask)
+
+
 def executor(
     name: str = "local",
     workers: int | None = None,
@@ -67,54 +127,27 @@ def executor(
     scheduler_file: str | None = None,
     wait_workers: int | None = None,
 ):
-    """The executor ``name`` (``EXECUTORS``) with its options, to be entered (``with``) before it
-    runs points; an option that does not apply to it is refused naming it.  ``wait``: the
-    seconds a Dask sweep waits for a worker (``cluster.WORKER_WAIT`` when None);
-    ``wait_workers``: the workers a running scheduler should have before the points are sent."""
-    if name not in EXECUTORS:
-        raise SigpropError(f"expected local or dask, got {name!r}", field="executor")
-    if name == "local":
-        for field, value in (
-            ("workers", workers),
-            ("scheduler", scheduler),
-            ("resources", resources),
-            ("worker_wait", wait),
-            ("scheduler_file", scheduler_file),
-            ("wait_workers", wait_workers),
-        ):
-            if value:
-                raise SigpropError("applies to --executor dask only", field=field)
-        if threads is not None:
-            raise SigpropError(
-                "applies to --executor dask only (a local sweep's threads: OMP_NUM_THREADS)",
-                field="worker_threads",
-            )
-        return Serial()
-    if workers is not None and (scheduler is not None or scheduler_file is not None):
-        raise SigpropError("a cluster at --scheduler has its own workers; give one of them", field="workers")
-    if scheduler is not None and scheduler_file is not None:
-        raise SigpropError(
-            "give --scheduler ADDRESS or --scheduler-file PATH, not both", field="scheduler_file"
-        )
-    if (scheduler is not None or scheduler_file is not None) and threads is not None:
-        raise SigpropError(
-            "the workers of a running scheduler were started with their own threads", field="worker_threads"
-        )
-    from sigprop.sweeps.cluster import Dask  # the dask executor's room, loaded when named
-
-    return Dask(
-        workers,
-        scheduler,
-        threads or 1,
-        resources,
-        wait=wait,
-        scheduler_file=scheduler_file,
-        wait_workers=wait_workers,
-    )
+    """The executor ``name`` (``EXECUTORS``) built with the options given (those not None), to
+    be entered (``with``) before it runs points; an option that does not apply to it is refused
+    naming it.  ``wait``: the seconds a Dask sweep waits for a worker (``cluster.WORKER_WAIT``
+    when None); ``wait_workers``: the workers a running scheduler should have before the points
+    are sent."""
+    build = EXECUTORS.lookup(name)
+    options = {
+        "workers": workers,
+        "scheduler": scheduler,
+        "worker_threads": threads,
+        "resources": resources,
+        "worker_wait": wait,
+        "scheduler_file": scheduler_file,
+        "wait_workers": wait_workers,
+    }
+    return build(**{k: v for k, v in options.items() if v is not None})
 
 
 __all__ = [
     "EXECUTORS",
+    "register_executor",
     "FAILED_SCHEMA",
     "SWEEP_SCHEMA",
     "MEASURES",

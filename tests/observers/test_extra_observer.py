@@ -13,6 +13,7 @@ import torch
 
 from sigprop import api, observers, specs
 from sigprop.cli import main
+from sigprop.errors import SigpropError
 from sigprop.kinds.mlp import MLPSpec
 from sigprop.results import Check, Measurement, compare_documents
 
@@ -126,5 +127,35 @@ def test_a_plug_in_cannot_take_a_built_in_name():
     class Clash(Activity):
         name = "fwd"
 
-    with pytest.raises(ValueError, match="registered twice"):
+    with pytest.raises(SigpropError, match="observer 'fwd' registered twice: a built-in"):
         observers.register(Clash)
+    observers.register(Activity)
+    try:
+        with pytest.raises(SigpropError, match="observer 'activity' registered twice: by .*, and before by"):
+            observers.register(Activity)
+    finally:
+        observers.PLUGINS.remove("activity")
+
+
+class Threshold(Activity):
+    """Activity above a threshold given to its constructor (an observer with an argument)."""
+
+    name = "threshold"
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def forward(self, w, entry, state, out):
+        rows = w.space.rows(state)
+        self.buf[:, entry] = (rows > self.at).to(torch.float64).mean(dim=(-2, -1))
+
+
+def test_an_instance_with_constructor_arguments_runs_as_built():
+    """Each walk gets a fresh copy of the instance given (``Observer.fresh``), its arguments kept:
+    0.16.0 rebuilt it by ``type(o)()``, a TypeError for this one.  A threshold of 0 reads
+    ReLU activity (about 1/2); a threshold far above the states reads 0."""
+    zero = api.probe(SPEC, specs.ProbeSpec(samples=60, device="cpu"), observe=[Threshold(0.0)])
+    rows = zero.runs[0].measurements[0].rows
+    assert all(0.35 < row[0] < 0.65 for row in rows)
+    high = api.probe(SPEC, specs.ProbeSpec(samples=60, device="cpu"), observe=[Threshold(1e9)])
+    assert all(row[0] == 0.0 for row in high.runs[0].measurements[0].rows)

@@ -12,6 +12,8 @@ from typing import Callable
 import torch.fx as fx
 import torch.nn as nn
 
+from sigprop.registry import Registry
+
 
 @dataclass(frozen=True)
 class TracedOp:
@@ -30,22 +32,33 @@ class TracedOp:
     keep: Callable[[nn.Module], bool] | None = None
 
 
-#: the registered traced ops, in the order they are tried (built-ins first; a plug-in is tried
-#: before them with ``register(op, first=True)``)
-TRACED: list[TracedOp] = []
+#: the registered traced ops by name, in the order they are tried (built-ins first; a plug-in is
+#: tried before them with ``register(op, first=True)``)
+TRACED: Registry[TracedOp] = Registry("traced op", skip=(__name__,))
 
 
-def register(op: TracedOp, first: bool = False) -> TracedOp:
-    """Add a traced op (``first``: tried before every registered one)."""
-    if first:
-        TRACED.insert(0, op)
-    else:
-        TRACED.append(op)
-    return op
+def op_name(op: TracedOp) -> str:
+    """A traced op's default name: its category and where its node builder and matcher are
+    written (module, name, line): the same op registered twice -- or its file loaded twice --
+    has the same name."""
+
+    def at(fn) -> str:
+        code = getattr(fn, "__code__", None)
+        line = f":{code.co_firstlineno}" if code is not None else ""
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}{line}"
+
+    return f"{op.kind} {at(op.node)} / {at(op.match)}"
+
+
+def register(op: TracedOp, first: bool = False, name: str | None = None) -> TracedOp:
+    """Add a traced op (``first``: tried before every registered one; ``name``: default
+    ``op_name``); a name taken is refused, naming both registrations."""
+    return TRACED.add(name or op_name(op), op, first=first)
 
 
 def unregister(op: TracedOp) -> None:
-    TRACED.remove(op)
+    """Take ``op`` out (a test's plug-in, after it)."""
+    TRACED.remove(next(k for k, v in TRACED.items() if v is op))
 
 
 class _Tracer(fx.Tracer):
@@ -62,7 +75,7 @@ class _Tracer(fx.Tracer):
 def symbolic_trace(model: nn.Module) -> fx.GraphModule:
     """``torch.fx.symbolic_trace``, with the modules of the registered ops' ``keep`` kept whole
     (torch's own call where no op keeps any)."""
-    kept = [op.keep for op in TRACED if op.keep is not None]
+    kept = [op.keep for op in TRACED.values() if op.keep is not None]
     if not kept:
         return fx.symbolic_trace(model)
     tracer = _Tracer(kept)
@@ -75,7 +88,7 @@ def classify(gm: fx.GraphModule, n: fx.Node) -> TracedOp | None:
     no op matches)."""
     if n.op in ("placeholder", "get_attr", "output"):
         return None
-    return next((op for op in TRACED if op.match(gm, n)), None)
+    return next((op for op in TRACED.values() if op.match(gm, n)), None)
 
 
 def classify_module(m: nn.Module) -> TracedOp | None:
