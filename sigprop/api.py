@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -182,8 +183,15 @@ def run_sweep(
     on_point=None,
     executor=sweeps.serial,
 ) -> list[dict]:
-    """0.12's form of ``sweep`` (kept): ``sizes`` {"depth": [10, 20]}, ``width``, ``input_dim``,
+    """0.12's form of ``sweep``, deprecated since 0.17.0 and removed in 0.19.0 (a
+    DeprecationWarning says so): ``sizes`` {"depth": [10, 20]}, ``width``, ``input_dim``,
     ``curvature`` (its options: a curvature sweep), ``executor(fn, points)``."""
+    warnings.warn(
+        "sigprop.run_sweep is deprecated since 0.17.0 and will be removed in 0.19.0; use "
+        "sigprop.sweep(kind, out, depth=[...], measure='hessian', executor=fn)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     given = {**(sizes or {}), "width": width, "input_dim": input_dim}
     measure = "probe" if curvature is None else "hessian"  # configure refuses cosines beside it
     points = sweeps.configure(kinds.get(kind), given, init, probe_spec, measure)

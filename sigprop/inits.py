@@ -187,7 +187,6 @@ def stage_hanin_gain_sq(role: LayerRole) -> float:
 #: how users read the papers (author-year; the papers' file names are for developers only)
 P001 = "Arpit et al. 2019,"
 P003 = "Salimans & Kingma 2016,"
-P004 = "De & Smith 2020,"
 #: the structures a scheme may need (a net kind provides them); MODEL: the user's own module
 BLOCKS, TAPS, MODEL = "blocks", "taps", "model"
 

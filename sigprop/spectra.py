@@ -170,18 +170,6 @@ class Gram:
         return g.reshape(-1).detach()
 
 
-class Shifted:
-    """c I - G for an operator G with 0 <= G <= c: its largest eigenvalues are c minus G's
-    smallest, which Lanczos finds as largest (``extremes``)."""
-
-    def __init__(self, op, c: float) -> None:
-        self.op, self.c = op, c
-        self.size, self.device, self.dtype = op.size, op.device, op.dtype
-
-    def __call__(self, v: torch.Tensor) -> torch.Tensor:
-        return self.c * v - self.op(v)
-
-
 def extremes_exact(lam: np.ndarray, k: int, count: int) -> dict:
     """The ``count`` largest (decreasing) and smallest (increasing) singular values, each the mean
     over samples of the i-th, from the eigenvalues [N, n_out] (decreasing; the first ``k`` =

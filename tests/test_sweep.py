@@ -68,17 +68,18 @@ def test_rows_read_back_refuse_a_mixed_file(tmp_path):
 
 
 def test_the_api_runs_and_resumes_a_sweep_on_any_executor(tmp_path):
-    """The loop is the library's (``sigprop.run_sweep``): an executor decides where and in which order the
+    """The loop is the library's (``sigprop.sweep``): an executor decides where and in which order the
     points run, every line is written here as its result arrives, and a second call resumes."""
     import sigprop
 
     out, plans = tmp_path / "s.jsonl", []
     backwards = lambda fn, items: (fn(p) for p in reversed(items))
     probe = specs.ProbeSpec(samples=8, device="cpu")
-    run = lambda depths, **kw: sigprop.run_sweep(
+    run = lambda depths, executor="local", **kw: sigprop.sweep(
         "mlp",
         out,
-        {"depth": depths},
+        depth=depths,
+        executor=executor,
         width=[8],
         init=["he"],
         probe_spec=probe,
@@ -89,6 +90,19 @@ def test_the_api_runs_and_resumes_a_sweep_on_any_executor(tmp_path):
     assert [r["config"]["depth"] for r in run([2, 3, 4])] == [4]
     assert plans == [(2, 2), (3, 1)]
     assert [json.loads(line)["config"]["depth"] for line in out.read_text().splitlines()] == [3, 2, 4]
+
+
+def test_run_sweep_is_deprecated_and_still_runs(tmp_path):
+    """0.12's ``run_sweep`` warns (removed in 0.19.0) and writes what ``sweep`` writes."""
+    import sigprop
+
+    probe = specs.ProbeSpec(samples=8, device="cpu")
+    with pytest.warns(DeprecationWarning, match="run_sweep is deprecated since 0.17.0 .* removed in 0.19.0"):
+        old = sigprop.run_sweep(
+            "mlp", tmp_path / "a.jsonl", {"depth": [2]}, width=[8], init=["he"], probe_spec=probe
+        )
+    new = sigprop.sweep("mlp", tmp_path / "b.jsonl", depth=[2], width=[8], init=["he"], probe_spec=probe)
+    assert old[0]["config"] == new[0]["config"] and old[0]["end_to_end"] == new[0]["end_to_end"]
 
 
 NETS = Path(__file__).parent / "cluster" / "nets.py"

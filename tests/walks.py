@@ -109,3 +109,13 @@ def mlp_run(scheme, widths, fwd, bwd, band=None, gate: str = "preserved"):
         band=band,
         gate=gate,
     )
+
+
+def trace(model, x, sites: list[str]):
+    """A model's graph of moment maps and each site's node (None where the site is not in the
+    graph), or (None, None, why) when neither tracer reads it (``model.trace.trace_graph``):
+    the tests' view of a trace (0.16.0 kept it in sigprop/model/trace.py, used only here)."""
+    from sigprop.model.trace import trace_graph
+
+    t = trace_graph(model, x)
+    return (None, None, t.why) if t.nodes is None else (t.nodes, t.where(sites), "")

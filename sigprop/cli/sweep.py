@@ -111,7 +111,13 @@ def _probe_parameters(kind) -> list[inspect.Parameter]:
         P("pairs", PairsOpt, 256),
         P(
             "curvature",
-            Annotated[bool, Option("--curvature", help="The same as --measure hessian (0.12's flag).")],
+            Annotated[
+                bool,
+                Option(
+                    "--curvature",
+                    help="The same as --measure hessian (0.12's flag; deprecated, removed in 0.19.0).",
+                ),
+            ],
             False,
         ),
     ]
@@ -426,6 +432,7 @@ def sweep(
     point, here or on a Dask cluster; resumes."""
     what = measure.value
     if curvature:
+        _say("note: --curvature is deprecated since 0.17.0, removed in 0.19.0; use --measure hessian")
         if measure not in (Measure.probe, Measure.hessian):
             raise SigpropError(f"is --measure hessian; not with --measure {what}", field="curvature")
         what = "hessian"

@@ -116,13 +116,6 @@ class Traced:
         return range(0) if first is None or last is None else range(first, last + 1)
 
 
-def trace(model: nn.Module, x: torch.Tensor, sites: list[str]):
-    """The model's graph of moment maps and each site's node (None where the site is not in the
-    graph), or (None, None, why) when torch.fx cannot trace it (``trace_graph``)."""
-    t = trace_graph(model, x)
-    return (None, None, t.why) if t.nodes is None else (t.nodes, t.where(sites), "")
-
-
 def _survey_of(gm: fx.GraphModule, out, rows_: int, what: str) -> Survey:
     """``survey``'s record from a shape propagation: its modules' outputs (bytes per sample),
     the module paths it ran (calls and their enclosing modules), and its output."""

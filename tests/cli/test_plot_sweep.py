@@ -391,6 +391,7 @@ def test_sweep_curvature_resumes_and_plots(tmp_path, capsys):
         "cpu",
     ]
     assert main(args) == 0
+    assert "--curvature is deprecated since 0.17.0, removed in 0.19.0" in capsys.readouterr().err
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 4 and all(r["curvature"]["log10_spectral_norm_mean"] is not None for r in rows)
     assert all(

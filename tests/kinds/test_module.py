@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 from plan_modules import plan_module
 from torch.nn.utils.parametrizations import weight_norm
+from walks import trace
 
 import sigprop
 import sigprop.model.graph
@@ -29,7 +30,6 @@ from sigprop.model.graph import GraphNode, predict_graph
 from sigprop.model.init import _wn_parts, init_
 from sigprop.model.ops.activation import _numpy_fn
 from sigprop.model.ops.pool import _mix_node
-from sigprop.model.trace import trace
 
 
 def mlp(depth: int = 6, width: int = 64, d: int = 48) -> nn.Sequential:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from walks import trace
 
 import sigprop
 from sigprop import api, specs
@@ -20,7 +21,6 @@ from sigprop.errors import SigpropError
 from sigprop.kinds.module import ModuleSpec
 from sigprop.model.build import prepare
 from sigprop.model.init import init_, init_notes
-from sigprop.model.trace import trace
 
 
 # --------------------------------------------------------------------------------------------
