@@ -6,12 +6,14 @@ back the package that imports it)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from sigprop import inits, specs
+from sigprop import inits, specs, stats
 from sigprop.errors import SigpropError
 from sigprop.registry import Registry
+from sigprop.results import StageInfo
 
 
 @dataclass(frozen=True)
@@ -348,3 +350,74 @@ class Memory:
     stream: bool
     fields: str
     steps: StepSizes | None = None
+
+
+def stage(
+    k: int,
+    span: tuple[int, int],
+    bands,
+    blocks: int,
+    plan,
+    arrays,
+    pred,
+    sep,
+    own,
+    ref,
+    widen,
+    z: float,
+    where: str,
+):
+    """Stage k of a residual net (resnet, wrn: one algorithm): its ``StageInfo``, its two
+    ``preserved`` checks -- the typical stage ratio forward and backward in the ln ``bands``
+    (``where`` names them), widened by ``widen`` (``--band``) and by z sd of the reference
+    allowance ``ref`` (the proposed gains' variances) -- and its two ``theory`` checks: the same
+    ratio within z sd of the init's own prediction (``pred``'s ln RMS, ``own``'s variances).
+    A failed preserved check says the typical ratio the theory predicts for the init (ln RMS
+    less the variance: a log-normal's) beside its RMS."""
+    first, last = span
+    (fb, bb), dims = bands, plan.entries
+    (var_f, var_b), (ref_f, ref_b) = own[:2], ref[:2]
+    pf, pb = pred.ln_forward, pred.ln_backward
+    ln_f, ln_b = arrays["fwd"], arrays["bwd"]
+    sf = stats.exp_or_none(pf[last] - pf[first]) if pf else None
+    sb = stats.exp_or_none(pb[first] - pb[last]) if pb else None
+    info = StageInfo(
+        k,
+        first,
+        last,
+        dims[first],
+        dims[last],
+        blocks,
+        (math.exp(fb[0]), math.exp(fb[1])),
+        (math.exp(bb[0]), math.exp(bb[1])),
+        sf,
+        sb,
+    )
+    names = (
+        f"stage {k} forward ||h^{last}||/||h^{first}||",
+        f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||",
+    )
+    measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
+    allowance = (float(ref_f[last] - ref_f[first]), float(ref_b[first] - ref_b[last]))
+    ways = (
+        (pf, var_f, last, first, sep.span("forward", last, first)),
+        (pb, var_b, first, last, sep.span("backward", first, last)),
+    )
+    checks, theory_checks = [], []
+    for cname, ln, band, v_ref, (lnp, var, a, e, shift) in zip(names, measured, (fb, bb), allowance, ways):
+        c = stats.stage_check(cname, ln, (band[0] + widen[0], band[1] + widen[1]), v_ref, z)
+        if not c.passed:
+            c.note = f"outside {where}, with its finite-width allowance"
+        checks.append(c)
+        if not lnp:
+            theory_checks.append(stats.untestable(cname, c.log10_measured))
+            continue
+        centre, own_var = lnp[a] - lnp[e], abs(float(var[a] - var[e]))
+        if not c.passed:
+            typical, rms = stats.fmt((centre - own_var) / stats.LN10), stats.fmt(centre / stats.LN10)
+            c.note += f"; the theory predicts a typical stage ratio of {typical} (RMS {rms}) for this init"
+        t = stats.stage_check(cname, ln, (centre, centre), own_var, z, "theory", shift)
+        if not t.passed and t.has_band:
+            t.note = f"the theory predicts an RMS stage ratio of {stats.fmt(centre / stats.LN10)}"
+        theory_checks.append(t)
+    return info, checks, theory_checks

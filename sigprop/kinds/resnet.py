@@ -579,65 +579,14 @@ def _stage_checks(plan, arrays, gate, pred, sep, own, z: float) -> tuple[list[St
     widen = (0.0, 0.0) if gate.band is None else (math.log(gate.band[0]), math.log(gate.band[1]))
     infos, checks, theory_checks = [], [], []
     for k in range(1, plan.stages + 1):
-        info, preserved, own_checks = _stage(k, plan, arrays, pred, sep, own, ref, widen, z)
+        first, last = plan.stage_span(k)
+        bands = theory.stage_band_ln(plan.entries[first], plan.entries[last])
+        blocks = sum(1 for blk in plan.blocks if blk.stage == k)
+        where = "Theorem 3's band [sqrt 2, sqrt e]"
+        info, preserved, own_checks = base.stage(
+            k, (first, last), bands, blocks, plan, arrays, pred, sep, own, ref, widen, z, where
+        )
         infos.append(info)
         checks += preserved
         theory_checks += own_checks
     return infos, checks + theory_checks
-
-
-def _stage(k: int, plan, arrays, pred, sep, own, ref, widen, z: float):
-    """Stage k: its ``StageInfo``, its two ``preserved`` checks (forward, backward) and its two
-    ``theory`` checks (the init's own predicted stage ratio, ln RMS, with the init's own spread)."""
-    dims, (var_f, var_b), (ref_f, ref_b) = plan.entries, own, ref
-    ln_f, ln_b = arrays["fwd"], arrays["bwd"]
-    first, last = plan.stage_span(k)
-    fb, bb = theory.stage_band_ln(dims[first], dims[last])
-    vf = float(ref_f[last] - ref_f[first])
-    vb = float(ref_b[first] - ref_b[last])
-    pf = None if not pred.ln_forward else stats.exp_or_none(pred.ln_forward[last] - pred.ln_forward[first])
-    pb = None if not pred.ln_backward else stats.exp_or_none(pred.ln_backward[first] - pred.ln_backward[last])
-    blocks_k = sum(1 for blk in plan.blocks if blk.stage == k)
-    info = StageInfo(
-        k,
-        first,
-        last,
-        dims[first],
-        dims[last],
-        blocks_k,
-        (math.exp(fb[0]), math.exp(fb[1])),
-        (math.exp(bb[0]), math.exp(bb[1])),
-        pf,
-        pb,
-    )
-    fb = (fb[0] + widen[0], fb[1] + widen[1])
-    bb = (bb[0] + widen[0], bb[1] + widen[1])
-    names = (
-        f"stage {k} forward ||h^{last}||/||h^{first}||",
-        f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||",
-    )
-    measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
-    ways = (
-        (pred.ln_forward, var_f, last, first, sep.span("forward", last, first)),
-        (pred.ln_backward, var_b, first, last, sep.span("backward", first, last)),
-    )
-    checks, theory_checks = [], []
-    for cname, ln, band, v, (lnp, var, a, e, shift) in zip(names, measured, (fb, bb), (vf, vb), ways):
-        c = stats.stage_check(cname, ln, band, v, z)
-        if not c.passed:
-            c.note = "outside Theorem 3's band [sqrt 2, sqrt e] with its finite-width allowance"
-        checks.append(c)
-        if not lnp:
-            theory_checks.append(stats.untestable(cname, None))
-            continue
-        centre, own_var = lnp[a] - lnp[e], abs(float(var[a] - var[e]))
-        if not c.passed:
-            c.note += (
-                "; the theory predicts a typical stage ratio of "
-                f"{stats.fmt((centre - own_var) / stats.LN10)} for this init"
-            )
-        t = stats.stage_check(cname, ln, (centre, centre), own_var, z, "theory", shift)
-        if not t.passed and t.has_band:
-            t.note = f"the theory predicts an RMS stage ratio of {stats.fmt(centre / stats.LN10)}"
-        theory_checks.append(t)
-    return info, checks, theory_checks

@@ -474,66 +474,12 @@ def _stage_checks(plan, arrays, gate, pred, sep, var, z: float) -> tuple[list[St
     ref = reference_variances(plan.steps)[:2]
     infos, checks, own_checks = [], [], []
     for k, bands in enumerate(stage_bands(plan.steps, plan.blocks), 1):
-        info, preserved, own = _stage(k, bands, plan, arrays, pred, sep, var, ref, widen, z)
+        span = (1 + (k - 1) * plan.blocks, 1 + k * plan.blocks)
+        where = "Theorem 3's band [sqrt 2, sqrt e] times the stride-2 transition"
+        info, preserved, own = base.stage(
+            k, span, bands, plan.blocks, plan, arrays, pred, sep, var, ref, widen, z, where
+        )
         infos.append(info)
         checks += preserved
         own_checks += own
     return infos, checks + own_checks
-
-
-def _stage(k: int, bands, plan, arrays, pred, sep, var, ref, widen, z: float):
-    """Stage k of ``_stage_checks``: its ``StageInfo``, its ``preserved`` and its ``theory`` checks."""
-    (fb, bb), blocks, widths = bands, plan.blocks, plan.entries
-    pf, pb = pred.ln_forward, pred.ln_backward
-    (var_f, var_b, _), (ref_f, ref_b) = var, ref
-    ln_f, ln_b = arrays["fwd"], arrays["bwd"]
-    first, last = 1 + (k - 1) * blocks, 1 + k * blocks
-    sf = None if pf is None else stats.exp_or_none(pf[last] - pf[first])
-    sb = None if pb is None else stats.exp_or_none(pb[first] - pb[last])
-    info = StageInfo(
-        k,
-        first,
-        last,
-        widths[first],
-        widths[last],
-        blocks,
-        (math.exp(fb[0]), math.exp(fb[1])),
-        (math.exp(bb[0]), math.exp(bb[1])),
-        sf,
-        sb,
-    )
-    names = (
-        f"stage {k} forward ||h^{last}||/||h^{first}||",
-        f"stage {k} backward ||dl/dh^{first}||/||dl/dh^{last}||",
-    )
-    measured = (ln_f[:, last, :] - ln_f[:, first, :], ln_b[:, first, :] - ln_b[:, last, :])
-    allowance = (float(ref_f[last] - ref_f[first]), float(ref_b[first] - ref_b[last]))
-    own = (
-        (pf, var_f, last, first, sep.span("forward", last, first)),
-        (pb, var_b, first, last, sep.span("backward", first, last)),
-    )
-    checks, own_checks = [], []
-    for cname, ln, bnd, pred_, v_ref, (lnp, v, a, e, shift) in zip(
-        names, measured, (fb, bb), (sf, sb), allowance, own
-    ):
-        c = stats.stage_check(cname, ln, (bnd[0] + widen[0], bnd[1] + widen[1]), v_ref, z)
-        if not c.passed:
-            c.note = (
-                "outside Theorem 3's band [sqrt 2, sqrt e] times the stride-2 transition, with "
-                "its finite-width allowance"
-            )
-            if pred_ is not None:
-                c.note += (
-                    "; the theory predicts an RMS stage ratio of "
-                    f"{stats.fmt(math.log10(pred_)) if pred_ > 0 else '0'} for this init"
-                )
-        checks.append(c)
-        if lnp is None:
-            own_checks.append(stats.untestable(cname, c.log10_measured))
-            continue
-        centre, own_var = lnp[a] - lnp[e], abs(float(v[a] - v[e]))
-        t = stats.stage_check(cname, ln, (centre, centre), own_var, z, "theory", shift)
-        if not t.passed and t.has_band:
-            t.note = f"the theory predicts an RMS stage ratio of {stats.fmt(centre / stats.LN10)}"
-        own_checks.append(t)
-    return info, checks, own_checks

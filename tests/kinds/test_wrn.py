@@ -209,3 +209,29 @@ def test_bn_wrn_walk_matches_autograd(bottleneck, stream):
         fwd, bwd = bn_oracle(r.kept, steps, x, e, s)
         np.testing.assert_allclose(torch.exp(got["fwd"][s]).numpy(), fwd.numpy(), rtol=1e-10)
         np.testing.assert_allclose(torch.exp(got["bwd"][s]).numpy(), bwd.numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("kind, size", [("resnet", {"blocks": 8}), ("wrn", {"blocks": 6})])
+def test_resnet_and_wrn_read_a_stage_by_one_rule(kind, size):
+    """ResNet and WRN stages go through one function (``kinds.base.stage``; 0.16.0 had one per
+    kind, whose notes had drifted apart: the ResNet's said the typical ratio, the WRN's the RMS,
+    and the WRN's untestable theory check dropped the measured value).  He's init leaves the
+    band: the failed stage check says its band and the init's predicted typical ratio beside the
+    RMS one the stage record holds."""
+    import re
+
+    import sigprop
+
+    run = getattr(sigprop, f"probe_{kind}")(inits=["he"], samples=32, seed=0, **size).runs[0]
+    bad = [c for c in run.checks if c.name.startswith("stage") and c.verdict == "preserved" and not c.passed]
+    assert bad, "He's init must leave the band here"
+    c = bad[0]
+    assert c.note.startswith("outside Theorem 3's band [sqrt 2, sqrt e]")
+    got = re.search(r"typical stage ratio of ([\d.e+-]+) \(RMS ([\d.e+-]+)\)", c.note)
+    assert got, c.note
+    typical, rms = float(got[1]), float(got[2])
+    k = int(c.name.split()[1])
+    stage = run.stages[k - 1]
+    way = "forward" if "forward" in c.name else "backward"
+    assert rms == pytest.approx(getattr(stage, f"predicted_{way}"), rel=0.01)  # three digits printed
+    assert typical < rms  # a log-normal's typical value sits below its RMS
