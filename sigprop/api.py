@@ -130,9 +130,9 @@ def sweep(
         points = sweeps.start_shard(Path(out), points, shard)
     if callable(executor):
         return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
-    chosen = sweep_executor(
-        executor, workers, scheduler, worker_threads, resources, worker_wait, scheduler_file, wait_workers
-    )
+    given = dict(workers=workers, scheduler=scheduler, worker_threads=worker_threads, resources=resources)
+    given.update(worker_wait=worker_wait, scheduler_file=scheduler_file, wait_workers=wait_workers)
+    chosen = sweep_executor(executor, **given)
     chosen.say = on_note
     with chosen as ex:
         for note in ex.notes if on_note is not None else ():
@@ -145,18 +145,11 @@ def sweep_points(kind: str, init=None, probe_spec=None, measure: str = "probe", 
     return sweeps.configure(kinds.get(kind), given, init, probe_spec, measure)
 
 
-def sweep_executor(
-    name="local",
-    workers=None,
-    scheduler=None,
-    worker_threads=None,
-    resources=None,
-    worker_wait=None,
-    scheduler_file=None,
-    wait_workers=None,
-):
-    """The executor a sweep names (``sweeps.executor``), to be entered with ``with``; local workers
-    that each ask for a GPU need as many GPUs."""
+def sweep_executor(name="local", **options):
+    """The executor a sweep names (``sweeps.executor``, its ``options`` by the names of
+    ``sweeps.EXECUTOR_OPTIONS``), to be entered with ``with``; local workers that each ask for a
+    GPU need as many GPUs."""
+    workers, resources = options.get("workers"), options.get("resources")
     if resources and "GPU" in resources and workers:
         import torch  # only to count the GPUs local workers would share
 
@@ -165,9 +158,7 @@ def sweep_executor(
                 f"{workers} local workers with a GPU each, {torch.cuda.device_count()} GPU(s) visible",
                 field="workers",
             )
-    return sweeps.executor(
-        name, workers, scheduler, worker_threads, resources, worker_wait, scheduler_file, wait_workers
-    )
+    return sweeps.executor(name, **options)
 
 
 def run_sweep(

@@ -432,9 +432,9 @@ def sweep(
     point, here or on a Dask cluster; resumes."""
     what = measure.value
     if curvature:
-        _say("note: --curvature is deprecated since 0.17.0, removed in 0.19.0; use --measure hessian")
         if measure not in (Measure.probe, Measure.hessian):
             raise SigpropError(f"is --measure hessian; not with --measure {what}", field="curvature")
+        _say("note: --curvature is deprecated since 0.17.0, removed in 0.19.0; use --measure hessian")
         what = "hessian"
     probe = specs.ProbeSpec(
         samples=samples or sweeps.default_samples(kind, what),
@@ -453,9 +453,9 @@ def sweep(
     points = api.sweep_points(kind.name, init, probe, what, **given)  # every refusal before a worker starts
     if shard is not None:
         points = sweeps.start_shard(out, points, shard)
-    chosen = api.sweep_executor(
-        executor.value, workers, scheduler, worker_threads, needs, worker_wait, scheduler_file, wait_workers
-    )  # its options checked: what follows is no refusal of them
+    options = dict(workers=workers, scheduler=scheduler, worker_threads=worker_threads, resources=needs)
+    options.update(worker_wait=worker_wait, scheduler_file=scheduler_file, wait_workers=wait_workers)
+    chosen = api.sweep_executor(executor.value, **options)  # checked: what follows is no refusal of them
     chosen.say = lambda text: _say(f"sigprop sweep: {text}")
     if workers is not None:  # its processes take seconds to start, each loading torch
         _say(f"sigprop sweep: starting a local cluster of {workers} worker process(es) ...")

@@ -36,6 +36,18 @@ from sigprop.sweeps.shard import start as start_shard
 EXECUTORS: Registry[Callable[..., object]] = Registry("executor", field="executor", skip=(__name__,))
 
 
+#: the options a sweep gives its executor (``executor``; the CLI's --workers, --scheduler, ...)
+EXECUTOR_OPTIONS = (
+    "workers",
+    "scheduler",
+    "worker_threads",
+    "resources",
+    "worker_wait",
+    "scheduler_file",
+    "wait_workers",
+)
+
+
 def register_executor(name: str, build: Callable[..., object]) -> Callable[..., object]:
     """Add an executor's builder under ``name`` (a name taken is refused, naming both)."""
     return EXECUTORS.add(name, build)
@@ -68,8 +80,8 @@ class Serial:
 
 def _local(**given) -> Serial:
     """``local``: every option is Dask's, refused naming it."""
-    for field in ("workers", "scheduler", "resources", "worker_wait", "scheduler_file", "wait_workers"):
-        if given.get(field):
+    for field in EXECUTOR_OPTIONS:
+        if field != "worker_threads" and given.get(field):
             raise SigpropError("applies to --executor dask only", field=field)
     if given.get("worker_threads") is not None:
         raise SigpropError(
@@ -117,36 +129,24 @@ register_executor("local", _local)
 register_executor("dask", _dask)
 
 
-def executor(
-    name: str = "local",
-    workers: int | None = None,
-    scheduler: str | None = None,
-    threads: int | None = None,
-    resources: dict[str, float] | None = None,
-    wait: float | None = None,
-    scheduler_file: str | None = None,
-    wait_workers: int | None = None,
-):
-    """The executor ``name`` (``EXECUTORS``) built with the options given (those not None), to
-    be entered (``with``) before it runs points; an option that does not apply to it is refused
-    naming it.  ``wait``: the seconds a Dask sweep waits for a worker (``cluster.WORKER_WAIT``
-    when None); ``wait_workers``: the workers a running scheduler should have before the points
-    are sent."""
+def executor(name: str = "local", **options):
+    """The executor ``name`` (``EXECUTORS``) built with the ``options`` given (``EXECUTOR_OPTIONS``;
+    those None left out), to be entered (``with``) before it runs points; an option that does not
+    apply to it is refused naming it.  ``worker_wait``: the seconds a Dask sweep waits for a
+    worker (``cluster.WORKER_WAIT`` when None); ``wait_workers``: the workers a running scheduler
+    should have before the points are sent."""
     build = EXECUTORS.lookup(name)
-    options = {
-        "workers": workers,
-        "scheduler": scheduler,
-        "worker_threads": threads,
-        "resources": resources,
-        "worker_wait": wait,
-        "scheduler_file": scheduler_file,
-        "wait_workers": wait_workers,
-    }
+    unknown = sorted(set(options) - set(EXECUTOR_OPTIONS))
+    if unknown:
+        raise SigpropError(
+            f"not an executor option; they are {', '.join(EXECUTOR_OPTIONS)}", field=unknown[0]
+        )
     return build(**{k: v for k, v in options.items() if v is not None})
 
 
 __all__ = [
     "EXECUTORS",
+    "EXECUTOR_OPTIONS",
     "register_executor",
     "FAILED_SCHEMA",
     "SWEEP_SCHEMA",
