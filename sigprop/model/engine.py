@@ -27,6 +27,12 @@ from sigprop.version import __version__
 MODEL_MEMORY_HINT = ", or run the samples in chunks (--batch-size)"
 
 
+def _refused(kind, family: str, field: str, more: str = "") -> SigpropError:
+    """The refusal of ``field`` in the measurement ``family`` as the kind declares it
+    (``Kind.refuses``: the CLI's help and its one-line errors read the same words)."""
+    return SigpropError(kind.refuses[family][field] + more, field=field)
+
+
 def _check_instance_draws(spec, names, seeds: int) -> None:
     if spec.reinitializes_one_instance() and "as-is" in names and seeds > 1:
         raise SigpropError(
@@ -133,18 +139,15 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     (the attention's normalised entropy inside the site; nan: none read) and the predictions
     "pred_fwd", "pred_bwd" [S, E] (ln of the RMS ratio, nan: no map); the kind's plan learns the
     sites, their units, the finite-width spread and the notes."""
-    if extra:
-        raise SigpropError(
-            "plug-in measurements read sigprop's own walks, not a model's (yet)", field="observe"
-        )
-    if probe_spec.correlations:
-        raise SigpropError("input cosines are not measured for a model yet", field="correlation")
-    if probe_spec.stream:
-        raise SigpropError("a model keeps its own weights: nothing to stream", field="stream")
-    if probe_spec.graphs:
-        raise SigpropError("a model runs eagerly: no CUDA graphs", field="graphs")
-    if probe_spec.fuse:
-        raise SigpropError("a model runs its own layers: nothing of sigprop's to fuse", field="fuse")
+    for field, given in (
+        ("observe", extra),
+        ("correlation", probe_spec.correlations),
+        ("stream", probe_spec.stream),
+        ("graphs", probe_spec.graphs),
+        ("fuse", probe_spec.fuse),
+    ):
+        if given:
+            raise _refused(kind, "probe", field)
     device = dev.resolve_device(probe_spec.device)
     dtype = dev.DTYPES[probe_spec.dtype]
     names = kind.inits(spec)
@@ -329,9 +332,9 @@ def _curvature_model(kind, spec, hs: specs.HessianSpec, progress, on_start) -> H
     device = dev.resolve_device(hs.device)
     dtype = dev.DTYPES[hs.dtype]
     if hs.head != "pytorch":
-        raise SigpropError("a model's head is PyTorch's default nn.Linear: --head pytorch", field="head")
+        raise _refused(kind, "hessian", "head", ": --head pytorch")
     if spec.vocab is not None:
-        raise SigpropError("token ids: a model's curvature is measured on floating inputs", field="vocab")
+        raise _refused(kind, "hessian", "vocab")
     if len(spec.shapes) != 1:
         raise SigpropError(
             f"the curvature is measured on one input, and this forward takes {len(spec.shapes)}",
@@ -428,7 +431,7 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
     model's spectrum is not derived (said in ``why``); its mean is its traced graph's."""
     device = dev.resolve_device(ss.device)
     dtype = dev.DTYPES[ss.dtype]
-    _check_spectrum(spec, ss)
+    _check_spectrum(kind, spec, ss)
     names = kind.inits(spec)
     _check_instance_draws(spec, names, ss.seeds)
     _check_inputs_fit(spec, ss.samples, dev.itemsize(ss.dtype), device, kind.size_fields)
@@ -470,15 +473,12 @@ def _spectrum_model(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> S
     return SpectrumResult(kind.name, config, {"sigprop": __version__, **env}, runs)
 
 
-def _check_spectrum(spec, ss: specs.SpectrumSpec) -> None:
+def _check_spectrum(kind, spec, ss: specs.SpectrumSpec) -> None:
     """What a model's spectrum refuses: token ids, the spectrum against depth, several inputs."""
     if spec.vocab is not None:
-        raise SigpropError("token ids have no Jacobian: the spectrum needs a floating input", field="vocab")
+        raise _refused(kind, "spectrum", "vocab")
     if ss.depths or ss.at:
-        raise SigpropError(
-            "the spectrum against depth is measured for sigprop's own nets only",
-            field="depths" if ss.depths else "at",
-        )
+        raise _refused(kind, "spectrum", "depths" if ss.depths else "at")
     if len(spec.shapes) != 1:
         raise SigpropError(
             f"the spectrum is taken in one input, and this forward takes {len(spec.shapes)}",

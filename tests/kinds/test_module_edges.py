@@ -441,3 +441,39 @@ def test_what_init_assumed_without_a_graph_is_said(capsys, tmp_path):
     assert len(notes) == 1 and notes[0].startswith("init 'proposed': 2 of 2 layers' roles not read (torch.fx")
     assert "a ReLU layer assumed" in notes[0]
     assert math.isfinite(r.runs[0].layers[-1].forward.rms)
+
+
+@pytest.mark.parametrize(
+    "family, field, call",
+    [
+        ("probe", "stream", lambda m: api.probe(m, specs.ProbeSpec(samples=4, device="cpu", stream=True))),
+        ("probe", "graphs", lambda m: api.probe(m, specs.ProbeSpec(samples=4, device="cpu", graphs=True))),
+        ("probe", "fuse", lambda m: api.probe(m, specs.ProbeSpec(samples=4, device="cpu", fuse=True))),
+        (
+            "probe",
+            "correlation",
+            lambda m: api.probe(m, specs.ProbeSpec(samples=4, device="cpu", correlations=(0.5,))),
+        ),
+        (
+            "hessian",
+            "head",
+            lambda m: api.hessian(m, specs.HessianSpec(samples=4, device="cpu", head="init")),
+        ),
+        (
+            "spectrum",
+            "depths",
+            lambda m: api.spectrum(m, specs.SpectrumSpec(samples=4, device="cpu", depths=(1, 2))),
+        ),
+    ],
+)
+def test_the_api_refuses_in_the_words_the_kind_declares(family, field, call):
+    """A model's refusals are declared once (``ModuleKind.refuses``, which the CLI's help and
+    errors read); the engine raises the same words through the API (0.16.0 wrote them again in
+    model/engine.py)."""
+    from sigprop import kinds
+
+    model = ModuleSpec(model=lambda: nn.Sequential(nn.Linear(4, 4), nn.ReLU()), input_shape=(4,))
+    with pytest.raises(SigpropError) as got:
+        call(model)
+    assert got.value.field == field
+    assert got.value.message.startswith(kinds.get("module").refuses[family][field])
