@@ -160,3 +160,15 @@ def test_an_executor_from_outside_runs_a_sweep(tmp_path):
             sweeps.executor("inlin")
     finally:
         sweeps.EXECUTORS.remove("inline")
+
+
+def test_the_clis_choices_are_the_librarys_names():
+    """--dtype, --measure and --executor list what the library declares (one list each: a dtype
+    or a measurement added there is a choice here); the device layer maps the same dtypes."""
+    from sigprop.cli.options import DType
+    from sigprop.cli.sweep import Executor, Measure
+    from sigprop.kernels import device
+
+    assert [d.value for d in DType] == list(specs.DTYPES) == list(device.DTYPES)
+    assert [m.value for m in Measure] == list(sweeps.MEASURES)
+    assert [e.value for e in Executor] == list(sweeps.EXECUTORS)

@@ -64,9 +64,7 @@ class TableFormat(str, enum.Enum):
     json = "json"
 
 
-class DType(str, enum.Enum):
-    float32 = "float32"
-    float64 = "float64"
+DType = enum.Enum("DType", {d: d for d in specs.DTYPES}, type=str)
 
 
 Precision = enum.Enum("Precision", {p: p for p in specs.PRECISIONS}, type=str)

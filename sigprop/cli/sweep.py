@@ -64,15 +64,10 @@ def _size_parameters(swept, kind) -> list[inspect.Parameter]:
     return out
 
 
-class Measure(str, enum.Enum):
-    probe = "probe"
-    hessian = "hessian"
-    spectrum = "spectrum"
-
-
-class Executor(str, enum.Enum):
-    local = "local"
-    dask = "dask"
+#: --measure's and --executor's choices: the library's names (``sweeps.MEASURES``, the built-in
+#: executors of ``sweeps.EXECUTORS``)
+Measure = enum.Enum("Measure", {m: m for m in sweeps.MEASURES}, type=str)
+Executor = enum.Enum("Executor", {e: e for e in sweeps.EXECUTORS}, type=str)
 
 
 def _probe_parameters(kind) -> list[inspect.Parameter]:

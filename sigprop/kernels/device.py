@@ -7,10 +7,11 @@ import os
 
 import torch
 
-from sigprop import environment
+from sigprop import environment, specs
 from sigprop.errors import SigpropError
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: the dtypes a probe takes (``specs.DTYPES``, the one list) as torch's
+DTYPES = {name: getattr(torch, name) for name in specs.DTYPES}
 
 
 def resolve_device(name: str) -> torch.device:
