@@ -78,13 +78,9 @@ def spectrum(spec, ss: specs.SpectrumSpec | None = None, progress: ProgressFn | 
 
 
 def measure_point(point: sweeps.Point):
-    """What a sweep's point measures (``point.measure``), wherever it runs: a probe, the curvature
-    or the Jacobian's spectrum of its spec."""
-    if point.curvature is not None:
-        return hessian(point.spec, point.curvature)
-    if point.spectrum is not None:
-        return spectrum(point.spec, point.spectrum)
-    return probe(point.spec, point.probe)
+    """What a sweep's point measures (``point.measure``: ``sweeps.MEASURES``' runner), wherever it
+    runs: a probe, the curvature or the Jacobian's spectrum of its spec."""
+    return point.run()
 
 
 def sweep(
@@ -187,7 +183,7 @@ def run_sweep(
     measure = "probe" if curvature is None else "hessian"  # configure refuses cosines beside it
     points = sweeps.configure(kinds.get(kind), given, init, probe_spec, measure)
     if curvature is not None:  # the curvature's own options in place of the probe's copy
-        points = [replace(p, curvature=curvature) for p in points]
+        points = [replace(p, options=curvature) for p in points]
     return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
 
 

@@ -41,6 +41,7 @@ def test_a_name_taken_is_refused_naming_both_registrations():
         lambda: ops.TRACED,
         lambda: graph.MAPS,
         lambda: sweeps.EXECUTORS,
+        lambda: sweeps.MEASURES,
         lambda: __import__("sigprop.kernels.sampling", fromlist=["x"]).SAMPLERS,
     ],
     ids=[
@@ -52,6 +53,7 @@ def test_a_name_taken_is_refused_naming_both_registrations():
         "traced-ops",
         "maps",
         "executors",
+        "measurements",
         "samplers",
     ],
 )
@@ -172,3 +174,51 @@ def test_the_clis_choices_are_the_librarys_names():
     assert [d.value for d in DType] == list(specs.DTYPES) == list(device.DTYPES)
     assert [m.value for m in Measure] == list(sweeps.MEASURES)
     assert [e.value for e in Executor] == list(sweeps.EXECUTORS)
+
+
+def test_a_measurement_from_outside_runs_a_sweep(tmp_path):
+    """A measurement family added from outside (``sweeps.register_measurement``): what a point
+    measures, its options' key, its line -- here the probe's end-to-end forward ratio alone, at
+    its own samples -- is run by ``sigprop.sweep`` and resumed by its key."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Few:  # its options: the probe's shared ones (the registry builds them) and its own
+        samples: int = 16
+        seed: int = 0
+        seeds: int = 1
+        device: str = "cpu"
+        dtype: str = "float32"
+        threads: int | None = None
+        label: str = "few"
+
+    def run(spec, options):
+        return sigprop.probe(spec, specs.ProbeSpec(samples=options.samples, seed=options.seed, device="cpu"))
+
+    def row(config, init, result, seconds):
+        forward = result.runs[0].end_rows[0].forward.rms
+        return {
+            "schema": sweeps.SWEEP_SCHEMA,  # a sweep's line: resumed by its config
+            "config": config,
+            "init": init,
+            "forward": forward,
+            "environment": {},
+        }
+
+    sweeps.register_measurement(
+        sweeps.Measurement("forward", Few, lambda o: {"forward": {"label": o.label}}, row, run)
+    )
+    try:
+        out = tmp_path / "f.jsonl"
+        probe = specs.ProbeSpec(samples=16, device="cpu")
+        lines = sigprop.sweep(
+            "mlp", out, depth=[2, 4], width=[8], init="he", probe_spec=probe, measure="forward"
+        )
+        assert [line["config"]["forward"] for line in lines] == [{"label": "few"}] * 2
+        assert all(line["forward"] > 0 for line in lines)
+        assert (
+            sigprop.sweep("mlp", out, depth=[2, 4], width=[8], init="he", probe_spec=probe, measure="forward")
+            == []
+        )
+    finally:
+        sweeps.MEASURES.remove("forward")

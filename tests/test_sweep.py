@@ -122,7 +122,7 @@ def test_a_kind_takes_its_own_sweep_options_only():
     with pytest.raises(SigpropError, match="no file") as err:
         sweep.configure(model, {"target": "nowhere.py:make", "input_shape": ["3,8,8"]})
     assert err.value.field == "target"  # before any point runs
-    with pytest.raises(SigpropError, match="expected one of probe, hessian, spectrum"):
+    with pytest.raises(SigpropError, match="unknown measurement .*; choose from probe, hessian, spectrum"):
         sweep.configure(mlp, {}, measure="curvature")
 
 

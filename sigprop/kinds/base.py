@@ -407,7 +407,7 @@ def stage(
     for cname, ln, band, v_ref, (lnp, var, a, e, shift) in zip(names, measured, (fb, bb), allowance, ways):
         c = stats.stage_check(cname, ln, (band[0] + widen[0], band[1] + widen[1]), v_ref, z)
         if not c.passed:
-            c.note = f"outside {where}, with its finite-width allowance"
+            c.note = f"outside {where} with its finite-width allowance"
         checks.append(c)
         if not lnp:
             theory_checks.append(stats.untestable(cname, c.log10_measured))

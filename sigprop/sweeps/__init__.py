@@ -14,7 +14,17 @@ from typing import Callable
 from sigprop.errors import SigpropError
 from sigprop.registry import Registry
 from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA
-from sigprop.sweeps.grid import MEASURES, Point, configure, default_samples, grid, parse_inits, parse_ints
+from sigprop.sweeps.grid import (
+    MEASURES,
+    Measurement,
+    Point,
+    configure,
+    default_samples,
+    grid,
+    parse_inits,
+    parse_ints,
+    register_measurement,
+)
 from sigprop.sweeps.run import (
     append,
     axis_values,
@@ -151,6 +161,8 @@ __all__ = [
     "FAILED_SCHEMA",
     "SWEEP_SCHEMA",
     "MEASURES",
+    "Measurement",
+    "register_measurement",
     "Point",
     "Serial",
     "append",

@@ -11,15 +11,76 @@ adds the kind's own keys to a point's ``config``.
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from sigprop import inits, kinds, specs
 from sigprop.errors import SigpropError
+from sigprop.registry import Registry
+from sigprop.results import curvature_row, spectrum_row, sweep_row
 
-#: what a point measures: ``probe`` (the kind's command), ``hessian``, ``spectrum``
-MEASURES = ("probe", "hessian", "spectrum")
+
+@dataclass(frozen=True)
+class Measurement:
+    """What a sweep's point can measure, declared once: ``options`` -- the spec of its own
+    options (``specs.HessianSpec``), built from the probe's shared ones (samples, seed, seeds,
+    device, dtype, threads), None for the probe itself; ``key(options)`` -- their part of the
+    point's resume key; ``row(config, init, result, seconds)`` -- its JSON line
+    (sigprop/results/; schema ``sigprop.sweep.v1`` with its config, which a sweep resumes by);
+    ``run`` -- ``"module:function"`` measuring ``(spec, options)`` where the point runs (imported
+    there: no torch here), or that function; ``cosines`` -- whether it measures input cosines;
+    ``needs`` -- the kind attribute it needs (``curvature``: a kind whose curvature sigprop
+    measures), and ``default_samples`` where its own differ from the kind's."""
+
+    name: str
+    options: type | None
+    key: Callable[[Any], dict]
+    row: Callable[..., dict]
+    run: str | Callable
+    cosines: bool = False
+    needs: str | None = None
+    default_samples: int | None = None
+
+    def runner(self) -> Callable:
+        if callable(self.run):
+            return self.run
+        module, _, name = self.run.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+#: what a point measures, by ``--measure``'s name (``register_measurement``)
+MEASURES: Registry[Measurement] = Registry("measurement", field="measure", skip=(__name__,))
+
+
+def register_measurement(m: Measurement) -> Measurement:
+    """Add a measurement a sweep can make (a name taken is refused, naming both)."""
+    return MEASURES.add(m.name, m)
+
+
+register_measurement(Measurement("probe", None, lambda o: {}, sweep_row, "sigprop.api:probe", cosines=True))
+register_measurement(
+    Measurement(
+        "hessian",
+        specs.HessianSpec,
+        # the head is part of the key: a 0.6.0 row (each init's own head) is re-measured, not resumed
+        lambda o: {"curvature": {"iters": o.iters, "tol": o.tol, "head": o.head}},
+        curvature_row,
+        "sigprop.api:hessian",
+        needs="curvature",
+    )
+)
+register_measurement(
+    Measurement(
+        "spectrum",
+        specs.SpectrumSpec,
+        lambda o: {"spectrum": {"path": o.path}},
+        spectrum_row,
+        "sigprop.api:spectrum",
+        default_samples=specs.SpectrumSpec.samples,
+    )
+)
 
 
 #: ``10,20,50`` -> [10, 20, 50] (specs.py's, where the kinds read their axes too)
@@ -47,22 +108,25 @@ def config_key(config: dict) -> str:
 class Point:
     """One task of a sweep: a configuration (``axes``: the swept values in the order of the key,
     e.g. (("depth", 10), ("width", 128))), one init, its spec, the probe's options (their
-    samples, seeds, seed and dtype are the key's) and what is measured -- ``curvature`` (the
-    options of ``sigprop hessian``) or ``spectrum`` (of ``sigprop spectrum``), else a probe."""
+    samples, seeds, seed and dtype are the key's), what is measured (``MEASURES``' name) and
+    its own options (``Measurement.options``: those of ``sigprop hessian``, ``sigprop
+    spectrum``; None for a probe)."""
 
     kind: kinds.Kind
     axes: tuple[tuple[str, Any], ...]
     init: str
     spec: Any
     probe: specs.ProbeSpec
-    curvature: specs.HessianSpec | None = None
-    spectrum: specs.SpectrumSpec | None = None
+    measure: str = "probe"
+    options: Any = None
 
     @property
-    def measure(self) -> str:
-        return (
-            "hessian" if self.curvature is not None else "spectrum" if self.spectrum is not None else "probe"
-        )
+    def measurement(self) -> Measurement:
+        return MEASURES[self.measure]
+
+    def run(self):
+        """Measure the point (where it runs): its measurement's runner on (spec, options)."""
+        return self.measurement.runner()(self.spec, self.probe if self.options is None else self.options)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -78,15 +142,8 @@ class Point:
         }
         if self.probe.correlations:  # only then: the keys of rows without cosines stay as they were (resume)
             d["correlations"], d["pairs"] = list(self.probe.correlations), self.probe.pairs
-        if self.curvature is not None:
-            # the head is part of the key: a 0.6.0 row (each init's own head) is re-measured, not resumed
-            d["curvature"] = {
-                "iters": self.curvature.iters,
-                "tol": self.curvature.tol,
-                "head": self.curvature.head,
-            }
-        if self.spectrum is not None:
-            d["spectrum"] = {"path": self.spectrum.path}
+        if self.options is not None:
+            d.update(self.measurement.key(self.options))
         return d
 
     @property
@@ -106,27 +163,17 @@ class Point:
 def default_samples(kind: kinds.Kind, measure: str) -> int:
     """The samples of a sweep's points when none are given: its command's (a probe, the
     curvature: 1000, a WRN 100, a model 64), the spectrum's exact Jacobians at 8 inputs."""
-    if measure == "spectrum":
-        return specs.SpectrumSpec.samples
-    return kind.probe_defaults.get("samples", specs.ProbeSpec.samples)
+    own = MEASURES.lookup(measure).default_samples
+    return own if own is not None else kind.probe_defaults.get("samples", specs.ProbeSpec.samples)
 
 
-def _measured(probe: specs.ProbeSpec, measure: str):
+def _options(probe: specs.ProbeSpec, measure: Measurement):
     """The options of what a point measures, from the probe's (samples, seeds, seed, device,
-    dtype, threads): (curvature, spectrum), one of them or neither."""
-    shared = dict(
-        samples=probe.samples,
-        seed=probe.seed,
-        seeds=probe.seeds,
-        device=probe.device,
-        dtype=probe.dtype,
-        threads=probe.threads,
-    )
-    if measure == "hessian":
-        return specs.HessianSpec(**shared), None
-    if measure == "spectrum":
-        return None, specs.SpectrumSpec(**shared)
-    return None, None
+    dtype, threads); None for a probe."""
+    if measure.options is None:
+        return None
+    shared = ("samples", "seed", "seeds", "device", "dtype", "threads")
+    return measure.options(**{k: getattr(probe, k) for k in shared})
 
 
 def grid(
@@ -136,10 +183,11 @@ def grid(
     names: list[str],
     probe: specs.ProbeSpec,
     input_dim: int | None = None,
-    curvature: specs.HessianSpec | None = None,
-    spectrum: specs.SpectrumSpec | None = None,
+    measure: str = "probe",
 ) -> list[Point]:
-    """Every point of a size x width x init grid of one of sigprop's nets, validated up front."""
+    """Every point of a size x width x init grid of one of sigprop's nets (``configure`` without
+    its checks: the points of a size and width given as numbers)."""
+    options = _options(probe, MEASURES.lookup(measure))
     return [
         Point(
             kind,
@@ -147,8 +195,8 @@ def grid(
             name,
             kind.sweep_spec(size, width, name, input_dim),
             probe,
-            curvature,
-            spectrum,
+            measure,
+            options,
         )
         for size in sizes
         for width in widths
@@ -167,23 +215,22 @@ def configure(
     list of values or a comma-separated string; only the kind's ``sweep_fields`` apply), the
     inits (None: the kind's own defaults), the probe's options and what is measured
     (``MEASURES``).  Every refusal names its option, before anything runs."""
-    if measure not in MEASURES:
-        raise SigpropError(f"expected one of {', '.join(MEASURES)}, got {measure!r}", field="measure")
+    m = MEASURES.lookup(measure)
     probe = probe or specs.ProbeSpec(samples=default_samples(kind, measure))
     fields = kind.sweep_fields()
     for field, value in given.items():
         if value is not None and value != [] and field not in fields:
             takes = ", ".join("TARGET" if f == "target" else "--" + f.replace("_", "-") for f in fields)
             raise SigpropError(f"does not apply to sweep {kind.name}; it takes {takes}", field=field)
-    if measure == "hessian" and not kind.curvature:
-        raise SigpropError(f"sigprop hessian does not measure {kind.noun}", field="measure")
-    if measure != "probe" and probe.correlations:
+    if m.needs is not None and not getattr(kind, m.needs):
+        raise SigpropError(f"sigprop {measure} does not measure {kind.noun}", field="measure")
+    if not m.cosines and probe.correlations:
         raise SigpropError(f"--measure {measure} measures no cosine; drop --correlation", field="correlation")
     names = parse_inits(specs.joined(init, kind.sweep_inits), kind)
     configurations = kind.sweep_configurations(given)
-    curvature, spectrum = _measured(probe, measure)
+    options = _options(probe, m)
     return [
-        Point(kind, axes, name, make(name), probe, curvature, spectrum)
+        Point(kind, axes, name, make(name), probe, measure, options)
         for axes, make in configurations
         for name in names
     ]

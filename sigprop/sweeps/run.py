@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from sigprop import files
 from sigprop.errors import SigpropError, described
-from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA, curvature_row, spectrum_row, sweep_row
+from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA
 from sigprop.sweeps.grid import Point, config_key
 from sigprop.version import __version__
 
@@ -77,8 +77,7 @@ def row(point: Point, result, seconds: float) -> dict[str, Any]:
     """The JSON line of one finished point (its keys are written by sigprop/results/), its
     environment record naming the host it ran on and its sigprop (a cluster's client checks it,
     sigprop/sweeps/cluster.py)."""
-    make = {"hessian": curvature_row, "spectrum": spectrum_row, "probe": sweep_row}[point.measure]
-    line = make(point.config, point.init, result, seconds)
+    line = point.measurement.row(point.config, point.init, result, seconds)
     line["environment"] = {**line["environment"], "sigprop": __version__, "host": socket.gethostname()}
     return line
 
