@@ -74,7 +74,6 @@ def test_gpt2_is_traced_with_its_causal_mask_and_tanh_gelu():
 
 
 def _llama():
-    transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(
         vocab_size=200,
         hidden_size=64,
