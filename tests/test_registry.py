@@ -83,8 +83,12 @@ def test_each_familys_register_refuses_a_duplicate():
 def test_an_init_scheme_from_outside_runs_through_the_api():
     """An init added from outside the package (WN rows of g² = 1.5, Gaussian directions: He's
     rows scaled) is listed, runs, and its theory follows it: each ReLU layer's energy map scales
-    by the rows' g², so its forward prediction is He's times 1.5^(k/2) at the k-th layer, and the
-    measurement follows; its name is then free again."""
+    by the rows' g², so its forward prediction is He's times 1.5^(k/2) at the k-th layer.  Its
+    own sampler draws the weights: every init reads the same generators, and a bias-free ReLU
+    net is positively homogeneous, so its measured ratios are He's times 1.5^(k/2) too (to
+    float32 rounding); its theory verdict holds within the finite-width band (a fixed 15% of the
+    prediction, the first form of this test, failed on a CUDA generator's draw: 0.170 for 0.201 at
+    width 64).  Its name is then free again."""
     from sigprop import theory
 
     scheme = inits.InitScheme(
@@ -108,12 +112,13 @@ def test_an_init_scheme_from_outside_runs_through_the_api():
     sampling.sampler("he-1.5")(draw)
     try:
         assert "he-1.5" in inits.names()
-        r = sigprop.probe_mlp(depth=6, width=64, inits=["he-1.5", "he"], samples=256, seed=0)
+        r = sigprop.probe_mlp(depth=20, width=64, inits=["he-1.5", "he"], samples=256, seed=0)
         grow, he = r.runs
         assert grow.init == "he-1.5"
         for k, (a, b) in enumerate(zip(grow.layers, he.layers), 1):
             assert a.forward.predicted == pytest.approx(1.5 ** (k / 2) * b.forward.predicted, rel=1e-9)
-            assert a.forward.rms == pytest.approx(a.forward.predicted, rel=0.15)
+            assert a.forward.rms == pytest.approx(1.5 ** (k / 2) * b.forward.rms, rel=1e-4)
+        assert grow.agrees_with_theory and he.agrees_with_theory
     finally:
         inits.INITS.remove("he-1.5")
         sampling.SAMPLERS.remove("he-1.5")
