@@ -126,9 +126,16 @@ def sweep(
         points = sweeps.start_shard(Path(out), points, shard)
     if callable(executor):
         return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
-    given = dict(workers=workers, scheduler=scheduler, worker_threads=worker_threads, resources=resources)
-    given.update(worker_wait=worker_wait, scheduler_file=scheduler_file, wait_workers=wait_workers)
-    chosen = sweep_executor(executor, **given)
+    chosen = sweep_executor(
+        executor,
+        workers=workers,
+        scheduler=scheduler,
+        worker_threads=worker_threads,
+        resources=resources,
+        worker_wait=worker_wait,
+        scheduler_file=scheduler_file,
+        wait_workers=wait_workers,
+    )
     chosen.say = on_note
     with chosen as ex:
         for note in ex.notes if on_note is not None else ():

@@ -1,6 +1,6 @@
 """One registry idiom for every extension family (../shared/STYLE.md habit 2; timm's
-``_registry.py``): net kinds, engines, init schemes, observers, traced ops, their moment maps,
-sweep executors.  No torch here.
+``_registry.py``): net kinds, engines, init schemes and their samplers, observers, traced ops,
+their moment maps, sweep executors and what a sweep's point measures.  No torch here.
 
 A ``Registry`` is a dict of entries by name, in the order they were added (the order traced ops
 are tried in, and inits listed in): ``add`` refuses a name already taken, naming both entries
