@@ -28,26 +28,12 @@ from sigprop.results import RESULT_SCHEMA, Check, CheckOutcome, CheckReport, Hes
 
 ProgressFn = run.ProgressFn
 
-#: the probe and gate keywords of every ``probe_<kind>``, with the CLI's defaults (a kind's
-#: ``probe_defaults`` override them: ``probe_wrn`` takes 100 samples)
-PROBE_KEYWORDS = (
-    ("samples", int, specs.ProbeSpec.samples),
-    ("seed", int, 0),
-    ("seeds", int, 1),
-    ("device", str, "auto"),
-    ("dtype", str, "float32"),
-    ("stream", "bool | None", None),
-    ("precision", str, "fp32"),
-    ("graphs", "bool | None", None),
-    ("fuse", bool, False),
-    ("gate", str, "preserved"),
-    ("band", "tuple[float, float] | None", None),
-    ("threads", "int | None", None),
-    ("correlations", "tuple[float, ...]", ()),
-    ("pairs", int, 256),
-    ("max_correlation", "float | None", None),
-    ("observe", "tuple[str, ...]", ()),
-)
+
+def probe_keywords() -> tuple:
+    """The probe and gate keywords of every ``probe_<kind>``: the options ``specs.ProbeSpec`` and
+    ``specs.GateSpec`` declare for the API (a kind's ``probe_defaults`` override their defaults:
+    ``probe_wrn`` takes 100 samples)."""
+    return tuple(o for o in specs.probe_options() if o.api)
 
 
 def probe(
@@ -211,14 +197,15 @@ def spec(command: str, inits=None, **options):
 
 def keywords(kind: kinds.Kind) -> Callable[..., ProbeResult]:
     """``probe_<kind>``: a function of the kind's options (its defaults) and the probe and gate
-    keywords (``PROBE_KEYWORDS``; ``inits`` one name or a list, None: the kind's defaults)."""
-    probe_defaults = {name: kind.probe_defaults.get(name, default) for name, _, default in PROBE_KEYWORDS}
+    keywords (``probe_keywords``; ``inits`` one name or a list, None: the kind's defaults)."""
+    shared_options = probe_keywords()
+    probe_defaults = {o.name: kind.probe_defaults.get(o.name, o.default) for o in shared_options}
 
     def probe_kind(**kw) -> ProbeResult:
-        shared = {name: kw.pop(name, probe_defaults[name]) for name, _, _ in PROBE_KEYWORDS}
-        g = specs.GateSpec(shared.pop("gate"), shared.pop("band"), shared.pop("max_correlation"))
+        shared = {name: kw.pop(name, default) for name, default in probe_defaults.items()}
         s = spec(kind.name, kw.pop("inits", None), **kw)
-        return probe(s, specs.ProbeSpec(**shared), gate=g)
+        probe_spec, gate = specs.probe_specs(shared)
+        return probe(s, probe_spec, gate=gate)
 
     own = [
         inspect.Parameter(
@@ -235,8 +222,10 @@ def keywords(kind: kinds.Kind) -> Callable[..., ProbeResult]:
         )
     )
     shared = [
-        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=probe_defaults[n], annotation=t)
-        for n, t, _ in PROBE_KEYWORDS
+        inspect.Parameter(
+            o.name, inspect.Parameter.KEYWORD_ONLY, default=probe_defaults[o.name], annotation=o.annotation
+        )
+        for o in shared_options
     ]
     probe_kind.__signature__ = inspect.Signature(own + shared, return_annotation="ProbeResult")
     probe_kind.__name__ = probe_kind.__qualname__ = f"probe_{kind.name.replace('-', '_')}"
@@ -339,12 +328,17 @@ def lowest_curvature(result: HessianResult, lowest: str) -> Check:
     )
 
 
+#: the probe options every ``sigprop.result.v1`` document records in its config (the ones added
+#: later take their defaults where a document lacks them)
+RECORDED_ALWAYS = ("samples", "seed", "seeds", "dtype")
+
+
 def rerun_specs(doc: dict) -> tuple[object, specs.ProbeSpec, specs.GateSpec, int | None]:
     """The specs (and torch thread count) that reproduce a ``sigprop.result.v1`` document: its
-    config -- the net (read by its kind), the probe with its input cosines and plug-in
-    observers, the gate with its band and correlation bound -- on the device, precision, stream
-    mode and draw batching it recorded.  Keys a document of an older sigprop lacks take their
-    defaults then (no cosines, 256 pairs, no observers)."""
+    config -- the net (read by its kind), the probe and the gate, every option as recorded
+    (``specs.probe_options``: ``recorded``) -- on the device, stream mode and draw batching its
+    environment records.  Keys a document of an older sigprop lacks take their defaults then (no
+    cosines, 256 pairs, no observers)."""
     if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
         raise SigpropError(
             f"not a {RESULT_SCHEMA} document (a probe command's --format json)", field="result"
@@ -353,25 +347,14 @@ def rerun_specs(doc: dict) -> tuple[object, specs.ProbeSpec, specs.GateSpec, int
     kind = kinds.get(str(doc.get("command")), field="result")
     try:
         net = kind.from_config(cfg)
-        probe_spec = specs.ProbeSpec(
-            samples=cfg["samples"],
-            seed=cfg["seed"],
-            seeds=cfg["seeds"],
-            device=env.get("device", cfg["device"]),
-            dtype=cfg["dtype"],
-            stream=env.get("stream", cfg.get("stream")),
-            precision=cfg.get("precision", "fp32"),
-            batch=env.get("batch"),
-            graphs=cfg.get("graphs"),
-            fuse=cfg.get("fuse", False),
-            correlations=tuple(cfg.get("correlations") or ()),
-            pairs=cfg.get("pairs", 256),
-            observe=tuple(cfg.get("observe") or ()),
-        )
-        band = cfg.get("band")
-        gate = specs.GateSpec(
-            cfg.get("gate", "preserved"), None if band is None else tuple(band), cfg.get("max_correlation")
-        )
+        values = {}
+        for o in specs.probe_options():
+            if o.recorded == "environment" and env.get(o.name) is not None:
+                values[o.name] = env[o.name]
+            elif o.recorded and o.name in cfg:
+                values[o.name] = cfg[o.name]
+        values.update({k: cfg[k] for k in RECORDED_ALWAYS})  # KeyError: not a probe's document
+        probe_spec, gate = specs.probe_specs(values)
     except (KeyError, TypeError) as exc:
         raise SigpropError(f"the document lacks {exc} in its config or environment", field="result") from None
     return net, probe_spec, gate, env.get("threads")

@@ -41,18 +41,6 @@ from typing import Any
 from sigprop import kinds, specs
 from sigprop.errors import SigpropError
 
-PROBE_KEYS = {
-    "samples": int,
-    "seed": int,
-    "seeds": int,
-    "device": str,
-    "dtype": str,
-    "stream": bool,
-    "precision": str,
-    "graphs": bool,
-    "fuse": bool,
-    "pairs": int,
-}
 #: the keys of a ``lowest_curvature`` check alone (``specs.HessianSpec`` fields beside the probe's)
 CURVATURE_KEYS = {"iters": int, "tol": (int, float), "head": str, "batch_size": int}
 META_KEYS = {
@@ -60,13 +48,17 @@ META_KEYS = {
     "init": (str, list),
     "expect": str,
     "description": str,
-    "gate": str,
-    "band": list,
-    "correlation": (list, int, float),
-    "max_correlation": (int, float),
     "lowest_curvature": str,
     **CURVATURE_KEYS,
 }
+
+
+def probe_keys() -> dict:
+    """The probe's and the gate's keys a check takes (TOML key -> option), as ``specs.ProbeSpec``
+    and ``specs.GateSpec`` declare them."""
+    return {o.toml_key: o for o in specs.probe_options() if o.check}
+
+
 EXPECT = ("pass", "fail")
 
 
@@ -191,7 +183,8 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
         )
     kind = kinds.get(command)
     own = {o.name: (o.toml or o.type) for o in kind.options}
-    _check_keys(name, command, opts, original, {**META_KEYS, **PROBE_KEYS, **own}, where)
+    taken = {k: o.toml or o.type for k, o in probe_keys().items()}
+    _check_keys(name, command, opts, original, {**META_KEYS, **taken, **own}, where)
     expect = opts.get("expect", "pass")
     if expect not in EXPECT:
         raise ConfigError(where("expect"), f'check {name!r}: expect must be "pass" or "fail", got {expect!r}')
@@ -201,18 +194,15 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
     if names is not None and not all(isinstance(n, str) for n in names):
         raise ConfigError(where("init"), f"check {name!r}: init must be a name or a list of names")
     try:
-        gate = _gate(opts)
-        cos = opts.get("correlation", [])
-        given = {k: opts[k] for k in PROBE_KEYS if k in opts}
-        probe = specs.ProbeSpec(
-            **{**kind.probe_defaults, **given}, correlations=cos if isinstance(cos, list) else [cos]
-        )
+        given = {o.name: opts[k] for k, o in probe_keys().items() if k in opts}
+        probe, gate = specs.probe_specs(given, kind.probe_defaults)
         spec = _spec(kind, {k: opts[k] for k in own if k in opts}, names)
         curvature, lowest = _curvature(name, kind, spec, opts, original, where)
     except ConfigError:
         raise
     except SigpropError as exc:
         key = (exc.field or "").split("/")[0]  # library fields are the TOML keys (with underscores)
+        key = next((o.toml_key for o in specs.probe_options() if o.name == key), key)
         raise ConfigError(
             where(key if key in opts else None), f"check {name!r}: {key or 'value'}: {exc.args[0]}"
         ) from None
@@ -246,17 +236,6 @@ def _check_keys(name: str, command: str, opts: dict, original: dict, allowed: di
             raise ConfigError(
                 where(key), f"check {name!r}: {original[key]} must be {_type_name(want)}, got {value!r}"
             )
-
-
-def _gate(opts: dict) -> specs.GateSpec:
-    band = opts.get("band")
-    if band is not None and (
-        len(band) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band)
-    ):
-        raise SigpropError(f"expected two numbers [LO, HI], got {band!r}", field="band")
-    return specs.GateSpec(
-        opts.get("gate", "preserved"), None if band is None else tuple(band), opts.get("max_correlation")
-    )
 
 
 def _curvature(name: str, kind, spec, opts: dict, original: dict, where):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sigprop.errors import SigpropError
+from sigprop.options import Opt, declared, declared_options
 
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 DTYPES = ("float32", "float64")
@@ -108,32 +109,107 @@ class WidthSpec:
 class ProbeSpec:
     """How to probe: sample count, seeds, device, dtype."""
 
-    samples: int = 1000
-    seed: int = 0
-    seeds: int = 1
-    device: str = "auto"
-    dtype: str = "float32"
+    samples: int = declared(
+        int, 1000, "Random inputs (and error vectors) N.", min=1, sweep=True, keyed="always"
+    )
+    seed: int = declared(
+        int, 0, "Base seed of widths, inputs, errors and weights.", min=0, sweep=True, keyed="always"
+    )
+    seeds: int = declared(int, 1, "Independent weight draws S.", min=1, sweep=True, keyed="always")
+    device: str = declared(
+        str,
+        "auto",
+        "auto, cpu, cuda or cuda:K (auto = CUDA when available).",
+        sweep=True,
+        keyed="",
+        recorded="environment",
+    )
+    dtype: str = declared(
+        str, "float32", "Floating-point type of the probe.", choices=DTYPES, sweep=True, keyed="always"
+    )
     #: True redraws the weights in the backward pass instead of storing them, False stores
     #: them, None decides from the free memory (docs/cli.md)
-    stream: bool | None = None
+    stream: bool | None = declared(
+        bool,
+        None,
+        "Redraw the weights in the backward pass instead of storing them.",
+        off="--no-stream",
+        shown="only when they would not fit",
+        recorded="environment",
+    )
     #: matmul precision for float32 on CUDA: "fp32" (IEEE) or "tf32" (tensor cores)
-    precision: str = "fp32"
+    precision: str = declared(
+        str,
+        "fp32",
+        "float32 matmuls on CUDA: fp32 (IEEE) or tf32 (tensor cores; docs/theory.md for its bias).",
+        choices=PRECISIONS,
+    )
     #: draws computed at once (None: as many as fit in half the free memory); ``rerun`` pins it
-    batch: int | None = None
+    batch: int | None = declared(
+        int,
+        None,
+        "Draws computed at once (recorded in the result).",
+        cli=False,
+        api=False,
+        check=False,
+        recorded="environment",
+    )
     #: capture each layer step as a CUDA graph and replay it (None: on with CUDA; sigprop/kernels/replay.py)
-    graphs: bool | None = None
+    graphs: bool | None = declared(
+        bool,
+        None,
+        "Capture each layer's kernels once as a CUDA graph and replay it (CUDA only; checked against "
+        "the eager step).",
+        off="--no-graphs",
+        shown="on with CUDA",
+    )
     #: compile a dense or conv layer's bookkeeping (ReLU, packed mask, log-space normalisation)
     #: with torch.compile (sigprop/kernels/fused.py; off by default: slower on a CPU)
-    fuse: bool = False
+    fuse: bool = declared(
+        bool,
+        False,
+        "Compile each dense or conv layer's bookkeeping (ReLU, packed mask, log-space normalisation) "
+        "with torch.compile: fewer kernels per layer (issue 41; slower on a CPU).",
+        off="--no-fuse",
+    )
     #: input cosines whose propagation is measured (``--correlation``, each in [-1, 1]; empty:
     #: none) and the input pairs per cosine (``--pairs``); docs/theory.md section 10
-    correlations: tuple[float, ...] = ()
-    pairs: int = 256
+    correlations: tuple[float, ...] = declared(
+        str,
+        (),
+        "Also measure how the cosine of two inputs propagates, from input pairs of cosine C0 in [-1, 1], "
+        "beside the infinite-width prediction (repeatable or comma-separated; docs/theory.md section 10).",
+        flag="--correlation",
+        repeat=True,
+        key="correlation",
+        toml=(list, int, float),
+        parse=lambda texts: parse_cosines(texts),
+        sweep=True,
+    )
+    pairs: int = declared(
+        int, 256, "Input pairs per --correlation cosine.", min=1, sweep=True, keyed="correlations"
+    )
     #: CPU threads of the run (None: ``environment.probe_threads``: OMP_NUM_THREADS where set,
     #: else half the cores); the number used is recorded in the result's environment
-    threads: int | None = None
+    threads: int | None = declared(
+        int,
+        None,
+        "CPU threads torch may use (recorded in the result).",
+        min=1,
+        shown="half the cores this process may run on; OMP_NUM_THREADS where set",
+        check=False,
+        recorded="",
+    )
     #: plug-in measurements (sigprop/observers/) run beside the net kind's (``--observe NAME``)
-    observe: tuple[str, ...] = ()
+    observe: tuple[str, ...] = declared(
+        str,
+        (),
+        "Also run this plug-in measurement (repeatable): a name registered with "
+        'sigprop.observers.register (docs/architecture.md, "Add a measurement"); its values join the table, '
+        "the JSON and the figure, its gates --check.",
+        repeat=True,
+        check=False,
+    )
 
     def __post_init__(self) -> None:
         check_size(self.samples, "samples")
@@ -259,6 +335,12 @@ def parse_band(text: str, field: str = "band") -> tuple[float, float]:
 
 
 def check_band(band, field: str = "band") -> tuple[float, float]:
+    if (
+        isinstance(band, (str, bytes))
+        or len(band) != 2
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band)
+    ):
+        raise SigpropError(f"expected two numbers [LO, HI], got {band!r}", field=field)
     lo, hi = (float(v) for v in band)
     if not (np.isfinite(lo) and np.isfinite(hi)) or lo <= 0:
         raise SigpropError(f"LO and HI must be finite and LO > 0, got {lo:g}:{hi:g}", field=field)
@@ -276,11 +358,29 @@ class GateSpec:
     an MLP; for a ResNet stage (1, 1) around [sqrt 2, sqrt e] with its finite-width allowance,
     docs/theory.md §7)."""
 
-    gate: str = "preserved"
-    band: tuple[float, float] | None = None
+    gate: str = declared(
+        str,
+        "preserved",
+        "What --check asks: preserved (the typical end-to-end ratio lies in --band: the signal survives) "
+        "or theory (it agrees with the init's own finite-width prediction).",
+        choices=GATES,
+    )
+    band: tuple[float, float] | None = declared(
+        str,
+        None,
+        "LO:HI factors around the reference for the 'preserved' verdict; must contain 1.",
+        toml=(list,),
+        parse=lambda text: parse_band(text),
+    )
     #: ``--max-correlation X``: also fail when the last state's mean cosine of input pairs with
     #: cosine 0 exceeds X (the probe then measures c0 = 0; docs/ci.md)
-    max_correlation: float | None = None
+    max_correlation: float | None = declared(
+        float,
+        None,
+        "Also fail --check when the last state's mean cosine of input pairs with cosine 0 exceeds X "
+        "(inputs mapped to one direction; measures C0 = 0; docs/ci.md).",
+        toml=(int, float),
+    )
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
@@ -307,6 +407,28 @@ class GateSpec:
             "band": None if self.band is None else list(self.band),
             "max_correlation": self.max_correlation,
         }
+
+
+def probe_options() -> tuple[Opt, ...]:
+    """The probe's and the gate's options, declared once in the fields of ``ProbeSpec`` and
+    ``GateSpec`` (sigprop/options.py): the CLI, the API's keywords, a TOML check, ``sweep`` and
+    ``rerun`` derive theirs from these."""
+    return declared_options(ProbeSpec, GateSpec)
+
+
+def probe_specs(values: dict, defaults: dict | None = None) -> tuple[ProbeSpec, GateSpec]:
+    """The probe and the gate of option values by name (``probe_options``; the others their
+    defaults: ``defaults``, a kind's ``probe_defaults``, then the fields')."""
+    given = {**(defaults or {}), **values}
+    probe = {o.name for o in declared_options(ProbeSpec)}
+    gate = {o.name for o in declared_options(GateSpec)}
+    unknown = sorted(set(given) - probe - gate)
+    if unknown:
+        raise SigpropError(f"not a probe option: {', '.join(unknown)}", field=unknown[0])
+    return (
+        ProbeSpec(**{k: v for k, v in given.items() if k in probe}),
+        GateSpec(**{k: v for k, v in given.items() if k in gate}),
+    )
 
 
 #: the 10-way linear head of ``sigprop hessian`` -> how the output names it: "pytorch" -- the paper's

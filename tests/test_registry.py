@@ -172,11 +172,20 @@ def test_an_executor_from_outside_runs_a_sweep(tmp_path):
 def test_the_clis_choices_are_the_librarys_names():
     """--dtype, --measure and --executor list what the library declares (one list each: a dtype
     or a measurement added there is a choice here); the device layer maps the same dtypes."""
-    from sigprop.cli.options import DType
+    import typer
+
+    from sigprop import cli
     from sigprop.cli.sweep import Executor, Measure
     from sigprop.kernels import device
 
-    assert [d.value for d in DType] == list(specs.DTYPES) == list(device.DTYPES)
+    app = typer.main.get_command(cli.build())
+    for path in (["mlp"], ["hessian", "mlp"], ["spectrum", "resnet"], ["sweep", "wrn"]):
+        command = app
+        for name in path:
+            command = command.commands[name]
+        (dtype,) = [p for p in command.params if p.name == "dtype"]
+        choices = [c.value for c in dtype.type_descriptor.annotation]
+        assert choices == list(specs.DTYPES) == list(device.DTYPES), path
     assert [m.value for m in Measure] == list(sweeps.MEASURES)
     assert [e.value for e in Executor] == list(sweeps.EXECUTORS)
 

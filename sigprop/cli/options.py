@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import enum
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Optional, get_args
 
@@ -48,6 +48,7 @@ def Argument(*param_decls, help: str | None = None, **kw):
 def flag(field: str) -> str:
     """The CLI's name for a library field (``input_dim`` -> ``--input-dim``); several, joined by /."""
     own = {o.name: o.cli_flag for k in kinds.KINDS.values() for o in k.options}
+    own |= {o.name: o.cli_flag for o in specs.probe_options() if o.cli}
     return "/".join(FLAGS.get(f) or own.get(f) or "--" + f.replace("_", "-") for f in field.split("/"))
 
 
@@ -64,36 +65,8 @@ class TableFormat(str, enum.Enum):
     json = "json"
 
 
-DType = enum.Enum("DType", {d: d for d in specs.DTYPES}, type=str)
-
-
-Precision = enum.Enum("Precision", {p: p for p in specs.PRECISIONS}, type=str)
 Head = enum.Enum("Head", {h: h for h in specs.HEADS}, type=str)
 
-StreamOpt = Annotated[
-    Optional[bool],
-    Option(
-        "--stream/--no-stream",
-        help="Redraw the weights in the backward pass instead of storing them. [default: only when they "
-        "would not fit]",
-    ),
-]
-GraphsOpt = Annotated[
-    Optional[bool],
-    Option(
-        "--graphs/--no-graphs",
-        help="Capture each layer's kernels once as a CUDA graph and replay it (CUDA only; checked against "
-        "the eager step). [default: on with CUDA]",
-    ),
-]
-FuseOpt = Annotated[
-    bool,
-    Option(
-        "--fuse/--no-fuse",
-        help="Compile each dense or conv layer's bookkeeping (ReLU, packed mask, log-space "
-        "normalisation) with torch.compile: fewer kernels per layer (issue 41; slower on a CPU).",
-    ),
-]
 PlotOpt = Annotated[
     Optional[Path],
     Option(
@@ -101,13 +74,6 @@ PlotOpt = Annotated[
         "sigprop[plot])."
     ),
 ]
-PrecisionOpt = Annotated[
-    Precision,
-    Option(help="float32 matmuls on CUDA: fp32 (IEEE) or tf32 (tensor cores; docs/theory.md for its bias)."),
-]
-
-
-Gate = enum.Enum("Gate", {g: g for g in specs.GATES}, type=str)
 CheckOpt = Annotated[
     bool,
     Option(
@@ -115,57 +81,49 @@ CheckOpt = Annotated[
         help="Exit 1 unless every init passes the --gate verdict (default: the signal is preserved).",
     ),
 ]
-GateOpt = Annotated[
-    Gate,
-    Option(
-        help="What --check asks: preserved (the typical end-to-end ratio lies in --band: the signal "
-        "survives) "
-        "or theory (it agrees with the init's own finite-width prediction)."
-    ),
-]
-BAND_HELP = "LO:HI factors around the reference for the 'preserved' verdict; must contain 1."
-CorrelationOpt = Annotated[
-    Optional[list[str]],
-    Option(
-        "--correlation",
-        help="Also measure how the cosine of two inputs propagates, from input pairs of cosine C0 in [-1, "
-        "1], "
-        "beside the infinite-width prediction (repeatable or comma-separated; docs/theory.md section 10).",
-    ),
-]
-PairsOpt = Annotated[int, Option(min=1, help="Input pairs per --correlation cosine.")]
-MaxCorrelationOpt = Annotated[
-    Optional[float],
-    Option(
-        help="Also fail --check when the last state's mean cosine of input pairs with cosine 0 exceeds X "
-        "(inputs mapped to one direction; measures C0 = 0; docs/ci.md)."
-    ),
-]
-ObserveOpt = Annotated[
-    Optional[list[str]],
-    Option(
-        "--observe",
-        help="Also run this plug-in measurement (repeatable): a name registered with "
-        'sigprop.observers.register (docs/architecture.md, "Add a measurement"); its values join the table, '
-        "the JSON and the figure, its gates --check.",
-    ),
-]
-ThreadsOpt = Annotated[
-    Optional[int],
-    Option(
-        min=1,
-        help="CPU threads torch may use (recorded in the result). [default: half the cores this process may "
-        "run on; OMP_NUM_THREADS where set]",
-    ),
-]
 
 
-#: the probe options shared by ``mlp`` and ``resnet`` (``sweep`` has its own help texts)
-SamplesOpt = Annotated[int, Option(min=1, help="Random inputs (and error vectors) N.")]
-SeedOpt = Annotated[int, Option(min=0, help="Base seed of widths, inputs, errors and weights.")]
-SeedsOpt = Annotated[int, Option(min=1, help="Independent weight draws S.")]
-DeviceOpt = Annotated[str, Option(help="auto, cpu, cuda or cuda:K (auto = CUDA when available).")]
-DTypeOpt = Annotated[DType, Option(help="Floating-point type of the probe.")]
+def _annotated(o: kinds.Opt, prefix: str):
+    """The typer annotation of a net kind's option: its type (an enum of its choices), optional
+    when its default is None, the flag (``--on/--off`` for a bool with ``off``), its bound and
+    help (with the default it states when the value is optional)."""
+    base = o.type
+    if o.choices:
+        base = enum.Enum(f"{prefix}_{o.name}", {str(c): str(c) for c in o.choices}, type=str)
+    decl = f"{o.cli_flag}/{o.off}" if o.type is bool and o.off else o.cli_flag
+    help_ = o.help + (f" [default: {o.shown}]" if o.shown else "")
+    extra = {"min": o.min} if o.min is not None else {}
+    if o.positional:  # a required argument (sigprop module TARGET)
+        return Annotated[base, Argument(help=o.help, show_default=False)], inspect.Parameter.empty
+    if o.repeat:
+        return Annotated[Optional[list[base]], Option(decl, help=help_, **extra)], None
+    annotation = Optional[base] if o.default is None else base
+    default = base(o.default) if o.choices and o.default is not None else o.default
+    return Annotated[annotation, Option(decl, help=help_, **extra)], default
+
+
+def declared(name: str, **changes):
+    """The typer annotation and default of the probe option ``name`` as ``specs.ProbeSpec`` or
+    ``specs.GateSpec`` declares it (sigprop/options.py), with ``changes`` for one command (its
+    help, its default)."""
+    o = next(o for o in specs.probe_options() if o.name == name)
+    return _annotated(replace(o, **changes), "probe")
+
+
+def cli_values(options, given: dict) -> dict:
+    """The library's values of the options a command got: an enum member as its value, a
+    repeated flag as a tuple, the CLI's text parsed (``Opt.parse``); one not given (None) left
+    out, to take its default."""
+    out = {}
+    for o in options:
+        v = given.get(o.name)
+        if v is None:
+            continue
+        v = v.value if isinstance(v, enum.Enum) else v
+        out[o.name] = o.parse(v) if o.parse else tuple(v) if isinstance(v, list) else v
+    return out
+
+
 FormatOpt = Annotated[Format, Option("--format", help="Output format.")]
 OutputOpt = Annotated[Optional[Path], Option(help="Write the output to this file (whole, never half).")]
 AnyInitName = enum.Enum("AnyInitName", {name: name for name in inits.names()}, type=str)
@@ -178,80 +136,39 @@ class CheckFormat(str, enum.Enum):
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What a probe command and its ``sigprop hessian`` form both take."""
+    """What ``sigprop hessian`` and ``sigprop spectrum`` both take (``dtype``: an enum member of
+    the declared choices)."""
 
     samples: Optional[int]
     seed: int
     seeds: int
     device: str
-    dtype: DType
+    dtype: enum.Enum
     fmt: "Format | TableFormat"
     output: Optional[Path]
     threads: Optional[int]
 
 
-@dataclass(frozen=True)
-class ProbeOptions(RunOptions):
-    """The options every probe command takes, handed to the command as one object."""
+class ProbeOptions:
+    """The options every probe command takes, handed to the command as one object: the output's
+    (``fmt``, ``output``, ``check``, ``plot``) and the library's (``values``, by name: every
+    option ``specs.probe_options`` declares for the command line)."""
 
-    check: bool
-    gate: Gate
-    band: Optional[str]
-    stream: Optional[bool]
-    precision: Precision
-    graphs: Optional[bool]
-    fuse: bool
-    plot: Optional[Path]
-    correlation: Optional[list[str]]
-    pairs: int
-    max_correlation: Optional[float]
-    observe: Optional[list[str]]
+    def __init__(self, fmt, output, check, plot, **values) -> None:
+        self.fmt, self.output, self.check, self.plot = fmt, output, check, plot
+        self.values = values
 
-    def probe_spec(self) -> specs.ProbeSpec:
-        return specs.ProbeSpec(
-            samples=self.samples,
-            seed=self.seed,
-            seeds=self.seeds,
-            device=self.device,
-            dtype=self.dtype.value,
-            stream=self.stream,
-            precision=self.precision.value,
-            graphs=self.graphs,
-            fuse=self.fuse,
-            correlations=specs.parse_cosines(self.correlation or []),
-            pairs=self.pairs,
-            threads=self.threads,
-            observe=tuple(self.observe or ()),
-        )
-
-    def gate_spec(self) -> specs.GateSpec:
-        return specs.GateSpec(
-            self.gate.value, None if self.band is None else specs.parse_band(self.band), self.max_correlation
-        )
+    def specs(self) -> tuple[specs.ProbeSpec, specs.GateSpec]:
+        """The probe and the gate the command line asks for."""
+        return specs.probe_specs(cli_values(specs.probe_options(), self.values))
 
 
-#: (name, option, default) of ``ProbeOptions``, in the order ``--help`` lists them
-PROBE_OPTIONS = (
-    ("samples", SamplesOpt, 1000),
-    ("seed", SeedOpt, 0),
-    ("seeds", SeedsOpt, 1),
-    ("device", DeviceOpt, "auto"),
-    ("dtype", DTypeOpt, DType.float32),
+#: what a probe command takes besides the library's options: where its output goes, and --check
+OUTPUT_OPTIONS = (
+    ("check", CheckOpt, False),
     ("fmt", FormatOpt, Format.table),
     ("output", OutputOpt, None),
-    ("check", CheckOpt, False),
-    ("gate", GateOpt, Gate.preserved),
-    ("band", None, None),
-    ("stream", StreamOpt, None),
-    ("precision", PrecisionOpt, Precision.fp32),
-    ("graphs", GraphsOpt, None),
-    ("fuse", FuseOpt, False),
-    ("threads", ThreadsOpt, None),
     ("plot", PlotOpt, None),
-    ("correlation", CorrelationOpt, None),
-    ("pairs", PairsOpt, 256),
-    ("max_correlation", MaxCorrelationOpt, None),
-    ("observe", ObserveOpt, None),
 )
 
 
@@ -344,13 +261,13 @@ SPECTRUM_OPTIONS = (
         ],
         None,
     ),
-    ("seed", SeedOpt, 0),
+    ("seed", *declared("seed")),
     ("seeds", Annotated[int, Option(min=1, help="Weight draws.")], 3),
-    ("device", DeviceOpt, "auto"),
-    ("dtype", DTypeOpt, DType.float32),
+    ("device", *declared("device")),
+    ("dtype", *declared("dtype")),
     ("fmt", Annotated[TableFormat, Option("--format", help="Output format.")], TableFormat.table),
     ("output", OutputOpt, None),
-    ("threads", ThreadsOpt, None),
+    ("threads", *declared("threads")),
     (
         "depths",
         Annotated[
@@ -439,10 +356,10 @@ def _curvature_samples(default: int):
 
 HESSIAN_OPTIONS = (
     ("samples", _curvature_samples(specs.HESSIAN_SAMPLES), None),
-    ("seed", SeedOpt, 0),
+    ("seed", *declared("seed")),
     ("seeds", Annotated[int, Option(min=1, help="Weight draws; the table gives mean ± sd over them.")], 3),
-    ("device", DeviceOpt, "auto"),
-    ("dtype", DTypeOpt, DType.float32),
+    ("device", *declared("device")),
+    ("dtype", *declared("dtype")),
     ("fmt", Annotated[TableFormat, Option("--format", help="Output format.")], TableFormat.table),
     ("output", OutputOpt, None),
     (
@@ -564,7 +481,7 @@ HESSIAN_OPTIONS = (
         ],
         None,
     ),
-    ("threads", ThreadsOpt, None),
+    ("threads", *declared("threads")),
     (
         "plot",
         Annotated[
@@ -577,25 +494,6 @@ HESSIAN_OPTIONS = (
         None,
     ),
 )
-
-
-def _annotated(o: kinds.Opt, prefix: str):
-    """The typer annotation of a net kind's option: its type (an enum of its choices), optional
-    when its default is None, the flag (``--on/--off`` for a bool with ``off``), its bound and
-    help (with the default it states when the value is optional)."""
-    base = o.type
-    if o.choices:
-        base = enum.Enum(f"{prefix}_{o.name}", {str(c): str(c) for c in o.choices}, type=str)
-    decl = f"{o.cli_flag}/{o.off}" if o.type is bool and o.off else o.cli_flag
-    help_ = o.help + (f" [default: {o.shown}]" if o.shown else "")
-    extra = {"min": o.min} if o.min is not None else {}
-    if o.positional:  # a required argument (sigprop module TARGET)
-        return Annotated[base, Argument(help=o.help, show_default=False)], inspect.Parameter.empty
-    if o.repeat:
-        return Annotated[Optional[list[base]], Option(decl, help=help_, **extra)], None
-    annotation = Optional[base] if o.default is None else base
-    default = base(o.default) if o.choices and o.default is not None else o.default
-    return Annotated[annotation, Option(decl, help=help_, **extra)], default
 
 
 def init_choices(kind: kinds.Kind):
@@ -631,13 +529,16 @@ def kind_values(kind: kinds.Kind, kw: dict) -> tuple[dict, tuple[str, ...] | Non
 
 
 def probe_table(kind: kinds.Kind):
-    """``PROBE_OPTIONS`` for a kind's command: its ``--band`` help states the kind's default band,
-    and its defaults (``Kind.probe_defaults``) replace the shared ones."""
-    band = Annotated[Optional[str], Option(help=f"{BAND_HELP} [default: {kind.band_help}]")]
-    return tuple(
-        (name, band if name == "band" else opt, kind.probe_defaults.get(name, default))
-        for name, opt, default in PROBE_OPTIONS
-    )
+    """A kind's probe command's shared options: every option ``specs.probe_options`` declares for
+    the command line, its ``--band`` help stating the kind's default band and its defaults
+    (``Kind.probe_defaults``) replacing the declared ones; then ``OUTPUT_OPTIONS``."""
+    out = []
+    for o in (o for o in specs.probe_options() if o.cli):
+        changes = {"default": kind.probe_defaults.get(o.name, o.default)}
+        if o.name == "band":
+            changes["shown"] = kind.band_help
+        out.append((o.name, *_annotated(replace(o, **changes), "probe")))
+    return (*out, *OUTPUT_OPTIONS)
 
 
 def hessian_table(kind: kinds.Kind):

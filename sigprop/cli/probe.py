@@ -37,7 +37,7 @@ def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
     """Validate the output targets, run the core with a progress bar, render, plot, apply --check.
     A spec that is a sweep (``kind.expand``: ``--arg depth=10,20``) runs once per configuration:
     a table each and a summary, or one JSON line each; figures beside --plot, one each."""
-    probe, gate = opts.probe_spec(), opts.gate_spec()
+    probe, gate = opts.specs()
     points = kind.expand(spec)
     labels = kind.point_labels(points)
     _check_output_target(opts.output)

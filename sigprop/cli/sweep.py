@@ -24,11 +24,10 @@ from sigprop.cli import common
 from sigprop.cli._app import add_family
 from sigprop.cli.options import (
     Argument,
-    CorrelationOpt,
-    DType,
     Option,
-    PairsOpt,
     _hidden,
+    cli_values,
+    declared,
 )
 from sigprop.cli.output import _say, _stderr
 from sigprop.errors import SigpropError
@@ -72,50 +71,44 @@ Executor = enum.Enum("Executor", {e: e for e in sweeps.EXECUTORS}, type=str)
 
 def _probe_parameters(kind) -> list[inspect.Parameter]:
     """What each point measures, with which options."""
-    return [
-        P(
-            "measure",
-            Annotated[
-                Measure,
-                Option(
-                    help="What each point measures: probe (the kind's command), hessian (the curvature "
-                    "at init, as sigprop hessian) or spectrum (the input-output Jacobian's singular "
-                    "values, as sigprop spectrum)."
-                ),
-            ],
-            Measure.probe,
-        ),
-        P(
-            "samples",
-            Annotated[
-                Optional[int],
-                Option(
-                    min=1,
-                    help="Random inputs (and error vectors) N. [default: "
-                    f"{sweeps.default_samples(kind, 'probe')}; --measure spectrum "
-                    f"{sweeps.default_samples(kind, 'spectrum')}]",
-                ),
-            ],
-            None,
-        ),
-        P("seed", Annotated[int, Option(min=0, help="Base seed.")], 0),
-        P("seeds", Annotated[int, Option(min=1, help="Independent weight draws S per configuration.")], 1),
-        P("device", Annotated[str, Option(help="auto, cpu, cuda or cuda:K.")], "auto"),
-        P("dtype", Annotated[DType, Option(help="Floating-point type of the probe.")], DType.float32),
-        P("correlation", CorrelationOpt, None),
-        P("pairs", PairsOpt, 256),
-        P(
-            "curvature",
-            Annotated[
-                bool,
-                Option(
-                    "--curvature",
-                    help="The same as --measure hessian (0.12's flag; deprecated, removed in 0.19.0).",
-                ),
-            ],
-            False,
-        ),
-    ]
+    return (
+        [
+            P(
+                "measure",
+                Annotated[
+                    Measure,
+                    Option(
+                        help="What each point measures: probe (the kind's command), hessian (the curvature "
+                        "at init, as sigprop hessian) or spectrum (the input-output Jacobian's singular "
+                        "values, as sigprop spectrum)."
+                    ),
+                ],
+                Measure.probe,
+            ),
+        ]
+        + [P(o.name, *declared(o.name, **_changes(kind, o.name))) for o in specs.probe_options() if o.sweep]
+        + [
+            P(
+                "curvature",
+                Annotated[
+                    bool,
+                    Option(
+                        "--curvature",
+                        help="The same as --measure hessian (0.12's flag; deprecated, removed in 0.19.0).",
+                    ),
+                ],
+                False,
+            ),
+        ]
+    )
+
+
+def _changes(kind, name: str) -> dict:
+    """A probe option as ``sigprop sweep`` takes it: its samples default to the measurement's."""
+    if name != "samples":
+        return {}
+    probe, spectrum = (sweeps.default_samples(kind, m) for m in ("probe", "spectrum"))
+    return {"default": None, "shown": f"{probe}; --measure spectrum {spectrum}"}
 
 
 def _executor_parameters() -> list[inspect.Parameter]:
@@ -404,13 +397,6 @@ def sweep(
     sites=None,
     vocab=None,
     measure=Measure.probe,
-    samples=None,
-    seed=0,
-    seeds=1,
-    device="auto",
-    dtype=DType.float32,
-    correlation=None,
-    pairs=256,
     curvature=False,
     executor=Executor.local,
     workers=None,
@@ -424,22 +410,17 @@ def sweep(
     **sizes,
 ) -> None:
     """Run a grid (size x width x init; a model's --arg values x input shapes x init), one JSON line per
-    point, here or on a Dask cluster; resumes."""
+    point, here or on a Dask cluster; resumes.  ``sizes``: the kind's axes, and the probe options
+    ``sigprop sweep`` takes (``specs.probe_options``: ``sweep``)."""
     what = measure.value
     if curvature:
         if measure not in (Measure.probe, Measure.hessian):
             raise SigpropError(f"is --measure hessian; not with --measure {what}", field="curvature")
         _say("note: --curvature is deprecated since 0.17.0, removed in 0.19.0; use --measure hessian")
         what = "hessian"
-    probe = specs.ProbeSpec(
-        samples=samples or sweeps.default_samples(kind, what),
-        seed=seed,
-        seeds=seeds,
-        device=device,
-        dtype=dtype.value,
-        correlations=specs.parse_cosines(correlation or []),
-        pairs=pairs,
-    )
+    taken = [o for o in specs.probe_options() if o.sweep]
+    values = cli_values(taken, {o.name: sizes.pop(o.name, None) for o in taken})
+    probe, _ = specs.probe_specs({"samples": sweeps.default_samples(kind, what), **values})
     given = {**sizes, "width": width, "input_dim": input_dim, "target": target, "arg": arg}
     given |= {"input_shape": input_shape, "sites": sites, "vocab": vocab}
     api = common.core()  # the lazy torch import at the CLI's edge

@@ -1,8 +1,8 @@
-"""The net kinds' common ground: ``Kind`` (what a kind declares), ``Opt`` (one option), ``Hints``
-(what rendering reads), ``Memory`` (a kind's memory plan), the registry ``KINDS`` with
-``register``, ``get``, ``of``, and the helpers the kinds share.  No torch, and no kind here: the
-kind files import this module, and sigprop/kinds/__init__.py imports them (so nothing imports
-back the package that imports it)."""
+"""The net kinds' common ground: ``Kind`` (what a kind declares), ``Opt`` (one option, from
+sigprop/options.py), ``Hints`` (what rendering reads), ``Memory`` (a kind's memory plan), the
+registry ``KINDS`` with ``register``, ``get``, ``of``, and the helpers the kinds share.  No
+torch, and no kind here: the kind files import this module, and sigprop/kinds/__init__.py
+imports them (so nothing imports back the package that imports it)."""
 
 from __future__ import annotations
 
@@ -12,41 +12,9 @@ from typing import Any, Callable, ClassVar
 
 from sigprop import inits, specs, stats
 from sigprop.errors import SigpropError
+from sigprop.options import Opt
 from sigprop.registry import Registry
 from sigprop.results import StageInfo
-
-
-@dataclass(frozen=True)
-class Opt:
-    """One option of a net kind: the spec field and API keyword ``name``, its CLI flag
-    (``--`` + the name with dashes unless ``flag`` says otherwise), its TOML key (the name,
-    dashes or underscores) and its sweep axis.  ``type``: what the CLI parses (int, str, bool,
-    float; a bool with ``off`` is a pair of flags ``--on/--off``); ``choices``: the accepted
-    values; ``default`` None with ``shown``: an optional value whose default the help states."""
-
-    name: str
-    type: type
-    default: Any
-    help: str
-    min: int | None = None
-    choices: tuple | None = None
-    flag: str | None = None
-    off: str | None = None
-    shown: str | None = None
-    #: the TOML/JSON types it takes (default: ``type``; a width may be 256 or "150:250")
-    toml: tuple = ()
-    #: the CLI takes it as an argument (``sigprop module TARGET``), not a flag
-    positional: bool = False
-    #: the CLI flag may repeat (``--arg a=1 --arg b=2``): the value is a tuple
-    repeat: bool = False
-    #: False: an API keyword only (``model=``: a Python object no command line can name)
-    cli: bool = True
-
-    @property
-    def cli_flag(self) -> str:
-        if self.positional:  # an argument: messages name it as the usage line does
-            return self.name.upper()
-        return self.flag or "--" + self.name.replace("_", "-")
 
 
 @dataclass(frozen=True)

@@ -330,7 +330,7 @@ class ModuleKind(Kind):
             "stream": "a model keeps its own weights: nothing to stream",
             "graphs": "a model runs eagerly: no CUDA graphs",
             "fuse": "a model runs its own layers: nothing of sigprop's to fuse",
-            "correlation": "input cosines are not measured for a model yet",
+            "correlations": "input cosines are not measured for a model yet",
             "pairs": "input cosines are not measured for a model yet",
             "max_correlation": "input cosines are not measured for a model yet",
             "observe": "plug-in measurements read sigprop's own walks, not a model's (yet)",

@@ -141,7 +141,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     sites, their units, the finite-width spread and the notes."""
     for field, given in (
         ("observe", extra),
-        ("correlation", probe_spec.correlations),
+        ("correlations", probe_spec.correlations),
         ("stream", probe_spec.stream),
         ("graphs", probe_spec.graphs),
         ("fuse", probe_spec.fuse),

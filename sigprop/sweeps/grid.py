@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from sigprop import inits, kinds, specs
 from sigprop.errors import SigpropError
+from sigprop.options import keyed
 from sigprop.registry import Registry
 from sigprop.results import curvature_row, spectrum_row, sweep_row
 
@@ -107,8 +108,8 @@ def config_key(config: dict) -> str:
 @dataclass(frozen=True)
 class Point:
     """One task of a sweep: a configuration (``axes``: the swept values in the order of the key,
-    e.g. (("depth", 10), ("width", 128))), one init, its spec, the probe's options (their
-    samples, seeds, seed and dtype are the key's), what is measured (``MEASURES``' name) and
+    e.g. (("depth", 10), ("width", 128))), one init, its spec, the probe's options (the key
+    holds those their declarations say: ``Opt.keyed``), what is measured (``MEASURES``' name) and
     its own options (``Measurement.options``: those of ``sigprop hessian``, ``sigprop
     spectrum``; None for a probe)."""
 
@@ -134,14 +135,9 @@ class Point:
             "command": self.kind.name,
             **dict(self.axes),
             "init": self.init,
-            "samples": self.probe.samples,
-            "seeds": self.probe.seeds,
-            "seed": self.probe.seed,
-            "dtype": self.probe.dtype,
+            **keyed(self.probe),  # the probe options it is keyed by (their declarations say which)
             **self.kind.sweep_config(self.spec),
         }
-        if self.probe.correlations:  # only then: the keys of rows without cosines stay as they were (resume)
-            d["correlations"], d["pairs"] = list(self.probe.correlations), self.probe.pairs
         if self.options is not None:
             d.update(self.measurement.key(self.options))
         return d
