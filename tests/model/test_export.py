@@ -271,3 +271,41 @@ def test_llamas_auto_sites_skip_its_rotary_embedding():
     )
     assert [l.name for l in r.runs[0].layers] == ["embed_tokens", "layers.0", "layers.1", "norm"]
     assert not [n for n in r.config["theory_notes"] if n.startswith("no moment map")]
+
+
+class _Functional(nn.Module):
+    """The same layers called as functions (``F.linear``, ``x @ W^T + b`` as GPT-2's Conv1D
+    writes it: ``addmm``), so that each tracer reads them as ATen ops."""
+
+    def __init__(self, first: nn.Linear, second: nn.Linear) -> None:
+        super().__init__()
+        self.first, self.second = first, second
+
+    def forward(self, x):
+        h = F.relu(F.linear(x, self.first.weight, self.first.bias))
+        flat = h.reshape(-1, h.shape[-1])
+        out = torch.addmm(self.second.bias, flat, self.second.weight.T)
+        return out.reshape(*h.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("shape", [(8,), (5, 8)], ids=["vectors", "tokens"])
+def test_one_dense_map_whatever_reads_the_layer(shape):
+    """A Linear module (torch.fx), ``aten.linear`` and ``aten.addmm`` (torch.export) on the same
+    weights are one dense map (ops/linear.py ``weight_node``): the same forward, backward and
+    bias factors to the bit, the same width, and the gradient's shared moment passing on tokens
+    only (before 0.17 the ATen reading wrote its own copy: it passed it on a vector too, and
+    rounded its backward differently)."""
+    from sigprop.model.trace import _export_graph
+
+    torch.manual_seed(0)
+    first, second = nn.Linear(8, 16), nn.Linear(16, 4)
+    x = torch.randn(4, *shape)
+    fx_nodes = [n for n in trace_graph(nn.Sequential(first, nn.ReLU(), second), x).nodes if n.op == "dense"]
+    traced = _export_graph(_Functional(first, second), (x[:2],), "read as ATen ops")
+    aten_nodes = [n for n in traced.nodes if n.op == "dense"]
+    assert traced.tracer == "torch.export" and len(fx_nodes) == len(aten_nodes) == 2
+    for a, b in zip(fx_nodes, aten_nodes):
+        assert (a.forward, a.backward, a.bias, a.width) == (b.forward, b.backward, b.bias, b.width)
+        assert a.positions == b.positions == (len(shape) > 1)
+    w = second.weight.detach().double()
+    assert aten_nodes[1].backward == float(w.pow(2).sum()) / 16  # ||W||^2 / c_in

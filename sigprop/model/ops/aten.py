@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from sigprop.model.graph import GraphNode, Part, map_op
 from sigprop.model.ops import activation as act
 from sigprop.model.ops import attention as att
-from sigprop.model.ops.linear import _dense_node
+from sigprop.model.ops.linear import _dense_node, weight_node
 from sigprop.model.ops.norm import norm_node, rms_node
 from sigprop.model.ops.registry import TracedOp, register
 
@@ -107,30 +107,37 @@ def _is(*targets):
     return lambda gm, n: n.op == "call_function" and n.target in targets
 
 
-def _weight(t, name, inputs, w, b, transposed: bool) -> GraphNode:
-    """A weight layer y = x W^T + b (``transposed``: x W + b, GPT-2's Conv1D) per element: q' =
-    (||W||^2/rows) q + ||b||^2/rows, r = (||W||^2/cols) r'; its tokens share the weights."""
+def _weight(t, n: fx.Node, w, b, transposed: bool) -> GraphNode:
+    """A weight layer y = x W^T + b (``transposed``: x W + b, GPT-2's Conv1D): the dense map of
+    ops/linear.py (``weight_node``); its tokens share the weights."""
+    name, inputs = t.label(n), t.inputs(n)
     if w is None:
         return GraphNode(name, "unknown", inputs, why=f"{name} with a weight that is not a parameter")
-    w = w.detach().double()
-    w = w.T if transposed else w
-    rows, cols = w.shape
-    sq = float(w.pow(2).sum())
-    bias = 0.0 if b is None else float(b.detach().double().pow(2).sum()) / rows
-    return GraphNode(name, "dense", inputs, forward=sq / rows, backward=sq / cols, bias=bias, width=rows)
+    x = n.args[1] if transposed else n.args[0]
+    shape_in = t.shape(x)
+    first = next((a for a in t.gm.graph.nodes if a.op == "placeholder"), None)
+    if shape_in is not None and len(shape_in) == 1 and _rows(x) != _rows(first):
+        shape_in = (_rows(x), *shape_in)  # the tokens flattened into the rows (GPT-2's Conv1D): they share W
+    return weight_node(name, inputs, w.T if transposed else w, b, shape_in, t.shape(n))
+
+
+def _rows(n) -> int | None:
+    """The leading size of a node's value (the samples of the model's first input)."""
+    meta = n.meta.get("tensor_meta") if isinstance(n, fx.Node) else None
+    return int(meta.shape[0]) if meta is not None and hasattr(meta, "shape") and len(meta.shape) else None
 
 
 def _linear(t, n: fx.Node) -> GraphNode:
     w = n.args[1]
     b = n.args[2] if len(n.args) > 2 else None
-    return _weight(t, t.label(n), t.inputs(n), t.value(w), t.value(b), transposed=False)
+    return _weight(t, n, t.value(w), t.value(b), transposed=False)
 
 
 def _addmm(t, n: fx.Node) -> GraphNode:
     b, w = n.args[0], n.args[2]
     if n.kwargs.get("beta", 1) != 1 or n.kwargs.get("alpha", 1) != 1:
         return t.unknown(n)
-    return _weight(t, t.label(n), t.inputs(n), t.value(w), t.value(b), transposed=True)
+    return _weight(t, n, t.value(w), t.value(b), transposed=True)
 
 
 def _conv(t, n: fx.Node) -> GraphNode:

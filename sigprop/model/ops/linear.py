@@ -28,28 +28,50 @@ DENSE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 TRANSPOSED_MODULES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
-def _dense_node(m: nn.Module, shape_in, shape_out, name, inputs) -> GraphNode:
-    """A Linear or ConvNd: q' = (||W||^2/c_out) q + ||b||^2/c_out per element.  A conv carries
-    its taps' box over the positions (``_conv_matrices``), so its gradient reads r = (||W||^2 /
-    c_in) M^T r' (each input element in c_out k^d products, fewer at a padded border); where the
-    box cannot be built (or for a Linear) r = ||W||^2 numel_out/(c_out numel_in) r'."""
-    w = m.weight.detach().double()
+def weight_node(
+    name, inputs, w, b, shape_in=None, shape_out=None, groups: int = 1, mats=(), kind: str = "dense"
+) -> GraphNode:
+    """The one dense map of a weight layer, a Linear's [c_out, c_in] or a conv's [c_out, c_in /
+    groups, *taps] (any op that reads one: a module, ``aten.linear``, ``addmm`` transposed, a
+    functional conv): per element q' = (||W||^2/c_out) q + ||b||^2/c_out forward; backward
+    r = (||W||^2/c_in) M^T r' with a conv's window ``mats`` (each input element in c_out k^d
+    products, fewer at a padded border), else r = ||W||^2 numel_out/(c_out numel_in) r' (a
+    Linear: ||W||^2/c_in).  Its tokens (``shape_in`` with positions) share the weights; on a
+    vector the gradient's shared moment does not pass (docs/theory.md §13)."""
+    w = w.detach().double()
     sq = float(w.pow(2).sum())
-    c_out = w.shape[0]
-    bias = 0.0 if m.bias is None else float(m.bias.detach().double().pow(2).sum()) / c_out
-    numel_in, numel_out = math.prod(shape_in), math.prod(shape_out)
-    mats = _conv_matrices(m, shape_in, shape_out) if not isinstance(m, nn.Linear) else ()
-    c_in = w.shape[1] * getattr(m, "groups", 1)
+    c_out, c_in = w.shape[0], w.shape[1] * groups
+    bias = 0.0 if b is None else float(b.detach().double().pow(2).sum()) / c_out
+    backward = sq / c_in
+    if w.dim() > 2 and not mats and shape_in and shape_out:  # a conv without its box
+        backward = sq * math.prod(shape_out) / (c_out * math.prod(shape_in))
     return GraphNode(
         name,
-        "standardized" if getattr(m, "_sigprop_standardized", False) else "dense",
+        kind,
         inputs,
         forward=sq / c_out,
-        backward=sq / c_in if mats else sq * numel_out / (c_out * numel_in),
+        backward=backward,
         bias=bias,
         width=c_out,
-        positions=len(shape_in) > 1,
+        positions=len(shape_in) > 1 if shape_in else True,
         mats=mats,
+    )
+
+
+def _dense_node(m: nn.Module, shape_in, shape_out, name, inputs) -> GraphNode:
+    """A Linear or ConvNd module: ``weight_node`` of its weight, a conv with its taps' box over
+    the positions (``_conv_matrices``) where it can be built."""
+    mats = _conv_matrices(m, shape_in, shape_out) if not isinstance(m, nn.Linear) else ()
+    return weight_node(
+        name,
+        inputs,
+        m.weight,
+        m.bias,
+        shape_in,
+        shape_out,
+        getattr(m, "groups", 1),
+        mats,
+        "standardized" if getattr(m, "_sigprop_standardized", False) else "dense",
     )
 
 
