@@ -28,7 +28,7 @@ import numpy as np
 from sigprop import inits, specs, stats, theory
 from sigprop.errors import SigpropError, described
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt
+from sigprop.kinds.base import Hints, Kind, Opt
 from sigprop.results import Check, LayerRecord, RunResult
 
 #: the structure only a model provides: inits that keep or read its own weights (``as-is``)
@@ -286,31 +286,6 @@ def _is_factory(obj) -> bool:
     return callable(obj) and (isinstance(obj, type) or not hasattr(obj, "named_modules"))
 
 
-@dataclass
-class ModulePlan:
-    """What the trace found, filled in by the driver (the model is built only there): the sites'
-    names and units per sample (``entries``) and the notes (which op ended the theory, why the
-    trace failed; what an init could not set).  What depends on an init's weights -- its
-    predictions and their finite-width spread -- is in its arrays, not here."""
-
-    sites: list[str] = field(default_factory=list)
-    entries: list[int] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    init_notes: list[str] = field(default_factory=list)
-    #: which output is read, the sites left out (never called), the sites off the output's path
-    site_notes: list[str] = field(default_factory=list)
-    steps: tuple = ()
-
-    @property
-    def config(self) -> dict:
-        return {
-            "site_names": list(self.sites),
-            "theory_notes": list(self.notes),
-            "init_notes": list(self.init_notes),
-            "site_notes": list(self.site_notes),
-        }
-
-
 @base.register
 class ModuleKind(Kind):
     name = "module"
@@ -523,13 +498,8 @@ class ModuleKind(Kind):
         args = "".join(" " + a for a in config.get("args") or [])
         return f"{config.get('target')}{args}, input {config.get('input_shape')}"
 
-    def plan(self, spec, seed: int) -> ModulePlan:
-        return ModulePlan()
-
-    def memory(self, spec, probe, itemsize, free, check) -> Memory:
-        bound = probe.samples * sum(math.prod(s) for s in spec.shapes) * itemsize * 4
-        check(bound, self.size_fields)
-        return Memory(ModulePlan(), bound, False, self.size_fields)
+    #: the words of the sites a run found off the output's path (the engine says them once)
+    off_path_note = staticmethod(lambda off: off_path_note(off))
 
     def graphs(self, spec) -> bool:
         return False
@@ -550,10 +520,6 @@ class ModuleKind(Kind):
         pb = _rms_over_draws(arrays["pred_bwd"])
         reached = np.asarray(arrays.get("reached", np.ones((1, E)))).any(axis=0)
         layers = _site_rows(plan, arrays, probe, reached, (pf, pb), z)
-        off = [plan.sites[i] for i in range(E) if not reached[i]]
-        note = off_path_note(off)
-        if note and note not in plan.site_notes:
-            plan.site_notes.append(note)
         on = [i for i in range(E) if reached[i]]
         band = gate.band or specs.DECADE_BAND
         checks, own = [], []

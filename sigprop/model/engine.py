@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -137,9 +138,9 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     "reached" [S, E] (1 where the output's gradient reached the site), "cosine" [S, E, N] (the
     mean cosine between the tokens of one sample; nan: no token sequence), "entropy" [S, E, N]
     (the attention's normalised entropy inside the site; nan: none read) and the predictions
-    "pred_fwd", "pred_bwd" [S, E] (ln of the RMS ratio, nan: no map); the kind's plan learns the
-    sites, their units, the finite-width spread and the notes."""
-    for field, given in (
+    "pred_fwd", "pred_bwd" [S, E] (ln of the RMS ratio, nan: no map); the run's ``ModulePlan`` holds
+    the sites, their units and the notes."""
+    for name, given in (
         ("observe", extra),
         ("correlations", probe_spec.correlations),
         ("stream", probe_spec.stream),
@@ -147,7 +148,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
         ("fuse", probe_spec.fuse),
     ):
         if given:
-            raise _refused(kind, "probe", field)
+            raise _refused(kind, "probe", name)
     device = dev.resolve_device(probe_spec.device)
     dtype = dev.DTYPES[probe_spec.dtype]
     names = kind.inits(spec)
@@ -159,7 +160,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
     first, skip = _padding_ids(spec, factory, probe_spec.seed)
     x, data = _model_inputs(spec, probe_spec.samples, probe_spec.seed, device, dtype, skip)
     e_seed = specs.derive_seed(probe_spec.seed, specs.STREAM_ERRORS)
-    plan = kind.plan(spec, probe_spec.seed)
+    plan = ModulePlan()
     plan.init_notes += [_padding_note(spec.vocab, skip)] if skip else []
     total, done = len(names) * probe_spec.seeds, 0
     started = False
@@ -196,7 +197,37 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
                 progress(done, total, f"{name}: draw {draw + 1}")
         arrays[name] = {k: np.stack(v) for k, v in got.items()}
         shared.check_finite(name, arrays[name])
+        reached = arrays[name]["reached"].any(axis=0)
+        note = kind.off_path_note([s for s, r in zip(plan.sites, reached) if not r])
+        if note and note not in plan.site_notes:
+            plan.site_notes.append(note)
     return Measured(kind, plan, names, schemes, arrays, env)
+
+
+@dataclass
+class ModulePlan:
+    """What a model's probe found, filled in here while the draws run (the model is built only
+    here) and handed to its kind's ``assemble``, which reads it: the sites' names and units per
+    sample (``entries``) and the notes (which op ended the theory, why the trace failed; what an
+    init could not set; the sites off the output's path).  What depends on an init's weights --
+    its predictions and their finite-width spread -- is in its arrays, not here."""
+
+    sites: list[str] = field(default_factory=list)
+    entries: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    init_notes: list[str] = field(default_factory=list)
+    #: which output is read, the sites left out (never called), the sites off the output's path
+    site_notes: list[str] = field(default_factory=list)
+    steps: tuple = ()
+
+    @property
+    def config(self) -> dict:
+        return {
+            "site_names": list(self.sites),
+            "theory_notes": list(self.notes),
+            "init_notes": list(self.init_notes),
+            "site_notes": list(self.site_notes),
+        }
 
 
 def _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what: str, device) -> int:

@@ -477,3 +477,20 @@ def test_the_api_refuses_in_the_words_the_kind_declares(family, field, call):
         call(model)
     assert got.value.field == field
     assert got.value.message.startswith(kinds.get("module").refuses[family][field])
+
+
+def test_the_module_kind_keeps_no_state_the_engine_fills():
+    """The model engine builds the run's record of what it found (``model.engine.ModulePlan``),
+    says the sites off the output's path there, and hands it to the kind: the kind neither
+    creates it empty for the engine to fill, nor adds to it while assembling (issue 51 item 2)."""
+    from sigprop import kinds
+    from sigprop.kinds.base import Kind
+
+    kind = type(kinds.get("module"))
+    assert kind.plan is Kind.plan and kind.memory is Kind.memory
+    r = sigprop.probe_module(model=SideHead, input_shape=(32,), samples=8, inits=["as-is", "proposed"])
+    notes = [n for n in r.config["site_notes"] if n.startswith("off the output's path")]
+    assert notes == [
+        "off the output's path: side (the output's gradient does not reach it: no backward "
+        "ratio, read by no verdict)"
+    ]
