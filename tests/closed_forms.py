@@ -1,6 +1,6 @@
 """Closed forms of whole nets, the references the composed theory must equal (issue 28, item 3).
 
-sigprop predicts any net by composing its steps' maps (sigprop/plans.py).  The recursions below
+sigprop predicts any net by composing its steps' maps (sigprop/plans/).  The recursions below
 are the per-net formulas of the papers and of docs/theory.md, written out net by net as sigprop
 0.7 computed them: Theorem 1-2's MLP recursion (Arpit et al. 2019, eq. 1-5), Theorems 3-4's
 ResNet recursion (eq. 6), the data-dependent init's standardized layers (Salimans & Kingma 2016,

@@ -1,4 +1,4 @@
-"""A layer's map in torch, three ways (sigprop/plans.py holds the steps as data; each weighted step
+"""A layer's map in torch, three ways (sigprop/plans/ holds the steps as data; each weighted step
 has an op here):
 
 * ``directions(v, X)`` / ``transpose(v, G)``: the product with the directions v and its

@@ -183,8 +183,8 @@ def entries(steps_) -> list[int]:
     for item in plans.nest(steps_):
         if isinstance(item, plans.Conv):
             shapes.append(item.shape_out)
-        elif isinstance(item, tuple):
-            shapes.append(item[0][-1].shape_out)
+        elif isinstance(item, plans.Block):
+            shapes.append(item.inner[-1].shape_out)
     return [math.prod(sh) for sh in shapes]
 
 
@@ -222,7 +222,7 @@ def variances(
     stem = plans.layers(steps_)[0]
     v_stem = theory.SPREAD_C_GAUSSIAN / (4.0 * stem.role.fan_out)
     f_steps, b_steps, branch = [v_stem], [v_stem], []
-    items = [it for it in plans.nest(steps_) if isinstance(it, tuple)]
+    items = [it for it in plans.nest(steps_) if isinstance(it, plans.Block)]
     for k, (inner, close) in enumerate(items):
         chans = [inner[0].shape_in[0]] + [c.role.fan_out for c in inner]
         v_s = 2.0 / chans[-1] if close.projection is not None else 0.0

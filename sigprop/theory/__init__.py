@@ -17,7 +17,7 @@ kernel recursion), ``conv`` (the conv energy map), ``activation`` (any activatio
 quadrature), ``attention`` (softmax attention's weights), ``free`` (the Jacobian's spectrum by
 free probability).  Every name is
 re-exported here: ``theory.kn_closed_form`` reads the same as before the split.  No net is
-walked here: a net's prediction is the composition of its steps' maps (sigprop/plans.py:
+walked here: a net's prediction is the composition of its steps' maps (sigprop/plans/:
 ``predict``, ``predict_correlation``), and the closed forms the papers give for whole nets
 (Theorems 1-4, the conv energy recursion) are references the composition must equal
 (tests/theory/closed_forms.py).

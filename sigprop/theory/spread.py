@@ -1,4 +1,4 @@
-"""The layer moments an init gives the theory (``LayerMoments``: what plans.py composes, Arpit et
+"""The layer moments an init gives the theory (``LayerMoments``: what sigprop/plans/ composes, Arpit et
 al. 2019, eq. 1-5 generalised) and the finite-width spread of a measured ratio about its
 prediction: log-cumulants of a ReLU layer, the Cornish-Fisher band (docs/theory.md §4)."""
 
@@ -15,7 +15,7 @@ from sigprop.theory.tolerances import SPREAD_C_GAUSSIAN, SPREAD_C_ORTHOGONAL_BAS
 
 
 # --------------------------------------------------------------------------------------------
-# Layer moments: what an init tells the theory of one layer (sigprop/plans.py composes the
+# Layer moments: what an init tells the theory of one layer (sigprop/plans/ composes the
 # steps' maps built on them into a net's prediction, Arpit et al. 2019, eq. 1-5 generalised)
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)

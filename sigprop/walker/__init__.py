@@ -1,7 +1,7 @@
 """One walker over plans (torch): a plan's steps compiled into units, run forward and backward in
 log space for S weight draws at once, with measurements as observers.
 
-A plan (sigprop/plans.py: a flat sequence of steps) is compiled into *units*: the steps between
+A plan (sigprop/plans/: a flat sequence of steps) is compiled into *units*: the steps between
 two ``Record``s.  Five unit kinds exist --
 
 * ``DenseLayer``: a linear (WN or plain) layer and its ReLU (a layer of the MLP, Arpit et al.

@@ -451,7 +451,7 @@ def test_what_init_assumed_without_a_graph_is_said(capsys, tmp_path):
         ("probe", "fuse", lambda m: api.probe(m, specs.ProbeSpec(samples=4, device="cpu", fuse=True))),
         (
             "probe",
-            "correlation",
+            "correlations",
             lambda m: api.probe(m, specs.ProbeSpec(samples=4, device="cpu", correlations=(0.5,))),
         ),
         (

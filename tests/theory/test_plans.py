@@ -1,4 +1,4 @@
-"""Plans as steps, theory by composition (sigprop/plans.py): composing the steps' moment maps
+"""Plans as steps, theory by composition (sigprop/plans/): composing the steps' moment maps
 gives the per-net closed forms (tests/closed_forms.py: Theorems 1-4 generalised, the data-dependent
 init's approximation), for every init, to rounding (float64 sums of logs in another order: 1e-12
 relative, 1e-12 absolute near 0)."""
@@ -104,3 +104,39 @@ def test_a_new_step_sequence_needs_no_new_theory():
     assert fwd[0] == pytest.approx(0.0) and fwd[1] == pytest.approx(0.5 * math.log(2 + 2))
     # backward: through the block r_S + (1 * 2 / 2) = 2, at the top 0
     assert bwd[1] == 0.0 and bwd[0] == pytest.approx(0.5 * math.log(2.0))
+
+
+class _Foreign:
+    """A step no fold has heard of (not a ``Linear``, not a ``Conv``): a dense layer written
+    from outside, owning its maps (here a Linear's) and saying which visit it takes."""
+
+    def __init__(self, layer: plans.Linear) -> None:
+        self.layer, self.role, self.relu, self.bn = layer, layer.role, layer.relu, False
+
+    def folded(self, fold, state):
+        return fold.layer(self, state)
+
+    def __getattr__(self, name):  # energy, energy_back, pair_kernels, jacobian_moments, out_hw
+        return getattr(self.layer, name)
+
+
+@pytest.mark.parametrize("depth_of_block", [0, 2])
+def test_every_fold_composes_a_step_it_has_never_heard_of(depth_of_block):
+    """One walk (``plans.folds.fold``), and no fold dispatching on a step's type: a step class
+    defined outside the package, taking the visit of a layer, goes through the energy forward
+    and backward, the pair kernels and the Jacobian's moments exactly as the Linear it wraps
+    (the same numbers to the bit), in an MLP and inside a ResNet's branch."""
+    scheme = inits.get("proposed")
+    if depth_of_block:
+        spec = ResNetSpec(dim=24, blocks=3, block_depth=depth_of_block, width=specs.WidthSpec(24, 24))
+        steps = kinds.get("resnet").plan(spec, 0).steps
+    else:
+        steps = mlp.steps([24, 30, 20, 16])
+    i = [k for k, st in enumerate(steps) if isinstance(st, plans.Linear)][1]
+    foreign = (*steps[:i], _Foreign(steps[i]), *steps[i + 1 :])
+    for fn in (
+        lambda s: plans.predict(s, scheme),
+        lambda s: plans.predict_correlation(s, scheme, 0.5, 8),
+        lambda s: plans.predict_jacobian(s, scheme),
+    ):
+        assert fn(foreign) == fn(steps)

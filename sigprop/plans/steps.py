@@ -1,0 +1,341 @@
+"""A plan's steps (``Linear``, ``Conv``, ``Open``, ``Close``, ``Record``, ``BatchNorm``), each
+owning its moment maps beside what the walker runs, and the plan utilities (``nest`` into
+``Block``s, ``layers``, ``with_bn``, ``input_shape``).  No torch here; the folds that compose
+the maps are sigprop/plans/folds.py."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import ClassVar, NamedTuple, Sequence, Union
+
+import numpy as np
+
+from sigprop import theory
+from sigprop.inits import InitScheme, LayerRole
+
+
+# --------------------------------------------------------------------------------------------
+# the steps
+# --------------------------------------------------------------------------------------------
+class _Energy:
+    """An energy map (E sum_c h_{c,p}^2 per position) carried as its map normalised to sum 1
+    and the ln of its sum, so that 10,000 layers stay finite (docs/theory.md §11)."""
+
+    def __init__(self, m, ln: float) -> None:
+        self.m, self.ln = m, ln
+
+    @classmethod
+    def of(cls, arr, ln: float = 0.0) -> "_Energy":
+        """exp(ln) * arr, normalised."""
+        s = float(arr.sum())
+        return cls(arr / s, ln + math.log(s)) if s > 0 and ln > -math.inf else cls(arr * 0.0, -math.inf)
+
+    def plus(self, other: "_Energy", w_ln: float = 0.0) -> "_Energy":
+        """self + exp(w_ln) other (maps of one shape)."""
+        b = other.ln + w_ln
+        if b == -math.inf:
+            return self
+        if self.ln == -math.inf:
+            return _Energy(other.m, b)
+        M = max(self.ln, b)
+        return _Energy.of(self.m * math.exp(self.ln - M) + other.m * math.exp(b - M), M)
+
+
+class _Layer:
+    """What a weighted step (``Linear``, ``Conv``) owns of the theory: its energy maps forward
+    (``energy``: the input- and bias-driven maps through the layer, or its units where it
+    standardises) and backward (``energy_back``), read by ``predict``; a subclass gives
+    ``moments``, ``out_hw``, ``in_hw``, ``units_out``, ``relu`` and ``bn``."""
+
+    def folded(self, fold, state):
+        """A fold's visit (sigprop/plans/folds.py: ``fold``)."""
+        return fold.layer(self, state)
+
+    def scaled_moments(self, scheme: InitScheme, weight_factor: float = 1.0) -> theory.ConvMoments:
+        """The layer as the energy map reads it, its rows' second moment times ``weight_factor``."""
+        m = self.moments(scheme)
+        return m if weight_factor == 1.0 else replace(m, row_sq=m.row_sq * weight_factor)
+
+    def energy(self, state, scheme: InitScheme, weight_factor: float, relu: bool):
+        """(A, B) -> the layer's (A, B): the input-driven map through ``theory.conv_layer_energy``
+        (halved by its ReLU), the bias-driven map likewise plus the bias energy; a layer that
+        standardises (the data-dependent init, batch norm) resets them to A = 0, B = its units
+        (halved by a ReLU) per sample, whatever came in (docs/theory.md §3, §11)."""
+        shape = self.out_hw()
+        flat = lambda total_ln: _Energy.of(np.full(shape, 1.0 / math.prod(shape)), total_ln)
+        if scheme.standardizes or self.bn:
+            scale = 1.0 if self.bn else weight_factor  # a batch norm's output does not see its layer's scale
+            return _Energy(np.zeros(shape), -math.inf), flat(
+                theory.safe_log(self.units_out * (0.5 if relu else 1.0) * scale)
+            )
+        m = self.scaled_moments(scheme, weight_factor)
+        a, b = state
+        a = _Energy.of(theory.conv_layer_energy(a.m, m, relu), a.ln)
+        bias = theory.conv_bias_energy(m, relu)
+        # no bias-driven energy yet: its map is zero whatever the layer does (not computed)
+        b = (
+            _Energy(np.zeros(shape), -math.inf)
+            if b.ln == -math.inf
+            else _Energy.of(theory.conv_layer_energy(b.m, m, relu), b.ln)
+        )
+        b = b.plus(flat(0.0), theory.safe_log(bias * math.prod(shape)))
+        return a, b
+
+    def energy_back(self, d, scheme: InitScheme, weight_factor: float):
+        """The gradient's energy map scattered back through the layer's transposed window, times
+        row_sq / k^2 (row_sq with the centre tap only)."""
+        m = self.scaled_moments(scheme, weight_factor)
+        per_tap = m.row_sq / (1 if m.taps == "centre" else m.kernel**2)
+        return _Energy.of(theory.conv_box_adjoint(d.m, m, self.in_hw()), d.ln + theory.safe_log(per_tap))
+
+    def jacobian_moments(self, scheme: InitScheme) -> tuple[float, float] | str:
+        """(mean squared row norm, S-transform coefficient of its directions) of a dense layer for
+        ``predict_jacobian``, or why its spectrum is not derived (a conv's, a batch-normed one's)."""
+        if self.bn:
+            return "batch norm"
+        s1 = theory.S1_OF_DIRECTION.get(scheme.direction)
+        if s1 is None:
+            return f"{scheme.direction} directions"
+        return scheme.moments(self.role).row_sq, s1
+
+    def pair_kernels(self, k, scheme: InitScheme, batch: int, relu: bool | None = None):
+        """The three kernels (K_aa, K_ab, K_perp per position, and their ln scale) through the
+        layer (``relu`` None: its own ReLU): pre-activation second moments r/(c_in k^2) times the
+        window sums plus the bias variance, the arc-cosine law per position after a ReLU, c_out
+        channels summed; a standardised layer centres and scales each unit over the batch
+        (docs/theory.md §10, §11 "Correlations")."""
+        relu = self.relu if relu is None else relu
+        if scheme.standardizes or self.bn:
+            if isinstance(self, Conv):
+                raise ValueError(
+                    "standardised convs have no correlation map (their centring mixes the positions)"
+                )
+            return _standardised_kernel(k, relu, self.role.fan_out, batch)
+        m = self.moments(scheme)
+        per_tap = m.row_sq / (m.c_in * (1 if m.taps == "centre" else m.kernel**2))
+        aa, ab, perp, ln_s = k
+        b = m.bias_var * math.exp(-ln_s) if m.bias_var else 0.0
+        s = [per_tap * theory.conv_box(v, m) + b for v in (aa, ab, perp)]
+        if relu:
+            live = np.where(s[0] > 0, s[0], 1.0)
+            j = lambda x: theory.relu_cosine_maps(np.where(s[0] > 0, x / live, 0.0))
+            s = [0.5 * s[0], 0.5 * s[0] * j(s[1]), 0.5 * s[0] * j(s[2])]
+        return _rescaled(tuple(m.c_out * v for v in s) + (ln_s,))
+
+
+@dataclass(frozen=True)
+class Linear(_Layer):
+    """A (weight-normalized) dense layer with its role; ``relu``: a ReLU follows it."""
+
+    role: LayerRole
+    relu: bool = True
+    #: a dense layer is never followed by a batch norm here (a conv may be: ``Conv.bn``)
+    bn: ClassVar[bool] = False
+
+    @property
+    def units_out(self) -> int:
+        return self.role.fan_out
+
+    def out_hw(self) -> tuple[int, int]:
+        return (1, 1)
+
+    def in_hw(self) -> tuple[int, int]:
+        return (1, 1)
+
+    def moments(self, scheme: InitScheme) -> theory.ConvMoments:
+        """The layer as the energy map reads it: a 1 x 1 convolution of n_in channels."""
+        m = scheme.moments(self.role)
+        return theory.ConvMoments(
+            self.role.fan_in, self.role.fan_out, 1, 1, 0, m.row_sq, m.bias_var, scheme.taps
+        )
+
+
+@dataclass(frozen=True)
+class Conv(_Layer):
+    """A (weight-normalized) k x k convolution with zero padding and a ReLU after it (or not):
+    ``role`` has fan_in = c_in k^2, fan_out = c_out, taps = k^2; ``shape_in`` = (c_in, H, W)."""
+
+    role: LayerRole
+    shape_in: tuple[int, int, int]
+    kernel: int
+    stride: int = 1
+    padding: int = 0
+    relu: bool = True
+    #: training-mode batch norm (gamma = 1, beta = 0) per channel over the batch and the positions
+    #: on its output, before the ReLU (the WRN with ``--norm bn``)
+    bn: bool = False
+
+    def out_hw(self) -> tuple[int, int]:
+        k, s, p = self.kernel, self.stride, self.padding
+        return tuple((n + 2 * p - k) // s + 1 for n in self.shape_in[1:])
+
+    def in_hw(self) -> tuple[int, int]:
+        return tuple(self.shape_in[1:])
+
+    def jacobian_moments(self, scheme: InitScheme) -> str:
+        return "convolutions"
+
+    @property
+    def shape_out(self) -> tuple[int, int, int]:
+        return (self.role.fan_out, *self.out_hw())
+
+    @property
+    def units_out(self) -> int:
+        return math.prod(self.shape_out)
+
+    def moments(self, scheme: InitScheme) -> theory.ConvMoments:
+        m = scheme.moments(self.role)
+        return theory.ConvMoments(
+            self.shape_in[0],
+            self.role.fan_out,
+            self.kernel,
+            self.stride,
+            self.padding,
+            m.row_sq,
+            m.bias_var,
+            scheme.taps,
+        )
+
+
+@dataclass(frozen=True)
+class Open:
+    """A residual block begins: its input is kept for the skip path."""
+
+    stage: int = 1
+    blocks_in_stage: int = 1
+
+
+@dataclass(frozen=True)
+class Close:
+    """A residual block ends: h' = S h + alpha F(h), S the identity or the ``projection`` step
+    (a ``Linear`` or a 1 x 1 strided ``Conv``, without a ReLU)."""
+
+    blocks_in_stage: int
+    projection: "Linear | Conv | None" = None
+
+
+@dataclass(frozen=True)
+class Record:
+    """The state here is measured (a row of the probe's table): forward, the state the step
+    before produced (after its ReLU, if any: the MLP's h^l = ReLU(a^l), Arpit et al. 2019, eq.
+    1-3; a ResNet's h^b).  ``pre_activation``: the backward quantity is the gradient at the
+    pre-activation of the ReLU layer just before (the MLP's dl/da^l, Arpit et al. 2019, eq. 5),
+    not at its output (a ResNet's dl/dh^b)."""
+
+    pre_activation: bool = False
+
+    def folded(self, fold, state):
+        return fold.record(self, state)
+
+
+@dataclass(frozen=True)
+class BatchNorm:
+    """Training-mode batch normalization (gamma = 1, beta = 0) followed by a ReLU, per channel
+    over the batch (De & Smith 2020, appendix A).  Its energy map is not a per-sample one -- a
+    sample's output depends on the whole batch -- so ``predict`` refuses it (the BN net's norms
+    are De & Smith's mean-field recursion, ``theory.bn_resnet_prediction``); its correlation
+    map is the standardised one (docs/theory.md §10)."""
+
+    eps: float
+    #: the channels (units) it normalises
+    channels: int
+
+    def pair_kernels(self, k, scheme: InitScheme, batch: int):
+        """The kernels standardised over the batch, then the ReLU (``predict_correlation``)."""
+        return _standardised_kernel(k, True, self.channels, batch)
+
+    def folded(self, fold, state):
+        return fold.batch_norm(self, state)
+
+
+Step = Union[Linear, Conv, Open, Close, Record, BatchNorm]
+WEIGHTED = (Linear, Conv)
+
+
+class Block(NamedTuple):
+    """A residual block of a nested plan (``nest``): its branch's steps and its ``Close``."""
+
+    inner: list
+    close: Close
+
+    def folded(self, fold, state):
+        return fold.block(self, state)
+
+
+def nest(steps: Sequence[Step]) -> list:
+    """Nest the flat steps: each Open..Close becomes a ``Block`` (inner steps, Close)."""
+    out: list = []
+    stack: list[list] = [out]
+    for s in steps:
+        if isinstance(s, Open):
+            stack.append([])
+        elif isinstance(s, Close):
+            inner = stack.pop()
+            stack[-1].append(Block(inner, s))
+        else:
+            stack[-1].append(s)
+    if len(stack) != 1:
+        raise ValueError("an Open without its Close")
+    return out
+
+
+def layers(steps: Sequence[Step]) -> list:
+    """The weighted steps of a plan, in order (projections included, before their block's Close)."""
+    out: list = []
+    for s in steps:
+        if isinstance(s, WEIGHTED):
+            out.append(s)
+        elif isinstance(s, Close) and s.projection is not None:
+            out.append(s.projection)
+    return out
+
+
+def batch_dependent(steps: Sequence[Step]) -> bool:
+    """Whether a sample's state depends on the rest of the batch: a batch norm anywhere (a
+    ``BatchNorm`` step, or a layer normalised over the batch, projections included)."""
+    return any(isinstance(st, BatchNorm) for st in steps) or any(st.bn for st in layers(steps))
+
+
+def with_bn(steps: Sequence[Step], bn: bool) -> tuple[Step, ...]:
+    """The same plan with batch norm after every weighted step, projections included (``bn``
+    True), or with none (False: e.g. the BN net's lossless reference is the WN net's)."""
+
+    def set_bn(s):
+        if isinstance(s, WEIGHTED):
+            return replace(s, bn=bn)
+        if isinstance(s, Close) and s.projection is not None:
+            return replace(s, projection=replace(s.projection, bn=bn))
+        return s
+
+    return tuple(set_bn(s) for s in steps)
+
+
+def input_shape(steps: Sequence[Step]) -> tuple[int, int, int]:
+    """(C, H, W) of the plan's input; a dense plan's is (n_0, 1, 1)."""
+    first = layers(steps)[0]
+    return tuple(first.shape_in) if isinstance(first, Conv) else (first.role.fan_in, 1, 1)
+
+
+def _standardises(st, scheme: InitScheme) -> bool:
+    return scheme.standardizes or st.bn
+
+
+def _rescaled(k):
+    """Kernels divided by their largest entry, its ln added to the running scale."""
+    aa, ab, perp, ln_s = k
+    top = float(aa.max())
+    scale = top if top > 0 else 1.0
+    return aa / scale, ab / scale, perp / scale, ln_s + math.log(scale)
+
+
+def _standardised_kernel(k, relu: bool, units_per_position: int, batch: int):
+    """The kernels after a layer that centres and scales each unit over the batch of ``batch``
+    inputs made of pairs (``theory.standardized``), a ReLU after it or not."""
+    aa, ab, perp, _ = k
+    out = [np.empty_like(aa) for _ in range(3)]
+    for idx in np.ndindex(aa.shape):
+        t = theory.standardized((float(aa[idx]), float(ab[idx]), float(perp[idx])), batch, relu)
+        for j in range(3):
+            out[j][idx] = units_per_position * t[j]
+    return _rescaled((*out, 0.0))
