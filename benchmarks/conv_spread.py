@@ -6,8 +6,8 @@ variance of the per-draw mean ln ratio at the end of the net divided by the mode
 sum_j 1/(4 c_j) over the layers that add spread -- forward: every conv after the first (the first
 reads the i.i.d. input, whose patches are isotropic: its spread is ~0); backward: every mask step
 from the top down to layer 1 -- i.e. the fitted per-layer constant of
-``kinds.cnn.variances``.
-sigprop's constant (``kinds.cnn.variances``: 5, the MLP's for i.i.d. rows) is an upper
+``plans.spread``.
+sigprop's constant (``plans.spread``: 5, the MLP's for i.i.d. rows) is an upper
 envelope of these numbers.  ``--verdicts``: instead, the false alarms of the conv nets' ``theory``
 verdict over 12 seeds (docs/reliability.md §1e).
 Usage: python benchmarks/conv_spread.py [--draws S] [--samples N] [--verdicts]

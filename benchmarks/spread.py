@@ -5,14 +5,14 @@ inputs, N samples each) and compares, with bootstrap standard errors over the se
 
 * the per-sample ln(ratio) at the checked layers (forward at layer L, backward at layer 1),
   pooled over seeds: its mean (below ln RMS: the drift) and variance against the exact model
-  ``kinds.mlp.cumulants`` (drift, sigma^2, skewness);
+  ``plans.spread`` (drift, sigma^2, skewness);
 * how that variance splits: across draws (the variance of each draw's sample mean -- this is
   the spread of the ``--check`` statistic) and within a draw (between samples);
 * the check statistic's measured sd against sigma (the band's width is z sigma).
 
 For ``--arch resnet`` (one stage of ``--depth`` blocks, d = hidden = width) the checked
 quantity is ||h^B||/||h^0|| forward and ||dl/dh^0||/||dl/dh^B|| backward, and the model is the
-leading-order ResNet spread (kinds.resnet.variances, docs/theory.md §7) with the lognormal
+leading-order ResNet spread (plans.spread, docs/theory.md §7) with the lognormal
 drift -sigma^2 -- both for the init itself and for the reference the ResNet check's band uses
 (proposed-gaussian's spread on the same plan).
 
@@ -68,17 +68,18 @@ def main() -> None:
     if args.arch == "mlp":
         widths = [n] * (L + 1)
         pred = plans.predict(mlp.steps(widths), scheme)
-        cum_f, cum_b = mlp.cumulants(widths, scheme.orthogonal)
+        spread = plans.spread(mlp.steps(widths), scheme.orthogonal)
+        cum_f, cum_b = spread.forward, spread.backward
         models = (
             ("forward, layer L", np.array(fwd), pred.ln_forward[L - 1], cum_f[L - 1]),
             ("backward, layer 1", np.array(bwd), pred.ln_backward[0], cum_b[0]),
         )
-        what = "exact cumulants (kinds/mlp.py cumulants)"
+        what = "exact cumulants (plans.spread)"
     else:
         pred = resnet.prediction(scheme, plan)
-        var_f, var_b, _, _ = resnet.variances(scheme.orthogonal, plan, pred.gains)
+        var_f, var_b = resnet.variances(scheme.orthogonal, plan, pred.gains).variances
         ref = inits.get("proposed-gaussian")
-        ref_f, ref_b, _, _ = resnet.variances(ref.orthogonal, plan, resnet.prediction(ref, plan).gains)
+        ref_f, ref_b = resnet.variances(ref.orthogonal, plan, resnet.prediction(ref, plan).gains).variances
         vf, vb = float(var_f[-1] - var_f[0]), float(var_b[0] - var_b[-1])
         models = (
             (

@@ -5,8 +5,9 @@ are the per-net formulas of the papers and of docs/theory.md, written out net by
 0.7 computed them: Theorem 1-2's MLP recursion (Arpit et al. 2019, eq. 1-5), Theorems 3-4's
 ResNet recursion (eq. 6), the data-dependent init's standardized layers (Salimans & Kingma 2016,
 section 3), the BN ResNet's kernel (De & Smith 2020, appendix C), the conv energy recursion
-(docs/theory.md §11), and the MLP's finite-width spread law (§4).  Tests only: the product never
-walks a net here.
+(docs/theory.md §11), the MLP's finite-width spread law (§4), and the spread of the CNN, the
+ResNet and the WRN as their kinds computed them until 0.17 (``plans.spread`` composes them now).
+Tests only: the product never walks a net here.
 """
 
 from __future__ import annotations
@@ -153,6 +154,58 @@ def log_ratio_cumulants(widths: Sequence[int], orthogonal: bool) -> tuple[np.nda
     bsteps = np.array([step(widths[j], widths[j + 1]) for j in range(1, L)] + [(0.0, 0.0, 0.0)])
     bwd = np.cumsum(bsteps[::-1], axis=0)[::-1]
     return fwd, bwd
+
+
+def resnet_log_ratio_variance(orthogonal: bool, plan, gains) -> tuple[np.ndarray, np.ndarray, list, list]:
+    """The ResNet's spread as 0.16 computed it, block by block (docs/theory.md §7): per block
+    ``theory.resnet_step_variance`` at its branch-to-skip ``gains`` [(forward, backward)], the
+    branch's power by ``theory.branch_variance`` of its widths, a projection's by 2/d_out; the BN
+    net's stem one MLP layer's worth, (5 + 2)/(4 d), and its blocks' branch power the batch norm's
+    5/d besides the linear layer's 2/d (0.16 left the 5/d out; 0.17 counts it: docs/theory.md §7).
+    Per entry forward and backward, and per block its steps."""
+    f_steps, b_steps = [], []
+    norm = theory.SPREAD_C_GAUSSIAN / plan.dim if plan.stem else 0.0
+    for blk, (g_f, g_b) in zip(plan.blocks, gains):
+        v_f = theory.branch_variance(blk.widths, orthogonal) + norm
+        v_b = theory.branch_variance(blk.widths[::-1], orthogonal) + norm
+        v_s = 2.0 / blk.d_out if blk.projection else 0.0
+        f_steps.append(theory.resnet_step_variance(g_f, v_f, v_s, blk.d_out))
+        b_steps.append(theory.resnet_step_variance(g_b, v_b, v_s, blk.d_in))
+    if plan.stem:
+        stem = (theory.SPREAD_C_GAUSSIAN + 2.0) / (4.0 * plan.dim)
+        f_steps.insert(0, stem)
+        b_steps.insert(0, stem)
+    var_f = np.concatenate([[0.0], np.cumsum(f_steps)])
+    var_b = np.concatenate([np.cumsum(np.array(b_steps)[::-1])[::-1], [0.0]])
+    return var_f, var_b, f_steps, b_steps
+
+
+def wrn_log_ratio_variance(steps, gains) -> tuple[np.ndarray, np.ndarray, list]:
+    """The WRN's spread as 0.16 computed it: conv1 the conv law (c = 5 over its channels), each
+    block the ResNet's step law with its channels as the branch's widths and its units as the
+    dimension, at ``gains`` (None: 1/B_k both ways); per state forward and backward, and per
+    block the branch ratio's variance (a quarter of the branch's)."""
+    from sigprop import plans
+
+    stem = plans.layers(steps)[0]
+    v_stem = theory.SPREAD_C_GAUSSIAN / (4.0 * stem.role.fan_out)
+    f_steps, b_steps, branch = [v_stem], [v_stem], []
+    items = [it for it in plans.nest(steps) if isinstance(it, tuple)]
+    for k, (inner, close) in enumerate(items):
+        chans = [inner[0].shape_in[0]] + [c.role.fan_out for c in inner]
+        v_s = 2.0 / chans[-1] if close.projection is not None else 0.0
+        g_f, g_b = (1.0 / close.blocks_in_stage,) * 2 if gains is None else gains[k]
+        v_f = theory.branch_variance(chans, False)
+        f_steps.append(theory.resnet_step_variance(g_f, v_f, v_s, math.prod(inner[-1].shape_out)))
+        b_steps.append(
+            theory.resnet_step_variance(
+                g_b, theory.branch_variance(chans[::-1], False), v_s, math.prod(inner[0].shape_in)
+            )
+        )
+        branch.append(v_f / 4.0)
+    var_f = np.concatenate([[0.0], np.cumsum(f_steps)])
+    var_b = np.concatenate([np.cumsum(np.array(b_steps)[::-1])[::-1], [0.0]])
+    return var_f, var_b, branch
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
@@ -133,21 +131,6 @@ def memory(
     return Memory(plan, need, stream, fields, steps)
 
 
-def variances(channels) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sample variance of ln(ratio) at each conv layer of a plain CNN, forward and backward
-    (index l-1; ``channels`` = [C_in, c_1, ..., c_L]): the MLP's law (docs/theory.md §4) with each
-    conv's output channels as its width and the constant of i.i.d. rows, c = 5
-    (``theory.SPREAD_C_GAUSSIAN``), whatever the directions -- summed over layers 1..l forward
-    and over the mask steps from the top backward.  A conv's c_out kernels are c_out random rows
-    shared by every position, so its power fluctuates at most as an MLP layer of c_out units
-    does; the constant is an upper envelope of the measured one, not a derivation
-    (benchmarks/conv_spread.py; docs/theory.md §11, "Finite-width spread of conv nets")."""
-    per_layer = np.array([theory.SPREAD_C_GAUSSIAN / (4.0 * c) for c in channels[1:]])
-    fwd = np.cumsum(per_layer)
-    bwd = np.cumsum(np.append(per_layer[:-1], 0.0)[::-1])[::-1]
-    return fwd, bwd
-
-
 @base.register
 class CNN(Kind):
     name = "cnn"
@@ -240,10 +223,9 @@ class CNN(Kind):
           positions), so the reference is 1/2 per strided layer forward and 1 backward;
         * ``theory``: the same typical ratios inside the init's own band, [pred - var - z sd,
           pred - var + z sd] (``theory.log_band``); not testable for an init without a prediction."""
-        convs = plans.layers(plan.steps)
         pred = plans.predict(plan.steps, scheme) if scheme.moments is not None else None
         sep = plans.Separation(None, None) if pred is None else plans.separation(plan.steps, scheme, pred)
-        var = variances([spec.image[0]] + [st.role.fan_out for st in convs])
+        var = plans.spread(plan.steps, False).variances  # a conv's law: the i.i.d. rows' (an envelope)
         layers = _layer_records(plan, arrays, pred, sep, var)
         return RunResult(
             init=name,

@@ -9,8 +9,6 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-import numpy as np
-
 from sigprop import plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
@@ -88,20 +86,6 @@ def estimate_bytes(widths: list[int], samples: int, itemsize: int) -> int:
     acts = 6 * samples * max(widths) * itemsize
     logs = 4 * len(widths) * samples * 8
     return weights + qr_tmp + masks + acts + logs
-
-
-def cumulants(widths: Sequence[int], orthogonal: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Cumulative (drift below ln RMS, variance, third cumulant) of the per-sample ln(ratio) at
-    each layer, forward [L, 3] and backward [L, 3] (index l-1), summing the independent layer
-    factors of ``theory.relu_layer_log_cumulants`` (forward layer j: n_j units, fan-in n_{j-1};
-    backward step j: the mask of n_j units after W^{j+1}^T from R^{n_{j+1}}; docs/theory.md §4)."""
-    widths = [int(w) for w in widths]
-    L = len(widths) - 1
-    step = theory.relu_layer_log_cumulants
-    fwd = np.cumsum(np.array([step(widths[j], widths[j - 1], orthogonal) for j in range(1, L + 1)]), axis=0)
-    bsteps = np.array([step(widths[j], widths[j + 1], orthogonal) for j in range(1, L)] + [(0.0, 0.0, 0.0)])
-    bwd = np.cumsum(bsteps[::-1], axis=0)[::-1]
-    return fwd, bwd
 
 
 def checks(
@@ -248,11 +232,13 @@ class MLP(Kind):
 
     def assemble(self, name, scheme, spec, plan, arrays, probe, gate) -> RunResult:
         """Per layer the measured ratios beside the composed prediction (plans.predict) with its
-        exact finite-width band (``cumulants``), and both verdicts (``checks``)."""
+        exact finite-width band (``plans.spread``: the exact per-layer cumulants), and both verdicts
+        (``checks``)."""
         widths, L = plan.widths, len(plan.widths) - 1
         pred = plans.predict(plan.steps, scheme)
         sep = plans.separation(plan.steps, scheme, pred)
-        cum_f, cum_b = cumulants(widths, scheme.orthogonal)
+        spread = plans.spread(plan.steps, scheme.orthogonal)
+        cum_f, cum_b = spread.forward, spread.backward
         ln_fwd, ln_bwd = arrays["fwd"], arrays["bwd"]
         layers = []
         for l in range(1, L + 1):

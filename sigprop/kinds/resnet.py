@@ -256,28 +256,10 @@ def estimate_bytes(plan: ResNetPlan, samples: int, itemsize: int) -> int:
 # --------------------------------------------------------------------------------------------
 # the verdicts
 # --------------------------------------------------------------------------------------------
-def variances(
-    orthogonal: bool, plan: ResNetPlan, gains
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per-sample variance of ln(ratio) at every entry (forward, backward), and per block (forward
-    steps, backward steps), from theory.resnet_step_variance (docs/theory.md §7) at the blocks'
-    branch-to-skip ``gains`` [(forward, backward)].  The BN net's stem adds one MLP layer's
-    worth, (5 + 2)/(4 d)."""
-    f_steps, b_steps = [], []
-    for blk, (g_f, g_b) in zip(plan.blocks, gains):
-        v_f = theory.branch_variance(blk.widths, orthogonal)
-        v_b = theory.branch_variance(blk.widths[::-1], orthogonal)
-        v_s = 2.0 / blk.d_out if blk.projection else 0.0
-        f_steps.append(theory.resnet_step_variance(g_f, v_f, v_s, blk.d_out))
-        b_steps.append(theory.resnet_step_variance(g_b, v_b, v_s, blk.d_in))
-    if plan.stem:
-        stem = (theory.SPREAD_C_GAUSSIAN + 2.0) / (4.0 * plan.dim)
-        f_steps.insert(0, stem)
-        b_steps.insert(0, stem)
-    f_steps_a, b_steps_a = np.array(f_steps), np.array(b_steps)
-    var_f = np.concatenate([[0.0], np.cumsum(f_steps_a)])
-    var_b = np.concatenate([np.cumsum(b_steps_a[::-1])[::-1], [0.0]])
-    return var_f, var_b, f_steps_a, b_steps_a
+def variances(orthogonal: bool, plan: ResNetPlan, gains) -> plans.Spread:
+    """The spread of every entry and block (``plans.spread``: docs/theory.md §7) at the blocks'
+    branch-to-skip ``gains`` [(forward, backward)]."""
+    return plans.spread(plan.steps, orthogonal, gains)
 
 
 def bn_record(arr: np.ndarray, l: int, batch: int) -> BNStats:
@@ -491,8 +473,8 @@ class ResNet(Kind):
         pred = prediction(scheme, plan)
         sep = separation(scheme, plan, pred)
         orth = not bn and scheme.orthogonal
-        own = variances(orth, plan, pred.gains)[:2]
-        layers = _entry_records(plan, arrays, probe, pred, sep, own, orth)
+        own = variances(orth, plan, pred.gains)
+        layers = _entry_records(plan, arrays, probe, pred, sep, own)
         infos, checks = _stage_checks(plan, arrays, gate, pred, sep, own, z)
         return RunResult(
             init=name,
@@ -524,12 +506,12 @@ class ResNet(Kind):
         return [theory.RESNET_LOWER * lo, theory.RESNET_UPPER * hi]
 
 
-def _entry_records(plan, arrays, probe, pred, sep, own, orth: bool) -> list[LayerRecord]:
+def _entry_records(plan, arrays, probe, pred, sep, own: plans.Spread) -> list[LayerRecord]:
     """Per entry the forward and backward statistics beside the init's predictions with its own
-    spread (``own``: the variances of the ln ratios per entry), and per block the branch ratio
-    beside its prediction; a BN net's batch statistics."""
+    spread (``own``: the variances of the ln ratios per entry and block), and per block the
+    branch ratio beside its prediction; a BN net's batch statistics."""
     bn = plan.stem
-    var_f, var_b = own
+    var_f, var_b = own.variances
     ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
     dims, stages_of = plan.entries, plan.entry_stages()
     first_block_entry = 2 if bn else 1
@@ -557,8 +539,7 @@ def _entry_records(plan, arrays, probe, pred, sep, own, orth: bool) -> list[Laye
         if k >= 0:
             br = stats.ratio_stats(ln_br[:, k, :])
             ln_pred = pred.ln_branch[k] if pred.ln_branch else None
-            v = theory.branch_variance(plan.blocks[k].widths, orth) / 4.0 if not bn else 7.0 / (4 * plan.dim)
-            stats.attach_prediction(br, ln_pred, v, rounding=rounding)
+            stats.attach_prediction(br, ln_pred, own.branch[k], rounding=rounding)
         rec = LayerRecord(
             index=i, width=dims[i], forward=f, backward=b, stage=stages_of[i], branch=br, resnet=True
         )
@@ -575,7 +556,7 @@ def _stage_checks(plan, arrays, gate, pred, sep, own, z: float) -> tuple[list[St
     ways, Theorem 3) with i.i.d. rows, on this plan -- not the init's own spread, which for an
     exploding init is so wide that it would drag the band far from [sqrt 2, sqrt e]."""
     reference = [(1.0 / b.blocks_in_stage, 1.0 / b.blocks_in_stage) for b in plan.blocks]
-    ref = variances(False, plan, reference)[:2]
+    ref = variances(False, plan, reference)
     widen = (0.0, 0.0) if gate.band is None else (math.log(gate.band[0]), math.log(gate.band[1]))
     infos, checks, theory_checks = [], [], []
     for k in range(1, plan.stages + 1):
@@ -583,8 +564,9 @@ def _stage_checks(plan, arrays, gate, pred, sep, own, z: float) -> tuple[list[St
         bands = theory.stage_band_ln(plan.entries[first], plan.entries[last])
         blocks = sum(1 for blk in plan.blocks if blk.stage == k)
         where = "Theorem 3's band [sqrt 2, sqrt e]"
+        span, variances_ = (first, last), (own.variances, ref.variances)
         info, preserved, own_checks = base.stage(
-            k, (first, last), bands, blocks, plan, arrays, pred, sep, own, ref, widen, z, where
+            k, span, bands, blocks, plan, arrays, pred, sep, *variances_, widen, z, where
         )
         infos.append(info)
         checks += preserved

@@ -208,36 +208,17 @@ def stage_bands(steps_, blocks: int) -> list[tuple[tuple[float, float], tuple[fl
     return out
 
 
-def variances(
-    steps_, gains: Sequence[tuple[float, float]] | None
-) -> tuple[np.ndarray, np.ndarray, list[float]]:
+def variances(steps_, gains: Sequence[tuple[float, float]] | None) -> tuple[np.ndarray, np.ndarray, list]:
     """Per-sample variance of ln(ratio) at every recorded state, forward (from the input) and
-    backward (from the top), and the branch ratio's per block: conv1 adds the conv law's step
-    (c = 5 over its channels, ``cnn.variances``), each block the ResNet's
-    (``theory.resnet_step_variance``, docs/theory.md §7) with its channels as the width of the
-    branch's power fluctuation and its units as the dimension of the skip-branch cross term, at
-    the branch-to-skip power ratios ``gains`` [(forward, backward)] per block (None: forward and
-    backward 1/B_k, the proposed init's -- the reference of the ``preserved`` allowance, which
-    measured 1.5-3x wider than the across-draw spread forward: it errs wide)."""
-    stem = plans.layers(steps_)[0]
-    v_stem = theory.SPREAD_C_GAUSSIAN / (4.0 * stem.role.fan_out)
-    f_steps, b_steps, branch = [v_stem], [v_stem], []
-    items = [it for it in plans.nest(steps_) if isinstance(it, plans.Block)]
-    for k, (inner, close) in enumerate(items):
-        chans = [inner[0].shape_in[0]] + [c.role.fan_out for c in inner]
-        v_s = 2.0 / chans[-1] if close.projection is not None else 0.0
-        g_f, g_b = (1.0 / close.blocks_in_stage,) * 2 if gains is None else gains[k]
-        v_f = theory.branch_variance(chans, False)
-        f_steps.append(theory.resnet_step_variance(g_f, v_f, v_s, math.prod(inner[-1].shape_out)))
-        b_steps.append(
-            theory.resnet_step_variance(
-                g_b, theory.branch_variance(chans[::-1], False), v_s, math.prod(inner[0].shape_in)
-            )
-        )
-        branch.append(v_f / 4.0)
-    var_f = np.concatenate([[0.0], np.cumsum(f_steps)])
-    var_b = np.concatenate([np.cumsum(np.array(b_steps)[::-1])[::-1], [0.0]])
-    return var_f, var_b, branch
+    backward (from the top), and the branch ratio's per block (``plans.spread``): conv1 the conv
+    law's envelope (c = 5 over its channels), each block the ResNet's step law with its channels
+    as the width of the branch's power fluctuation and its units as the dimension of the
+    skip-branch cross term, at the branch-to-skip power ratios ``gains`` [(forward, backward)]
+    per block (None: forward and backward 1/B_k, the proposed init's -- the reference of the
+    ``preserved`` allowance, which measured 1.5-3x wider than the across-draw spread forward: it
+    errs wide)."""
+    s = plans.spread(steps_, False, None if gains is None else list(gains))
+    return (*s.variances, s.branch)
 
 
 @functools.lru_cache(maxsize=16)

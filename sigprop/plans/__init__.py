@@ -25,11 +25,13 @@ from sigprop.plans.folds import (
     SEPARATION_FACTOR,
     Prediction,
     Separation,
+    Spread,
     predict,
     predict_correlation,
     predict_density,
     predict_jacobian,
     separation,
+    spread,
     upto,
 )
 from sigprop.plans.steps import (
@@ -61,6 +63,7 @@ __all__ = [
     "Prediction",
     "Record",
     "Separation",
+    "Spread",
     "Step",
     "batch_dependent",
     "input_shape",
@@ -71,6 +74,7 @@ __all__ = [
     "predict_density",
     "predict_jacobian",
     "separation",
+    "spread",
     "upto",
     "with_bn",
 ]

@@ -398,3 +398,137 @@ def predict_density(steps: Sequence[Step], scheme: InitScheme) -> theory.Spectra
     except NotDerived:
         return None
     return theory.free_density(out) if len(out) > 1 else None
+
+
+# --------------------------------------------------------------------------------------------
+# the finite-width spread (docs/theory.md §4, §7, §11)
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Spread:
+    """The per-sample spread of ln(ratio) at every Record: its cumulants (drift below ln RMS,
+    variance, third) from the input forward [R, 3] and from the top Record backward [R, 3]; per
+    residual block the variance it adds forward and backward and its branch ratio's variance."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+    block_forward: list[float]
+    block_backward: list[float]
+    branch: list[float]
+
+    @property
+    def variances(self) -> tuple[np.ndarray, np.ndarray]:
+        """The variance of ln(ratio) at every Record, forward and backward."""
+        return self.forward[:, 1], self.backward[:, 1]
+
+
+class _SpreadEvents:
+    """``spread``'s visits, in the plan's order: each step's own law (``spread``), a block's
+    from its branch (the ResNet step law, ``theory.resnet_step_variance``)."""
+
+    def __init__(self, orthogonal: bool, gains) -> None:
+        self.orthogonal, self.gains = orthogonal, gains
+        self.blocks: list[tuple[float, float, float]] = []
+
+    def record(self, it: Record, acc):
+        return [*acc, ("record", it, None)]
+
+    def layer(self, it, acc):
+        return [*acc, ("layer", it, it.spread(self.orthogonal))]
+
+    def batch_norm(self, it: BatchNorm, acc):
+        return [*acc, ("bn", it, it.spread())]
+
+    def block(self, b: Block, acc):
+        """A block adds (4 g/d + g^2 v_branch + v_skip) / (4 (1 + g)^2) at its branch-to-skip
+        power ratio g (``gains``, else 1/B_k: the proposed init's), its branch's power varying by
+        the MLP law over its channels (``theory.branch_variance``), a projection's by 2/c_out, d
+        the units of the block's output (forward) or input (backward); its branch ratio by a
+        quarter of the branch's (docs/theory.md §7)."""
+        k = len(self.blocks)
+        inner = layers(b.inner)
+        chans = [inner[0].channels_in] + [st.role.fan_out for st in inner]
+        o = inner[0].law_orthogonal(self.orthogonal)
+        v_s = 2.0 / chans[-1] if b.close.projection is not None else 0.0
+        g_f, g_b = (1.0 / b.close.blocks_in_stage,) * 2 if self.gains is None else self.gains[k]
+        # the branch's power: its layers' law and a batch norm's own fluctuation (the BN net's
+        # W BN(h)^+: 5/d + 2/d; until 0.17 its step law left the 5/d out, docs/theory.md §7)
+        norms = fold(b.inner, _Norms(), 0.0)
+        v_f = theory.branch_variance(chans, o) + norms
+        f = theory.resnet_step_variance(g_f, v_f, v_s, inner[-1].units_out)
+        v_b = theory.branch_variance(chans[::-1], o) + norms
+        back = theory.resnet_step_variance(g_b, v_b, v_s, inner[0].units_in)
+        self.blocks.append((f, back, v_f / 4.0))
+        return [*acc, ("block", b, (0.0, f, 0.0), (0.0, back, 0.0))]
+
+
+class _Norms:
+    """The relative power variance a branch's batch norms add (``BatchNorm.power_variance``)."""
+
+    def record(self, it, v):
+        return v
+
+    def layer(self, it, v):
+        return v
+
+    def batch_norm(self, it, v):
+        return v + it.power_variance()
+
+    def block(self, b, v):
+        return fold(b.inner, self, v)
+
+
+def _plus(a, b) -> tuple:
+    return tuple(x + y for x, y in zip(a, b))
+
+
+def spread(steps: Sequence[Step], orthogonal: bool, gains=None) -> Spread:
+    """The finite-width spread of every Record of a plan, composed from its steps' own laws
+    (``spread``, ``spread_mask``, ``spread_back``) over the one walk: forward, each Record the
+    sum of what the steps before it add; backward from the top Record, walking as ``predict``'s
+    backward fold does -- a ReLU's mask where the walk passes it (a pre-activation Record stands
+    behind its layer's), with the width of the layer above (the MLP's exact law: W^{l+1}^T then
+    the mask of n_l units).  ``orthogonal``: the rows' law where a layer's applies it;
+    ``gains``: each block's branch-to-skip power ratios (forward, backward; ``predict``'s
+    ``gains``), None for the proposed init's 1/B_k.  Replaces the four recursions the kinds
+    kept until 0.17 (the MLP's cumulants, the CNN's conv law, the ResNet's and the WRN's block
+    laws; tests/closed_forms.py keeps them as the oracle)."""
+    events = _SpreadEvents(orthogonal, gains)
+    acc = fold(nest(steps), events, [])
+    zero = (0.0, 0.0, 0.0)
+    fwd, run = [], zero
+    for kind, it, *adds in acc:
+        if kind == "record":
+            fwd.append(run)
+        else:
+            run = _plus(run, adds[0])
+    bwd, run, top, mask_done, above = [], zero, True, False, None
+    for i in reversed(range(len(acc))):
+        kind, it, *adds = acc[i]
+        if kind == "record":
+            if it.pre_activation:
+                behind = acc[i - 1][1]  # the layer whose mask this Record stands behind
+                if not top:
+                    run = _plus(run, behind.spread_mask(orthogonal, above or behind.role.fan_out))
+                mask_done = True
+            bwd.append(run)
+            top = False
+            continue
+        if kind == "layer":
+            if it.relu and not mask_done:
+                run = _plus(run, it.spread_mask(orthogonal, above or it.role.fan_out))
+            elif not it.relu:
+                run = _plus(run, it.spread_back())
+            above = it.role.fan_out
+        else:
+            run = _plus(run, adds[-1])
+            if kind == "block":  # the width below it, for a ReLU layer's law under it
+                above = layers(it.inner)[0].channels_in
+        mask_done = False
+    blocks = events.blocks
+    return Spread(
+        np.array(fwd).reshape(-1, 3),
+        np.array(bwd[::-1]).reshape(-1, 3),
+        [b[0] for b in blocks],
+        [b[1] for b in blocks],
+        [b[2] for b in blocks],
+    )

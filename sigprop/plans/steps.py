@@ -52,6 +52,20 @@ class _Layer:
         """A fold's visit (sigprop/plans/folds.py: ``fold``)."""
         return fold.layer(self, state)
 
+    # the finite-width spread (``plans.spread``; docs/theory.md §4, §7, §11): cumulants (drift
+    # below ln RMS, variance, third) of the per-sample ln ratio a step adds
+    def spread(self, orthogonal: bool) -> tuple[float, float, float]:
+        """Forward through the layer: with a ReLU, ``spread_mask`` with its fan-in on the other
+        side; without one, a linear layer's power fluctuation 2/n_out, a quarter of it in ln of
+        the norm."""
+        if not self.relu:
+            return (0.0, 2.0 / (4.0 * self.role.fan_out), 0.0)
+        return self.spread_mask(orthogonal, self.role.fan_in)
+
+    def spread_back(self) -> tuple[float, float, float]:
+        """Backward through a layer without a ReLU (its W^T alone): 2/n_in, a quarter in ln."""
+        return (0.0, 2.0 / (4.0 * self.role.fan_in), 0.0)
+
     def scaled_moments(self, scheme: InitScheme, weight_factor: float = 1.0) -> theory.ConvMoments:
         """The layer as the energy map reads it, its rows' second moment times ``weight_factor``."""
         m = self.moments(scheme)
@@ -143,6 +157,24 @@ class Linear(_Layer):
     def in_hw(self) -> tuple[int, int]:
         return (1, 1)
 
+    def spread_mask(self, orthogonal: bool, other: int) -> tuple[float, float, float]:
+        """Through the ReLU of n = fan_out units with ``other`` the width on the weights' other
+        side (forward: the fan-in; backward: the fan-out of the layer above): the exact per-layer
+        cumulants (``theory.relu_layer_log_cumulants``, docs/theory.md §4)."""
+        return tuple(theory.relu_layer_log_cumulants(self.role.fan_out, other, orthogonal))
+
+    def law_orthogonal(self, orthogonal: bool) -> bool:
+        """Whether the orthogonal rows' law applies (a dense layer: as the init draws them)."""
+        return orthogonal
+
+    @property
+    def channels_in(self) -> int:
+        return self.role.fan_in
+
+    @property
+    def units_in(self) -> int:
+        return self.role.fan_in
+
     def moments(self, scheme: InitScheme) -> theory.ConvMoments:
         """The layer as the energy map reads it: a 1 x 1 convolution of n_in channels."""
         m = scheme.moments(self.role)
@@ -175,6 +207,31 @@ class Conv(_Layer):
 
     def jacobian_moments(self, scheme: InitScheme) -> str:
         return "convolutions"
+
+    def spread_mask(self, orthogonal: bool, other: int) -> tuple[float, float, float]:
+        """Through the layer, either way, with its ReLU or without: the i.i.d. rows' law
+        c/(4 c_out), c = 5, whatever the directions and positions -- its c_out kernels are c_out
+        random rows shared by every position, so its power fluctuates at most as a dense ReLU
+        layer of c_out units does (an upper envelope, not a derivation: benchmarks/conv_spread.py;
+        docs/theory.md §11; a conv without a ReLU, the WRN's conv1, is given the same envelope)."""
+        return (0.0, theory.SPREAD_C_GAUSSIAN / (4.0 * self.role.fan_out), 0.0)
+
+    def spread(self, orthogonal: bool) -> tuple[float, float, float]:
+        return self.spread_mask(orthogonal, self.role.fan_in)
+
+    def spread_back(self) -> tuple[float, float, float]:
+        return self.spread_mask(False, self.role.fan_in)
+
+    def law_orthogonal(self, orthogonal: bool) -> bool:
+        return False
+
+    @property
+    def channels_in(self) -> int:
+        return self.shape_in[0]
+
+    @property
+    def units_in(self) -> int:
+        return math.prod(self.shape_in)
 
     @property
     def shape_out(self) -> tuple[int, int, int]:
@@ -247,6 +304,15 @@ class BatchNorm:
 
     def folded(self, fold, state):
         return fold.batch_norm(self, state)
+
+    def power_variance(self) -> float:
+        """Standardised per channel and a ReLU after it: one ReLU layer's relative power
+        fluctuation over its channels, c/channels with c = 5, either way (docs/theory.md §7)."""
+        return theory.SPREAD_C_GAUSSIAN / self.channels
+
+    def spread(self, orthogonal: bool = False) -> tuple[float, float, float]:
+        """The same in ln of the norm: a quarter (De & Smith 2020's stem)."""
+        return (0.0, self.power_variance() / 4.0, 0.0)
 
 
 Step = Union[Linear, Conv, Open, Close, Record, BatchNorm]

@@ -127,7 +127,7 @@ def test_log_space_3000_blocks_stays_finite(name):
     # the typical ratio sits var below the rms (docs/theory.md §7): at width 24, 3000 blocks of
     # unnormalized-he drift by ~ -190 in ln, which the spread model predicts
     pred = resnet.prediction(scheme, plan)
-    var_f, _, _, _ = resnet.variances(scheme.orthogonal, plan, pred.gains)
+    var_f, _ = resnet.variances(scheme.orthogonal, plan, pred.gains).variances
     assert abs(f[0, -1].mean() - (pred.ln_forward[-1] - var_f[-1])) < 4 * math.sqrt(var_f[-1])
 
 

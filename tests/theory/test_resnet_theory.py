@@ -175,7 +175,7 @@ def test_resnet_spread_model_across_seeds(name):
     plan, out, _ = walks.measure(spec, specs.ProbeSpec(samples=100, seeds=draws, seed=5, device="cpu"))
     scheme = inits.get(name)
     pred = resnet.prediction(scheme, plan)
-    var_f, var_b, _, _ = resnet.variances(scheme.orthogonal, plan, pred.gains)
+    var_f, var_b = resnet.variances(scheme.orthogonal, plan, pred.gains).variances
     for arr, var, ln_pred in (
         (out[name]["fwd"][:, -1, :], var_f[-1], pred.ln_forward[-1]),
         (out[name]["bwd"][:, 0, :], var_b[0], pred.ln_backward[0]),
@@ -191,3 +191,19 @@ def test_datadep_forward_approximation():
     run = _run(spec, "datadep", plan, out["datadep"], CPU.samples)
     assert all(r.forward.agrees for r in run.layers)
     assert all(r.backward.predicted is None for r in run.layers)
+
+
+def test_the_bn_resnets_spread_counts_its_batch_norms():
+    """The BN ResNet's spread (``plans.spread``) against 48 draws of 128 samples at width 128, 20
+    blocks: its branch W BN(h)^+ varies in power by the batch norm's 5/d besides the linear
+    layer's 2/d (docs/theory.md §7).  The across-sample sd of ln ratio measures within 4% forward
+    and 7% backward of the model (over seeds 3, 11, 29; the bootstrap se of a variance here is
+    2%); 0.16's law, without the 5/d, was 8% below forward and 17% below backward."""
+    spec = ResNetSpec(dim=128, blocks=20, norm="bn", inits=("he",))
+    plan, out, _ = walks.measure(spec, specs.ProbeSpec(samples=128, seeds=48, seed=3, device="cpu"))
+    kind = kinds.get("resnet")
+    gains = resnet.prediction(kind.scheme(spec, "he"), plan).gains
+    var_f, var_b = resnet.variances(False, plan, gains).variances
+    fwd = math.sqrt(np.var(out["he"]["fwd"][:, -1, :]) / var_f[-1])
+    bwd = math.sqrt(np.var(out["he"]["bwd"][:, 0, :]) / var_b[0])
+    assert abs(fwd - 1) < 0.1 and abs(bwd - 1) < 0.1, (fwd, bwd)

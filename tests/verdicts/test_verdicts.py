@@ -12,7 +12,7 @@ import walks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sigprop import api, inits, specs
+from sigprop import api, inits, plans, specs
 from sigprop.cli import main
 from sigprop.errors import SigpropError
 from sigprop.kinds import cnn
@@ -258,7 +258,7 @@ def test_no_prediction_reads_not_testable_not_disagrees():
 
 def test_conv_nets_have_a_theory_verdict_that_can_fail():
     """Issue 27, item 8: a conv net's theory verdict is tested against its finite-width band
-    (kinds/cnn.py ``variances``) -- it agrees for the init that ran, and fails when the same
+    (``plans.spread``: the conv law) -- it agrees for the init that ran, and fails when the same
     measurement is held against another init's prediction (he's g = 1 loses 2^-1/2 per layer)."""
     # 64 channels: at 32 the backward band is wider than a factor of two a layer moves it (no test)
     spec = CNNSpec(depth=12, channels=64, image=(3, 16, 16), inits=("proposed", "he"))
@@ -284,7 +284,7 @@ def test_the_conv_band_bounds_the_measured_spread_at_two_widths_and_depths():
             depth=depth, channels=channels, image=(3, 16, 16), inits=("proposed", "delta-orthogonal")
         )
         _, out, _ = walks.measure(spec, specs.ProbeSpec(samples=8, seeds=48, device="cpu"))
-        var_f, var_b = cnn.variances([3] + [channels] * depth)
+        var_f, var_b = plans.spread(cnn.steps((3, 16, 16), channels, depth), False).variances
         for name, a in out.items():
             f = a["fwd"].mean(axis=2)[:, -1].var(ddof=1) / var_f[-1]
             b = a["bwd"].mean(axis=2)[:, 0].var(ddof=1) / var_b[0]
