@@ -40,17 +40,21 @@ from typing import Any
 
 from sigprop import kinds, specs
 from sigprop.errors import SigpropError
+from sigprop.options import declared_options
 
-#: the keys of a ``lowest_curvature`` check alone (``specs.HessianSpec`` fields beside the probe's)
-CURVATURE_KEYS = {"iters": int, "tol": (int, float), "head": str, "batch_size": int}
 META_KEYS = {
     "command": str,
     "init": (str, list),
     "expect": str,
     "description": str,
     "lowest_curvature": str,
-    **CURVATURE_KEYS,
 }
+
+
+def curvature_keys() -> dict:
+    """The keys of a ``lowest_curvature`` check alone (TOML key -> option): the options
+    ``specs.HessianSpec`` declares for a check, beside the probe's it shares."""
+    return {o.toml_key: o for o in declared_options(specs.HessianSpec) if o.check}
 
 
 def probe_keys() -> dict:
@@ -183,7 +187,7 @@ def _check(name: str, raw: dict, lines: _Lines) -> CheckSpec:
         )
     kind = kinds.get(command)
     own = {o.name: (o.toml or o.type) for o in kind.options}
-    taken = {k: o.toml or o.type for k, o in probe_keys().items()}
+    taken = {k: o.toml or o.type for k, o in {**probe_keys(), **curvature_keys()}.items()}
     _check_keys(name, command, opts, original, {**META_KEYS, **taken, **own}, where)
     expect = opts.get("expect", "pass")
     if expect not in EXPECT:
@@ -243,7 +247,7 @@ def _curvature(name: str, kind, spec, opts: dict, original: dict, where):
     None); the curvature keys belong to such a check only."""
     lowest = opts.get("lowest_curvature")
     if lowest is None:
-        for key in CURVATURE_KEYS:
+        for key in curvature_keys():
             if key in opts:
                 raise ConfigError(
                     where(key), f"check {name!r}: {original[key]} applies to a lowest_curvature check only"
@@ -256,8 +260,10 @@ def _curvature(name: str, kind, spec, opts: dict, original: dict, where):
             f"check {name!r}: lowest_curvature must name one of two or more inits listed in init, "
             f"got {lowest!r}",
         )
-    keys = ("samples", "seed", "seeds", "device", "dtype", *CURVATURE_KEYS)
-    return specs.HessianSpec(**{k: opts[k] for k in keys if k in opts}), lowest
+    taken = {**probe_keys(), **curvature_keys()}
+    fields = {o.name for o in declared_options(specs.HessianSpec)}
+    given = {o.name: opts[k] for k, o in taken.items() if k in opts and o.name in fields}
+    return specs.HessianSpec(**given), lowest
 
 
 #: a check without ``init`` checks the paper's init (docs/cli.md), where the net takes it

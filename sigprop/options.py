@@ -63,6 +63,11 @@ class Opt:
     recorded: str = "config"
     #: the annotation of the API keyword (the spec field's, as written)
     annotation: str = ""
+    #: the command line takes a path (``--data FILE``); the library keeps it as text
+    path: bool = False
+    #: read only with this other option (``--probes`` with ``--density``): on the command line
+    #: not given by default, and given without that option refused in one line
+    needs: str = ""
 
     @property
     def cli_flag(self) -> str:

@@ -105,6 +105,15 @@ class WidthSpec:
         return [int(w) for w in rng.integers(self.lo, self.hi + 1, size=count)]
 
 
+#: the help of the options every measurement takes (``ProbeSpec``, ``HessianSpec``,
+#: ``SpectrumSpec`` declare them each, with these words)
+SEED_HELP = "Base seed of widths, inputs, errors and weights."
+DEVICE_HELP = "auto, cpu, cuda or cuda:K (auto = CUDA when available)."
+DTYPE_HELP = "Floating-point type of the probe."
+THREADS_HELP = "CPU threads torch may use (recorded in the result)."
+THREADS_SHOWN = "half the cores this process may run on; OMP_NUM_THREADS where set"
+
+
 @dataclass(frozen=True)
 class ProbeSpec:
     """How to probe: sample count, seeds, device, dtype."""
@@ -112,21 +121,17 @@ class ProbeSpec:
     samples: int = declared(
         int, 1000, "Random inputs (and error vectors) N.", min=1, sweep=True, keyed="always"
     )
-    seed: int = declared(
-        int, 0, "Base seed of widths, inputs, errors and weights.", min=0, sweep=True, keyed="always"
-    )
+    seed: int = declared(int, 0, SEED_HELP, min=0, sweep=True, keyed="always")
     seeds: int = declared(int, 1, "Independent weight draws S.", min=1, sweep=True, keyed="always")
     device: str = declared(
         str,
         "auto",
-        "auto, cpu, cuda or cuda:K (auto = CUDA when available).",
+        DEVICE_HELP,
         sweep=True,
         keyed="",
         recorded="environment",
     )
-    dtype: str = declared(
-        str, "float32", "Floating-point type of the probe.", choices=DTYPES, sweep=True, keyed="always"
-    )
+    dtype: str = declared(str, "float32", DTYPE_HELP, choices=DTYPES, sweep=True, keyed="always")
     #: True redraws the weights in the backward pass instead of storing them, False stores
     #: them, None decides from the free memory (docs/cli.md)
     stream: bool | None = declared(
@@ -194,9 +199,9 @@ class ProbeSpec:
     threads: int | None = declared(
         int,
         None,
-        "CPU threads torch may use (recorded in the result).",
+        THREADS_HELP,
         min=1,
-        shown="half the cores this process may run on; OMP_NUM_THREADS where set",
+        shown=THREADS_SHOWN,
         check=False,
         recorded="",
     )
@@ -248,6 +253,14 @@ class ProbeSpec:
             )
         if self.precision == "tf32" and self.dtype != "float32":
             raise SigpropError(f"tf32 applies to float32 matmuls; --dtype is {self.dtype}", field="precision")
+
+
+def parse_depths(text: str) -> tuple[int, ...]:
+    """``--at 5,10,20`` -> (5, 10, 20) (checked by ``SpectrumSpec``: each >= 1, none twice)."""
+    try:
+        return tuple(int(v) for v in str(text).split(",")) if text else ()
+    except ValueError:
+        raise SigpropError(f"expected depths like 5,10,20, got {text!r}", field="at") from None
 
 
 def parse_ints(text: str, field: str) -> list[int]:
@@ -460,27 +473,89 @@ class HessianSpec:
     each product a forward and two backwards per minibatch; a data-dependent init calibrated on
     the first minibatch, as the authors' code does; a BN net's statistics per minibatch)."""
 
-    samples: int | None = None
-    seed: int = 0
-    seeds: int = 3
-    device: str = "auto"
-    dtype: str = "float32"
-    iters: int = 100
-    tol: float = 1e-3
-    top: int = 0
-    trace: int = 0
-    data: str | None = None
-    head: str = "pytorch"
-    batch_size: int | None = None
+    samples: int | None = declared(
+        int,
+        None,
+        "Data points N: synthetic x ~ N(0, I) with labels uniform over 10 classes, or with --data the "
+        "first N of the file.",
+        min=1,
+        shown=f"{HESSIAN_SAMPLES} synthetic; all of --data",
+        check=False,
+    )
+    seed: int = declared(int, 0, SEED_HELP, min=0, check=False)
+    seeds: int = declared(int, 3, "Weight draws; the table gives mean ± sd over them.", min=1, check=False)
+    device: str = declared(str, "auto", DEVICE_HELP, check=False)
+    dtype: str = declared(str, "float32", DTYPE_HELP, choices=DTYPES, check=False)
+    iters: int = declared(
+        int,
+        100,
+        "Hessian-vector products at most for the largest-magnitude eigenvalue (restarted Lanczos).",
+        min=1,
+    )
+    tol: float = declared(
+        float,
+        1e-3,
+        "Converged when the relative residual ||Hy - λy||/|λ| is at most this (an eigenvalue then lies "
+        "within tol |λ| of λ).",
+        toml=(int, float),
+    )
+    top: int = declared(
+        int, 0, "Also the K largest-magnitude eigenvalues by Lanczos (0: no).", min=0, check=False
+    )
+    trace: int = declared(
+        int,
+        0,
+        "Also the trace by Hutchinson's estimator with M Rademacher probes (0: no).",
+        min=0,
+        check=False,
+    )
+    data: str | None = declared(
+        str,
+        None,
+        "Your data instead of synthetic: a .pt or .npz with x [N, ...] and integer labels y [N] in 0..9.",
+        path=True,
+        check=False,
+    )
+    head: str = declared(
+        str,
+        "pytorch",
+        "The 10-way head: pytorch (the paper's nets: plain nn.Linear at PyTorch's default init, the same "
+        "for every init) or init (drawn by the init under test, gain 1; docs/theory.md section 12).",
+        choices=tuple(HEADS),
+    )
+    batch_size: int | None = declared(
+        int,
+        None,
+        "Accumulate each Hessian-vector product over minibatches of B samples (memory of one minibatch; "
+        "a data-dependent init calibrated on the first, as the paper's code does).",
+        min=1,
+        shown="all samples at once",
+    )
     #: CPU threads (None: ``environment.probe_threads``), as ``ProbeSpec.threads``
-    threads: int | None = None
+    threads: int | None = declared(int, None, THREADS_HELP, min=1, shown=THREADS_SHOWN, check=False)
     #: the eigenvalue density by stochastic Lanczos quadrature: ``probes`` Rademacher probes of
-    #: ``steps`` Lanczos steps each
-    density: bool = False
-    probes: int = 4
-    steps: int = 20
+    #: ``steps`` Lanczos steps each (the command line: a quick look by default -- issue 47: a
+    #: documented --density example ran 22 h on a laptop CPU; Ghorbani et al. 2019's scale is
+    #: --probes 10 --steps 90 --, and either refused without --density, which alone reads them)
+    density: bool = declared(
+        bool,
+        False,
+        "Also the eigenvalue density by stochastic Lanczos quadrature (--probes x --steps Hessian-vector "
+        "products a draw); --plot draws it on a symmetric log axis.",
+        check=False,
+    )
+    probes: int = declared(int, 4, "--density: Rademacher probes.", min=1, check=False, needs="density")
+    steps: int = declared(
+        int, 20, "--density: Lanczos steps a probe (quadrature nodes).", min=2, check=False, needs="density"
+    )
     #: also the largest-magnitude eigenvalue of each layer's diagonal block
-    per_layer: bool = False
+    per_layer: bool = declared(
+        bool,
+        False,
+        "Also the largest-magnitude eigenvalue of each layer's diagonal block of the Hessian (restarted "
+        "Lanczos, up to --iters products a layer): where the curvature sits.",
+        check=False,
+    )
 
     def __post_init__(self) -> None:
         if self.threads is not None:
@@ -514,27 +589,62 @@ class SpectrumSpec:
     device, the dtype of the net (the singular values are computed in float64), the CPU threads,
     and ``depths``: the Jacobian of every unit's output too (the spectrum against depth)."""
 
-    samples: int = 8
-    seed: int = 0
-    seeds: int = 3
-    device: str = "auto"
-    dtype: str = "float32"
-    threads: int | None = None
+    samples: int = declared(
+        int, 8, "Inputs x ~ N(0, I) at which the Jacobian is taken exactly.", min=1, check=False
+    )
+    seed: int = declared(int, 0, SEED_HELP, min=0, check=False)
+    seeds: int = declared(int, 3, "Weight draws.", min=1, check=False)
+    device: str = declared(str, "auto", DEVICE_HELP, check=False)
+    dtype: str = declared(str, "float32", DTYPE_HELP, choices=DTYPES, check=False)
+    threads: int | None = declared(int, None, THREADS_HELP, min=1, shown=THREADS_SHOWN, check=False)
     #: also the Jacobian of every recorded state (each unit's output) in the input: the spectrum
     #: against depth
-    depths: bool = False
+    depths: bool = declared(
+        bool,
+        False,
+        "Also the Jacobian of every layer's (block's) output in the input: the spread against depth beside "
+        "its theory (n_l reverse products a sample for each depth l).",
+        check=False,
+    )
     #: "exact" (J formed, an SVD), "lanczos" (J^T J as an operator: restarted Lanczos for
     #: sigma_max, stochastic Lanczos quadrature of ``probes`` x ``steps`` for the rest), or
     #: "auto": exact when it fits in memory
-    path: str = "auto"
-    probes: int = 10
-    steps: int = 30
+    path: str = declared(
+        str,
+        "auto",
+        "exact (J formed, an SVD a sample), lanczos (J^T J as an operator: Lanczos for sigma_max, "
+        "stochastic Lanczos quadrature for the rest), or auto: exact when it fits in memory.",
+        check=False,
+    )
+    probes: int = declared(int, 10, "lanczos path: quadrature probes a sample.", min=1, check=False)
+    steps: int = declared(int, 30, "lanczos path: Lanczos steps a probe.", min=2, check=False)
     #: the Jacobian of these recorded states only (1-based depths), as ``depths`` does for all
-    at: tuple[int, ...] = ()
+    at: tuple[int, ...] = declared(
+        str,
+        (),
+        "Also the Jacobian of the input to these depths only (a comma list, e.g. 5,10,20: the recorded "
+        "states of --depths), beside its theory.",
+        parse=lambda text: parse_depths(text),
+        check=False,
+    )
     #: also the ``top`` largest and smallest singular values per draw (0: none)
-    top: int = 0
+    top: int = declared(
+        int,
+        0,
+        "Also the K largest and K smallest singular values (mean over samples; lanczos path: Lanczos on "
+        "J^T J or J J^T, the smaller).",
+        min=0,
+        check=False,
+    )
     #: the exact path's Jacobians this many samples at a time (None: all at once)
-    batch_size: int | None = None
+    batch_size: int | None = declared(
+        int,
+        None,
+        "exact path: the samples' Jacobians B at a time (the memory of B).",
+        min=1,
+        shown="all",
+        check=False,
+    )
 
     def __post_init__(self) -> None:
         if self.threads is not None:

@@ -109,3 +109,28 @@ def test_the_sweep_key_is_what_it_was():
         "pairs": 256,
     }
     assert "device" not in keyed(specs.ProbeSpec(device="cpu"))
+
+
+def test_a_curvature_option_declared_once_is_taken_by_the_command_and_a_check(monkeypatch, tmp_path, capsys):
+    """The curvature's options are ``specs.HessianSpec``'s declared fields too: one added there is
+    in ``sigprop hessian KIND --help``, parsed into the spec, and a key of a ``lowest_curvature``
+    check (``check=True``), refused in a check that is not one."""
+    from sigprop.cli.options import HessianOptions, hessian_table
+
+    field = declared(int, 7, "A curvature option added in one place.", min=1)
+    cls = make_dataclass("HessianSpec", [("extra", int, field)], bases=(specs.HessianSpec,), frozen=True)
+    monkeypatch.setattr(specs, "HessianSpec", cls)
+    assert main(["hessian", "mlp", "--help"]) == 0
+    assert "--extra" in capsys.readouterr().out
+    table = {name: default for name, _, default in hessian_table(kinds.get("mlp"))}
+    assert table["extra"] == 7
+    values = {name: default for name, default in table.items() if name not in ("fmt", "output", "plot")}
+    assert HessianOptions(**{**values, "extra": 3}).hessian_spec().extra == 3
+    toml = tmp_path / "checks.toml"
+    body = 'command = "mlp"\ndepth = 3\ninit = ["proposed", "he"]\nextra = 5\n'
+    toml.write_text("[check.c]\n" + body + 'lowest_curvature = "proposed"\n')
+    (check,) = checks.load(toml, ("check",))
+    assert check.curvature.extra == 5
+    toml.write_text("[check.c]\n" + body)
+    with pytest.raises(ConfigError, match="extra applies to a lowest_curvature check only"):
+        checks.load(toml, ("check",))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import enum
 import inspect
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional, get_args
 
@@ -19,6 +19,7 @@ import typer
 from rich.markup import escape
 
 from sigprop import inits, kinds, specs
+from sigprop.options import declared_options
 
 #: the flag (or argument) of each library field whose name is not "--" + field with dashes (the
 #: net kinds' own flags are read from their options: ``flag``)
@@ -65,8 +66,6 @@ class TableFormat(str, enum.Enum):
     json = "json"
 
 
-Head = enum.Enum("Head", {h: h for h in specs.HEADS}, type=str)
-
 PlotOpt = Annotated[
     Optional[Path],
     Option(
@@ -87,7 +86,7 @@ def _annotated(o: kinds.Opt, prefix: str):
     """The typer annotation of a net kind's option: its type (an enum of its choices), optional
     when its default is None, the flag (``--on/--off`` for a bool with ``off``), its bound and
     help (with the default it states when the value is optional)."""
-    base = o.type
+    base = Path if o.path else o.type
     if o.choices:
         base = enum.Enum(f"{prefix}_{o.name}", {str(c): str(c) for c in o.choices}, type=str)
     decl = f"{o.cli_flag}/{o.off}" if o.type is bool and o.off else o.cli_flag
@@ -119,9 +118,38 @@ def cli_values(options, given: dict) -> dict:
         v = given.get(o.name)
         if v is None:
             continue
-        v = v.value if isinstance(v, enum.Enum) else v
+        v = v.value if isinstance(v, enum.Enum) else str(v) if isinstance(v, Path) else v
         out[o.name] = o.parse(v) if o.parse else tuple(v) if isinstance(v, list) else v
     return out
+
+
+def declared_table(options, prefix: str, changes: dict | None = None) -> list:
+    """(name, annotation, default) of a command's declared options (those with ``cli``), each with
+    its ``changes`` for the command; an option read only with another (``Opt.needs``) and one
+    whose value is text the command line parses into a tuple are not given by default."""
+    out = []
+    for o in (o for o in options if o.cli):
+        c = dict((changes or {}).get(o.name, {}))
+        if o.needs:
+            c.setdefault("default", None)
+            c.setdefault("shown", str(o.default))
+        elif isinstance(o.default, tuple) and not o.repeat:
+            c.setdefault("default", None)
+        out.append((o.name, *_annotated(replace(o, **c), prefix)))
+    return out
+
+
+def declared_spec(cls, values: dict):
+    """The spec ``cls`` of a command's values (its declared options), an option given without
+    the one it needs (``Opt.needs``) refused in one line."""
+    options = declared_options(cls)
+    given = cli_values(options, values)
+    for o in options:
+        if o.needs and o.name in given and not given.get(o.needs):
+            raise specs.SigpropError(
+                f"sets what {flag(o.needs)} measures: it takes {flag(o.needs)} too", field=o.name
+            )
+    return cls(**given)
 
 
 FormatOpt = Annotated[Format, Option("--format", help="Output format.")]
@@ -134,366 +162,73 @@ class CheckFormat(str, enum.Enum):
     json = "json"
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """What ``sigprop hessian`` and ``sigprop spectrum`` both take (``dtype``: an enum member of
-    the declared choices)."""
+class CommandOptions:
+    """What a command got, handed to it as one object: where its output goes (``fmt``, ``output``,
+    ``plot``; a probe's ``check``) and the library's options by name (``values``: every option its
+    spec declares for the command line, sigprop/options.py)."""
 
-    samples: Optional[int]
-    seed: int
-    seeds: int
-    device: str
-    dtype: enum.Enum
-    fmt: "Format | TableFormat"
-    output: Optional[Path]
-    threads: Optional[int]
+    OUTPUT = ("check", "fmt", "output", "plot")
+
+    def __init__(self, **kw) -> None:
+        for name in self.OUTPUT:
+            setattr(self, name, kw.pop(name, None))
+        self.values = kw
 
 
-class ProbeOptions:
-    """The options every probe command takes, handed to the command as one object: the output's
-    (``fmt``, ``output``, ``check``, ``plot``) and the library's (``values``, by name: every
-    option ``specs.probe_options`` declares for the command line)."""
-
-    def __init__(self, fmt, output, check, plot, **values) -> None:
-        self.fmt, self.output, self.check, self.plot = fmt, output, check, plot
-        self.values = values
-
+class ProbeOptions(CommandOptions):
     def specs(self) -> tuple[specs.ProbeSpec, specs.GateSpec]:
         """The probe and the gate the command line asks for."""
         return specs.probe_specs(cli_values(specs.probe_options(), self.values))
 
 
-#: what a probe command takes besides the library's options: where its output goes, and --check
+class HessianOptions(CommandOptions):
+    def hessian_spec(self) -> specs.HessianSpec:
+        return declared_spec(specs.HessianSpec, self.values)
+
+
+class SpectrumOptions(CommandOptions):
+    def spectrum_spec(self) -> specs.SpectrumSpec:
+        return declared_spec(specs.SpectrumSpec, self.values)
+
+
+def _plot(help_: str):
+    return Annotated[Optional[Path], Option(help=help_)]
+
+
+TableFormatOpt = Annotated[TableFormat, Option("--format", help="Output format.")]
+#: what a probe command takes besides the library's options: --check, and where its output goes
 OUTPUT_OPTIONS = (
     ("check", CheckOpt, False),
     ("fmt", FormatOpt, Format.table),
     ("output", OutputOpt, None),
     ("plot", PlotOpt, None),
 )
-
-
-@dataclass(frozen=True)
-class HessianOptions(RunOptions):
-    """The options of every ``sigprop hessian NET`` command, handed to it as one object (the
-    net's own options are the probe command's)."""
-
-    iters: int
-    tol: float
-    top: int
-    trace: int
-    density: bool
-    probes: Optional[int]
-    steps: Optional[int]
-    per_layer: bool
-    data: Optional[Path]
-    head: Head
-    batch_size: Optional[int]
-    plot: Optional[Path]
-
-    def hessian_spec(self) -> specs.HessianSpec:
-        for name in ("probes", "steps"):
-            if getattr(self, name) is not None and not self.density:
-                raise specs.SigpropError(
-                    "sets the eigenvalue density's quadrature: it takes --density too", field=name
-                )
-        return specs.HessianSpec(
-            samples=self.samples,
-            seed=self.seed,
-            seeds=self.seeds,
-            device=self.device,
-            dtype=self.dtype.value,
-            iters=self.iters,
-            tol=self.tol,
-            top=self.top,
-            trace=self.trace,
-            density=self.density,
-            probes=specs.HessianSpec.probes if self.probes is None else self.probes,
-            steps=specs.HessianSpec.steps if self.steps is None else self.steps,
-            per_layer=self.per_layer,
-            data=None if self.data is None else str(self.data),
-            head=self.head.value,
-            batch_size=self.batch_size,
-            threads=self.threads,
-        )
-
-
-@dataclass(frozen=True)
-class SpectrumOptions(RunOptions):
-    """The options of every ``sigprop spectrum NET`` command (the net's own are the probe's)."""
-
-    depths: bool
-    plot: Optional[Path]
-    path: str
-    probes: int
-    steps: int
-    top: int
-    batch_size: Optional[int]
-    at: Optional[str]
-
-    def spectrum_spec(self) -> specs.SpectrumSpec:
-        try:
-            at = tuple(int(v) for v in self.at.split(",")) if self.at else ()
-        except ValueError:
-            raise specs.SigpropError(f"expected depths like 5,10,20, got {self.at!r}", field="at") from None
-        return specs.SpectrumSpec(
-            at=at,
-            samples=8 if self.samples is None else self.samples,
-            seed=self.seed,
-            seeds=self.seeds,
-            device=self.device,
-            dtype=self.dtype.value,
-            threads=self.threads,
-            depths=self.depths,
-            path=self.path,
-            probes=self.probes,
-            steps=self.steps,
-            top=self.top,
-            batch_size=self.batch_size,
-        )
-
-
-SPECTRUM_OPTIONS = (
-    (
-        "samples",
-        Annotated[
-            Optional[int],
-            Option(min=1, help="Inputs x ~ N(0, I) at which the Jacobian is taken exactly. [default: 8]"),
-        ],
-        None,
-    ),
-    ("seed", *declared("seed")),
-    ("seeds", Annotated[int, Option(min=1, help="Weight draws.")], 3),
-    ("device", *declared("device")),
-    ("dtype", *declared("dtype")),
-    ("fmt", Annotated[TableFormat, Option("--format", help="Output format.")], TableFormat.table),
+HESSIAN_OUTPUT = (
+    ("fmt", TableFormatOpt, TableFormat.table),
     ("output", OutputOpt, None),
-    ("threads", *declared("threads")),
-    (
-        "depths",
-        Annotated[
-            bool,
-            Option(
-                "--depths",
-                help="Also the Jacobian of every layer's (block's) output in the input: the spread against "
-                "depth beside its theory (n_l reverse products a sample for each depth l).",
-            ),
-        ],
-        False,
-    ),
-    (
-        "at",
-        Annotated[
-            Optional[str],
-            Option(
-                "--at",
-                help="Also the Jacobian of the input to these depths only (a comma list, e.g. 5,10,20: "
-                "the recorded states of --depths), beside its theory.",
-            ),
-        ],
-        None,
-    ),
     (
         "plot",
-        Annotated[
-            Optional[Path],
-            Option(
-                help="Write the figure (.png/.svg/.pdf; needs the plot extra): the spectrum's histogram per "
-                "init, and with --depths the spread against depth."
-            ),
-        ],
-        None,
-    ),
-    (
-        "path",
-        Annotated[
-            str,
-            Option(
-                help="exact (J formed, an SVD a sample), lanczos (J^T J as an operator: Lanczos for "
-                "sigma_max, stochastic Lanczos quadrature for the rest), or auto: exact when it fits in "
-                "memory."
-            ),
-        ],
-        "auto",
-    ),
-    ("probes", Annotated[int, Option(min=1, help="lanczos path: quadrature probes a sample.")], 10),
-    ("steps", Annotated[int, Option(min=2, help="lanczos path: Lanczos steps a probe.")], 30),
-    (
-        "top",
-        Annotated[
-            int,
-            Option(
-                min=0,
-                help="Also the K largest and K smallest singular values (mean over samples; lanczos path: "
-                "Lanczos on J^T J or J J^T, the smaller).",
-            ),
-        ],
-        0,
-    ),
-    (
-        "batch_size",
-        Annotated[
-            Optional[int],
-            Option(
-                min=1, help="exact path: the samples' Jacobians B at a time (the memory of B). [default: all]"
-            ),
-        ],
+        _plot("Also draw the curvature per init (bar: mean ± sd, points: draws) to this .png/.svg/.pdf."),
         None,
     ),
 )
-
-
-def _curvature_samples(default: int):
-    """``sigprop hessian``'s --samples, its help stating the kind's default (``Kind.curvature_samples``)."""
-    return Annotated[
-        Optional[int],
-        Option(
-            min=1,
-            help="Data points N: synthetic x ~ N(0, I) with labels uniform over 10 classes, "
-            f"or with --data the first N of the file. [default: {default} synthetic; all of --data]",
+SPECTRUM_OUTPUT = (
+    ("fmt", TableFormatOpt, TableFormat.table),
+    ("output", OutputOpt, None),
+    (
+        "plot",
+        _plot(
+            "Write the figure (.png/.svg/.pdf; needs the plot extra): the spectrum's histogram per init, and "
+            "with --depths the spread against depth."
         ),
-    ]
-
-
-HESSIAN_OPTIONS = (
-    ("samples", _curvature_samples(specs.HESSIAN_SAMPLES), None),
-    ("seed", *declared("seed")),
-    ("seeds", Annotated[int, Option(min=1, help="Weight draws; the table gives mean ± sd over them.")], 3),
-    ("device", *declared("device")),
-    ("dtype", *declared("dtype")),
-    ("fmt", Annotated[TableFormat, Option("--format", help="Output format.")], TableFormat.table),
-    ("output", OutputOpt, None),
-    (
-        "iters",
-        Annotated[
-            int,
-            Option(
-                min=1,
-                help="Hessian-vector products at most for the largest-magnitude eigenvalue "
-                "(restarted Lanczos).",
-            ),
-        ],
-        100,
-    ),
-    (
-        "tol",
-        Annotated[
-            float,
-            Option(
-                help="Converged when the relative residual ||Hy - λy||/|λ| is at most this "
-                "(an eigenvalue then lies within tol |λ| of λ)."
-            ),
-        ],
-        1e-3,
-    ),
-    (
-        "top",
-        Annotated[int, Option(min=0, help="Also the K largest-magnitude eigenvalues by Lanczos (0: no).")],
-        0,
-    ),
-    (
-        "trace",
-        Annotated[
-            int,
-            Option(min=0, help="Also the trace by Hutchinson's estimator with M Rademacher probes (0: no)."),
-        ],
-        0,
-    ),
-    (
-        "density",
-        Annotated[
-            bool,
-            Option(
-                "--density",
-                help="Also the eigenvalue density by stochastic Lanczos quadrature (--probes x --steps "
-                "Hessian-vector products a draw); --plot draws it on a symmetric log axis.",
-            ),
-        ],
-        False,
-    ),
-    # a quick look by default (issue 47: a documented --density example ran 22 h on a laptop CPU);
-    # Ghorbani et al. 2019's scale is --probes 10 --steps 90, behind the options
-    # None: not given (refused without --density, which alone reads them)
-    (
-        "probes",
-        Annotated[
-            Optional[int],
-            Option(min=1, help=f"--density: Rademacher probes. [default: {specs.HessianSpec.probes}]"),
-        ],
-        None,
-    ),
-    (
-        "steps",
-        Annotated[
-            Optional[int],
-            Option(
-                min=2,
-                help="--density: Lanczos steps a probe (quadrature nodes). "
-                f"[default: {specs.HessianSpec.steps}]",
-            ),
-        ],
-        None,
-    ),
-    (
-        "per_layer",
-        Annotated[
-            bool,
-            Option(
-                "--per-layer",
-                help="Also the largest-magnitude eigenvalue of each layer's diagonal block of the Hessian "
-                "(restarted Lanczos, up to --iters products a layer): where the curvature sits.",
-            ),
-        ],
-        False,
-    ),
-    (
-        "data",
-        Annotated[
-            Optional[Path],
-            Option(
-                help="Your data instead of synthetic: a .pt or .npz with x [N, ...] and integer labels y [N] "
-                "in 0..9."
-            ),
-        ],
-        None,
-    ),
-    (
-        "head",
-        Annotated[
-            Head,
-            Option(
-                help="The 10-way head: pytorch (the paper's nets: plain nn.Linear at PyTorch's default init, "
-                "the same for every init) or init (drawn by the init under test, gain 1; docs/theory.md "
-                "section 12)."
-            ),
-        ],
-        Head.pytorch,
-    ),
-    (
-        "batch_size",
-        Annotated[
-            Optional[int],
-            Option(
-                min=1,
-                help="Accumulate each Hessian-vector product over minibatches of B samples "
-                "(memory of one minibatch; a data-dependent init calibrated on the first, "
-                "as the paper's code does). [default: all samples at once]",
-            ),
-        ],
-        None,
-    ),
-    ("threads", *declared("threads")),
-    (
-        "plot",
-        Annotated[
-            Optional[Path],
-            Option(
-                help="Also draw the curvature per init (bar: mean ± sd, points: draws) to this "
-                ".png/.svg/.pdf."
-            ),
-        ],
         None,
     ),
 )
+
+
+def spectrum_table(kind: kinds.Kind):
+    """``sigprop spectrum KIND``'s shared options: ``specs.SpectrumSpec``'s declared ones."""
+    return (*declared_table(declared_options(specs.SpectrumSpec), "spectrum"), *SPECTRUM_OUTPUT)
 
 
 def init_choices(kind: kinds.Kind):
@@ -532,22 +267,16 @@ def probe_table(kind: kinds.Kind):
     """A kind's probe command's shared options: every option ``specs.probe_options`` declares for
     the command line, its ``--band`` help stating the kind's default band and its defaults
     (``Kind.probe_defaults``) replacing the declared ones; then ``OUTPUT_OPTIONS``."""
-    out = []
-    for o in (o for o in specs.probe_options() if o.cli):
-        changes = {"default": kind.probe_defaults.get(o.name, o.default)}
-        if o.name == "band":
-            changes["shown"] = kind.band_help
-        out.append((o.name, *_annotated(replace(o, **changes), "probe")))
-    return (*out, *OUTPUT_OPTIONS)
+    changes = {name: {"default": v} for name, v in kind.probe_defaults.items()}
+    changes.setdefault("band", {})["shown"] = kind.band_help
+    return (*declared_table(specs.probe_options(), "probe", changes), *OUTPUT_OPTIONS)
 
 
 def hessian_table(kind: kinds.Kind):
-    """``HESSIAN_OPTIONS`` for a kind's ``sigprop hessian`` command: its --samples help states the
-    kind's default."""
-    return tuple(
-        (name, _curvature_samples(kind.curvature_samples) if name == "samples" else opt, default)
-        for name, opt, default in HESSIAN_OPTIONS
-    )
+    """``sigprop hessian KIND``'s shared options: ``specs.HessianSpec``'s declared ones, its
+    --samples help stating the kind's default."""
+    changes = {"samples": {"shown": f"{kind.curvature_samples} synthetic; all of --data"}}
+    return (*declared_table(declared_options(specs.HessianSpec), "hessian", changes), *HESSIAN_OUTPUT)
 
 
 def _hidden(p: inspect.Parameter) -> inspect.Parameter:

@@ -10,9 +10,9 @@ from sigprop.cli import common
 from sigprop.cli._app import add_family
 from sigprop.cli.common import ONE_PROBE, _banner, _plot_target
 from sigprop.cli.options import (
-    SPECTRUM_OPTIONS,
     SpectrumOptions,
     command,
+    spectrum_table,
 )
 from sigprop.cli.output import (
     _check_output_target,
@@ -71,5 +71,5 @@ def register(app: typer.Typer) -> None:
             f"The input-output Jacobian's singular values of the net of `sigprop {kind.name}` (same "
             "net options), exactly at a few inputs, per init and draw, beside the large-width theory."
         ),
-        lambda kind: command(kind, SPECTRUM_OPTIONS, SpectrumOptions, run_spectrum, "spectrum"),
+        lambda kind: command(kind, spectrum_table(kind), SpectrumOptions, run_spectrum, "spectrum"),
     )

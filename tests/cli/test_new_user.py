@@ -318,8 +318,11 @@ def test_the_lanczos_path_keeps_each_samples_quadrature_in_its_estimate(eight_gi
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["hessian", "mlp", "--probes", "3"], "--probes: sets the eigenvalue density's quadrature"),
-        (["hessian", "mlp", "--steps", "8"], "--steps: sets the eigenvalue density's quadrature"),
+        (
+            ["hessian", "mlp", "--probes", "3"],
+            "--probes: sets what --density measures: it takes --density too",
+        ),
+        (["hessian", "mlp", "--steps", "8"], "--steps: sets what --density measures: it takes --density too"),
         (["spectrum", "mlp", "--at", "2,2"], "--at: depth 2 given twice"),
         (["mlp", "--threads", "100000"], "--threads: 100000 threads on the"),
         (["mlp", "--depth", "3", "--depth", "4"], "--depth: given twice"),
