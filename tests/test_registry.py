@@ -43,6 +43,7 @@ def test_a_name_taken_is_refused_naming_both_registrations():
         lambda: sweeps.EXECUTORS,
         lambda: sweeps.MEASURES,
         lambda: __import__("sigprop.kernels.sampling", fromlist=["x"]).SAMPLERS,
+        lambda: __import__("sigprop.kernels.sampling", fromlist=["x"]).CALIBRATIONS,
     ],
     ids=[
         "kinds",
@@ -55,6 +56,7 @@ def test_a_name_taken_is_refused_naming_both_registrations():
         "executors",
         "measurements",
         "samplers",
+        "calibrations",
     ],
 )
 def test_every_family_is_one_registry(family):
@@ -73,6 +75,12 @@ def test_each_familys_register_refuses_a_duplicate():
         engines.register(engines.ENGINES["plan"])
     with pytest.raises(SigpropError, match="moment map 'dense' registered twice"):
         graph.map_op("dense", lambda *a: None)
+    from sigprop.kernels import sampling
+
+    with pytest.raises(
+        SigpropError, match="calibration 'datadep' registered twice.*sigprop.kernels.sampling"
+    ):
+        sampling.CALIBRATIONS.add("datadep", lambda params, a: params)
     op = next(iter(ops.TRACED.values()))
     with pytest.raises(SigpropError, match="traced op .* registered twice"):
         ops.register(op)

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import walks
 
 from sigprop import kinds, specs
 from sigprop import sweeps as sweep
@@ -35,7 +36,7 @@ def test_parse_ints_and_inits():
 )
 def test_resume_keys_are_0_7s(kind, extra):
     k = kinds.KINDS[kind]
-    point = sweep.grid(k, [3], [64 if kind != "wrn" else 1], ["proposed"], PROBE)[0]
+    point = walks.grid(k, [3], [64 if kind != "wrn" else 1], ["proposed"], PROBE)[0]
     size = "depth" if kind in ("mlp", "cnn") else "blocks"
     width = 64 if kind != "wrn" else 1
     if kind != "mlp":

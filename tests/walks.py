@@ -119,3 +119,23 @@ def trace(model, x, sites: list[str]):
 
     t = trace_graph(model, x)
     return (None, None, t.why) if t.nodes is None else (t.nodes, t.where(sites), "")
+
+
+def grid(kind, sizes, widths, names, probe) -> list:
+    """The probe points of a size x width x init grid of one of sigprop's nets, each a
+    ``sweeps.Point`` as ``sigprop sweep`` makes it (without ``sweeps.configure``'s checks: sizes
+    and widths given as numbers)."""
+    from sigprop import sweeps
+
+    return [
+        sweeps.Point(
+            kind,
+            ((kind.sweep_size, size), ("width", width)),
+            name,
+            kind.sweep_spec(size, width, name, None),
+            probe,
+        )
+        for size in sizes
+        for width in widths
+        for name in names
+    ]

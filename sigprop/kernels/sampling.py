@@ -24,8 +24,11 @@ from sigprop.registry import Registry
 
 Sampler = Callable[[LayerRole, torch.Generator, torch.device, torch.dtype], LayerParams]
 SAMPLERS: Registry[Sampler] = Registry("sampler", field="init", skip=(__name__,))
-#: data-dependent schemes: (params, pre-activations [N, out]) -> params with g and b set
-CALIBRATIONS: dict[str, Callable[[LayerParams, torch.Tensor], LayerParams]] = {}
+#: data-dependent schemes: (params, pre-activations [N, out]) -> params with g and b set (the
+#: one registry idiom: a name taken twice is refused naming both)
+CALIBRATIONS: Registry[Callable[[LayerParams, torch.Tensor], LayerParams]] = Registry(
+    "calibration", field="init"
+)
 
 
 def sampler(name: str):
@@ -242,7 +245,7 @@ def _calibrate_datadep(params: LayerParams, t) -> LayerParams:
     return wn(params.v, g, -mu / sigma)
 
 
-CALIBRATIONS["datadep"] = _calibrate_datadep
+CALIBRATIONS.add("datadep", _calibrate_datadep)
 
 
 def _unnormalized_he(role, gen, device, dtype):

@@ -172,34 +172,6 @@ def _options(probe: specs.ProbeSpec, measure: Measurement):
     return measure.options(**{k: getattr(probe, k) for k in shared})
 
 
-def grid(
-    kind: kinds.Kind,
-    sizes: list[int],
-    widths: list[int],
-    names: list[str],
-    probe: specs.ProbeSpec,
-    input_dim: int | None = None,
-    measure: str = "probe",
-) -> list[Point]:
-    """Every point of a size x width x init grid of one of sigprop's nets (``configure`` without
-    its checks: the points of a size and width given as numbers)."""
-    options = _options(probe, MEASURES.lookup(measure))
-    return [
-        Point(
-            kind,
-            ((kind.sweep_size, size), ("width", width)),
-            name,
-            kind.sweep_spec(size, width, name, input_dim),
-            probe,
-            measure,
-            options,
-        )
-        for size in sizes
-        for width in widths
-        for name in names
-    ]
-
-
 def configure(
     kind: kinds.Kind,
     given: dict[str, Any],

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import walks
 
 import sigprop
 from sigprop import api, inits, kinds, specs
@@ -222,7 +223,7 @@ def test_sweep_figure_axes():
         r = api.probe_mlp(depth=d, width=16, input_dim=16, samples=30, inits=["he"], device="cpu")
         from sigprop import sweeps as sweep
 
-        point = sweep.grid(kinds.KINDS["mlp"], [d], [16], ["he"], specs.ProbeSpec(samples=30, device="cpu"))[
+        point = walks.grid(kinds.KINDS["mlp"], [d], [16], ["he"], specs.ProbeSpec(samples=30, device="cpu"))[
             0
         ]
         rows.append(sweep.row(point, r, 0.0))
@@ -249,7 +250,7 @@ def test_sweep_rows_with_other_samples_are_separate_lines_in_numeric_order():
     rows = []
     for samples in (100, 20, 10):
         for d in (2, 3):
-            point = sweep.grid(
+            point = walks.grid(
                 kinds.KINDS["mlp"], [d], [16], ["he"], specs.ProbeSpec(samples=samples, device="cpu")
             )[0]
             r = api.probe_mlp(depth=d, width=16, input_dim=16, samples=samples, inits=["he"], device="cpu")
