@@ -1,6 +1,6 @@
 """The engines (sigprop/engines/registry.py): ``plan`` walks sigprop's own nets
 (sigprop/engines/plan.py, registered on import of this package), ``model`` probes a user's
-module (sigprop/model/engine.py, imported by ``registry.of`` the first time a kind asks for it:
+module (sigprop/engines/model.py, imported by ``registry.of`` the first time a kind asks for it:
 the model package sits beside this one, and imports it, not the other way round); what they share is
 sigprop/engines/shared.py."""
 

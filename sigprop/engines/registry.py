@@ -34,9 +34,9 @@ class Engine:
 ENGINES: Registry[Engine] = Registry("engine", skip=(__name__,))
 
 #: engines outside this package, imported (and so registered) the first time a kind asks for
-#: one: the "model" engine (sigprop/model/engine.py) brings torch.fx and the traced-op maps, 80 ms
+#: one: the "model" engine (sigprop/engines/model.py) brings torch.fx and the traced-op maps, 80 ms
 #: of import a run of sigprop's own nets never needs (docs/benchmarks.md, "Import")
-LAZY = {"model": "sigprop.model.engine"}
+LAZY = {"model": "sigprop.engines.model"}
 
 
 def register(engine: Engine) -> Engine:

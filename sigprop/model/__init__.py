@@ -12,8 +12,9 @@ a graph of moment maps.
 * ``graph``: the nodes and their fold, ``predict_graph`` (no torch);
 * ``functions``: the model's loss with the head (the curvature's) and its Jacobian (the
   spectrum's), for sigprop/hessian.py's and sigprop/spectra.py's estimators;
-* ``engine``: the model engine -- a probe, a spectrum, a curvature of a model kind
-  (registered in sigprop/engines/' registry when sigprop/run.py imports it).
+The model engine itself -- a probe, a spectrum, a curvature of a model kind -- sits beside the
+plan engine, in sigprop/engines/model.py (registered in sigprop/engines/' registry when a model
+kind first asks for it).
 
 The package re-exports the names below; its submodules ``build``, ``measure`` and ``trace`` are
 reached as modules (``from sigprop.model import build``), never shadowed by their functions.

@@ -1,4 +1,4 @@
-"""A model's curvature and Jacobian as functions (the model engine's, sigprop/model/engine.py): its
+"""A model's curvature and Jacobian as functions (the model engine's, sigprop/engines/model.py): its
 loss with the 10-way head over every parameter that reaches it (``build_module``, for
 sigprop/hessian.py's estimators), and the Jacobian of its output in its input through its own
 forward (``model_jacobians``, for sigprop/spectra.py's summaries)."""

@@ -469,7 +469,7 @@ def test_what_init_assumed_without_a_graph_is_said(capsys, tmp_path):
 def test_the_api_refuses_in_the_words_the_kind_declares(family, field, call):
     """A model's refusals are declared once (``ModuleKind.refuses``, which the CLI's help and
     errors read); the engine raises the same words through the API (0.16.0 wrote them again in
-    model/engine.py)."""
+    engines/model.py)."""
     from sigprop import kinds
 
     model = ModuleSpec(model=lambda: nn.Sequential(nn.Linear(4, 4), nn.ReLU()), input_shape=(4,))
@@ -480,7 +480,7 @@ def test_the_api_refuses_in_the_words_the_kind_declares(family, field, call):
 
 
 def test_the_module_kind_keeps_no_state_the_engine_fills():
-    """The model engine builds the run's record of what it found (``model.engine.ModulePlan``),
+    """The model engine builds the run's record of what it found (``engines.model.ModulePlan``),
     says the sites off the output's path there, and hands it to the kind: the kind neither
     creates it empty for the engine to fill, nor adds to it while assembling (issue 51 item 2)."""
     from sigprop import kinds
