@@ -1,8 +1,10 @@
-"""The BN ResNet's finite-width spread against its measurement (docs/theory.md §7, "Found while
-folding them"): the across-sample variance of ln ratio at the last entry (forward) and the first
-(backward) over every draw of ``he`` at 128 samples, with the bootstrap se over draws, beside
-0.16's law (its blocks' v_F = 2/d, the linear layer alone) and 0.17's (``plans.spread``: the
-batch norm's 5/d besides).  About 20 s on a 2-core CPU.
+"""The BN ResNet's finite-width spread against its measurement (docs/theory.md §7, "The BN
+ResNet's spread"): per configuration the across-sample variance of ln ratio at the stem's entry
+and at the last entry (forward) and at the first (backward) over every draw of ``he`` at 128
+samples, the sum of the measured per-block variances beside the variance of their total (the
+blocks' increments are correlated: the law sums them as independent), and the laws: 0.16's
+(stem (5 + 2)/(4d), blocks v_F = 2/d) and 0.17's (``plans.spread``: stem (3 + 2)/(4d), blocks
+v_F = 2/d + 3/d).  About 20 s on a 2-core CPU.
 
 Usage: python benchmarks/bn_spread.py
 """
@@ -23,24 +25,31 @@ from sigprop.kinds.resnet import ResNetSpec
 
 
 def main() -> None:
-    rng = np.random.default_rng(0)
     kind = kinds.get("resnet")
     for d, blocks, draws in ((64, 10, 48), (128, 20, 48), (256, 40, 24)):
         spec = ResNetSpec(dim=d, blocks=blocks, norm="bn", inits=("he",))
         plan, out, _ = walks.measure(spec, specs.ProbeSpec(samples=128, seeds=draws, seed=3, device="cpu"))
         gains = resnet.prediction(kind.scheme(spec, "he"), plan).gains
         s = plans.spread(plan.steps, False, gains)
-        stem = 7 / (4 * d)
-        old = [sum(theory.resnet_step_variance(g[i], 2 / d, 0, d) for g in gains) + stem for i in (0, 1)]
+        old_stem = 7 / (4 * d)
+        old = [old_stem + sum(theory.resnet_step_variance(g[i], 2 / d, 0, d) for g in gains) for i in (0, 1)]
+        fwd, bwd = out["he"]["fwd"], out["he"]["bwd"]
+        stem = float(np.var(fwd[:, 1, :]))
+        print(
+            f"d {d}, {blocks} blocks, {draws} draws: stem measured {stem:.4f}, 0.16's {old_stem:.4f} "
+            f"({old_stem / stem - 1:+.0%}), 0.17's {s.forward[1, 1]:.4f} ({s.forward[1, 1] / stem - 1:+.0%})"
+        )
         for name, arr, new, was in (
-            ("forward", out["he"]["fwd"][:, -1, :], s.forward[-1, 1], old[0]),
-            ("backward", out["he"]["bwd"][:, 0, :], s.backward[0, 1], old[1]),
+            ("forward", fwd[:, -1, :] - fwd[:, 1, :], s.forward[-1, 1] - s.forward[1, 1], old[0] - old_stem),
+            ("backward", bwd[:, 1, :] - bwd[:, -1, :], s.backward[1, 1], old[1] - old_stem),
         ):
             v = float(np.var(arr))
-            se = float(np.std([np.var(arr[rng.integers(0, draws, draws)]) for _ in range(400)]))
+            steps = np.diff(fwd if name == "forward" else bwd, axis=1)[:, 1:, :]
+            summed = float(np.var(steps, axis=(0, 2)).sum())
             print(
-                f"d {d}, {blocks} blocks, {draws} draws, {name}: measured {v:.4f} ± {se:.4f}; "
-                f"0.16's law {was:.4f} ({was / v - 1:+.1%}), 0.17's {new:.4f} ({new / v - 1:+.1%})"
+                f"  blocks {name}: measured {v:.4f}, sum of the blocks' own {summed:.4f} "
+                f"({v / summed:.2f}x: correlated); 0.16's law {was:.4f} ({was / v - 1:+.0%}), "
+                f"0.17's {new:.4f} ({new / v - 1:+.0%}; of the summed {new / summed - 1:+.0%})"
             )
 
 

@@ -160,11 +160,12 @@ def resnet_log_ratio_variance(orthogonal: bool, plan, gains) -> tuple[np.ndarray
     """The ResNet's spread as 0.16 computed it, block by block (docs/theory.md §7): per block
     ``theory.resnet_step_variance`` at its branch-to-skip ``gains`` [(forward, backward)], the
     branch's power by ``theory.branch_variance`` of its widths, a projection's by 2/d_out; the BN
-    net's stem one MLP layer's worth, (5 + 2)/(4 d), and its blocks' branch power the batch norm's
-    5/d besides the linear layer's 2/d (0.16 left the 5/d out; 0.17 counts it: docs/theory.md §7).
-    Per entry forward and backward, and per block its steps."""
+    net's stem its ReLU's 3/d and its W's 2/d, a quarter in ln, and its blocks' branch power the
+    batch norm's ReLU's 3/d besides the linear layer's 2/d (0.16 gave the stem (5 + 2)/(4d), a
+    ReLU layer's c = 5 where no row projection precedes the ReLU, and left the blocks' 3/d out:
+    docs/theory.md §7).  Per entry forward and backward, and per block its steps."""
     f_steps, b_steps = [], []
-    norm = theory.SPREAD_C_GAUSSIAN / plan.dim if plan.stem else 0.0
+    norm = theory.SPREAD_C_HALF_GAUSSIAN / plan.dim if plan.stem else 0.0
     for blk, (g_f, g_b) in zip(plan.blocks, gains):
         v_f = theory.branch_variance(blk.widths, orthogonal) + norm
         v_b = theory.branch_variance(blk.widths[::-1], orthogonal) + norm
@@ -172,7 +173,7 @@ def resnet_log_ratio_variance(orthogonal: bool, plan, gains) -> tuple[np.ndarray
         f_steps.append(theory.resnet_step_variance(g_f, v_f, v_s, blk.d_out))
         b_steps.append(theory.resnet_step_variance(g_b, v_b, v_s, blk.d_in))
     if plan.stem:
-        stem = (theory.SPREAD_C_GAUSSIAN + 2.0) / (4.0 * plan.dim)
+        stem = (theory.SPREAD_C_HALF_GAUSSIAN + 2.0) / (4.0 * plan.dim)
         f_steps.insert(0, stem)
         b_steps.insert(0, stem)
     var_f = np.concatenate([[0.0], np.cumsum(f_steps)])

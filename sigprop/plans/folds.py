@@ -450,8 +450,8 @@ class _SpreadEvents:
         o = inner[0].law_orthogonal(self.orthogonal)
         v_s = 2.0 / chans[-1] if b.close.projection is not None else 0.0
         g_f, g_b = (1.0 / b.close.blocks_in_stage,) * 2 if self.gains is None else self.gains[k]
-        # the branch's power: its layers' law and a batch norm's own fluctuation (the BN net's
-        # W BN(h)^+: 5/d + 2/d; until 0.17 its step law left the 5/d out, docs/theory.md §7)
+        # the branch's power: its layers' law and a batch norm's ReLU's (the BN net's W BN(h)^+:
+        # 2/d + 3/d; until 0.17 its step law left the 3/d out, docs/theory.md §7)
         norms = fold(b.inner, _Norms(), 0.0)
         v_f = theory.branch_variance(chans, o) + norms
         f = theory.resnet_step_variance(g_f, v_f, v_s, inner[-1].units_out)

@@ -306,9 +306,11 @@ class BatchNorm:
         return fold.batch_norm(self, state)
 
     def power_variance(self) -> float:
-        """Standardised per channel and a ReLU after it: one ReLU layer's relative power
-        fluctuation over its channels, c/channels with c = 5, either way (docs/theory.md §7)."""
-        return theory.SPREAD_C_GAUSSIAN / self.channels
+        """Standardised per channel and a ReLU after it: the positive part's share of the power,
+        which fluctuates by c/channels with c = 3 (a half-Gaussian's fourth moment; a ReLU
+        layer's 5 less the 2 of its row projection, which a batch norm does not have), either
+        way (docs/theory.md §7: 5/(4d) for the BN net's stem with its W, measured 4% below)."""
+        return theory.SPREAD_C_HALF_GAUSSIAN / self.channels
 
     def spread(self, orthogonal: bool = False) -> tuple[float, float, float]:
         """The same in ln of the norm: a quarter (De & Smith 2020's stem)."""

@@ -20,8 +20,11 @@ Z_CHECK = 3.0
 #: (Gaussian, He, uniform): 3 from the fourth moment of a half-Gaussian + 2 from the chi-square
 #: spread of the row projection (docs/theory.md).
 SPREAD_C_GAUSSIAN = 5.0
+#: the half-Gaussian's part alone: a ReLU after a batch norm (no row projection before it), whose
+#: positive part's share of the power fluctuates by 3/n (docs/theory.md §7)
+SPREAD_C_HALF_GAUSSIAN = 3.0
 #: for orthogonal rows the projection spread is reduced to 2*(1 - n_out/n_in)^+ .
-SPREAD_C_ORTHOGONAL_BASE = 3.0
+SPREAD_C_ORTHOGONAL_BASE = SPREAD_C_HALF_GAUSSIAN
 
 # A traced model's theory band (docs/theory.md §15, "Which traced bands are a test"): the
 # prediction is composed on each draw's own weights, so the band is the measurement's own

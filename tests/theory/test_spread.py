@@ -52,7 +52,7 @@ def test_the_resnet_spread_is_its_block_law(spec, name):
     for o, g in ((orth, gains), (False, reference)):
         s = plans.spread(plan.steps, o, g)
         var_f, var_b, f_steps, b_steps = closed_forms.resnet_log_ratio_variance(o, plan, g)
-        if plan.stem:  # its stem is a batch norm's law plus a linear layer's: 5/(4d) + 2/(4d), not 7/(4d)
+        if plan.stem:  # its stem is a batch norm's law plus a linear layer's: 3/(4d) + 2/(4d), not 5/(4d)
             np.testing.assert_allclose(s.forward[:, 1], var_f, rtol=4e-16, atol=0)
             np.testing.assert_allclose(s.backward[:, 1], var_b, rtol=4e-16, atol=0)
             f_steps, b_steps = f_steps[1:], b_steps[1:]
