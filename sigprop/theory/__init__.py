@@ -46,6 +46,7 @@ from sigprop.theory.conv import (
     conv_box,
     conv_box_adjoint,
     conv_layer_energy,
+    conv_window,
 )
 from sigprop.theory.correlation import (
     CORR_COLLAPSE_K,
@@ -163,6 +164,7 @@ __all__ = [
     "conv_bias_energy",
     "conv_box",
     "conv_box_adjoint",
+    "conv_window",
     "conv_layer_energy",
     "cornish_fisher_band",
     "correlation_collapse_sd",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,34 +33,50 @@ class ConvMoments:
         return (h + 2 * self.padding - self.kernel) // self.stride + 1
 
 
+@functools.lru_cache(maxsize=256)
+def conv_window(
+    n_in: int,
+    n_out: int,
+    kernel: int,
+    stride: int = 1,
+    padding: int = 0,
+    dilation: int = 1,
+    centre: bool = False,
+) -> np.ndarray:
+    """A conv's window along one spatial axis, the one both engines read (a plan's energy map,
+    ``conv_box``; a traced conv's profile, sigprop/model/ops/linear.py): entry (q, p) counts the
+    taps t of output position q that read input position p = stride q + dilation t - padding,
+    zero padding reading nothing ([n_out, n_in]; ``centre``: the centre tap alone).  Read-only:
+    it is cached."""
+    a = np.zeros((n_out, n_in))
+    taps = [(kernel - 1) // 2] if centre else range(kernel)
+    for q in range(n_out):
+        for t in taps:
+            p = stride * q + dilation * t - padding
+            if 0 <= p < n_in:
+                a[q, p] += 1.0
+    a.setflags(write=False)
+    return a
+
+
+def _windows(m: ConvMoments, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The layer's window along each axis of an input map of ``shape``."""
+    return tuple(
+        conv_window(n, m.out_size(n), m.kernel, m.stride, m.padding, 1, m.taps == "centre") for n in shape
+    )
+
+
 def conv_box(e: np.ndarray, m: ConvMoments) -> np.ndarray:
     """sum over the taps t of e(s q + t - pad), zeros outside the image (isotropic taps), or the
-    centre tap alone: [H, W] -> [H', W']."""
-    k, s, p = m.kernel, m.stride, m.padding
-    ho, wo = m.out_size(e.shape[0]), m.out_size(e.shape[1])
-    padded = np.zeros((e.shape[0] + 2 * p, e.shape[1] + 2 * p))  # np.pad's own overhead was most of the cost
-    padded[p : p + e.shape[0], p : p + e.shape[1]] = e
-    if m.taps == "centre":
-        c = (k - 1) // 2
-        return padded[c : c + s * (ho - 1) + 1 : s, c : c + s * (wo - 1) + 1 : s].copy()
-    out = np.zeros((ho, wo))
-    for i in range(k):
-        for j in range(k):
-            out += padded[i : i + s * (ho - 1) + 1 : s, j : j + s * (wo - 1) + 1 : s]
-    return out
+    centre tap alone: [H, W] -> [H', W'] (the windows of each axis, ``conv_window``)."""
+    a_h, a_w = _windows(m, e.shape)
+    return a_h @ e @ a_w.T
 
 
 def conv_box_adjoint(d: np.ndarray, m: ConvMoments, shape: tuple[int, int]) -> np.ndarray:
     """The transpose of ``conv_box``: scatter d(q) onto the input positions its taps read."""
-    k, s, p = m.kernel, m.stride, m.padding
-    ho, wo = d.shape
-    padded = np.zeros((shape[0] + 2 * p, shape[1] + 2 * p))
-    taps = (
-        [((k - 1) // 2, (k - 1) // 2)] if m.taps == "centre" else [(i, j) for i in range(k) for j in range(k)]
-    )
-    for i, j in taps:
-        padded[i : i + s * (ho - 1) + 1 : s, j : j + s * (wo - 1) + 1 : s] += d
-    return padded[p : p + shape[0], p : p + shape[1]]
+    a_h, a_w = _windows(m, shape)
+    return a_h.T @ d @ a_w
 
 
 def conv_layer_energy(e: np.ndarray, m: ConvMoments, relu: bool) -> np.ndarray:

@@ -238,3 +238,30 @@ def test_conv_correlation_map_follows_the_probe(net):
             assert worst > 2.0, worst
         else:
             assert worst < 1.75, (run.init, worst)
+
+
+@pytest.mark.parametrize("padding", [0, 1, 2, "same", "valid"])
+@pytest.mark.parametrize(
+    "k, stride, dilation",
+    [(1, 1, 1), (3, 1, 1), (3, 2, 1), (4, 1, 1), (4, 2, 1), (2, 1, 3), (3, 1, 2), (5, 3, 1)],
+)
+def test_one_conv_window_for_both_engines(k, stride, dilation, padding):
+    """A conv's window along an axis is written once (``theory.conv_window``): a plan's energy map
+    (``conv_box``) and a traced conv's profile (sigprop/model/ops/linear.py) read it, and it
+    equals torch's own zero-padded conv of the identity (the traced conv's window until 0.17,
+    still read for other padding modes and transposed convs), to the bit after the 1/k."""
+    import torch
+    import torch.nn.functional as F
+
+    from sigprop.model.ops.linear import _conv_matrices
+
+    if padding == "same" and stride != 1:
+        pytest.skip("torch refuses padding='same' with a stride")
+    n_in = 11
+    m = torch.nn.Conv1d(2, 3, k, stride=stride, padding=padding, dilation=dilation)
+    eye = torch.eye(n_in, dtype=torch.float64).reshape(n_in, 1, n_in)
+    ker = torch.full((1, 1, k), 1.0 / k, dtype=torch.float64)
+    want = F.conv1d(eye, ker, stride=stride, padding=padding, dilation=dilation).reshape(n_in, -1).T.numpy()
+    (got,) = _conv_matrices(m, (2, n_in), (3, want.shape[0]))
+    np.testing.assert_allclose(got, want, rtol=1e-15, atol=1e-16)
+    assert np.array_equal(got * k, np.round(want * k))  # counts of taps

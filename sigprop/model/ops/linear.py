@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from sigprop import theory
 from sigprop.model.graph import (
     GraphNode,
     Part,
@@ -87,6 +88,13 @@ def _conv_matrices(m: nn.Module, shape_in, shape_out, transposed: bool = False) 
     for i in range(d):
         n_in, n_out = shape_in[1 + i], shape_out[1 + i]
         k, st, dil = m.kernel_size[i], m.stride[i], m.dilation[i]
+        zero = _zero_padded(m, i, n_in, transposed)
+        if zero is not None:  # the theory's own window (the one a plan's energy map reads)
+            left, size = zero
+            if size != n_out:
+                return ()
+            mats.append(theory.conv_window(n_in, n_out, k, st, left, dil) / k)
+            continue
         eye = torch.eye(n_in, dtype=torch.float64).reshape(n_in, 1, n_in)
         ker = torch.full((1, 1, k), 1.0 / k, dtype=torch.float64)
         try:
@@ -108,6 +116,20 @@ def _conv_matrices(m: nn.Module, shape_in, shape_out, transposed: bool = False) 
             return ()
         mats.append(a.reshape(n_in, n_out).T.cpu().numpy())
     return tuple(mats)
+
+
+def _zero_padded(m: nn.Module, i: int, n_in: int, transposed: bool) -> tuple[int, int] | None:
+    """(left padding, output size) along axis i of a zero-padded conv, as torch pads it (an odd
+    "same" total puts the extra zero on the right); None for a transposed conv or another
+    padding mode (read by torch's own conv of the identity)."""
+    if transposed or m.padding_mode != "zeros":
+        return None
+    k, st, dil = m.kernel_size[i], m.stride[i], m.dilation[i]
+    span = dil * (k - 1)
+    if isinstance(m.padding, str):
+        return (span // 2, n_in) if m.padding == "same" else (0, (n_in - span - 1) // st + 1)
+    pad = m.padding[i]
+    return pad, (n_in + 2 * pad - span - 1) // st + 1
 
 
 def _transposed_node(m: nn.Module, shape_in, shape_out, name, inputs) -> GraphNode:
