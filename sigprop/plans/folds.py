@@ -505,8 +505,8 @@ def spread(steps: Sequence[Step], orthogonal: bool, gains=None) -> Spread:
     for i in reversed(range(len(acc))):
         kind, it, *adds = acc[i]
         if kind == "record":
-            if it.pre_activation:
-                behind = acc[i - 1][1]  # the layer whose mask this Record stands behind
+            behind = acc[i - 1][1] if i and acc[i - 1][0] == "layer" else None
+            if it.pre_activation and behind is not None:  # the layer whose mask it stands behind
                 if not top:
                     run = _plus(run, behind.spread_mask(orthogonal, above or behind.role.fan_out))
                 mask_done = True
