@@ -101,14 +101,6 @@ def _annotated(o: kinds.Opt, prefix: str):
     return Annotated[annotation, Option(decl, help=help_, **extra)], default
 
 
-def declared(name: str, **changes):
-    """The typer annotation and default of the probe option ``name`` as ``specs.ProbeSpec`` or
-    ``specs.GateSpec`` declares it (sigprop/options.py), with ``changes`` for one command (its
-    help, its default)."""
-    o = next(o for o in specs.probe_options() if o.name == name)
-    return _annotated(replace(o, **changes), "probe")
-
-
 def cli_values(options, given: dict) -> dict:
     """The library's values of the options a command got: an enum member as its value, a
     repeated flag as a tuple, the CLI's text parsed (``Opt.parse``); one not given (None) left

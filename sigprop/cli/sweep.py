@@ -27,7 +27,7 @@ from sigprop.cli.options import (
     Option,
     _hidden,
     cli_values,
-    declared,
+    declared_table,
 )
 from sigprop.cli.output import _say, _stderr
 from sigprop.errors import SigpropError
@@ -71,6 +71,7 @@ Executor = enum.Enum("Executor", {e: e for e in sweeps.EXECUTORS}, type=str)
 
 def _probe_parameters(kind) -> list[inspect.Parameter]:
     """What each point measures, with which options."""
+    taken = declared_table([o for o in specs.probe_options() if o.sweep], "probe", _changes(kind))
     return (
         [
             P(
@@ -86,7 +87,7 @@ def _probe_parameters(kind) -> list[inspect.Parameter]:
                 Measure.probe,
             ),
         ]
-        + [P(o.name, *declared(o.name, **_changes(kind, o.name))) for o in specs.probe_options() if o.sweep]
+        + [P(*row) for row in taken]
         + [
             P(
                 "curvature",
@@ -103,12 +104,10 @@ def _probe_parameters(kind) -> list[inspect.Parameter]:
     )
 
 
-def _changes(kind, name: str) -> dict:
-    """A probe option as ``sigprop sweep`` takes it: its samples default to the measurement's."""
-    if name != "samples":
-        return {}
+def _changes(kind) -> dict:
+    """The probe options as ``sigprop sweep`` takes them: its samples default to the measurement's."""
     probe, spectrum = (sweeps.default_samples(kind, m) for m in ("probe", "spectrum"))
-    return {"default": None, "shown": f"{probe}; --measure spectrum {spectrum}"}
+    return {"samples": {"default": None, "shown": f"{probe}; --measure spectrum {spectrum}"}}
 
 
 def _executor_parameters() -> list[inspect.Parameter]:
@@ -399,19 +398,13 @@ def sweep(
     measure=Measure.probe,
     curvature=False,
     executor=Executor.local,
-    workers=None,
-    scheduler=None,
-    worker_threads=None,
-    resources=None,
-    worker_wait=None,
-    scheduler_file=None,
     shard=None,
-    wait_workers=None,
     **sizes,
 ) -> None:
     """Run a grid (size x width x init; a model's --arg values x input shapes x init), one JSON line per
-    point, here or on a Dask cluster; resumes.  ``sizes``: the kind's axes, and the probe options
-    ``sigprop sweep`` takes (``specs.probe_options``: ``sweep``)."""
+    point, here or on a Dask cluster; resumes.  ``sizes``: the kind's axes, the probe options
+    ``sigprop sweep`` takes (``specs.probe_options``: ``sweep``) and the executor's
+    (``sweeps.EXECUTOR_OPTIONS``)."""
     what = measure.value
     if curvature:
         if measure not in (Measure.probe, Measure.hessian):
@@ -421,18 +414,18 @@ def sweep(
     taken = [o for o in specs.probe_options() if o.sweep]
     values = cli_values(taken, {o.name: sizes.pop(o.name, None) for o in taken})
     probe, _ = specs.probe_specs({"samples": sweeps.default_samples(kind, what), **values})
+    options = {name: sizes.pop(name, None) for name in sweeps.EXECUTOR_OPTIONS}
     given = {**sizes, "width": width, "input_dim": input_dim, "target": target, "arg": arg}
     given |= {"input_shape": input_shape, "sites": sites, "vocab": vocab}
     api = common.core()  # the lazy torch import at the CLI's edge
 
-    needs = parse_resources(resources)
+    options["resources"] = parse_resources(options["resources"])
     points = api.sweep_points(kind.name, init, probe, what, **given)  # every refusal before a worker starts
     if shard is not None:
         points = sweeps.start_shard(out, points, shard)
-    options = dict(workers=workers, scheduler=scheduler, worker_threads=worker_threads, resources=needs)
-    options.update(worker_wait=worker_wait, scheduler_file=scheduler_file, wait_workers=wait_workers)
     chosen = api.sweep_executor(executor.value, **options)  # checked: what follows is no refusal of them
     chosen.say = lambda text: _say(f"sigprop sweep: {text}")
+    workers = options["workers"]
     if workers is not None:  # its processes take seconds to start, each loading torch
         _say(f"sigprop sweep: starting a local cluster of {workers} worker process(es) ...")
     with chosen as ex:

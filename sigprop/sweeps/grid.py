@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from sigprop import inits, kinds, specs
 from sigprop.errors import SigpropError
-from sigprop.options import keyed
+from sigprop.options import declared_options, keyed
 from sigprop.registry import Registry
 from sigprop.results import curvature_row, spectrum_row, sweep_row
 
@@ -164,11 +164,12 @@ def default_samples(kind: kinds.Kind, measure: str) -> int:
 
 
 def _options(probe: specs.ProbeSpec, measure: Measurement):
-    """The options of what a point measures, from the probe's (samples, seeds, seed, device,
-    dtype, threads); None for a probe."""
+    """The options of what a point measures, from the probe's it declares too (samples, seeds,
+    seed, device, dtype, threads); None for a probe."""
     if measure.options is None:
         return None
-    shared = ("samples", "seed", "seeds", "device", "dtype", "threads")
+    own = {o.name for o in declared_options(measure.options)}
+    shared = [o.name for o in declared_options(type(probe)) if o.name in own]
     return measure.options(**{k: getattr(probe, k) for k in shared})
 
 
