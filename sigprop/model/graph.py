@@ -50,7 +50,7 @@ class GraphNode:
     #: ``maxpool``: the elements of a window
     pool: int = 1
     #: ``dense`` (a conv), ``mix``, ``maxpool``: the map per channel over the positions, one
-    #: matrix per spatial axis (n_out x n_in): a conv's taps inside the map over k (``along``),
+    #: matrix per spatial axis (n_out x n_in): a conv's taps inside the map over k (``theory.window_map``),
     #: a pooling's or interpolation's weights, a max pooling's window means
     mats: tuple = field(default=(), compare=False, repr=False)
     #: the output's shape per sample
@@ -125,21 +125,6 @@ class Part:
     def tok(self) -> float:
         """The shared moment of two tokens of one sample."""
         return self.shared if self.tokens is None else self.tokens
-
-
-def along(
-    mats: Sequence[np.ndarray], field_: np.ndarray, transpose: bool = False, power: int = 1
-) -> np.ndarray:
-    """The separable map whose axis matrices are ``mats`` (each n_out x n_in; transposed, or
-    entrywise to a ``power``) applied to ``field_`` over its last len(mats) axes."""
-    out = field_
-    d = len(mats)
-    for ax, A in enumerate(mats):
-        A = A.T if transpose else A
-        A = A**power if power != 1 else A
-        axis = out.ndim - d + ax
-        out = np.moveaxis(np.tensordot(A, out, axes=([1], [axis])), 0, axis)
-    return out
 
 
 def profile_of(p: np.ndarray | None, mats: Sequence[np.ndarray], transpose: bool = False) -> np.ndarray:

@@ -47,6 +47,8 @@ from sigprop.theory.conv import (
     conv_box_adjoint,
     conv_layer_energy,
     conv_window,
+    weight_map,
+    window_map,
 )
 from sigprop.theory.correlation import (
     CORR_COLLAPSE_K,
@@ -165,6 +167,8 @@ __all__ = [
     "conv_box",
     "conv_box_adjoint",
     "conv_window",
+    "weight_map",
+    "window_map",
     "conv_layer_energy",
     "cornish_fisher_band",
     "correlation_collapse_sd",

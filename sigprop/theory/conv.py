@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -59,6 +60,41 @@ def conv_window(
     return a
 
 
+def window_map(
+    field_: np.ndarray, windows: Sequence[np.ndarray], transpose: bool = False, power: int = 1
+) -> np.ndarray:
+    """The separable map whose axis matrices are ``windows`` (each n_out x n_in: a conv's
+    ``conv_window``, a pooling's or interpolation's weights; transposed, or entrywise to a
+    ``power``) applied to ``field_`` over its last len(windows) axes -- the one both engines apply
+    to a field over the positions (a plan's energy map, a traced op's profile)."""
+    out = field_
+    d = len(windows)
+    for ax, A in enumerate(windows):
+        A = A.T if transpose else A
+        A = A**power if power != 1 else A
+        axis = out.ndim - d + ax
+        out = np.moveaxis(np.tensordot(A, out, axes=([1], [axis])), 0, axis)
+    return out
+
+
+def weight_map(
+    field_: np.ndarray,
+    gain: float,
+    windows: Sequence[np.ndarray] = (),
+    bias: float = 0.0,
+    transpose: bool = False,
+) -> np.ndarray:
+    """The one moment map of a weight layer (a dense layer: no windows; a conv: its windows over
+    the positions), forward ``gain`` W(field) + ``bias``, backward (``transpose``) gain W^T(field):
+    each output sums the products of its row with the input elements its taps read, so its second
+    moment is the row's per-entry second moment times the sum of the input's over the window, plus
+    the bias's (docs/theory.md §11, §13).  Both engines read it: a plan's step at the init's
+    expected row moment (``conv_layer_energy``, ``conv_box_adjoint``: a field of energies summed
+    over the channels) and a traced layer at its draw's ||W||^2 (sigprop/model/ops/linear.py: a
+    field of per-element moments)."""
+    return gain * window_map(field_, windows, transpose) + bias
+
+
 def _windows(m: ConvMoments, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """The layer's window along each axis of an input map of ``shape``."""
     return tuple(
@@ -69,14 +105,12 @@ def _windows(m: ConvMoments, shape: tuple[int, int]) -> tuple[np.ndarray, np.nda
 def conv_box(e: np.ndarray, m: ConvMoments) -> np.ndarray:
     """sum over the taps t of e(s q + t - pad), zeros outside the image (isotropic taps), or the
     centre tap alone: [H, W] -> [H', W'] (the windows of each axis, ``conv_window``)."""
-    a_h, a_w = _windows(m, e.shape)
-    return a_h @ e @ a_w.T
+    return window_map(e, _windows(m, e.shape))
 
 
 def conv_box_adjoint(d: np.ndarray, m: ConvMoments, shape: tuple[int, int]) -> np.ndarray:
     """The transpose of ``conv_box``: scatter d(q) onto the input positions its taps read."""
-    a_h, a_w = _windows(m, shape)
-    return a_h.T @ d @ a_w
+    return window_map(d, _windows(m, shape), transpose=True)
 
 
 def conv_layer_energy(e: np.ndarray, m: ConvMoments, relu: bool) -> np.ndarray:
@@ -91,8 +125,7 @@ def conv_layer_energy(e: np.ndarray, m: ConvMoments, relu: bool) -> np.ndarray:
     (delta-orthogonal) E a^2 = row_sq ||h_q||^2 / c_in and e'(q) = (c_out row_sq / c_in) e(s q).
     A ReLU halves it (the pre-activation is symmetric)."""
     per_tap = m.c_out * m.row_sq / (m.c_in * (1 if m.taps == "centre" else m.kernel**2))
-    out = per_tap * conv_box(e, m)
-    return 0.5 * out if relu else out
+    return weight_map(e, 0.5 * per_tap if relu else per_tap, _windows(m, e.shape))
 
 
 def conv_bias_energy(m: ConvMoments, relu: bool) -> float:

@@ -277,3 +277,52 @@ def test_one_conv_window_for_both_engines(k, stride, dilation, padding):
     (got,) = _conv_matrices(m, (2, n_in), (3, want.shape[0]))
     np.testing.assert_allclose(got, want, rtol=1e-15, atol=1e-16)
     assert np.array_equal(got * k, np.round(want * k))  # counts of taps
+
+
+def test_one_weight_map_for_both_engines():
+    """A weight layer's moment map is written once (``theory.weight_map``): a plan's energy map
+    at the init's expected row moment and a traced conv's node at its draw's ||W||^2 give the same
+    moments when the draw's ||W||^2 / c_out equals that expectation -- two zero-padded convs
+    with biases (stride 2 then 1, a non-square map), forward the mean second moment per element of
+    each output, backward the gradient's at the input (the output's error 1 per element)."""
+    import torch
+
+    from sigprop.model.graph import GraphNode, predict_graph
+    from sigprop.model.ops.linear import _dense_node
+
+    shape, q0 = (3, 10, 7), 1.7
+    layers = [(3, 8, 3, 2, 1, 0.9, 0.05), (8, 5, 3, 1, 1, 1.3, 0.02)]  # c_in, c_out, k, s, pad, row_sq, beta
+    gen = torch.Generator().manual_seed(0)
+    nodes, moments, shapes = [GraphNode("x", "input", ())], [], [shape]
+    for i, (c_in, c_out, k, s, pad, row_sq, beta) in enumerate(layers):
+        m = torch.nn.Conv2d(c_in, c_out, k, stride=s, padding=pad).double()
+        with torch.no_grad():  # rows of ||w_c||^2 = row_sq and a bias of ||b||^2 / c_out = beta
+            w = torch.randn(m.weight.shape, generator=gen, dtype=torch.float64)
+            m.weight.copy_(w * (row_sq / w.pow(2).sum((1, 2, 3), keepdim=True)).sqrt())
+            b = torch.randn(c_out, generator=gen, dtype=torch.float64)
+            m.bias.copy_(b * math.sqrt(beta * c_out / float(b.pow(2).sum())))
+        out = tuple(m(torch.zeros(1, *shapes[-1], dtype=torch.float64)).shape[1:])
+        nodes.append(_dense_node(m, shapes[-1], out, f"conv{i}", (i,)))
+        moments.append(theory.ConvMoments(c_in, c_out, k, s, pad, row_sq, beta))
+        shapes.append(out)
+    graph = predict_graph(nodes + [GraphNode("out", "output", (len(layers),))], q0)
+
+    e = np.full(shape[1:], shape[0] * q0)  # a plan's energy: summed over the channels
+    for i, m in enumerate(moments, 1):
+        e = theory.conv_layer_energy(e, m, relu=False) + theory.conv_bias_energy(m, relu=False)
+        assert float(e.mean()) / m.c_out == pytest.approx(graph.q[i], rel=1e-13)
+    d = np.full(shapes[-1][1:], float(shapes[-1][0]))  # the error's energy, 1 per element
+    for i in range(len(moments) - 1, -1, -1):
+        m = moments[i]
+        per_tap = m.row_sq / m.kernel**2
+        d = per_tap * theory.conv_box_adjoint(d, m, shapes[i][1:])
+        assert float(d.mean()) / m.c_in == pytest.approx(graph.r[i], rel=1e-13)
+    # the separable map equals the two axis products the plan's map was written as until 0.17
+    a_h, a_w = (theory.conv_window(n, (n + 2 - 3) // 2 + 1, 3, 2, 1) for n in shape[1:])
+    field_ = np.arange(70.0).reshape(10, 7)
+    np.testing.assert_allclose(theory.window_map(field_, (a_h, a_w)), a_h @ field_ @ a_w.T, rtol=1e-15)
+    np.testing.assert_allclose(
+        theory.window_map(a_h @ field_ @ a_w.T, (a_h, a_w), transpose=True),
+        a_h.T @ (a_h @ field_ @ a_w.T) @ a_w,
+        rtol=1e-15,
+    )

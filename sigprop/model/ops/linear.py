@@ -15,7 +15,6 @@ from sigprop import theory
 from sigprop.model.graph import (
     GraphNode,
     Part,
-    along,
     blend,
     map_op,
     merged,
@@ -181,7 +180,7 @@ def _forward(nd: GraphNode, i: int, fold) -> None:
     """q' = f M q + b, k' = f box k + b (box: the mean of M's window), m' = 0, the parts merged."""
     x = merged(fold.states[nd.inputs[0]])
     if nd.mats:  # a conv: each output sums its taps inside the map (q' = f M q + b)
-        fld = nd.forward * x.q * along(nd.mats, profile_of(x.profile, nd.mats)) + nd.bias
+        fld = theory.weight_map(profile_of(x.profile, nd.mats), nd.forward * x.q, nd.mats, nd.bias)
         box = (float(fld.mean()) - nd.bias) / (nd.forward * x.q) if x.q > 0 else 1.0
         fold.states[i] = [
             Part(1.0, float(fld.mean()), 0.0, nd.forward * box * x.shared + nd.bias, normalised(fld))
@@ -218,7 +217,7 @@ def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
     rp = blend([(s.share * x[0], x[2]) for s, x in zip(mine, g)])
     box, pj = 1.0, None
     if nd.mats:  # each input element's gradient sums the outputs whose taps it is
-        bp = along(nd.mats, profile_of(rp, nd.mats, transpose=True), transpose=True)
+        bp = theory.window_map(profile_of(rp, nd.mats, transpose=True), nd.mats, transpose=True)
         box, pj = float(bp.mean()), normalised(bp)
     if token_groups(mine) and not nd.mats:  # each group its own
         for j in nd.inputs:

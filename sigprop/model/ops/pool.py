@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from sigprop import theory
-from sigprop.model.graph import GraphNode, Part, along, map_op, normalised, profile_of
+from sigprop.model.graph import GraphNode, Part, map_op, normalised, profile_of
 from sigprop.model.ops.activation import _nondecreasing
 from sigprop.model.ops.registry import TracedOp, register
 
@@ -243,7 +243,7 @@ def _mix_forward(nd: GraphNode, i: int, fold) -> None:
     out = []
     for s in fold.states[nd.inputs[0]]:
         p = profile_of(s.profile, nd.mats)
-        fluct, shared = along(nd.mats, p, power=2), along(nd.mats, np.sqrt(p)) ** 2
+        fluct, shared = theory.window_map(p, nd.mats, power=2), theory.window_map(np.sqrt(p), nd.mats) ** 2
         fld = (s.q - s.shared) * fluct + s.shared * shared
         b = float(shared.mean())
         out.append(Part(s.share, float(fld.mean()), s.mean * math.sqrt(b), s.shared * b, normalised(fld)))
@@ -255,8 +255,8 @@ def _mix_backward(nd: GraphNode, i: int, g: list, fold) -> None:
     out = []
     for r, rk, p in g:
         p = profile_of(p, nd.mats, transpose=True)
-        fluct = along(nd.mats, p, transpose=True, power=2)
-        shared = along(nd.mats, np.sqrt(p), transpose=True) ** 2
+        fluct = theory.window_map(p, nd.mats, transpose=True, power=2)
+        shared = theory.window_map(np.sqrt(p), nd.mats, transpose=True) ** 2
         fld = (r - rk) * fluct + rk * shared
         ck = rk * float(shared.mean()) + nd.backward_cross * (r - rk)
         out.append((float(fld.mean()), ck, normalised(fld)))
@@ -277,7 +277,7 @@ def _maxpool_forward(nd: GraphNode, i: int, fold) -> None:
         both = theory.shared_moments(fn[0], fn[1], z.mean, z.q, z.shared, nd.pool)
         m1, q1, k1, d2 = both
         dm.append((d2, both.derivative_cross))
-        p = normalised(along(nd.mats, profile_of(s.profile, nd.mats))) if nd.mats else None
+        p = normalised(theory.window_map(profile_of(s.profile, nd.mats), nd.mats)) if nd.mats else None
         out.append(Part(s.share, q1, m1, min(k1, q1), p))
     fold.states[i], fold.derivative[i] = out, dm
 
@@ -287,7 +287,7 @@ def _maxpool_backward(nd: GraphNode, i: int, g: list, fold) -> None:
     out = []
     for r, rk, p in g:
         if nd.mats:
-            p = normalised(along(nd.mats, profile_of(p, nd.mats, transpose=True), transpose=True))
+            p = normalised(theory.window_map(profile_of(p, nd.mats, transpose=True), nd.mats, transpose=True))
         out.append((nd.backward * r, nd.backward**2 * rk, p))
     for j in nd.inputs:
         fold.give(j, out, i)
