@@ -3,9 +3,9 @@
 Runs ``sigprop mlp`` / ``sigprop resnet`` with their defaults (or the given device) in this
 process and prints wall times of: importing sigprop's core (torch included); setup (specs,
 widths, memory estimate, up to the driver's ``on_start``); compute (sigprop/run.py's walks: every
-draw of every init, until the arrays are on the host); statistics and theory (each net kind's
-``assemble``); rendering the
-JSON.  On CUDA the compute phase ends with a device synchronisation.
+draw of every init, until the arrays are on the host); statistics and theory (the engine's
+``assemble`` of each init's record); rendering the JSON.  On CUDA the compute phase ends with a
+device synchronisation.
 Usage: python benchmarks/phases.py [--device cpu|cuda] [--repeat 1] [--profile]  (1: the cold first
 call a CLI user sees; --profile: after the timed calls, one more call of each under torch.profiler,
 printing the compute phase's top host ops and device kernels, and the counts of kernel launches,
@@ -18,7 +18,7 @@ import sys
 import time
 
 t0 = time.perf_counter()
-from sigprop import report, run, specs  # noqa: E402  (torch is imported here)
+from sigprop import engines, report, run, specs  # noqa: E402  (torch is imported here)
 from sigprop.kinds.mlp import MLPSpec  # noqa: E402
 from sigprop.kinds.resnet import ResNetSpec  # noqa: E402
 from sigprop.results import ProbeResult  # noqa: E402
@@ -40,7 +40,11 @@ def phases(kind: str, device: str) -> dict[str, float]:
         torch.cuda.synchronize()
     marks["compute"] = time.perf_counter()
     gate = specs.GateSpec()
-    runs = [m.kind.assemble(n, s, spec, m.plan, m.arrays[n], probe, gate) for n, s in zip(m.names, m.schemes)]
+    engine = engines.of(m.kind)
+    runs = [
+        engine.assemble(m.kind, n, s, spec, m.plan, m.arrays[n], probe, gate)
+        for n, s in zip(m.names, m.schemes)
+    ]
     marks["stats"] = time.perf_counter()
     report.to_json(ProbeResult(command=kind, config={}, environment=m.environment, runs=runs))
     marks["render"] = time.perf_counter()

@@ -2,10 +2,10 @@
 ``sigprop check``, ``sigprop rerun`` and the curvature all run here.
 
 ``measure`` hands the spec to its kind's engine (sigprop/engines/: ``plan`` walks sigprop's own
-nets, ``model`` probes a user's module) and keeps the observations; ``probe`` has the kind
-assemble each init's record from them (statistics beside predictions, verdicts) and the
-plug-in observers summarise theirs; ``curvature`` and ``spectrum`` are the engine's, on
-``threads`` CPU threads.
+nets, ``model`` probes a user's module) and keeps the observations; ``probe`` has the engine
+assemble each init's record from them (statistics beside the kind's predictions, the kind's
+verdicts) and the plug-in observers summarise theirs; ``curvature`` and ``spectrum`` are the
+engine's, on ``threads`` CPU threads.
 """
 
 from __future__ import annotations
@@ -63,11 +63,12 @@ def probe(
     probe_spec = gate.probe(probe_spec)
     m = measure(spec, probe_spec, progress, on_start, observe)
     kind, plan = m.kind, m.plan
+    engine = engines.of(kind)
     extra = [observers.make(n) for n in probe_spec.observe] + list(observe)
     runs = []
     for name, scheme in zip(m.names, m.schemes):
         a = m.arrays[name]
-        run = kind.assemble(name, scheme, spec, plan, a, probe_spec, gate)
+        run = engine.assemble(kind, name, scheme, spec, plan, a, probe_spec, gate)
         correlation.attach(
             run,
             kind,

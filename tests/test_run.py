@@ -33,6 +33,10 @@ class Recording(engines.Engine):
         self.calls.append("measure")
         return self.inner.measure(*a)
 
+    def assemble(self, *a):
+        self.calls.append("assemble")
+        return self.inner.assemble(*a)
+
     def curvature(self, *a):
         self.calls.append("curvature")
         return self.inner.curvature(*a)
@@ -48,7 +52,7 @@ def test_probe_curvature_and_spectrum_go_through_the_kinds_engine(monkeypatch):
     result = run.probe(SPEC, PROBE)
     run.curvature(SPEC, specs.HessianSpec(samples=16, device="cpu", iters=5))
     run.spectrum(SPEC, specs.SpectrumSpec(samples=2, device="cpu"))
-    assert calls == ["measure", "curvature", "spectrum"]
+    assert calls == ["measure", "assemble", "curvature", "spectrum"]  # one init: one record
     # the record: the config as the API and `sigprop rerun` read it, the tolerances, the version
     assert result.config["command"] == "mlp" and result.config["depth"] == 3
     assert result.config["samples"] == 8 and result.config["gate"] == "preserved"

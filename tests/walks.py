@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sigprop import inits, kinds, run, specs, walker
+from sigprop import engines, inits, kinds, run, specs, walker
 from sigprop.engines import plan as plan_engine
 from sigprop.kernels import logspace as ls
 from sigprop.kinds import mlp as mlp_kind
@@ -93,14 +93,16 @@ def assemble(
     band=None,
     gate: str = "preserved",
 ):
-    """The run a net kind assembles from arrays (``Kind.assemble``), as the driver does."""
-    return kinds.get(command).assemble(
-        scheme.name, scheme, spec, plan, arrays, probe or specs.ProbeSpec(), specs.GateSpec(gate, band)
+    """The run the engine assembles from arrays with the kind's theory and verdicts
+    (``Engine.assemble``), as the driver does."""
+    kind = kinds.get(command)
+    return engines.of(kind).assemble(
+        kind, scheme.name, scheme, spec, plan, arrays, probe or specs.ProbeSpec(), specs.GateSpec(gate, band)
     )
 
 
 def mlp_run(scheme, widths, fwd, bwd, band=None, gate: str = "preserved"):
-    """An MLP run from its arrays [S, L, N] (``kinds.mlp.MLP.assemble``)."""
+    """An MLP run from its arrays [S, L, N] (``kinds.mlp.MLP``'s theory and verdicts)."""
     return assemble(
         "mlp",
         scheme,

@@ -16,13 +16,13 @@ import torch
 import sigprop.hessian as H  # not ``from sigprop import hessian``: an API name, it loads the API
 from sigprop import data as data_mod
 from sigprop import specs
-from sigprop.engines import shared
+from sigprop.engines import records, shared
 from sigprop.engines.registry import Engine, register
 from sigprop.engines.shared import Measured
 from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev
 from sigprop.model import build, functions, graph, init, measure, sites, trace
-from sigprop.results import CurvatureRun, HessianResult, SpectrumResult, SpectrumRun
+from sigprop.results import CurvatureRun, HessianResult, RunResult, SpectrumResult, SpectrumRun
 from sigprop.version import __version__
 
 MODEL_MEMORY_HINT = ", or run the samples in chunks (--batch-size)"
@@ -567,6 +567,9 @@ class ModelEngine(Engine):
         device = dev.resolve_device(probe_spec.device)
         with dev.using_threads(probe_spec.threads), dev.matmul_precision(probe_spec.precision, device):
             return _measure_model(kind, spec, probe_spec, progress, on_start, extra)
+
+    def assemble(self, kind, name, scheme, spec, plan, arrays, probe, gate) -> RunResult:
+        return records.assemble_traced(kind, name, scheme, spec, plan, arrays, probe, gate)
 
     def curvature(self, kind, spec, hs, progress, on_start) -> HessianResult:
         return _curvature_model(kind, spec, hs, progress, on_start)

@@ -16,14 +16,14 @@ import torch
 
 import sigprop.hessian as H  # not ``from sigprop import hessian``: an API name, it loads the API
 from sigprop import kinds, observers, plans, specs, spectra, walker
-from sigprop.engines import shared
+from sigprop.engines import records, shared
 from sigprop.engines.registry import Engine, register
 from sigprop.engines.shared import Measured, ProgressFn
 from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev
 from sigprop.kernels import replay, sampling
 from sigprop.observers import bn, correlation, ratios  # noqa: F401  (importing them registers the walks' collectors)
-from sigprop.results import CurvatureRun, HessianResult, SpectrumResult, SpectrumRun
+from sigprop.results import CurvatureRun, HessianResult, RunResult, SpectrumResult, SpectrumRun
 from sigprop.version import __version__
 
 
@@ -477,6 +477,9 @@ class PlanEngine(Engine):
 
     def measure(self, kind, spec, probe_spec, progress, on_start, extra) -> Measured:
         return measure(kind, spec, probe_spec, progress, on_start, extra)
+
+    def assemble(self, kind, name, scheme, spec, plan, arrays, probe, gate) -> RunResult:
+        return records.assemble(kind, name, scheme, spec, plan, arrays, probe, gate)
 
     def curvature(self, kind, spec, hs, progress, on_start) -> HessianResult:
         return curvature(kind, spec, hs, progress, on_start)

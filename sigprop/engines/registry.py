@@ -14,9 +14,9 @@ from sigprop.registry import Registry
 
 class Engine:
     """What an engine does: ``measure`` (a probe's observations, ``engines.shared.Measured``),
-    ``curvature`` (a ``HessianResult``), ``spectrum`` (a ``SpectrumResult``), each for one kind
-    and spec, reporting ``progress(done, total, label)`` and calling ``on_start(env)`` once the
-    inputs are validated."""
+    ``assemble`` (one init's record from them), ``curvature`` (a ``HessianResult``), ``spectrum``
+    (a ``SpectrumResult``), each for one kind and spec, reporting ``progress(done, total,
+    label)`` and calling ``on_start(env)`` once the inputs are validated."""
 
     name = ""
 
@@ -27,6 +27,12 @@ class Engine:
         raise NotImplementedError
 
     def spectrum(self, kind, spec, ss, progress, on_start):
+        raise NotImplementedError
+
+    def assemble(self, kind, name: str, scheme, spec, plan, arrays: dict, probe, gate):
+        """One init's ``results.RunResult`` from its observations (``name``: the init as the result
+        names it; ``scheme``: what ran): per row the statistics beside the kind's predictions, and
+        the kind's verdicts."""
         raise NotImplementedError
 
 

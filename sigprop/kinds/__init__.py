@@ -4,10 +4,11 @@
 A kind declares, in one place: its spec (fields, defaults, validation naming the field, to and
 from the JSON config that ``sigprop rerun`` and ``sigprop sweep`` read), its options (which the
 CLI turns into a command, ``sigprop check`` into TOML keys, the API into keywords), the plan
-builder, the memory estimate, which observers a probe runs, which bands and verdict rules apply,
-and the hints the table and the figure read.  A kind registers itself with ``@register``; a new
-one -- a test's deep linear net, later the user's own module -- needs no other file
-(docs/architecture.md, "Add a net kind"; tests/kinds/test_extra_kind.py).
+builder, the memory estimate, which observers a probe runs, its theory of a run (``RunTheory``:
+the engine pairs every row's statistics with it) and its verdict rules, and the hints the table
+and the figure read.  A kind registers itself with ``@register``; a new one -- a test's deep
+linear net, later the user's own module -- needs no other file (docs/architecture.md, "Add a
+net kind"; tests/kinds/test_extra_kind.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sigprop.kinds.base import (
     Kind,
     Memory,
     Opt,
+    RunTheory,
     StepSizes,
     get,
     init_tuple,
@@ -41,6 +43,7 @@ __all__ = [
     "Kind",
     "Memory",
     "Opt",
+    "RunTheory",
     "StepSizes",
     "get",
     "init_tuple",

@@ -1,8 +1,9 @@
 """The net kinds' common ground: ``Kind`` (what a kind declares), ``Opt`` (one option, from
-sigprop/options.py), ``Hints`` (what rendering reads), ``Memory`` (a kind's memory plan), the
-registry ``KINDS`` with ``register``, ``get``, ``of``, and the helpers the kinds share.  No
-torch, and no kind here: the kind files import this module, and sigprop/kinds/__init__.py
-imports them (so nothing imports back the package that imports it)."""
+sigprop/options.py), ``Hints`` (what rendering reads), ``RunTheory`` (a run's theory, which the
+engine pairs with its measurements), ``Memory`` (a kind's memory plan), the registry ``KINDS``
+with ``register``, ``get``, ``of``, and the helpers the kinds share.  No torch, and no kind
+here: the kind files import this module, and sigprop/kinds/__init__.py imports them (so nothing
+imports back the package that imports it)."""
 
 from __future__ import annotations
 
@@ -212,10 +213,18 @@ class Kind:
         """Whether its steps may be captured as CUDA graphs (batch-coupled nets run eagerly)."""
         return True
 
-    def assemble(self, name: str, scheme, spec, plan, arrays: dict, probe, gate):
-        """One init's ``results.RunResult`` (``name``: the init as the result names it; ``scheme``:
-        what ran): per row the statistics beside the predictions, and the verdicts' checks."""
+    def run_theory(self, scheme, spec, plan, probe) -> "RunTheory":
+        """What the theory says of one init's run (a ``RunTheory``): the engine pairs every row's
+        statistics with it (sigprop/engines/records.py) before the kind's ``verdicts`` read them."""
         raise NotImplementedError
+
+    def verdicts(self, th: "RunTheory", spec, plan, arrays: dict, layers: list, gate) -> tuple[list, Any]:
+        """The run's checks (both verdicts, ``stats``' rules) on its assembled rows ``layers``, and
+        its stages' records (None: a net without stages)."""
+        raise NotImplementedError
+
+    def annotate(self, layers: list, arrays: dict, probe) -> None:
+        """What a kind adds to its assembled rows beyond the ratios (the BN net's batch statistics)."""
 
     def correlation(self, scheme, spec, plan, c0: float, batch: int) -> tuple[list[float] | None, str]:
         """The infinite-width cosine at every row for inputs of cosine c0, and why there is none."""
@@ -305,6 +314,28 @@ class StepSizes:
     biggest: int
     widest: int
     layers: int = 1
+
+
+@dataclass(frozen=True)
+class RunTheory:
+    """What a kind declares of one init's run for the engine to pair with its measurements
+    (sigprop/engines/records.py): the prediction (``plans.Prediction``; its fields None where
+    the init has none), the separation that decides whether a band is a test
+    (``plans.Separation``), the finite-width spread (``plans.Spread``: per row the ln ratio's
+    cumulants both ways, per block the branch's variance), the rounding allowance of an exact
+    prediction, whether the spread's first cumulant is the exact drift (the MLP's) or the band
+    takes a log-normal's -var, the result's ``widths`` (row i's index is its position there), and
+    a residual net's stage per row and the row its first block's branch ratio belongs to."""
+
+    pred: Any
+    sep: Any
+    spread: Any
+    rounding: float
+    widths: list
+    description: str
+    drift: bool = False
+    stages: list | None = None
+    first_branch: int | None = None
 
 
 @dataclass

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt, StepSizes
-from sigprop.results import NO_TEST, LayerRecord, RunResult
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes
+from sigprop.results import NO_TEST
 
 #: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
 #: Xiao et al. 2018 (whose architecture it is) use for deep CNNs
@@ -211,30 +211,31 @@ class CNN(Kind):
             lambda: self.plan(spec, probe.seed), lower, self.size_fields, probe, itemsize, free, check, 1
         )
 
-    def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
-        """Per layer the measured ratios beside the energy-map prediction (``plans.predict``) with
-        its finite-width band (``variances``: the RMS prediction, the typical ratio var below it,
-        +- z sd).  Verdicts:
+    def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
+        """The energy-map prediction (``plans.predict``; none for an init without moments) with
+        its finite-width band (``plans.spread``: a conv's law, the i.i.d. rows' envelope; the
+        typical ratio var below the RMS, +- z sd); the backward ratio at layer L is exactly 1,
+        met by a float32 measurement to rounding."""
+        pred = plans.predict(plan.steps, scheme) if scheme.moments is not None else None
+        sep = plans.Separation(None, None) if pred is None else plans.separation(plan.steps, scheme, pred)
+        return RunTheory(
+            pred or plans.Prediction(None, None, None, None),
+            sep,
+            plans.spread(plan.steps, False),
+            stats.rounding_ln("float32", len(plans.layers(plan.steps))),
+            plan.entries,
+            scheme.description,
+        )
 
-        * ``preserved``: the typical forward ratio at layer L and backward ratio at layer 1 inside
+    def verdicts(self, th, spec, plan, arrays, layers, gate, z: float = theory.Z_CHECK) -> tuple[list, None]:
+        """* ``preserved``: the typical forward ratio at layer L and backward ratio at layer 1 inside
           ``gate.band`` (default specs.DECADE_BAND) times the lossless reference -- the prediction
           of centre-tap rows with the proposed gain (``LOSSLESS``), which keep every position's
           energy: a stride-2 layer then halves the norm over all units (a quarter of the
           positions), so the reference is 1/2 per strided layer forward and 1 backward;
         * ``theory``: the same typical ratios inside the init's own band, [pred - var - z sd,
           pred - var + z sd] (``theory.log_band``); not testable for an init without a prediction."""
-        pred = plans.predict(plan.steps, scheme) if scheme.moments is not None else None
-        sep = plans.Separation(None, None) if pred is None else plans.separation(plan.steps, scheme, pred)
-        var = plans.spread(plan.steps, False).variances  # a conv's law: the i.i.d. rows' (an envelope)
-        layers = _layer_records(plan, arrays, pred, sep, var)
-        return RunResult(
-            init=name,
-            widths=plan.entries,
-            layers=layers,
-            checks=_end_checks(plan, layers, gate, pred, sep, var, z),
-            description=scheme.description,
-            gate=gate.gate,
-        )
+        return _end_checks(plan, layers, gate, th.pred, th.sep, th.spread.variances, z), None
 
     def correlation(self, scheme, spec, plan, c0, batch):
         return correlation(scheme, plan, c0, batch)
@@ -250,32 +251,6 @@ def correlation(scheme, plan, c0: float, batch: int):
     return plans.predict_correlation(plan.steps, scheme, c0, batch), ""
 
 
-def _layer_records(plan, arrays, pred, sep, var) -> list[LayerRecord]:
-    """Per layer the measured ratios beside the energy-map prediction with its finite-width band
-    (``var``: ``variances``)."""
-    L = len(plans.layers(plan.steps))
-    sf, sb = sep.forward or [None] * len(plan.entries), sep.backward or [None] * len(plan.entries)
-    pf = None if pred is None else pred.ln_forward
-    pb = None if pred is None else pred.ln_backward
-    var_f, var_b = var
-    # the backward ratio at layer L is exactly 1: a float meets it to rounding
-    rounding = stats.rounding_ln("float32", L)
-    layers = []
-    for l in range(1, L + 1):
-        f, b = (
-            stats.ratio_stats(arrays["fwd"][:, l - 1, :]),
-            stats.ratio_stats(arrays["bwd"][:, l - 1, :]),
-        )
-        stats.attach_prediction(
-            f, None if pf is None else pf[l - 1], float(var_f[l - 1]), rounding=rounding, separation=sf[l - 1]
-        )
-        stats.attach_prediction(
-            b, None if pb is None else pb[l - 1], float(var_b[l - 1]), rounding=rounding, separation=sb[l - 1]
-        )
-        layers.append(LayerRecord(index=l, width=plan.entries[l], forward=f, backward=b))
-    return layers
-
-
 def _end_checks(plan, layers, gate, pred, sep, var, z: float) -> list:
     """The ``preserved`` checks (the typical forward ratio at layer L, backward at layer 1, inside
     ``gate.band`` times the lossless reference), then the ``theory`` ones (inside the init's own
@@ -283,8 +258,7 @@ def _end_checks(plan, layers, gate, pred, sep, var, z: float) -> list:
     convs = plans.layers(plan.steps)
     L = len(convs)
     ref = plans.predict(plan.steps, LOSSLESS)
-    pf = None if pred is None else pred.ln_forward
-    pb = None if pred is None else pred.ln_backward
+    pf, pb = pred.ln_forward, pred.ln_backward
     sf, sb = sep.forward or [None] * len(plan.entries), sep.backward or [None] * len(plan.entries)
     var_f, var_b = var
     band = gate.band or specs.DECADE_BAND

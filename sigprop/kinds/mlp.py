@@ -12,8 +12,8 @@ from typing import Sequence
 from sigprop import plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt, StepSizes
-from sigprop.results import NO_TEST, Check, LayerRecord, RatioStats, RunResult
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes
+from sigprop.results import NO_TEST, Check, RatioStats
 
 #: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
 DEFAULT_INITS = ("he", "proposed", "proposed-gaussian")
@@ -230,41 +230,29 @@ class MLP(Kind):
         biggest = max(widths[i] * widths[i - 1] for i in range(1, len(widths)))
         return Memory(plan, need, stream, fields, StepSizes(biggest, max(widths)))
 
-    def assemble(self, name, scheme, spec, plan, arrays, probe, gate) -> RunResult:
-        """Per layer the measured ratios beside the composed prediction (plans.predict) with its
-        exact finite-width band (``plans.spread``: the exact per-layer cumulants), and both verdicts
-        (``checks``)."""
-        widths, L = plan.widths, len(plan.widths) - 1
+    def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
+        """The composed prediction (``plans.predict``) with its exact finite-width band
+        (``plans.spread``: the exact per-layer cumulants, its drift the band's centre)."""
         pred = plans.predict(plan.steps, scheme)
-        sep = plans.separation(plan.steps, scheme, pred)
-        spread = plans.spread(plan.steps, scheme.orthogonal)
-        cum_f, cum_b = spread.forward, spread.backward
-        ln_fwd, ln_bwd = arrays["fwd"], arrays["bwd"]
-        layers = []
-        for l in range(1, L + 1):
-            f = stats.ratio_stats(ln_fwd[:, l - 1, :])
-            b = stats.ratio_stats(ln_bwd[:, l - 1, :])
-            stats.attach_prediction(
-                f,
-                pred.ln_forward[l - 1] if pred.ln_forward else None,
-                float(cum_f[l - 1, 1]),
-                drift=float(cum_f[l - 1, 0]),
-                separation=sep.forward[l - 1] if sep.forward else None,
-            )
-            stats.attach_prediction(
-                b,
-                pred.ln_backward[l - 1] if pred.ln_backward else None,
-                float(cum_b[l - 1, 1]),
-                drift=float(cum_b[l - 1, 0]),
-                separation=sep.backward[l - 1] if sep.backward else None,
-            )
-            layers.append(LayerRecord(index=l, width=widths[l], forward=f, backward=b))
+        return RunTheory(
+            pred,
+            plans.separation(plan.steps, scheme, pred),
+            plans.spread(plan.steps, scheme.orthogonal),
+            1e-9 * stats.LN10,
+            list(plan.widths),
+            scheme.description,
+            drift=True,
+        )
+
+    def verdicts(self, th, spec, plan, arrays, layers, gate) -> tuple[list[Check], None]:
+        """Both verdicts on the end-to-end ratios (``checks``)."""
+        pred, sep, spread = th.pred, th.sep, th.spread
         gates = checks(
-            widths,
+            plan.widths,
             layers[-1].forward,
             layers[0].backward,
-            cum_f[-1],
-            cum_b[0],
+            spread.forward[-1],
+            spread.backward[0],
             pred.ln_forward[-1] if pred.ln_forward else None,
             pred.ln_backward[0] if pred.ln_backward else None,
             gate.band,
@@ -273,14 +261,7 @@ class MLP(Kind):
                 sep.backward[0] if sep.backward else None,
             ),
         )
-        return RunResult(
-            init=name,
-            widths=list(widths),
-            layers=layers,
-            checks=gates,
-            description=scheme.description,
-            gate=gate.gate,
-        )
+        return gates, None
 
     def correlation(self, scheme, spec, plan, c0, batch):
         if scheme.moments is None and not scheme.standardizes:

@@ -23,13 +23,11 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-import numpy as np
-
 from sigprop import inits, specs, stats, theory
 from sigprop.errors import SigpropError, described
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Opt
-from sigprop.results import Check, LayerRecord, RunResult
+from sigprop.results import Check
 
 #: the structure only a model provides: inits that keep or read its own weights (``as-is``)
 MODEL = inits.MODEL
@@ -504,23 +502,16 @@ class ModuleKind(Kind):
     def graphs(self, spec) -> bool:
         return False
 
-    def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
-        """Per site the measured ratios beside the traced prediction (the RMS over draws of each
-        draw's composed moment maps, ``model.graph.predict_graph``) with its band: z standard
-        errors of the run's measured RMS plus the maps' stated accuracy (``stats.attach_traced``;
-        docs/theory.md §15).  Verdicts: ``preserved`` -- the typical forward ratio at the last
-        site on the output's path and the backward ratio at the first such site inside
-        ``gate.band`` around 1 (per element: the input's scale); ``theory`` -- the RMS ratio
-        there inside the prediction's band (not testable where no map reaches).  A site the
-        output's gradient does not reach (``arrays["reached"]``: a side head) has no backward
-        ratio and is read by no verdict.  Everything here is this init's own: its arrays, its
-        trace (the same record run alone or after other inits)."""
-        E = len(plan.sites)
-        pf = _rms_over_draws(arrays["pred_fwd"])
-        pb = _rms_over_draws(arrays["pred_bwd"])
-        reached = np.asarray(arrays.get("reached", np.ones((1, E)))).any(axis=0)
-        layers = _site_rows(plan, arrays, probe, reached, (pf, pb), z)
-        on = [i for i in range(E) if reached[i]]
+    def verdicts(self, th, spec, plan, arrays, layers, gate, z: float = theory.Z_CHECK) -> tuple[list, None]:
+        """``preserved`` -- the typical forward ratio at the last site on the output's path and the
+        backward ratio at the first such site inside ``gate.band`` around 1 (per element: the
+        input's scale); ``theory`` -- the RMS ratio there inside the band the engine set beside
+        the traced prediction (``th.pred``: the RMS over draws of each draw's composed moment
+        maps; not testable where no map reaches).  A site off the output's path (a side head) is
+        read by no verdict.  Everything here is this init's own: its arrays, its trace (the same
+        record run alone or after other inits)."""
+        pf, pb = th.pred.ln_forward, th.pred.ln_backward
+        on = [i for i, rec in enumerate(layers) if not rec.off_path]
         band = gate.band or specs.DECADE_BAND
         checks, own = [], []
         if not on:  # no site on the output's path: nothing a verdict could read
@@ -528,9 +519,7 @@ class ModuleKind(Kind):
             for direction in ("forward", "backward"):
                 checks.append(stats.unread(f"{direction} ratio", "preserved", why))
                 own.append(stats.unread(f"{direction} ratio", "theory", why))
-            return RunResult(
-                name, list(plan.entries), layers, checks + own, scheme.description, gate=gate.gate
-            )
+            return checks + own, None
         last, first = on[-1], on[0]
         named = (
             (f"forward ratio at site {plan.sites[last]}", layers[last].forward, pf[last]),
@@ -550,40 +539,11 @@ class ModuleKind(Kind):
             checks.append(
                 stats.token_cosine_check(layers[last].name, layers[last].tokens, spec.max_token_cosine)
             )
-        return RunResult(
-            init=name,
-            widths=list(plan.entries),
-            layers=layers,
-            checks=checks + own,
-            description=scheme.description,
-            gate=gate.gate,
-            ends=(last, first),
-        )
+        return checks + own, None
 
 
 #: theory notes that say how the theory was read, not why a prediction is missing
 INFORMATIONAL = ("theory traced by", "theory traced with", "attention:")
-
-
-def _site_rows(plan, arrays: dict, probe, reached, preds, z: float) -> list[LayerRecord]:
-    """One row per site: the measured ratios with their predictions (``preds``: RMS over draws)
-    and bands (``stats.attach_traced``), the token statistics; a site off the output's path has
-    no backward ratio."""
-    pf, pb = preds
-    rounding = stats.rounding_ln(probe.dtype, len(plan.sites))
-    layers = []
-    for i, site in enumerate(plan.sites):
-        f = stats.ratio_stats(arrays["fwd"][:, i, :])
-        b = stats.ratio_stats(arrays["bwd"][:, i, :]) if reached[i] else stats.no_ratio()
-        stats.attach_traced(f, arrays["fwd"][:, i, :], pf[i], theory.MAP_ACCURACY_FORWARD, rounding, z)
-        if reached[i]:
-            stats.attach_traced(b, arrays["bwd"][:, i, :], pb[i], theory.MAP_ACCURACY_BACKWARD, rounding, z)
-        layers.append(
-            LayerRecord(
-                i + 1, plan.entries[i], f, b, name=site, off_path=not reached[i], tokens=_tokens(arrays, i, z)
-            )
-        )
-    return layers
 
 
 def _theory_check(name: str, st, z: float) -> Check:
@@ -601,16 +561,6 @@ def _theory_check(name: str, st, z: float) -> Check:
     return c
 
 
-def _tokens(arrays: dict, i: int, z: float = theory.Z_CHECK):
-    """Site i's token statistics (None: the run measured no token sequence there)."""
-    if "cosine" not in arrays:
-        return None
-    entropy = arrays["entropy"][:, i, :] if "entropy" in arrays else None
-    pred = arrays["pred_cosine"][:, i] if "pred_cosine" in arrays else None
-    pred_h = arrays["pred_entropy"][:, i] if "pred_entropy" in arrays else None
-    return stats.token_stats(arrays["cosine"][:, i, :], entropy, pred, z, pred_h)
-
-
 def off_path_note(off: list[str]) -> str:
     """The sites the output's gradient does not reach, in words ("" when none)."""
     if not off:
@@ -620,11 +570,3 @@ def off_path_note(off: list[str]) -> str:
         f"off the output's path: {shown} (the output's gradient does not reach it: no backward ratio, "
         "read by no verdict)"
     )
-
-
-def _rms_over_draws(ln_pred: np.ndarray) -> list[float | None]:
-    """Per site the ln of the RMS over draws of each draw's predicted RMS ratio (None: no map)."""
-    out: list[float | None] = []
-    for col in np.asarray(ln_pred, dtype=np.float64).T:
-        out.append(None if not np.all(np.isfinite(col)) else 0.5 * math.log(float(np.mean(np.exp(2 * col)))))
-    return out

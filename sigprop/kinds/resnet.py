@@ -17,8 +17,8 @@ import numpy as np
 from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt, StepSizes
-from sigprop.results import NO_TEST, BNStats, LayerRecord, RunResult, StageInfo
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes
+from sigprop.results import NO_TEST, BNStats, StageInfo
 
 NORMS = ("wn", "bn", "none")
 #: Figure 1 (bottom) of Arpit et al. 2019, appendix A.2: the three schemes compared there
@@ -464,27 +464,35 @@ class ResNet(Kind):
         )
         return Memory(plan, need, stream, fields, steps)
 
-    def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
-        """Per entry the statistics beside the predictions (``_entry_records``); per stage the
-        ``preserved`` check (the typical stage ratio in Theorem 3's band [sqrt 2, sqrt e], widened
-        by ``gate.band`` and by z sd of the proposed reference net's spread) and the ``theory``
-        check (within z sd of the init's own predicted stage ratio): ``_stage_checks``."""
-        bn = plan.stem
+    def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
+        """Per entry the init's prediction (``prediction``) with its own spread (``variances``),
+        per block the branch ratio's; the rounding of the probe's dtype over the entries."""
         pred = prediction(scheme, plan)
-        sep = separation(scheme, plan, pred)
-        orth = not bn and scheme.orthogonal
-        own = variances(orth, plan, pred.gains)
-        layers = _entry_records(plan, arrays, probe, pred, sep, own)
-        infos, checks = _stage_checks(plan, arrays, gate, pred, sep, own, z)
-        return RunResult(
-            init=name,
-            widths=list(plan.entries),
-            layers=layers,
-            checks=checks,
-            description=BN_DESCRIPTION if bn else scheme.description,
-            stages=infos,
-            gate=gate.gate,
+        bn = plan.stem
+        return RunTheory(
+            pred,
+            separation(scheme, plan, pred),
+            variances(not bn and scheme.orthogonal, plan, pred.gains),
+            stats.rounding_ln(probe.dtype, len(plan.entries)),
+            list(plan.entries),
+            BN_DESCRIPTION if bn else scheme.description,
+            stages=plan.entry_stages(),
+            first_branch=2 if bn else 1,
         )
+
+    def annotate(self, layers, arrays, probe) -> None:
+        """The BN net's batch statistics per entry (``bn_record``)."""
+        if "bn" in arrays:
+            for i, rec in enumerate(layers):
+                rec.bn = bn_record(arrays["bn"], i, probe.samples)
+
+    def verdicts(self, th, spec, plan, arrays, layers, gate, z: float = theory.Z_CHECK) -> tuple[list, list]:
+        """Per stage the ``preserved`` check (the typical stage ratio in Theorem 3's band [sqrt 2,
+        sqrt e], widened by ``gate.band`` and by z sd of the proposed reference net's spread) and
+        the ``theory`` check (within z sd of the init's own predicted stage ratio):
+        ``_stage_checks``."""
+        infos, checks = _stage_checks(plan, arrays, gate, th.pred, th.sep, th.spread, z)
+        return checks, infos
 
     def correlation(self, scheme, spec, plan, c0, batch):
         if scheme.moments is None and not scheme.standardizes:
@@ -504,49 +512,6 @@ class ResNet(Kind):
     def band(self, gate) -> list[float]:
         lo, hi = gate.band or (1.0, 1.0)
         return [theory.RESNET_LOWER * lo, theory.RESNET_UPPER * hi]
-
-
-def _entry_records(plan, arrays, probe, pred, sep, own: plans.Spread) -> list[LayerRecord]:
-    """Per entry the forward and backward statistics beside the init's predictions with its own
-    spread (``own``: the variances of the ln ratios per entry and block), and per block the
-    branch ratio beside its prediction; a BN net's batch statistics."""
-    bn = plan.stem
-    var_f, var_b = own.variances
-    ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
-    dims, stages_of = plan.entries, plan.entry_stages()
-    first_block_entry = 2 if bn else 1
-    rounding = stats.rounding_ln(probe.dtype, len(dims))
-    layers = []
-    for i in range(len(dims)):
-        f = stats.ratio_stats(ln_f[:, i, :])
-        b = stats.ratio_stats(ln_b[:, i, :])
-        stats.attach_prediction(
-            f,
-            pred.ln_forward[i] if pred.ln_forward else None,
-            float(var_f[i]),
-            rounding=rounding,
-            separation=sep.forward[i] if sep.forward else None,
-        )
-        stats.attach_prediction(
-            b,
-            pred.ln_backward[i] if pred.ln_backward else None,
-            float(var_b[i]),
-            rounding=rounding,
-            separation=sep.backward[i] if sep.backward else None,
-        )
-        br = None
-        k = i - first_block_entry  # block index producing entry i
-        if k >= 0:
-            br = stats.ratio_stats(ln_br[:, k, :])
-            ln_pred = pred.ln_branch[k] if pred.ln_branch else None
-            stats.attach_prediction(br, ln_pred, own.branch[k], rounding=rounding)
-        rec = LayerRecord(
-            index=i, width=dims[i], forward=f, backward=b, stage=stages_of[i], branch=br, resnet=True
-        )
-        if bn:
-            rec.bn = bn_record(arrays["bn"], i, probe.samples)
-        layers.append(rec)
-    return layers
 
 
 def _stage_checks(plan, arrays, gate, pred, sep, own, z: float) -> tuple[list[StageInfo], list]:

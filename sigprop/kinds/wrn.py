@@ -19,8 +19,8 @@ from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds import cnn as conv
-from sigprop.kinds.base import Hints, Kind, Memory, Opt
-from sigprop.results import NO_TEST, LayerRecord, RunResult, StageInfo
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory
+from sigprop.results import NO_TEST, StageInfo
 
 NORMS = ("wn", "bn", "none")
 #: named architectures of Arpit et al. 2019, Table 1 (N blocks per group, widening k, bottleneck):
@@ -208,23 +208,21 @@ def stage_bands(steps_, blocks: int) -> list[tuple[tuple[float, float], tuple[fl
     return out
 
 
-def variances(steps_, gains: Sequence[tuple[float, float]] | None) -> tuple[np.ndarray, np.ndarray, list]:
-    """Per-sample variance of ln(ratio) at every recorded state, forward (from the input) and
-    backward (from the top), and the branch ratio's per block (``plans.spread``): conv1 the conv
-    law's envelope (c = 5 over its channels), each block the ResNet's step law with its channels
-    as the width of the branch's power fluctuation and its units as the dimension of the
-    skip-branch cross term, at the branch-to-skip power ratios ``gains`` [(forward, backward)]
-    per block (None: forward and backward 1/B_k, the proposed init's -- the reference of the
-    ``preserved`` allowance, which measured 1.5-3x wider than the across-draw spread forward: it
-    errs wide)."""
-    s = plans.spread(steps_, False, None if gains is None else list(gains))
-    return (*s.variances, s.branch)
+def variances(steps_, gains: Sequence[tuple[float, float]] | None) -> plans.Spread:
+    """The spread of ln(ratio) at every recorded state, forward (from the input) and backward
+    (from the top), and the branch ratio's per block (``plans.spread``): conv1 the conv law's
+    envelope (c = 5 over its channels), each block the ResNet's step law with its channels as the
+    width of the branch's power fluctuation and its units as the dimension of the skip-branch
+    cross term, at the branch-to-skip power ratios ``gains`` [(forward, backward)] per block
+    (None: forward and backward 1/B_k, the proposed init's -- the reference of the ``preserved``
+    allowance, which measured 1.5-3x wider than the across-draw spread forward: it errs wide)."""
+    return plans.spread(steps_, False, None if gains is None else list(gains))
 
 
 @functools.lru_cache(maxsize=16)
-def reference_variances(steps_) -> tuple[np.ndarray, np.ndarray, list[float]]:
+def reference_variances(steps_) -> tuple[np.ndarray, np.ndarray]:
     """``variances`` at the proposed init's gains (the ``preserved`` allowance), once per plan."""
-    return variances(steps_, None)
+    return variances(steps_, None).variances
 
 
 @base.register
@@ -377,31 +375,33 @@ class WRN(Kind):
             lambda: self.plan(spec, probe.seed), lower, self.size_fields, probe, itemsize, free, check, 4
         )
 
-    def assemble(self, name, scheme, spec, plan, arrays, probe, gate, z: float = theory.Z_CHECK) -> RunResult:
-        """Per state (input, conv1, each block) the measured ratios and per block the branch ratio,
-        beside the energy-map prediction (``plans.predict``) with its finite-width band
-        (``variances``); per group (stage) the ``preserved`` check -- the typical stage ratio,
-        forward and backward, in ``stage_bands`` widened by ``gate.band`` and by z sd of the
-        reference allowance (``variances`` with the proposed gains) -- and the ``theory`` check:
-        the same typical stage ratio within z sd of the init's own prediction."""
-        widths = plan.entries
+    def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
+        """Per state (input, conv1, each block) the energy-map prediction (``plans.predict``) with
+        its finite-width band (``variances``), per block the branch ratio's."""
         pred = plans.Prediction(None, None, None, None)
         sep = plans.Separation(None, None)
         if scheme.moments is not None or scheme.standardizes or plan.bn:
             pred = plans.predict(plan.steps, scheme)
             sep = plans.separation(plan.steps, scheme, pred)
-        var = variances(plan.steps, pred.gains)
-        layers = _entry_records(plan, arrays, pred, sep, var)
-        infos, checks = _stage_checks(plan, arrays, gate, pred, sep, var, z)
-        return RunResult(
-            init=name,
-            widths=widths,
-            layers=layers,
-            checks=checks,
-            description=BN_DESCRIPTION if plan.bn else scheme.description,
-            stages=infos,
-            gate=gate.gate,
+        entries = len(plan.entries)
+        return RunTheory(
+            pred,
+            sep,
+            variances(plan.steps, pred.gains),
+            stats.rounding_ln("float32", entries),
+            plan.entries,
+            BN_DESCRIPTION if plan.bn else scheme.description,
+            stages=[0 if i < 2 else 1 + (i - 2) // plan.blocks for i in range(entries)],
+            first_branch=2,
         )
+
+    def verdicts(self, th, spec, plan, arrays, layers, gate, z: float = theory.Z_CHECK) -> tuple[list, list]:
+        """Per group (stage) the ``preserved`` check -- the typical stage ratio, forward and
+        backward, in ``stage_bands`` widened by ``gate.band`` and by z sd of the reference
+        allowance (``variances`` with the proposed gains) -- and the ``theory`` check: the same
+        typical stage ratio within z sd of the init's own prediction (``_stage_checks``)."""
+        infos, checks = _stage_checks(plan, arrays, gate, th.pred, th.sep, th.spread.variances, z)
+        return checks, infos
 
     def correlation(self, scheme, spec, plan, c0, batch):
         return conv.correlation(scheme, plan, c0, batch)
@@ -416,43 +416,13 @@ class WRN(Kind):
         return list(gate.band or (1.0, 1.0))
 
 
-def _entry_records(plan, arrays, pred, sep, var) -> list[LayerRecord]:
-    """Per state (input, conv1, each block) the measured ratios beside the prediction with its
-    finite-width band (``var``: ``variances``), and per block the branch ratio."""
-    blocks, widths = plan.blocks, plan.entries
-    E = len(widths)
-    pf, pb, pbr = pred.ln_forward, pred.ln_backward, pred.ln_branch
-    sep_f, sep_b = sep.forward or [None] * E, sep.backward or [None] * E
-    var_f, var_b, var_br = var
-    rounding = stats.rounding_ln("float32", E)
-    ln_f, ln_b, ln_br = arrays["fwd"], arrays["bwd"], arrays["branch"]
-    layers = []
-    for i in range(E):
-        f, b = stats.ratio_stats(ln_f[:, i, :]), stats.ratio_stats(ln_b[:, i, :])
-        stats.attach_prediction(
-            f, None if pf is None else pf[i], float(var_f[i]), rounding=rounding, separation=sep_f[i]
-        )
-        stats.attach_prediction(
-            b, None if pb is None else pb[i], float(var_b[i]), rounding=rounding, separation=sep_b[i]
-        )
-        br = None
-        if i >= 2:
-            br = stats.ratio_stats(ln_br[:, i - 2, :])
-            stats.attach_prediction(br, None if pbr is None else pbr[i - 2], var_br[i - 2], rounding=rounding)
-        stage = 0 if i < 2 else 1 + (i - 2) // blocks
-        layers.append(
-            LayerRecord(index=i, width=widths[i], forward=f, backward=b, stage=stage, branch=br, resnet=True)
-        )
-    return layers
-
-
 def _stage_checks(plan, arrays, gate, pred, sep, var, z: float) -> tuple[list[StageInfo], list]:
     """Per group (stage) its record and the ``preserved`` check -- the typical stage ratio, forward
     and backward, in ``stage_bands`` widened by ``gate.band`` and by z sd of the reference
     allowance (``variances`` with the proposed gains) -- then every stage's ``theory`` check: the
     same typical stage ratio within z sd of the init's own prediction."""
     widen = (0.0, 0.0) if gate.band is None else (math.log(gate.band[0]), math.log(gate.band[1]))
-    ref = reference_variances(plan.steps)[:2]
+    ref = reference_variances(plan.steps)
     infos, checks, own_checks = [], [], []
     for k, bands in enumerate(stage_bands(plan.steps, plan.blocks), 1):
         span = (1 + (k - 1) * plan.blocks, 1 + k * plan.blocks)

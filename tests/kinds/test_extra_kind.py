@@ -17,8 +17,8 @@ import sigprop
 from sigprop import api, kinds, plans, specs, stats
 from sigprop.cli import main
 from sigprop.inits import LayerRole
-from sigprop.kinds import Hints, Kind, Memory, Opt, StepSizes
-from sigprop.results import LayerRecord, RunResult, compare_documents
+from sigprop.kinds import Hints, Kind, Memory, Opt, RunTheory, StepSizes
+from sigprop.results import compare_documents
 
 
 @dataclass(frozen=True)
@@ -88,37 +88,38 @@ class LinearNet(Kind):
             self.plan(spec, probe.seed), need, False, self.size_fields, StepSizes(spec.width**2, spec.width)
         )
 
-    def assemble(self, name, scheme, spec, plan, arrays, probe, gate):
-        """Per layer the ratios beside the composed prediction; a chi-square spread 1/(2n) per layer
-        (the test's own model); the two verdicts on the end-to-end ratios."""
+    def run_theory(self, scheme, spec, plan, probe):
+        """Per layer the composed prediction; a chi-square spread 1/(2n) per layer (the test's own
+        model); its widths begin with the input's (row l is layer l + 1)."""
         pred = plans.predict(plan.steps, scheme)
         L, n = len(plan.entries), spec.width
-        layers = []
-        for l in range(L):
-            f, b = stats.ratio_stats(arrays["fwd"][:, l, :]), stats.ratio_stats(arrays["bwd"][:, l, :])
-            stats.attach_prediction(f, pred.ln_forward[l], (l + 1) / (2 * n))
-            stats.attach_prediction(b, pred.ln_backward[l], (L - 1 - l) / (2 * n))
-            layers.append(LayerRecord(index=l + 1, width=n, forward=f, backward=b))
+        cumulants = lambda var: np.stack([np.zeros(L), np.asarray(var, dtype=float), np.zeros(L)], axis=1)
+        spread = plans.Spread(
+            cumulants([(l + 1) / (2 * n) for l in range(L)]),
+            cumulants([(L - 1 - l) / (2 * n) for l in range(L)]),
+            [],
+            [],
+            [],
+        )
+        sep = plans.Separation(None, None)
+        return RunTheory(pred, sep, spread, 1e-9 * stats.LN10, [n] * (L + 1), scheme.description)
+
+    def verdicts(self, th, spec, plan, arrays, layers, gate):
+        """The two verdicts on the end-to-end ratios."""
+        L, n = len(plan.entries), spec.width
         lo, hi = (math.log(v) for v in gate.band or specs.DECADE_BAND)
         checks = [
             stats.gate("forward ratio at the top", "preserved", layers[-1].forward, lo, hi),
             stats.gate("backward ratio at layer 1", "preserved", layers[0].backward, lo, hi),
         ]
         for what, st, ln, var in (
-            ("forward ratio at the top", layers[-1].forward, pred.ln_forward[-1], L / (2 * n)),
-            ("backward ratio at layer 1", layers[0].backward, pred.ln_backward[0], (L - 1) / (2 * n)),
+            ("forward ratio at the top", layers[-1].forward, th.pred.ln_forward[-1], L / (2 * n)),
+            ("backward ratio at layer 1", layers[0].backward, th.pred.ln_backward[0], (L - 1) / (2 * n)),
         ):
             checks.append(
                 stats.gate(what, "theory", st, ln - var - 4 * math.sqrt(var), ln + 4 * math.sqrt(var))
             )
-        return RunResult(
-            init=name,
-            widths=[n] * L,
-            layers=layers,
-            checks=checks,
-            description=scheme.description,
-            gate=gate.gate,
-        )
+        return checks, None
 
 
 @pytest.fixture
