@@ -1,6 +1,7 @@
 """Test helpers: a plan walked by the walker directly (sigprop/walker/, no driver), in the
-shapes the oracle tests compare with torch.autograd, and a run assembled by its net kind from
-arrays -- so tests see the same numbers the product computes, with no walker of their own."""
+shapes the oracle tests compare with torch.autograd, and a run assembled by the engine from
+arrays with its net kind's theory and verdicts -- so tests see the same numbers the product
+computes, with no walker of their own."""
 
 from __future__ import annotations
 

@@ -207,10 +207,11 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
 @dataclass
 class ModulePlan:
     """What a model's probe found, filled in here while the draws run (the model is built only
-    here) and handed to its kind's ``assemble``, which reads it: the sites' names and units per
-    sample (``entries``) and the notes (which op ended the theory, why the trace failed; what an
-    init could not set; the sites off the output's path).  What depends on an init's weights --
-    its predictions and their finite-width spread -- is in its arrays, not here."""
+    here) and read when its records are assembled (``records.assemble_traced``): the sites'
+    names and units per sample (``entries``) and the notes (which op ended the theory, why the
+    trace failed; what an init could not set; the sites off the output's path).  What depends
+    on an init's weights -- its predictions and their finite-width spread -- is in its arrays,
+    not here."""
 
     sites: list[str] = field(default_factory=list)
     entries: list[int] = field(default_factory=list)
