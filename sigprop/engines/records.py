@@ -64,6 +64,11 @@ def assemble(kind, name: str, scheme, spec, plan, arrays: dict, probe, gate) -> 
     th = kind.run_theory(scheme, spec, plan, probe)
     layers = rows(arrays, th)
     kind.annotate(layers, arrays, probe)
+    return _judged(kind, name, th, spec, plan, arrays, layers, gate)
+
+
+def _judged(kind, name: str, th, spec, plan, arrays: dict, layers: list, gate, ends=None) -> RunResult:
+    """The ``RunResult`` of assembled rows with the kind's verdicts on them."""
     checks, stages = kind.verdicts(th, spec, plan, arrays, layers, gate)
     return RunResult(
         init=name,
@@ -73,6 +78,7 @@ def assemble(kind, name: str, scheme, spec, plan, arrays: dict, probe, gate) -> 
         description=th.description,
         stages=stages,
         gate=gate.gate,
+        ends=ends,
     )
 
 
@@ -133,15 +139,5 @@ def assemble_traced(kind, name: str, scheme, spec, plan, arrays: dict, probe, ga
         list(plan.entries),
         scheme.description,
     )
-    checks, stages = kind.verdicts(th, spec, plan, arrays, layers, gate)
     on = [i for i in range(E) if reached[i]]
-    return RunResult(
-        init=name,
-        widths=list(th.widths),
-        layers=layers,
-        checks=checks,
-        description=th.description,
-        stages=stages,
-        gate=gate.gate,
-        ends=(on[-1], on[0]) if on else None,
-    )
+    return _judged(kind, name, th, spec, plan, arrays, layers, gate, (on[-1], on[0]) if on else None)
