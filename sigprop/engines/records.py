@@ -22,16 +22,17 @@ def _at(values, i: int):
     return None if values is None or len(values) == 0 else values[i]
 
 
-def rows(arrays: dict, th) -> list[LayerRecord]:
+def rows(arrays: dict, th, dtype: str) -> list[LayerRecord]:
     """Per recorded row i (arrays ``fwd``/``bwd`` [S, R, draws]) its forward and backward
     statistics beside the prediction at i with the spread's variance there (and its exact drift
-    where ``th.drift``), the separation and the rounding allowance; a residual net's row with its
+    where ``th.drift``), the separation and the rounding allowance of the probe's ``dtype`` over the
+    rows (``stats.rounding_ln``: one rule for every kind); a residual net's row with its
     stage and, from ``th.first_branch`` on, the branch ratio of the block that produced it.  Row
     i's index is its position in ``th.widths`` (the last R of them: an MLP's and a CNN's widths
     begin with the input, which has no row)."""
     ln_f, ln_b = arrays["fwd"], arrays["bwd"]
     R = ln_f.shape[1]
-    off = len(th.widths) - R
+    off, rounding = len(th.widths) - R, stats.rounding_ln(dtype, R)
     pred, sep, spread = th.pred, th.sep, th.spread
     ways = ((pred.ln_forward, spread.forward, sep.forward), (pred.ln_backward, spread.backward, sep.backward))
     layers = []
@@ -42,7 +43,7 @@ def rows(arrays: dict, th) -> list[LayerRecord]:
                 st,
                 _at(ln_pred, i),
                 float(cum[i, 1]),
-                rounding=th.rounding,
+                rounding=rounding,
                 drift=float(cum[i, 0]) if th.drift else None,
                 separation=_at(separation, i),
             )
@@ -50,7 +51,7 @@ def rows(arrays: dict, th) -> list[LayerRecord]:
         k = -1 if th.first_branch is None else i - th.first_branch  # the block producing row i
         if k >= 0:
             br = stats.ratio_stats(arrays["branch"][:, k, :])
-            stats.attach_prediction(br, _at(pred.ln_branch, k), spread.branch[k], rounding=th.rounding)
+            stats.attach_prediction(br, _at(pred.ln_branch, k), spread.branch[k], rounding=rounding)
         rec = LayerRecord(index=i + off, width=th.widths[i + off], forward=f, backward=b, branch=br)
         if th.stages is not None:  # a residual net's row: its stage
             rec.stage, rec.resnet = th.stages[i], True
@@ -62,7 +63,7 @@ def assemble(kind, name: str, scheme, spec, plan, arrays: dict, probe, gate) -> 
     """One init's ``RunResult``: the kind's theory of the run, its rows paired with it (``rows``),
     the kind's additions to them and its verdicts."""
     th = kind.run_theory(scheme, spec, plan, probe)
-    layers = rows(arrays, th)
+    layers = rows(arrays, th, probe.dtype)
     kind.annotate(layers, arrays, probe)
     return _judged(kind, name, th, spec, plan, arrays, layers, gate)
 
@@ -135,7 +136,6 @@ def assemble_traced(kind, name: str, scheme, spec, plan, arrays: dict, probe, ga
         plans.Prediction(pf, pb, None, None),
         plans.Separation(None, None),
         None,
-        stats.rounding_ln(probe.dtype, E),
         list(plan.entries),
         scheme.description,
     )

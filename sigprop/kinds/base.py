@@ -322,15 +322,15 @@ class RunTheory:
     (sigprop/engines/records.py): the prediction (``plans.Prediction``; its fields None where
     the init has none), the separation that decides whether a band is a test
     (``plans.Separation``), the finite-width spread (``plans.Spread``: per row the ln ratio's
-    cumulants both ways, per block the branch's variance), the rounding allowance of an exact
-    prediction, whether the spread's first cumulant is the exact drift (the MLP's) or the band
-    takes a log-normal's -var, the result's ``widths`` (row i's index is its position there), and
-    a residual net's stage per row and the row its first block's branch ratio belongs to."""
+    cumulants both ways, per block the branch's variance), the result's ``widths`` (row i's
+    index is its position there), its description, whether the spread's first cumulant is the
+    exact drift (the MLP's) or the band takes a log-normal's -var, and a residual net's stage per
+    row and the row its first block's branch ratio belongs to.  The rounding allowance is not a
+    kind's: the engine's one rule (``stats.rounding_ln`` of the probe's dtype over the rows)."""
 
     pred: Any
     sep: Any
     spread: Any
-    rounding: float
     widths: list
     description: str
     drift: bool = False

@@ -214,15 +214,13 @@ class CNN(Kind):
     def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
         """The energy-map prediction (``plans.predict``; none for an init without moments) with
         its finite-width band (``plans.spread``: a conv's law, the i.i.d. rows' envelope; the
-        typical ratio var below the RMS, +- z sd); the backward ratio at layer L is exactly 1,
-        met by a float32 measurement to rounding."""
+        typical ratio var below the RMS, +- z sd)."""
         pred = plans.predict(plan.steps, scheme) if scheme.moments is not None else None
         sep = plans.Separation(None, None) if pred is None else plans.separation(plan.steps, scheme, pred)
         return RunTheory(
             pred or plans.Prediction(None, None, None, None),
             sep,
             plans.spread(plan.steps, False),
-            stats.rounding_ln("float32", len(plans.layers(plan.steps))),
             plan.entries,
             scheme.description,
         )

@@ -238,7 +238,6 @@ class MLP(Kind):
             pred,
             plans.separation(plan.steps, scheme, pred),
             plans.spread(plan.steps, scheme.orthogonal),
-            1e-9 * stats.LN10,
             list(plan.widths),
             scheme.description,
             drift=True,

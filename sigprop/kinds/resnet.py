@@ -466,14 +466,13 @@ class ResNet(Kind):
 
     def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
         """Per entry the init's prediction (``prediction``) with its own spread (``variances``),
-        per block the branch ratio's; the rounding of the probe's dtype over the entries."""
+        per block the branch ratio's."""
         pred = prediction(scheme, plan)
         bn = plan.stem
         return RunTheory(
             pred,
             separation(scheme, plan, pred),
             variances(not bn and scheme.orthogonal, plan, pred.gains),
-            stats.rounding_ln(probe.dtype, len(plan.entries)),
             list(plan.entries),
             BN_DESCRIPTION if bn else scheme.description,
             stages=plan.entry_stages(),

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sigprop import inits, plans, specs, stats, theory
+from sigprop import inits, plans, specs, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds import cnn as conv
@@ -388,7 +388,6 @@ class WRN(Kind):
             pred,
             sep,
             variances(plan.steps, pred.gains),
-            stats.rounding_ln("float32", entries),
             plan.entries,
             BN_DESCRIPTION if plan.bn else scheme.description,
             stages=[0 if i < 2 else 1 + (i - 2) // plan.blocks for i in range(entries)],

@@ -102,7 +102,7 @@ class LinearNet(Kind):
             [],
         )
         sep = plans.Separation(None, None)
-        return RunTheory(pred, sep, spread, 1e-9 * stats.LN10, [n] * (L + 1), scheme.description)
+        return RunTheory(pred, sep, spread, [n] * (L + 1), scheme.description)
 
     def verdicts(self, th, spec, plan, arrays, layers, gate):
         """The two verdicts on the end-to-end ratios."""

@@ -290,3 +290,40 @@ def test_the_conv_band_bounds_the_measured_spread_at_two_widths_and_depths():
             b = a["bwd"].mean(axis=2)[:, 0].var(ddof=1) / var_b[0]
             assert 0.3 * 0.55 <= f <= 1.55, (channels, depth, name, f)
             assert 0.06 * 0.55 <= b <= 1.55, (channels, depth, name, b)
+
+
+@pytest.mark.parametrize("command", ["mlp", "cnn"])
+def test_one_rounding_rule_for_an_exact_prediction(command):
+    """The rounding allowance that lets a float measurement meet an exact prediction (the backward
+    ratio at the last layer is 1, sd 0) is one rule the engine applies to every kind: 4 ulp of the
+    probe's dtype per row (``stats.rounding_ln``; until 0.17 the MLP took 1e-9 ln 10 whatever its
+    dtype, the CNN and WRN float32's whatever theirs).  A measured last backward ratio half that
+    allowance off 1 agrees, twice it does not, in float32 and float64 alike -- and float32's
+    allowance is no allowance for a float64 probe."""
+    from sigprop import stats
+    from sigprop.kinds import mlp as mlp_kind
+
+    if command == "mlp":
+        spec = MLPSpec(depth=6, input_dim=32, width=specs.WidthSpec(32, 32), inits=("proposed",))
+        plan = mlp_kind.MLP().plan(spec, 0)
+    else:
+        spec = CNNSpec(depth=4, channels=8, image=(3, 8, 8), inits=("proposed",))
+        plan = cnn.CNN().plan(spec, 0)
+    R = 6 if command == "mlp" else 4
+    scheme = inits.get("proposed")
+
+    def last_backward_agrees(dtype: str, ln_off: float) -> bool:
+        fwd, bwd = np.zeros((16, R, 1)), np.zeros((16, R, 1))
+        bwd[:, -1, :] = ln_off  # every sample's last backward ratio e^ln_off
+        run = walks.assemble(
+            command, scheme, plan, {"fwd": fwd, "bwd": bwd}, spec, specs.ProbeSpec(dtype=dtype)
+        )
+        rec = run.layers[-1].backward
+        assert rec.log10_low == rec.log10_high == 0.0  # the exact prediction 1, no spread
+        return rec.agrees
+
+    for dtype in ("float32", "float64"):
+        eps = stats.rounding_ln(dtype, R)
+        assert last_backward_agrees(dtype, 0.5 * eps) and last_backward_agrees(dtype, -0.5 * eps)
+        assert not last_backward_agrees(dtype, 2.0 * eps) and not last_backward_agrees(dtype, -2.0 * eps)
+    assert not last_backward_agrees("float64", 0.5 * stats.rounding_ln("float32", R))
