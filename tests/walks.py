@@ -133,7 +133,7 @@ def grid(kind, sizes, widths, names, probe) -> list:
     return [
         sweeps.Point(
             kind,
-            ((kind.sweep_size, size), ("width", width)),
+            ((kind.sweep_axes.size, size), ("width", width)),
             name,
             kind.sweep_spec(size, width, name, None),
             probe,

@@ -40,13 +40,13 @@ def P(name: str, annotation, default) -> inspect.Parameter:
 
 
 def _size_parameters(swept, kind) -> list[inspect.Parameter]:
-    """The size axis of every swept kind (``Kind.sweep_size``: --depth, --blocks), its help
+    """The size axis of every swept kind (``SweepAxes.size``: --depth, --blocks), its help
     ``kind``'s alone where it is ``kind``'s."""
     out = []
-    for size in dict.fromkeys(k.sweep_size for k in swept):
-        which = [k for k in swept if k.sweep_size == size]
+    for size in dict.fromkeys(k.sweep_axes.size for k in swept):
+        which = [k for k in swept if k.sweep_axes.size == size]
         which = [kind] if kind in which else which
-        defaults = "; ".join(f"{k.name} {k.sweep_sizes}" for k in which)
+        defaults = "; ".join(f"{k.name} {k.sweep_axes.sizes}" for k in which)
         out.append(
             P(
                 size,
@@ -265,7 +265,7 @@ def _sweep_parameters(kind: kinds.Kind) -> list[inspect.Parameter]:
     dimension; a model's --arg, --input-shape, --sites, --vocab), the inits, what is measured and
     where the points run.  The other kinds' axes are parsed but left out of the help
     (``_hidden``), so that one given is refused with what this kind takes instead."""
-    swept = [k for k in kinds.KINDS.values() if k.sweeps]
+    swept = [k for k in kinds.KINDS.values() if k.sweep_axes is not None]
     sized = [k for k in swept if "width" in k.sweep_fields()]
     out = [
         inspect.Parameter(
@@ -294,9 +294,9 @@ def _sweep_parameters(kind: kinds.Kind) -> list[inspect.Parameter]:
     ]
     out += _size_parameters(sized, kind)
     described = [kind] if kind in sized else sized  # the help speaks of this kind where it sweeps widths
-    widths = "; ".join(f"{k.name}: {k.sweep_width_help}" for k in described)
-    defaults = "; ".join(f"{k.name} {k.sweep_widths}" for k in described)
-    with_input = [k.name for k in sized if k.sweep_input_dim]
+    widths = "; ".join(f"{k.name}: {k.sweep_axes.width_help}" for k in described)
+    defaults = "; ".join(f"{k.name} {k.sweep_axes.widths}" for k in described)
+    with_input = [k.name for k in sized if k.sweep_axes.input_dim]
     out += [
         P(
             "width",
@@ -488,7 +488,11 @@ def plot_cmd(
             else "these rows measured no curvature; run the sweep with --curvature",
             field="direction",
         )
-    axes = [*dict.fromkeys(k.sweep_size for k in kinds.KINDS.values() if "width" in k.sweep_fields())]
+    axes = [
+        *dict.fromkeys(
+            k.sweep_axes.size for k in kinds.KINDS.values() if k.sweep_axes and "width" in k.sweep_fields()
+        )
+    ]
     axes = list(dict.fromkeys([*axes, "width", *arg_axes]))
     if x not in axes or not sweeps.axis_values(rows, x):
         keys = [k for k in axes if sweeps.axis_values(rows, k)]
@@ -541,7 +545,7 @@ def register(app: typer.Typer) -> None:
         app,
         "sweep",
         SWEEP_HELP,
-        [k for k in kinds.KINDS.values() if k.sweeps],
+        [k for k in kinds.KINDS.values() if k.sweep_axes is not None],
         lambda kind: f"Sweep the net of `sigprop {kind.name}` over a grid of its options and inits.",
         _kind_sweep,
     )

@@ -65,6 +65,21 @@ class Hints:
 ROW_BYTES = 16 * 1024
 
 
+@dataclass(frozen=True)
+class SweepAxes:
+    """How ``sigprop sweep`` sweeps a kind, declared once: its size axis (an option name: depth,
+    blocks) and that axis's default values, the width axis's default values and what a width is
+    (the help), whether ``--input-dim`` applies (the input set apart from the swept width), and
+    the inits a sweep runs when none is named."""
+
+    size: str = "depth"
+    sizes: str = "10,20,50"
+    widths: str = "128,512"
+    width_help: str = "every layer's width"
+    input_dim: bool = False
+    inits: str = "proposed,he"
+
+
 class Kind:
     """A net kind: subclass, set the class attributes, implement the methods, ``@register``."""
 
@@ -98,22 +113,14 @@ class Kind:
     noun: ClassVar[str] = "this net"
     #: the spec fields a memory refusal names, "/"-joined (the probe's and the curvature's)
     size_fields: ClassVar[str] = "samples"
-    #: sweep: the size axis (an option name), its default values, the width axis's default values
-    sweep_size: ClassVar[str] = "depth"
-    sweep_sizes: ClassVar[str] = "10,20,50"
-    sweep_widths: ClassVar[str] = "128,512"
-    sweep_width_help: ClassVar[str] = "every layer's width"
-    #: ``sweep --input-dim`` applies (the input is set apart from the swept width)
-    sweep_input_dim: ClassVar[bool] = False
-    #: the inits a sweep runs when none is named
-    sweep_inits: ClassVar[str] = "proposed,he"
+    #: how ``sigprop sweep`` sweeps it (``SweepAxes``; None: the sweep does not take it)
+    sweep_axes: ClassVar[SweepAxes | None] = SweepAxes()
     #: the default ``--band`` in words (the CLI's help)
     band_help: ClassVar[str] = "0.1:10 around the reference"
     #: what measures it: "plan" (sigprop's walker over the kind's plan) or "model" (autograd on
     #: a torch.nn.Module the spec builds: sigprop/model/)
     engine: ClassVar[str] = "plan"
-    #: ``sigprop sweep`` takes this kind; ``curvature``: ``sigprop hessian`` does
-    sweeps: ClassVar[bool] = True
+    #: ``sigprop hessian`` takes this kind
     curvature: ClassVar[bool] = True
 
     # -- specs -------------------------------------------------------------------------------
@@ -134,18 +141,20 @@ class Kind:
     def sweep_fields(self) -> tuple[str, ...]:
         """The options a sweep of this kind takes (``sigprop sweep``; others are refused): its size
         axis and the width, and the input dimension where it is set apart."""
-        return (self.sweep_size, "width") + (("input_dim",) if self.sweep_input_dim else ())
+        ax = self.sweep_axes
+        return (ax.size, "width") + (("input_dim",) if ax.input_dim else ())
 
     def sweep_configurations(self, given: dict) -> list[tuple[tuple, Callable[[str], Any]]]:
         """The configurations of a sweep from ``given`` {option: values} (``sweep_fields``; a list
         or a comma-separated string, None: the defaults): per configuration its axes (the swept
         values in the order of the key) and the spec of one init.  Size x width here."""
-        sizes = specs.parse_ints(specs.joined(given.get(self.sweep_size), self.sweep_sizes), self.sweep_size)
-        widths = specs.parse_ints(specs.joined(given.get("width"), self.sweep_widths), "width")
+        ax = self.sweep_axes
+        sizes = specs.parse_ints(specs.joined(given.get(ax.size), ax.sizes), ax.size)
+        widths = specs.parse_ints(specs.joined(given.get("width"), ax.widths), "width")
         input_dim = given.get("input_dim")
         return [
             (
-                ((self.sweep_size, size), ("width", width)),
+                ((ax.size, size), ("width", width)),
                 lambda init, size=size, width=width: self.sweep_spec(size, width, init, input_dim),
             )
             for size in sizes

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes, SweepAxes
 from sigprop.results import NO_TEST
 
 #: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
@@ -167,8 +167,7 @@ class CNN(Kind):
         "the "
         "lossless reference (1/2 per stride-2 layer forward: a quarter of the positions)",
     )
-    sweep_widths = "32,64"
-    sweep_width_help = "the channels (3 x 32 x 32 inputs)"
+    sweep_axes = SweepAxes(widths="32,64", width_help="the channels (3 x 32 x 32 inputs)")
     band_help = "0.1:10 around the lossless reference"
     correlation_band = False
 

@@ -12,7 +12,7 @@ from typing import Sequence
 from sigprop import plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes, SweepAxes
 from sigprop.results import NO_TEST, Check, RatioStats
 
 #: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
@@ -173,8 +173,7 @@ class MLP(Kind):
         "= closed-form "
         "rms; =/≠ = measured rms within/outside the finite-width band of the theory (" + NO_TEST + ")"
     )
-    sweep_width_help = "every layer's width (and n_0 unless --input-dim)"
-    sweep_input_dim = True
+    sweep_axes = SweepAxes(width_help="every layer's width (and n_0 unless --input-dim)", input_dim=True)
     band_help = "0.1:10 around norm preservation"
 
     def make(self, values: dict, inits_) -> MLPSpec:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from sigprop import inits, specs, stats, theory
 from sigprop.errors import SigpropError, described
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Opt
+from sigprop.kinds.base import Hints, Kind, Opt, SweepAxes
 from sigprop.results import Check
 
 #: the structure only a model provides: inits that keep or read its own weights (``as-is``)
@@ -427,7 +427,7 @@ class ModuleKind(Kind):
         "density are not derived",
     )
     band_help = "0.1:10 around the input's per-element scale"
-    sweep_size = "args"
+    sweep_axes = SweepAxes(size="args", inits="as-is")
 
     def make(self, values: dict, inits_) -> ModuleSpec:
         v = dict(values)
@@ -439,8 +439,6 @@ class ModuleKind(Kind):
             if v.get(name) is None:
                 v.pop(name, None)
         return ModuleSpec(**v, inits=("as-is",) if inits_ is None else inits_)
-
-    sweep_inits = "as-is"
 
     def sweep_fields(self) -> tuple[str, ...]:
         return ("target", "arg", "input_shape", "sites", "vocab")

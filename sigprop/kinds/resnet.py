@@ -17,7 +17,7 @@ import numpy as np
 from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes, SweepAxes
 from sigprop.results import NO_TEST, BNStats, StageInfo
 
 NORMS = ("wn", "bn", "none")
@@ -358,8 +358,7 @@ class ResNet(Kind):
         "finite-width band of the theory (" + NO_TEST + "); band [√2, √e] = "
         "[1.414, 1.649] per stage (Arpit et al. 2019, Theorems 3-4)",
     )
-    sweep_size, sweep_sizes = "blocks", "10,40,100"
-    sweep_width_help = "the residual width d and the hidden width"
+    sweep_axes = SweepAxes("blocks", "10,40,100", width_help="the residual width d and the hidden width")
     band_help = "1:1, i.e. Theorem 3's [sqrt 2, sqrt e] per stage with its finite-width allowance"
 
     def make(self, values: dict, inits_) -> ResNetSpec:

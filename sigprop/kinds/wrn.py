@@ -19,7 +19,7 @@ from sigprop import inits, plans, specs, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds import cnn as conv
-from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, SweepAxes
 from sigprop.results import NO_TEST, StageInfo
 
 NORMS = ("wn", "bn", "none")
@@ -304,8 +304,7 @@ class WRN(Kind):
         "stage "
         "(Arpit et al. 2019, Theorems 3-4) times what a stride-2 group opening costs a lossless net",
     )
-    sweep_size, sweep_sizes, sweep_widths = "blocks", "1,16", "1"
-    sweep_width_help = "the widening factor k (3 x 32 x 32 inputs)"
+    sweep_axes = SweepAxes("blocks", "1,16", "1", "the widening factor k (3 x 32 x 32 inputs)")
     band_help = (
         "1:1, i.e. [sqrt 2, sqrt e] per group times what its stride-2 opening costs a lossless net, with its "
         "finite-width allowance"

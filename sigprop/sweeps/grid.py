@@ -3,7 +3,7 @@ measured of it (a probe, the curvature, the Jacobian's spectrum), and the key it
 No torch.
 
 What a kind sweeps is its own (sigprop/kinds/): a kind of sigprop's own nets sweeps its size
-axis (``Kind.sweep_size``: depth or blocks) and a width (``Kind.sweep_spec`` says what the
+axis (``SweepAxes.size``: depth or blocks) and a width (``Kind.sweep_spec`` says what the
 width means for the net); a kind that sweeps otherwise -- a user's model over ``--arg``
 values and input shapes -- says so in ``Kind.sweep_configurations``.  ``Kind.sweep_config``
 adds the kind's own keys to a point's ``config``.
@@ -195,7 +195,7 @@ def configure(
         raise SigpropError(f"sigprop {measure} does not measure {kind.noun}", field="measure")
     if not m.cosines and probe.correlations:
         raise SigpropError(f"--measure {measure} measures no cosine; drop --correlation", field="correlation")
-    names = parse_inits(specs.joined(init, kind.sweep_inits), kind)
+    names = parse_inits(specs.joined(init, kind.sweep_axes.inits), kind)
     configurations = kind.sweep_configurations(given)
     options = _options(probe, m)
     return [

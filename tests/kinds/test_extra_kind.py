@@ -17,7 +17,7 @@ import sigprop
 from sigprop import api, kinds, plans, specs, stats
 from sigprop.cli import main
 from sigprop.inits import LayerRole
-from sigprop.kinds import Hints, Kind, Memory, Opt, RunTheory, StepSizes
+from sigprop.kinds import Hints, Kind, Memory, Opt, RunTheory, StepSizes, SweepAxes
 from sigprop.results import compare_documents
 
 
@@ -61,7 +61,7 @@ class LinearNet(Kind):
     hints = Hints(
         footer="a deep linear net: each layer keeps E||h||^2 with g = 1 (he), doubles it with row_sq 2"
     )
-    sweep_sizes, sweep_widths = "4,8", "16"
+    sweep_axes = SweepAxes(sizes="4,8", widths="16")
 
     def make(self, values, inits_):
         return LinearSpec(**values, inits=self.default_inits if inits_ is None else inits_)
@@ -238,3 +238,17 @@ def test_an_unregistered_kind_is_gone_everywhere(capsys):
     assert main(["linear"]) == 2
     with pytest.raises(AttributeError):
         sigprop.probe_linear
+
+
+def test_a_kind_without_sweep_axes_is_not_swept(linear, capsys, monkeypatch):
+    """How ``sigprop sweep`` sweeps a kind is one declaration (``Kind.sweep_axes``, a
+    ``SweepAxes``): the linear net's default sizes are the sweep's defaults and in its help, and a
+    kind that declares none is not among the sweep's commands (until 0.17 seven attributes, one of
+    them a flag)."""
+    assert main(["sweep", "linear", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "linear 4,8" in " ".join(out.split()) and "linear 16" in " ".join(out.split())
+    monkeypatch.setattr(LinearNet, "sweep_axes", None)
+    assert main(["sweep", "linear", "--depth", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "linear" in err and "Traceback" not in err
