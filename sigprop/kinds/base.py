@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from sigprop import inits, specs, stats
+from sigprop import inits, plans, specs, stats
 from sigprop.errors import SigpropError
 from sigprop.options import Opt
 from sigprop.registry import Registry
@@ -358,6 +358,19 @@ class Memory:
     stream: bool
     fields: str
     steps: StepSizes | None = None
+
+
+def planned(plan, samples: int, itemsize: int, free: int, check, fields: str, stream: bool | None) -> Memory:
+    """A kind's memory plan from its plan's steps (``plans.memory``): the weights stored where
+    they fit in 0.8 of the ``free`` bytes (``stream`` None), else -- or where ``stream`` says so --
+    streamed; ``check`` refuses a draw that does not fit even so, naming ``fields`` (and offering
+    ``--stream`` where it was refused)."""
+    stored = plans.memory(plan.steps, samples, itemsize)
+    if stream is None:
+        stream = stored.need > 0.8 * free
+    est = plans.memory(plan.steps, samples, itemsize, stream=True) if stream else stored
+    check(est.need, fields, stream is False)
+    return Memory(plan, est.need, stream, fields, StepSizes(est.biggest, est.widest, est.block_layers))
 
 
 def stage(

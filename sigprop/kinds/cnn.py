@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes, SweepAxes
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, SweepAxes
 from sigprop.results import NO_TEST
 
 #: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
@@ -82,53 +82,6 @@ class ConvPlan:
 #: the lossless reference of a conv net: centre-tap rows with the proposed gains keep every
 #: position's energy (docs/theory.md §11)
 LOSSLESS = replace(inits.INITS["proposed"], name="lossless reference", taps="centre")
-
-
-def estimate_bytes(steps_, samples: int, itemsize: int) -> int:
-    """Peak memory of one draw of a conv net: stored kernels, one layer's draw temporaries (4 of
-    the largest, kernels/sampling.HAAR_TEMPORARIES), bit-packed masks of the units of every
-    conv with a ReLU, a few activation buffers of the widest layer (the grouped conv's input,
-    output and gradient; a residual block's skip and branch), the float64 log-norm buffers; with
-    batch norm also the BN output of every unit, kept for the backward pass."""
-    convs = plans.layers(steps_)
-    kernels = [s.role.fan_in * s.role.fan_out for s in convs]
-    units = [math.prod(s.shape_in) for s in convs] + [math.prod(convs[-1].shape_out)]
-    masks = samples * sum((math.prod(s.shape_out) + 7) // 8 for s in convs if s.relu)
-    total = (
-        (sum(kernels) + 4 * max(kernels)) * itemsize
-        + masks
-        + 8 * samples * max(units) * itemsize
-        + 4 * len(convs) * samples * 8
-    )
-    if any(s.bn for s in convs):
-        total += samples * sum(math.prod(s.shape_out) for s in convs) * itemsize
-    return total
-
-
-def memory(
-    plan_of, lower: int, fields: str, probe, itemsize: int, free: int, check, graph_layers: int
-) -> Memory:
-    """The memory plan of a conv net (the CNN's and the WRN's): a lower bound that needs no plan
-    (``lower`` bytes: the bit-packed masks of the layers at the smallest map and the float64
-    ln-ratio buffers; 10^9 layers of steps would themselves exhaust memory), then the plan
-    (``plan_of()``) and its estimate, streaming when storing the kernels would not fit."""
-    check(lower, fields)
-    plan = plan_of()
-    convs = plans.layers(plan.steps)
-    need = estimate_bytes(plan.steps, probe.samples, itemsize)
-    weights = sum(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
-    stream = probe.stream
-    if stream is None:
-        stream = need > 0.8 * free
-    if stream:
-        need -= weights - 2 * max(s.role.fan_in * s.role.fan_out for s in convs) * itemsize
-    check(need, fields, stream is False)
-    steps = StepSizes(
-        max(s.role.fan_in * s.role.fan_out for s in convs),
-        max(math.prod(s.shape_in) for s in convs),
-        graph_layers,
-    )
-    return Memory(plan, need, stream, fields, steps)
 
 
 @base.register
@@ -205,10 +158,11 @@ class CNN(Kind):
     def memory(self, spec, probe, itemsize, free, check) -> Memory:
         C, H, W = spec.image
         small = spec.channels * max(1, H >> spec.strided) * max(1, W >> spec.strided)
-        lower = spec.depth * probe.samples * ((small + 7) // 8 + 16)
-        return memory(
-            lambda: self.plan(spec, probe.seed), lower, self.size_fields, probe, itemsize, free, check, 1
-        )
+        # a lower bound that needs no plan (10^9 layers of steps would themselves exhaust memory):
+        # the bit-packed masks of the layers at the smallest map and the float64 ln-ratio buffers
+        check(spec.depth * probe.samples * ((small + 7) // 8 + 16), self.size_fields)
+        plan = self.plan(spec, probe.seed)
+        return base.planned(plan, probe.samples, itemsize, free, check, self.size_fields, probe.stream)
 
     def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
         """The energy-map prediction (``plans.predict``; none for an init without moments) with

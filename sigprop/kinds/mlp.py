@@ -12,7 +12,7 @@ from typing import Sequence
 from sigprop import plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes, SweepAxes
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, SweepAxes
 from sigprop.results import NO_TEST, Check, RatioStats
 
 #: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
@@ -73,19 +73,6 @@ def steps(widths: Sequence[int]) -> tuple:
             plans.Record(pre_activation=True),
         ]
     return tuple(out)
-
-
-def estimate_bytes(widths: list[int], samples: int, itemsize: int) -> int:
-    """Peak memory of one draw: stored weights, the temporaries of one layer's draw (G and, for
-    Haar directions, a flipped copy and a float64 cumulative sum, then v, Q and Q diag(sign):
-    4 of the largest layer, kernels/sampling.HAAR_TEMPORARIES), bit-packed masks, a few
-    activation buffers, and the float64 log-norm buffers."""
-    weights = sum(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
-    qr_tmp = 4 * max(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
-    masks = samples * sum((w + 7) // 8 for w in widths[1:])  # bit-packed
-    acts = 6 * samples * max(widths) * itemsize
-    logs = 4 * len(widths) * samples * 8
-    return weights + qr_tmp + masks + acts + logs
 
 
 def checks(
@@ -207,7 +194,7 @@ class MLP(Kind):
         stream = probe.stream
         # upper bound from the widest possible layers, before anything is drawn or allocated
         widest = [spec.input_dim] + [spec.width.hi] * min(spec.depth, 2)
-        bound = estimate_bytes(widest, probe.samples, itemsize)
+        bound = plans.memory(steps(widest), probe.samples, itemsize).need
         per_layer = probe.samples * ((spec.width.hi + 7) // 8) + 4 * probe.samples * 8
         weights_hi = (spec.depth - 1) * spec.width.hi**2 * itemsize
         bound += (spec.depth - 1) * per_layer + (0 if stream else weights_hi)
@@ -216,18 +203,7 @@ class MLP(Kind):
             stream = True
         fields = self.size_fields
         check(bound, fields, stream is False)
-        plan = self.plan(spec, probe.seed)
-        widths = plan.widths
-        need = estimate_bytes(widths, probe.samples, itemsize)
-        if stream is None:  # automatic: stream when the stored weights would not fit
-            stream = need > 0.8 * free
-        if stream:
-            need -= (
-                sum(widths[i] * widths[i - 1] for i in range(1, len(widths))) * itemsize
-                - 2 * max(widths) ** 2 * itemsize
-            )
-        biggest = max(widths[i] * widths[i - 1] for i in range(1, len(widths)))
-        return Memory(plan, need, stream, fields, StepSizes(biggest, max(widths)))
+        return base.planned(self.plan(spec, probe.seed), probe.samples, itemsize, free, check, fields, stream)
 
     def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
         """The composed prediction (``plans.predict``) with its exact finite-width band

@@ -17,7 +17,7 @@ import numpy as np
 from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
-from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, StepSizes, SweepAxes
+from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, SweepAxes
 from sigprop.results import NO_TEST, BNStats, StageInfo
 
 NORMS = ("wn", "bn", "none")
@@ -228,31 +228,6 @@ def weight_count(plan: ResNetPlan) -> int:
     return total + plan.dim**2 * plan.stem
 
 
-def estimate_bytes(plan: ResNetPlan, samples: int, itemsize: int) -> int:
-    """Peak memory of one draw: stored weights (+ one layer's draw temporaries), bit-packed masks,
-    activations,
-    and for BN the saved normalised inputs of every layer."""
-    masks = 0
-    widest = max(plan.entries)
-    biggest = 0
-    for b in plan.blocks:
-        w = b.widths
-        for j in range(1, len(w)):
-            biggest = max(biggest, w[j] * w[j - 1])
-            widest = max(widest, w[j])
-        masks += samples * sum((v + 7) // 8 for v in w[1:-1])
-    if plan.stem:
-        masks += len(plan.entries) * samples * (plan.dim * itemsize + (plan.dim + 7) // 8)
-    entries = len(plan.entries)
-    return (
-        weight_count(plan) * itemsize
-        + 4 * biggest * itemsize
-        + masks
-        + 8 * samples * widest * itemsize
-        + 4 * entries * samples * 8
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # the verdicts
 # --------------------------------------------------------------------------------------------
@@ -443,25 +418,13 @@ class ResNet(Kind):
             stem=bn,
         )
         stream = probe.stream
-        weights_hi = itemsize * weight_count(hi)
-        bound = estimate_bytes(hi, probe.samples, itemsize)
+        bound = plans.memory(hi.steps, probe.samples, itemsize).need
         if stream is None and bound > 0.8 * free:
             stream = True
-        check(bound - (weights_hi if stream else 0), fields, stream is False)
-        plan = self.plan(spec, probe.seed)
-        need = estimate_bytes(plan, probe.samples, itemsize)
-        if stream is None:
-            stream = need > 0.8 * free
         if stream:
-            need -= itemsize * weight_count(plan)
-        sizes = [b.widths[j] * b.widths[j - 1] for b in plan.blocks for j in range(1, len(b.widths))]
-        widest = max([plan.dim] + [w for b in plan.blocks for w in b.widths])
-        steps = StepSizes(
-            max(sizes + [b.d_in * b.d_out for b in plan.blocks]),
-            widest,
-            max(len(b.widths) for b in plan.blocks),
-        )
-        return Memory(plan, need, stream, fields, steps)
+            bound = plans.memory(hi.steps, probe.samples, itemsize, stream=True).need
+        check(bound, fields, stream is False)
+        return base.planned(self.plan(spec, probe.seed), probe.samples, itemsize, free, check, fields, stream)
 
     def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
         """Per entry the init's prediction (``prediction``) with its own spread (``variances``),

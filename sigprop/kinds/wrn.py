@@ -369,10 +369,10 @@ class WRN(Kind):
     def memory(self, spec, probe, itemsize, free, check) -> Memory:
         C, H, W = spec.image
         small = BASE * spec.widen * max(1, H >> 2) * max(1, W >> 2)
-        lower = 3 * spec.blocks * probe.samples * ((small + 7) // 8 + 16)
-        return conv.memory(
-            lambda: self.plan(spec, probe.seed), lower, self.size_fields, probe, itemsize, free, check, 4
-        )
+        # a lower bound that needs no plan (cnn.CNN.memory's)
+        check(3 * spec.blocks * probe.samples * ((small + 7) // 8 + 16), self.size_fields)
+        plan = self.plan(spec, probe.seed)
+        return base.planned(plan, probe.samples, itemsize, free, check, self.size_fields, probe.stream)
 
     def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
         """Per state (input, conv1, each block) the energy-map prediction (``plans.predict``) with
