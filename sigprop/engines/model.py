@@ -16,7 +16,7 @@ import torch
 import sigprop.hessian as H  # not ``from sigprop import hessian``: an API name, it loads the API
 from sigprop import data as data_mod
 from sigprop import specs
-from sigprop.engines import records, shared
+from sigprop.engines import shared
 from sigprop.engines.registry import Engine, register
 from sigprop.engines.shared import Measured
 from sigprop.errors import SigpropError
@@ -207,7 +207,7 @@ def _measure_model(kind, spec, probe_spec: specs.ProbeSpec, progress, on_start, 
 @dataclass
 class ModulePlan:
     """What a model's probe found, filled in here while the draws run (the model is built only
-    here) and read when its records are assembled (``records.assemble_traced``): the sites'
+    here) and read when its records are assembled (``shared.assemble_traced``): the sites'
     names and units per sample (``entries``) and the notes (which op ended the theory, why the
     trace failed; what an init could not set; the sites off the output's path).  What depends
     on an init's weights -- its predictions and their finite-width spread -- is in its arrays,
@@ -570,7 +570,7 @@ class ModelEngine(Engine):
             return _measure_model(kind, spec, probe_spec, progress, on_start, extra)
 
     def assemble(self, kind, name, scheme, spec, plan, arrays, probe, gate) -> RunResult:
-        return records.assemble_traced(kind, name, scheme, spec, plan, arrays, probe, gate)
+        return shared.assemble_traced(kind, name, scheme, spec, plan, arrays, probe, gate)
 
     def curvature(self, kind, spec, hs, progress, on_start) -> HessianResult:
         return _curvature_model(kind, spec, hs, progress, on_start)

@@ -16,7 +16,7 @@ import torch
 
 import sigprop.hessian as H  # not ``from sigprop import hessian``: an API name, it loads the API
 from sigprop import kinds, observers, plans, specs, spectra, walker
-from sigprop.engines import records, shared
+from sigprop.engines import shared
 from sigprop.engines.registry import Engine, register
 from sigprop.engines.shared import Measured, ProgressFn
 from sigprop.errors import SigpropError
@@ -479,7 +479,7 @@ class PlanEngine(Engine):
         return measure(kind, spec, probe_spec, progress, on_start, extra)
 
     def assemble(self, kind, name, scheme, spec, plan, arrays, probe, gate) -> RunResult:
-        return records.assemble(kind, name, scheme, spec, plan, arrays, probe, gate)
+        return shared.assemble(kind, name, scheme, spec, plan, arrays, probe, gate)
 
     def curvature(self, kind, spec, hs, progress, on_start) -> HessianResult:
         return curvature(kind, spec, hs, progress, on_start)

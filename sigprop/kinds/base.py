@@ -224,7 +224,7 @@ class Kind:
 
     def run_theory(self, scheme, spec, plan, probe) -> "RunTheory":
         """What the theory says of one init's run (a ``RunTheory``): the engine pairs every row's
-        statistics with it (sigprop/engines/records.py) before the kind's ``verdicts`` read them."""
+        statistics with it (sigprop/engines/shared.py) before the kind's ``verdicts`` read them."""
         raise NotImplementedError
 
     def verdicts(self, th: "RunTheory", spec, plan, arrays: dict, layers: list, gate) -> tuple[list, Any]:
@@ -328,7 +328,7 @@ class StepSizes:
 @dataclass(frozen=True)
 class RunTheory:
     """What a kind declares of one init's run for the engine to pair with its measurements
-    (sigprop/engines/records.py): the prediction (``plans.Prediction``; its fields None where
+    (sigprop/engines/shared.py): the prediction (``plans.Prediction``; its fields None where
     the init has none), the separation that decides whether a band is a test
     (``plans.Separation``), the finite-width spread (``plans.Spread``: per row the ln ratio's
     cumulants both ways, per block the branch's variance), the result's ``widths`` (row i's

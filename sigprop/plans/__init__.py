@@ -17,9 +17,9 @@ fold must equal (tests/theory/).  A layer whose scheme standardises its pre-acti
 batch (the data-dependent init; a conv followed by batch norm) has the standardised map: its
 output energy is its units (halved by a ReLU) whatever its input, and it has no backward map.
 
-The steps live in sigprop/plans/steps.py, the folds in sigprop/plans/folds.py, the memory a
-plan's walk needs (estimated from its steps) in sigprop/plans/memory.py; this package gives them
-their one name, ``plans``.
+The steps live in sigprop/plans/steps.py (with the plan utilities, the memory a plan's walk
+needs among them), the folds in sigprop/plans/folds.py; this package gives both their one name,
+``plans``.
 """
 
 from sigprop.plans.folds import (
@@ -35,7 +35,6 @@ from sigprop.plans.folds import (
     spread,
     upto,
 )
-from sigprop.plans.memory import PlanMemory, memory
 from sigprop.plans.steps import (
     WEIGHTED,
     BatchNorm,
@@ -44,11 +43,13 @@ from sigprop.plans.steps import (
     Conv,
     Linear,
     Open,
+    PlanMemory,
     Record,
     Step,
     batch_dependent,
     input_shape,
     layers,
+    memory,
     nest,
     with_bn,
 )

@@ -68,7 +68,7 @@ def test_the_estimate_is_read_from_the_steps():
     """What a kind's memory plan says is the steps' estimate, and its terms move as the steps do:
     streaming trades the stored weights for two blocks' worth, a draw of more samples needs more,
     the draw temporaries are the Haar draw's."""
-    memory_module = importlib.import_module(plans.memory.__module__)  # sigprop/plans/memory.py
+    memory_module = importlib.import_module(plans.memory.__module__)  # sigprop/plans/steps.py
     assert memory_module.DRAW_TEMPORARIES == sampling.HAAR_TEMPORARIES
     spec = NETS["resnet, two-layer branches"]
     kind = kinds.of(spec)
