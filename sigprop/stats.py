@@ -211,7 +211,7 @@ def attach_prediction(
     typical ratio sits exp(-var) below the RMS, and an RMS measured on one draw (whose samples
     share the weights) lies between the two.  The band is that hull widened by z sd:
         [ln_pred - var - z sd, ln_pred + z sd].
-    ``drift``: the exact E[ln ratio] - ln RMS where known (the MLP: kinds.mlp.cumulants),
+    ``drift``: the exact E[ln ratio] - ln RMS where known (the MLP: ``plans.spread``'s cumulants),
     replacing the lognormal -var.  ``separation``: (down, up), the ln shifts of the prediction
     with every weight layer's variance halved and doubled, which decide whether the band is a
     test (``RatioStats.informative``).

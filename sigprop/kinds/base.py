@@ -207,8 +207,11 @@ class Kind:
         first (a plan of 10^9 layers would itself exhaust memory), then the plan and the bytes of
         one draw, streaming the weights when storing them would not fit in 80% of ``free`` (or
         as ``probe.stream`` says); ``check(need, fields, offer_stream=False)`` refuses a need that
-        cannot fit, naming the spec fields to reduce (and --stream when it would help)."""
-        raise NotImplementedError
+        cannot fit, naming the spec fields to reduce (and --stream when it would help).  By default
+        the plan's own estimate (``planned``: ``plans.memory`` from its steps); a kind whose plan
+        could itself be too large to build adds a bound that needs no plan first."""
+        plan = self.plan(spec, probe.seed)
+        return planned(plan, probe.samples, itemsize, free, check, self.size_fields, probe.stream)
 
     def space(self, spec) -> str:
         """How the walker holds states: "log" (per-sample log space) or "plain" (batch-coupled)."""

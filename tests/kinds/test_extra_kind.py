@@ -2,7 +2,9 @@
 package, registered for the test only, then run through everything a built-in kind has -- the
 API (a spec, ``sigprop.probe_linear``), the JSON round trip (``rerun`` reproduces every number),
 the CLI's command with its own options, the table, the figure, ``--check``, ``sigprop check``,
-``sigprop sweep`` and ``sigprop hessian``.  No module of the package is touched."""
+``sigprop sweep`` and ``sigprop hessian``.  No module of the package is touched, and the kind
+declares no memory plan and assembles no record: the engine estimates its memory from its steps
+and pairs its rows with the theory it declares."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import sigprop
 from sigprop import api, kinds, plans, specs, stats
 from sigprop.cli import main
 from sigprop.inits import LayerRole
-from sigprop.kinds import Hints, Kind, Memory, Opt, RunTheory, StepSizes, SweepAxes
+from sigprop.kinds import Hints, Kind, Opt, RunTheory, SweepAxes
 from sigprop.results import compare_documents
 
 
@@ -80,13 +82,6 @@ class LinearNet(Kind):
         for _ in range(spec.depth):
             steps += [plans.Linear(LayerRole(spec.width, spec.width, "linear"), relu=False), plans.Record()]
         return LinearPlan(tuple(steps), [spec.width] * spec.depth, {})
-
-    def memory(self, spec, probe, itemsize, free, check):
-        need = (spec.depth * spec.width**2 + 8 * probe.samples * spec.width) * itemsize
-        check(need, self.size_fields)
-        return Memory(
-            self.plan(spec, probe.seed), need, False, self.size_fields, StepSizes(spec.width**2, spec.width)
-        )
 
     def run_theory(self, scheme, spec, plan, probe):
         """Per layer the composed prediction; a chi-square spread 1/(2n) per layer (the test's own
@@ -171,6 +166,10 @@ def test_the_cli_command_table_plot_and_check(linear, capsys, tmp_path):
     assert main(["linear", "--depth", "0"]) == 2 and "--depth" in capsys.readouterr().err
     assert main(["linear", "--init", "skipinit"]) == 2  # an init the net does not provide for
     assert "--init" in capsys.readouterr().err
+    # the kind declares no memory plan: its steps' estimate (plans.memory) refuses what cannot fit
+    assert main(["linear", "--width", "2000000", "--depth", "3", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--depth/--width/--samples" in err and "GiB" in err and "Traceback" not in err
 
 
 def test_sigprop_check_sweep_and_hessian_take_the_new_kind(linear, capsys, tmp_path, monkeypatch):
