@@ -9,7 +9,9 @@ A package: ``_app`` (the typer app and its root options), ``options`` (every sha
 declared once; a net kind's options as typer parameters), ``output`` (where output goes),
 ``probe`` (one command per net kind and its ``hessian`` form), ``tools`` (the other commands).
 The application is built by ``main`` when it runs, from the registries as they are then: a net
-kind registered by a user's code before ``main`` gets its command.
+kind registered by a user's code before ``main`` gets its command; a run builds the family of
+commands it names alone (``build``: a probe's, hessian's, spectrum's or the tools'), help and
+anything unknown the whole application.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Optional
 
 import typer
 
-from sigprop.cli import curvature, probe, spectrum, tools
+from sigprop import kinds
 from sigprop.cli._app import new_app
 from sigprop.cli.options import flag
 from sigprop.cli.output import _say
@@ -111,21 +113,36 @@ def repeated(command, argv: list[str]) -> str | None:
     return None
 
 
-def build() -> typer.Typer:
+#: the families of commands, each a module of sigprop/cli/ whose ``register`` adds them, and the
+#: top-level names it adds (the probes': one per registered net kind)
+FAMILIES = {
+    "probe": None,
+    "curvature": ("hessian",),
+    "spectrum": ("spectrum",),
+    "tools": ("sweep", "plot", "rerun", "check", "theory", "inits", "cite", "env"),
+}
+
+
+def build(command: str | None = None) -> typer.Typer:
     """The application: the probe command of every registered net kind, ``sigprop hessian KIND``,
-    and the other commands."""
+    ``sigprop spectrum KIND`` and the other commands -- or, where ``command`` names one of them,
+    only the family that holds it (a plain ``sigprop mlp`` builds no hessian, spectrum or sweep
+    command: 0.16 ran every family's registration for every run); help, an unknown name or an
+    option first build them all."""
+    import importlib
+
     app = new_app()
-    probe.register(app)
-    curvature.register(app)
-    spectrum.register(app)
-    tools.register(app)
+    names = {family: tuple(kinds.names()) if n is None else n for family, n in FAMILIES.items()}
+    wanted = [f for f, n in names.items() if command in n] or list(FAMILIES)
+    for family in wanted:
+        importlib.import_module(f"sigprop.cli.{family}").register(app)
     return app
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
-    command = typer.main.get_command(build())
     given = list(sys.argv[1:] if argv is None else argv)
+    command = typer.main.get_command(build(given[0] if given else None))
     twice = repeated(command, given)
     if twice is not None:
         _say(f"sigprop: error: {twice}: given twice; it takes one value")

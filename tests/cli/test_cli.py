@@ -695,3 +695,29 @@ def test_hessian_command(capsys, tmp_path):
         assert main(argv + ["--device", "cpu"]) == 2, argv
         err = capsys.readouterr().err
         assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_command_builds_only_its_family(capsys, monkeypatch):
+    """``sigprop mlp`` builds the probes' commands alone -- not ``hessian``'s, ``spectrum``'s or
+    the tools' (sweep, check, ...), whose registration 0.16 ran for every run -- while help, an
+    unknown name and an option first build every family (the did-you-mean still sees them all)."""
+    import importlib
+
+    built = []
+    for family in ("probe", "curvature", "spectrum", "tools"):
+        module = importlib.import_module(f"sigprop.cli.{family}")
+        monkeypatch.setattr(
+            module, "register", lambda app, f=family, r=module.register: (built.append(f), r(app))
+        )
+    assert main(["mlp", *SMALL, "--init", "he"]) == 0 and built == ["probe"]
+    built.clear()
+    assert main(["hessian", "mlp", "-h"]) == 0 and built == ["curvature"]
+    built.clear()
+    assert main(["inits"]) == 0 and built == ["tools"]
+    built.clear()
+    assert main(["-h"]) == 0 and built == ["probe", "curvature", "spectrum", "tools"]
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("mlp", "hessian", "spectrum", "sweep", "check"))
+    built.clear()
+    assert main(["hesian", "mlp"]) == 2 and len(built) == 4
+    assert "Did you mean 'hessian'?" in capsys.readouterr().err
