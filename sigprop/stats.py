@@ -10,6 +10,8 @@ overflows before the final conversion (which yields None where a float64 cannot 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -299,6 +301,59 @@ def gate(name: str, verdict: str, st: RatioStats, low_ln: float, high_ln: float)
     m = st.log10_mean
     passed = m is not None and st.dead_fraction == 0.0 and low <= m <= high
     return Check(name=name, passed=passed, log10_measured=m, log10_low=low, log10_high=high, verdict=verdict)
+
+
+@dataclass(frozen=True)
+class EndRatio:
+    """One end-to-end ratio a net's verdicts read (the forward ratio at the last layer, the
+    backward at the first): its check's name, its statistics, the ``preserved`` reference (ln
+    low, high: the band is this reference widened by ``--band``), the init's prediction (ln RMS;
+    None: none) with the ln ratio's cumulants about it (drift below ln RMS, variance, third: an
+    exact spread's, or a log-normal's (-var, var, 0)) and the band's separation (``theory_gate``)."""
+
+    name: str
+    stats: RatioStats
+    reference: tuple[float, float]
+    pred: float | None
+    cumulants: tuple[float, float, float]
+    separation: tuple[float, float] | None = None
+
+
+def end_to_end(
+    ends: Sequence[EndRatio],
+    band: tuple[float, float],
+    explain: Callable[[Check, EndRatio, float | None], str],
+    limits: tuple[float, float] = (-math.inf, math.inf),
+    z: float = theory.Z_CHECK,
+) -> list[Check]:
+    """The verdict rule of a net judged end to end (the MLP's, the CNN's; a residual net is
+    judged stage by stage, kinds.base.stage): per end its ``preserved`` check -- the typical ratio
+    inside the reference widened by the factors ``band`` and clipped to ``limits`` (ln), with
+    ``explain``'s note where it fails -- then its ``theory`` check, the typical ratio inside the
+    prediction's band (``theory.cornish_fisher_band``: z sd about the typical ratio, pred + drift,
+    skew-corrected; not a test where ``separation`` says so; untestable without a prediction)."""
+    preserved, agrees = [], []
+    for e in ends:
+        lo, hi = e.reference
+        c = gate(
+            e.name,
+            "preserved",
+            e.stats,
+            max(lo + math.log(band[0]), limits[0]),
+            min(hi + math.log(band[1]), limits[1]),
+        )
+        typical = None if e.pred is None else e.pred + float(e.cumulants[0])
+        c.note = explain(c, e, typical)
+        preserved.append(c)
+        if e.pred is None:
+            agrees.append(untestable(e.name, e.stats.log10_mean))
+            continue
+        low, high = theory.cornish_fisher_band(e.pred, e.pred, e.cumulants, z)
+        t = theory_gate(e.name, e.stats, low, high, typical, e.separation)
+        if not t.passed and t.has_band:
+            t.note = f"the theory predicts a typical ratio of {fmt(typical / LN10)}"
+        agrees.append(t)
+    return preserved + agrees
 
 
 def explain_preserved(

@@ -17,6 +17,7 @@ anything unknown the whole application.
 from __future__ import annotations
 
 import difflib
+import importlib
 import re
 import sys
 from typing import Optional
@@ -129,8 +130,6 @@ def build(command: str | None = None) -> typer.Typer:
     only the family that holds it (a plain ``sigprop mlp`` builds no hessian, spectrum or sweep
     command: 0.16 ran every family's registration for every run); help, an unknown name or an
     option first build them all."""
-    import importlib
-
     app = new_app()
     names = {family: tuple(kinds.names()) if n is None else n for family, n in FAMILIES.items()}
     wanted = [f for f, n in names.items() if command in n] or list(FAMILIES)

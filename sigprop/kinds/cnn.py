@@ -203,48 +203,47 @@ def correlation(scheme, plan, c0: float, batch: int):
 
 
 def _end_checks(plan, layers, gate, pred, sep, var, z: float) -> list:
-    """The ``preserved`` checks (the typical forward ratio at layer L, backward at layer 1, inside
-    ``gate.band`` times the lossless reference), then the ``theory`` ones (inside the init's own
-    band; not testable without a prediction)."""
+    """The end-to-end rule (``stats.end_to_end``): the ``preserved`` checks (the typical forward
+    ratio at layer L, backward at layer 1, inside ``gate.band`` times the lossless reference),
+    then the ``theory`` ones (inside the init's own log-normal band; not testable without a
+    prediction)."""
     convs = plans.layers(plan.steps)
     L = len(convs)
     ref = plans.predict(plan.steps, LOSSLESS)
     pf, pb = pred.ln_forward, pred.ln_backward
     sf, sb = sep.forward or [None] * len(plan.entries), sep.backward or [None] * len(plan.entries)
-    var_f, var_b = var
-    band = gate.band or specs.DECADE_BAND
-    checks, own = [], []
-    named = (
-        (
+    var_f, var_b = float(var[0][-1]), float(var[1][0])
+    lognormal = lambda v: (-v, v, 0.0)  # the typical ratio var below the RMS (theory.log_band)
+    r_f, r_b = ref.ln_forward[-1], ref.ln_backward[0]
+    ends = [
+        stats.EndRatio(
             f"forward ratio at layer {L}",
             layers[-1].forward,
-            ref.ln_forward[-1],
-            None if pf is None else pf[-1],
-            float(var_f[-1]),
+            (r_f, r_f),
+            _last(pf),
+            lognormal(var_f),
             sf[L - 1],
         ),
-        (
-            "backward ratio at layer 1",
-            layers[0].backward,
-            ref.ln_backward[0],
-            None if pb is None else pb[0],
-            float(var_b[0]),
-            sb[0],
+        stats.EndRatio(
+            "backward ratio at layer 1", layers[0].backward, (r_b, r_b), _first(pb), lognormal(var_b), sb[0]
         ),
-    )
-    for cname, st, r, p, v, shift in named:
-        c = stats.gate(cname, "preserved", st, r + math.log(band[0]), r + math.log(band[1]))
-        if not c.passed:
-            c.note = _outside_note(st, r, p, v, c, convs[0].role.fan_out, L)
-        checks.append(c)
-        if p is None:
-            own.append(stats.untestable(cname, st.log10_mean))
-            continue
-        t = stats.theory_gate(cname, st, *theory.log_band(p, v, z), p - v, shift)
-        if not t.passed and t.has_band:
-            t.note = f"the theory predicts a typical ratio of {stats.fmt((p - v) / stats.LN10)}"
-        own.append(t)
-    return checks + own
+    ]
+    channels = convs[0].role.fan_out
+
+    def explain(c, e, typical) -> str:
+        if c.passed:
+            return ""
+        return _outside_note(e.stats, e.reference[0], e.pred, -e.cumulants[0], c, channels, L)
+
+    return stats.end_to_end(ends, gate.band or specs.DECADE_BAND, explain, z=z)
+
+
+def _last(values):
+    return None if values is None else values[-1]
+
+
+def _first(values):
+    return None if values is None else values[0]
 
 
 def _outside_note(st, r: float, p: float | None, v: float, c, channels: int, L: int) -> str:

@@ -88,7 +88,8 @@ def checks(
     separation: tuple | None = None,
 ) -> list[Check]:
     """The two verdicts on the forward ratio at layer L and the backward ratio at layer 1, each
-    judged on the typical (geometric-mean) ratio over samples and draws:
+    judged on the typical (geometric-mean) ratio over samples and draws (the end-to-end rule,
+    ``stats.end_to_end``, the CNN's too):
 
     * ``preserved``: inside the norm-preserving reference hull (theory.check_reference_ln)
       widened by the factors ``band`` (default specs.DECADE_BAND) -- an absolute band that always
@@ -100,36 +101,17 @@ def checks(
       (``separation``: per ratio its ln shifts (down, up); stats.theory_gate).
     """
     default = band is None
-    band = band or specs.DECADE_BAND
     refs = theory.check_reference_ln(widths)
     limits = (math.log(BAND_LIMITS[0]), math.log(BAND_LIMITS[1])) if default else (-math.inf, math.inf)
     L = len(widths) - 1
     width = str(widths[1]) if len(set(widths[1:])) == 1 else f"{min(widths[1:])}..{max(widths[1:])}"
-    preserved, agrees = [], []
     seps = separation or (None, None)
-    named = (
-        (f"forward ratio at layer {L}", fwd, refs[0], cum_f, pred_f, seps[0]),
-        ("backward ratio at layer 1", bwd, refs[1], cum_b, pred_b, seps[1]),
-    )
-    for name, st, (lo, hi), cum, pred, sep in named:
-        c = stats.gate(
-            name,
-            "preserved",
-            st,
-            max(lo + math.log(band[0]), limits[0]),
-            min(hi + math.log(band[1]), limits[1]),
-        )
-        typical = None if pred is None else pred + float(cum[0])
-        c.note = stats.explain_preserved(c, st, pred, typical, L, width)
-        preserved.append(c)
-        if pred is None:
-            agrees.append(stats.untestable(name, st.log10_mean))
-            continue
-        c = stats.theory_gate(name, st, *theory.cornish_fisher_band(pred, pred, cum, z), typical, sep)
-        if not c.passed and c.has_band:
-            c.note = f"the theory predicts a typical ratio of {stats.fmt(typical / stats.LN10)}"
-        agrees.append(c)
-    return preserved + agrees
+    ends = [
+        stats.EndRatio(f"forward ratio at layer {L}", fwd, refs[0], pred_f, tuple(cum_f), seps[0]),
+        stats.EndRatio("backward ratio at layer 1", bwd, refs[1], pred_b, tuple(cum_b), seps[1]),
+    ]
+    explain = lambda c, e, typical: stats.explain_preserved(c, e.stats, e.pred, typical, L, width)
+    return stats.end_to_end(ends, band or specs.DECADE_BAND, explain, limits, z)
 
 
 @base.register

@@ -327,3 +327,35 @@ def test_one_rounding_rule_for_an_exact_prediction(command):
         assert last_backward_agrees(dtype, 0.5 * eps) and last_backward_agrees(dtype, -0.5 * eps)
         assert not last_backward_agrees(dtype, 2.0 * eps) and not last_backward_agrees(dtype, -2.0 * eps)
     assert not last_backward_agrees("float64", 0.5 * stats.rounding_ln("float32", R))
+
+
+def test_one_end_to_end_rule_reads_both_ways():
+    """The verdict rule of a net judged end to end (``stats.end_to_end``, the MLP's and the
+    CNN's): a log-normal spread (-var, var, 0) gives the CNN's band, ``theory.log_band``, to the
+    bit; a typical ratio inside the reference widened by the band is preserved and agrees with
+    its prediction; the same statistics beside a prediction two sd off read "≠", and without a
+    prediction the theory check is untestable, never passed."""
+    from sigprop import stats, theory
+
+    rng = np.random.default_rng(0)
+    ln = rng.normal(-0.1, 0.05, size=(200, 1))  # the typical ratio e^-0.1
+    st = stats.ratio_stats(ln)
+    pred, var = -0.1 + 0.02, 0.02  # the RMS var above the typical ratio
+    explain = lambda c, e, typical: "" if c.passed else "why"
+
+    def judged(prediction):
+        end = stats.EndRatio("forward ratio at layer 3", st, (0.0, 0.0), prediction, (-var, var, 0.0))
+        return stats.end_to_end([end], (0.5, 2.0), explain, z=3.0)
+
+    preserved, own = judged(pred)
+    assert preserved.verdict == "preserved" and preserved.passed
+    assert (own.log10_low * stats.LN10, own.log10_high * stats.LN10) == pytest.approx(
+        theory.log_band(pred, var, 3.0), abs=1e-15
+    )
+    assert own.passed and own.verdict == "theory"
+    off = pred + 2 * 3.0 * math.sqrt(var)  # two band half-widths above
+    assert not judged(off)[1].passed and "predicts a typical ratio" in judged(off)[1].note
+    assert not judged(None)[1].passed and not judged(None)[1].has_band
+    narrow = stats.EndRatio("forward ratio at layer 3", st, (0.5, 0.5), pred, (-var, var, 0.0))
+    c = stats.end_to_end([narrow], (1.0, 1.0), explain)[0]  # a reference the ratio is not at
+    assert not c.passed and c.note == "why"
