@@ -13,7 +13,10 @@
 5. the default ``sigprop mlp`` / ``sigprop resnet`` split into import, setup and compute
    (benchmarks/phases.py --device cuda --profile): compute < 0.1 s; then each under torch.profiler
    (top host ops, top kernels, launches, synchronisations and copies: where the time goes).
-Usage: python benchmarks/gpu.py [--device cuda] [--quick] [--only 1,2,3,4,5] [--fuse] [--profile]
+6. the memory estimate from the steps (``plans.memory`` plus the graph pools) against the
+   device's peak, per net stored and streamed (benchmarks/memory.py --device cuda): estimate /
+   peak >= 1 (it decides streaming and refuses what will not fit).
+Usage: python benchmarks/gpu.py [--device cuda] [--quick] [--only 1,2,3,4,5,6] [--fuse] [--profile]
 (--quick: small shapes, any device; --fuse: sigprop's probes with --fuse, issue 41: the layers'
 bookkeeping compiled by torch.compile, its compile included in the first timed probe; --profile:
 line 3's two probes under torch.profiler, benchmarks/phases.py's summary)
@@ -110,7 +113,7 @@ def main() -> None:
     only = (
         {int(x) for x in sys.argv[sys.argv.index("--only") + 1].split(",")}
         if "--only" in sys.argv
-        else {1, 2, 3, 4, 5}
+        else {1, 2, 3, 4, 5, 6}
     )
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     print(
@@ -186,6 +189,15 @@ def main() -> None:
         print("5. default runs, phases:", flush=True)
         out = subprocess.run(
             [sys.executable, str(HERE / "phases.py"), "--device", device, "--profile"],
+            capture_output=True,
+            text=True,
+        )
+        print(out.stdout.strip() or out.stderr.strip(), flush=True)
+    if 6 in only:
+        print("6. memory estimate against the device's peak:", flush=True)
+        scale = ["--samples-scale", "0.25"] if quick else []
+        out = subprocess.run(
+            [sys.executable, str(HERE / "memory.py"), "--device", device, *scale],
             capture_output=True,
             text=True,
         )

@@ -5,8 +5,11 @@ keeps their peak -- the tensors a device walk allocates too, so the CPU proxy of
 (cuDNN's and cuBLAS's workspaces and a CUDA graph's pools aside).  Per net, stored and streamed:
 the peak, the estimate, and their ratio, which must be >= 1 (the estimate decides streaming and
 refuses what does not fit) and not far above it.  tests/kinds/test_memory.py holds the same on
-small nets.
-Usage: python benchmarks/memory.py [--samples-scale 1]
+small nets.  With ``--device cuda`` the peak is the device's own (``torch.cuda.max_memory_allocated``
+above what was allocated before the probe: cuDNN's workspaces and the CUDA graphs' pools
+included), beside the estimate with the graph pools the engine adds (``graph_pool_bytes``) --
+benchmarks/gpu.py's line 6.
+Usage: python benchmarks/memory.py [--samples-scale 1] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -53,15 +56,31 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-def measured(spec, samples: int, stream: bool) -> tuple[int, int]:
-    """(the walk's peak live bytes, the kind's estimate) for one draw of ``spec``'s first init."""
-    from sigprop import kinds, run, specs
+def measured(spec, samples: int, stream: bool, device: str = "cpu") -> tuple[int, int]:
+    """(the walk's peak bytes, the estimate the engine holds it to) for one draw of ``spec``'s
+    inits: on the CPU the live storages its ops create (``LiveBytes``), on a GPU the device's
+    peak above what was allocated before, beside the kind's estimate plus the graph pools."""
+    from sigprop import engines, kinds, run, specs
+    from sigprop.kernels import device as dev
 
-    probe = specs.ProbeSpec(samples=samples, seeds=1, device="cpu", stream=stream)
+    probe = specs.ProbeSpec(samples=samples, seeds=1, device=device, stream=stream)
+    kind = kinds.of(spec)
+    mem = kind.memory(spec, probe, 4, 10**13, lambda *a, **k: None)
+    need = mem.need
+    if device.startswith("cuda"):
+        if dev.use_graphs(probe.graphs, torch.device(device)) and kind.graphs(spec):
+            s = mem.steps
+            need += engines.plan.graph_pool_bytes(s.biggest, s.widest, samples, 4, layers=s.layers)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        run.measure(spec, probe)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before, need
     with LiveBytes() as live:
         run.measure(spec, probe)
-    mem = kinds.of(spec).memory(spec, probe, 4, 10**13, lambda *a, **k: None)
-    return live.peak, mem.need
+    return live.peak, need
 
 
 def main() -> None:
@@ -73,10 +92,14 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples-scale", type=float, default=1.0)
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
+    if args.device.startswith("cuda"):
+        print(f"device {args.device} ({torch.cuda.get_device_name()})", flush=True)
     nets = [
         ("mlp 20 x 1024", MLPSpec(depth=20, input_dim=1024, width=specs.WidthSpec(1024, 1024)), 256),
         ("mlp 50 x 128:512", MLPSpec(depth=50, input_dim=100, width=specs.WidthSpec(128, 512)), 64),
+        ("mlp 50 x 128:512", MLPSpec(depth=50, input_dim=100, width=specs.WidthSpec(128, 512)), 4),
         ("resnet 20 blocks", ResNetSpec(blocks=20, inits=("proposed",)), 256),
         ("resnet bn 20 blocks", ResNetSpec(blocks=20, norm="bn", inits=("he",)), 128),
         ("cnn 10 x 64, 32 x 32", CNNSpec(depth=10, channels=64, inits=("proposed",)), 16),
@@ -87,7 +110,7 @@ def main() -> None:
     for name, spec, samples in nets:
         samples = max(2, int(samples * args.samples_scale))
         for stream in (False, True):
-            peak, need = measured(spec, samples, stream)
+            peak, need = measured(spec, samples, stream, args.device)
             mib = f"{peak / 2**20:9.2f} {need / 2**20:12.2f}"
             print(f"{name:22s} {samples:7d} {stream!s:>6s} {mib} {need / peak:6.2f}")
 

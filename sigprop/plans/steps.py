@@ -413,9 +413,10 @@ def _standardised_kernel(k, relu: bool, units_per_position: int, batch: int):
 # --------------------------------------------------------------------------------------------
 # a plan's memory, estimated from its steps (``memory``)
 # --------------------------------------------------------------------------------------------
-#: peak temporaries of drawing one layer, in units of its weight matrix (the Haar draw's:
-#: sigprop/kernels/sampling.HAAR_TEMPORARIES, tested equal)
-DRAW_TEMPORARIES = 4
+#: peak temporaries of drawing one layer, in units of its weight matrix: the Gaussian draw G and
+#: the Haar transform's four (sigprop/kernels/sampling.HAAR_TEMPORARIES); a proposed layer's draw
+#: measured 5.01 units at 512 x 128 and 128 x 512 (tests/kinds/test_memory.py)
+DRAW_TEMPORARIES = 5
 #: activation buffers of the widest state a walk holds at once
 ACTIVATION_BUFFERS = 8
 #: float64 ln-norm buffers per recorded row and sample
@@ -448,7 +449,8 @@ def memory(steps: Sequence[Step], samples: int, itemsize: int, stream: bool = Fa
       included), unless the walk streams them (``stream``: each layer re-drawn for the backward
       pass, a block's layers together; two blocks' worth are then held, the one walked and the
       one drawn);
-    * one layer's draw temporaries, ``DRAW_TEMPORARIES`` of the largest weighted step;
+    * one layer's draw temporaries, ``DRAW_TEMPORARIES`` of the largest weighted step (until
+      0.17 the kinds counted four: a Haar-orthogonal MLP of random widths peaked 0.6% above);
     * the bit-packed ReLU masks of every unit a ReLU follows (a weighted step with ``relu``, a
       batch norm's), kept for the backward pass;
     * ``ACTIVATION_BUFFERS`` buffers of the widest state (a layer's input and output and their
@@ -458,9 +460,10 @@ def memory(steps: Sequence[Step], samples: int, itemsize: int, stream: bool = Fa
 
     Held against the storages a probe's ops create on the CPU (benchmarks/memory.py: a
     TorchDispatchMode counting live bytes; tests/kinds/test_memory.py), the estimate is at least
-    the peak for every kind, stored and streamed, and at most 2.4x it (the conv nets' eight
-    activation buffers of the widest map and an MLP's buffers sized for its widest layer are the
-    loosest terms; docs/benchmarks.md, "Memory from the steps")."""
+    the peak for every kind, stored and streamed, and at most 2.3x it on the benchmark's nets,
+    2.7x on the test's small ones (the conv nets' eight activation buffers of the widest map and
+    a small MLP's buffers and draw sized for its widest layer are the loosest terms;
+    docs/benchmarks.md, "Memory from the steps")."""
     weighted = layers(steps)
     entries = [_entries(s) for s in weighted]
     blocks = [b for b in nest(steps) if isinstance(b, Block)]
