@@ -349,6 +349,18 @@ class RunTheory:
     stages: list | None = None
     first_branch: int | None = None
 
+    def end(self, backward: bool) -> tuple[float | None, tuple[float, float, float], Any]:
+        """What an end-to-end verdict (``stats.end_to_end``) reads of the theory at its row -- the
+        last forward, the first backward: the prediction (ln RMS; None: none), the ln ratio's
+        cumulants about it (the spread's where its drift is exact, else a log-normal's
+        (-var, var, 0): the typical ratio var below the RMS) and the band's separation."""
+        i = 0 if backward else -1
+        pred = self.pred.ln_backward if backward else self.pred.ln_forward
+        sep = self.sep.backward if backward else self.sep.forward
+        c = (self.spread.backward if backward else self.spread.forward)[i]
+        cumulants = tuple(float(x) for x in c) if self.drift else (-float(c[1]), float(c[1]), 0.0)
+        return (pred[i] if pred else None), cumulants, (sep[i] if sep else None)
+
 
 @dataclass
 class Memory:

@@ -186,7 +186,7 @@ class CNN(Kind):
           positions), so the reference is 1/2 per strided layer forward and 1 backward;
         * ``theory``: the same typical ratios inside the init's own band, [pred - var - z sd,
           pred - var + z sd] (``theory.log_band``); not testable for an init without a prediction."""
-        return _end_checks(plan, layers, gate, th.pred, th.sep, th.spread.variances, z), None
+        return _end_checks(plan, layers, gate, th, z), None
 
     def correlation(self, scheme, spec, plan, c0, batch):
         return correlation(scheme, plan, c0, batch)
@@ -202,7 +202,7 @@ def correlation(scheme, plan, c0: float, batch: int):
     return plans.predict_correlation(plan.steps, scheme, c0, batch), ""
 
 
-def _end_checks(plan, layers, gate, pred, sep, var, z: float) -> list:
+def _end_checks(plan, layers, gate, th: RunTheory, z: float) -> list:
     """The end-to-end rule (``stats.end_to_end``): the ``preserved`` checks (the typical forward
     ratio at layer L, backward at layer 1, inside ``gate.band`` times the lossless reference),
     then the ``theory`` ones (inside the init's own log-normal band; not testable without a
@@ -210,40 +210,19 @@ def _end_checks(plan, layers, gate, pred, sep, var, z: float) -> list:
     convs = plans.layers(plan.steps)
     L = len(convs)
     ref = plans.predict(plan.steps, LOSSLESS)
-    pf, pb = pred.ln_forward, pred.ln_backward
-    sf, sb = sep.forward or [None] * len(plan.entries), sep.backward or [None] * len(plan.entries)
-    var_f, var_b = float(var[0][-1]), float(var[1][0])
-    lognormal = lambda v: (-v, v, 0.0)  # the typical ratio var below the RMS (theory.log_band)
     r_f, r_b = ref.ln_forward[-1], ref.ln_backward[0]
-    ends = [
-        stats.EndRatio(
-            f"forward ratio at layer {L}",
-            layers[-1].forward,
-            (r_f, r_f),
-            _last(pf),
-            lognormal(var_f),
-            sf[L - 1],
-        ),
-        stats.EndRatio(
-            "backward ratio at layer 1", layers[0].backward, (r_b, r_b), _first(pb), lognormal(var_b), sb[0]
-        ),
+    ends = [  # a conv's spread is a log-normal envelope (th.drift False): the band of theory.log_band
+        stats.EndRatio(f"forward ratio at layer {L}", layers[-1].forward, (r_f, r_f), *th.end(False)),
+        stats.EndRatio("backward ratio at layer 1", layers[0].backward, (r_b, r_b), *th.end(True)),
     ]
     channels = convs[0].role.fan_out
 
     def explain(c, e, typical) -> str:
         if c.passed:
             return ""
-        return _outside_note(e.stats, e.reference[0], e.pred, -e.cumulants[0], c, channels, L)
+        return _outside_note(e.stats, e.reference[0], e.pred, e.cumulants[1], c, channels, L)
 
     return stats.end_to_end(ends, gate.band or specs.DECADE_BAND, explain, z=z)
-
-
-def _last(values):
-    return None if values is None else values[-1]
-
-
-def _first(values):
-    return None if values is None else values[0]
 
 
 def _outside_note(st, r: float, p: float | None, v: float, c, channels: int, L: int) -> str:

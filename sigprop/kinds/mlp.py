@@ -202,20 +202,17 @@ class MLP(Kind):
 
     def verdicts(self, th, spec, plan, arrays, layers, gate) -> tuple[list[Check], None]:
         """Both verdicts on the end-to-end ratios (``checks``)."""
-        pred, sep, spread = th.pred, th.sep, th.spread
+        (pf, cf, sf), (pb, cb, sb) = th.end(False), th.end(True)
         gates = checks(
             plan.widths,
             layers[-1].forward,
             layers[0].backward,
-            spread.forward[-1],
-            spread.backward[0],
-            pred.ln_forward[-1] if pred.ln_forward else None,
-            pred.ln_backward[0] if pred.ln_backward else None,
+            cf,
+            cb,
+            pf,
+            pb,
             gate.band,
-            separation=(
-                sep.forward[-1] if sep.forward else None,
-                sep.backward[0] if sep.backward else None,
-            ),
+            separation=(sf, sb),
         )
         return gates, None
 
