@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -318,20 +318,25 @@ class EndRatio:
     cumulants: tuple[float, float, float]
     separation: tuple[float, float] | None = None
 
+    @property
+    def typical(self) -> float | None:
+        """The predicted typical ratio (ln): the prediction moved by the drift; None: none."""
+        return None if self.pred is None else self.pred + float(self.cumulants[0])
+
 
 def end_to_end(
     ends: Sequence[EndRatio],
     band: tuple[float, float],
-    explain: Callable[[Check, EndRatio, float | None], str],
     limits: tuple[float, float] = (-math.inf, math.inf),
     z: float = theory.Z_CHECK,
 ) -> list[Check]:
     """The verdict rule of a net judged end to end (the MLP's, the CNN's; a residual net is
     judged stage by stage, kinds.base.stage): per end its ``preserved`` check -- the typical ratio
-    inside the reference widened by the factors ``band`` and clipped to ``limits`` (ln), with
-    ``explain``'s note where it fails -- then its ``theory`` check, the typical ratio inside the
-    prediction's band (``theory.cornish_fisher_band``: z sd about the typical ratio, pred + drift,
-    skew-corrected; not a test where ``separation`` says so; untestable without a prediction)."""
+    inside the reference widened by the factors ``band`` and clipped to ``limits`` (ln; its note,
+    why a failed one failed, is the kind's to write: the first ``len(ends)`` checks returned) --
+    then its ``theory`` check, the typical ratio inside the prediction's band
+    (``theory.cornish_fisher_band``: z sd about the typical ratio, pred + drift, skew-corrected;
+    not a test where ``separation`` says so; untestable without a prediction)."""
     preserved, agrees = [], []
     for e in ends:
         lo, hi = e.reference
@@ -342,16 +347,14 @@ def end_to_end(
             max(lo + math.log(band[0]), limits[0]),
             min(hi + math.log(band[1]), limits[1]),
         )
-        typical = None if e.pred is None else e.pred + float(e.cumulants[0])
-        c.note = explain(c, e, typical)
         preserved.append(c)
         if e.pred is None:
             agrees.append(untestable(e.name, e.stats.log10_mean))
             continue
         low, high = theory.cornish_fisher_band(e.pred, e.pred, e.cumulants, z)
-        t = theory_gate(e.name, e.stats, low, high, typical, e.separation)
+        t = theory_gate(e.name, e.stats, low, high, e.typical, e.separation)
         if not t.passed and t.has_band:
-            t.note = f"the theory predicts a typical ratio of {fmt(typical / LN10)}"
+            t.note = f"the theory predicts a typical ratio of {fmt(e.typical / LN10)}"
         agrees.append(t)
     return preserved + agrees
 

@@ -125,7 +125,7 @@ def test_a_curvature_option_declared_once_is_taken_by_the_command_and_a_check(mo
     table = {name: default for name, _, default in hessian_table(kinds.get("mlp"))}
     assert table["extra"] == 7
     values = {name: default for name, default in table.items() if name not in ("fmt", "output", "plot")}
-    assert HessianOptions(**{**values, "extra": 3}).hessian_spec().extra == 3
+    assert HessianOptions(**{**values, "extra": 3}).resolve().spec.extra == 3
     toml = tmp_path / "checks.toml"
     body = 'command = "mlp"\ndepth = 3\ninit = ["proposed", "he"]\nextra = 5\n'
     toml.write_text("[check.c]\n" + body + 'lowest_curvature = "proposed"\n')

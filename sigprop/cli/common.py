@@ -3,6 +3,7 @@ the --probes 1 warning."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 
@@ -36,6 +37,18 @@ def _banner(kind: kinds.Kind, spec, seed: int, seeds: int):
         f"{kind.banner(spec)} "
         f"(seed {seed}), {env['samples']} samples x {seeds} draw(s)"
     )
+
+
+def announce(banner, **extra):
+    """A run's ``on_start``: its ``banner`` line (``_banner``) on stderr, of the environment record
+    with ``extra`` entries added.  Built here, not as a lambda in the command's module, so that
+    the core calling it back does not re-enter the command (benchmarks/journeys.py)."""
+    return functools.partial(_announce, banner, extra)
+
+
+def _announce(banner, extra: dict, env: dict) -> None:
+    sys.stderr.write(banner({**extra, **env}).rstrip("\n") + "\n")
+    sys.stderr.flush()
 
 
 def _plot_target(path):

@@ -31,7 +31,7 @@ HESSIAN_HELP = (
 
 def run_hessian(kind: kinds.Kind, spec, opts: HessianOptions) -> None:
     """``sigprop hessian KIND``: validate, measure the curvature with a progress bar, render."""
-    hs = opts.hessian_spec()
+    hs = opts.spec
     _check_output_target(opts.output)
     plot_mod = _plot_target(opts.plot)
     if hs.density and hs.probes == 1:

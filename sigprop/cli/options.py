@@ -166,21 +166,30 @@ class CommandOptions:
             setattr(self, name, kw.pop(name, None))
         self.values = kw
 
+    def resolve(self) -> "CommandOptions":
+        """The library's specs of the values (``command`` calls it after the kind's own spec,
+        so a bad net is named before a bad probe option), set on the object itself: the
+        command's body reads them and never calls back here."""
+        return self
+
 
 class ProbeOptions(CommandOptions):
-    def specs(self) -> tuple[specs.ProbeSpec, specs.GateSpec]:
-        """The probe and the gate the command line asks for."""
-        return specs.probe_specs(cli_values(specs.probe_options(), self.values))
+    def resolve(self) -> "ProbeOptions":
+        """The probe and the gate the command line asks for (``probe``, ``gate``)."""
+        self.probe, self.gate = specs.probe_specs(cli_values(specs.probe_options(), self.values))
+        return self
 
 
 class HessianOptions(CommandOptions):
-    def hessian_spec(self) -> specs.HessianSpec:
-        return declared_spec(specs.HessianSpec, self.values)
+    def resolve(self) -> "HessianOptions":
+        self.spec = declared_spec(specs.HessianSpec, self.values)
+        return self
 
 
 class SpectrumOptions(CommandOptions):
-    def spectrum_spec(self) -> specs.SpectrumSpec:
-        return declared_spec(specs.SpectrumSpec, self.values)
+    def resolve(self) -> "SpectrumOptions":
+        self.spec = declared_spec(specs.SpectrumSpec, self.values)
+        return self
 
 
 def _plot(help_: str):
@@ -305,7 +314,8 @@ def command(kind: kinds.Kind, table, cls, body, family: str = "probe"):
                 raise specs.SigpropError(f"sigprop {command_} does not take it: {why}", field=name)
         opts = cls(**{name: kw[name] if name in both else kw.pop(name) for name, _, _ in table})
         values, names = kind_values(kind, kw)
-        return body(kind, kind.make(values, names), opts)
+        spec = kind.make(values, names)
+        return body(kind, spec, opts.resolve())
 
     run_command.__signature__ = inspect.Signature(own + shared)
     run_command.__annotations__ = {

@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from sigprop import kinds, report
 from sigprop.cli import common
-from sigprop.cli.common import _banner, _plot_target
+from sigprop.cli.common import _banner, _plot_target, announce
 from sigprop.cli.options import (
     ProbeOptions,
     command,
@@ -37,7 +37,7 @@ def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
     """Validate the output targets, run the core with a progress bar, render, plot, apply --check.
     A spec that is a sweep (``kind.expand``: ``--arg depth=10,20``) runs once per configuration:
     a table each and a summary, or one JSON line each; figures beside --plot, one each."""
-    probe, gate = opts.specs()
+    probe, gate = opts.probe, opts.gate
     points = kind.expand(spec)
     labels = kind.point_labels(points)
     _check_output_target(opts.output)
@@ -67,7 +67,7 @@ def run_probe(kind: kinds.Kind, spec, opts: ProbeOptions) -> None:
                 point,
                 probe,
                 progress=update,
-                on_start=lambda env, banner=banner: _say(banner({"samples": probe.samples, **env})),
+                on_start=announce(banner, samples=probe.samples),
                 gate=gate,
             )
         except SigpropError as exc:  # which configuration of a sweep it was

@@ -30,7 +30,7 @@ SPECTRUM_HELP = (
 
 def run_spectrum(kind: kinds.Kind, spec, opts: SpectrumOptions) -> None:
     """``sigprop spectrum KIND``: validate, measure the spectra with a progress bar, render."""
-    ss = opts.spectrum_spec()
+    ss = opts.spec
     _check_output_target(opts.output)
     plot_mod = _plot_target(opts.plot)
 

@@ -27,28 +27,6 @@ from sigprop.results import CurvatureRun, HessianResult, RunResult, SpectrumResu
 from sigprop.version import __version__
 
 
-class Ticker:
-    """The walks' progress: called once per step of every pass (one init, one batch of draws),
-    it reports ``progress(done, total, "init: phase")``; a pass is its phases in order, each
-    (name, steps): forward, backward, then one forward walk per input cosine ("correlation")."""
-
-    def __init__(self, progress: ProgressFn | None, passes: int, phases: list[tuple[str, int]]) -> None:
-        self.progress, self.phases = progress, [p for p in phases if p[1] > 0]
-        self.per_pass = sum(n for _, n in self.phases)
-        self.total, self.done, self.name = passes * self.per_pass, 0, ""
-
-    def __call__(self) -> None:
-        self.done += 1
-        if self.progress is not None:
-            at, phase = (self.done - 1) % self.per_pass, self.phases[-1][0]
-            for name, n in self.phases:
-                if at < n:
-                    phase = name
-                    break
-                at -= n
-            self.progress(self.done, self.total, f"{self.name}: {phase}")
-
-
 def graph_pool_bytes(biggest: int, widest: int, samples: int, itemsize: int, layers: int = 1) -> int:
     """What the captured steps of one draw keep in their private memory pools: per step (at most
     ``replay.MAX_GRAPHS``) one layer's draw temporaries, the step's ``layers`` static weight
@@ -181,7 +159,7 @@ def _walk_all(
                     ("backward", steps - 1 + record_input),
                     ("correlation", steps * len(pairs)),
                 ]
-                tick = Ticker(progress, len(names) * len(chunks), phases)
+                tick = shared.Ticker(progress, len(names) * len(chunks), phases)
             tick.name = name
             walks = _Walks(units, scheme, record_input, probe_spec, walker.SPACES[kind.space(spec)], tick)
             walks.stream, walks.graphs, walks.runners = stream, graphs, runners

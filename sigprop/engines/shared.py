@@ -318,6 +318,30 @@ def pooled_histogram(path: str, pooled: list) -> dict:
     )
 
 
+class Ticker:
+    """The walks' progress: called once per step of every pass (one init, one batch of draws),
+    it reports ``progress(done, total, "init: phase")``; a pass is its phases in order, each
+    (name, steps): forward, backward, then one forward walk per input cosine ("correlation").
+    Here, not in the plan engine: the walker calls it back, and a call from the walker enters a
+    room it is not already in (benchmarks/journeys.py)."""
+
+    def __init__(self, progress: ProgressFn | None, passes: int, phases: list[tuple[str, int]]) -> None:
+        self.progress, self.phases = progress, [p for p in phases if p[1] > 0]
+        self.per_pass = sum(n for _, n in self.phases)
+        self.total, self.done, self.name = passes * self.per_pass, 0, ""
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            at, phase = (self.done - 1) % self.per_pass, self.phases[-1][0]
+            for name, n in self.phases:
+                if at < n:
+                    phase = name
+                    break
+                at -= n
+            self.progress(self.done, self.total, f"{self.name}: {phase}")
+
+
 class DrawTicker:
     """``progress(done, total, label)`` once per finished draw."""
 

@@ -216,13 +216,11 @@ def _end_checks(plan, layers, gate, th: RunTheory, z: float) -> list:
         stats.EndRatio("backward ratio at layer 1", layers[0].backward, (r_b, r_b), *th.end(True)),
     ]
     channels = convs[0].role.fan_out
-
-    def explain(c, e, typical) -> str:
-        if c.passed:
-            return ""
-        return _outside_note(e.stats, e.reference[0], e.pred, e.cumulants[1], c, channels, L)
-
-    return stats.end_to_end(ends, gate.band or specs.DECADE_BAND, explain, z=z)
+    checks = stats.end_to_end(ends, gate.band or specs.DECADE_BAND, z=z)
+    for c, e in zip(checks, ends):  # the preserved checks, first: why a failed one failed
+        if not c.passed:
+            c.note = _outside_note(e.stats, e.reference[0], e.pred, e.cumulants[1], c, channels, L)
+    return checks
 
 
 def _outside_note(st, r: float, p: float | None, v: float, c, channels: int, L: int) -> str:

@@ -110,8 +110,10 @@ def checks(
         stats.EndRatio(f"forward ratio at layer {L}", fwd, refs[0], pred_f, tuple(cum_f), seps[0]),
         stats.EndRatio("backward ratio at layer 1", bwd, refs[1], pred_b, tuple(cum_b), seps[1]),
     ]
-    explain = lambda c, e, typical: stats.explain_preserved(c, e.stats, e.pred, typical, L, width)
-    return stats.end_to_end(ends, band or specs.DECADE_BAND, explain, limits, z)
+    checks = stats.end_to_end(ends, band or specs.DECADE_BAND, limits, z)
+    for c, e in zip(checks, ends):  # the preserved checks, first: why a failed one failed
+        c.note = stats.explain_preserved(c, e.stats, e.pred, e.typical, L, width)
+    return checks
 
 
 @base.register

@@ -21,18 +21,16 @@ reached as modules (``from sigprop.model import build``), never shadowed by thei
 """
 
 from sigprop.model.build import (
-    Deterministic,
-    call,
     check_finite,
     check_finite_weights,
     exact_weight_norm,
-    first_line,
     output_choice,
     output_tensor,
     prepare,
     rows,
     trainable,
 )
+from sigprop.model.forward import Deterministic, call, first_line
 from sigprop.model.graph import GraphNode, GraphPrediction, predict_graph
 from sigprop.model.init import InitRecord, calibrate, init_, init_notes, roles
 from sigprop.model.measure import mean_squares

@@ -31,6 +31,7 @@ import math
 from collections import Counter
 
 from sigprop import theory
+from sigprop.model.state import MAPS, merged
 
 #: ops that pass a state on unchanged per element
 PASS = frozenset({"identity", "output"})
@@ -384,3 +385,31 @@ class BackCross:
             return e * S, e * K
         w1, w2 = self.nodes[k1].weight, self.nodes[k2].weight
         return self.same(k1, k2) if w1 and w1 == w2 and w1 in self.keys else (0.0, 0.0)
+
+
+def tangent(fold, fork: int, node: int) -> float | None:
+    """E[x . (J x_fork)] per element: the moment of node ``node``'s state x with its response
+    J x_fork to its upstream node ``fork``'s own state -- q of a branch made of weight layers
+    and homogeneous activations, 0 through a normalisation (scale-invariant) -- by each op's
+    ``OpMap.tangent`` along the nodes between them; None where an op on the way has none
+    (docs/theory.md §15, "The centred residual stream").  Here, not on the ``Fold``: the ops'
+    maps it calls read the fold's state (sigprop/model/state.py) without calling back into it."""
+    if node <= fork or fold.states[fork] is None:
+        return None
+    on_way = {node}  # the nodes between them: upstream of ``node``, after ``fork``
+    for i in range(node, fork, -1):
+        if i in on_way:
+            on_way.update(j for j in fold.nodes[i].inputs if j >= fork)
+    e: dict[int, float] = {fork: merged(fold.states[fork]).q}
+    for i in sorted(on_way - {fork}):
+        nd = fold.nodes[i]
+        if not any(j in e for j in nd.inputs):
+            continue  # does not move with the fork
+        op = MAPS.get(nd.op)
+        if op is None or op.tangent is None or fold.states[i] is None:
+            return None
+        got = op.tangent(nd, i, [e.get(j) for j in nd.inputs], fold)
+        if got is None:
+            return None
+        e[i] = got
+    return e.get(node)

@@ -19,7 +19,7 @@ from sigprop import inits
 from sigprop.errors import RolesGuessed, SigpropError
 from sigprop.kernels import sampling
 from sigprop.model import ops, trace
-from sigprop.model.build import call, first_line
+from sigprop.model.forward import call, first_line
 from sigprop.model.ops.linear import DENSE_MODULES
 from sigprop.model.ops.norm import NORM_MODULES
 
@@ -436,7 +436,7 @@ def calibrate(model: nn.Module, names: list[str], batch) -> None:
 
 
 class _Stop(BaseException):
-    """Ends a calibration's forward at the layer it reads (not an Exception: ``build.call`` lets it by)."""
+    """Ends a calibration's forward at the layer it reads (not an Exception: ``forward.call`` lets it by)."""
 
 
 def _plain(scheme, role, gen, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -15,7 +15,8 @@ import torch.nn as nn
 
 from sigprop.errors import SigpropError
 from sigprop.model.attention import AttentionReader
-from sigprop.model.build import call, check_finite, output_tensor
+from sigprop.model.build import check_finite, output_tensor
+from sigprop.model.forward import call
 from sigprop.model.sites import call_name, module_of
 
 #: the chunk over which ``mean_squares`` sums squares in the state's own precision

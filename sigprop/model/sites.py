@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 
 from sigprop.errors import SigpropError
-from sigprop.model.build import call, output_choice, probe_output
+from sigprop.model.build import output_choice, probe_output
+from sigprop.model.forward import call
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -194,7 +195,7 @@ class Survey:
 
 def survey(model: nn.Module, x1, what: str = "the model") -> Survey:
     """One forward of ``x1`` (a few rows) with a hook on every module: ``Survey``.  The model's
-    errors are one line naming --input-shape (``build.call``); a non-finite output is refused
+    errors are one line naming --input-shape (``forward.call``); a non-finite output is refused
     (``check_finite``)."""
     total = 0
     called: set[str] = set()

@@ -11,7 +11,6 @@ import inspect
 import io
 import logging
 import math
-import operator
 import re
 from dataclasses import dataclass
 
@@ -23,70 +22,16 @@ from torch.fx.passes.shape_prop import ShapeProp
 from sigprop.errors import SigpropError
 from sigprop.model import ops
 from sigprop.model.build import (
-    Deterministic,
-    call,
-    first_line,
     output_choice,
     output_tensor,
     probe_output,
     rows,
 )
 from sigprop.model.cross import GAUSSIAN, OPS
+from sigprop.model.forward import Deterministic, call, first_line
 from sigprop.model.graph import GraphNode
+from sigprop.model.ops.registry import Tracing
 from sigprop.model.sites import Survey, call_name
-
-
-@dataclass
-class Tracing:
-    """What a traced op's ``node`` reads while the graph is built: the graph module, the nodes
-    made so far (``nodes``, each with its fx node in ``fx_of`` and its index in ``index``)."""
-
-    gm: fx.GraphModule
-    index: dict
-    nodes: list
-    fx_of: list
-    #: the values of nodes that depend on no input (an ATen graph's positions, masks, constant
-    #: embeddings: ``model.export``), by fx node
-    values: dict = dataclasses.field(default_factory=dict)
-
-    def value(self, n):
-        """A node's constant value: a parameter or buffer (get_attr) or a recorded one; None."""
-        if not isinstance(n, fx.Node):
-            return None
-        if n in self.values:
-            return self.values[n]
-        if n.op == "get_attr":
-            try:
-                return operator.attrgetter(n.target)(self.gm)
-            except AttributeError:
-                return None
-        return None
-
-    def shape(self, n) -> tuple | None:
-        """The output's shape per sample (None where the propagation recorded none)."""
-        meta = n.meta.get("tensor_meta") if isinstance(n, fx.Node) else None
-        return tuple(meta.shape[1:]) if meta is not None and hasattr(meta, "shape") else None
-
-    def inputs(self, n: fx.Node) -> tuple[int, ...]:
-        """The node's tensor inputs (constants left out), as indices of ``nodes``."""
-        return tuple(
-            self.index[a]
-            for a in n.all_input_nodes
-            if a in self.index and self.nodes[self.index[a]].op != "const"
-        )
-
-    def label(self, n: fx.Node) -> str:
-        return n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
-
-    def module(self, n: fx.Node) -> nn.Module | None:
-        return self.gm.get_submodule(n.target) if n.op == "call_module" else None
-
-    def unknown(self, n: fx.Node) -> GraphNode:
-        """No map: named by its module's class, or the call."""
-        m = self.module(n)
-        return GraphNode(
-            self.label(n), "unknown", self.inputs(n), why=type(m).__name__ if m is not None else self.label(n)
-        )
 
 
 @dataclass

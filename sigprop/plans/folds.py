@@ -32,12 +32,14 @@ class NotDerived(Exception):
 
 def fold(items, f, state, reverse: bool = False):
     """The one walk of every fold: the nested steps (``nest``) in order (``reverse``: from the
-    top), each visited by the fold ``f`` through the step's own ``folded`` -- ``f.layer``
-    (``Linear``, ``Conv``), ``f.record``, ``f.block`` (a ``Block``: the fold walks its branch
-    as it needs), ``f.batch_norm`` -- and the state handed on.  No fold dispatches on the
-    step's type (neural-tangents' ``serial``: each layer's kernel_fn composed with the next's)."""
+    top), each paid the visit it declares (its ``visit``: ``f.layer`` for ``Linear`` and
+    ``Conv``, ``f.record``, ``f.block`` for a ``Block`` -- the fold walks its branch as it
+    needs --, ``f.batch_norm``) and the state handed on.  No fold dispatches on the step's type
+    (neural-tangents' ``serial``: each layer's kernel_fn composed with the next's), and the walk
+    does not call back into the step's module to be dispatched (one descent: the fold, then the
+    step's maps)."""
     for it in reversed(items) if reverse else items:
-        state = it.folded(f, state)
+        state = getattr(f, it.visit)(it, state)
     return state
 
 

@@ -49,9 +49,8 @@ class _Layer:
     standardises) and backward (``energy_back``), read by ``predict``; a subclass gives
     ``moments``, ``out_hw``, ``in_hw``, ``units_out``, ``relu`` and ``bn``."""
 
-    def folded(self, fold, state):
-        """A fold's visit (sigprop/plans/folds.py: ``fold``)."""
-        return fold.layer(self, state)
+    #: the visit a fold pays it (sigprop/plans/folds.py: ``fold`` calls ``f.layer(step, state)``)
+    visit = "layer"
 
     # the finite-width spread (``plans.spread``; docs/theory.md §4, §7, §11): cumulants (drift
     # below ln RMS, variance, third) of the per-sample ln ratio a step adds
@@ -283,8 +282,8 @@ class Record:
 
     pre_activation: bool = False
 
-    def folded(self, fold, state):
-        return fold.record(self, state)
+    #: the visit a fold pays it (``fold``)
+    visit = "record"
 
 
 @dataclass(frozen=True)
@@ -303,8 +302,8 @@ class BatchNorm:
         """The kernels standardised over the batch, then the ReLU (``predict_correlation``)."""
         return _standardised_kernel(k, True, self.channels, batch)
 
-    def folded(self, fold, state):
-        return fold.batch_norm(self, state)
+    #: the visit a fold pays it (``fold``)
+    visit = "batch_norm"
 
     def power_variance(self) -> float:
         """Standardised per channel and a ReLU after it: the positive part's share of the power,
@@ -328,8 +327,8 @@ class Block(NamedTuple):
     inner: list
     close: Close
 
-    def folded(self, fold, state):
-        return fold.block(self, state)
+    #: the visit a fold pays it (``fold``)
+    visit = "block"
 
 
 def nest(steps: Sequence[Step]) -> list:

@@ -47,6 +47,8 @@ from sigprop.theory.conv import (
     conv_box_adjoint,
     conv_layer_energy,
     conv_window,
+    logaddexp,
+    safe_log,
     weight_map,
     window_map,
 )
@@ -90,10 +92,8 @@ from sigprop.theory.resnet import (
     bn_statistics_prediction,
     branch_variance,
     in_resnet_band,
-    logaddexp,
     resnet_ratio,
     resnet_step_variance,
-    safe_log,
     stage_band_ln,
     table,
 )

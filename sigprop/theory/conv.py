@@ -1,12 +1,24 @@
-"""Convolutions: the per-position energy map of a zero-padded conv layer (docs/theory.md §11)."""
+"""A weight layer's energy map, dense or a zero-padded convolution's per position (docs/theory.md
+§11, §13), and the ln arithmetic of energies the plans carry (``safe_log``, ``logaddexp``)."""
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+
+def safe_log(x: float) -> float:
+    """ln x, -inf for x <= 0 (a zero energy: an all-dead layer)."""
+    return math.log(x) if x > 0 else -math.inf
+
+
+def logaddexp(a: float, b: float) -> float:
+    """ln(e^a + e^b) of two ln energies."""
+    return float(np.logaddexp(a, b))
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,8 +9,6 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
-
 from sigprop.errors import SigpropError
 from sigprop.results import KnRow, ResnetRow, TheoryResult
 from sigprop.theory.kn import kn_closed_form, kn_quadrature
@@ -74,16 +72,6 @@ class ResNetPrediction:
     ln_branch: list[float | None] | None
     gain_forward: list[float]
     gain_backward: list[float]
-
-
-def safe_log(x: float) -> float:
-    """ln x, -inf for x <= 0 (a zero energy: an all-dead layer)."""
-    return math.log(x) if x > 0 else -math.inf
-
-
-def logaddexp(a: float, b: float) -> float:
-    """ln(e^a + e^b) of two ln energies."""
-    return float(np.logaddexp(a, b))
 
 
 def resnet_step_variance(gain: float, v_branch: float, v_skip: float, dim: int) -> float:

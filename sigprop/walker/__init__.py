@@ -27,8 +27,9 @@ buffers.  Each unit is also a differentiable function of its parameters (``apply
 ``parameters`` read from what the walk kept): the curvature (sigprop/hessian.py) builds its loss
 from the units the probe walked.
 
-The package: ``walk`` (spaces, the walk), ``dense``, ``residual``, ``bn`` (the units), ``compile``
-(plans -> units, ``as_function``); every name is re-exported here.
+The package: ``state`` (the spaces, the walk's shared context ``Walk``), ``walk`` (the walk),
+``dense``, ``residual``, ``bn`` (the units), ``haar`` (chunked Haar draws), ``compile`` (plans ->
+units, ``as_function``); every name is re-exported here.
 
 The numbers are those of the three hand-written walkers this replaced (0.4.0's) bit for bit on
 a CPU: the same kernels on the same data in the same order (``benchmarks/golden.py``).
@@ -58,11 +59,13 @@ from sigprop.walker.residual import (
     KeptBlock,
     ResidualBlock,
 )
-from sigprop.walker.walk import (
+from sigprop.walker.state import (
     SPACES,
     LogSpace,
     PlainSpace,
     Walk,
+)
+from sigprop.walker.walk import (
     Walked,
     walk,
 )

@@ -13,7 +13,7 @@ from sigprop.inits import LayerRole
 from sigprop.kernels import logspace as ls
 from sigprop.kernels.logspace import LayerParams
 from sigprop.kernels.ops import ConvOp
-from sigprop.walker.walk import Walk, _no_reseed
+from sigprop.walker.state import Walk, _no_reseed
 
 #: training-mode batch norm's eps (torch.nn.BatchNorm's default)
 BN_EPS = 1e-5

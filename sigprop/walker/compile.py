@@ -16,7 +16,8 @@ from sigprop.kernels.ops import ConvOp, DenseOp
 from sigprop.walker.bn import BN_EPS, BNConvUnit, BNLayer
 from sigprop.walker.dense import ConvLayer, DenseLayer
 from sigprop.walker.residual import ResidualBlock
-from sigprop.walker.walk import SPACES, walk
+from sigprop.walker.state import SPACES
+from sigprop.walker.walk import walk
 
 
 def _op(step) -> DenseOp:

@@ -14,7 +14,7 @@ from sigprop.kernels import fused
 from sigprop.kernels import logspace as ls
 from sigprop.kernels.logspace import LayerParams
 from sigprop.kernels.ops import ConvOp, DenseOp
-from sigprop.walker.walk import Walk, _no_reseed
+from sigprop.walker.state import Walk, _no_reseed
 
 
 @dataclass

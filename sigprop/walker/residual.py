@@ -15,7 +15,7 @@ from sigprop.kernels import logspace as ls
 from sigprop.kernels.logspace import LayerParams
 from sigprop.kernels.ops import DenseOp
 from sigprop.walker.dense import BlockParams, _dense_count, _dense_parameters
-from sigprop.walker.walk import Walk, _no_reseed
+from sigprop.walker.state import Walk, _no_reseed
 
 
 @dataclass

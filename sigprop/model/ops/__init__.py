@@ -1,6 +1,6 @@
 """The traced ops: one file per op family, each a registry entry (``registry.TracedOp``) that
 says how its calls are matched in torch.fx's graph (``match``), which moment-map node a call
-becomes (``node``, from the ``Tracing`` of sigprop/model/trace.py), and -- registered beside it
+becomes (``node``, from the ``Tracing`` of sigprop/model/ops/registry.py), and -- registered beside it
 with ``graph.map_op`` -- that node's forward and backward maps.  A new op is one file: a module
 that calls ``register`` and ``map_op`` (tests/model/test_extra_op.py adds one from the test file
 alone).  ``kind`` is the op's category, which ``model.init.roles`` reads as well (a ReLU layer is

@@ -6,13 +6,71 @@ class of its own says which modules are its in ``keep``: the tracer keeps such a
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 from dataclasses import dataclass
 from typing import Callable
 
 import torch.fx as fx
 import torch.nn as nn
 
+from sigprop.model.state import GraphNode
 from sigprop.registry import Registry
+
+
+@dataclass
+class Tracing:
+    """What a traced op's ``node`` reads while the graph is built (sigprop/model/trace.py builds
+    it; here, below the ops, so that an op reading it does not call back into the tracer): the
+    graph module, the nodes made so far (``nodes``, each with its fx node in ``fx_of`` and its
+    index in ``index``)."""
+
+    gm: fx.GraphModule
+    index: dict
+    nodes: list
+    fx_of: list
+    #: the values of nodes that depend on no input (an ATen graph's positions, masks, constant
+    #: embeddings: ``model.export``), by fx node
+    values: dict = dataclasses.field(default_factory=dict)
+
+    def value(self, n):
+        """A node's constant value: a parameter or buffer (get_attr) or a recorded one; None."""
+        if not isinstance(n, fx.Node):
+            return None
+        if n in self.values:
+            return self.values[n]
+        if n.op == "get_attr":
+            try:
+                return operator.attrgetter(n.target)(self.gm)
+            except AttributeError:
+                return None
+        return None
+
+    def shape(self, n) -> tuple | None:
+        """The output's shape per sample (None where the propagation recorded none)."""
+        meta = n.meta.get("tensor_meta") if isinstance(n, fx.Node) else None
+        return tuple(meta.shape[1:]) if meta is not None and hasattr(meta, "shape") else None
+
+    def inputs(self, n: fx.Node) -> tuple[int, ...]:
+        """The node's tensor inputs (constants left out), as indices of ``nodes``."""
+        return tuple(
+            self.index[a]
+            for a in n.all_input_nodes
+            if a in self.index and self.nodes[self.index[a]].op != "const"
+        )
+
+    def label(self, n: fx.Node) -> str:
+        return n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+
+    def module(self, n: fx.Node) -> nn.Module | None:
+        return self.gm.get_submodule(n.target) if n.op == "call_module" else None
+
+    def unknown(self, n: fx.Node) -> GraphNode:
+        """No map: named by its module's class, or the call."""
+        m = self.module(n)
+        return GraphNode(
+            self.label(n), "unknown", self.inputs(n), why=type(m).__name__ if m is not None else self.label(n)
+        )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sigprop.model.cross import Unsupported
+from sigprop.model.cross import Unsupported, tangent
 from sigprop.model.graph import (
     MAPS,
     GraphNode,
@@ -315,14 +315,14 @@ def _fork_cross(nd: GraphNode, i: int, fold) -> tuple[int | None, float]:
     """x + B(x), x a fork: its gradient g + J_B^T g has the cross term 2 g^T J_B g, which for a g
     with no part along the sum y (a LayerNorm read y: w_a = 0) is -2 r (y^T J_B y)/(|y|^2 u) per
     element = -2 r e_B/(q_y u), e_B the branch's moment with its own response to x
-    (``Fold.tangent``: q_B for weight layers and homogeneous activations, 0 behind a norm);
+    (``cross.tangent``: q_B for weight layers and homogeneous activations, 0 behind a norm);
     (1 - w_a) of it in general (docs/theory.md §15, "The centred residual stream").  The fork,
     and that share of the sum's r it loses."""
     a, b = sorted(nd.inputs)
     shape = nd.shape
     if a == b or not shape or shape[-1] < 2:
         return None, 0.0
-    e = fold.tangent(a, b)
+    e = tangent(fold, a, b)
     y = merged(fold.states[i])
     if e is None or y.q <= 0.0:
         return None, 0.0
