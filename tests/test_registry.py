@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 import sigprop
-from sigprop import engines, inits, kinds, observers, specs, sweeps
+from sigprop import engines, inits, kinds, maps, observers, specs, sweeps
 from sigprop.errors import SigpropError
-from sigprop.model import graph, ops
+from sigprop.model import ops
 from sigprop.registry import Registry
 
 
@@ -39,7 +39,7 @@ def test_a_name_taken_is_refused_naming_both_registrations():
         lambda: observers.COLLECTORS,
         lambda: observers.PLUGINS,
         lambda: ops.TRACED,
-        lambda: graph.MAPS,
+        lambda: maps.MAPS,
         lambda: sweeps.EXECUTORS,
         lambda: sweeps.MEASURES,
         lambda: __import__("sigprop.kernels.sampling", fromlist=["x"]).SAMPLERS,
@@ -74,7 +74,7 @@ def test_each_familys_register_refuses_a_duplicate():
     with pytest.raises(SigpropError, match="engine 'plan' registered twice"):
         engines.register(engines.ENGINES["plan"])
     with pytest.raises(SigpropError, match="moment map 'dense' registered twice"):
-        graph.map_op("dense", lambda *a: None)
+        maps.map_op("dense", lambda *a: None)
     from sigprop.kernels import sampling
 
     with pytest.raises(

@@ -21,7 +21,8 @@ from sigprop.engines.registry import Engine, register
 from sigprop.engines.shared import Measured
 from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev
-from sigprop.model import build, functions, graph, init, measure, sites, trace
+from sigprop.maps import graph
+from sigprop.model import build, functions, init, measure, sites, trace
 from sigprop.results import CurvatureRun, HessianResult, RunResult, SpectrumResult, SpectrumRun
 from sigprop.version import __version__
 

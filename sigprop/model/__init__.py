@@ -20,6 +20,7 @@ The package re-exports the names below; its submodules ``build``, ``measure`` an
 reached as modules (``from sigprop.model import build``), never shadowed by their functions.
 """
 
+from sigprop.maps import GraphNode, GraphPrediction, predict_graph
 from sigprop.model.build import (
     check_finite,
     check_finite_weights,
@@ -31,7 +32,6 @@ from sigprop.model.build import (
     trainable,
 )
 from sigprop.model.forward import Deterministic, call, first_line
-from sigprop.model.graph import GraphNode, GraphPrediction, predict_graph
 from sigprop.model.init import InitRecord, calibrate, init_, init_notes, roles
 from sigprop.model.measure import mean_squares
 from sigprop.model.sites import Survey, auto_sites, resolve_sites, survey

@@ -1,4 +1,4 @@
-"""A model traced by torch.fx into a graph of moment maps (``graph.GraphNode``): each call made a
+"""A model traced by torch.fx into a graph of moment maps (``maps.GraphNode``): each call made a
 node by the traced op that matches it (sigprop/model/ops/), or an ``unknown`` one naming it; the
 shapes from a forward of two samples (a batch norm needs two), whose result is also the model's
 ``Survey`` (sigprop/model/sites.py) -- the input checked, the modules called, the memory."""
@@ -20,6 +20,8 @@ import torch.nn as nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from sigprop.errors import SigpropError
+from sigprop.maps.cross import GAUSSIAN, OPS
+from sigprop.maps.state import GraphNode
 from sigprop.model import ops
 from sigprop.model.build import (
     output_choice,
@@ -27,9 +29,7 @@ from sigprop.model.build import (
     probe_output,
     rows,
 )
-from sigprop.model.cross import GAUSSIAN, OPS
 from sigprop.model.forward import Deterministic, call, first_line
-from sigprop.model.graph import GraphNode
 from sigprop.model.ops.registry import Tracing
 from sigprop.model.sites import Survey, call_name
 

@@ -24,6 +24,7 @@ needs among them), the folds in sigprop/plans/folds.py; this package gives both 
 
 from sigprop.plans.folds import (
     SEPARATION_FACTOR,
+    NotDerived,
     Prediction,
     Separation,
     Spread,
@@ -35,6 +36,7 @@ from sigprop.plans.folds import (
     spread,
     upto,
 )
+from sigprop.plans.graphs import PlanGraph, as_graph, graph_prediction
 from sigprop.plans.steps import (
     WEIGHTED,
     BatchNorm,
@@ -62,14 +64,18 @@ __all__ = [
     "Close",
     "Conv",
     "Linear",
+    "NotDerived",
     "Open",
+    "PlanGraph",
     "PlanMemory",
     "Prediction",
     "Record",
     "Separation",
     "Spread",
     "Step",
+    "as_graph",
     "batch_dependent",
+    "graph_prediction",
     "input_shape",
     "layers",
     "memory",

@@ -19,14 +19,14 @@ from torch.nn.utils.parametrizations import weight_norm
 from walks import trace
 
 import sigprop
-import sigprop.model.graph
+import sigprop.maps.graph
 from sigprop import api, plans, theory
 from sigprop.cli import main
 from sigprop.engines import plan as plan_engine
 from sigprop.errors import SigpropError
 from sigprop.kernels import sampling
+from sigprop.maps.graph import GraphNode, predict_graph
 from sigprop.model.build import build
-from sigprop.model.graph import GraphNode, predict_graph
 from sigprop.model.init import _wn_parts, init_
 from sigprop.model.ops.activation import _numpy_fn
 from sigprop.model.ops.pool import _mix_node
@@ -823,7 +823,7 @@ def test_one_slope_prelu_is_mapped_and_a_failing_map_costs_no_measurement(monkey
     def broken(*a, **k):
         raise ValueError("boom")
 
-    monkeypatch.setattr(sigprop.model.graph, "predict_graph", broken)
+    monkeypatch.setattr(sigprop.maps.graph, "predict_graph", broken)
     r = sigprop.probe_module(model=factory, input_shape=(32,), samples=16, device="cpu")
     assert all(l.forward.predicted is None and l.forward.rms > 0 for l in r.runs[0].layers)
     assert "the moment maps failed (ValueError: boom)" in r.config["theory_notes"][0]

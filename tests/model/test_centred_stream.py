@@ -21,7 +21,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from sigprop.model import graph
+from sigprop.maps import graph, state
+from sigprop.maps import layers as att_maps
 from sigprop.model.ops import attention as att
 from sigprop.model.trace import trace_graph
 
@@ -106,11 +107,11 @@ def test_a_layer_norms_output_is_centred_exactly():
     states = fold["f"].states
     at = {nd.name: i for i, nd in enumerate(t.nodes)}
     (ln0,) = states[at["ln0"]]
-    assert graph.centre_of(ln0, d) == (0.0, 0.0, 0.0, 0.0)
+    assert state.centre_of(ln0, d) == (0.0, 0.0, 0.0, 0.0)
     add = next(i for i, nd in enumerate(t.nodes) if nd.op == "add")
     (s,) = states[add]
     qb = s.q - 1.0
-    cq, _, _, v = graph.centre_of(s, d)
+    cq, _, _, v = state.centre_of(s, d)
     assert cq == pytest.approx(qb / d, rel=1e-12)
     var_b = qb * (1 - 1 / d)  # the branch's token variance; its own v a chi-square's, 2 var^2/(d - 1)
     assert v == pytest.approx(4 * var_b / d + 2 * var_b**2 / (d - 1), rel=1e-12)
@@ -168,17 +169,17 @@ def test_a_keys_gradient_adds_its_queries_up_where_the_gradient_is_shared():
         gm = float(g.mean(1).pow(2).mean())
         rk = (gm * T - float(g.pow(2).mean())) / (T - 1) / float(g.pow(2).mean())
         params = att.attention_params(mha, T, T, False)
-        nd = graph.GraphNode("a", "attention", (0, 0, 0), width=d, params=params)
-        fold = graph.Fold(
-            [graph.GraphNode("in", "input", ()), nd],
-            [[graph.Part(1.0, 1.0, 0.0, 0.0, None, t_in)], None],
+        nd = state.GraphNode("a", "attention", (0, 0, 0), width=d, params=params)
+        fold = state.Fold(
+            [state.GraphNode("in", "input", ()), nd],
+            [[state.Part(1.0, 1.0, 0.0, 0.0, None, t_in)], None],
             grads=[None, None],
             poisoned=[False, False],
         )
-        att._forward(nd, 1, fold)
+        att_maps._attention_forward(nd, 1, fold)
         given = []
         fold.give = lambda j, parts, i, align=None: given.append(parts[0][0])
-        att._backward(nd, 1, [(1.0, rk, None)], fold)
+        att_maps._attention_backward(nd, 1, [(1.0, rk, None)], fold)
         mapped.append(given[1])  # the key path's, through the output and key projections
     ratio = np.mean(meas) / np.mean(mapped)
     assert ratio == pytest.approx(1.0, abs=0.12)

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import sigprop
-from sigprop.model import graph
+from sigprop.maps import graph
 from sigprop.model.trace import trace_graph
 
 

@@ -93,8 +93,8 @@ def test_a_reused_export_reads_each_draws_own_weights(make):
     prediction equals a fresh export's on the same weights.  A buffer the state dict leaves out
     (a Llama's rotary ``inv_freq``), other in a third model: the kept graph's output differs from
     that model's and the graph is exported again."""
+    from sigprop.maps.graph import predict_graph
     from sigprop.model import trace as tr
-    from sigprop.model.graph import predict_graph
 
     def q(traced):
         return [None if v is None else round(v, 12) for v in predict_graph(traced.nodes, 1.0).q]

@@ -14,8 +14,9 @@ import textwrap
 import numpy as np
 import pytest
 
+from sigprop import maps
 from sigprop.cli import main
-from sigprop.model import graph, ops
+from sigprop.model import ops
 
 B = 4.0
 #: probabilists' Gauss-Hermite nodes and weights (weights summing to 1): E[f(Z)], Z ~ N(0, 1)
@@ -50,7 +51,7 @@ def _forward(nd, i, fold):
     for s in fold.states[nd.inputs[0]]:
         m1, q1, k1 = _moments(phi, phi, s.mean, s.q, s.shared)
         _, d2, dk = _moments(dphi, dphi, s.mean, s.q, s.shared)
-        out.append(graph.Part(s.share, q1, m1, k1, s.profile))
+        out.append(maps.Part(s.share, q1, m1, k1, s.profile))
         kept.append((d2, dk))
     fold.states[i], fold.derivative[i] = out, kept
 
@@ -111,16 +112,16 @@ def test_a_custom_activation_registered_from_outside_gets_its_theory(nets, tmp_p
     op = ops.TracedOp(
         "act",  # the init's roles read it as an activation
         lambda gm, n: n.op == "call_module" and ours(gm.get_submodule(n.target)),
-        lambda t, n: graph.GraphNode(t.label(n), "squareplus", t.inputs(n)),
+        lambda t, n: maps.GraphNode(t.label(n), "squareplus", t.inputs(n)),
         keep=ours,
     )
     ops.register(op, first=True)
-    graph.map_op("squareplus", _forward, _backward)
+    maps.map_op("squareplus", _forward, _backward)
     try:
         after = _probe(path, tmp_path)
     finally:
         ops.unregister(op)
-        del graph.MAPS["squareplus"]
+        del maps.MAPS["squareplus"]
     assert not any("product" in n for n in after["config"].get("theory_notes", []))
     for run in after["runs"]:
         layers = run["layers"]

@@ -1,5 +1,5 @@
 """A causal mask's position profile (issue 50): the tokens' Gram matrix the fold carries from each
-causal attention on (sigprop/model/gram.py), checked against a Monte Carlo of the softmax and
+causal attention on (sigprop/maps/gram.py), checked against a Monte Carlo of the softmax and
 against the same weights' states and gradients by hooks; and what it changes at the sites."""
 
 import importlib.util
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sigprop
-from sigprop.model import gram
+from sigprop.maps import gram
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,8 @@ def test_the_profiles_equal_the_measured_ones_on_llama():
     mean), averaged over positions 0, 1, 2-3, 4-7, 8-15, 16-31, within 15% (measured: 10%), on
     the same weights by hooks (32 samples; one position alone moves by about 15% between draws
     of the errors)."""
-    from sigprop.model import graph, trace
+    from sigprop.maps import graph
+    from sigprop.model import trace
 
     torch.manual_seed(0)
     model = _nets().llama(layers=4, d=128)

@@ -66,7 +66,8 @@ def _calls(d: int, n: int, T_: int = T) -> tuple:
     """A looped block of width d run n times on 64 Gaussian samples of T_ tokens: the model, its
     input, its trace and fold (``fold_graph``), the stream after each call by hooks (with its
     gradient for an output error of unit variance) and each call's node."""
-    from sigprop.model import graph, trace
+    from sigprop.maps import graph
+    from sigprop.model import trace
 
     torch.manual_seed(1)
     model = Looped(n)
@@ -119,7 +120,8 @@ def test_a_looped_block_follows_the_shared_depth_maps():
     with its weights' draws told apart, read the last call's forward 36% low (1.22 for 1.92)
     and the token cosine 0.18 for 0.44: the shared draws' cross moments are the difference.
     0.16.0.dev0 predicted each call as a fresh draw, silently."""
-    from sigprop.model import graph, trace
+    from sigprop.maps import graph
+    from sigprop.model import trace
 
     d = 256
     r = sigprop.probe_module(

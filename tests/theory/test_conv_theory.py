@@ -287,7 +287,7 @@ def test_one_weight_map_for_both_engines():
     each output, backward the gradient's at the input (the output's error 1 per element)."""
     import torch
 
-    from sigprop.model.graph import GraphNode, predict_graph
+    from sigprop.maps.graph import GraphNode, predict_graph
     from sigprop.model.ops.linear import _dense_node
 
     shape, q0 = (3, 10, 7), 1.7

@@ -139,29 +139,3 @@ def test_every_fold_composes_a_step_it_has_never_heard_of(depth_of_block):
         lambda s: plans.predict_jacobian(s, scheme),
     ):
         assert fn(foreign) == fn(steps)
-
-
-def test_the_plan_fold_carries_ln_where_the_graph_fold_underflows():
-    """Why the two folds are still two (docs/architecture.md, "Two folds, one set of layer maps"):
-    the WN MLP with He's g = 1 halves its power a layer; at depth 1200 the plan fold, carrying the
-    energy's ln, predicts the forward RMS ratio 2^-600 = 10^-180.6, while the same net as traced
-    nodes (dense, ReLU) folds a per-element q that underflows to 0 past 2^-1074."""
-    from sigprop.inits import LayerRole
-    from sigprop.model.graph import GraphNode, predict_graph
-    from sigprop.model.ops.activation import _relu
-
-    depth = 1200
-    steps = []
-    for _ in range(depth):
-        steps += [plans.Linear(LayerRole(100, 100), relu=True), plans.Record(pre_activation=True)]
-    ln = plans.predict(tuple(steps), inits.get("he")).ln_forward[-1]
-    assert ln == pytest.approx(-depth / 2 * math.log(2), rel=1e-12)
-    relu = tuple(lambda z, k=k: _relu(np.asarray(z, dtype=np.float64))[k] for k in (0, 1))
-    nodes = [GraphNode("x", "input", ())]
-    for l in range(depth):  # ||W||^2 / c_out = 1 (g = 1): a ReLU halves q each layer
-        nodes += [
-            GraphNode(f"fc{l}", "dense", (len(nodes) - 1,)),
-            GraphNode(f"relu{l}", "act", (len(nodes),), fn=relu),
-        ]
-    q = predict_graph(nodes + [GraphNode("out", "output", (len(nodes) - 1,))], 1.0).q
-    assert q[2 * 1000] == pytest.approx(2.0**-1000, rel=1e-9) and q[-2] == 0.0

@@ -15,8 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from scipy import special
 
-from sigprop import theory
-from sigprop.model.graph import GraphNode, Part, map_op, merged
+from sigprop.maps.state import GraphNode
 from sigprop.model.ops.registry import TracedOp, register
 
 #: elementwise activations the trace maps by quadrature (module classes, functions,
@@ -181,55 +180,3 @@ register(
         lambda t, n: GraphNode(t.label(n), "act", t.inputs(n), fn=_numpy_activation(n, t.module(n))),
     )
 )
-
-
-def _forward(nd: GraphNode, i: int, fold) -> None:
-    """Per part: the one-variable moments, and the cross moments of phi and phi' on one grid."""
-    out, dm = [], []
-    for s in fold.states[nd.inputs[0]]:
-        m1, q1, d2 = theory.activation_moments(nd.fn[0], nd.fn[1], s.mean, s.q)
-        both = theory.shared_moments(nd.fn[0], nd.fn[1], s.mean, s.q, s.shared)
-        k1 = min(both[2], q1)
-        tokens = None
-        if s.tokens is not None:  # the tokens of one sample: their own cross moments
-            toks = theory.shared_moments(nd.fn[0], nd.fn[1], s.mean, s.q, s.tokens)
-            tokens = min(toks[2], q1)
-            # a gradient's shared moment is between the tokens of one sample (``graph``)
-            dm.append((d2, toks.derivative_cross))
-        else:
-            dm.append((d2, both.derivative_cross))
-        out.append(Part(s.share, q1, m1, k1, s.profile, tokens, s.axis))
-    fold.states[i], fold.derivative[i] = out, dm
-
-
-def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
-    """What passed through it (``_receive``): E[phi'^2] r' and the derivative's cross moment rk'."""
-    for j in nd.inputs:
-        fold.give(j, [(t[0], t[1], x[2]) for t, x in zip(fold.through[i], g)], i)
-
-
-def _receive(j: int, parts: list, reader: int, fold) -> None:
-    """Every gradient an activation receives passes through phi': E[phi'^2] times r, and the
-    derivative's cross moment times rk -- at a max pooling's maximum where the reader is one
-    (it keeps those moments, ``pool.py``)."""
-    dm = fold.derivative[reader] if fold.nodes[reader].op == "maxpool" else fold.derivative[j]
-    th = fold.through.setdefault(j, [[0.0, 0.0] for _ in fold.states[j]])
-    for t, (f, fk), (c, ck, _) in zip(th, dm, parts):
-        t[0] += c * f
-        t[1] += ck * fk
-
-
-def _tangent(nd: GraphNode, i: int, e: list, fold) -> float | None:
-    """E[phi(z) phi'(z) zeta] for the input's response zeta of moment e with z: its regression
-    on z, e/var(z) (z - m), by the same quadrature (a ReLU's is e/2 at mean 0, homogeneous)."""
-    s = merged(fold.states[nd.inputs[0]])
-    var = s.q - s.mean * s.mean
-    if var <= 0.0:
-        return None
-    phi, dphi = nd.fn
-    m = s.mean
-    moment = theory.activation_moments(lambda z: phi(z) * dphi(z) * (z - m), dphi, m, s.q)[0]
-    return moment * e[0] / var
-
-
-map_op("act", _forward, _backward, receive=_receive, tangent=_tangent)

@@ -18,7 +18,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sigprop.model.graph import GraphNode, Part, map_op
+from sigprop.maps.state import GraphNode
 from sigprop.model.ops import activation as act
 from sigprop.model.ops import attention as att
 from sigprop.model.ops.linear import _dense_node, weight_node
@@ -258,10 +258,3 @@ register(
         _embedding,
     )
 )
-
-
-def _embedding_forward(nd: GraphNode, i: int, fold) -> None:
-    fold.states[i] = [Part(1.0, nd.forward, nd.bias, nd.params, None, nd.params)]
-
-
-map_op("embedding", _embedding_forward, lambda nd, i, g, fold: None)

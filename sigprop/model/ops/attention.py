@@ -3,7 +3,7 @@ keeps whole; batch first, no mask or a causal one) and ``F.scaled_dot_product_at
 mask, or ``is_causal``), and the ``getitem`` that takes its output from a tuple (or a query, key
 or value from a split tensor: each element's moments unchanged).
 
-The state grows by the shared moment of two tokens of one sample (``graph.Part.tokens``): attention
+The state grows by the shared moment of two tokens of one sample (``maps.Part.tokens``): attention
 mixes the tokens of a sample and nothing across samples.  With the logits' variance across keys
 s^2 = scale^2 d_h q_q (q_k - t_k) (``theory.logit_variance``), the weights' collision
 probability P and the overlap C of two queries' weights (``theory.attention_weights``), and the
@@ -23,61 +23,15 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sigprop import theory
-from sigprop.model.graph import GraphNode, Part, map_op, merged
+from sigprop.maps.layers import Attention, Projection
+from sigprop.maps.state import GraphNode
 from sigprop.model.ops.registry import TracedOp, register
-
-#: the largest logit variance across keys the attention map is applied at: measured on pre-LN
-#: encoders (d = 128, T = 32, 4 draws; docs/theory.md §15) the forward ratios hold within 1% up to
-#: s^2 = 3.3 and the backward within 4% up to s^2 = 1.6, 11% at 3.3 (the softmax's gradient to the
-#: queries and keys, taken at independent keys, grows too fast); ``theory.collision`` is exact
-#: further (to ``theory.MAX_LOGIT_VARIANCE``)
-MAP_LOGIT_VARIANCE = 2.0
-
-
-@dataclass(frozen=True)
-class Projection:
-    """A dense map per element: q' = forward q + bias (forward = ||W||^2/rows), r = backward r'."""
-
-    forward: float = 1.0
-    bias: float = 0.0
-    backward: float = 1.0
-
-    def scaled(self, factor: float) -> "Projection":
-        return Projection(self.forward * factor, self.bias, self.backward * factor)
-
-
-@dataclass(frozen=True)
-class Attention:
-    """What an attention node's maps read: the query, key, value and output projections (identity
-    for ``scaled_dot_product_attention``), the head dimension, the logit scale, the tokens of a
-    sample (queries and keys) and whether the mask is causal."""
-
-    q: Projection
-    k: Projection
-    v: Projection
-    o: Projection
-    head_dim: int
-    scale: float
-    tokens: int
-    keys: int
-    causal: bool
-    #: the projections are weight layers (a module's): a prediction with every weight layer's
-    #: variance scaled scales them
-    weighted: bool = True
-    #: logits soft-capped to c tanh(z/c) (Gemma 2), None: not capped
-    cap: float | None = None
-
-    def projection(self, name: str, factor: float) -> Projection:
-        pr = getattr(self, name)
-        return pr.scaled(factor) if self.weighted else pr
 
 
 def _projection(w, b) -> Projection:
@@ -252,88 +206,3 @@ register(
         _getitem_node,
     )
 )
-
-
-def _moments(nd: GraphNode, fold):
-    """The projected queries, keys and values ((q, tokens, shared) per element), the weights'
-    (P, C), the logits' variance s^2 (soft-capped where they are) and, before the cap, their
-    variance and the cap's slope E[sech^4] (``theory.capped``; (s^2, 1) without one)."""
-    p: Attention = nd.params
-    proj = [p.projection(k, fold.weight_factor) for k in "qkv"]
-    xs = [merged(fold.states[j]) for j in nd.inputs]
-    mom = [
-        (pr.forward * x.q + pr.bias, pr.forward * x.tok + pr.bias, pr.forward * x.shared + pr.bias)
-        for pr, x in zip(proj, xs)
-    ]
-    raw = theory.logit_variance(p.scale, p.head_dim, mom[0][0], mom[1][0], mom[1][1])
-    s2, slope = theory.capped(raw, p.cap)
-    P, C = theory.attention_weights(s2, p.tokens, p.causal, p.keys)
-    return mom, P, C, s2, (raw, slope)
-
-
-def _forward(nd: GraphNode, i: int, fold) -> None:
-    p: Attention = nd.params
-    mom, P, C, s2, _ = _moments(nd, fold)
-    if s2 > MAP_LOGIT_VARIANCE:  # beyond the map's range: no state, said why
-        fold.why[i] = (
-            f"{nd.name} at logits of variance {s2:.3g} across keys (the attention map covers up to "
-            f"{MAP_LOGIT_VARIANCE:g}, docs/theory.md §15)"
-        )
-        return
-    fold.regimes.append(s2)
-    fold.logit_variance[i] = s2
-    fold.entropy[i] = theory.attention_entropy(s2, p.tokens, p.causal, p.keys)
-    qv, tv, kv = mom[2]
-    o = p.projection("o", fold.weight_factor)
-    q_out, t_out = tv + (qv - tv) * P, tv + (qv - tv) * C
-    fold.states[i] = [
-        Part(1.0, o.forward * q_out + o.bias, 0.0, o.forward * kv + o.bias, None, o.forward * t_out + o.bias)
-    ]
-
-
-def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
-    p: Attention = nd.params
-    mom, P, C, s2, (raw, slope) = _moments(nd, fold)
-    mine = fold.states[i]
-    o = p.projection("o", fold.weight_factor)
-    r = o.backward * sum(s.share * x[0] for s, x in zip(mine, g))
-    rk = o.backward * sum(s.share * x[1] for s, x in zip(mine, g))
-    (qq, tq, _), _, (qv, tv, _) = mom
-    T = p.tokens
-    spread_v = max(qv - tv, 0.0)
-    r_v = P * r + (T - 1) * C * rk
-    rk_v = (1 - P) * r / max(T - 1, 1) + (1 - C) * rk
-    # a query's and a key's gradients sum their keys' and queries' parts weighted by K, the
-    # weights' squares less what the softmax's centring takes (``theory.key_weight``; P-bar in
-    # 0.15.0: 2x high under a causal mask, whose first query sends nothing back), and the
-    # gradient's part shared by the tokens adds up the queries' shared part coherently, (1 - P) t_q
-    K = theory.key_weight(s2, T, p.causal, p.keys)
-    # a cap passes E[sech^4] of a logit's gradient (``slope``); the uncapped variance is the keys'
-    # spread
-    r_q = slope * K * r * spread_v * raw / qq if qq > 0 else 0.0
-    r_k = slope * (K * r * qq + (1 - P) * rk * max(tq, 0.0)) * spread_v * p.scale**2 * p.head_dim
-    for j, name, (rr, kk) in zip(nd.inputs, "qkv", ((r_q, 0.0), (r_k, 0.0), (r_v, rk_v))):
-        b = p.projection(name, fold.weight_factor).backward
-        fold.give(j, [(b * rr, b * kk, None)], i)
-
-
-# a module's projections are weight layers (its output uncorrelated with its input; a scaled
-# prediction scales them, ``Attention.projection``); the function's queries, keys and values are
-# the layers before it
-def _tangent(nd: GraphNode, i: int, e: list, fold) -> float | None:
-    """The value path is linear in the values for fixed weights: the output moves with the values'
-    response as much as the values do, (e_v/q_v) of the attended values' q_o, through the output
-    projection; the softmax's own response (through the queries and keys) is left out."""
-    p: Attention = nd.params
-    if e[2] is None:
-        return 0.0
-    mom, P, _, _, _ = _moments(nd, fold)
-    qv, tv, _ = mom[2]
-    v, o = (p.projection(k, fold.weight_factor) for k in "vo")
-    if qv <= 0.0:
-        return None
-    return o.forward * v.forward * e[2] / qv * (tv + (qv - tv) * P)
-
-
-map_op("attention", _forward, _backward, weighted=True, tangent=_tangent)
-map_op("sdpa", _forward, _backward, tangent=_tangent)

@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from sigprop.model.graph import GraphNode, Part, map_op
+from sigprop.maps.state import GraphNode
 from sigprop.model.ops import attention as att
 from sigprop.model.ops import structure
 from sigprop.model.ops.registry import TracedOp, register
@@ -137,37 +137,6 @@ def rotary(t, n: fx.Node) -> GraphNode:
     return GraphNode(t.label(n), "rotary", (t.index[x],), params=params)
 
 
-def _rotary(nd: GraphNode, i: int, fold) -> None:
-    """x cos + rotate_half(x) sin, per unit i and its partner p(i) = i -+ h (sign -+1): q' = q
-    mean(c^2 + s^2) + 2 m^2 mean(sign c s), likewise between two samples (the same positions,
-    the same rotation); between two tokens t != s of a sample, tok mean(c_t c_s + s_t s_s) -- the
-    mean of cos((t - s) theta_i) for one angle -- plus m^2 mean(sign (c_t s_s + s_t c_s)); the
-    units are independent about a common mean m (docs/theory.md §16, "Rotary positions")."""
-    p = nd.params
-    fold.states[i] = [
-        Part(
-            x.share,
-            p["gain"] * x.q + p["cross"] * x.mean**2,
-            p["mean"] * x.mean,
-            p["gain"] * x.shared + p["cross"] * x.mean**2,
-            None,
-            p["tokens"] * x.tok + p["tokens_cross"] * x.mean**2,
-            x.axis,
-        )
-        for x in fold.states[nd.inputs[0]]
-    ]
-
-
-def _rotary_back(nd: GraphNode, i: int, g: list, fold) -> None:
-    """The gradient goes back through the transposed rotation: r mean(c^2 + s^2), and between
-    two positions r_k mean(c_t c_s + s_t s_s) (the gradient's units uncorrelated)."""
-    p = nd.params
-    fold.give(nd.inputs[0], [(p["gain"] * r, p["grad_tokens"] * rk, None) for r, rk, _ in g], i)
-
-
-map_op("rotary", _rotary, _rotary_back, tangent=lambda nd, i, e, fold: nd.params["gain"] * e[0])
-
-
 def _expand(t, n: fx.Node) -> GraphNode:
     """``expand``: a state's elements copied.  Along an axis before a sample's last two (the
     query heads a grouped-query attention's key and value serve: Llama's ``repeat_kv``) the
@@ -183,14 +152,6 @@ def _expand(t, n: fx.Node) -> GraphNode:
         return GraphNode(t.label(n), "identity", ins[:1])
     return GraphNode(t.label(n), "broadcast", ins[:1], forward=float(copies))
 
-
-def _broadcast_back(nd: GraphNode, i: int, g: list, fold) -> None:
-    """Each element's k copies' gradients, independent (each a head's own): k r, k r_k."""
-    k = nd.forward
-    fold.give(nd.inputs[0], [(k * r, k * rk, p) for r, rk, p in g], i)
-
-
-map_op("broadcast", structure.MAPS["identity"].forward, _broadcast_back, tangent=lambda nd, i, e, fold: e[0])
 
 register(TracedOp("add", lambda gm, n: rotary_parts(n) is not None, rotary), first=True)
 register(

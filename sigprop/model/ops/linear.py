@@ -12,16 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from sigprop import theory
-from sigprop.model.graph import (
-    GraphNode,
-    Part,
-    blend,
-    map_op,
-    merged,
-    normalised,
-    profile_of,
-    token_groups,
-)
+from sigprop.maps.state import GraphNode
 from sigprop.model.ops.registry import TracedOp, register
 
 DENSE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -174,67 +165,3 @@ def _module_of(classes):
 
 register(TracedOp("dense", _module_of(DENSE_MODULES), _dense))
 register(TracedOp("transposed", _module_of(TRANSPOSED_MODULES), _transposed))
-
-
-def _forward(nd: GraphNode, i: int, fold) -> None:
-    """q' = f M q + b, k' = f box k + b (box: the mean of M's window), m' = 0, the parts merged."""
-    x = merged(fold.states[nd.inputs[0]])
-    if nd.mats:  # a conv: each output sums its taps inside the map (q' = f M q + b)
-        fld = theory.weight_map(profile_of(x.profile, nd.mats), nd.forward * x.q, nd.mats, nd.bias)
-        box = (float(fld.mean()) - nd.bias) / (nd.forward * x.q) if x.q > 0 else 1.0
-        fold.states[i] = [
-            Part(1.0, float(fld.mean()), 0.0, nd.forward * box * x.shared + nd.bias, normalised(fld))
-        ]
-    else:
-        src = fold.states[nd.inputs[0]]
-        # groups of tokens (a class token beside the patches) each through the same weights
-        parts = src if token_groups(src) else [x]
-        fold.states[i] = [
-            Part(
-                s.share,
-                nd.forward * s.q + nd.bias,
-                0.0,
-                nd.forward * s.shared + nd.bias,
-                None,
-                None if s.tokens is None else nd.forward * s.tokens + nd.bias,
-                s.axis,
-            )
-            for s in parts
-        ]
-
-
-def _standardized(nd: GraphNode, i: int, fold) -> None:
-    """A layer calibrated on this batch: each unit mean 0, sd 1 (times a scaled prediction's
-    factor)."""
-    fold.states[i] = [Part(1.0, fold.weight_factor, 0.0, 0.0, None)]
-
-
-def _backward(nd: GraphNode, i: int, g: list, fold) -> None:
-    """Every input unit reads all outputs: one gradient, r = b M^T r' (b = ``backward``)."""
-    mine = fold.states[i]
-    r = sum(s.share * x[0] for s, x in zip(mine, g))
-    rk = sum(s.share * x[1] for s, x in zip(mine, g))
-    rp = blend([(s.share * x[0], x[2]) for s, x in zip(mine, g)])
-    box, pj = 1.0, None
-    if nd.mats:  # each input element's gradient sums the outputs whose taps it is
-        bp = theory.window_map(profile_of(rp, nd.mats, transpose=True), nd.mats, transpose=True)
-        box, pj = float(bp.mean()), normalised(bp)
-    if token_groups(mine) and not nd.mats:  # each group its own
-        for j in nd.inputs:
-            fold.give(
-                j, [(nd.backward * x[0], nd.backward * x[1] if nd.positions else 0.0, None) for x in g], i
-            )
-        return
-    for j in nd.inputs:
-        fold.give(j, [(nd.backward * box * r, nd.backward * box * rk if nd.positions else 0.0, pj)], i)
-
-
-map_op(
-    "dense",
-    _forward,
-    _backward,
-    weighted=True,
-    # a dense layer moves with its input by its weights alone (its bias does not): f e
-    tangent=lambda nd, i, e, fold: None if nd.mats else nd.forward * e[0],
-)
-map_op("standardized", _standardized, _backward, weighted=True)

@@ -14,8 +14,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sigprop import theory
-from sigprop.model.graph import GraphNode, Part, map_op, normalised, profile_of
+from sigprop.maps.state import GraphNode
 from sigprop.model.ops.activation import _nondecreasing
 from sigprop.model.ops.registry import TracedOp, register
 
@@ -186,10 +185,6 @@ _AVG = {1: nn.AvgPool1d, 2: nn.AvgPool2d, 3: nn.AvgPool3d}
 _ADAPTIVE_AVG = {1: nn.AdaptiveAvgPool1d, 2: nn.AdaptiveAvgPool2d, 3: nn.AdaptiveAvgPool3d}
 
 
-#: the map of no activation (a max pooling of a Gaussian state)
-_IDENTITY = (lambda z: z, lambda z: np.ones_like(z))
-
-
 def _is_mean(n: fx.Node) -> bool:
     return (n.op == "call_function" and n.target is torch.mean) or (
         n.op == "call_method" and n.target == "mean"
@@ -236,62 +231,3 @@ def _maxpool(t, n) -> GraphNode:
 
 register(TracedOp("mix", _matches(MIX_MODULES, False), _mix))
 register(TracedOp("maxpool", _matches(MAXPOOL_MODULES, True), _maxpool))
-
-
-def _mix_forward(nd: GraphNode, i: int, fold) -> None:
-    """y = A x: fluctuations through A^2, the shared part through A."""
-    out = []
-    for s in fold.states[nd.inputs[0]]:
-        p = profile_of(s.profile, nd.mats)
-        fluct, shared = theory.window_map(p, nd.mats, power=2), theory.window_map(np.sqrt(p), nd.mats) ** 2
-        fld = (s.q - s.shared) * fluct + s.shared * shared
-        b = float(shared.mean())
-        out.append(Part(s.share, float(fld.mean()), s.mean * math.sqrt(b), s.shared * b, normalised(fld)))
-    fold.states[i] = out
-
-
-def _mix_backward(nd: GraphNode, i: int, g: list, fold) -> None:
-    """dx = A^T dy."""
-    out = []
-    for r, rk, p in g:
-        p = profile_of(p, nd.mats, transpose=True)
-        fluct = theory.window_map(p, nd.mats, transpose=True, power=2)
-        shared = theory.window_map(np.sqrt(p), nd.mats, transpose=True) ** 2
-        fld = (r - rk) * fluct + rk * shared
-        ck = rk * float(shared.mean()) + nd.backward_cross * (r - rk)
-        out.append((float(fld.mean()), ck, normalised(fld)))
-    for j in nd.inputs:
-        fold.give(j, out, i)
-
-
-def _maxpool_forward(nd: GraphNode, i: int, fold) -> None:
-    """The moments of phi(max of P) after a nondecreasing activation (read off its input) or of
-    the max of a Gaussian state; the derivative's moments at the maximum are kept (the
-    activation before it reads them backward)."""
-    ins = nd.inputs
-    src = fold.states[ins[0]]
-    fn = _IDENTITY if nd.fn is None else nd.fn
-    pre = src if nd.fn is None else fold.states[fold.nodes[ins[0]].inputs[0]]
-    out, dm = [], []
-    for s, z in zip(src, pre):
-        both = theory.shared_moments(fn[0], fn[1], z.mean, z.q, z.shared, nd.pool)
-        m1, q1, k1, d2 = both
-        dm.append((d2, both.derivative_cross))
-        p = normalised(theory.window_map(profile_of(s.profile, nd.mats), nd.mats)) if nd.mats else None
-        out.append(Part(s.share, q1, m1, min(k1, q1), p))
-    fold.states[i], fold.derivative[i] = out, dm
-
-
-def _maxpool_backward(nd: GraphNode, i: int, g: list, fold) -> None:
-    """Each window's gradient on its maximum."""
-    out = []
-    for r, rk, p in g:
-        if nd.mats:
-            p = normalised(theory.window_map(profile_of(p, nd.mats, transpose=True), nd.mats, transpose=True))
-        out.append((nd.backward * r, nd.backward**2 * rk, p))
-    for j in nd.inputs:
-        fold.give(j, out, i)
-
-
-map_op("mix", _mix_forward, _mix_backward)
-map_op("maxpool", _maxpool_forward, _maxpool_backward)

@@ -1,8 +1,9 @@
 """The traced ops' registry (sigprop/model/ops/ holds the built-in ones, one file per family):
 a ``TracedOp`` says how its calls are matched in torch.fx's graph and which moment-map node a
-call becomes; its maps are registered beside it (``graph.map_op``).  A plug-in op of a module
-class of its own says which modules are its in ``keep``: the tracer keeps such a module whole (one
-``call_module`` node) instead of tracing its forward into primitive calls."""
+call becomes; its maps are registered under the node's op (``maps.map_op``, sigprop/maps/).  A
+plug-in op of a module class of its own says which modules are its in ``keep``: the tracer keeps
+such a module whole (one ``call_module`` node) instead of tracing its forward into primitive
+calls."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Callable
 import torch.fx as fx
 import torch.nn as nn
 
-from sigprop.model.state import GraphNode
+from sigprop.maps.state import GraphNode
 from sigprop.registry import Registry
 
 
@@ -77,12 +78,12 @@ class Tracing:
 class TracedOp:
     """A traced op: its category ``kind`` (dense, transposed, norm, act, identity, mix, maxpool,
     cat, add, mul, div, or a plug-in's own), ``match(gm, n)`` -- does fx node n call it? -- and
-    ``node(tracing, n)`` -- the ``graph.GraphNode`` it becomes (an ``unknown`` one, naming
+    ``node(tracing, n)`` -- the ``maps.GraphNode`` it becomes (an ``unknown`` one, naming
     why, where its arguments cannot be read) -- and ``keep(module)``, where given: True for the
     modules the tracer keeps whole (``symbolic_trace``; torch's own layers are kept whole
     anyway).  ``kind`` is what the
     init's roles read (a ``dense`` layer followed by an ``act`` takes its gain); the node's
-    ``op`` names its maps (``graph.MAPS``)."""
+    ``op`` names its maps (``maps.MAPS``)."""
 
     kind: str
     match: Callable[[fx.GraphModule, fx.Node], bool]

@@ -14,7 +14,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sigprop.model.graph import GraphNode
+from sigprop.maps.state import GraphNode
 from sigprop.model.ops.activation import act_node
 from sigprop.model.ops.attention import attention_params
 from sigprop.model.ops.linear import _dense_node
@@ -40,7 +40,7 @@ def _layer(
     output node, or why it cannot be expanded.  Its attention and weight layers are tagged with
     their draw (``GraphNode.weight``): ``draw`` (the layer it is a copy of; default its own path)
     and the module's name -- a layer called again, or a copy, reads the same draws
-    (sigprop/model/cross.py)."""
+    (sigprop/maps/cross.py)."""
     draw = draw or path
     if not m.self_attn.batch_first:
         return f"{path}: batch_first=False (the tokens are not the first axis after the batch)"

@@ -31,7 +31,7 @@ import math
 from collections import Counter
 
 from sigprop import theory
-from sigprop.model.state import MAPS, merged
+from sigprop.maps.state import MAPS, merged
 
 #: ops that pass a state on unchanged per element
 PASS = frozenset({"identity", "output"})
@@ -87,7 +87,7 @@ class Cross:
     has not read its draw is 0 at once)."""
 
     def __init__(self, fold, keys: frozenset, merged) -> None:
-        # ``merged``: a state's parts as one (graph.merged; passed in: the fold imports this)
+        # ``merged``: a state's parts as one (``state.merged``, passed in by the fold)
         self.fold, self.nodes, self.keys, self.merged = fold, fold.nodes, keys, merged
         self.memo: dict = {}
         self.ancestors: list[frozenset] = []
@@ -393,7 +393,7 @@ def tangent(fold, fork: int, node: int) -> float | None:
     and homogeneous activations, 0 through a normalisation (scale-invariant) -- by each op's
     ``OpMap.tangent`` along the nodes between them; None where an op on the way has none
     (docs/theory.md §15, "The centred residual stream").  Here, not on the ``Fold``: the ops'
-    maps it calls read the fold's state (sigprop/model/state.py) without calling back into it."""
+    maps it calls read the fold's state (sigprop/maps/state.py) without calling back into it."""
     if node <= fork or fold.states[fork] is None:
         return None
     on_way = {node}  # the nodes between them: upstream of ``node``, after ``fork``

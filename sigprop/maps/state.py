@@ -6,7 +6,7 @@ conv map, its profile over the positions, mean 1), the arithmetic of parts (``me
 ``blend``, ``centre_of``, ...), the fold's context the maps write into (``Fold``: the states,
 the gradients per part (r, rk, profile), the attention's regimes) and the maps' registry
 (``MAPS``, ``map_op``).  No torch here.  Below the ops' maps and the fold that drives them
-(sigprop/model/graph.py): a map reaching for its input's state does not call back into the
+(sigprop/maps/graph.py): a map reaching for its input's state does not call back into the
 fold's module."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class GraphNode:
     #: factors, heads, tokens and mask; sigprop/model/ops/attention.py)
     params: object = field(default=None, compare=False, repr=False)
     #: the draw of its weights where another node reads the same one (a module called again, a
-    #: copy not re-drawn): nodes of one ``weight`` share it (sigprop/model/cross.py); "" else
+    #: copy not re-drawn): nodes of one ``weight`` share it (sigprop/maps/cross.py); "" else
     weight: str = ""
 
 

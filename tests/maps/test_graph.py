@@ -1,21 +1,40 @@
-"""The fold of a traced model's moment maps (sigprop/model/graph.py) on graphs built by hand, against
-closed forms written here: a dense layer scales q by its ||W||^2 / c_out, a ReLU of a centred
-Gaussian halves q (and E[phi'^2] = 1/2 halves r), a residual sum adds its paths both ways, a
+"""The fold of the moment maps (sigprop/maps/graph.py) on graphs built by hand, against closed
+forms written here: a dense layer scales q by its ||W||^2 / c_out, a ReLU of a centred Gaussian
+halves q (and E[phi'^2] = 1/2 halves r), a residual sum adds its paths both ways, a
 concatenation keeps its parts' shares, and ``weight_factor`` scales every weight layer's
-variance as a layer's ||W||^2 would, both ways."""
+variance as a layer's ||W||^2 would, both ways.  The maps and their fold import no torch."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from sigprop.model.graph import GraphNode, predict_graph
-from sigprop.model.ops.activation import _relu
+from sigprop.maps.graph import GraphNode, predict_graph
 
+#: a ReLU and its derivative as the maps read an activation (numpy, float64)
 RELU = (
-    lambda z: _relu(np.asarray(z, dtype=np.float64))[0],
-    lambda z: _relu(np.asarray(z, dtype=np.float64))[1],
+    lambda z: np.maximum(np.asarray(z, dtype=np.float64), 0.0),
+    lambda z: (np.asarray(z, dtype=np.float64) > 0.0).astype(np.float64),
 )
+
+
+def test_the_maps_and_their_fold_import_no_torch():
+    """sigprop/maps/ is below the plans (no torch): importing it registers every built-in map and
+    a hand-built chain folds there, torch never loaded."""
+    code = (
+        "import sys, numpy as np; from sigprop import maps\n"
+        "relu = (lambda z: np.maximum(z, 0.0), lambda z: (np.asarray(z) > 0.0) * 1.0)\n"
+        "nodes = [maps.GraphNode('x', 'input', ()), maps.GraphNode('fc', 'dense', (0,), forward=2.0),\n"
+        "         maps.GraphNode('relu', 'act', (1,), fn=relu), maps.GraphNode('out', 'output', (2,))]\n"
+        "p = maps.predict_graph(nodes, 1.5)\n"
+        "print('torch' in sys.modules, len(list(maps.MAPS.items())), round(p.q[2], 9))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[0] == "False" and int(out[1]) >= 21 and float(out[2]) == pytest.approx(1.5)
 
 
 def _chain(f1: float, f2: float, b1: float = 1.0, b2: float = 1.0) -> list[GraphNode]:

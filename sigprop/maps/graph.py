@@ -4,7 +4,7 @@ torch.fx's graph, builds its node and registers its maps with ``map_op``), and t
 composes whatever maps the nodes name, in the manner of neural-tangents' ``serial`` (docs/
 theory.md §13).
 
-The state of a node is kept per *part* (sigprop/model/state.py ``Part``): its share of the
+The state of a node is kept per *part* (sigprop/maps/state.py ``Part``): its share of the
 units, the per-element second moment q, mean m and shared moment k -- E[x(a) x(b)] for one unit
 at two different samples (or two positions of one channel of a conv map), so that k - m^2 is
 the variance of the units' offsets -- and, over a conv map, its profile over the positions (mean
@@ -20,22 +20,15 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from sigprop.model import cross, gram
-from sigprop.model.state import (  # noqa: F401  (re-exported: graph.Part, graph.map_op, ...)
+from sigprop.maps import cross, gram
+from sigprop.maps.state import (
     MAPS,
     Fold,
     GraphNode,
-    OpMap,
     Part,
     blend,
-    centre_of,
-    inverse_mean,
-    map_op,
     merged,
-    normalised,
-    profile_of,
     token_groups,
-    tokens_of,
 )
 
 
@@ -118,7 +111,7 @@ def fold_graph(
     one per input node, in order.  ``weight_factor``: the same model with every weight layer's
     output variance times that factor (a layer's ||W||^2, both ways; a standardised layer's
     output), as ``plans.predict``'s.  Weights read at several nodes (``GraphNode.weight``): their
-    states' and gradients' cross moments added at sums and forks (sigprop/model/cross.py).
+    states' and gradients' cross moments added at sums and forks (sigprop/maps/cross.py).
     Returns the fold, the first unmapped node's why and why the gradients stop ("": they do
     not)."""
     if weight_factor != 1.0:

@@ -1,0 +1,152 @@
+"""A plan as a graph of the nodes a traced model gives (sigprop/maps/: ``dense``, ``act``,
+``norm``, ``standardized``, ``scale``, ``add``), each with its maps -- issue 51's "a plan step is a
+node with its maps".  ``as_graph`` builds the nodes of a plan at the init's expected moments (a
+layer's ||W||^2/c_out its rows' second moment, its bias variance, a conv's window over the
+positions); ``graph_prediction`` folds them with the one graph fold (``maps.predict_graph``) and
+reads the plan's ratios off the nodes its Records name.  The plan fold (``plans.predict``) stays
+the engine's theory: the graph fold is checked against it as its oracle (tests/theory/
+test_plan_graphs.py; docs/architecture.md, "Two folds, one set of layer maps"), and carries a
+float per element where the plan fold carries a logarithm (it underflows past 2^-1074).  No torch
+here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from sigprop import theory
+from sigprop.inits import InitScheme
+from sigprop.maps import GraphNode, predict_graph
+from sigprop.plans.folds import NotDerived
+from sigprop.plans.steps import BatchNorm, Close, Conv, Linear, Open, Record, Step, input_shape
+
+#: a ReLU and its derivative as the maps read an activation (numpy, float64)
+RELU = (
+    lambda z: np.maximum(np.asarray(z, dtype=np.float64), 0.0),
+    lambda z: (np.asarray(z, dtype=np.float64) > 0.0).astype(np.float64),
+)
+
+
+@dataclass(frozen=True)
+class PlanGraph:
+    """A plan's nodes, and per Record the node whose state it measures forward (``forward``) and
+    the node whose gradient it measures backward (``backward``: the layer's, before its ReLU, for
+    a pre-activation Record), with the units there (``units``)."""
+
+    nodes: tuple
+    forward: tuple[int, ...]
+    backward: tuple[int, ...]
+    units: tuple[int, ...]
+
+
+def _layer(st, scheme: InitScheme, inputs: tuple[int, ...], name: str) -> list[GraphNode]:
+    """A weighted step's nodes: its weight layer (``dense`` at the init's expected row moment and
+    bias variance, a conv with its window per spatial axis -- ``standardized`` where the init
+    calibrates it), a training-mode batch norm where it has one, its ReLU."""
+    if scheme.taps != "isotropic" and isinstance(st, Conv):
+        raise NotDerived(f"a conv whose rows sit on its {scheme.taps} taps: the window map is isotropic")
+    if scheme.standardizes:  # calibrated on the batch: each unit mean 0, sd 1 (no moments)
+        made = [GraphNode(name, "standardized", inputs, width=st.role.fan_out)]
+        return made + ([GraphNode(f"{name}.relu", "act", (-1,), fn=RELU)] if st.relu else [])
+    m = st.moments(scheme)
+    sq = m.row_sq * m.c_out  # ||W||^2 in expectation
+    mats = ()
+    if isinstance(st, Conv):
+        hw_in, hw_out = st.in_hw(), st.out_hw()
+        mats = tuple(
+            theory.conv_window(n_in, n_out, st.kernel, st.stride, st.padding) / st.kernel
+            for n_in, n_out in zip(hw_in, hw_out)
+        )
+    op = "standardized" if scheme.standardizes else "dense"
+    out = [
+        GraphNode(
+            name,
+            op,
+            inputs,
+            forward=m.row_sq,
+            backward=sq / m.c_in,
+            bias=m.bias_var,
+            width=m.c_out,
+            positions=isinstance(st, Conv),
+            mats=mats,
+        )
+    ]
+    if st.bn:
+        out.append(GraphNode(f"{name}.bn", "norm", (-1,), forward=1.0, units=0, group=0))
+    if st.relu:
+        out.append(GraphNode(f"{name}.relu", "act", (-1,), fn=RELU))
+    return out
+
+
+def as_graph(steps: Sequence[Step], scheme: InitScheme) -> PlanGraph:
+    """The plan's nodes (``PlanGraph``): an ``input``, each weighted step's nodes (``_layer``), a
+    residual block as its skip (the fork itself, or its projection's ``dense`` node) and its
+    branch times alpha (``scale``, alpha^2) summed (``add``), a ``BatchNorm`` step a batch norm
+    and its ReLU, and an ``output`` after the last.  Raises ``NotDerived`` for a conv whose rows
+    sit on their centre tap (the graph's window map is isotropic)."""
+    C, H, W = input_shape(steps)
+    nodes: list[GraphNode] = [GraphNode("x", "input", (), shape=(C, H, W) if H * W > 1 else (C,))]
+    fwd: list[int] = []
+    bwd: list[int] = []
+    units: list[int] = []
+    forks: list[int] = []
+    cur, pre, width = 0, 0, C * H * W
+    for k, st in enumerate(steps):
+        if isinstance(st, (Linear, Conv)):
+            pre, cur, width = len(nodes), _place(nodes, _layer(st, scheme, (cur,), f"layer{k}")), st.units_out
+        elif isinstance(st, BatchNorm):
+            nodes.append(GraphNode(f"bn{k}", "norm", (cur,), forward=1.0, units=0, group=0))
+            nodes.append(GraphNode(f"bn{k}.relu", "act", (len(nodes) - 1,), fn=RELU))
+            pre = cur = len(nodes) - 1
+        elif isinstance(st, Open):
+            forks.append(cur)
+        elif isinstance(st, Close):
+            fork = forks.pop()
+            alpha = scheme.alpha(st.blocks_in_stage)
+            nodes.append(GraphNode(f"alpha{k}", "scale", (cur,), forward=alpha * alpha))
+            branch = len(nodes) - 1
+            skip = fork
+            if st.projection is not None:  # its weight layer (and batch norm), no ReLU
+                skip = _place(nodes, _layer(st.projection, scheme, (fork,), f"projection{k}"))
+            nodes.append(GraphNode(f"add{k}", "add", (skip, branch)))
+            pre = cur = len(nodes) - 1
+        elif isinstance(st, Record):
+            fwd.append(cur)
+            bwd.append(pre if st.pre_activation else cur)
+            units.append(width)
+    nodes.append(GraphNode("out", "output", (cur,)))
+    return PlanGraph(tuple(nodes), tuple(fwd), tuple(bwd), tuple(units))
+
+
+def _place(nodes: list, made: list) -> int:
+    """Append a step's nodes, each after the one before (the first keeps its input); the last's
+    index."""
+    for j, nd in enumerate(made):
+        nodes.append(nd if j == 0 else replace(nd, inputs=(len(nodes) - 1,)))
+    return len(nodes) - 1
+
+
+def graph_prediction(steps: Sequence[Step], scheme: InitScheme, weight_factor: float = 1.0):
+    """(ln forward, ln backward) RMS ratios at the plan's Records by the graph fold, as
+    ``plans.predict`` reads them: forward E||h||^2/||x||^2 for x ~ N(0, I_d) -- the fold run at
+    ||x||^2 = d - 2 per input (its maps are affine in the input's energy, so E[1/||x||^2] =
+    1/(d - 2) multiplies the bias-driven part as the plan fold's does) --, backward relative to
+    the top Record for errors N(0, I) there; None where the fold gives no state (or an energy it
+    cannot hold: 0)."""
+    g = as_graph(steps, scheme)
+    d = math.prod(input_shape(steps))
+    q_in = (d - 2) / d if d > 2 else 1.0
+    p = predict_graph(g.nodes, q_in, weight_factor=weight_factor)
+    ln = lambda v, n, ref: None if v is None or v <= 0.0 else 0.5 * (math.log(v * n) - ref)
+    fwd = [ln(p.q[i], n, math.log(q_in * d)) for i, n in zip(g.forward, g.units)]
+    top = p.r[g.backward[-1]]
+    if scheme.standardizes or top is None or top <= 0.0:  # a calibrated layer: no backward map
+        return fwd, None
+    ref = math.log(top * g.units[-1])
+    return fwd, [ln(p.r[i], n, ref) for i, n in zip(g.backward, g.units)]
+
+
+__all__ = ["PlanGraph", "RELU", "as_graph", "graph_prediction"]
