@@ -36,7 +36,7 @@ from sigprop.plans.folds import (
     spread,
     upto,
 )
-from sigprop.plans.graphs import PlanGraph, as_graph, graph_prediction
+from sigprop.plans.graphs import PlanGraph, as_graph, graph_correlation, graph_prediction
 from sigprop.plans.steps import (
     WEIGHTED,
     BatchNorm,
@@ -75,6 +75,7 @@ __all__ = [
     "Step",
     "as_graph",
     "batch_dependent",
+    "graph_correlation",
     "graph_prediction",
     "input_shape",
     "layers",

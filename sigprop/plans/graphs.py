@@ -149,4 +149,19 @@ def graph_prediction(steps: Sequence[Step], scheme: InitScheme, weight_factor: f
     return fwd, [ln(p.r[i], n, ref) for i, n in zip(g.backward, g.units)]
 
 
-__all__ = ["PlanGraph", "RELU", "as_graph", "graph_prediction"]
+def graph_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float) -> list[float]:
+    """The cosine of two inputs' states at every Record by the graph fold -- a node's shared
+    moment over its second moment, for inputs of cosine ``c0`` and equal norms: the pair kernel
+    ``plans.predict_correlation`` folds (docs/theory.md §10), the arc-cosine law of a ReLU being
+    the graph's two-input quadrature.  Raises ``NotDerived`` for a conv (the graph's shared
+    moment of a conv map is that of two positions of one sample, not of two samples) and for a
+    layer standardised over the batch (the graph's batch is of independent samples, the plan
+    fold's of pairs)."""
+    if scheme.standardizes or any(isinstance(st, (Conv, BatchNorm)) for st in steps):
+        raise NotDerived("the graph's shared moment is a pair kernel of a dense net's unstandardised layers")
+    g = as_graph(steps, scheme)
+    p = predict_graph(g.nodes, 1.0, 0.0, c0)
+    return [p.shared[i] / p.q[i] if p.q[i] else math.nan for i in g.forward]
+
+
+__all__ = ["PlanGraph", "RELU", "as_graph", "graph_correlation", "graph_prediction"]

@@ -1,6 +1,7 @@
 """A plan as a graph of the nodes a traced model gives (sigprop/plans/graphs.py: issue 51's "a plan
 step is a node with its maps"), folded by the one graph fold (sigprop/maps/), against the plan
-fold as its oracle: every forward and backward ratio of sigprop's own nets -- MLPs of random
+fold as its oracle: the pair kernels of the dense nets, and every forward and backward ratio of
+sigprop's own nets -- MLPs of random
 widths, ResNets of one and two stages with projections, strided CNNs, WRNs with WN, plain and
 batch-normed convs -- for every init each takes, at the init's variance and at half and twice it
 (the ``theory`` verdict's alternatives).  The tolerance, 1e-12 in ln: the graph's ReLU moments
@@ -57,11 +58,34 @@ def test_the_graph_fold_of_a_plan_equals_the_plan_fold(net, init, weight_factor)
         assert bwd == pytest.approx(p.ln_backward, abs=1e-12, rel=0)
 
 
+DENSE = [(net, init) for net, init in CASES if net in ("mlp", "resnet") and init != "datadep"]
+
+
+@pytest.mark.parametrize("net,init", DENSE)
+@pytest.mark.parametrize("c0", [0.0, 0.3, 0.9])
+def test_the_graph_folds_the_pair_kernels_of_a_dense_plan(net, init, c0):
+    """The graph's shared moment is the plan fold's pair kernel in a dense net: the cosine of two
+    inputs' states at every Record (``plans.predict_correlation``, the arc-cosine law) equals the
+    graph fold's k/q (its ReLU's two-input quadrature) -- measured within 4e-14."""
+    steps, scheme = _steps(net), inits.get(init)
+    assert graphs.graph_correlation(steps, scheme, c0) == pytest.approx(
+        plans.predict_correlation(steps, scheme, c0, 64), abs=1e-12, rel=0
+    )
+
+
+def test_the_graph_has_no_pair_kernel_of_a_conv_or_a_batch_standardised_layer():
+    for net, init in [("cnn", "he"), ("wrn-bn", "he"), ("mlp", "datadep")]:
+        with pytest.raises(plans.NotDerived, match="pair kernel"):
+            graphs.graph_correlation(_steps(net), inits.get(init), 0.3)
+
+
 def test_the_comparison_can_fail():
     """The same plan's graph at twice the weight variance is not its plan fold at the init's."""
     steps, scheme = _steps("resnet"), inits.get("proposed")
     fwd, _ = graphs.graph_prediction(steps, scheme, 2.0)
     assert max(abs(a - b) for a, b in zip(fwd, plans.predict(steps, scheme).ln_forward)) > 0.3
+    near = graphs.graph_correlation(steps, scheme, 0.31)  # inputs a hundredth of cosine apart
+    assert max(abs(a - b) for a, b in zip(near, plans.predict_correlation(steps, scheme, 0.3, 64))) > 1e-3
 
 
 def test_a_plan_step_is_a_node_with_its_maps():
