@@ -19,7 +19,8 @@ output energy is its units (halved by a ReLU) whatever its input, and it has no 
 
 The steps live in sigprop/plans/steps.py (with the plan utilities, the memory a plan's walk
 needs among them), the folds in sigprop/plans/folds.py; this package gives both their one name,
-``plans``.
+``plans``.  sigprop/plans/graphs.py (imported by name, not here: it loads the maps) builds a
+plan as the graph of the maps' nodes, whose graph fold the tests hold to the plan fold's.
 """
 
 from sigprop.plans.folds import (
@@ -36,7 +37,6 @@ from sigprop.plans.folds import (
     spread,
     upto,
 )
-from sigprop.plans.graphs import PlanGraph, as_graph, graph_correlation, graph_prediction
 from sigprop.plans.steps import (
     WEIGHTED,
     BatchNorm,
@@ -66,17 +66,13 @@ __all__ = [
     "Linear",
     "NotDerived",
     "Open",
-    "PlanGraph",
     "PlanMemory",
     "Prediction",
     "Record",
     "Separation",
     "Spread",
     "Step",
-    "as_graph",
     "batch_dependent",
-    "graph_correlation",
-    "graph_prediction",
     "input_shape",
     "layers",
     "memory",
