@@ -8,6 +8,7 @@ import gc
 import sys
 
 from sigprop import kinds
+from sigprop.cli.output import _say
 
 
 def core():
@@ -47,8 +48,7 @@ def announce(banner, **extra):
 
 
 def _announce(banner, extra: dict, env: dict) -> None:
-    sys.stderr.write(banner({**extra, **env}).rstrip("\n") + "\n")
-    sys.stderr.flush()
+    _say(banner({**extra, **env}))
 
 
 def _plot_target(path):
