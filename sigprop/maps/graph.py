@@ -16,6 +16,7 @@ ops; their names are re-exported here.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Sequence
@@ -28,6 +29,7 @@ from sigprop.maps.state import (
     Part,
     blend,
     merged,
+    scaled_parts,
     token_groups,
 )
 
@@ -190,6 +192,142 @@ def _fold_back(fold: Fold) -> str:
         given = {j: tuple(a - b for a, b in zip(_totals(fold, j), before[j])) for j in set(nd.inputs)}
         gram.back_step(nd, i, given, fold, merged)
     return why
+
+
+@dataclass
+class LnFold:
+    """``fold_ln``'s result: per node the ln of its state's and its gradient's second moment per
+    element (None: no state, or a gradient that does not reach it) and its shared moment over its
+    second moment (None likewise)."""
+
+    ln_q: list[float | None]
+    ln_r: list[float | None]
+    cosine: list[float | None]
+
+
+def fold_ln(
+    nodes: Sequence[GraphNode],
+    q_input: float,
+    shared_input: float | None = None,
+    weight_factor: float = 1.0,
+) -> LnFold:
+    """The fold of a graph whose every op says how it scales (``OpMap.degree``: one input, no
+    shared weight), each node's state and gradient carried as moments of order one times the
+    exponential of a logarithm of their own -- so that a net that halves its power a layer is
+    folded at any depth, where ``fold_graph``'s floats underflow past 2^-1074.  Forward, a node's
+    inputs are brought to their largest scale L (a smaller one's moments multiplied by e^(l - L),
+    which may underflow only where it is negligible beside the other), its ``scale_fields``
+    (a weight layer's bias variance) join the max and are divided by e^L, and its map runs on
+    them: the result is at scale L for a map of degree 1 and at scale 0 for one of degree 0 (a
+    normalisation); then it is divided by its second moment, whose ln joins the scale.
+    Backward, the gradient a map gives is at its node's scale for a degree-1 map (its Jacobian
+    does not depend on the input's scale) and at the node's less its input's forward scale for a
+    degree-0 one (a normalisation divides by its input's variance, read at the stored scale);
+    contributions from several readers are summed at their largest scale.  Raises ValueError
+    where an op has no degree (its map depends on the input's scale: GELU, a traced model's
+    activations) or the graph reads a weight twice."""
+    if weight_factor != 1.0:
+        nodes = _scaled(nodes, weight_factor)
+    n = len(nodes)
+    if cross.shared_keys(nodes) or sum(1 for nd in nodes if nd.op == "input") != 1:
+        raise ValueError("fold_ln: one input and no shared weight")
+    maps = []
+    for nd in nodes:
+        op = MAPS.get(nd.op) if nd.op != "input" else None
+        if nd.op != "input" and (op is None or op.degree is None or op.degree(nd) is None):
+            raise ValueError(f"fold_ln: {nd.name} ({nd.op}) does not say how it scales")
+        maps.append(op)
+    fold = Fold(nodes, [None] * n, weight_factor, grads=[None] * n, poisoned=[False] * n)
+    k_in = 0.0 if shared_input is None else shared_input / q_input
+    ln = [0.0] * n
+    for i, nd in enumerate(nodes):
+        if nd.op == "input":
+            fold.states[i], ln[i] = [Part(1.0, 1.0, 0.0, k_in)], math.log(q_input)
+            continue
+        if any(fold.states[j] is None for j in nd.inputs):
+            continue
+        op = maps[i]
+        L = max(ln[j] for j in nd.inputs)
+        fields = {f: getattr(nd, f) for f in op.scale_fields}
+        L = max([L] + [math.log(v) for v in fields.values() if v > 0])
+        for j in set(nd.inputs):
+            if ln[j] != L:
+                fold.states[j], ln[j] = scaled_parts(fold.states[j], math.exp(ln[j] - L)), L
+        fields = {f: math.exp(math.log(v) - L) if v > 0 else v for f, v in fields.items()}  # <= 1
+        op.forward(replace(nd, **fields), i, fold)
+        if fold.states[i] is None:
+            continue
+        base = L if op.degree(nd) == 1 else 0.0
+        c = sum(x.share * x.q for x in fold.states[i])
+        if c > 0.0:
+            fold.states[i] = scaled_parts(fold.states[i], 1.0 / c)
+        ln[i] = base + (math.log(c) if c > 0.0 else -math.inf)
+    ln_r = _fold_ln_back(fold, maps, ln)
+    q: list = [None] * n
+    cos: list = [None] * n
+    for i, s in enumerate(fold.states):  # a state brought to a reader's scale is not of moment 1
+        c = None if s is None else sum(x.share * x.q for x in s)
+        if c is not None and c > 0.0 and ln[i] > -math.inf:
+            q[i], cos[i] = ln[i] + math.log(c), sum(x.share * x.shared for x in s) / c
+    return LnFold(q, ln_r, cos)
+
+
+def _fold_ln_back(fold: Fold, maps: list, ln: list) -> list:
+    """``fold_ln``'s backward: per node the ln of its gradient's second moment per element."""
+    nodes, n = fold.nodes, len(fold.nodes)
+    ln_r: list = [None] * n
+    for i, nd in enumerate(nodes):
+        if nd.op == "output" and fold.states[i] is not None:
+            fold.grads[i], ln_r[i] = [[1.0, 0.0, []] for _ in fold.states[i]], 0.0
+    for i in range(n - 1, -1, -1):
+        nd, op = nodes[i], maps[i]
+        if fold.grads[i] is None or op is None or op.backward is None or fold.states[i] is None:
+            continue
+        c = sum(x.share * g[0] for x, g in zip(fold.states[i], fold.grads[i]))
+        if c <= 0.0:
+            ln_r[i] = -math.inf
+            continue
+        fold.grads[i], ln_r[i] = _scaled_grads(fold.grads[i], 1.0 / c), ln_r[i] + math.log(c)
+        if i in fold.through:  # what passed through an activation: at its gradient's scale
+            fold.through[i] = _scaled_through(fold.through[i], 1.0 / c)
+        before = {j: (fold.grads[j], fold.through.pop(j, None), ln_r[j]) for j in set(nd.inputs)}
+        for j in before:
+            fold.grads[j] = None
+        op.backward(nd, i, [(r, rk, blend(parts)) for r, rk, parts in fold.grads[i]], fold)
+        for j, (old, old_through, l_old) in before.items():
+            given = ln_r[i] - (ln[j] if op.degree(nd) == 0 else 0.0)
+            new, new_through = fold.grads[j], fold.through.pop(j, None)
+            if new is None or old is None:  # one of them only
+                fold.grads[j] = new if old is None else old
+                through = new_through if old is None else old_through
+                ln_r[j] = given if old is None and new is not None else l_old
+            else:  # summed at the larger scale
+                M = max(l_old, given)
+                a, b = _scaled_grads(old, math.exp(l_old - M)), _scaled_grads(new, math.exp(given - M))
+                fold.grads[j] = [[x[0] + y[0], x[1] + y[1], x[2] + y[2]] for x, y in zip(a, b)]
+                ta = _scaled_through(old_through or [], math.exp(l_old - M))
+                tb = _scaled_through(new_through or [], math.exp(given - M))
+                through = (
+                    [[x[0] + y[0], x[1] + y[1]] for x, y in zip(ta, tb)] if ta and tb else ta or tb or None
+                )
+                ln_r[j] = M
+            if through is not None:
+                fold.through[j] = through
+    for i, g in enumerate(fold.grads):  # a node no map read back from (the input): its own scale
+        if g is not None and fold.states[i] is not None and ln_r[i] is not None and ln_r[i] > -math.inf:
+            c = sum(x.share * gi[0] for x, gi in zip(fold.states[i], g))
+            ln_r[i] = ln_r[i] + math.log(c) if c > 0.0 else -math.inf
+    return ln_r
+
+
+def _scaled_grads(g: list, c: float) -> list:
+    """A node's gradient parts (r, rk, [(r, profile), ...]) times ``c``."""
+    return [[r * c, rk * c, [(x * c, p) for x, p in parts]] for r, rk, parts in g]
+
+
+def _scaled_through(t: list, c: float) -> list:
+    """What passed through an activation ((r, rk) per part) times ``c``."""
+    return [[a * c, b * c] for a, b in t]
 
 
 def _totals(fold: Fold, j: int) -> tuple[float, float]:

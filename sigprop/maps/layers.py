@@ -94,10 +94,12 @@ map_op(
     weighted=True,
     # a dense layer moves with its input by its weights alone (its bias does not): f e
     tangent=lambda nd, i, e, fold: None if nd.mats else nd.forward * e[0],
+    degree=lambda nd: 1,
+    scale_fields=("bias",),
 )
 
 
-map_op("standardized", _standardized, _dense_backward, weighted=True)
+map_op("standardized", _standardized, _dense_backward, weighted=True, degree=lambda nd: 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,7 +192,13 @@ def _norm_backward(nd: GraphNode, i: int, g: list, fold) -> None:
 
 #: a normalisation's output does not move with its input's own direction (scale invariance), and
 #: what it does move by is orthogonal to it: 0
-map_op("norm", _norm_forward, _norm_backward, tangent=lambda nd, i, e, fold: 0.0 if nd.group else None)
+map_op(
+    "norm",
+    _norm_forward,
+    _norm_backward,
+    tangent=lambda nd, i, e, fold: 0.0 if nd.group else None,
+    degree=lambda nd: 0,
+)
 
 
 def _rms_forward(nd: GraphNode, i: int, fold) -> None:
@@ -294,7 +302,16 @@ def _act_tangent(nd: GraphNode, i: int, e: list, fold) -> float | None:
     return moment * e[0] / var
 
 
-map_op("act", _act_forward, _act_backward, receive=_act_receive, tangent=_act_tangent)
+#: an activation that says it is positively homogeneous (``params={"homogeneous": True}``: a
+#: ReLU of sigprop's own plans) scales with its input
+map_op(
+    "act",
+    _act_forward,
+    _act_backward,
+    receive=_act_receive,
+    tangent=_act_tangent,
+    degree=lambda nd: 1 if isinstance(nd.params, dict) and nd.params.get("homogeneous") else None,
+)
 
 
 # --------------------------------------------------------------------------------------------

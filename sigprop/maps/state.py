@@ -11,7 +11,8 @@ fold's module."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -153,6 +154,25 @@ def merged(parts: list[Part]) -> Part:
     )
 
 
+def scaled_parts(parts: list[Part], c: float) -> list[Part]:
+    """A state's parts with every moment of the units times ``c`` (second moments, the mean's
+    square, the token means' moments; the variance of a token's variance times c^2)."""
+    r = math.sqrt(c)
+    return [
+        replace(
+            s,
+            q=c * s.q,
+            mean=r * s.mean,
+            shared=c * s.shared,
+            tokens=None if s.tokens is None else c * s.tokens,
+            centre=None
+            if s.centre is None
+            else (s.centre[0], *(c * x for x in s.centre[1:4]), c * c * s.centre[4]),
+        )
+        for s in parts
+    ]
+
+
 def token_groups(parts) -> bool:
     """Whether a state is kept as groups of tokens (``Part.axis``): several parts, each some of
     the tokens, which per-token ops map one by one."""
@@ -177,13 +197,20 @@ class OpMap:
     passes through it); ``weighted``: a weight layer, whose ``forward`` and ``backward`` a
     prediction with every weight layer's variance scaled multiplies; ``tangent(nd, i, e, fold)``,
     where given: the moment of node i's state with its response to the state of a node upstream
-    (``cross.tangent``), from its inputs' (``e``: None for an input that does not move with it)."""
+    (``cross.tangent``), from its inputs' (``e``: None for an input that does not move with it);
+    ``degree(nd)``, where given: how its forward map scales with its inputs' moments -- 1 (times
+    c when they and the node's ``scale_fields`` are times c: a weight layer with its bias, a
+    positively homogeneous activation, a sum, a scaling), 0 (the same whatever their scale: a
+    normalisation, a calibrated layer), None (neither) -- which ``graph.fold_ln`` reads to carry
+    each node's scale as a logarithm."""
 
     forward: Callable
     backward: Callable | None = None
     receive: Callable | None = None
     weighted: bool = False
     tangent: Callable | None = None
+    degree: Callable | None = None
+    scale_fields: tuple[str, ...] = ()
 
 
 #: the maps of every node op, registered by the traced ops' files (``map_op``)

@@ -254,22 +254,22 @@ def _cat_tangent(nd, i, e, fold):
     return sum(w * x for w, x in zip(nd.shares, e) if x is not None)
 
 
-map_op("identity", _passes, _gives_back, tangent=_same)
+map_op("identity", _passes, _gives_back, tangent=_same, degree=lambda nd: 1)
 
 
-map_op("slice", _passes, _sliced_back, tangent=_same)
+map_op("slice", _passes, _sliced_back, tangent=_same, degree=lambda nd: 1)
 
 
-map_op("output", _passes, _gives_back, tangent=_same)
+map_op("output", _passes, _gives_back, tangent=_same, degree=lambda nd: 1)
 
 
-map_op("add", _add, _add_back, tangent=_summed)
+map_op("add", _add, _add_back, tangent=_summed, degree=lambda nd: 1)
 
 
 map_op("offset", _offset, _gives_back, tangent=_same)
 
 
-map_op("scale", _scaled, _scaled_back, tangent=lambda nd, i, e, fold: nd.forward * e[0])
+map_op("scale", _scaled, _scaled_back, tangent=lambda nd, i, e, fold: nd.forward * e[0], degree=lambda nd: 1)
 
 
 map_op("cat", _concatenated, _concatenated_back, tangent=_cat_tangent)

@@ -2,12 +2,12 @@
 ``norm``, ``standardized``, ``scale``, ``add``), each with its maps -- issue 51's "a plan step is a
 node with its maps".  ``as_graph`` builds the nodes of a plan at the init's expected moments (a
 layer's ||W||^2/c_out its rows' second moment, its bias variance, a conv's window over the
-positions); ``graph_prediction`` folds them with the one graph fold (``maps.predict_graph``) and
-reads the plan's ratios off the nodes its Records name.  The plan fold (``plans.predict``) stays
-the engine's theory: the graph fold is checked against it as its oracle (tests/theory/
-test_plan_graphs.py; docs/architecture.md, "Two folds, one set of layer maps"), and carries a
-float per element where the plan fold carries a logarithm (it underflows past 2^-1074).  No torch
-here."""
+positions; a ReLU that says it is positively homogeneous); ``graph_prediction`` folds them with
+the graph fold that carries each node's scale as a logarithm (``maps.graph.fold_ln``) and reads
+the plan's ratios off the nodes its Records name; ``graph_correlation`` reads the pair kernels.
+The plan fold (``plans.predict``) stays the engine's theory: the graph fold is checked against it
+as its oracle (tests/theory/test_plan_graphs.py; docs/architecture.md, "Two folds, one set of
+layer maps").  No torch here."""
 
 from __future__ import annotations
 
@@ -20,9 +20,12 @@ import numpy as np
 from sigprop import theory
 from sigprop.inits import InitScheme
 from sigprop.maps import GraphNode, predict_graph
+from sigprop.maps.graph import fold_ln
 from sigprop.plans.folds import NotDerived
 from sigprop.plans.steps import BatchNorm, Close, Conv, Linear, Open, Record, Step, input_shape
 
+#: a ReLU's node says it is positively homogeneous (``maps.graph.fold_ln`` carries its scale)
+HOMOGENEOUS = {"homogeneous": True}
 #: a ReLU and its derivative as the maps read an activation (numpy, float64)
 RELU = (
     lambda z: np.maximum(np.asarray(z, dtype=np.float64), 0.0),
@@ -50,7 +53,9 @@ def _layer(st, scheme: InitScheme, inputs: tuple[int, ...], name: str) -> list[G
         raise NotDerived(f"a conv whose rows sit on its {scheme.taps} taps: the window map is isotropic")
     if scheme.standardizes:  # calibrated on the batch: each unit mean 0, sd 1 (no moments)
         made = [GraphNode(name, "standardized", inputs, width=st.role.fan_out)]
-        return made + ([GraphNode(f"{name}.relu", "act", (-1,), fn=RELU)] if st.relu else [])
+        return made + (
+            [GraphNode(f"{name}.relu", "act", (-1,), fn=RELU, params=HOMOGENEOUS)] if st.relu else []
+        )
     m = st.moments(scheme)
     sq = m.row_sq * m.c_out  # ||W||^2 in expectation
     mats = ()
@@ -77,7 +82,7 @@ def _layer(st, scheme: InitScheme, inputs: tuple[int, ...], name: str) -> list[G
     if st.bn:
         out.append(GraphNode(f"{name}.bn", "norm", (-1,), forward=1.0, units=0, group=0))
     if st.relu:
-        out.append(GraphNode(f"{name}.relu", "act", (-1,), fn=RELU))
+        out.append(GraphNode(f"{name}.relu", "act", (-1,), fn=RELU, params=HOMOGENEOUS))
     return out
 
 
@@ -99,7 +104,7 @@ def as_graph(steps: Sequence[Step], scheme: InitScheme) -> PlanGraph:
             pre, cur, width = len(nodes), _place(nodes, _layer(st, scheme, (cur,), f"layer{k}")), st.units_out
         elif isinstance(st, BatchNorm):
             nodes.append(GraphNode(f"bn{k}", "norm", (cur,), forward=1.0, units=0, group=0))
-            nodes.append(GraphNode(f"bn{k}.relu", "act", (len(nodes) - 1,), fn=RELU))
+            nodes.append(GraphNode(f"bn{k}.relu", "act", (len(nodes) - 1,), fn=RELU, params=HOMOGENEOUS))
             pre = cur = len(nodes) - 1
         elif isinstance(st, Open):
             forks.append(cur)
@@ -139,14 +144,14 @@ def graph_prediction(steps: Sequence[Step], scheme: InitScheme, weight_factor: f
     g = as_graph(steps, scheme)
     d = math.prod(input_shape(steps))
     q_in = (d - 2) / d if d > 2 else 1.0
-    p = predict_graph(g.nodes, q_in, weight_factor=weight_factor)
-    ln = lambda v, n, ref: None if v is None or v <= 0.0 else 0.5 * (math.log(v * n) - ref)
-    fwd = [ln(p.q[i], n, math.log(q_in * d)) for i, n in zip(g.forward, g.units)]
-    top = p.r[g.backward[-1]]
-    if scheme.standardizes or top is None or top <= 0.0:  # a calibrated layer: no backward map
+    p = fold_ln(g.nodes, q_in, weight_factor=weight_factor)
+    ln = lambda v, n, ref: None if v is None or v == -math.inf else 0.5 * (v + math.log(n) - ref)
+    fwd = [ln(p.ln_q[i], n, math.log(q_in * d)) for i, n in zip(g.forward, g.units)]
+    top = p.ln_r[g.backward[-1]]
+    if scheme.standardizes or top is None or top == -math.inf:  # a calibrated layer: no backward map
         return fwd, None
-    ref = math.log(top * g.units[-1])
-    return fwd, [ln(p.r[i], n, ref) for i, n in zip(g.backward, g.units)]
+    ref = top + math.log(g.units[-1])
+    return fwd, [ln(p.ln_r[i], n, ref) for i, n in zip(g.backward, g.units)]
 
 
 def graph_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float) -> list[float]:

@@ -112,17 +112,54 @@ def test_a_conv_on_its_centre_tap_is_not_a_window_of_the_graph():
         graphs.as_graph(_steps("cnn"), inits.get("delta-orthogonal"))
 
 
-def test_the_graph_fold_of_a_deep_plan_underflows_where_the_plan_fold_carries_ln():
-    """Why the engine keeps the plan fold (docs/architecture.md, "Two folds, one set of layer
-    maps"): the WN MLP with He's g = 1 halves its power a layer; at depth 1200 the plan fold,
-    carrying the energy's ln, predicts the forward RMS ratio 2^-600 = 10^-180.6, while the same
-    plan's graph folds a per-element q that underflows to 0 past 2^-1074: no ratio there."""
+def test_the_graph_fold_carries_a_deep_plans_scale_as_a_logarithm():
+    """The WN MLP with He's g = 1 halves its power a layer: at depth 1200 the plan fold, carrying
+    the energy's ln, predicts the forward RMS ratio 2^-600 = 10^-180.6; the plain graph fold's
+    per-element q underflows to 0 past 2^-1074, and the graph fold carrying each node's scale as
+    a logarithm (``maps.graph.fold_ln``, which ``graph_prediction`` reads) gives the plan fold's
+    ratios at every layer, forward and backward."""
+    from sigprop.maps import predict_graph
+
     depth = 1200
     steps = []
     for _ in range(depth):
         steps += [plans.Linear(LayerRole(100, 100), relu=True), plans.Record(pre_activation=True)]
-    scheme = inits.get("he")
-    ln = plans.predict(tuple(steps), scheme).ln_forward
-    assert ln[-1] == pytest.approx(-depth / 2 * math.log(2), rel=1e-12)
-    fwd, _ = graphs.graph_prediction(tuple(steps), scheme)
-    assert fwd[999] == pytest.approx(ln[999], abs=1e-9) and fwd[-1] is None
+    steps, scheme = tuple(steps), inits.get("he")
+    p = plans.predict(steps, scheme)
+    assert p.ln_forward[-1] == pytest.approx(-depth / 2 * math.log(2), rel=1e-12)
+    g = graphs.as_graph(steps, scheme)
+    assert predict_graph(g.nodes, 1.0).q[g.forward[-1]] == 0.0  # the plain fold: underflowed
+    fwd, bwd = graphs.graph_prediction(steps, scheme)
+    # 1200 layers of the ReLU quadrature's ~2e-14: measured 2.7e-11 forward, 5e-12 backward
+    assert fwd == pytest.approx(p.ln_forward, abs=1e-10, rel=0)
+    assert bwd == pytest.approx(p.ln_backward, abs=1e-10, rel=0)
+
+
+def test_the_log_fold_is_the_plain_fold_where_both_hold_and_refuses_an_op_that_does_not_scale():
+    """``fold_ln`` against ``fold_graph`` on a net with biases, a batch norm, a residual sum and a
+    scaled branch (every node, both ways, 1e-12 in ln), and a GELU -- whose map depends on its
+    input's scale -- refused in one line."""
+    import numpy as np
+
+    from sigprop.maps import GraphNode, predict_graph
+    from sigprop.maps.graph import fold_ln
+
+    relu = dict(fn=graphs.RELU, params=graphs.HOMOGENEOUS)
+    nodes = [
+        GraphNode("x", "input", ()),
+        GraphNode("fc1", "dense", (0,), forward=1.7, backward=2.1, bias=0.3),
+        GraphNode("relu1", "act", (1,), **relu),
+        GraphNode("fc2", "dense", (2,), forward=0.6, backward=0.5, bias=0.05),
+        GraphNode("bn", "norm", (3,), forward=1.0, units=0, group=0),
+        GraphNode("relu2", "act", (4,), **relu),
+        GraphNode("alpha", "scale", (5,), forward=0.25),
+        GraphNode("add", "add", (2, 6)),
+        GraphNode("out", "output", (7,)),
+    ]
+    plain, log = predict_graph(nodes, 0.8, 0.0, 0.3), fold_ln(nodes, 0.8, 0.3)
+    assert log.ln_q == pytest.approx([math.log(v) for v in plain.q], abs=1e-12, rel=0)
+    assert log.ln_r == pytest.approx([math.log(v) for v in plain.r], abs=1e-12, rel=0)
+    assert log.cosine == pytest.approx([k / q for k, q in zip(plain.shared, plain.q)], abs=1e-12, rel=0)
+    gelu = (lambda z: z * (1 + np.tanh(z)) / 2, lambda z: np.ones_like(z))
+    with pytest.raises(ValueError, match="does not say how it scales"):
+        fold_ln([nodes[0], GraphNode("gelu", "act", (0,), fn=gelu), GraphNode("out", "output", (1,))], 1.0)
