@@ -197,7 +197,9 @@ map_op(
     _norm_forward,
     _norm_backward,
     tangent=lambda nd, i, e, fold: 0.0 if nd.group else None,
-    degree=lambda nd: 0,
+    # a batch norm's output does not see its input's scale; a per-sample norm's gradient reads its
+    # readers' alignments, which ``graph.fold_ln`` does not rescale: none
+    degree=lambda nd: 0 if nd.group == 0 else None,
 )
 
 

@@ -201,7 +201,7 @@ class OpMap:
     ``degree(nd)``, where given: how its forward map scales with its inputs' moments -- 1 (times
     c when they and the node's ``scale_fields`` are times c: a weight layer with its bias, a
     positively homogeneous activation, a sum, a scaling), 0 (the same whatever their scale: a
-    normalisation, a calibrated layer), None (neither) -- which ``graph.fold_ln`` reads to carry
+    batch norm, a calibrated layer), None (neither) -- which ``graph.fold_ln`` reads to carry
     each node's scale as a logarithm."""
 
     forward: Callable

@@ -138,7 +138,8 @@ def test_the_graph_fold_carries_a_deep_plans_scale_as_a_logarithm():
 def test_the_log_fold_is_the_plain_fold_where_both_hold_and_refuses_an_op_that_does_not_scale():
     """``fold_ln`` against ``fold_graph`` on a net with biases, a batch norm, a residual sum and a
     scaled branch (every node, both ways, 1e-12 in ln), and a GELU -- whose map depends on its
-    input's scale -- refused in one line."""
+    input's scale -- and a layer norm -- whose gradient reads its readers' alignments -- refused
+    in one line."""
     import numpy as np
 
     from sigprop.maps import GraphNode, predict_graph
@@ -161,5 +162,6 @@ def test_the_log_fold_is_the_plain_fold_where_both_hold_and_refuses_an_op_that_d
     assert log.ln_r == pytest.approx([math.log(v) for v in plain.r], abs=1e-12, rel=0)
     assert log.cosine == pytest.approx([k / q for k, q in zip(plain.shared, plain.q)], abs=1e-12, rel=0)
     gelu = (lambda z: z * (1 + np.tanh(z)) / 2, lambda z: np.ones_like(z))
-    with pytest.raises(ValueError, match="does not say how it scales"):
-        fold_ln([nodes[0], GraphNode("gelu", "act", (0,), fn=gelu), GraphNode("out", "output", (1,))], 1.0)
+    for nd in (GraphNode("gelu", "act", (0,), fn=gelu), GraphNode("ln", "norm", (0,), units=8, group=8)):
+        with pytest.raises(ValueError, match="does not say how it scales"):
+            fold_ln([nodes[0], nd, GraphNode("out", "output", (1,))], 1.0)
