@@ -219,13 +219,13 @@ def fold_ln(
     which may underflow only where it is negligible beside the other), its ``scale_fields``
     (a weight layer's bias variance) join the max and are divided by e^L, and its map runs on
     them: the result is at scale L for a map of degree 1 and at scale 0 for one of degree 0 (a
-    normalisation); then it is divided by its second moment, whose ln joins the scale.
-    Backward, the gradient a map gives is at its node's scale for a degree-1 map (its Jacobian
-    does not depend on the input's scale) and at the node's less its input's forward scale for a
-    degree-0 one (a normalisation divides by its input's variance, read at the stored scale);
+    batch norm); then it is divided by its second moment, whose ln joins the scale.  Backward,
+    the gradient a map gives is at its node's scale for a degree-1 map (its Jacobian does not
+    depend on the input's scale) and at the node's less its input's forward scale for a degree-0
+    one (a batch norm divides by its input's variance, read at the stored scale);
     contributions from several readers are summed at their largest scale.  Raises ValueError
     where an op has no degree (its map depends on the input's scale: GELU, a traced model's
-    activations) or the graph reads a weight twice."""
+    activations; a per-sample norm) or the graph reads a weight twice."""
     if weight_factor != 1.0:
         nodes = _scaled(nodes, weight_factor)
     n = len(nodes)
