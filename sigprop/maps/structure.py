@@ -6,7 +6,6 @@ expanded over a new axis).  No torch here."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from sigprop.maps.cross import Unsupported, tangent
@@ -17,6 +16,7 @@ from sigprop.maps.state import (
     centre_of,
     map_op,
     merged,
+    scaled_parts,
     token_groups,
     tokens_of,
 )
@@ -168,22 +168,8 @@ def _summed_centre(x: Part, y: Part) -> tuple | None:
 
 
 def _scaled(nd: GraphNode, i: int, fold) -> None:
-    c2 = nd.forward
-    fold.states[i] = [
-        Part(
-            s.share,
-            c2 * s.q,
-            math.sqrt(c2) * s.mean,
-            c2 * s.shared,
-            s.profile,
-            tokens_of([s], lambda t: c2 * t.tok, sum),
-            s.axis,
-            None
-            if s.centre is None
-            else (s.centre[0], *(c2 * c for c in s.centre[1:4]), c2 * c2 * s.centre[4]),
-        )
-        for s in fold.states[nd.inputs[0]]
-    ]
+    """c h, c^2 = ``forward``: every moment of the units times c^2 (``state.scaled_parts``)."""
+    fold.states[i] = scaled_parts(fold.states[nd.inputs[0]], nd.forward)
 
 
 def _scaled_back(nd: GraphNode, i: int, g: list, fold) -> None:
