@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import special
 
 from sigprop import theory
 from sigprop.maps.state import (
@@ -255,6 +256,44 @@ map_op("rmsnorm", _rms_forward, _rms_backward, tangent=lambda nd, i, e, fold: 0.
 # --------------------------------------------------------------------------------------------
 # an elementwise activation (``act``)
 # --------------------------------------------------------------------------------------------
+#: the common activations as numpy (phi, phi') of z, float64 -- what the quadratures evaluate
+#: (sigprop/model/ops/activation.py names a traced model's; a plan's ReLU is ``pair(relu)``)
+def relu(z):
+    return np.maximum(z, 0.0), (z > 0.0).astype(np.float64)
+
+
+def leaky(slope: float):
+    return lambda z: (np.where(z > 0.0, z, slope * z), np.where(z > 0.0, 1.0, slope))
+
+
+def tanh(z):
+    t = np.tanh(z)
+    return t, 1.0 - t * t
+
+
+def sigmoid(z):
+    s = special.expit(z)
+    return s, s * (1.0 - s)
+
+
+def silu(z):
+    s = special.expit(z)
+    return z * s, s * (1.0 + z * (1.0 - s))
+
+
+def gelu(z):
+    c = special.ndtr(z)
+    return z * c, c + z * np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+
+
+def pair(both):
+    """(phi, phi') as two functions of z (an ``act`` node's ``fn``) from ``both(z) = (phi(z),
+    phi'(z))``, each evaluated in float64."""
+    return (lambda z: both(np.asarray(z, dtype=np.float64))[0]), (
+        lambda z: both(np.asarray(z, dtype=np.float64))[1]
+    )
+
+
 def _act_forward(nd: GraphNode, i: int, fold) -> None:
     """Per part: the one-variable moments, and the cross moments of phi and phi' on one grid."""
     out, dm = [], []

@@ -15,11 +15,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-import numpy as np
-
 from sigprop import theory
 from sigprop.inits import InitScheme
-from sigprop.maps import GraphNode, predict_graph
+from sigprop.maps import GraphNode, layers
 from sigprop.maps.graph import fold_ln
 from sigprop.plans.folds import NotDerived
 from sigprop.plans.steps import BatchNorm, Close, Conv, Linear, Open, Record, Step, input_shape
@@ -27,10 +25,7 @@ from sigprop.plans.steps import BatchNorm, Close, Conv, Linear, Open, Record, St
 #: a ReLU's node says it is positively homogeneous (``maps.graph.fold_ln`` carries its scale)
 HOMOGENEOUS = {"homogeneous": True}
 #: a ReLU and its derivative as the maps read an activation (numpy, float64)
-RELU = (
-    lambda z: np.maximum(np.asarray(z, dtype=np.float64), 0.0),
-    lambda z: (np.asarray(z, dtype=np.float64) > 0.0).astype(np.float64),
-)
+RELU = layers.pair(layers.relu)
 
 
 @dataclass(frozen=True)
@@ -52,33 +47,28 @@ def _layer(st, scheme: InitScheme, inputs: tuple[int, ...], name: str) -> list[G
     if scheme.taps != "isotropic" and isinstance(st, Conv):
         raise NotDerived(f"a conv whose rows sit on its {scheme.taps} taps: the window map is isotropic")
     if scheme.standardizes:  # calibrated on the batch: each unit mean 0, sd 1 (no moments)
-        made = [GraphNode(name, "standardized", inputs, width=st.role.fan_out)]
-        return made + (
-            [GraphNode(f"{name}.relu", "act", (-1,), fn=RELU, params=HOMOGENEOUS)] if st.relu else []
-        )
-    m = st.moments(scheme)
-    sq = m.row_sq * m.c_out  # ||W||^2 in expectation
-    mats = ()
-    if isinstance(st, Conv):
-        hw_in, hw_out = st.in_hw(), st.out_hw()
-        mats = tuple(
-            theory.conv_window(n_in, n_out, st.kernel, st.stride, st.padding) / st.kernel
-            for n_in, n_out in zip(hw_in, hw_out)
-        )
-    op = "standardized" if scheme.standardizes else "dense"
-    out = [
-        GraphNode(
-            name,
-            op,
-            inputs,
-            forward=m.row_sq,
-            backward=sq / m.c_in,
-            bias=m.bias_var,
-            width=m.c_out,
-            positions=isinstance(st, Conv),
-            mats=mats,
-        )
-    ]
+        out = [GraphNode(name, "standardized", inputs, width=st.role.fan_out)]
+    else:
+        m = st.moments(scheme)
+        mats = ()
+        if isinstance(st, Conv):
+            mats = tuple(
+                theory.conv_window(n_in, n_out, st.kernel, st.stride, st.padding) / st.kernel
+                for n_in, n_out in zip(st.in_hw(), st.out_hw())
+            )
+        out = [
+            GraphNode(
+                name,
+                "dense",
+                inputs,
+                forward=m.row_sq,
+                backward=m.row_sq * m.c_out / m.c_in,  # ||W||^2 / c_in in expectation
+                bias=m.bias_var,
+                width=m.c_out,
+                positions=isinstance(st, Conv),
+                mats=mats,
+            )
+        ]
     if st.bn:
         out.append(GraphNode(f"{name}.bn", "norm", (-1,), forward=1.0, units=0, group=0))
     if st.relu:
@@ -165,8 +155,8 @@ def graph_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float) -> l
     if scheme.standardizes or any(isinstance(st, (Conv, BatchNorm)) for st in steps):
         raise NotDerived("the graph's shared moment is a pair kernel of a dense net's unstandardised layers")
     g = as_graph(steps, scheme)
-    p = predict_graph(g.nodes, 1.0, 0.0, c0)
-    return [p.shared[i] / p.q[i] if p.q[i] else math.nan for i in g.forward]
+    cosine = fold_ln(g.nodes, 1.0, c0).cosine
+    return [math.nan if cosine[i] is None else cosine[i] for i in g.forward]
 
 
 __all__ = ["PlanGraph", "RELU", "as_graph", "graph_correlation", "graph_prediction"]

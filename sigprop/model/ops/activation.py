@@ -6,15 +6,14 @@ backward r = E[phi'(z)^2] r', rk = E[phi'(z_a) phi'(z_b)] rk' (``theory.activati
 from __future__ import annotations
 
 import copy
-import math
 
 import numpy as np
 import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
-from scipy import special
 
+from sigprop.maps import layers as act_maps
 from sigprop.maps.state import GraphNode
 from sigprop.model.ops.registry import TracedOp, register
 
@@ -81,34 +80,6 @@ def _nondecreasing(phi) -> bool:
     return bool(np.all(np.diff(phi(z)) >= -1e-12))
 
 
-def _relu(z):
-    return np.maximum(z, 0.0), (z > 0.0).astype(np.float64)
-
-
-def _leaky(slope: float):
-    return lambda z: (np.where(z > 0.0, z, slope * z), np.where(z > 0.0, 1.0, slope))
-
-
-def _tanh(z):
-    t = np.tanh(z)
-    return t, 1.0 - t * t
-
-
-def _sigmoid(z):
-    s = special.expit(z)
-    return s, s * (1.0 - s)
-
-
-def _silu(z):
-    s = special.expit(z)
-    return z * s, s * (1.0 + z * (1.0 - s))
-
-
-def _gelu(z):
-    c = special.ndtr(z)
-    return z * c, c + z * np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-
-
 def _numpy_activation(n: fx.Node, m: nn.Module | None):
     """(phi, phi') of an ``act`` node in numpy where the function is one of the common ones
     (ReLU, leaky ReLU, tanh, sigmoid, SiLU, exact GELU): the quadratures of the moment maps
@@ -118,30 +89,28 @@ def _numpy_activation(n: fx.Node, m: nn.Module | None):
     both = None
     if m is not None:
         if type(m) is nn.ReLU:
-            both = _relu
+            both = act_maps.relu
         elif type(m) is nn.LeakyReLU:
-            both = _leaky(float(m.negative_slope))
+            both = act_maps.leaky(float(m.negative_slope))
         elif type(m) is nn.GELU and m.approximate == "none":
-            both = _gelu
+            both = act_maps.gelu
         else:
-            both = {nn.Tanh: _tanh, nn.Sigmoid: _sigmoid, nn.SiLU: _silu}.get(type(m))
+            both = {nn.Tanh: act_maps.tanh, nn.Sigmoid: act_maps.sigmoid, nn.SiLU: act_maps.silu}.get(type(m))
     elif not [a for a in n.args[1:] if not isinstance(a, fx.Node)] and not set(n.kwargs) - {"inplace"}:
         # an in-place variant as its function (``ACTIVATION_FUNCTIONS``, ``ACTIVATION_METHODS``)
         table = ACTIVATION_FUNCTIONS if n.op == "call_function" else ACTIVATION_METHODS
         key = table.get(n.target)
         both = {
-            torch.relu: _relu,
-            F.relu: _relu,
-            torch.tanh: _tanh,
-            torch.sigmoid: _sigmoid,
-            F.silu: _silu,
-            F.gelu: _gelu,
+            torch.relu: act_maps.relu,
+            F.relu: act_maps.relu,
+            torch.tanh: act_maps.tanh,
+            torch.sigmoid: act_maps.sigmoid,
+            F.silu: act_maps.silu,
+            F.gelu: act_maps.gelu,
         }.get(key)
     if both is None:
         return _numpy_fn(_activation(n, m))
-    return (lambda z: both(np.asarray(z, dtype=np.float64))[0]), (
-        lambda z: both(np.asarray(z, dtype=np.float64))[1]
-    )
+    return act_maps.pair(both)
 
 
 def _activation(n: fx.Node, m: nn.Module | None):
