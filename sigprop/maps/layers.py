@@ -298,12 +298,17 @@ def _act_forward(nd: GraphNode, i: int, fold) -> None:
     """Per part: the one-variable moments, and the cross moments of phi and phi' on one grid."""
     out, dm = [], []
     for s in fold.states[nd.inputs[0]]:
-        m1, q1, d2 = theory.activation_moments(nd.fn[0], nd.fn[1], s.mean, s.q)
-        both = theory.shared_moments(nd.fn[0], nd.fn[1], s.mean, s.q, s.shared)
+        if _homogeneous(nd) and s.mean == 0.0:  # a plan's ReLU: the closed form
+            moments = lambda shared: theory.relu_shared_moments(s.q, shared)
+            m1, q1, d2 = (lambda m: (m[0], m[1], m[3]))(moments(0.0))
+        else:
+            moments = lambda shared: theory.shared_moments(nd.fn[0], nd.fn[1], s.mean, s.q, shared)
+            m1, q1, d2 = theory.activation_moments(nd.fn[0], nd.fn[1], s.mean, s.q)
+        both = moments(s.shared)
         k1 = min(both[2], q1)
         tokens = None
         if s.tokens is not None:  # the tokens of one sample: their own cross moments
-            toks = theory.shared_moments(nd.fn[0], nd.fn[1], s.mean, s.q, s.tokens)
+            toks = moments(s.tokens)
             tokens = min(toks[2], q1)
             # a gradient's shared moment is between the tokens of one sample (``graph``)
             dm.append((d2, toks.derivative_cross))
@@ -343,15 +348,20 @@ def _act_tangent(nd: GraphNode, i: int, e: list, fold) -> float | None:
     return moment * e[0] / var
 
 
-#: an activation that says it is positively homogeneous (``params={"homogeneous": True}``: a
-#: ReLU of sigprop's own plans) scales with its input
+def _homogeneous(nd: GraphNode) -> bool:
+    """An activation that says it is a ReLU, positively homogeneous (``params={"homogeneous":
+    True}``: sigprop's own plans): it scales with its input, and its moments at mean 0 are the
+    closed forms (``theory.relu_shared_moments``)."""
+    return isinstance(nd.params, dict) and bool(nd.params.get("homogeneous"))
+
+
 map_op(
     "act",
     _act_forward,
     _act_backward,
     receive=_act_receive,
     tangent=_act_tangent,
-    degree=lambda nd: 1 if isinstance(nd.params, dict) and nd.params.get("homogeneous") else None,
+    degree=lambda nd: 1 if _homogeneous(nd) else None,
 )
 
 

@@ -29,6 +29,7 @@ from sigprop.theory.activation import (
     activation_moments,
     bivariate_moment,
     derivative_mean,
+    relu_shared_moments,
     shared_moments,
 )
 from sigprop.theory.attention import (
@@ -156,6 +157,7 @@ __all__ = [
     "Z_CHECK",
     "_log_binomial_half",
     "activation_moments",
+    "relu_shared_moments",
     "block_variance",
     "bn_resnet_prediction",
     "bn_statistics_prediction",

@@ -4,9 +4,10 @@ fold as its oracle: the pair kernels of the dense nets, and every forward and ba
 sigprop's own nets -- MLPs of random
 widths, ResNets of one and two stages with projections, strided CNNs, WRNs with WN, plain and
 batch-normed convs -- for every init each takes, at the init's variance and at half and twice it
-(the ``theory`` verdict's alternatives).  The tolerance, 1e-12 in ln: the graph's ReLU moments
-come from a Gauss-Legendre quadrature (``theory.activation_moments``) where the plan fold halves
-exactly -- measured at most 1.6e-13 over these nets' <= 12 layers."""
+(the ``theory`` verdict's alternatives).  The tolerance, 1e-13 in ln: both folds are exact (the
+graph's ReLU reads its closed forms, ``theory.relu_shared_moments``; until 0.17 a Gauss-Legendre
+quadrature, 1.6e-13 off), so they differ by rounding alone -- a few ulps of ln ratios of order 10
+per step over these nets' <= 12 layers (at most 12 x 2.2e-16 x 10 ~ 3e-14; measured 8.9e-16)."""
 
 from __future__ import annotations
 
@@ -51,26 +52,63 @@ def test_the_graph_fold_of_a_plan_equals_the_plan_fold(net, init, weight_factor)
     p = plans.predict(steps, scheme, weight_factor=weight_factor)
     fwd, bwd = graphs.graph_prediction(steps, scheme, weight_factor)
     assert len(fwd) == len(p.ln_forward) > 2
-    assert fwd == pytest.approx(p.ln_forward, abs=1e-12, rel=0)
+    assert fwd == pytest.approx(p.ln_forward, abs=1e-13, rel=0)
     if p.ln_backward is None:  # a calibrated layer (datadep), a batch norm: the plan derives none
         assert scheme.standardizes == (bwd is None)
     else:
-        assert bwd == pytest.approx(p.ln_backward, abs=1e-12, rel=0)
+        assert bwd == pytest.approx(p.ln_backward, abs=1e-13, rel=0)
 
 
 DENSE = [(net, init) for net, init in CASES if net in ("mlp", "resnet") and init != "datadep"]
 
 
 @pytest.mark.parametrize("net,init", DENSE)
-@pytest.mark.parametrize("c0", [0.0, 0.3, 0.9])
+@pytest.mark.parametrize("c0", [-0.5, 0.0, 0.3, 0.9])
 def test_the_graph_folds_the_pair_kernels_of_a_dense_plan(net, init, c0):
     """The graph's shared moment is the plan fold's pair kernel in a dense net: the cosine of two
     inputs' states at every Record (``plans.predict_correlation``, the arc-cosine law) equals the
-    graph fold's k/q (its ReLU's two-input quadrature) -- measured within 4e-14."""
+    graph fold's k/q (its ReLU's closed form, ``theory.relu_shared_moments``) -- cosines, so
+    rounding alone: measured within 6.7e-16 (inputs anti-correlated too)."""
     steps, scheme = _steps(net), inits.get(init)
     assert graphs.graph_correlation(steps, scheme, c0) == pytest.approx(
-        plans.predict_correlation(steps, scheme, c0, 64), abs=1e-12, rel=0
+        plans.predict_correlation(steps, scheme, c0, 64), abs=1e-13, rel=0
     )
+
+
+@pytest.mark.parametrize("q", [0.3, 1.0, 7.0])
+@pytest.mark.parametrize("c", [0.0, 0.4, 0.95])
+def test_the_relu_closed_forms_are_the_quadrature(q, c):
+    """The closed forms a plan's ReLU reads (``theory.relu_shared_moments``: the arc-cosine
+    kernels of degrees 1 and 0) against the quadrature any activation reads
+    (``theory.shared_moments``, 2 x 128 Gauss-Legendre nodes per side of the kink, ~1e-15
+    relative for a ReLU) at mean 0: every moment, and the derivative's cross moment."""
+    from sigprop import theory
+    from sigprop.maps import layers
+
+    closed = theory.relu_shared_moments(q, c * q)
+    quad = theory.shared_moments(*layers.pair(layers.relu), 0.0, q, c * q)
+    assert tuple(closed) == pytest.approx(tuple(quad), rel=1e-12, abs=1e-15)
+    assert closed.derivative_cross == pytest.approx(quad.derivative_cross, rel=1e-12)
+
+
+def test_the_relu_closed_forms_hold_for_anticorrelated_inputs():
+    """At a negative cosine (which the quadrature's shared offset cannot draw), the closed forms
+    against a Monte Carlo of 2e6 pairs: E[y(a) y(b)] and P(a > 0, b > 0), within 5 standard
+    errors of the sample means."""
+    import numpy as np
+
+    from sigprop import theory
+
+    q, c, n = 2.0, -0.6, 2_000_000
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((2, n))
+    a = math.sqrt(q) * z[0]
+    b = math.sqrt(q) * (c * z[0] + math.sqrt(1 - c * c) * z[1])
+    y = np.maximum(a, 0) * np.maximum(b, 0)
+    both = (a > 0) & (b > 0)
+    got = theory.relu_shared_moments(q, c * q)
+    assert abs(got[2] - y.mean()) < 5 * y.std() / math.sqrt(n)
+    assert abs(got.derivative_cross - both.mean()) < 5 * both.std() / math.sqrt(n)
 
 
 def test_the_graph_has_no_pair_kernel_of_a_conv_or_a_batch_standardised_layer():
@@ -130,7 +168,8 @@ def test_the_graph_fold_carries_a_deep_plans_scale_as_a_logarithm():
     g = graphs.as_graph(steps, scheme)
     assert predict_graph(g.nodes, 1.0).q[g.forward[-1]] == 0.0  # the plain fold: underflowed
     fwd, bwd = graphs.graph_prediction(steps, scheme)
-    # 1200 layers of the ReLU quadrature's ~2e-14: measured 2.7e-11 forward, 5e-12 backward
+    # rounding alone (closed forms both sides): at most 1200 x 2.2e-16 x |ln| <= 416 ~ 1.1e-10;
+    # measured 2.8e-14 forward, 1.4e-14 backward (2.7e-11 with the quadrature's ReLU, until 0.17)
     assert fwd == pytest.approx(p.ln_forward, abs=1e-10, rel=0)
     assert bwd == pytest.approx(p.ln_backward, abs=1e-10, rel=0)
 
