@@ -18,6 +18,7 @@ import numpy as np
 from scipy import special
 
 from sigprop import theory
+from sigprop.maps.free import directions
 from sigprop.maps.state import (
     GraphNode,
     Part,
@@ -88,6 +89,20 @@ def _dense_backward(nd: GraphNode, i: int, g: list, fold) -> None:
         fold.give(j, [(nd.backward * box * r, nd.backward * box * rk if nd.positions else 0.0, pj)], i)
 
 
+def _dense_jacobian(nd: GraphNode, i: int, fold) -> tuple[float, float] | str:
+    """h -> W h of n_out/n_in = ratio: the mean times the rows' mean squared norm (``forward``),
+    the normalised variance ratio v + ``theory.gram_variance(ratio, s1)`` (the first half of
+    ``theory.chain_variance``; docs/theory.md §14).  A conv's is not derived."""
+    if nd.mats or nd.positions:
+        return "convolutions" if nd.mats else f"the layer {nd.name} over positions"
+    s1 = directions(nd)
+    if isinstance(s1, str):
+        return s1
+    mean, v = fold.states[nd.inputs[0]]
+    ratio = nd.width / fold.units[nd.inputs[0]]
+    return mean * nd.forward, ratio * v + theory.gram_variance(ratio, s1)
+
+
 map_op(
     "dense",
     _dense_forward,
@@ -97,6 +112,7 @@ map_op(
     tangent=lambda nd, i, e, fold: None if nd.mats else nd.forward * e[0],
     degree=lambda nd: 1,
     scale_fields=("bias",),
+    jacobian=_dense_jacobian,
 )
 
 
@@ -201,6 +217,7 @@ map_op(
     # a batch norm's output does not see its input's scale; a per-sample norm's gradient reads its
     # readers' alignments, which ``graph.fold_ln`` does not rescale: none
     degree=lambda nd: 0 if nd.group == 0 else None,
+    jacobian=lambda nd, i, fold: "batch norm" if nd.group == 0 else f"norm ({nd.name})",
 )
 
 
@@ -355,6 +372,17 @@ def _homogeneous(nd: GraphNode) -> bool:
     return isinstance(nd.params, dict) and bool(nd.params.get("homogeneous"))
 
 
+def _act_jacobian(nd: GraphNode, i: int, fold) -> tuple[float, float] | str:
+    """h -> D h, D = phi'(z) diagonal: for a ReLU (mu1, mu2) = (E D^2, E D^4) = (1/2, 1/2)
+    (``theory.RELU_MU``), the mean times mu1, the normalised variance plus mu2/mu1^2 - 1 (the
+    second half of ``theory.chain_variance``).  Another activation's is not composed here."""
+    if not _homogeneous(nd):
+        return f"the activation {nd.name}"
+    mean, v = fold.states[nd.inputs[0]]
+    mu1, mu2 = theory.RELU_MU
+    return mean * mu1, v + mu2 / (mu1 * mu1) - 1.0
+
+
 map_op(
     "act",
     _act_forward,
@@ -362,6 +390,7 @@ map_op(
     receive=_act_receive,
     tangent=_act_tangent,
     degree=lambda nd: 1 if _homogeneous(nd) else None,
+    jacobian=_act_jacobian,
 )
 
 

@@ -202,7 +202,9 @@ class OpMap:
     c when they and the node's ``scale_fields`` are times c: a weight layer with its bias, a
     positively homogeneous activation, a sum, a scaling), 0 (the same whatever their scale: a
     batch norm, a calibrated layer), None (neither) -- which ``graph.fold_ln`` reads to carry
-    each node's scale as a logarithm."""
+    each node's scale as a logarithm; ``jacobian(nd, i, fold)``, where given: the (mean,
+    normalised variance) of J J^T's eigenvalues at node i from its inputs' (``free.fold_jacobian``),
+    or why its law does not hold there (its words)."""
 
     forward: Callable
     backward: Callable | None = None
@@ -211,6 +213,7 @@ class OpMap:
     tangent: Callable | None = None
     degree: Callable | None = None
     scale_fields: tuple[str, ...] = ()
+    jacobian: Callable | None = None
 
 
 #: the maps of every node op, registered by the traced ops' files (``map_op``)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from sigprop import theory
 from sigprop.maps.cross import Unsupported, tangent
+from sigprop.maps.free import directions
 from sigprop.maps.state import (
     GraphNode,
     Part,
@@ -240,22 +242,56 @@ def _cat_tangent(nd, i, e, fold):
     return sum(w * x for w, x in zip(nd.shares, e) if x is not None)
 
 
-map_op("identity", _passes, _gives_back, tangent=_same, degree=lambda nd: 1)
+def _unchanged(nd, i, fold):
+    return fold.states[nd.inputs[0]]
+
+
+def _block_jacobian(nd: GraphNode, i: int, fold) -> tuple[float, float] | str:
+    """A residual block's sum S h + alpha F(h): with a = the branch's mean over the fork's (the
+    branch's scaling inside it), the mean times g2 + a (g2 = 1 for an identity skip, else the
+    projection's mean squared row norm), the normalised variance r v + ``theory.block_variance``
+    (r = d_out/d_in, 1 for the identity; the branch's own variance its node's less r v, the
+    chain laws being affine in v; the projection's S^T S of ``theory.gram_variance(1/r, s1)``)
+    (docs/theory.md §14).  Another sum's is not composed here."""
+    got = fold.fork_of(*nd.inputs) if len(nd.inputs) == 2 else None
+    if got is None:
+        return f"the sum {nd.name}"
+    fork, projection = got
+    (m0, v0), (mb, vb) = fold.states[fork], fold.states[nd.inputs[1]]
+    a = mb / m0
+    if projection is None:
+        return m0 * (1.0 + a), v0 + theory.block_variance(a, vb - v0)
+    s1 = directions(projection)
+    if isinstance(s1, str):
+        return s1
+    g2, r = projection.forward, projection.width / fold.units[fork]
+    v_skip = theory.gram_variance(1.0 / r, s1)
+    return m0 * (g2 + a), r * v0 + theory.block_variance(a, vb - r * v0, g2, r, v_skip)
+
+
+map_op("identity", _passes, _gives_back, tangent=_same, degree=lambda nd: 1, jacobian=_unchanged)
 
 
 map_op("slice", _passes, _sliced_back, tangent=_same, degree=lambda nd: 1)
 
 
-map_op("output", _passes, _gives_back, tangent=_same, degree=lambda nd: 1)
+map_op("output", _passes, _gives_back, tangent=_same, degree=lambda nd: 1, jacobian=_unchanged)
 
 
-map_op("add", _add, _add_back, tangent=_summed, degree=lambda nd: 1)
+map_op("add", _add, _add_back, tangent=_summed, degree=lambda nd: 1, jacobian=_block_jacobian)
 
 
 map_op("offset", _offset, _gives_back, tangent=_same)
 
 
-map_op("scale", _scaled, _scaled_back, tangent=lambda nd, i, e, fold: nd.forward * e[0], degree=lambda nd: 1)
+map_op(
+    "scale",
+    _scaled,
+    _scaled_back,
+    tangent=lambda nd, i, e, fold: nd.forward * e[0],
+    degree=lambda nd: 1,
+    jacobian=lambda nd, i, fold: (fold.states[nd.inputs[0]][0] * nd.forward, fold.states[nd.inputs[0]][1]),
+)
 
 
 map_op("cat", _concatenated, _concatenated_back, tangent=_cat_tangent)

@@ -44,16 +44,16 @@ def _layer(st, scheme: InitScheme, inputs: tuple[int, ...], name: str) -> list[G
     """A weighted step's nodes: its weight layer (``dense`` at the init's expected row moment and
     bias variance, a conv with its window per spatial axis -- ``standardized`` where the init
     calibrates it), a training-mode batch norm where it has one, its ReLU."""
-    if scheme.taps != "isotropic" and isinstance(st, Conv):
-        raise NotDerived(f"a conv whose rows sit on its {scheme.taps} taps: the window map is isotropic")
     if scheme.standardizes:  # calibrated on the batch: each unit mean 0, sd 1 (no moments)
         out = [GraphNode(name, "standardized", inputs, width=st.role.fan_out)]
     else:
         m = st.moments(scheme)
         mats = ()
-        if isinstance(st, Conv):
+        if isinstance(st, Conv):  # the row's second moment over its taps: k per axis, or the centre's
+            centre = scheme.taps == "centre"
             mats = tuple(
-                theory.conv_window(n_in, n_out, st.kernel, st.stride, st.padding) / st.kernel
+                theory.conv_window(n_in, n_out, st.kernel, st.stride, st.padding, 1, centre)
+                / (1 if centre else st.kernel)
                 for n_in, n_out in zip(st.in_hw(), st.out_hw())
             )
         out = [
@@ -67,6 +67,7 @@ def _layer(st, scheme: InitScheme, inputs: tuple[int, ...], name: str) -> list[G
                 width=m.c_out,
                 positions=isinstance(st, Conv),
                 mats=mats,
+                params={"s1": theory.S1_OF_DIRECTION.get(scheme.direction), "direction": scheme.direction},
             )
         ]
     if st.bn:
@@ -80,8 +81,8 @@ def as_graph(steps: Sequence[Step], scheme: InitScheme) -> PlanGraph:
     """The plan's nodes (``PlanGraph``): an ``input``, each weighted step's nodes (``_layer``), a
     residual block as its skip (the fork itself, or its projection's ``dense`` node) and its
     branch times alpha (``scale``, alpha^2) summed (``add``), a ``BatchNorm`` step a batch norm
-    and its ReLU, and an ``output`` after the last.  Raises ``NotDerived`` for a conv whose rows
-    sit on their centre tap (the graph's window map is isotropic)."""
+    and its ReLU, and an ``output`` after the last.  A conv whose rows sit on their centre tap
+    (delta-orthogonal) reads the centre tap's window alone."""
     C, H, W = input_shape(steps)
     nodes: list[GraphNode] = [GraphNode("x", "input", (), shape=(C, H, W) if H * W > 1 else (C,))]
     fwd: list[int] = []
@@ -138,7 +139,10 @@ def graph_prediction(steps: Sequence[Step], scheme: InitScheme, weight_factor: f
     ln = lambda v, n, ref: None if v is None or v == -math.inf else 0.5 * (v + math.log(n) - ref)
     fwd = [ln(p.ln_q[i], n, math.log(q_in * d)) for i, n in zip(g.forward, g.units)]
     top = p.ln_r[g.backward[-1]]
-    if scheme.standardizes or top is None or top == -math.inf:  # a calibrated layer: no backward map
+    # a calibrated layer, a batch norm: no backward map (the graph has one for a batch norm, read
+    # 0.005-0.052 decades above the probe on a BN WRN: measured, not shown; docs/theory.md §13)
+    batch = any(getattr(st, "bn", False) or isinstance(st, BatchNorm) for st in steps)
+    if scheme.standardizes or batch or top is None or top == -math.inf:
         return fwd, None
     ref = top + math.log(g.units[-1])
     return fwd, [ln(p.ln_r[i], n, ref) for i, n in zip(g.backward, g.units)]
@@ -159,4 +163,30 @@ def graph_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float) -> l
     return [math.nan if cosine[i] is None else cosine[i] for i in g.forward]
 
 
-__all__ = ["PlanGraph", "RELU", "as_graph", "graph_correlation", "graph_prediction"]
+def graph_jacobian(steps: Sequence[Step], scheme: InitScheme) -> theory.SpectrumPrediction:
+    """The large-width mean and normalised variance of the eigenvalues of J J^T, J the Jacobian of
+    the plan's last state in its input, by the graph's Jacobian fold (``maps.free.fold_jacobian``:
+    each node's law, docs/theory.md §14), as ``plans.predict_jacobian`` reads them: where a node's
+    law does not hold (a conv, a batch norm, directions without an S-transform coefficient), the
+    mean from the backward map (the squared RMS backward ratio from the last Record to the input
+    Record) and no variance, with why."""
+    from sigprop.maps.free import fold_jacobian
+
+    if scheme.moments is None or scheme.standardizes:
+        why = f"init {scheme.name}"
+    else:
+        g = as_graph(steps, scheme)
+        states, why = fold_jacobian(g.nodes)
+        if not why:
+            mean, v = states[g.nodes[-1].inputs[0]]
+            return theory.SpectrumPrediction(mean, v * mean * mean)
+    mean = math.nan
+    states = isinstance(steps[0], Record) and isinstance(steps[-1], Record) and not steps[-1].pre_activation
+    if states and not scheme.standardizes and not any(isinstance(st, BatchNorm) for st in steps):
+        back = graph_prediction(steps, scheme)[1]
+        if back and back[0] is not None:
+            mean = math.exp(2.0 * back[0])
+    return theory.SpectrumPrediction(mean, None, f"the variance is not derived for {why} yet")
+
+
+__all__ = ["PlanGraph", "RELU", "as_graph", "graph_correlation", "graph_jacobian", "graph_prediction"]

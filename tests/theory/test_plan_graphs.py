@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from sigprop import inits, kinds, plans, specs
@@ -53,8 +54,8 @@ def test_the_graph_fold_of_a_plan_equals_the_plan_fold(net, init, weight_factor)
     fwd, bwd = graphs.graph_prediction(steps, scheme, weight_factor)
     assert len(fwd) == len(p.ln_forward) > 2
     assert fwd == pytest.approx(p.ln_forward, abs=1e-13, rel=0)
-    if p.ln_backward is None:  # a calibrated layer (datadep), a batch norm: the plan derives none
-        assert scheme.standardizes == (bwd is None)
+    if p.ln_backward is None:  # a calibrated layer (datadep), a batch norm: neither derives one
+        assert bwd is None
     else:
         assert bwd == pytest.approx(p.ln_backward, abs=1e-13, rel=0)
 
@@ -145,9 +146,60 @@ def test_a_plan_step_is_a_node_with_its_maps():
     assert rows.max() == pytest.approx(1.0) and rows.min() < 1.0
 
 
-def test_a_conv_on_its_centre_tap_is_not_a_window_of_the_graph():
-    with pytest.raises(plans.NotDerived, match="centre"):
-        graphs.as_graph(_steps("cnn"), inits.get("delta-orthogonal"))
+@pytest.mark.parametrize("weight_factor", [1.0, 0.5])
+def test_a_conv_on_its_centre_tap_is_the_centre_window_of_the_graph(weight_factor):
+    """Delta-orthogonal rows sit on the centre tap: the graph's window reads that tap alone (one
+    1 per output row, none at a stride's skipped inputs), and its fold is the plan fold's."""
+    steps, scheme = _steps("cnn"), inits.get("delta-orthogonal")
+    conv = next(nd for nd in graphs.as_graph(steps, scheme).nodes if nd.op == "dense")
+    assert all((m.sum(axis=1) == 1.0).all() and set(np.unique(m)) == {0.0, 1.0} for m in conv.mats)
+    p = plans.predict(steps, scheme, weight_factor=weight_factor)
+    fwd, bwd = graphs.graph_prediction(steps, scheme, weight_factor)
+    assert fwd == pytest.approx(p.ln_forward, abs=1e-13, rel=0)
+    assert bwd == pytest.approx(p.ln_backward, abs=1e-13, rel=0)
+    assert p.ln_forward[-1] != pytest.approx(graphs.graph_prediction(steps, inits.get("he"))[0][-1], abs=0.01)
+
+
+MORE = {  # orthogonal and Gaussian rows, wide and narrow layers, projections with 2-layer branches
+    "mlp-wide": MLPSpec(depth=5, input_dim=20, width=specs.WidthSpec(60, 60)),
+    "mlp-narrowing": MLPSpec(depth=5, input_dim=80, width=specs.WidthSpec(10, 70)),
+}
+
+
+@pytest.mark.parametrize(
+    "net,init", CASES + [(n, i) for n in MORE for i in ("proposed", "he", "pytorch-orthogonal")]
+)
+def test_the_graph_folds_the_jacobian_spectrum_as_the_plan_does(net, init):
+    """The Jacobian's moments as node laws (``maps.free.fold_jacobian``: a weight layer's
+    mean-squared row norm and S-transform, a ReLU's (1/2, 1/2), a block's free sum) against the
+    plan fold's ``predict_jacobian``: the mean and variance of J J^T's eigenvalues to rounding,
+    and where neither derives the variance (a conv, a calibrated layer) the same words and the
+    same mean from the backward map."""
+    steps = kinds.get("mlp").plan(MORE[net], 0).steps if net in MORE else _steps(net)
+    scheme = inits.get(init)
+    want, got = plans.predict_jacobian(steps, scheme), graphs.graph_jacobian(steps, scheme)
+    assert got.why == want.why
+    assert got.mean == pytest.approx(want.mean, rel=1e-12, nan_ok=True)
+    if want.variance is None:
+        assert got.variance is None and want.why
+    else:
+        assert got.variance == pytest.approx(want.variance, rel=1e-12)
+
+
+def test_the_jacobian_comparison_can_fail():
+    """A block's law read with the branch's variance not corrected for the fork's (its node's
+    variance as is) moves the deep ResNet's variance: the comparison above would see it."""
+    from sigprop import theory
+    from sigprop.maps import structure
+
+    steps, scheme = _steps("resnet"), inits.get("he")
+    want = plans.predict_jacobian(steps, scheme).variance
+    real = theory.block_variance
+    try:
+        structure.theory.block_variance = lambda a, v, *rest: real(a, v + 1.0, *rest)
+        assert graphs.graph_jacobian(steps, scheme).variance != pytest.approx(want, rel=1e-3)
+    finally:
+        structure.theory.block_variance = real
 
 
 def test_the_graph_fold_carries_a_deep_plans_scale_as_a_logarithm():
