@@ -484,6 +484,9 @@ def _prediction(path: str) -> bool:
         "log10_high",
         "forward_band",
         "backward_band",
+        # the shifts of the prediction with every weight layer's variance halved and doubled (the
+        # ``theory`` verdict's alternatives): three predictions' differences
+        "log10_separation",
     )
 
 

@@ -23,6 +23,7 @@ from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev
 from sigprop.kernels import replay, sampling
 from sigprop.observers import bn, correlation, ratios  # noqa: F401  (importing them registers the walks' collectors)
+from sigprop.plans import graphs
 from sigprop.results import CurvatureRun, HessianResult, RunResult, SpectrumResult, SpectrumRun
 from sigprop.version import __version__
 
@@ -420,12 +421,12 @@ def _spectrum_draw(kind, spec, plan, scheme, x, ss: specs.SpectrumSpec, draw: in
 def _spectrum_run(plan, name, scheme, draws, path, pooled, chosen, per_depth) -> SpectrumRun:
     """One init's record: the draws, the large-width prediction of the mean and variance of sigma^2
     and its density, the pooled histogram, and the spectrum against depth beside its prediction."""
-    pred = plans.predict_jacobian(plan.steps, scheme)
+    pred = graphs.graph_jacobian(plan.steps, scheme)
     density = plans.predict_density(plan.steps, scheme)
     mean = None if pred is None or not math.isfinite(pred.mean) else pred.mean
     depths = []
     for k, depth in enumerate(chosen):
-        p = plans.predict_jacobian(plans.upto(plan.steps, depth), scheme)
+        p = graphs.graph_jacobian(plans.upto(plan.steps, depth), scheme)
         depths.append(
             {
                 "depth": depth,

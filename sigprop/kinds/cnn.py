@@ -14,6 +14,7 @@ from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, SweepAxes
+from sigprop.plans import graphs
 from sigprop.results import NO_TEST
 
 #: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
@@ -168,8 +169,12 @@ class CNN(Kind):
         """The energy-map prediction (``plans.predict``; none for an init without moments) with
         its finite-width band (``plans.spread``: a conv's law, the i.i.d. rows' envelope; the
         typical ratio var below the RMS, +- z sd)."""
-        pred = plans.predict(plan.steps, scheme) if scheme.moments is not None else None
-        sep = plans.Separation(None, None) if pred is None else plans.separation(plan.steps, scheme, pred)
+        pred = graphs.graph_predict(plan.steps, scheme) if scheme.moments is not None else None
+        sep = (
+            plans.Separation(None, None)
+            if pred is None
+            else plans.separation(plan.steps, scheme, pred, by=graphs.graph_predict)
+        )
         return RunTheory(
             pred or plans.Prediction(None, None, None, None),
             sep,
@@ -209,7 +214,7 @@ def _end_checks(plan, layers, gate, th: RunTheory, z: float) -> list:
     prediction)."""
     convs = plans.layers(plan.steps)
     L = len(convs)
-    ref = plans.predict(plan.steps, LOSSLESS)
+    ref = graphs.graph_predict(plan.steps, LOSSLESS)
     r_f, r_b = ref.ln_forward[-1], ref.ln_backward[0]
     ends = [  # a conv's spread is a log-normal envelope (th.drift False): the band of theory.log_band
         stats.EndRatio(f"forward ratio at layer {L}", layers[-1].forward, (r_f, r_f), *th.end(False)),

@@ -13,6 +13,7 @@ from sigprop import plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, SweepAxes
+from sigprop.plans import graphs
 from sigprop.results import NO_TEST, Check, RatioStats
 
 #: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
@@ -192,10 +193,10 @@ class MLP(Kind):
     def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
         """The composed prediction (``plans.predict``) with its exact finite-width band
         (``plans.spread``: the exact per-layer cumulants, its drift the band's centre)."""
-        pred = plans.predict(plan.steps, scheme)
+        pred = graphs.graph_predict(plan.steps, scheme)
         return RunTheory(
             pred,
-            plans.separation(plan.steps, scheme, pred),
+            plans.separation(plan.steps, scheme, pred, by=graphs.graph_predict),
             plans.spread(plan.steps, scheme.orthogonal),
             list(plan.widths),
             scheme.description,

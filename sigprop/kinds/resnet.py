@@ -18,6 +18,7 @@ from sigprop import inits, plans, specs, stats, theory
 from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, SweepAxes
+from sigprop.plans import graphs
 from sigprop.results import NO_TEST, BNStats, StageInfo
 
 NORMS = ("wn", "bn", "none")
@@ -257,7 +258,7 @@ def prediction(scheme, plan: ResNetPlan) -> plans.Prediction:
         return plans.Prediction(
             p.ln_forward, p.ln_backward, p.ln_branch, list(zip(p.gain_forward, p.gain_backward))
         )
-    pred = plans.predict(plan.steps, scheme, gains_at_d=True)
+    pred = graphs.graph_predict(plan.steps, scheme, gains_at_d=True)
     if pred.ln_branch is not None:
         biased = [
             scheme.moments is not None and any(scheme.moments(r).bias_var for r in b.branch_roles())
@@ -273,7 +274,7 @@ def separation(scheme, plan: ResNetPlan, pred: plans.Prediction) -> plans.Separa
     if plan.stem:
         zero = lambda rows: None if not rows else [(0.0, 0.0)] * len(rows)
         return plans.Separation(zero(pred.ln_forward), zero(pred.ln_backward))
-    return plans.separation(plan.steps, scheme, pred, gains_at_d=True)
+    return plans.separation(plan.steps, scheme, pred, by=graphs.graph_predict, gains_at_d=True)
 
 
 @base.register

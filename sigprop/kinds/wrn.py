@@ -20,6 +20,7 @@ from sigprop.inits import LayerRole
 from sigprop.kinds import base
 from sigprop.kinds import cnn as conv
 from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, SweepAxes
+from sigprop.plans import graphs
 from sigprop.results import NO_TEST, StageInfo
 
 NORMS = ("wn", "bn", "none")
@@ -196,7 +197,7 @@ def stage_bands(steps_, blocks: int) -> list[tuple[tuple[float, float], tuple[fl
     energy) loses to the stride-2 downsampling, its stage ratio divided by its branches'
     (1 + 1/B)^{B/2} (docs/theory.md §11, "Residual conv nets")."""
     E = len(entries(steps_))
-    ref = plans.predict(plans.with_bn(steps_, False), conv.LOSSLESS)
+    ref = graphs.graph_predict(plans.with_bn(steps_, False), conv.LOSSLESS)
     branch = 0.5 * blocks * math.log1p(1.0 / blocks)
     lo, hi = math.log(theory.RESNET_LOWER), math.log(theory.RESNET_UPPER)
     out = []
@@ -380,8 +381,8 @@ class WRN(Kind):
         pred = plans.Prediction(None, None, None, None)
         sep = plans.Separation(None, None)
         if scheme.moments is not None or scheme.standardizes or plan.bn:
-            pred = plans.predict(plan.steps, scheme)
-            sep = plans.separation(plan.steps, scheme, pred)
+            pred = graphs.graph_predict(plan.steps, scheme)
+            sep = plans.separation(plan.steps, scheme, pred, by=graphs.graph_predict)
         entries = len(plan.entries)
         return RunTheory(
             pred,

@@ -203,6 +203,10 @@ class LnFold:
     ln_q: list[float | None]
     ln_r: list[float | None]
     cosine: list[float | None]
+    #: per (reader, input) the ln of the gradient's second moment per element the reader gave
+    #: the input (a residual block's branch and skip at its fork: their ratio is the block's
+    #: backward gain)
+    ln_given: dict = field(default_factory=dict)
 
 
 def fold_ln(
@@ -262,18 +266,20 @@ def fold_ln(
         if c > 0.0:
             fold.states[i] = scaled_parts(fold.states[i], 1.0 / c)
         ln[i] = base + (math.log(c) if c > 0.0 else -math.inf)
-    ln_r = _fold_ln_back(fold, maps, ln)
+    ln_given: dict = {}
+    ln_r = _fold_ln_back(fold, maps, ln, ln_given)
     q: list = [None] * n
     cos: list = [None] * n
     for i, s in enumerate(fold.states):  # a state brought to a reader's scale is not of moment 1
         c = None if s is None else sum(x.share * x.q for x in s)
         if c is not None and c > 0.0 and ln[i] > -math.inf:
             q[i], cos[i] = ln[i] + math.log(c), sum(x.share * x.shared for x in s) / c
-    return LnFold(q, ln_r, cos)
+    return LnFold(q, ln_r, cos, ln_given)
 
 
-def _fold_ln_back(fold: Fold, maps: list, ln: list) -> list:
-    """``fold_ln``'s backward: per node the ln of its gradient's second moment per element."""
+def _fold_ln_back(fold: Fold, maps: list, ln: list, ln_given: dict) -> list:
+    """``fold_ln``'s backward: per node the ln of its gradient's second moment per element (and
+    into ``ln_given`` what each reader gave each input)."""
     nodes, n = fold.nodes, len(fold.nodes)
     ln_r: list = [None] * n
     for i, nd in enumerate(nodes):
@@ -297,6 +303,9 @@ def _fold_ln_back(fold: Fold, maps: list, ln: list) -> list:
         for j, (old, old_through, l_old) in before.items():
             given = ln_r[i] - (ln[j] if op.degree(nd) == 0 else 0.0)
             new, new_through = fold.grads[j], fold.through.pop(j, None)
+            if new is not None and fold.states[j] is not None:
+                c = sum(x.share * g[0] for x, g in zip(fold.states[j], new))
+                ln_given[i, j] = given + math.log(c) if c > 0.0 else -math.inf
             if new is None or old is None:  # one of them only
                 fold.grads[j] = new if old is None else old
                 through = new_through if old is None else old_through

@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special
 
 from sigprop import theory
 from sigprop.maps.free import directions
@@ -275,6 +274,14 @@ map_op("rmsnorm", _rms_forward, _rms_backward, tangent=lambda nd, i, e, fold: 0.
 # --------------------------------------------------------------------------------------------
 #: the common activations as numpy (phi, phi') of z, float64 -- what the quadratures evaluate
 #: (sigprop/model/ops/activation.py names a traced model's; a plan's ReLU is ``pair(relu)``)
+def _special():
+    """scipy.special, loaded when a traced model's smooth activation is first evaluated (it takes
+    ~0.1 s; a probe of sigprop's own nets never needs it)."""
+    from scipy import special  # lazy: see the docstring
+
+    return special
+
+
 def relu(z):
     return np.maximum(z, 0.0), (z > 0.0).astype(np.float64)
 
@@ -289,17 +296,17 @@ def tanh(z):
 
 
 def sigmoid(z):
-    s = special.expit(z)
+    s = _special().expit(z)
     return s, s * (1.0 - s)
 
 
 def silu(z):
-    s = special.expit(z)
+    s = _special().expit(z)
     return z * s, s * (1.0 + z * (1.0 - s))
 
 
 def gelu(z):
-    c = special.ndtr(z)
+    c = _special().ndtr(z)
     return z * c, c + z * np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
 
 

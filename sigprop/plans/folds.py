@@ -233,11 +233,13 @@ class Separation:
         return (rows[a][0] - rows[b][0], rows[a][1] - rows[b][1])
 
 
-def separation(steps: Sequence[Step], scheme: InitScheme, pred: Prediction, **kw) -> Separation:
-    """``pred``'s shifts with every weight layer's variance halved and doubled (``predict`` with
-    ``weight_factor``; ``kw``: the keywords ``pred`` was made with)."""
-    lo = predict(steps, scheme, weight_factor=1.0 / SEPARATION_FACTOR, **kw)
-    hi = predict(steps, scheme, weight_factor=SEPARATION_FACTOR, **kw)
+def separation(steps: Sequence[Step], scheme: InitScheme, pred: Prediction, by=None, **kw) -> Separation:
+    """``pred``'s shifts with every weight layer's variance halved and doubled (``by``, the fold
+    that made ``pred`` -- ``plans.graphs.graph_predict``, the engine's; ``predict`` by default --
+    with ``weight_factor``; ``kw``: the keywords ``pred`` was made with)."""
+    by = predict if by is None else by
+    lo = by(steps, scheme, weight_factor=1.0 / SEPARATION_FACTOR, **kw)
+    hi = by(steps, scheme, weight_factor=SEPARATION_FACTOR, **kw)
     return Separation(
         Separation.of(pred.ln_forward, lo.ln_forward, hi.ln_forward),
         Separation.of(pred.ln_backward, lo.ln_backward, hi.ln_backward),

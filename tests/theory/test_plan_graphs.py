@@ -256,3 +256,38 @@ def test_the_log_fold_is_the_plain_fold_where_both_hold_and_refuses_an_op_that_d
     for nd in (GraphNode("gelu", "act", (0,), fn=gelu), GraphNode("ln", "norm", (0,), units=8, group=8)):
         with pytest.raises(ValueError, match="does not say how it scales"):
             fold_ln([nodes[0], nd, GraphNode("out", "output", (1,))], 1.0)
+
+
+@pytest.mark.parametrize("net,init", CASES)
+@pytest.mark.parametrize("gains_at_d", [False, True])
+def test_the_graph_gives_the_plan_folds_whole_prediction(net, init, gains_at_d):
+    """``graphs.graph_predict`` against ``plans.predict`` (the engine's energy theory until 0.17,
+    the oracle now): every Record's ratios, every block's ln branch ratio and its forward and
+    backward branch-to-skip gains (the backward from what the branch and the skip gave the fork,
+    ``LnFold.ln_given``), at ||x||^2 = d - 2 and at d, at the init's variance and at half it --
+    to rounding (measured within 1e-15; gains relative)."""
+    steps, scheme = _steps(net), inits.get(init)
+    for wf in (1.0, 0.5):
+        want = plans.predict(steps, scheme, gains_at_d=gains_at_d, weight_factor=wf)
+        got = graphs.graph_predict(steps, scheme, weight_factor=wf, gains_at_d=gains_at_d)
+        assert got.ln_forward == pytest.approx(want.ln_forward, abs=1e-13, rel=0)
+        if want.ln_backward is None:
+            assert got.ln_backward is None and got.ln_branch is None
+        else:
+            assert got.ln_backward == pytest.approx(want.ln_backward, abs=1e-13, rel=0)
+            assert got.ln_branch == pytest.approx(want.ln_branch, abs=1e-13, rel=0)
+        assert len(got.gains) == len(want.gains) == sum(isinstance(st, plans.Close) for st in steps)
+        assert (len(got.gains) > 0) == (net not in ("mlp", "cnn"))
+        for g, w in zip(got.gains, want.gains):
+            assert g == pytest.approx(w, rel=1e-12, abs=1e-300)
+
+
+def test_a_blocks_backward_gain_reads_what_the_branch_gave_its_fork():
+    """The backward gain is the branch's share at the fork over the skip's: with the skip's and the
+    branch's contributions swapped it would be the reciprocal, which the He ResNet's gains (alpha =
+    1, a branch of two layers: 1/2 at the first block and growing) are not."""
+    steps, scheme = _steps("resnet"), inits.get("he")
+    got = graphs.graph_predict(steps, scheme).gains
+    want = plans.predict(steps, scheme).gains
+    assert [b for _, b in got] == pytest.approx([b for _, b in want], rel=1e-12)
+    assert [1.0 / b for _, b in got] != pytest.approx([b for _, b in want], rel=1e-3)
