@@ -314,7 +314,7 @@ def curvature(kind, spec, hs: specs.HessianSpec, progress, on_start) -> HessianR
 def spectrum(kind, spec, ss: specs.SpectrumSpec, progress, on_start) -> SpectrumResult:
     """Per init and weight draw the exact Jacobian of the net's last state in its input at
     ``ss.samples`` inputs x ~ N(0, I) (or its J^T J operator on the lanczos path), its singular
-    values and their summaries, beside the large-width prediction (``plans.predict_jacobian``)."""
+    values and their summaries, beside the large-width prediction (``plans.graphs.graph_jacobian``)."""
     device = dev.resolve_device(ss.device)
     dtype = dev.DTYPES[ss.dtype]
     shared.check_rows(kind, spec)

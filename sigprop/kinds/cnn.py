@@ -166,9 +166,9 @@ class CNN(Kind):
         return base.planned(plan, probe.samples, itemsize, free, check, self.size_fields, probe.stream)
 
     def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
-        """The energy-map prediction (``plans.predict``; none for an init without moments) with
-        its finite-width band (``plans.spread``: a conv's law, the i.i.d. rows' envelope; the
-        typical ratio var below the RMS, +- z sd)."""
+        """The energy-map prediction (``plans.graphs.graph_predict``, the graph fold; none for an
+        init without moments) with its finite-width band (``plans.spread``: a conv's law, the
+        i.i.d. rows' envelope; the typical ratio var below the RMS, +- z sd)."""
         pred = graphs.graph_predict(plan.steps, scheme) if scheme.moments is not None else None
         sep = (
             plans.Separation(None, None)

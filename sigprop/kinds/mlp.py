@@ -191,8 +191,8 @@ class MLP(Kind):
         return base.planned(self.plan(spec, probe.seed), probe.samples, itemsize, free, check, fields, stream)
 
     def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
-        """The composed prediction (``plans.predict``) with its exact finite-width band
-        (``plans.spread``: the exact per-layer cumulants, its drift the band's centre)."""
+        """The composed prediction (``plans.graphs.graph_predict``, the graph fold) with its exact
+        finite-width band (``plans.spread``: the exact per-layer cumulants, its drift the band's centre)."""
         pred = graphs.graph_predict(plan.steps, scheme)
         return RunTheory(
             pred,

@@ -249,8 +249,8 @@ def bn_record(arr: np.ndarray, l: int, batch: int) -> BNStats:
 
 
 def prediction(scheme, plan: ResNetPlan) -> plans.Prediction:
-    """The composed prediction (``plans.predict``; the branch-to-skip gains at the state's power
-    with ||x||^2 = d, docs/theory.md §7), or for the BN net De & Smith's mean-field recursion
+    """The composed prediction (``plans.graphs.graph_predict``; the branch-to-skip gains at the
+    state's power with ||x||^2 = d, docs/theory.md §7), or for the BN net De & Smith's mean-field recursion
     (``theory.bn_resnet_prediction``: batch norm has no per-sample energy map).  With biases in
     the branch its ratio depends on the state's norm: no branch prediction then."""
     if plan.stem:

@@ -376,8 +376,9 @@ class WRN(Kind):
         return base.planned(plan, probe.samples, itemsize, free, check, self.size_fields, probe.stream)
 
     def run_theory(self, scheme, spec, plan, probe) -> RunTheory:
-        """Per state (input, conv1, each block) the energy-map prediction (``plans.predict``) with
-        its finite-width band (``variances``), per block the branch ratio's."""
+        """Per state (input, conv1, each block) the energy-map prediction
+        (``plans.graphs.graph_predict``) with its finite-width band (``variances``), per block the
+        branch ratio's."""
         pred = plans.Prediction(None, None, None, None)
         sep = plans.Separation(None, None)
         if scheme.moments is not None or scheme.standardizes or plan.bn:
