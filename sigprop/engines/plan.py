@@ -422,7 +422,7 @@ def _spectrum_run(plan, name, scheme, draws, path, pooled, chosen, per_depth) ->
     """One init's record: the draws, the large-width prediction of the mean and variance of sigma^2
     and its density, the pooled histogram, and the spectrum against depth beside its prediction."""
     pred = graphs.graph_jacobian(plan.steps, scheme)
-    density = plans.predict_density(plan.steps, scheme)
+    density = graphs.graph_density(plan.steps, scheme)
     mean = None if pred is None or not math.isfinite(pred.mean) else pred.mean
     depths = []
     for k, depth in enumerate(chosen):

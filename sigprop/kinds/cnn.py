@@ -178,7 +178,7 @@ class CNN(Kind):
         return RunTheory(
             pred or plans.Prediction(None, None, None, None),
             sep,
-            plans.spread(plan.steps, False),
+            graphs.graph_spread(plan.steps, False),
             plan.entries,
             scheme.description,
         )

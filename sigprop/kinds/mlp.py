@@ -197,7 +197,7 @@ class MLP(Kind):
         return RunTheory(
             pred,
             plans.separation(plan.steps, scheme, pred, by=graphs.graph_predict),
-            plans.spread(plan.steps, scheme.orthogonal),
+            graphs.graph_spread(plan.steps, scheme.orthogonal),
             list(plan.widths),
             scheme.description,
             drift=True,

@@ -235,7 +235,7 @@ def weight_count(plan: ResNetPlan) -> int:
 def variances(orthogonal: bool, plan: ResNetPlan, gains) -> plans.Spread:
     """The spread of every entry and block (``plans.spread``: docs/theory.md §7) at the blocks'
     branch-to-skip ``gains`` [(forward, backward)]."""
-    return plans.spread(plan.steps, orthogonal, gains)
+    return graphs.graph_spread(plan.steps, orthogonal, gains)
 
 
 def bn_record(arr: np.ndarray, l: int, batch: int) -> BNStats:

@@ -217,7 +217,7 @@ def variances(steps_, gains: Sequence[tuple[float, float]] | None) -> plans.Spre
     cross term, at the branch-to-skip power ratios ``gains`` [(forward, backward)] per block
     (None: forward and backward 1/B_k, the proposed init's -- the reference of the ``preserved``
     allowance, which measured 1.5-3x wider than the across-draw spread forward: it errs wide)."""
-    return plans.spread(steps_, False, None if gains is None else list(gains))
+    return graphs.graph_spread(steps_, False, None if gains is None else list(gains))
 
 
 @functools.lru_cache(maxsize=16)

@@ -15,12 +15,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from sigprop import theory
+import numpy as np
+
+from sigprop import inits, theory
 from sigprop.inits import InitScheme
-from sigprop.maps import GraphNode, layers
-from sigprop.maps.free import fold_jacobian
+from sigprop.maps import GraphNode, free, layers
 from sigprop.maps.graph import fold_ln
-from sigprop.plans.folds import NotDerived, Prediction
+from sigprop.plans.folds import NotDerived, Prediction, Spread
 from sigprop.plans.steps import BatchNorm, Close, Conv, Linear, Open, Record, Step, input_shape
 
 #: a ReLU's node says it is positively homogeneous (``maps.graph.fold_ln`` carries its scale)
@@ -41,8 +42,8 @@ class PlanGraph:
     units: tuple[int, ...]
     #: per residual block, in the plan's order: its fork (the block's input), the first node of
     #: its branch and of its skip path reading the fork (the sum itself for an identity skip), its
-    #: branch times alpha (``scale``) and its skip's last node
-    blocks: tuple[tuple[int, int, int, int, int], ...] = ()
+    #: branch times alpha (``scale``), its skip's last node and the blocks of its stage
+    blocks: tuple[tuple[int, int, int, int, int, int], ...] = ()
     #: per node its units per sample
     sizes: tuple[int, ...] = ()
     #: the graph's folds so far, by (input energy, weight factor)
@@ -54,7 +55,11 @@ def _layer(st, scheme: InitScheme, inputs: tuple[int, ...], name: str) -> list[G
     bias variance, a conv with its window per spatial axis -- ``standardized`` where the init
     calibrates it), a training-mode batch norm where it has one, its ReLU."""
     if scheme.standardizes:  # calibrated on the batch: each unit mean 0, sd 1 (no moments)
-        out = [GraphNode(name, "standardized", inputs, width=st.role.fan_out)]
+        out = [
+            GraphNode(
+                name, "standardized", inputs, width=st.role.fan_out, params={"conv": isinstance(st, Conv)}
+            )
+        ]
     else:
         m = st.moments(scheme)
         mats = ()
@@ -98,7 +103,7 @@ def as_graph(steps: Sequence[Step], scheme: InitScheme) -> PlanGraph:
     bwd: list[int] = []
     units: list[int] = []
     forks: list[tuple[int, int]] = []
-    blocks: list[tuple[int, int, int, int, int]] = []
+    blocks: list[tuple[int, int, int, int, int, int]] = []
     cur, pre, width = 0, 0, C * H * W
     sizes = [width]  # per node, the units it carries
     for k, st in enumerate(steps):
@@ -106,7 +111,10 @@ def as_graph(steps: Sequence[Step], scheme: InitScheme) -> PlanGraph:
             pre, cur, width = len(nodes), _place(nodes, _layer(st, scheme, (cur,), f"layer{k}")), st.units_out
             sizes += [width] * (len(nodes) - len(sizes))
         elif isinstance(st, BatchNorm):
-            nodes.append(GraphNode(f"bn{k}", "norm", (cur,), forward=1.0, units=0, group=0))
+            # its channels (``width``): the spread of its ReLU's share of the power (``_SpreadLaws``)
+            nodes.append(
+                GraphNode(f"bn{k}", "norm", (cur,), forward=1.0, units=0, group=0, width=st.channels)
+            )
             nodes.append(GraphNode(f"bn{k}.relu", "act", (len(nodes) - 1,), fn=RELU, params=HOMOGENEOUS))
             sizes += [sizes[cur]] * 2
             pre = cur = len(nodes) - 1
@@ -125,7 +133,9 @@ def as_graph(steps: Sequence[Step], scheme: InitScheme) -> PlanGraph:
             nodes.append(GraphNode(f"add{k}", "add", (skip, branch)))
             sizes.append(sizes[branch])
             pre = cur = len(nodes) - 1
-            blocks.append((fork, first, branch + 1 if skip != fork else cur, branch, skip))
+            blocks.append(
+                (fork, first, branch + 1 if skip != fork else cur, branch, skip, st.blocks_in_stage)
+            )
         elif isinstance(st, Record):
             fwd.append(cur)
             bwd.append(pre if st.pre_activation else cur)
@@ -197,7 +207,7 @@ def graph_predict(
     energy = lambda f, i: -math.inf if f.ln_q[i] is None else f.ln_q[i] + math.log(g.sizes[i])
     given = lambda reader, fork: p.ln_given.get((reader, fork), -math.inf)
     branch, gains = [], []
-    for fork, first, skip_first, scale, skip in g.blocks:
+    for fork, first, skip_first, scale, skip, _ in g.blocks:
         branch.append(0.5 * (energy(p, scale) - energy(p, fork)))
         forward = math.exp(min(energy(at, scale) - energy(at, skip), 700.0))
         back = forward
@@ -207,6 +217,192 @@ def graph_predict(
     if fwd is not None and any(v is None for v in fwd):
         fwd = None
     return Prediction(fwd, bwd, branch if bwd is not None else None, gains)
+
+
+def graph_density(steps: Sequence[Step], scheme: InitScheme) -> theory.SpectralDensity | None:
+    """``plans.predict_density`` by the plan's graph: the large-width eigenvalue density of J J^T
+    (``theory.free_density``) for a chain of weight layers, each read off its node -- its rows'
+    mean squared norm, whether a ReLU reads it, its directions' S-transform coefficient, its
+    units in and out; None where the graph is not such a chain (a residual sum, a conv, a batch
+    norm, directions without a coefficient), for an init without moments or calibrated on the
+    batch, or for one layer (a spectrum of atoms)."""
+    if scheme.moments is None or scheme.standardizes:
+        return None
+    g = as_graph(steps, scheme)
+    out = []
+    for i, nd in enumerate(g.nodes):
+        if nd.op == "dense" and not nd.mats:
+            s1 = free.directions(nd)
+            if isinstance(s1, str):
+                return None
+            relu = i + 1 < len(g.nodes) and g.nodes[i + 1].op == "act"
+            out.append((nd.forward, relu, s1, g.sizes[nd.inputs[0]], nd.width))
+        elif nd.op not in ("input", "act", "output"):
+            return None
+    return theory.free_density(out) if len(out) > 1 else None
+
+
+def graph_spread(steps: Sequence[Step], orthogonal: bool, gains=None) -> Spread:
+    """``plans.spread``'s ``Spread`` by a fold over the plan's graph: per node the cumulants of
+    the per-sample ln ratio's spread, forward from the input and backward from the top Record's
+    node, each node adding its law to what its input (forward) or its reader (backward) had
+    (``_SpreadLaws``: a weight layer's power fluctuation, a ReLU layer's exact cumulants, a conv's
+    envelope, a batch norm's ReLU share, a residual block's step law at its sum from its
+    branch's widths and its gains), read at the Records' nodes.  ``orthogonal`` and ``gains`` as
+    ``plans.spread`` takes them (the scheme's rows; each block's branch-to-skip power ratios,
+    None for 1/B_k).  The scheme does not enter otherwise: the graph is built at He's moments."""
+    g = as_graph(steps, inits.INITS["he"])  # any init with moments: the laws read widths
+    laws = _SpreadLaws(g, orthogonal, gains)
+    n = len(g.nodes)
+    fwd: list = [None] * n
+    for i, nd in enumerate(g.nodes):
+        fwd[i] = (0.0, 0.0, 0.0) if nd.op == "input" else laws.forward(i, fwd)
+    top = g.backward[-1]
+    bwd: list = [None] * n
+    bwd[top] = (0.0, 0.0, 0.0)
+    for i in range(top, 0, -1):
+        if bwd[i] is not None:
+            for j, law in laws.backward(i):
+                bwd[j] = _plus(bwd[i], law) if bwd[j] is None else bwd[j]
+    return Spread(
+        np.array([fwd[i] for i in g.forward]).reshape(-1, 3),
+        np.array([bwd[i] for i in g.backward]).reshape(-1, 3),
+        [b[0] for b in laws.blocks],
+        [b[1] for b in laws.blocks],
+        [b[2] for b in laws.blocks],
+    )
+
+
+ZERO = (0.0, 0.0, 0.0)
+
+
+def _plus(a, b) -> tuple:
+    return tuple(x + y for x, y in zip(a, b))
+
+
+class _SpreadLaws:
+    """The finite-width laws of a plan's nodes (docs/theory.md §4, §7, §11), each the law of the
+    step the node belongs to: a weight layer without a ReLU its power fluctuation 2/n_out (a
+    quarter in ln of the norm), with one the exact cumulants of W then the mask
+    (``theory.relu_layer_log_cumulants``: n the layer's units, the other side's width its fan-in
+    forward, the fan-out of the layer reading its ReLU backward -- or, below a block, the units
+    the block reads; its own at the top), a conv the i.i.d. rows' envelope 5/(4 c_out) once, a
+    batch norm step its ReLU share's 3/(4 channels), a residual block at its sum
+    ``theory.resnet_step_variance`` with its branch's power variance (``theory.branch_variance``
+    over its widths, plus its batch norms'); the nodes inside a block add nothing to the
+    block's input and output (its sum carries the block)."""
+
+    def __init__(self, g: PlanGraph, orthogonal: bool, gains) -> None:
+        self.g, self.orthogonal, self.gains = g, orthogonal, gains
+        self.readers: list[list[int]] = [[] for _ in g.nodes]
+        for i, nd in enumerate(g.nodes):
+            for j in nd.inputs:
+                self.readers[j].append(i)
+        self.at_sum = {self._sum_of(b): b for b in g.blocks}
+        self.forks = {b[0] for b in g.blocks}
+        self.blocks = [self._block(k, b) for k, b in enumerate(g.blocks)]
+
+    def _sum_of(self, b) -> int:
+        return next(r for r in self.readers[b[3]] if self.g.nodes[r].op == "add")
+
+    def conv(self, nd) -> bool:
+        return bool(nd.mats) or bool(isinstance(nd.params, dict) and nd.params.get("conv"))
+
+    def layer(self, nd) -> bool:
+        return nd.op in ("dense", "standardized")
+
+    def envelope(self, nd) -> tuple:
+        return (0.0, theory.SPREAD_C_GAUSSIAN / (4.0 * nd.width), 0.0)
+
+    def mask(self, d, other: int) -> tuple:
+        return tuple(theory.relu_layer_log_cumulants(d.width, other, self.orthogonal))
+
+    def forward(self, i: int, fwd: list) -> tuple:
+        nd, nodes = self.g.nodes[i], self.g.nodes
+        if i in self.at_sum:  # a block: its step law on its input's
+            b = self.at_sum[i]
+            return _plus(fwd[b[0]], (0.0, self.blocks[self.g.blocks.index(b)][0], 0.0))
+        src = nd.inputs[0]
+        if self.layer(nd):
+            if self.conv(nd):
+                return _plus(fwd[src], self.envelope(nd))
+            relu = any(nodes[r].op == "act" for r in self.readers[i])
+            return fwd[src] if relu else _plus(fwd[src], (0.0, 2.0 / (4.0 * nd.width), 0.0))
+        if nd.op == "act" and self.layer(nodes[src]) and not self.conv(nodes[src]):
+            d = nodes[src]
+            return _plus(fwd[d.inputs[0]], self.mask(d, self.g.sizes[d.inputs[0]]))
+        if nd.op == "norm" and nd.width:  # a batch norm step (a conv's own adds nothing)
+            return _plus(fwd[src], (0.0, theory.SPREAD_C_HALF_GAUSSIAN / nd.width / 4.0, 0.0))
+        return fwd[src]
+
+    def backward(self, i: int) -> list[tuple[int, tuple]]:
+        """(input, the law its gradient adds passing node i to it) per input of node i."""
+        nd, nodes = self.g.nodes[i], self.g.nodes
+        if i in self.at_sum:  # a block: its step law, to its fork
+            b = self.at_sum[i]
+            return [(b[0], (0.0, self.blocks[self.g.blocks.index(b)][1], 0.0))]
+        src = nd.inputs[0] if nd.inputs else None
+        if src is None:
+            return []
+        if nd.op == "act":  # the mask of the layer it follows (a conv's envelope there)
+            own_bn = nodes[src].op == "norm" and not nodes[src].width
+            layer = nodes[src] if self.layer(nodes[src]) else nodes[nodes[src].inputs[0]] if own_bn else None
+            if layer is not None and self.conv(layer):
+                return [(src, self.envelope(layer))]
+            if layer is None or not self.layer(nodes[src]):  # a batch norm step's ReLU: its norm's law
+                return [(src, ZERO)]
+            return [(src, self.mask(layer, self._above(i, layer)))]
+        if self.layer(nd):
+            if self.conv(nd):
+                return [(src, ZERO if self._relu_after(i) else self.envelope(nd))]
+            return [(src, ZERO if self._relu_after(i) else (0.0, 2.0 / (4.0 * self.g.sizes[src]), 0.0))]
+        if nd.op == "norm" and nd.width:
+            return [(src, (0.0, theory.SPREAD_C_HALF_GAUSSIAN / nd.width / 4.0, 0.0))]
+        return [(src, ZERO)]
+
+    def _relu_after(self, i: int) -> bool:
+        """Whether a ReLU follows the layer at node i (through its own batch norm: one of no
+        ``width``, where a batch norm step's has its channels)."""
+        nodes = self.g.nodes
+        for r in self.readers[i]:
+            own_bn = nodes[r].op == "norm" and not nodes[r].width
+            if nodes[r].op == "act" or own_bn and any(nodes[q].op == "act" for q in self.readers[r]):
+                return True
+        return False
+
+    def _above(self, i: int, layer) -> int:
+        """The width on the weights' other side of the mask at ReLU node i, backward: the
+        units a block reads where i is a block's input, else the fan-out of the layer reading
+        it, else (the top) the layer's own."""
+        if i in self.forks:
+            return self.g.sizes[i]
+        readers = [r for r in self.readers[i] if self.layer(self.g.nodes[r])]
+        return self.g.nodes[readers[0]].width if readers else layer.width
+
+    def _block(self, k: int, b) -> tuple[float, float, float]:
+        """(forward, backward, branch ratio) variances a block adds (``plans.spread``'s block
+        law): its branch's widths from its first layer's input to its last layer."""
+        fork, first, _, scale, skip, blocks_in_stage = b
+        nodes, sizes = self.g.nodes, self.g.sizes
+        chain = list(range(first, scale))
+        inner = [nodes[j] for j in chain if self.layer(nodes[j])]
+        c_in = sizes[fork]
+        if self.conv(inner[0]) and inner[0].mats:
+            c_in = sizes[fork] // math.prod(m.shape[1] for m in inner[0].mats)
+        chans = [c_in] + [nd.width for nd in inner]
+        o = self.orthogonal and not self.conv(inner[0])
+        v_s = 2.0 / chans[-1] if skip != fork else 0.0
+        g_f, g_b = (1.0 / blocks_in_stage,) * 2 if self.gains is None else self.gains[k]
+        norms = sum(
+            theory.SPREAD_C_HALF_GAUSSIAN / nodes[j].width
+            for j in chain
+            if nodes[j].op == "norm" and nodes[j].width
+        )
+        v_f = theory.branch_variance(chans, o) + norms
+        v_b = theory.branch_variance(chans[::-1], o) + norms
+        f = theory.resnet_step_variance(g_f, v_f, v_s, sizes[scale])
+        back = theory.resnet_step_variance(g_b, v_b, v_s, sizes[fork])
+        return f, back, v_f / 4.0
 
 
 def graph_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float) -> list[float]:
@@ -235,7 +431,7 @@ def graph_jacobian(steps: Sequence[Step], scheme: InitScheme) -> theory.Spectrum
         why = f"init {scheme.name}"
     else:
         g = as_graph(steps, scheme)
-        states, why = fold_jacobian(g.nodes)
+        states, why = free.fold_jacobian(g.nodes)
         if not why:
             mean, v = states[g.nodes[-1].inputs[0]]
             return theory.SpectrumPrediction(mean, v * mean * mean)
@@ -253,7 +449,9 @@ __all__ = [
     "RELU",
     "as_graph",
     "graph_correlation",
+    "graph_density",
     "graph_jacobian",
     "graph_predict",
     "graph_prediction",
+    "graph_spread",
 ]

@@ -160,15 +160,14 @@ def test_a_conv_on_its_centre_tap_is_the_centre_window_of_the_graph(weight_facto
     assert p.ln_forward[-1] != pytest.approx(graphs.graph_prediction(steps, inits.get("he"))[0][-1], abs=0.01)
 
 
-MORE = {  # orthogonal and Gaussian rows, wide and narrow layers, projections with 2-layer branches
+MORE = {  # MLPs whose layers widen (n_out/n_in > 1) and narrow, at orthogonal and Gaussian rows
     "mlp-wide": MLPSpec(depth=5, input_dim=20, width=specs.WidthSpec(60, 60)),
     "mlp-narrowing": MLPSpec(depth=5, input_dim=80, width=specs.WidthSpec(10, 70)),
 }
+JACOBIAN = CASES + [(n, i) for n in MORE for i in ("proposed", "he", "pytorch-orthogonal")]
 
 
-@pytest.mark.parametrize(
-    "net,init", CASES + [(n, i) for n in MORE for i in ("proposed", "he", "pytorch-orthogonal")]
-)
+@pytest.mark.parametrize("net,init", JACOBIAN)
 def test_the_graph_folds_the_jacobian_spectrum_as_the_plan_does(net, init):
     """The Jacobian's moments as node laws (``maps.free.fold_jacobian``: a weight layer's
     mean-squared row norm and S-transform, a ReLU's (1/2, 1/2), a block's free sum) against the
@@ -291,3 +290,76 @@ def test_a_blocks_backward_gain_reads_what_the_branch_gave_its_fork():
     want = plans.predict(steps, scheme).gains
     assert [b for _, b in got] == pytest.approx([b for _, b in want], rel=1e-12)
     assert [1.0 / b for _, b in got] != pytest.approx([b for _, b in want], rel=1e-3)
+
+
+SPREAD_NETS = {
+    **{net: _steps for net in NETS},
+    "resnet-bn": ResNetSpec(blocks=5, stages=1, dim=24, norm="bn", block_depth=1, inits=("he",)),
+    "resnet-3": ResNetSpec(blocks=2, stages=3, dim=8, width=specs.WidthSpec(10, 30), block_depth=3),
+    "wrn-bottleneck": WRNSpec(blocks=2, image=(3, 8, 8), bottleneck=True),
+}
+
+
+def _spread_steps(net: str):
+    if net in NETS:
+        return _steps(net)
+    return kinds.get(net.split("-")[0]).plan(SPREAD_NETS[net], 0).steps
+
+
+@pytest.mark.parametrize("net", list(SPREAD_NETS))
+@pytest.mark.parametrize("orthogonal", [False, True])
+@pytest.mark.parametrize("gains", [None, "given"])
+def test_the_graph_folds_the_finite_width_spread_as_the_plan_does(net, orthogonal, gains):
+    """The spread as node laws folded over the plan's graph (``graphs.graph_spread``) against the
+    plan fold's (``plans.spread``, the engine's until 0.17, the oracle now; itself checked against
+    the four recursions the kinds kept, tests/theory/closed_forms.py): every Record's cumulants
+    forward and backward, every block's variances and its branch ratio's, at the proposed init's
+    gains and at given ones -- equal (the same laws summed in the same order: measured 0)."""
+    steps = _spread_steps(net)
+    blocks = sum(isinstance(st, plans.Close) for st in steps)
+    g = None if gains is None else [(0.3 + 0.1 * k, 0.5 + 0.05 * k) for k in range(blocks)]
+    want, got = plans.spread(steps, orthogonal, g), graphs.graph_spread(steps, orthogonal, g)
+    assert got.forward.shape == want.forward.shape and got.backward.shape == want.backward.shape
+    assert got.forward == pytest.approx(want.forward, abs=1e-15, rel=0)
+    assert got.backward == pytest.approx(want.backward, abs=1e-15, rel=0)
+    assert len(got.block_forward) == blocks
+    for a, b in ((got.block_forward, want.block_forward), (got.block_backward, want.block_backward)):
+        assert a == pytest.approx(b, abs=1e-15, rel=0)
+    assert got.branch == pytest.approx(want.branch, abs=1e-15, rel=0)
+
+
+def test_the_spread_comparison_can_fail(monkeypatch):
+    """A batch norm step's linear layer read as if a ReLU followed it (the first guess: through
+    the next block's batch norm and its ReLU) leaves the layer's 2/(4 d) out of the BN net's
+    backward spread at its input: the comparison above sees it (0.0208 of 0.0883)."""
+    steps = _spread_steps("resnet-bn")
+    want = plans.spread(steps, False).backward[0, 1]
+    assert graphs.graph_spread(steps, False).backward[0, 1] == pytest.approx(want, abs=1e-15)
+
+    def through_any_norm(self, i):
+        nodes = self.g.nodes
+        return any(
+            nodes[r].op == "act"
+            or nodes[r].op == "norm"
+            and any(nodes[q].op == "act" for q in self.readers[r])
+            for r in self.readers[i]
+        )
+
+    monkeypatch.setattr(graphs._SpreadLaws, "_relu_after", through_any_norm)
+    got = graphs.graph_spread(steps, False).backward[0, 1]
+    assert want - got == pytest.approx(2.0 / (4.0 * 24), rel=1e-12)
+
+
+@pytest.mark.parametrize("net,init", JACOBIAN)
+def test_the_graph_gives_the_free_density_of_a_dense_chain(net, init):
+    """``graphs.graph_density`` (each weight layer's (g2, ReLU, s1, n_in, n_out) read off its node)
+    against ``plans.predict_density`` (off its step): the same density where the plan is a chain
+    of dense layers (the MLPs, every init with moments; the free convolution reads the same
+    numbers, so the grids are equal), and none on both sides for residual blocks, convs, batch
+    norm or a calibrated init."""
+    steps = kinds.get("mlp").plan(MORE[net], 0).steps if net in MORE else _steps(net)
+    scheme = inits.get(init)
+    want, got = plans.predict_density(steps, scheme), graphs.graph_density(steps, scheme)
+    assert (got is None) == (want is None)
+    assert (want is not None) == (net.startswith("mlp") and init != "datadep")
+    assert got == want
