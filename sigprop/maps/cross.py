@@ -28,7 +28,6 @@ Any other op on the way raises ``Unsupported``: the fold then stops there (measu
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 from sigprop import theory
 from sigprop.maps.state import MAPS, merged
@@ -47,18 +46,6 @@ OPS = LINEAR | GAUSSIAN | FRESH | frozenset({"act", "sdpa"})
 
 class Unsupported(Exception):
     """A node the cross moments do not read (its name and op)."""
-
-
-def shared_draws(nodes) -> dict:
-    """The weight draws read at two or more nodes (``GraphNode.weight``), each with its readers'
-    count."""
-    count = Counter(nd.weight for nd in nodes if nd.weight)
-    return {k: c for k, c in count.items() if c > 1}
-
-
-def shared_keys(nodes) -> frozenset:
-    """The weight draws read at two or more nodes."""
-    return frozenset(shared_draws(nodes))
 
 
 def _mixing(params) -> tuple[float, float]:

@@ -30,6 +30,8 @@ from sigprop.maps.state import (
     blend,
     merged,
     scaled_parts,
+    shared_draws,
+    shared_keys,
     token_groups,
 )
 
@@ -129,7 +131,7 @@ def fold_graph(
     if not len(q_ins) == len(m_ins) == len(k_ins) == n_in:
         raise ValueError(f"{n_in} input nodes, {len(q_ins)} input moments")
     fold = Fold(nodes, [None] * n, weight_factor, grads=[None] * n, poisoned=[False] * n)
-    keys = cross.shared_keys(nodes)
+    keys = shared_keys(nodes)
     if keys:
         fold.cross = cross.Cross(fold, keys, merged)
         # the cross moments recurse along the graph (a 24-layer ALBERT: ~1000 nodes deep)
@@ -233,7 +235,7 @@ def fold_ln(
     if weight_factor != 1.0:
         nodes = _scaled(nodes, weight_factor)
     n = len(nodes)
-    if cross.shared_keys(nodes) or sum(1 for nd in nodes if nd.op == "input") != 1:
+    if shared_keys(nodes) or sum(1 for nd in nodes if nd.op == "input") != 1:
         raise ValueError("fold_ln: one input and no shared weight")
     maps = []
     for nd in nodes:
@@ -379,7 +381,7 @@ def _prediction(fold: Fold, unmapped: str, backward_why: str = "") -> GraphPredi
         ],
         dict(fold.entropy),
         backward_why,
-        cross.shared_draws(fold.nodes) if fold.cross is not None else {},
+        shared_draws(fold.nodes) if fold.cross is not None else {},
     )
 
 

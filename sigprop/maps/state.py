@@ -12,6 +12,7 @@ fold's module."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -214,6 +215,19 @@ class OpMap:
     degree: Callable | None = None
     scale_fields: tuple[str, ...] = ()
     jacobian: Callable | None = None
+
+
+def shared_draws(nodes) -> dict:
+    """The weight draws read at two or more nodes (``GraphNode.weight``: a module called again, a
+    copy not re-drawn; the moments they correlate are sigprop/maps/cross.py's), each with its
+    readers' count."""
+    count = Counter(nd.weight for nd in nodes if nd.weight)
+    return {k: c for k, c in count.items() if c > 1}
+
+
+def shared_keys(nodes) -> frozenset:
+    """The weight draws read at two or more nodes."""
+    return frozenset(shared_draws(nodes))
 
 
 #: the maps of every node op, registered by the traced ops' files (``map_op``)

@@ -4,10 +4,13 @@ node with its maps".  ``as_graph`` builds the nodes of a plan at the init's expe
 layer's ||W||^2/c_out its rows' second moment, its bias variance, a conv's window over the
 positions; a ReLU that says it is positively homogeneous); ``graph_prediction`` folds them with
 the graph fold that carries each node's scale as a logarithm (``maps.graph.fold_ln``) and reads
-the plan's ratios off the nodes its Records name; ``graph_correlation`` reads the pair kernels.
-The plan fold (``plans.predict``) stays the engine's theory: the graph fold is checked against it
-as its oracle (tests/theory/test_plan_graphs.py; docs/architecture.md, "Two folds, one set of
-layer maps").  No torch here."""
+the plan's ratios off the nodes its Records name, ``graph_predict`` the whole ``Prediction``
+(branch ratios and gains beside), ``graph_jacobian`` and ``graph_density`` the Jacobian's
+spectrum (the nodes' ``OpMap.jacobian`` laws), ``graph_spread`` the finite-width spread (each
+node's law, ``_SpreadLaws``), ``graph_correlation`` the pair kernels of a dense net.  These are
+the engine's theory of sigprop's own nets; the plan folds (sigprop/plans/folds.py) are their
+oracle (tests/theory/test_plan_graphs.py) and still give the engine its pair kernels
+(docs/architecture.md, "Two folds, one set of layer maps").  No torch here."""
 
 from __future__ import annotations
 

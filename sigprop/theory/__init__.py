@@ -29,7 +29,6 @@ from sigprop.theory.activation import (
     activation_moments,
     bivariate_moment,
     derivative_mean,
-    relu_shared_moments,
     shared_moments,
 )
 from sigprop.theory.attention import (
@@ -60,6 +59,7 @@ from sigprop.theory.correlation import (
     correlation_depth_scale,
     relu_cosine_map,
     relu_cosine_maps,
+    relu_shared_moments,
     standardized,
 )
 from sigprop.theory.free import (

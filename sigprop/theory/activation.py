@@ -129,28 +129,6 @@ class SharedMoments(tuple):
         return self
 
 
-def relu_shared_moments(second: float, shared: float) -> SharedMoments:
-    """``shared_moments`` of a ReLU at mean 0 in closed form: for (a, b) jointly Gaussian of
-    second moment q and E[a b] = ``shared`` (cosine c = shared/q), E[y] = sqrt(q/(2 pi)), E[y^2] =
-    q/2, E[y(a) y(b)] = (q/2) (sqrt(1 - c^2) + (pi - arccos c) c)/pi (the arc-cosine kernel of
-    degree 1, Cho & Saul 2009), E[phi'^2] = 1/2 and E[phi'(a) phi'(b)] = (pi - arccos c)/(2 pi)
-    (the degree-0 kernel).  What the graph fold reads for a ReLU that says it is positively
-    homogeneous (a sigprop plan's, ``plans.graphs``): exact, where the quadrature errs by ~1e-14
-    a layer, and free of its cache, whose keys (each layer's normalised q, equal up to rounding)
-    missed at every layer of a deep net (docs/theory.md §13)."""
-    if second <= 0.0:
-        return SharedMoments(0.0, 0.0, 0.0, 0.5, 0.5)
-    c = min(max(shared / second, -1.0), 1.0)
-    angle = math.acos(c)
-    return SharedMoments(
-        math.sqrt(second / (2.0 * math.pi)),
-        0.5 * second,
-        0.5 * second * (math.sqrt(1.0 - c * c) + (math.pi - angle) * c) / math.pi,
-        0.5,
-        (math.pi - angle) / (2.0 * math.pi),
-    )
-
-
 @functools.lru_cache(maxsize=QUADRATURE_CACHE)
 def bivariate_moment(phi, psi, mean_a: float, second_a: float, mean_b: float, second_b: float, cross: float):
     """E[phi(a) psi(b)] for (a, b) jointly Gaussian with means ``mean_a``, ``mean_b``, second

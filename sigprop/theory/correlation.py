@@ -8,6 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
+from sigprop.theory.activation import SharedMoments
+
 
 # --------------------------------------------------------------------------------------------
 # Correlation propagation at infinite width (the kernel recursion; docs/theory.md §10)
@@ -19,6 +21,27 @@ def relu_cosine_map(rho: float) -> float:
     f(-1) = 0; f(rho) > rho for rho < 1: a deep ReLU net maps every pair towards cosine 1."""
     rho = min(1.0, max(-1.0, float(rho)))
     return (math.sqrt(max(0.0, 1.0 - rho * rho)) + (math.pi - math.acos(rho)) * rho) / math.pi
+
+
+def relu_shared_moments(second: float, shared: float) -> SharedMoments:
+    """``shared_moments`` of a ReLU at mean 0 in closed form: for (a, b) jointly Gaussian of
+    second moment q and E[a b] = ``shared`` (cosine c = shared/q), E[y] = sqrt(q/(2 pi)), E[y^2] =
+    q/2, E[y(a) y(b)] = (q/2) ``relu_cosine_map(c)`` (the degree-1 arc-cosine kernel), E[phi'^2]
+    = 1/2 and E[phi'(a) phi'(b)] = (pi - arccos c)/(2 pi) (the degree-0 kernel, Cho & Saul 2009).
+    What the graph fold reads for a ReLU that says it is positively homogeneous (a sigprop
+    plan's, ``plans.graphs``): exact, where the quadrature errs by ~1e-14 a layer, and free of
+    its cache, whose keys (each layer's normalised q, equal up to rounding) missed at every
+    layer of a deep net (docs/theory.md §13)."""
+    if second <= 0.0:
+        return SharedMoments(0.0, 0.0, 0.0, 0.5, 0.5)
+    c = min(max(shared / second, -1.0), 1.0)
+    return SharedMoments(
+        math.sqrt(second / (2.0 * math.pi)),
+        0.5 * second,
+        0.5 * second * relu_cosine_map(c),
+        0.5,
+        (math.pi - math.acos(c)) / (2.0 * math.pi),
+    )
 
 
 def relu_cosine_maps(rho: np.ndarray) -> np.ndarray:
