@@ -12,7 +12,7 @@ and came back into it before leaving it for good) -- measured by a profiler hook
 
 A room entered twice is told apart by how it was called.  *By name*: the calling sigprop code
 names the function it calls (a helper, a method on an object whose class lives in a room on the
-stack) -- a layering fault, of which the three journeys have none since 0.17.0.dev0 (test:
+stack) -- a layering fault, of which the three journeys have none since 0.17.0 (test:
 tests/test_journeys.py).  *Handed down*: a function given to a lower room and called back
 through a parameter, a registry or torch -- the contract of a higher-order room, listed and
 left: the replay runner calls the unit's step body (kernels/replay.py: it must hold the body to
