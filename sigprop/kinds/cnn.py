@@ -204,7 +204,7 @@ def correlation(scheme, plan, c0: float, batch: int):
         return None, "no correlation map for batch-normalized conv nets"
     if scheme.moments is None:
         return None, stats.NO_CORRELATION_MAP
-    return plans.predict_correlation(plan.steps, scheme, c0, batch), ""
+    return graphs.graph_pair_kernels(plan.steps, scheme, c0, batch), ""
 
 
 def _end_checks(plan, layers, gate, th: RunTheory, z: float) -> list:

@@ -222,4 +222,4 @@ class MLP(Kind):
     def correlation(self, scheme, spec, plan, c0, batch):
         if scheme.moments is None and not scheme.standardizes:
             return None, stats.NO_CORRELATION_MAP
-        return plans.predict_correlation(plan.steps, scheme, c0, batch), ""
+        return graphs.graph_pair_kernels(plan.steps, scheme, c0, batch), ""

@@ -459,7 +459,7 @@ class ResNet(Kind):
     def correlation(self, scheme, spec, plan, c0, batch):
         if scheme.moments is None and not scheme.standardizes:
             return None, stats.NO_CORRELATION_MAP
-        return plans.predict_correlation(
+        return graphs.graph_pair_kernels(
             plan.steps, scheme, c0, batch
         ), ""  # the BN net: batch norm's standardised map
 

@@ -21,8 +21,7 @@ The steps live in sigprop/plans/steps.py (with the plan utilities, the memory a 
 needs among them), the folds in sigprop/plans/folds.py; this package gives both their one name,
 ``plans``.  sigprop/plans/graphs.py (imported by name, not here: it loads the maps) builds a
 plan as the graph of the maps' nodes, whose graph fold is the engine's theory (energies, gains,
-spread, spectrum) and which the tests hold to the plan folds here, its oracle; the engine reads
-the pair kernels here (``predict_correlation``).
+spread, spectrum, pair kernels) and which the tests hold to the plan folds here, its oracle.
 """
 
 from sigprop.plans.folds import (

@@ -7,10 +7,10 @@ the graph fold that carries each node's scale as a logarithm (``maps.graph.fold_
 the plan's ratios off the nodes its Records name, ``graph_predict`` the whole ``Prediction``
 (branch ratios and gains beside), ``graph_jacobian`` and ``graph_density`` the Jacobian's
 spectrum (the nodes' ``OpMap.jacobian`` laws), ``graph_spread`` the finite-width spread (each
-node's law, ``_SpreadLaws``), ``graph_correlation`` the pair kernels of a dense net.  These are
-the engine's theory of sigprop's own nets; the plan folds (sigprop/plans/folds.py) are their
-oracle (tests/theory/test_plan_graphs.py) and still give the engine its pair kernels
-(docs/architecture.md, "Two folds, one set of layer maps").  No torch here."""
+node's law, ``_SpreadLaws``), ``graph_pair_kernels`` the pair kernels (``_PairLaws``).  These
+are the engine's theory of sigprop's own nets; the plan folds (sigprop/plans/folds.py) are their
+oracle (tests/theory/test_plan_graphs.py; docs/architecture.md, "Two folds, one set of layer
+maps").  No torch here."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from sigprop import inits, theory
 from sigprop.inits import InitScheme
 from sigprop.maps import GraphNode, free, layers
 from sigprop.maps.graph import fold_ln
-from sigprop.plans.folds import NotDerived, Prediction, Spread
+from sigprop.plans.folds import Prediction, Spread
 from sigprop.plans.steps import BatchNorm, Close, Conv, Linear, Open, Record, Step, input_shape
 
 #: a ReLU's node says it is positively homogeneous (``maps.graph.fold_ln`` carries its scale)
@@ -408,19 +408,105 @@ class _SpreadLaws:
         return f, back, v_f / 4.0
 
 
-def graph_correlation(steps: Sequence[Step], scheme: InitScheme, c0: float) -> list[float]:
-    """The cosine of two inputs' states at every Record by the graph fold -- a node's shared
-    moment over its second moment, for inputs of cosine ``c0`` and equal norms: the pair kernel
-    ``plans.predict_correlation`` folds (docs/theory.md §10), the arc-cosine law of a ReLU being
-    the graph's two-input quadrature.  Raises ``NotDerived`` for a conv (the graph's shared
-    moment of a conv map is that of two positions of one sample, not of two samples) and for a
-    layer standardised over the batch (the graph's batch is of independent samples, the plan
-    fold's of pairs)."""
-    if scheme.standardizes or any(isinstance(st, (Conv, BatchNorm)) for st in steps):
-        raise NotDerived("the graph's shared moment is a pair kernel of a dense net's unstandardised layers")
+def graph_pair_kernels(steps: Sequence[Step], scheme: InitScheme, c0: float, batch: int) -> list[float]:
+    """``plans.predict_correlation`` by a fold over the plan's graph: the cosine of two inputs'
+    states at every Record, for inputs of cosine ``c0`` and equal norms, in batches of ``batch``
+    inputs made of pairs.  Each node maps the three per-position kernels (K_aa, K_ab, and K_perp
+    between inputs of different pairs, each summed over the channels, with their ln scale) as
+    its step does (``_PairLaws``: a weight layer's window sums times its rows' second moment over
+    its fan-in plus the bias variance, times its channels; a ReLU's arc-cosine law per position;
+    a layer standardised over the batch, ``theory.standardized``; a block's skip plus alpha^2
+    times its branch), docs/theory.md §10, §11.  Raises ValueError for a standardised conv (its
+    centring mixes the positions), as the plan fold."""
     g = as_graph(steps, scheme)
-    cosine = fold_ln(g.nodes, 1.0, c0).cosine
-    return [math.nan if cosine[i] is None else cosine[i] for i in g.forward]
+    laws = _PairLaws(g, batch)
+    C, H, W = input_shape(steps)
+    ones = np.ones((H, W)) * C
+    k: list = [None] * len(g.nodes)
+    k[0] = (ones, c0 * ones, 0.0 * ones, 0.0)
+    for i in range(1, len(g.nodes)):
+        k[i] = laws.node(i, k)
+    out = []
+    for i in g.forward:
+        aa = float(k[i][0].sum())
+        out.append(float(k[i][1].sum()) / aa if aa > 0 else math.nan)
+    return out
+
+
+#: why a conv standardised over the batch has no pair kernels (``plans.steps``' words)
+STANDARDISED_CONV = "standardised convs have no correlation map (their centring mixes the positions)"
+
+
+class _PairLaws:
+    """The pair kernels through each node of a plan's graph (``graph_pair_kernels``), each node's
+    law its step's (``plans.steps``' ``pair_kernels``, ``_standardised_kernel``)."""
+
+    def __init__(self, g: PlanGraph, batch: int) -> None:
+        self.g, self.batch = g, batch
+
+    def node(self, i: int, k: list):
+        nd, nodes = self.g.nodes[i], self.g.nodes
+        if nd.op == "add":
+            return _summed(k[nd.inputs[0]], k[nd.inputs[1]])
+        x = k[nd.inputs[0]]
+        if nd.op == "scale":
+            if nd.forward <= 0.0:  # a branch multiplied by 0 (SkipInit): no kernel
+                return (x[0] * 0.0, x[1] * 0.0, x[2] * 0.0, -math.inf)
+            return (*x[:3], x[3] + math.log(nd.forward))
+        if nd.op == "act":
+            aa, ab, perp, ln_s = x
+            live = np.where(aa > 0, aa, 1.0)
+            j = lambda v: theory.relu_cosine_maps(np.where(aa > 0, v / live, 0.0))
+            return _kernels(0.5 * aa, 0.5 * aa * j(ab), 0.5 * aa * j(perp), ln_s)
+        if nd.op == "standardized" or nd.op == "norm":
+            conv = nd.op == "norm" and not nd.width or nd.op == "standardized" and nd.params.get("conv")
+            if conv:
+                raise ValueError(STANDARDISED_CONV)
+            return _standardised(x, self.g.sizes[i], self.batch)
+        if nd.op == "dense":
+            if any(nodes[r].op == "norm" and not nodes[r].width for r in self._readers(i)):
+                raise ValueError(STANDARDISED_CONV)
+            c_in = self.g.sizes[nd.inputs[0]]
+            if nd.mats:
+                c_in //= math.prod(m.shape[1] for m in nd.mats)
+            aa, ab, perp, ln_s = x
+            b = nd.bias * math.exp(-ln_s) if nd.bias else 0.0
+            f = nd.forward / c_in
+            mapped = [nd.width * (f * theory.window_map(v, nd.mats) + b) for v in (aa, ab, perp)]
+            return _kernels(*mapped, ln_s)
+        return x  # output
+
+    def _readers(self, i: int) -> list[int]:
+        return [r for r, nd in enumerate(self.g.nodes) if i in nd.inputs]
+
+
+def _kernels(aa, ab, perp, ln_s):
+    """Kernels divided by their largest entry, its ln added to the running scale."""
+    top = float(aa.max())
+    scale = top if top > 0 else 1.0
+    return aa / scale, ab / scale, perp / scale, ln_s + math.log(scale)
+
+
+def _standardised(x, units: int, batch: int):
+    """Each unit centred and scaled over the batch of pairs (``theory.standardized``, no ReLU:
+    its ``act`` node follows), per position, the units per position summed."""
+    aa, ab, perp, _ = x
+    out = [np.empty_like(aa) for _ in range(3)]
+    per_position = units // aa.size
+    for idx in np.ndindex(aa.shape):
+        t = theory.standardized((float(aa[idx]), float(ab[idx]), float(perp[idx])), batch, False)
+        for j in range(3):
+            out[j][idx] = per_position * t[j]
+    return _kernels(*out, 0.0)
+
+
+def _summed(s, f):
+    """A block's sum: the skip's kernels plus the (alpha^2-scaled) branch's, at the larger scale."""
+    if f[3] == -math.inf:
+        return s
+    M = max(s[3], f[3])
+    ws, wf = math.exp(s[3] - M), math.exp(f[3] - M)
+    return tuple(ws * a + wf * b for a, b in zip(s[:3], f[:3])) + (M,)
 
 
 def graph_jacobian(steps: Sequence[Step], scheme: InitScheme) -> theory.SpectrumPrediction:
@@ -451,9 +537,9 @@ __all__ = [
     "PlanGraph",
     "RELU",
     "as_graph",
-    "graph_correlation",
     "graph_density",
     "graph_jacobian",
+    "graph_pair_kernels",
     "graph_predict",
     "graph_prediction",
     "graph_spread",

@@ -63,6 +63,18 @@ def test_the_graph_fold_of_a_plan_equals_the_plan_fold(net, init, weight_factor)
 DENSE = [(net, init) for net, init in CASES if net in ("mlp", "resnet") and init != "datadep"]
 
 
+def _shared_moment_cosines(steps, scheme, c0: float) -> list[float]:
+    """The cosine of two inputs' states at every Record read off the general maps' shared moment
+    (``maps.graph.fold_ln`` at k_in = c0 q_in: a node's shared moment over its second moment) --
+    a pair kernel only in a dense net without a batch-standardised layer (a conv's shared moment
+    is two positions' of one sample; the maps' batch is of independent samples, not pairs)."""
+    from sigprop.maps.graph import fold_ln
+
+    g = graphs.as_graph(steps, scheme)
+    cosine = fold_ln(g.nodes, 1.0, c0).cosine
+    return [math.nan if cosine[i] is None else cosine[i] for i in g.forward]
+
+
 @pytest.mark.parametrize("net,init", DENSE)
 @pytest.mark.parametrize("c0", [-0.5, 0.0, 0.3, 0.9])
 def test_the_graph_folds_the_pair_kernels_of_a_dense_plan(net, init, c0):
@@ -71,7 +83,7 @@ def test_the_graph_folds_the_pair_kernels_of_a_dense_plan(net, init, c0):
     graph fold's k/q (its ReLU's closed form, ``theory.relu_shared_moments``) -- cosines, so
     rounding alone: measured within 6.7e-16 (inputs anti-correlated too)."""
     steps, scheme = _steps(net), inits.get(init)
-    assert graphs.graph_correlation(steps, scheme, c0) == pytest.approx(
+    assert _shared_moment_cosines(steps, scheme, c0) == pytest.approx(
         plans.predict_correlation(steps, scheme, c0, 64), abs=1e-13, rel=0
     )
 
@@ -112,18 +124,12 @@ def test_the_relu_closed_forms_hold_for_anticorrelated_inputs():
     assert abs(got.derivative_cross - both.mean()) < 5 * both.std() / math.sqrt(n)
 
 
-def test_the_graph_has_no_pair_kernel_of_a_conv_or_a_batch_standardised_layer():
-    for net, init in [("cnn", "he"), ("wrn-bn", "he"), ("mlp", "datadep")]:
-        with pytest.raises(plans.NotDerived, match="pair kernel"):
-            graphs.graph_correlation(_steps(net), inits.get(init), 0.3)
-
-
 def test_the_comparison_can_fail():
     """The same plan's graph at twice the weight variance is not its plan fold at the init's."""
     steps, scheme = _steps("resnet"), inits.get("proposed")
     fwd, _ = graphs.graph_prediction(steps, scheme, 2.0)
     assert max(abs(a - b) for a, b in zip(fwd, plans.predict(steps, scheme).ln_forward)) > 0.3
-    near = graphs.graph_correlation(steps, scheme, 0.31)  # inputs a hundredth of cosine apart
+    near = graphs.graph_pair_kernels(steps, scheme, 0.31, 64)  # inputs a hundredth of cosine apart
     assert max(abs(a - b) for a, b in zip(near, plans.predict_correlation(steps, scheme, 0.3, 64))) > 1e-3
 
 
@@ -363,3 +369,37 @@ def test_the_graph_gives_the_free_density_of_a_dense_chain(net, init):
     assert (got is None) == (want is None)
     assert (want is not None) == (net.startswith("mlp") and init != "datadep")
     assert got == want
+
+
+PAIR_CASES = [
+    (net, init)
+    for net in SPREAD_NETS
+    for init in (NETS[net][1] if net in NETS else ("he", "proposed"))
+    if net != "wrn-bn"
+]
+
+
+@pytest.mark.parametrize("net,init", PAIR_CASES)
+@pytest.mark.parametrize("c0,batch", [(0.0, 64), (0.5, 8), (-0.3, 16)])
+def test_the_graph_folds_the_pair_kernels_as_the_plan_does(net, init, c0, batch):
+    """The pair kernels as node laws folded over the plan's graph (``graphs.graph_pair_kernels``:
+    K_aa, K_ab, K_perp per position through each node) against the plan fold's
+    ``plans.predict_correlation`` (the engine's until 0.17, the oracle now; itself checked
+    against Monte Carlo, tests/theory/test_correlation_theory.py): the cosine at every Record,
+    on every net -- convs' per-position kernels, the data-dependent MLP's and the BN ResNet's
+    batch standardisation of pairs, skipped branches -- at three cosines and batches, to
+    rounding (the same maps in the same order: measured within 1e-15)."""
+    steps, scheme = _spread_steps(net), inits.get(init)
+    want = plans.predict_correlation(steps, scheme, c0, batch)
+    got = graphs.graph_pair_kernels(steps, scheme, c0, batch)
+    assert len(got) == len(want) > 2
+    assert got == pytest.approx(want, abs=1e-13, rel=0, nan_ok=True)
+
+
+@pytest.mark.parametrize("net,init", [("wrn-bn", "he"), ("cnn", "datadep")])
+def test_a_conv_standardised_over_the_batch_has_no_pair_kernels_either_way(net, init):
+    steps, scheme = _spread_steps(net), inits.get(init)
+    with pytest.raises(ValueError, match="standardised convs"):
+        plans.predict_correlation(steps, scheme, 0.3, 16)
+    with pytest.raises(ValueError, match="standardised convs"):
+        graphs.graph_pair_kernels(steps, scheme, 0.3, 16)
