@@ -25,7 +25,19 @@ from sigprop.inits import InitScheme
 from sigprop.maps import GraphNode, free, layers
 from sigprop.maps.graph import fold_ln
 from sigprop.plans.folds import Prediction, Spread
-from sigprop.plans.steps import BatchNorm, Close, Conv, Linear, Open, Record, Step, input_shape
+from sigprop.plans.steps import (
+    STANDARDISED_CONV,
+    BatchNorm,
+    Close,
+    Conv,
+    Linear,
+    Open,
+    Record,
+    Step,
+    _rescaled,
+    _standardised_kernel,
+    input_shape,
+)
 
 #: a ReLU's node says it is positively homogeneous (``maps.graph.fold_ln`` carries its scale)
 HOMOGENEOUS = {"homogeneous": True}
@@ -433,10 +445,6 @@ def graph_pair_kernels(steps: Sequence[Step], scheme: InitScheme, c0: float, bat
     return out
 
 
-#: why a conv standardised over the batch has no pair kernels (``plans.steps``' words)
-STANDARDISED_CONV = "standardised convs have no correlation map (their centring mixes the positions)"
-
-
 class _PairLaws:
     """The pair kernels through each node of a plan's graph (``graph_pair_kernels``), each node's
     law its step's (``plans.steps``' ``pair_kernels``, ``_standardised_kernel``)."""
@@ -457,12 +465,13 @@ class _PairLaws:
             aa, ab, perp, ln_s = x
             live = np.where(aa > 0, aa, 1.0)
             j = lambda v: theory.relu_cosine_maps(np.where(aa > 0, v / live, 0.0))
-            return _kernels(0.5 * aa, 0.5 * aa * j(ab), 0.5 * aa * j(perp), ln_s)
+            return _rescaled((0.5 * aa, 0.5 * aa * j(ab), 0.5 * aa * j(perp), ln_s))
         if nd.op == "standardized" or nd.op == "norm":
             conv = nd.op == "norm" and not nd.width or nd.op == "standardized" and nd.params.get("conv")
             if conv:
                 raise ValueError(STANDARDISED_CONV)
-            return _standardised(x, self.g.sizes[i], self.batch)
+            # no ReLU inside: its ``act`` node follows
+            return _standardised_kernel(x, False, self.g.sizes[i] // x[0].size, self.batch)
         if nd.op == "dense":
             if any(nodes[r].op == "norm" and not nodes[r].width for r in self._readers(i)):
                 raise ValueError(STANDARDISED_CONV)
@@ -473,31 +482,11 @@ class _PairLaws:
             b = nd.bias * math.exp(-ln_s) if nd.bias else 0.0
             f = nd.forward / c_in
             mapped = [nd.width * (f * theory.window_map(v, nd.mats) + b) for v in (aa, ab, perp)]
-            return _kernels(*mapped, ln_s)
+            return _rescaled((*mapped, ln_s))
         return x  # output
 
     def _readers(self, i: int) -> list[int]:
         return [r for r, nd in enumerate(self.g.nodes) if i in nd.inputs]
-
-
-def _kernels(aa, ab, perp, ln_s):
-    """Kernels divided by their largest entry, its ln added to the running scale."""
-    top = float(aa.max())
-    scale = top if top > 0 else 1.0
-    return aa / scale, ab / scale, perp / scale, ln_s + math.log(scale)
-
-
-def _standardised(x, units: int, batch: int):
-    """Each unit centred and scaled over the batch of pairs (``theory.standardized``, no ReLU:
-    its ``act`` node follows), per position, the units per position summed."""
-    aa, ab, perp, _ = x
-    out = [np.empty_like(aa) for _ in range(3)]
-    per_position = units // aa.size
-    for idx in np.ndindex(aa.shape):
-        t = theory.standardized((float(aa[idx]), float(ab[idx]), float(perp[idx])), batch, False)
-        for j in range(3):
-            out[j][idx] = per_position * t[j]
-    return _kernels(*out, 0.0)
 
 
 def _summed(s, f):

@@ -43,6 +43,10 @@ class _Energy:
         return _Energy.of(self.m * math.exp(self.ln - M) + other.m * math.exp(b - M), M)
 
 
+#: why a conv standardised over the batch has no pair kernels (``pair_kernels``; the graph's too)
+STANDARDISED_CONV = "standardised convs have no correlation map (their centring mixes the positions)"
+
+
 class _Layer:
     """What a weighted step (``Linear``, ``Conv``) owns of the theory: its energy maps forward
     (``energy``: the input- and bias-driven maps through the layer, or its units where it
@@ -122,9 +126,7 @@ class _Layer:
         relu = self.relu if relu is None else relu
         if scheme.standardizes or self.bn:
             if isinstance(self, Conv):
-                raise ValueError(
-                    "standardised convs have no correlation map (their centring mixes the positions)"
-                )
+                raise ValueError(STANDARDISED_CONV)
             return _standardised_kernel(k, relu, self.role.fan_out, batch)
         m = self.moments(scheme)
         per_tap = m.row_sq / (m.c_in * (1 if m.taps == "centre" else m.kernel**2))
