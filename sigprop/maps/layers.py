@@ -324,11 +324,12 @@ def _act_forward(nd: GraphNode, i: int, fold) -> None:
     for s in fold.states[nd.inputs[0]]:
         if _homogeneous(nd) and s.mean == 0.0:  # a plan's ReLU: the closed form
             moments = lambda shared: theory.relu_shared_moments(s.q, shared)
-            m1, q1, d2 = (lambda m: (m[0], m[1], m[3]))(moments(0.0))
+            both = moments(s.shared)
+            m1, q1, d2 = both[0], both[1], both[3]  # its one-variable moments, exact
         else:
             moments = lambda shared: theory.shared_moments(nd.fn[0], nd.fn[1], s.mean, s.q, shared)
             m1, q1, d2 = theory.activation_moments(nd.fn[0], nd.fn[1], s.mean, s.q)
-        both = moments(s.shared)
+            both = moments(s.shared)
         k1 = min(both[2], q1)
         tokens = None
         if s.tokens is not None:  # the tokens of one sample: their own cross moments

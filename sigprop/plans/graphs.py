@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from sigprop import inits, theory
 from sigprop.inits import InitScheme
 from sigprop.maps import GraphNode, free, layers
 from sigprop.maps.graph import fold_ln
-from sigprop.plans.folds import Prediction, Spread
+from sigprop.plans.folds import Prediction, Spread, _plus
 from sigprop.plans.steps import (
     STANDARDISED_CONV,
     BatchNorm,
@@ -37,12 +37,28 @@ from sigprop.plans.steps import (
     _rescaled,
     _standardised_kernel,
     input_shape,
+    relu_kernels,
 )
 
 #: a ReLU's node says it is positively homogeneous (``maps.graph.fold_ln`` carries its scale)
 HOMOGENEOUS = {"homogeneous": True}
 #: a ReLU and its derivative as the maps read an activation (numpy, float64)
 RELU = layers.pair(layers.relu)
+
+
+class GraphBlock(NamedTuple):
+    """A residual block among a plan's nodes: its input (``fork``), the first node of its branch
+    (``first``) and of its skip path reading the fork (``skip_first``: the sum itself for an
+    identity skip), its branch times alpha (``scale``), its skip's last node (``skip``: the fork
+    for an identity skip), its sum (``add``) and the blocks of its stage."""
+
+    fork: int
+    first: int
+    skip_first: int
+    scale: int
+    skip: int
+    add: int
+    blocks_in_stage: int
 
 
 @dataclass(frozen=True)
@@ -55,12 +71,12 @@ class PlanGraph:
     forward: tuple[int, ...]
     backward: tuple[int, ...]
     units: tuple[int, ...]
-    #: per residual block, in the plan's order: its fork (the block's input), the first node of
-    #: its branch and of its skip path reading the fork (the sum itself for an identity skip), its
-    #: branch times alpha (``scale``), its skip's last node and the blocks of its stage
-    blocks: tuple[tuple[int, int, int, int, int, int], ...] = ()
+    #: the residual blocks, in the plan's order
+    blocks: tuple[GraphBlock, ...] = ()
     #: per node its units per sample
     sizes: tuple[int, ...] = ()
+    #: per node the nodes that read it
+    readers: tuple[tuple[int, ...], ...] = ()
     #: the graph's folds so far, by (input energy, weight factor)
     folds: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -118,7 +134,7 @@ def as_graph(steps: Sequence[Step], scheme: InitScheme) -> PlanGraph:
     bwd: list[int] = []
     units: list[int] = []
     forks: list[tuple[int, int]] = []
-    blocks: list[tuple[int, int, int, int, int, int]] = []
+    blocks: list[GraphBlock] = []
     cur, pre, width = 0, 0, C * H * W
     sizes = [width]  # per node, the units it carries
     for k, st in enumerate(steps):
@@ -148,16 +164,27 @@ def as_graph(steps: Sequence[Step], scheme: InitScheme) -> PlanGraph:
             nodes.append(GraphNode(f"add{k}", "add", (skip, branch)))
             sizes.append(sizes[branch])
             pre = cur = len(nodes) - 1
-            blocks.append(
-                (fork, first, branch + 1 if skip != fork else cur, branch, skip, st.blocks_in_stage)
-            )
+            skip_first = branch + 1 if skip != fork else cur
+            blocks.append(GraphBlock(fork, first, skip_first, branch, skip, cur, st.blocks_in_stage))
         elif isinstance(st, Record):
             fwd.append(cur)
             bwd.append(pre if st.pre_activation else cur)
             units.append(width)
     nodes.append(GraphNode("out", "output", (cur,)))
     sizes.append(sizes[cur])
-    return PlanGraph(tuple(nodes), tuple(fwd), tuple(bwd), tuple(units), tuple(blocks), tuple(sizes))
+    readers: list[list[int]] = [[] for _ in nodes]
+    for i, nd in enumerate(nodes):
+        for j in nd.inputs:
+            readers[j].append(i)
+    return PlanGraph(
+        tuple(nodes),
+        tuple(fwd),
+        tuple(bwd),
+        tuple(units),
+        tuple(blocks),
+        tuple(sizes),
+        tuple(tuple(r) for r in readers),
+    )
 
 
 def _place(nodes: list, made: list) -> int:
@@ -222,12 +249,12 @@ def graph_predict(
     energy = lambda f, i: -math.inf if f.ln_q[i] is None else f.ln_q[i] + math.log(g.sizes[i])
     given = lambda reader, fork: p.ln_given.get((reader, fork), -math.inf)
     branch, gains = [], []
-    for fork, first, skip_first, scale, skip, _ in g.blocks:
-        branch.append(0.5 * (energy(p, scale) - energy(p, fork)))
-        forward = math.exp(min(energy(at, scale) - energy(at, skip), 700.0))
+    for b in g.blocks:
+        branch.append(0.5 * (energy(p, b.scale) - energy(p, b.fork)))
+        forward = math.exp(min(energy(at, b.scale) - energy(at, b.skip), 700.0))
         back = forward
         if bwd is not None:
-            back = math.exp(min(given(first, fork) - given(skip_first, fork), 700.0))
+            back = math.exp(min(given(b.first, b.fork) - given(b.skip_first, b.fork), 700.0))
         gains.append((forward, back))
     if fwd is not None and any(v is None for v in fwd):
         fwd = None
@@ -282,17 +309,13 @@ def graph_spread(steps: Sequence[Step], orthogonal: bool, gains=None) -> Spread:
     return Spread(
         np.array([fwd[i] for i in g.forward]).reshape(-1, 3),
         np.array([bwd[i] for i in g.backward]).reshape(-1, 3),
-        [b[0] for b in laws.blocks],
-        [b[1] for b in laws.blocks],
-        [b[2] for b in laws.blocks],
+        [v[0] for v in laws.variances],
+        [v[1] for v in laws.variances],
+        [v[2] for v in laws.variances],
     )
 
 
 ZERO = (0.0, 0.0, 0.0)
-
-
-def _plus(a, b) -> tuple:
-    return tuple(x + y for x, y in zip(a, b))
 
 
 class _SpreadLaws:
@@ -309,16 +332,12 @@ class _SpreadLaws:
 
     def __init__(self, g: PlanGraph, orthogonal: bool, gains) -> None:
         self.g, self.orthogonal, self.gains = g, orthogonal, gains
-        self.readers: list[list[int]] = [[] for _ in g.nodes]
-        for i, nd in enumerate(g.nodes):
-            for j in nd.inputs:
-                self.readers[j].append(i)
-        self.at_sum = {self._sum_of(b): b for b in g.blocks}
-        self.forks = {b[0] for b in g.blocks}
-        self.blocks = [self._block(k, b) for k, b in enumerate(g.blocks)]
-
-    def _sum_of(self, b) -> int:
-        return next(r for r in self.readers[b[3]] if self.g.nodes[r].op == "add")
+        self.readers = g.readers
+        #: per block's sum, the block's index
+        self.at_sum = {b.add: k for k, b in enumerate(g.blocks)}
+        self.forks = {b.fork for b in g.blocks}
+        #: per block, the (forward, backward, branch ratio) variances it adds
+        self.variances = [self._block(k, b) for k, b in enumerate(g.blocks)]
 
     def conv(self, nd) -> bool:
         return bool(nd.mats) or bool(isinstance(nd.params, dict) and nd.params.get("conv"))
@@ -335,8 +354,8 @@ class _SpreadLaws:
     def forward(self, i: int, fwd: list) -> tuple:
         nd, nodes = self.g.nodes[i], self.g.nodes
         if i in self.at_sum:  # a block: its step law on its input's
-            b = self.at_sum[i]
-            return _plus(fwd[b[0]], (0.0, self.blocks[self.g.blocks.index(b)][0], 0.0))
+            k = self.at_sum[i]
+            return _plus(fwd[self.g.blocks[k].fork], (0.0, self.variances[k][0], 0.0))
         src = nd.inputs[0]
         if self.layer(nd):
             if self.conv(nd):
@@ -354,8 +373,8 @@ class _SpreadLaws:
         """(input, the law its gradient adds passing node i to it) per input of node i."""
         nd, nodes = self.g.nodes[i], self.g.nodes
         if i in self.at_sum:  # a block: its step law, to its fork
-            b = self.at_sum[i]
-            return [(b[0], (0.0, self.blocks[self.g.blocks.index(b)][1], 0.0))]
+            k = self.at_sum[i]
+            return [(self.g.blocks[k].fork, (0.0, self.variances[k][1], 0.0))]
         src = nd.inputs[0] if nd.inputs else None
         if src is None:
             return []
@@ -394,10 +413,10 @@ class _SpreadLaws:
         readers = [r for r in self.readers[i] if self.layer(self.g.nodes[r])]
         return self.g.nodes[readers[0]].width if readers else layer.width
 
-    def _block(self, k: int, b) -> tuple[float, float, float]:
+    def _block(self, k: int, b: GraphBlock) -> tuple[float, float, float]:
         """(forward, backward, branch ratio) variances a block adds (``plans.spread``'s block
         law): its branch's widths from its first layer's input to its last layer."""
-        fork, first, _, scale, skip, blocks_in_stage = b
+        fork, first, scale, skip, blocks_in_stage = b.fork, b.first, b.scale, b.skip, b.blocks_in_stage
         nodes, sizes = self.g.nodes, self.g.sizes
         chain = list(range(first, scale))
         inner = [nodes[j] for j in chain if self.layer(nodes[j])]
@@ -462,10 +481,7 @@ class _PairLaws:
                 return (x[0] * 0.0, x[1] * 0.0, x[2] * 0.0, -math.inf)
             return (*x[:3], x[3] + math.log(nd.forward))
         if nd.op == "act":
-            aa, ab, perp, ln_s = x
-            live = np.where(aa > 0, aa, 1.0)
-            j = lambda v: theory.relu_cosine_maps(np.where(aa > 0, v / live, 0.0))
-            return _rescaled((0.5 * aa, 0.5 * aa * j(ab), 0.5 * aa * j(perp), ln_s))
+            return _rescaled((*relu_kernels(*x[:3]), x[3]))
         if nd.op == "standardized" or nd.op == "norm":
             conv = nd.op == "norm" and not nd.width or nd.op == "standardized" and nd.params.get("conv")
             if conv:
@@ -473,7 +489,7 @@ class _PairLaws:
             # no ReLU inside: its ``act`` node follows
             return _standardised_kernel(x, False, self.g.sizes[i] // x[0].size, self.batch)
         if nd.op == "dense":
-            if any(nodes[r].op == "norm" and not nodes[r].width for r in self._readers(i)):
+            if any(nodes[r].op == "norm" and not nodes[r].width for r in self.g.readers[i]):
                 raise ValueError(STANDARDISED_CONV)
             c_in = self.g.sizes[nd.inputs[0]]
             if nd.mats:
@@ -484,9 +500,6 @@ class _PairLaws:
             mapped = [nd.width * (f * theory.window_map(v, nd.mats) + b) for v in (aa, ab, perp)]
             return _rescaled((*mapped, ln_s))
         return x  # output
-
-    def _readers(self, i: int) -> list[int]:
-        return [r for r, nd in enumerate(self.g.nodes) if i in nd.inputs]
 
 
 def _summed(s, f):
@@ -523,6 +536,7 @@ def graph_jacobian(steps: Sequence[Step], scheme: InitScheme) -> theory.Spectrum
 
 
 __all__ = [
+    "GraphBlock",
     "PlanGraph",
     "RELU",
     "as_graph",

@@ -134,9 +134,7 @@ class _Layer:
         b = m.bias_var * math.exp(-ln_s) if m.bias_var else 0.0
         s = [per_tap * theory.conv_box(v, m) + b for v in (aa, ab, perp)]
         if relu:
-            live = np.where(s[0] > 0, s[0], 1.0)
-            j = lambda x: theory.relu_cosine_maps(np.where(s[0] > 0, x / live, 0.0))
-            s = [0.5 * s[0], 0.5 * s[0] * j(s[1]), 0.5 * s[0] * j(s[2])]
+            s = relu_kernels(*s)
         return _rescaled(tuple(m.c_out * v for v in s) + (ln_s,))
 
 
@@ -389,6 +387,15 @@ def input_shape(steps: Sequence[Step]) -> tuple[int, int, int]:
 
 def _standardises(st, scheme: InitScheme) -> bool:
     return scheme.standardizes or st.bn
+
+
+def relu_kernels(aa, ab, perp) -> list:
+    """Per position the three kernels after a ReLU of jointly Gaussian pre-activations: half the
+    second moment, and each cross kernel half of it times the arc-cosine law of its cosine
+    (``theory.relu_cosine_maps``); zero where the second moment is."""
+    live = np.where(aa > 0, aa, 1.0)
+    j = lambda x: theory.relu_cosine_maps(np.where(aa > 0, x / live, 0.0))
+    return [0.5 * aa, 0.5 * aa * j(ab), 0.5 * aa * j(perp)]
 
 
 def _rescaled(k):
