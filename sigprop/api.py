@@ -23,8 +23,11 @@ from typing import Callable
 
 from sigprop import kinds, run, specs, sweeps, theory
 from sigprop.errors import SigpropError
+from sigprop.options import declared_options
 from sigprop.public import API
 from sigprop.results import RESULT_SCHEMA, Check, CheckOutcome, CheckReport, HessianResult, ProbeResult
+from sigprop.width import check as width_engine
+from sigprop.width.spec import WidthNet, WidthSpec, widths_of
 
 ProgressFn = run.ProgressFn
 
@@ -382,3 +385,62 @@ def keyword_names() -> list[str]:
 
 
 __all__ = [*PUBLIC, *keyword_names()]
+
+
+def width_check_of(net, spec, command: str = "", progress=None):
+    """The coordinate check of a ``WidthNet`` under a ``WidthSpec`` (sigprop/width/)."""
+    return width_engine.width_check(net, spec, command=command, progress=progress)
+
+
+def width_check(
+    net,
+    /,
+    *,
+    widths=None,
+    input_shape=None,
+    vocab: int | None = None,
+    width_arg: str = "width",
+    args: dict | None = None,
+    chain: bool = False,
+    progress=None,
+    **options,
+):
+    """The coordinate check (``sigprop width``; Yang et al. 2021, section 6) from Python.
+
+    ``net``: a net kind's name with its width options as keywords
+    (``sigprop.width_check("mlp", depth=4, widths=[64, 128, 256])``), or a factory called as
+    ``net(**args, width=w)`` (``width_arg`` names the keyword) at each of ``widths``, fed
+    ``input_shape`` Gaussians or token ids below ``vocab``; ``chain``: its weight layers are a
+    chain (SP's exponents are then derived along it).  The other keywords are ``WidthSpec``'s
+    (``params``, ``optimizer``, ``lr``, ``steps``, ``seeds``, ``seed``, ``batch_size``, ``loss``,
+    ``base_width``, ``max_width_slope``, ``device``).  Returns a ``WidthResult``: ``passed`` is
+    True when every run is width-stable."""
+    spec_names = {o.name for o in declared_options(WidthSpec)}
+    if isinstance(net, str):
+        kind = kinds.KINDS.get(net)
+        if kind is None or kind.width_options is None:
+            have = [k.name for k in kinds.KINDS.values() if k.width_options is not None]
+            raise SigpropError(
+                f"no coordinate check for {net!r}; choose from {', '.join(have)}", field="kind"
+            )
+        own = {o.name for o in kind.width_options}
+        values = {k: options.pop(k) for k in list(options) if k in own and k not in spec_names}
+        if widths is not None:
+            values["widths"] = tuple(widths)
+        the_net = kind.width_net(values)
+    elif callable(net):
+        if widths is None or input_shape is None:
+            raise SigpropError("a factory needs widths= and input_shape=", field="widths")
+        shape = (int(input_shape),) if isinstance(input_shape, int) else tuple(int(d) for d in input_shape)
+        the_net = WidthNet(net, widths_of(list(widths)), shape, dict(args or {}), width_arg, vocab, chain)
+    else:
+        raise SigpropError(
+            f"expected a kind's name or a factory of widths, got {type(net).__name__}", field="net"
+        )
+    unknown = sorted(set(options) - spec_names)
+    if unknown:
+        raise SigpropError(
+            f"unknown keyword {unknown[0]!r}; choose from {', '.join(sorted(spec_names))}", field=unknown[0]
+        )
+    spec = WidthSpec(**options)
+    return width_check_of(the_net, spec, progress=progress)

@@ -15,4 +15,5 @@ API = (
     "rerun_specs",
     "rerun",
     "theory_table",
+    "width_check",
 )

@@ -120,6 +120,7 @@ FAMILIES = {
     "probe": None,
     "curvature": ("hessian",),
     "spectrum": ("spectrum",),
+    "width": ("width",),
     "tools": ("sweep", "plot", "rerun", "check", "theory", "inits", "cite", "env"),
 }
 

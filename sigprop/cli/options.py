@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from sigprop import inits, kinds, specs
 from sigprop.options import declared_options
+from sigprop.width.spec import WidthSpec
 
 #: the flag (or argument) of each library field whose name is not "--" + field with dashes (the
 #: net kinds' own flags are read from their options: ``flag``)
@@ -50,6 +51,8 @@ def flag(field: str) -> str:
     """The CLI's name for a library field (``input_dim`` -> ``--input-dim``); several, joined by /."""
     own = {o.name: o.cli_flag for k in kinds.KINDS.values() for o in k.options}
     own |= {o.name: o.cli_flag for o in specs.probe_options() if o.cli}
+    own |= {o.name: o.cli_flag for o in declared_options(WidthSpec)}
+    own |= {o.name: o.cli_flag for k in kinds.KINDS.values() for o in k.width_options or ()}
     return "/".join(FLAGS.get(f) or own.get(f) or "--" + f.replace("_", "-") for f in field.split("/"))
 
 

@@ -123,6 +123,9 @@ class Kind:
     #: ``sigprop hessian`` takes this kind
     curvature: ClassVar[bool] = True
 
+    #: ``sigprop width KIND``'s own options, the net's (None: the kind has no coordinate check)
+    width_options: ClassVar[tuple[Opt, ...] | None] = None
+
     # -- specs -------------------------------------------------------------------------------
     def make(self, values: dict, inits_: tuple[str, ...] | None) -> Any:
         """The spec from option values (CLI strings, TOML or JSON values, API keywords) and the
@@ -133,6 +136,11 @@ class Kind:
         """The spec a result document's ``config`` records (``sigprop rerun``)."""
         values = {o.name: config[o.name] for o in self.options if o.name in config}
         return self.make(values, tuple(config["inits"]))
+
+    def width_net(self, values: dict) -> Any:
+        """The net ``sigprop width`` trains (``sigprop.width.spec.WidthNet``) from the values of
+        ``width_options``."""
+        raise NotImplementedError
 
     def sweep_spec(self, size: int, width: int, init: str, input_dim: int | None) -> Any:
         """One point of ``sigprop sweep``: the net at this size and width, one init."""

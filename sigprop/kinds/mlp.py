@@ -15,6 +15,7 @@ from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, SweepAxes
 from sigprop.plans import graphs
 from sigprop.results import NO_TEST, Check, RatioStats
+from sigprop.width.spec import WidthNet, widths_of
 
 #: Figure 1 (top) of Arpit et al. 2019, appendix A.1: the three schemes compared there
 DEFAULT_INITS = ("he", "proposed", "proposed-gaussian")
@@ -153,6 +154,21 @@ class MLP(Kind):
         if "width" in v:
             v["width"] = specs.WidthSpec.parse(str(v["width"]))
         return MLPSpec(**v, inits=DEFAULT_INITS if inits_ is None else inits_)
+
+    width_options = (
+        Opt("widths", str, "64,128,256,512,1024", "The widths n, comma-separated.", parse=widths_of),
+        Opt("depth", int, 4, "Number of weight layers L (input, L-2 hidden, readout).", min=2),
+        Opt("input_dim", int, 32, "Input dimension n_0 (fixed: it does not grow with the width).", min=1),
+        Opt("classes", int, 10, "Outputs (classes of the cross-entropy; fixed).", min=1),
+    )
+
+    def width_net(self, values: dict) -> WidthNet:
+        """The plain ReLU MLP (no weight normalization: the abc-parametrizations are stated for
+        plain weights, Yang & Hu 2021, section 3) at each width, a chain of weight layers."""
+        v = {o.name: o.default for o in self.width_options} | dict(values)
+        widths = v["widths"] if isinstance(v["widths"], tuple) else widths_of(v["widths"])
+        net = {"depth": v["depth"], "input_dim": v["input_dim"], "classes": v["classes"]}
+        return WidthNet("sigprop.width.nets:relu_mlp", widths, (v["input_dim"],), net, chain=True)
 
     def sweep_spec(self, size, width, init, input_dim):
         return MLPSpec(

@@ -28,6 +28,7 @@ from sigprop.errors import SigpropError, described
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Opt, SweepAxes
 from sigprop.results import Check
+from sigprop.width.spec import WidthNet, widths_of
 
 #: the structure only a model provides: inits that keep or read its own weights (``as-is``)
 MODEL = inits.MODEL
@@ -407,6 +408,26 @@ class ModuleKind(Kind):
             shown="all at once",
         ),
     )
+    width_options = (
+        Opt("target", str, None, "The model: MODULE:CALLABLE or FILE.py:CALLABLE.", positional=True),
+        Opt(
+            "args",
+            str,
+            None,
+            "A keyword argument of the callable, name=value (a Python literal; repeatable); the width is "
+            "the one given as a comma list of integers (width=64,128,256).",
+            flag="--arg",
+            repeat=True,
+        ),
+        Opt(
+            "input_shape",
+            str,
+            None,
+            "The input's shape without the batch (e.g. 3,32,32; with --vocab a sequence length).",
+            shown="required",
+        ),
+        Opt("vocab", int, None, "Token inputs: ids uniform in [0, VOCAB) of --input-shape.", min=1),
+    )
     hints = Hints(
         spread="run",
         width="units",
@@ -439,6 +460,36 @@ class ModuleKind(Kind):
             if v.get(name) is None:
                 v.pop(name, None)
         return ModuleSpec(**v, inits=("as-is",) if inits_ is None else inits_)
+
+    def width_net(self, values: dict) -> WidthNet:
+        """The user's factory at each width: the one ``--arg`` given as a comma list of integers is
+        the width (its keyword, ``WidthNet.width_arg``); the others are fixed keyword arguments.
+        A model (the API) may give ``widths`` and ``width_arg`` themselves."""
+        target = values.get("target")
+        if not target:
+            raise SigpropError("give the model: sigprop width module FILE.py:CALLABLE", field="target")
+        factory = resolve_target(target) if isinstance(target, str) else target
+        fixed, axis = [], []
+        for item in values.get("args") or ():
+            if "=" not in item:
+                raise SigpropError(f"expected name=value, got {item!r}", field="arg")
+            name, text = (t.strip() for t in item.split("=", 1))
+            (axis if len(arg_values(name, text)) > 1 else fixed).append((name, text))
+        if len(axis) != 1:
+            named = f" ({', '.join(n for n, _ in axis)} are)" if axis else ""
+            raise SigpropError(
+                "give the width as exactly one --arg NAME=64,128,256 (a comma list of integers)" + named,
+                field="arg",
+            )
+        width_arg, text = axis[0]
+        widths = widths_of(arg_values(width_arg, text), field="arg")
+        shape = ModuleSpec._shapes_of(values.get("input_shape") or ())
+        if not shape:
+            raise SigpropError("give the input's shape without the batch, e.g. 3,32,32", field="input_shape")
+        if isinstance(shape[0], tuple):
+            raise SigpropError("the coordinate check takes one input tensor", field="input_shape")
+        kwargs = parse_args(f"{n}={t}" for n, t in fixed)
+        return WidthNet(factory, widths, shape, kwargs, width_arg, values.get("vocab"))
 
     def sweep_fields(self) -> tuple[str, ...]:
         return ("target", "arg", "input_shape", "sites", "vocab")

@@ -46,6 +46,7 @@ from sigprop.plot.sweep import (
     build_sweep_figure,
     sweep_figure,
 )
+from sigprop.plot.width import build_width_figure, width_figure
 
 __all__ = [
     "build_compare_figure",
@@ -71,4 +72,6 @@ __all__ = [
     "save",
     "spectrum_figure",
     "sweep_figure",
+    "build_width_figure",
+    "width_figure",
 ]

@@ -1,5 +1,5 @@
 """Rendering only (../shared/STYLE.md habit 5): rich tables, JSON, CSV -- one module per feature
-(``probe``, ``curvature``, ``spectrum``, ``check``, ``tables``) and what they share
+(``probe``, ``curvature``, ``spectrum``, ``check``, ``tables``, ``width``) and what they share
 (``common``).  Nothing here computes a statistic; numbers are formatted from the result records
 as they are.  Every name is re-exported here."""
 
@@ -54,6 +54,7 @@ from sigprop.report.tables import (
     render_inits,
     render_theory,
 )
+from sigprop.report.width import render_width, width_table
 
 __all__ = [
     "CSV_FIELDS",
@@ -95,4 +96,6 @@ __all__ = [
     "to_json",
     "to_json_line",
     "verdict_words",
+    "render_width",
+    "width_table",
 ]

@@ -2,8 +2,9 @@
 else, decides the keys of every document sigprop writes -- one module per feature: ``probe``
 (``sigprop.result.v1``), ``curvature`` (``sigprop.hessian.v1``), ``spectrum``
 (``sigprop.spectrum.v1``), ``check`` (``sigprop.check.v1``), ``sweep`` (``sigprop.sweep.v1``;
-``sigprop.sweep.failed.v1``: a point that raised), ``tables`` (``sigprop.theory.v1``), and what
-they share (``common``).  Every name is re-exported here.  Plain data; no torch."""
+``sigprop.sweep.failed.v1``: a point that raised), ``tables`` (``sigprop.theory.v1``), ``width``
+(``sigprop.width.v1``), and what they share (``common``).  Every name is re-exported here.
+Plain data; no torch."""
 
 from sigprop.results.check import (
     CHECK_SCHEMA,
@@ -59,6 +60,7 @@ from sigprop.results.tables import (
     ResnetRow,
     TheoryResult,
 )
+from sigprop.results.width import WIDTH_SCHEMA, SiteSlope, WidthResult, WidthRun
 
 __all__ = [
     "BNStats",
@@ -101,4 +103,8 @@ __all__ = [
     "separates",
     "spectrum_row",
     "sweep_row",
+    "WIDTH_SCHEMA",
+    "SiteSlope",
+    "WidthResult",
+    "WidthRun",
 ]

@@ -150,6 +150,23 @@ COMMANDS = {
         "--at": st.sampled_from(["1", "1,2", "0", "x", "99"]),
         "--plot": st.sampled_from(["fig.png", "fig.xyz"]),
     },
+    "width": {
+        "--widths": st.sampled_from(["8,16,32", "8", "8,8", "0,8", "x", ""]),
+        "--depth": st.sampled_from(["3", "1", "x"]),
+        "--arg": st.sampled_from(["width=8,16,32", "width=8", "depth=2", "width=a,b", "x=("]),
+        "--input-shape": st.sampled_from(["4", "0", "a", ""]),
+        "--param": st.sampled_from(["sp", "mup", "ntk", "as-is", "xp"]),
+        "--optimizer": st.sampled_from(["sgd", "adam", "lbfgs"]),
+        "--lr": st.sampled_from(["0.01", "0", "-1", "1e30", "x", "nan"]),
+        "--steps": st.sampled_from(["1", "0", "x"]),
+        "--seeds": st.sampled_from(["1", "2", "0"]),
+        "--base-width": st.sampled_from(["8", "0"]),
+        "--max-width-slope": st.sampled_from(["0.25", "0", "-1", "inf"]),
+        "--loss": st.sampled_from(["xent", "mse", "l1"]),
+        "--device": st.sampled_from(["cpu", "tpu", "auto"]),
+        "--format": st.sampled_from(["table", "json", "csv"]),
+        "--plot": st.sampled_from(["fig.png", "fig.xyz"]),
+    },
     "theory": {
         "--n": st.sampled_from(["2", "1", "1000000000000", "0", "x"]),
         "--blocks": INT,
@@ -253,6 +270,14 @@ def argv(draw):
             args += ["--width", "4"] + (
                 ["--depth", "2", "--input-dim", "4"] if args[1] == "mlp" else ["--blocks", "1", "--dim", "4"]
             )
+    if cmd == "width":  # a net, small and fast unless a draw says otherwise
+        which = draw(st.sampled_from(["mlp", "module", "", "resnet"]))
+        args += [which, "--steps", "1", "--batch-size", "4"]
+        if which == "mlp":
+            args += ["--widths", "8,16,32", "--depth", "3", "--input-dim", "4"]
+        elif which == "module":
+            args += [draw(st.sampled_from(["net.py:wide", "net.py:mlp"])), "--arg", "width=8,16,32"]
+            args += ["--input-shape", "4"]
     if cmd in ("plot", "rerun", "check"):
         args.append(draw(st.sampled_from(["FILE", "missing.txt", "", "∂"])))
     for _ in range(draw(st.integers(0, 5))):
@@ -285,6 +310,8 @@ def _prepare(tmp: Path, toml: str) -> None:
         "import torch.nn as nn\n"
         "def mlp(depth=3, width=4):\n"
         "    return nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(4, 4), nn.ReLU())])\n"
+        "def wide(width=4):\n"
+        "    return nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 3))\n"
     )
 
 

@@ -1,0 +1,288 @@
+"""A coordinate check from a factory of widths (``sigprop.width_check``): every (parametrization,
+width, seed) point trained and recorded (sigprop/width/train.py), each site's slopes fitted
+(sigprop/width/fit.py) beside the exponents of sigprop/theory/width.py, and the two verdicts
+read per parametrization from its own points only (a run reads the same alone and beside
+others)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict
+from fractions import Fraction
+from typing import Callable
+
+import torch
+
+from sigprop import specs
+from sigprop.errors import SigpropError, described
+from sigprop.kernels.device import resolve_device
+from sigprop.model.build import build
+from sigprop.model.forward import Deterministic
+from sigprop.results.width import SiteSlope, WidthResult, WidthRun
+from sigprop.theory import width as theory
+from sigprop.width import fit, train
+from sigprop.width import params as P
+from sigprop.width.attention import AttentionScale
+from sigprop.width.spec import WidthNet, WidthSpec, validate
+
+#: seed streams of the check (specs.derive_seed)
+STREAM_BATCH, STREAM_PARAMS = 11, 12
+
+
+def _batch(spec: WidthSpec, net: WidthNet, seed_index: int, device) -> torch.Tensor:
+    """The fixed batch of one seed: Gaussian inputs, or token ids uniform below the vocabulary;
+    the same at every width and for every parametrization (their slopes share its noise)."""
+    gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_BATCH, seed_index))
+    shape = (spec.batch_size, *net.input_shape)
+    if net.vocab is not None:
+        return torch.randint(net.vocab, shape, generator=gen).to(device)
+    return torch.randn(shape, generator=gen).to(device)
+
+
+def _targets(spec: WidthSpec, seed_index: int):
+    def target_of(y: torch.Tensor) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_BATCH, seed_index, 1))
+        if spec.loss == "xent":
+            return torch.randint(y.shape[-1], y.shape[:-1], generator=gen).to(y.device)
+        return torch.randn(y.shape, generator=gen).to(y.device)
+
+    return target_of
+
+
+def _roles_by_width(factory, widths, seed: int) -> dict[int, list[P.Role]]:
+    """Each width's parameter roles, read against another width of the same factory."""
+    models = {w: build(lambda w=w: factory(w), seed, 0) for w in widths}
+    out = {}
+    for i, w in enumerate(widths):
+        other = widths[1] if i == 0 else widths[0]
+        out[w] = P.roles(models[w], models[other])
+    first = [(r.name, r.role) for r in out[widths[0]]]
+    for w in widths[1:]:
+        if [(r.name, r.role) for r in out[w]] != first:
+            raise SigpropError(
+                f"the layers' roles differ at width {w}: the width must scale them alike", field="arg"
+            )
+    return out
+
+
+def _f(x: Fraction | None) -> float | None:
+    return None if x is None else float(x)
+
+
+def _slopes(
+    spec: WidthSpec, net: WidthNet, param: str, points: dict, sites: list[train.Site]
+) -> list[SiteSlope]:
+    widths = sorted(net.widths)
+    out = []
+    for step in range(spec.steps + 1):
+        predicted = theory.site_exponents(param, spec.optimizer, [s.role for s in sites], step, net.chain)
+        for i, site in enumerate(sites):
+
+            def values(stat):
+                return [[points[(w, k)].stats[stat][i][step] for w in widths] for k in range(spec.seeds)]
+
+            l1, l1_se = fit.slope(widths, values("l1"))
+            delta, delta_se = (None, None) if step == 0 else fit.slope(widths, values("delta"))
+            mean = lambda v: [sum(col) / len(col) for col in zip(*v)]
+            e = predicted[i]
+            out.append(
+                SiteSlope(
+                    site.name,
+                    site.role,
+                    step,
+                    l1,
+                    l1_se,
+                    delta,
+                    delta_se,
+                    _f(e.init) if step == 0 else None,
+                    _f(e.low),
+                    _f(e.high),
+                    mean(values("l1")),
+                    mean(values("delta")),
+                )
+            )
+    return out
+
+
+def _agree(s: SiteSlope) -> str:
+    """ "=" where the slope lies within its band (theory.SLOPE_BAND + 2 se) of the predicted
+    exponent or interval, "≠" where not, "" where nothing is predicted or measurable."""
+    band = float(theory.SLOPE_BAND)
+    if s.step == 0 and s.init is not None and s.l1 is not None:
+        return "=" if abs(s.l1 - s.init) <= band + 2 * (s.l1_se or 0.0) else "≠"
+    if s.step > 0 and s.low is not None and s.delta is not None:
+        slack = band + 2 * (s.delta_se or 0.0)
+        return "=" if s.low - slack <= s.delta <= s.high + slack else "≠"
+    return ""
+
+
+def _exp(x: float | None) -> str:
+    return "—" if x is None else theory.fmt_exponent(Fraction(x).limit_denominator(12))
+
+
+def _drift(spec: WidthSpec, slopes: list[SiteSlope]):
+    """The first step at which a slope exceeds the gate, and there the largest: (slope record,
+    "activations" or "updates", value, se), or None."""
+    for step in range(spec.steps + 1):
+        found = [
+            (value, s, what, se)
+            for s in slopes
+            if s.step == step
+            for what, value, se in (("activations", s.l1, s.l1_se), ("updates", s.delta, s.delta_se))
+            if value is not None and value > spec.max_width_slope
+        ]
+        if found:
+            value, s, what, se = max(found, key=lambda f: f[0])
+            return s, what, value, se
+    return None
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    return _exp(low) if low == high else f"{_exp(low)} to width^{_exp(high)}"
+
+
+def verdicts(spec: WidthSpec, param: str, slopes: list[SiteSlope]) -> tuple[bool, str, str, str]:
+    """(width_stable, its words, theory's "agrees"/"differs"/"not derived", its words): the
+    first step at which a slope drifts above the gate and its largest there; the first site
+    and step whose slope differs from its exponent."""
+    gate = spec.max_width_slope
+    drift = _drift(spec, slopes)
+    name = {"sp": "SP", "mup": "μP", "ntk": "NTK"}.get(param, param)
+    opt = {"sgd": "SGD", "adam": "Adam"}[spec.optimizer]
+    if drift is None:
+        stable = f"{name} with {opt}: width-stable (every slope <= {gate:g} through step {spec.steps})"
+    else:
+        s, what, value, se = drift
+        pred = ""
+        if s.high is not None:
+            init = 0.0 if s.init is None else s.init
+            low, high = (s.low, s.high) if what == "updates" else (max(init, s.low), max(init, s.high))
+            pred = f"; theory: ∝ width^{_interval(low, high)}"
+        stable = (
+            f"{name} with {opt}: {s.role} site {s.site!r} {what} grow ∝ width^{value:.2f}"
+            f"{'' if se is None else f' ± {se:.2f}'} from step {s.step} (> {gate:g}{pred})"
+        )
+    for s in slopes:
+        s.agrees = _agree(s)
+    compared = [s for s in slopes if s.agrees]
+    differ = [s for s in compared if s.agrees == "≠"]
+    if not compared:
+        return drift is None, stable, "not derived", f"{name}: no exponent derived for its sites"
+    if not differ:
+        return (
+            drift is None,
+            stable,
+            "agrees",
+            f"{name}: all {len(compared)} slopes compared agree with theory",
+        )
+    s = differ[0]
+    if s.step == 0:
+        what, measured, pred = "activation", s.l1, _exp(s.init)
+    else:
+        what, measured, pred = "update", s.delta, _interval(s.low, s.high)
+    words = (
+        f"{name}: {len(differ)} of {len(compared)} slopes differ from theory, first {s.role} site "
+        f"{s.site!r} step {s.step}: {what} ∝ width^{measured:.2f}, theory width^{pred}"
+    )
+    return drift is None, stable, "differs", words
+
+
+def _attention_dims(factory, base: int, x: torch.Tensor, seed: int) -> list[int]:
+    """The head dimension of each attention call of the model's forward at the base width (μP's
+    attention scaling reads them: sigprop/width/attention.py); empty without attention."""
+    model = build(lambda: factory(base), seed, 0).to(x.device)
+    rec = AttentionScale()
+    with torch.no_grad(), Deterministic(), rec:
+        model(x)
+    return rec.dims
+
+
+def factory_of(net: WidthNet) -> Callable[[int], torch.nn.Module]:
+    """width -> module: the net's target (a callable, or ``package.module:callable``) called with
+    its keyword arguments and the width."""
+    target = net.target
+    if isinstance(target, str):
+        where, _, name = target.partition(":")
+        try:
+            target = getattr(importlib.import_module(where), name)
+        except (ImportError, AttributeError) as exc:
+            raise SigpropError(f"cannot load {net.target!r}: {described(exc)}", field="target") from None
+    return lambda w: target(**net.kwargs, **{net.width_arg: w})
+
+
+def width_check(net: WidthNet, spec: WidthSpec, *, command: str = "", progress=None) -> WidthResult:
+    """Run the coordinate check of ``net`` under ``spec``: per parametrization, width and seed a
+    fresh draw trained ``spec.steps`` steps; the slopes, the exponents and the verdicts."""
+    validate(spec, net)
+    factory = factory_of(net)
+    widths = sorted(net.widths)
+    base = spec.base_width or widths[0]
+    device = resolve_device(spec.device)
+    roles = _roles_by_width(factory, widths, spec.seed)
+    mup = "mup" in spec.params
+    dims = _attention_dims(factory, base, _batch(spec, net, 0, device), spec.seed) if mup else []
+    runs = []
+    done, total = 0, len(spec.params) * spec.seeds * len(widths)
+    for param in spec.params:
+        points: dict = {}
+        for k in range(spec.seeds):
+            x = _batch(spec, net, k, device)
+            for w in widths:
+                model = build(lambda w=w: factory(w), spec.seed, 1 + k).to(device)
+                gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_PARAMS, k, w))
+                points[(w, k)] = train.run_point(
+                    model,
+                    roles[w],
+                    param=param,
+                    optimizer=spec.optimizer,
+                    lr=spec.lr,
+                    ratio=w / base,
+                    steps=spec.steps,
+                    x=x,
+                    target_of=_targets(spec, k),
+                    loss=spec.loss,
+                    gen=gen,
+                    width=w,
+                    seed=k,
+                    attention=(lambda: AttentionScale(dims)) if (param == "mup" and dims) else None,
+                )
+                if progress:
+                    done += 1
+                    progress(done, total, f"{param} width {w} seed {k}")
+        sites = points[(widths[0], 0)].sites
+        slopes = _slopes(spec, net, param, points, sites)
+        stable, stable_words, agrees, theory_words = verdicts(spec, param, slopes)
+        loss = [
+            [
+                sum(points[(w, k)].loss[t] for k in range(spec.seeds)) / spec.seeds
+                for t in range(spec.steps + 1)
+            ]
+            for w in widths
+        ]
+        description = theory.PARAMETRIZATIONS.get(param, "the model's own parametrization, read, not changed")
+        runs.append(WidthRun(param, description, slopes, stable, stable_words, agrees, theory_words, loss))
+    target = (
+        net.target if isinstance(net.target, str) else getattr(net.target, "__qualname__", repr(net.target))
+    )
+    config = {
+        **asdict(spec),
+        "params": list(spec.params),
+        "widths": widths,
+        "base_width": base,
+        "target": target,
+        "kwargs": {
+            k: repr(v) if not isinstance(v, (int, float, str, bool, type(None))) else v
+            for k, v in net.kwargs.items()
+        },
+        "width_arg": net.width_arg,
+        "input_shape": list(net.input_shape),
+        "vocab": net.vocab,
+        "chain": net.chain,
+        "attention_calls": len(dims),
+    }
+    return WidthResult(
+        command=command,
+        config=config,
+        environment={"torch": torch.__version__, "device": str(device)},
+        runs=runs,
+    )

@@ -1,0 +1,115 @@
+"""A parametrization applied to a torch model (Yang et al. 2021, Table 3; sigprop/theory/width.py):
+each parameter's role read off how its shape changes between two widths of the same factory
+(``mup``'s base shapes: the dimensions that grow are its "infinite" ones), its weights redrawn
+N(0, 1/fan_in) times the role's init scaling, and one optimizer parameter group per learning
+rate."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import torch
+import torch.nn as nn
+
+from sigprop.errors import SigpropError
+from sigprop.theory import width as theory
+
+
+@dataclass(frozen=True)
+class Role:
+    """One parameter's role: its name, role (theory.ROLES), fan-in, and whether it is a module's
+    ``bias`` (zeroed under a parametrization sigprop applies)."""
+
+    name: str
+    role: str
+    fan_in: int
+    bias: bool
+
+
+def _owner(model: nn.Module, name: str) -> nn.Module:
+    return model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+
+
+def roles(model: nn.Module, other: nn.Module) -> list[Role]:
+    """The role of each of ``model``'s parameters, compared with the same factory's ``other`` (a
+    different width): a matrix whose output and input dimensions both change is ``hidden``, only
+    its output ``input``, only its input ``output``; a vector that changes is ``vector``;
+    anything else ``fixed``.  An ``nn.Embedding``'s table is (vocabulary, width): its input is the
+    vocabulary.  Refused where no parameter changes (the width is not the model's)."""
+    theirs = dict(other.named_parameters())
+    out = []
+    for name, p in model.named_parameters():
+        q = theirs.get(name)
+        if q is None or q.dim() != p.dim():
+            raise SigpropError(
+                f"parameter {name!r} is not in the model at every width: the width argument must change "
+                "sizes only, not the layers",
+                field="arg",
+            )
+        grows = [a != b for a, b in zip(p.shape, q.shape)]
+        owner = _owner(model, name)
+        leaf = name.rpartition(".")[2]
+        if p.dim() == 1 or p.dim() == 0:
+            role = "vector" if any(grows) else "fixed"
+            out.append(Role(name, role, 1, leaf == "bias"))
+            continue
+        if isinstance(owner, nn.Embedding):
+            grow_out, grow_in, fan_in = grows[1], grows[0], 1
+        else:
+            grow_out, grow_in = grows[0], any(grows[1:])
+            fan_in = math.prod(p.shape[1:])
+        role = {
+            (True, True): "hidden",
+            (True, False): "input",
+            (False, True): "output",
+            (False, False): "fixed",
+        }[(grow_out, grow_in)]
+        out.append(Role(name, role, fan_in, False))
+    if all(r.role == "fixed" for r in out):
+        raise SigpropError(
+            "the width changes no layer of the model (no parameter's size differs)", field="arg"
+        )
+    return out
+
+
+def ratio_power(ratio: float, exponent: Fraction) -> float:
+    """(n/n0)^-exponent."""
+    return float(ratio) ** (-float(exponent))
+
+
+@torch.no_grad()
+def apply(
+    model: nn.Module, roles_: list[Role], param: str, optimizer: str, ratio: float, gen: torch.Generator
+) -> None:
+    """Redraw ``model``'s weights for ``param`` at width ratio n/n0 = ``ratio``: every matrix of a
+    growing role N(0, 1/fan_in) times (n/n0)^-init (an embedding's table N(0, 1)), every growing
+    bias zero; norms' gains and fixed weights kept as the factory drew them.  ``as-is`` changes
+    nothing."""
+    if param == theory.AS_IS:
+        return
+    params = dict(model.named_parameters())
+    for r in roles_:
+        p = params[r.name]
+        if r.role in ("input", "hidden", "output"):
+            sc = theory.scaling(param, optimizer, r.role)
+            std = ratio_power(ratio, sc.init) / math.sqrt(r.fan_in)
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype, device="cpu").to(p.device) * std)
+        elif r.role == "vector" and r.bias:
+            p.zero_()
+
+
+def groups(
+    model: nn.Module, roles_: list[Role], param: str, optimizer: str, lr: float, ratio: float
+) -> list[dict]:
+    """The optimizer's parameter groups: one per learning rate, each role's ``lr`` times
+    (n/n0)^-lr (Yang et al. 2021, Table 3); ``as-is`` and SP one group at ``lr``."""
+    params = dict(model.named_parameters())
+    by_lr: dict[float, list] = {}
+    for r in roles_:
+        rate = lr
+        if param != theory.AS_IS:
+            rate = lr * ratio_power(ratio, theory.scaling(param, optimizer, r.role).lr)
+        by_lr.setdefault(rate, []).append(params[r.name])
+    return [{"params": ps, "lr": rate} for rate, ps in by_lr.items()]

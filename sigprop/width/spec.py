@@ -1,0 +1,135 @@
+"""What a coordinate check runs (``WidthSpec``) and what net it runs on (``WidthNet``), declared
+once for the command line, the API and the JSON (sigprop/options.py); no torch."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from sigprop.errors import SigpropError
+from sigprop.options import declared
+from sigprop.theory import width as theory
+
+PARAM_CHOICES = (*theory.PARAMETRIZATIONS, theory.AS_IS)
+#: the default gate: a slope above it (a factor 2 over a 16x width range is 0.25) is growth
+MAX_WIDTH_SLOPE = 0.25
+
+
+def widths_of(text, field: str = "widths") -> tuple[int, ...]:
+    """``64,128,256`` (or a list of ints) as a tuple of widths; one line naming ``field`` where it
+    is not a comma list of positive integers."""
+    items = [str(t).strip() for t in text] if isinstance(text, (list, tuple)) else str(text).split(",")
+    try:
+        out = tuple(int(t) for t in items)
+    except ValueError:
+        raise SigpropError(f"expected widths like 64,128,256, got {text!r}", field=field) from None
+    if any(w < 1 for w in out):
+        raise SigpropError(f"widths must be positive, got {text!r}", field=field)
+    return out
+
+
+@dataclass(frozen=True)
+class WidthNet:
+    """The net a check trains: ``target`` (``MODULE:CALLABLE`` or ``FILE.py:CALLABLE``, or the
+    callable itself from the API) called with ``kwargs`` and the width as ``width_arg``; the
+    ``widths``; its input (``input_shape`` per example, or token ids below ``vocab``); and whether
+    its weight layers form a chain (sigprop's MLP: SP's exponents are derived along it)."""
+
+    target: object
+    widths: tuple[int, ...]
+    input_shape: tuple[int, ...]
+    kwargs: dict = field(default_factory=dict)
+    width_arg: str = "width"
+    vocab: int | None = None
+    chain: bool = False
+
+
+@dataclass(frozen=True)
+class WidthSpec:
+    """How a coordinate check runs (``sigprop width``; Yang et al. 2021, section 6): the
+    parametrizations, the optimizer and its base learning rate, the steps, the seeds (each a
+    fresh batch, targets and weights), the batch size, the loss, the base width (None: the
+    smallest), the gate's slope, the device."""
+
+    params: tuple[str, ...] = declared(
+        str,
+        ("sp", "mup"),
+        "Parametrization (repeatable): sp, mup, ntk (SGD only) applied by sigprop; as-is: the model's own.",
+        repeat=True,
+        choices=PARAM_CHOICES,
+        flag="--param",
+        shown="sp and mup",
+    )
+    optimizer: str = declared(str, "adam", "The optimizer of the steps.", choices=theory.OPTIMIZERS)
+    lr: float = declared(
+        float, 0.01, "The base learning rate (at the base width; each layer's scales by its role)."
+    )
+    steps: int = declared(int, 3, "Optimizer steps K: the sites are recorded at steps 0 (init) to K.", min=1)
+    seeds: int = declared(
+        int, 2, "Independent draws of the weights, batch and targets (the slopes' error).", min=1
+    )
+    seed: int = declared(int, 0, "Base seed.", min=0)
+    batch_size: int = declared(int, 64, "Examples in the fixed batch each step trains on.", min=1)
+    loss: str = declared(
+        str,
+        "xent",
+        "xent (random labels over the output's last dimension) or mse (random targets).",
+        choices=("xent", "mse"),
+    )
+    base_width: int | None = declared(
+        int, None, "The width at which every parametrization is the same net.", min=1, shown="the smallest"
+    )
+    max_width_slope: float = declared(
+        float,
+        MAX_WIDTH_SLOPE,
+        "The gate: a slope of log scale on log width above it is growth (--check fails).",
+    )
+    device: str = declared(str, "auto", "auto, cpu, cuda or cuda:K (auto = CUDA when available).")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", tuple(self.params))
+
+
+def validate(spec: WidthSpec, net: WidthNet) -> None:
+    """Refuse a check in one line naming its option."""
+    w = net.widths
+    if len(w) < 2:
+        raise SigpropError("give at least two widths", field="widths")
+    if any(not isinstance(x, int) or x < 1 for x in w) or len(set(w)) != len(w):
+        raise SigpropError(f"widths must be distinct positive integers, got {list(w)}", field="widths")
+    if not spec.params:
+        raise SigpropError("give at least one parametrization", field="params")
+    for p in spec.params:
+        if p not in PARAM_CHOICES:
+            raise SigpropError(
+                f"unknown parametrization {p!r}; choose from {', '.join(PARAM_CHOICES)}", field="params"
+            )
+    if len(set(spec.params)) != len(spec.params):
+        raise SigpropError("a parametrization is named twice", field="params")
+    if spec.optimizer not in theory.OPTIMIZERS:
+        raise SigpropError(f"unknown optimizer {spec.optimizer!r}; choose from sgd, adam", field="optimizer")
+    if "ntk" in spec.params and spec.optimizer != "sgd":
+        raise SigpropError(
+            "ntk is defined for SGD (Yang & Hu 2021, Table 1); with adam use sp or mup", field="params"
+        )
+    if not (spec.lr > 0 and math.isfinite(spec.lr)):
+        raise SigpropError(f"the learning rate must be positive, got {spec.lr}", field="lr")
+    if spec.steps < 1:
+        raise SigpropError("give at least one step", field="steps")
+    if spec.seeds < 1:
+        raise SigpropError("give at least one seed", field="seeds")
+    if spec.seeds == 1 and len(w) < 3:
+        raise SigpropError("one seed needs three widths for a slope's standard error", field="seeds")
+    if spec.batch_size < 1:
+        raise SigpropError("the batch must hold at least one example", field="batch_size")
+    if spec.base_width is not None and spec.base_width < 1:
+        raise SigpropError("the base width must be positive", field="base_width")
+    if spec.loss not in ("xent", "mse"):
+        raise SigpropError(f"unknown loss {spec.loss!r}; choose from xent, mse", field="loss")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", spec.device):
+        raise SigpropError(
+            f"unknown device {spec.device!r}; choose from auto, cpu, cuda, cuda:K", field="device"
+        )
+    if not (spec.max_width_slope > 0 and math.isfinite(spec.max_width_slope)):
+        raise SigpropError("the gate's slope must be positive", field="max_width_slope")

@@ -1,0 +1,188 @@
+"""One point of a coordinate check: a model at one width and seed, trained ``steps`` optimizer
+steps on a fixed random batch, each site's output recorded before every step (step 0: at init)
+as ``mup``'s coordinate check does (Yang et al. 2021, section 6 and appendix D.1): the mean |x|
+(``l1``, mup's statistic), the root mean square (``rms``) and the change from init per element
+(``delta``: rms of h_t - h_0)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from sigprop.errors import SigpropError
+from sigprop.model.forward import Deterministic, first_line
+from sigprop.width import params as P
+
+STATS = ("l1", "rms", "delta")
+
+
+@dataclass
+class Site:
+    """A site: the output of a module that owns a weight of a growing role."""
+
+    name: str
+    role: str
+
+
+@dataclass
+class Point:
+    """The records of one (parametrization, width, seed): per site, per step, each statistic."""
+
+    param: str
+    width: int
+    seed: int
+    sites: list[Site]
+    #: stats[statistic][site][step]
+    stats: dict[str, list[list[float]]] = field(default_factory=dict)
+    loss: list[float] = field(default_factory=list)
+
+
+def sites(model: nn.Module, roles_: list[P.Role]) -> list[tuple[str, nn.Module, str]]:
+    """(path, module, role) of every module owning a matrix of a growing role (its own, not its
+    children's), in ``named_modules`` order; the role is its first such matrix's."""
+    role_of = {r.name: r.role for r in roles_}
+    out = []
+    for path, m in model.named_modules():
+        for pname, p in m.named_parameters(recurse=False):
+            role = role_of.get(f"{path}.{pname}" if path else pname)
+            if p.dim() >= 2 and role in ("input", "hidden", "output"):
+                out.append((path, m, role))
+                break
+    return out
+
+
+def _tensor(y):
+    if isinstance(y, torch.Tensor):
+        return y
+    if isinstance(y, (tuple, list)) and y and isinstance(y[0], torch.Tensor):
+        return y[0]
+    if hasattr(y, "logits"):
+        return y.logits
+    if isinstance(y, dict) and "logits" in y:
+        return y["logits"]
+    return None
+
+
+class _Recorder:
+    """Forward hooks keeping each site's output of the current forward (a reused module: its
+    first call)."""
+
+    def __init__(self, found) -> None:
+        self.out: dict[str, torch.Tensor] = {}
+        self.handles = [m.register_forward_hook(self._hook(path)) for path, m, _ in found]
+
+    def _hook(self, path):
+        def hook(_m, _inp, y):
+            t = _tensor(y)
+            if t is not None and path not in self.out:
+                self.out[path] = t.detach()
+
+        return hook
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def loss_of(y: torch.Tensor, target: torch.Tensor, loss: str) -> torch.Tensor:
+    """Cross-entropy over the output's last dimension against random labels (mup's default), or
+    half the mean squared error against random targets."""
+    if y.dtype not in (torch.float32, torch.float64):  # half precision: the loss in float32
+        y = y.float()
+    if loss == "xent":
+        return F.cross_entropy(y.reshape(-1, y.shape[-1]), target.reshape(-1))
+    return 0.5 * (y - target.to(y.dtype)).pow(2).mean()
+
+
+def run_point(
+    model: nn.Module,
+    roles_: list[P.Role],
+    *,
+    param: str,
+    optimizer: str,
+    lr: float,
+    ratio: float,
+    steps: int,
+    x: torch.Tensor,
+    target_of,
+    loss: str,
+    gen: torch.Generator,
+    width: int,
+    seed: int,
+    attention=None,
+) -> Point:
+    """Apply ``param`` to ``model`` and train it ``steps`` steps on ``x``, recording each site."""
+    P.apply(model, roles_, param, optimizer, ratio, gen)
+    model.train()
+    groups = P.groups(model, roles_, param, optimizer, lr, ratio)
+    opt = torch.optim.SGD(groups) if optimizer == "sgd" else torch.optim.Adam(groups)
+    found = sites(model, roles_)
+    rec = _Recorder(found)
+    point = Point(
+        param, width, seed, [Site(p, r) for p, _, r in found], {s: [[] for _ in found] for s in STATS}
+    )
+    first: dict[str, torch.Tensor] = {}
+    target = None
+    names = {id(m): n for n, m in model.named_modules()}
+    try:
+        for t in range(steps + 1):
+            rec.out.clear()
+            with Deterministic(names), attention() if attention else _null():
+                try:
+                    y = _tensor(model(x))
+                except SigpropError:
+                    raise
+                except Exception as exc:
+                    raise SigpropError(
+                        f"the model's forward raised {type(exc).__name__}: {first_line(exc)}", field="target"
+                    ) from None
+            if y is None:
+                raise SigpropError(
+                    "the model's output is not a tensor (nor has one at .logits)", field="target"
+                )
+            if target is None:
+                target = target_of(y)
+            value = loss_of(y, target, loss)
+            if not math.isfinite(float(value.detach())):
+                raise SigpropError(
+                    f"the loss is not finite at width {width}, step {t} ({param}, lr {lr:g}): the steps "
+                    "diverged; lower --lr",
+                    field="lr",
+                )
+            point.loss.append(float(value.detach()))
+            if t == 0:  # a module that owns a weight but is not called (MHA's out_proj) is no site
+                found = [f for f in found if f[0] in rec.out]
+                point.sites = [Site(p, r) for p, _, r in found]
+                point.stats = {s: [[] for _ in found] for s in STATS}
+            for i, (path, _, _) in enumerate(found):
+                h = rec.out.get(path)
+                if h is None:
+                    for s in STATS:
+                        point.stats[s][i].append(float("nan"))
+                    continue
+                h = h.double()  # the statistics in float64 whatever the model's dtype
+                if t == 0:
+                    first[path] = h
+                point.stats["l1"][i].append(float(h.abs().mean()))
+                point.stats["rms"][i].append(float(h.pow(2).mean().sqrt()))
+                point.stats["delta"][i].append(float((h - first[path]).pow(2).mean().sqrt()))
+            if t == steps:
+                break
+            opt.zero_grad(set_to_none=True)
+            value.backward()
+            opt.step()
+    finally:
+        rec.close()
+    return point
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
