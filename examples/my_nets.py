@@ -64,12 +64,21 @@ FAMILIES = {
 
 
 def llama(
-    layers: int = 4, d: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 1000, family: str = "llama"
+    layers: int = 4,
+    d: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab: int = 1000,
+    family: str = "llama",
+    lm: bool = False,
 ):
     """A small Llama-family decoder (Hugging Face transformers, the [models] extra): RMSNorm,
     rotary positions, a gated MLP, ``heads`` query heads on ``kv_heads`` key/value heads, on token
     ids below ``vocab``: ``sigprop module examples/my_nets.py:llama --vocab 1000 --input-shape 16``;
-    ``family`` one of ``FAMILIES`` (``--arg family=llama,qwen3,olmo2,gemma2``: one run each)."""
+    ``family`` one of ``FAMILIES`` (``--arg family=llama,qwen3,olmo2,gemma2``: one run each).
+    ``lm``: with its readout to the vocabulary (``...ForCausalLM``, untied), the net a coordinate
+    check trains: ``sigprop width module examples/my_nets.py:llama --arg d=64,128,256 --arg lm=True
+    --vocab 1000 --input-shape 16``."""
     import transformers  # the [models] extra: only this factory needs it
 
     cfg_name, model_name, extra = FAMILIES[family]
@@ -83,5 +92,9 @@ def llama(
         head_dim=d // heads,
         max_position_embeddings=64,
         **extra,
+        **({"tie_word_embeddings": False} if lm else {}),
     )
+    if lm:
+        cfg._attn_implementation = extra.get("attn_implementation", "sdpa")
+        return getattr(transformers, model_name.replace("Model", "ForCausalLM"))(cfg)
     return getattr(transformers, model_name)(cfg)

@@ -387,9 +387,9 @@ def keyword_names() -> list[str]:
 __all__ = [*PUBLIC, *keyword_names()]
 
 
-def width_check_of(net, spec, command: str = "", progress=None):
+def width_check_of(net, spec, command: str = "", progress=None, on_start=None):
     """The coordinate check of a ``WidthNet`` under a ``WidthSpec`` (sigprop/width/)."""
-    return width_engine.width_check(net, spec, command=command, progress=progress)
+    return width_engine.width_check(net, spec, command=command, progress=progress, on_start=on_start)
 
 
 def width_check(

@@ -25,7 +25,7 @@ from sigprop.cli.options import (
 )
 from sigprop.cli.output import _check_output_target, _progress_callback, _say, render_rich, write_output
 from sigprop.options import declared_options
-from sigprop.width.spec import WidthSpec
+from sigprop.width.spec import WidthSpec, validate
 
 WIDTH_HELP = (
     "The coordinate check: a net trained a few steps at several widths under SP, μP or NTK, each site's "
@@ -64,17 +64,22 @@ def run_width(kind: kinds.Kind, net_values: dict, spec_values: dict, out: dict) 
     plot_mod = _plot_target(out["plot"])
     net = kind.width_net(net_values)
     spec = declared_spec(WidthSpec, spec_values)
+    validate(spec, net)
     api = common.core()  # the lazy torch import at the CLI's edge
     prog, update = _progress_callback("width", "points")
     if prog is not None:
         prog.start()
     try:
-        _say(
-            f"sigprop width {kind.name}: widths {','.join(map(str, sorted(net.widths)))}, "
-            f"{'/'.join(spec.params)}, {spec.optimizer} lr {spec.lr:g}, {spec.steps} steps, "
-            f"{spec.seeds} seeds"
-        )
-        result = api.width_check_of(net, spec, command=f"sigprop width {kind.name}", progress=update)
+
+        def started() -> None:
+            _say(
+                f"sigprop width {kind.name}: widths {','.join(map(str, sorted(net.widths)))}, "
+                f"{'/'.join(spec.params)}, {spec.optimizer} lr {spec.lr:g}, {spec.steps} steps, "
+                f"{spec.seeds} seeds"
+            )
+
+        command = f"sigprop width {kind.name}"
+        result = api.width_check_of(net, spec, command=command, progress=update, on_start=started)
     finally:
         if prog is not None:
             prog.stop()

@@ -30,8 +30,10 @@ weight exponent, 1 for the readout itself) and the learning rate n^-γ,
     e_output = max(u + 1 + max(0, e_prev), e_prev + 1 - ω)
 
 the second term of each max being the previous change carried through the layer's initial
-weights.  It gives TP IV's tables: SP with SGD grows ∝ n^1/2, n^1, ... and its logits ∝ n^2
-through a 3-layer net; SP with Adam ∝ n, n^2, logits n^3; μP Θ(1) everywhere; NTK's features
+weights; these are the asymptotes, and the smallest of the same terms (u + 1 and the carried
+change) bounds a slope fitted over a finite grid from below (``Exponents``).  The asymptotes
+give TP IV's tables: SP with SGD grows ∝ n^1/2, n^1, ... and its logits ∝ n^2 through a 3-layer
+net; SP with Adam ∝ n, n^2, logits n^3; μP Θ(1) everywhere; NTK's features
 move ∝ n^-1/2 and its logits Θ(1).
 """
 
@@ -94,9 +96,12 @@ def _init_exponent(param: str, optimizer: str, role: str) -> F:
 class Exponents:
     """The width exponents of one site: its activation's coordinate size at init (``init``) and
     the interval its change from init after the first step lies in (``low``, ``high``; None where
-    not derived): ``high`` is the asymptote (Yang & Hu 2021), ``low`` the exponent while the
-    earlier layers' own updates are still below their init (the module docstring's recursion
-    with max(0, e_prev) read as 0).  The two are equal for a stable parametrization."""
+    not derived).  The change is a sum of terms, each a power of n (the module docstring's
+    recursion); the slope of a sum of powers fitted over a finite grid is a weighted mean of
+    their exponents, so it lies between the smallest (``low``: where a term with a small exponent
+    but a large constant dominates the grid, as a first layer of fan-in 3072 does at widths up to
+    1024) and the largest (``high``: the asymptote, Yang & Hu 2021).  The two are equal for a
+    stable parametrization."""
 
     init: F | None
     low: F | None = None
@@ -110,11 +115,14 @@ SLOPE_BAND = F(1, 5)
 
 
 def _layer(role: str, u: F, prev: F | None, omega: F, asymptotic: bool) -> F:
+    """One layer's update exponent from its input's: the largest of its terms (``asymptotic``)
+    or the smallest (the own term at the input's init, u + 1, and the carried change)."""
     if role == "input" or prev is None:
         return u
-    own = u + 1 + (max(F(0), prev) if asymptotic else F(0))
     carried = prev if role == "hidden" else prev + 1 - omega
-    return max(own, carried)
+    if not asymptotic:
+        return min(u + 1, carried)
+    return max(u + 1 + max(F(0), prev), carried)
 
 
 def chain_exponents(param: str, optimizer: str, roles: list[str]) -> list[Exponents]:

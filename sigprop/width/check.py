@@ -141,7 +141,9 @@ def _interval(low: float | None, high: float | None) -> str:
     return _exp(low) if low == high else f"{_exp(low)} to width^{_exp(high)}"
 
 
-def verdicts(spec: WidthSpec, param: str, slopes: list[SiteSlope]) -> tuple[bool, str, str, str]:
+def verdicts(
+    spec: WidthSpec, param: str, slopes: list[SiteSlope], rows: int = 0, smallest: int = 0
+) -> tuple[bool, str, str, str]:
     """(width_stable, its words, theory's "agrees"/"differs"/"not derived", its words): the
     first step at which a slope drifts above the gate and its largest there; the first site
     and step whose slope differs from its exponent."""
@@ -151,6 +153,13 @@ def verdicts(spec: WidthSpec, param: str, slopes: list[SiteSlope]) -> tuple[bool
     opt = {"sgd": "SGD", "adam": "Adam"}[spec.optimizer]
     if drift is None:
         stable = f"{name} with {opt}: width-stable (every slope <= {gate:g} through step {spec.steps})"
+        ahead = [s for s in slopes if s.high is not None and s.step > 0 and s.high > gate]
+        if ahead:  # measured flat on this grid, but theory's asymptote grows: said beside it
+            s = max(ahead, key=lambda s: s.high)
+            stable += (
+                f" on these widths, though theory's asymptote grows: {s.role} site {s.site!r} updates "
+                f"∝ width^{_exp(s.high)} (from ∝ width^{_exp(s.low)} while smaller terms lead)"
+            )
     else:
         s, what, value, se = drift
         pred = ""
@@ -184,6 +193,11 @@ def verdicts(spec: WidthSpec, param: str, slopes: list[SiteSlope]) -> tuple[bool
         f"{name}: {len(differ)} of {len(compared)} slopes differ from theory, first {s.role} site "
         f"{s.site!r} step {s.step}: {what} ∝ width^{measured:.2f}, theory width^{pred}"
     )
+    if rows >= smallest and any(d.step > 0 for d in differ):  # docs/theory.md §17, "The batch ..."
+        words += (
+            f" (the loss reads {rows} rows, not fewer than the smallest width {smallest}: the first "
+            "step's kernel over them is not yet ∝ width; fewer rows show the limit)"
+        )
     return drift is None, stable, "differs", words
 
 
@@ -210,7 +224,9 @@ def factory_of(net: WidthNet) -> Callable[[int], torch.nn.Module]:
     return lambda w: target(**net.kwargs, **{net.width_arg: w})
 
 
-def width_check(net: WidthNet, spec: WidthSpec, *, command: str = "", progress=None) -> WidthResult:
+def width_check(
+    net: WidthNet, spec: WidthSpec, *, command: str = "", progress=None, on_start=None
+) -> WidthResult:
     """Run the coordinate check of ``net`` under ``spec``: per parametrization, width and seed a
     fresh draw trained ``spec.steps`` steps; the slopes, the exponents and the verdicts."""
     validate(spec, net)
@@ -221,6 +237,8 @@ def width_check(net: WidthNet, spec: WidthSpec, *, command: str = "", progress=N
     roles = _roles_by_width(factory, widths, spec.seed)
     mup = "mup" in spec.params
     dims = _attention_dims(factory, base, _batch(spec, net, 0, device), spec.seed) if mup else []
+    if on_start:  # the net builds at every width: the run starts
+        on_start()
     runs = []
     done, total = 0, len(spec.params) * spec.seeds * len(widths)
     for param in spec.params:
@@ -251,7 +269,8 @@ def width_check(net: WidthNet, spec: WidthSpec, *, command: str = "", progress=N
                     progress(done, total, f"{param} width {w} seed {k}")
         sites = points[(widths[0], 0)].sites
         slopes = _slopes(spec, net, param, points, sites)
-        stable, stable_words, agrees, theory_words = verdicts(spec, param, slopes)
+        rows = points[(widths[0], 0)].rows
+        stable, stable_words, agrees, theory_words = verdicts(spec, param, slopes, rows, widths[0])
         loss = [
             [
                 sum(points[(w, k)].loss[t] for k in range(spec.seeds)) / spec.seeds
@@ -261,10 +280,21 @@ def width_check(net: WidthNet, spec: WidthSpec, *, command: str = "", progress=N
         ]
         description = theory.PARAMETRIZATIONS.get(param, "the model's own parametrization, read, not changed")
         runs.append(WidthRun(param, description, slopes, stable, stable_words, agrees, theory_words, loss))
+    config = _config(spec, net, widths, base, len(dims), rows)
+    return WidthResult(
+        command=command,
+        config=config,
+        environment={"torch": torch.__version__, "device": str(device)},
+        runs=runs,
+    )
+
+
+def _config(spec: WidthSpec, net: WidthNet, widths, base: int, attention_calls: int, rows: int) -> dict:
+    """The result's record of what ran: every option, the net, and what the run found."""
     target = (
         net.target if isinstance(net.target, str) else getattr(net.target, "__qualname__", repr(net.target))
     )
-    config = {
+    return {
         **asdict(spec),
         "params": list(spec.params),
         "widths": widths,
@@ -278,11 +308,6 @@ def width_check(net: WidthNet, spec: WidthSpec, *, command: str = "", progress=N
         "input_shape": list(net.input_shape),
         "vocab": net.vocab,
         "chain": net.chain,
-        "attention_calls": len(dims),
+        "attention_calls": attention_calls,
+        "loss_rows": rows,
     }
-    return WidthResult(
-        command=command,
-        config=config,
-        environment={"torch": torch.__version__, "device": str(device)},
-        runs=runs,
-    )

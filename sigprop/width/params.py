@@ -32,12 +32,23 @@ def _owner(model: nn.Module, name: str) -> nn.Module:
     return model.get_submodule(name.rpartition(".")[0]) if "." in name else model
 
 
+#: the parameters laid out (out, in, ...): a Linear's or a conv's weight, attention's projections
+_IN_OUT = ("weight", "in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
+
+
+def _laid_out_in_out(owner: nn.Module, leaf: str) -> bool:
+    dense = isinstance(owner, (nn.Linear, nn.modules.conv._ConvNd, nn.MultiheadAttention))
+    return dense and leaf in _IN_OUT
+
+
 def roles(model: nn.Module, other: nn.Module) -> list[Role]:
     """The role of each of ``model``'s parameters, compared with the same factory's ``other`` (a
     different width): a matrix whose output and input dimensions both change is ``hidden``, only
     its output ``input``, only its input ``output``; a vector that changes is ``vector``;
     anything else ``fixed``.  An ``nn.Embedding``'s table is (vocabulary, width): its input is the
-    vocabulary.  Refused where no parameter changes (the width is not the model's)."""
+    vocabulary.  A matrix that is no Linear's, conv's or attention's (a position table, a
+    model's own nn.Parameter) follows ``mup``'s rule: two growing dimensions ``hidden``, one
+    ``vector``.  Refused where no parameter changes (the width is not the model's)."""
     theirs = dict(other.named_parameters())
     out = []
     for name, p in model.named_parameters():
@@ -57,9 +68,13 @@ def roles(model: nn.Module, other: nn.Module) -> list[Role]:
             continue
         if isinstance(owner, nn.Embedding):
             grow_out, grow_in, fan_in = grows[1], grows[0], 1
-        else:
+        elif _laid_out_in_out(owner, leaf):
             grow_out, grow_in = grows[0], any(grows[1:])
             fan_in = math.prod(p.shape[1:])
+        else:  # a tensor of the model's own (a position table): mup's rule, one growing dim = a vector
+            role = "hidden" if sum(grows) >= 2 else "vector" if any(grows) else "fixed"
+            out.append(Role(name, role, 1, False))
+            continue
         role = {
             (True, True): "hidden",
             (True, False): "input",

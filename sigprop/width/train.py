@@ -39,6 +39,8 @@ class Point:
     #: stats[statistic][site][step]
     stats: dict[str, list[list[float]]] = field(default_factory=dict)
     loss: list[float] = field(default_factory=list)
+    #: the rows the loss averages over (examples x tokens): the first step's kernel sums them
+    rows: int = 0
 
 
 def sites(model: nn.Module, roles_: list[P.Role]) -> list[tuple[str, nn.Module, str]]:
@@ -146,6 +148,7 @@ def run_point(
                 )
             if target is None:
                 target = target_of(y)
+                point.rows = y[..., 0].numel() if loss == "xent" else y.shape[0]
             value = loss_of(y, target, loss)
             if not math.isfinite(float(value.detach())):
                 raise SigpropError(
@@ -158,18 +161,7 @@ def run_point(
                 found = [f for f in found if f[0] in rec.out]
                 point.sites = [Site(p, r) for p, _, r in found]
                 point.stats = {s: [[] for _ in found] for s in STATS}
-            for i, (path, _, _) in enumerate(found):
-                h = rec.out.get(path)
-                if h is None:
-                    for s in STATS:
-                        point.stats[s][i].append(float("nan"))
-                    continue
-                h = h.double()  # the statistics in float64 whatever the model's dtype
-                if t == 0:
-                    first[path] = h
-                point.stats["l1"][i].append(float(h.abs().mean()))
-                point.stats["rms"][i].append(float(h.pow(2).mean().sqrt()))
-                point.stats["delta"][i].append(float((h - first[path]).pow(2).mean().sqrt()))
+            _record(point, found, rec.out, first, t)
             if t == steps:
                 break
             opt.zero_grad(set_to_none=True)
@@ -178,6 +170,23 @@ def run_point(
     finally:
         rec.close()
     return point
+
+
+def _record(point: Point, found, out: dict, first: dict, t: int) -> None:
+    """Each site's statistics of this forward, in float64 whatever the model's dtype (a site the
+    forward skipped this time: nan)."""
+    for i, (path, _, _) in enumerate(found):
+        h = out.get(path)
+        if h is None:
+            for s in STATS:
+                point.stats[s][i].append(float("nan"))
+            continue
+        h = h.double()
+        if t == 0:
+            first[path] = h
+        point.stats["l1"][i].append(float(h.abs().mean()))
+        point.stats["rms"][i].append(float(h.pow(2).mean().sqrt()))
+        point.stats["delta"][i].append(float((h - first[path]).pow(2).mean().sqrt()))
 
 
 class _null:

@@ -38,9 +38,11 @@ def test_ntk_features_freeze_and_its_logits_move():
 
 def test_sp_blows_up_along_the_chain():
     """Yang & Hu 2021, section 5's first step under SP: with SGD the first hidden layer's update
-    grows n^1/2 and each later one compounds; with Adam (sign updates) one power of n per layer."""
-    assert _updates("sp", "sgd") == [(F(-1, 2),) * 2, (F(1, 2),) * 2, (F(1, 2), 1), (1, 2)]
-    assert _updates("sp", "adam") == [(0, 0), (1, 1), (1, 2), (F(3, 2), 3)]
+    grows n^1/2 and each later one compounds (asymptotes 1/2, 1, logits 2); with Adam (sign
+    updates) one power of n per layer (1, 2, logits 3).  The low ends are the smallest terms:
+    the first layer's change carried through the initial weights."""
+    assert _updates("sp", "sgd") == [(F(-1, 2),) * 2, (F(-1, 2), F(1, 2)), (F(-1, 2), 1), (0, 2)]
+    assert _updates("sp", "adam") == [(0, 0), (0, 1), (0, 2), (F(1, 2), 3)]
     assert W.site_exponents("sp", "adam", MLP, 2) == [W.Exponents(F(0))] * 4  # not derived after step 1
 
 
