@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 
 from sigprop.plot.common import _pyplot, save
+
+#: a panel spans at least this factor on its log axis: a flat line reads flat, not zoomed
+MIN_SPAN = 10.0
 
 
 def width_figure(result, path: Path) -> None:
@@ -13,52 +18,79 @@ def width_figure(result, path: Path) -> None:
     save(build_width_figure(result), path)
 
 
+def _labels(sites: list[str]) -> list[str]:
+    """The sites' paths less the prefix they all share (``model.layers.0.mlp.up_proj`` ->
+    ``layers.0.mlp.up_proj`` where every site starts ``model.``)."""
+    if len(sites) < 2:
+        return [s or "(model)" for s in sites]
+    common = os.path.commonprefix(sites)
+    cut = common.rfind(".") + 1 if "." in common else 0
+    return [s[cut:] or s or "(model)" for s in sites]
+
+
+def _span(ax, values: list[float]) -> None:
+    lo, hi = min(values), max(values)
+    if lo > 0 and hi / lo < MIN_SPAN:
+        mid = math.sqrt(lo * hi)
+        ax.set_ylim(mid / math.sqrt(MIN_SPAN), mid * math.sqrt(MIN_SPAN))
+
+
 def build_width_figure(result):
     """One row per parametrization, one panel per step: mean|h| (mup's statistic, mean over
-    seeds) against the width on log-log axes, one line per site; the predicted slope dashed from
-    the smallest width's value where theory gives one number (at step 0 the init's exponent;
-    later a stable parametrization's), with the fitted slope in the legend."""
+    seeds) against the width on log-log axes, one line per site coloured from the first site to
+    the last (viridis, as mup draws them), each panel at least a decade tall; the predicted slope
+    dashed from the smallest width's value where theory gives one number (at step 0 the init's
+    exponent; later a stable parametrization's); one legend per row, the fitted slopes in the
+    table."""
     plt = _pyplot()
-    runs = result.runs
-    steps = result.config["steps"]
-    widths = result.config["widths"]
+    runs, steps, widths = result.runs, result.config["steps"], result.config["widths"]
     fig, axes = plt.subplots(
-        len(runs), steps + 1, figsize=(3.0 * (steps + 1) + 0.6, 2.7 * len(runs) + 0.4), squeeze=False
+        len(runs), steps + 1, figsize=(2.9 * (steps + 1) + 2.6, 2.7 * len(runs) + 0.5), squeeze=False
     )
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    cmap = plt.get_cmap("viridis")
     for r, run in enumerate(runs):
-        init_by_site = {s.site: s.init for s in run.slopes if s.step == 0}
+        sites = list(dict.fromkeys(s.site for s in run.slopes))
+        labels = dict(zip(sites, _labels(sites)))
+        colour = {s: cmap(i / max(1, len(sites) - 1)) for i, s in enumerate(sites)}
+        init = {s.site: s.init for s in run.slopes if s.step == 0}
         for step in range(steps + 1):
             ax = axes[r][step]
-            here = [s for s in run.slopes if s.step == step]
-            for k, s in enumerate(here):
-                c = colours[k % len(colours)]
-                label = f"{s.site or 'out'} ({s.role})" + ("" if s.l1 is None else f" {s.l1:+.2f}")
-                ax.plot(widths, s.l1_values, "o-", color=c, ms=3.5, lw=1.3, label=label)
-                s_init = s.init if step == 0 else init_by_site.get(s.site)
-                e = (
-                    s.init
-                    if step == 0
-                    else (None if s.low is None or s.low != s.high else max(s.high, s_init or 0))
+            drawn = []
+            for s in (s for s in run.slopes if s.step == step):
+                ys = s.l1_values
+                ax.plot(
+                    widths, ys, "o-", color=colour[s.site], ms=3, lw=1.2, label=f"{labels[s.site]} ({s.role})"
                 )
-                if e is not None and s.l1_values and s.l1_values[0] > 0:
-                    y0 = s.l1_values[0]
+                drawn += [y for y in ys if y > 0]
+                e = s.init if step == 0 else (s.high if s.low == s.high and s.high is not None else None)
+                if e is not None and step > 0:
+                    e = max(e, init.get(s.site) or 0.0)
+                if e is not None and ys and ys[0] > 0:
                     ax.plot(
-                        widths, [y0 * (w / widths[0]) ** e for w in widths], "--", color=c, lw=0.9, alpha=0.8
+                        widths,
+                        [ys[0] * (w / widths[0]) ** e for w in widths],
+                        "--",
+                        color=colour[s.site],
+                        lw=0.8,
                     )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            if drawn:
+                _span(ax, drawn)
             ax.set_title(f"{run.param}: step {step}" + (" (init)" if step == 0 else ""), fontsize=9)
-            if r == len(runs) - 1:
-                ax.set_xlabel("width")
+            ax.set_xlabel("width", fontsize=8)
             if step == 0:
-                ax.set_ylabel("mean |h|")
+                ax.set_ylabel("mean |h|", fontsize=8)
             ax.tick_params(labelsize=7)
-            ax.legend(fontsize=6, loc="best", title="site (role) slope", title_fontsize=6)
-    opt = result.config["optimizer"]
+        verdict = "width-stable" if run.width_stable else "not width-stable"
+        handles, names = axes[r][steps].get_legend_handles_labels()
+        axes[r][steps].legend(
+            handles, names, fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False,
+            title=f"{run.param}: {verdict}; theory {run.theory}", title_fontsize=7,
+        )  # fmt: skip
     fig.suptitle(
-        f"coordinate check: {opt} lr {result.config['lr']:g}, mean over {result.config['seeds']} seeds; "
-        "dashed = theory's slope where it is one number",
+        f"coordinate check: {result.config['optimizer']} lr {result.config['lr']:g}, mean over "
+        f"{result.config['seeds']} seeds; dashed = theory's slope where it is one number",
         fontsize=9,
     )
     fig.tight_layout()

@@ -77,7 +77,7 @@ def render_width(result, console: Console) -> None:
         f"[dim]slopes of log scale on log width over widths {widths} (base {result.config['base_width']}), "
         f"mean ± se over {result.config['seeds']} seeds; act = mean|h| (mup's coordinate statistic), "
         "Δ = rms(h_t - h_0); (theory) = the predicted exponent (step 0: the activation's; later: the "
-        "update's, low..high = from the earlier layers' updates below their init to the asymptote; "
+        "update's, low..high = from the smallest term's exponent to the asymptote; "
         "— = not derived); = / ≠ within / outside 0.2 + 2 se; ✓ = no slope above "
         f"{result.config['max_width_slope']:g} (docs/theory.md §17)[/dim]"
     )
