@@ -468,7 +468,11 @@ class ModuleKind(Kind):
         target = values.get("target")
         if not target:
             raise SigpropError("give the model: sigprop width module FILE.py:CALLABLE", field="target")
-        factory = resolve_target(target) if isinstance(target, str) else target
+        factory = target
+        if isinstance(target, str):  # kept as text (a worker resolves it: a Dask point), checked now
+            where, _, name = target.rpartition(":")
+            factory = os.path.abspath(where) + ":" + name if where.endswith(".py") else target
+            resolve_target(factory)
         fixed, axis = [], []
         for item in values.get("args") or ():
             if "=" not in item:

@@ -6,47 +6,22 @@ others)."""
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import asdict
 from fractions import Fraction
-from typing import Callable
+from pathlib import Path
 
 import torch
 
-from sigprop import specs
-from sigprop.errors import SigpropError, described
+from sigprop import files
+from sigprop.errors import SigpropError
 from sigprop.kernels.device import resolve_device
 from sigprop.model.build import build
 from sigprop.model.forward import Deterministic
 from sigprop.results.width import SiteSlope, WidthResult, WidthRun
 from sigprop.theory import width as theory
-from sigprop.width import fit, train
+from sigprop.width import fit, points, train
 from sigprop.width import params as P
 from sigprop.width.attention import AttentionScale
-from sigprop.width.spec import WidthNet, WidthSpec, validate
-
-#: seed streams of the check (specs.derive_seed)
-STREAM_BATCH, STREAM_PARAMS = 11, 12
-
-
-def _batch(spec: WidthSpec, net: WidthNet, seed_index: int, device) -> torch.Tensor:
-    """The fixed batch of one seed: Gaussian inputs, or token ids uniform below the vocabulary;
-    the same at every width and for every parametrization (their slopes share its noise)."""
-    gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_BATCH, seed_index))
-    shape = (spec.batch_size, *net.input_shape)
-    if net.vocab is not None:
-        return torch.randint(net.vocab, shape, generator=gen).to(device)
-    return torch.randn(shape, generator=gen).to(device)
-
-
-def _targets(spec: WidthSpec, seed_index: int):
-    def target_of(y: torch.Tensor) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_BATCH, seed_index, 1))
-        if spec.loss == "xent":
-            return torch.randint(y.shape[-1], y.shape[:-1], generator=gen).to(y.device)
-        return torch.randn(y.shape, generator=gen).to(y.device)
-
-    return target_of
+from sigprop.width.spec import RUN_OPTIONS, WidthNet, WidthSpec, validate
 
 
 def _roles_by_width(factory, widths, seed: int) -> dict[int, list[P.Role]]:
@@ -211,103 +186,56 @@ def _attention_dims(factory, base: int, x: torch.Tensor, seed: int) -> list[int]
     return rec.dims
 
 
-def factory_of(net: WidthNet) -> Callable[[int], torch.nn.Module]:
-    """width -> module: the net's target (a callable, or ``package.module:callable``) called with
-    its keyword arguments and the width."""
-    target = net.target
-    if isinstance(target, str):
-        where, _, name = target.partition(":")
-        try:
-            target = getattr(importlib.import_module(where), name)
-        except (ImportError, AttributeError) as exc:
-            raise SigpropError(f"cannot load {net.target!r}: {described(exc)}", field="target") from None
-    return lambda w: target(**net.kwargs, **{net.width_arg: w})
-
-
 def width_check(
     net: WidthNet, spec: WidthSpec, *, command: str = "", progress=None, on_start=None
 ) -> WidthResult:
     """Run the coordinate check of ``net`` under ``spec``: per parametrization, width and seed a
-    fresh draw trained ``spec.steps`` steps; the slopes, the exponents and the verdicts."""
+    fresh draw trained ``spec.steps`` steps (sigprop/width/points.py: by the spec's executor,
+    resumed from ``spec.out``); the slopes, the exponents and the verdicts."""
     validate(spec, net)
-    factory = factory_of(net)
+    if spec.out:
+        files.check_target(Path(spec.out), "out", append=True)
+    factory = points.factory_of(net)
     widths = sorted(net.widths)
     base = spec.base_width or widths[0]
     device = resolve_device(spec.device)
     roles = _roles_by_width(factory, widths, spec.seed)
     mup = "mup" in spec.params
-    dims = _attention_dims(factory, base, _batch(spec, net, 0, device), spec.seed) if mup else []
+    dims = _attention_dims(factory, base, points.batch(spec, net, 0, device), spec.seed) if mup else []
     if on_start:  # the net builds at every width: the run starts
         on_start()
+    every = points.tasks(net, spec, base, dims, roles)
+    have = points.done(Path(spec.out), {t.key for t in every}) if spec.out else {}
+    resumed = len(have)
+    have.update(points.run_all([t for t in every if t.key not in have], spec, progress))
     runs = []
-    done, total = 0, len(spec.params) * spec.seeds * len(widths)
+    rows = 0
     for param in spec.params:
-        points: dict = {}
-        for k in range(spec.seeds):
-            x = _batch(spec, net, k, device)
-            for w in widths:
-                model = build(lambda w=w: factory(w), spec.seed, 1 + k).to(device)
-                gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_PARAMS, k, w))
-                points[(w, k)] = train.run_point(
-                    model,
-                    roles[w],
-                    param=param,
-                    optimizer=spec.optimizer,
-                    lr=spec.lr,
-                    ratio=w / base,
-                    steps=spec.steps,
-                    x=x,
-                    target_of=_targets(spec, k),
-                    loss=spec.loss,
-                    gen=gen,
-                    width=w,
-                    seed=k,
-                    attention=(lambda: AttentionScale(dims)) if (param == "mup" and dims) else None,
-                )
-                if progress:
-                    done += 1
-                    progress(done, total, f"{param} width {w} seed {k}")
-        sites = points[(widths[0], 0)].sites
-        slopes = _slopes(spec, net, param, points, sites)
-        rows = points[(widths[0], 0)].rows
+        got = {(t.width, t.seed): have[t.key] for t in every if t.param == param}
+        sites = got[(widths[0], 0)].sites
+        if any(p.sites != sites for p in got.values()):
+            raise SigpropError("the model's sites differ between its widths or seeds", field="arg")
+        slopes = _slopes(spec, net, param, got, sites)
+        rows = got[(widths[0], 0)].rows
         stable, stable_words, agrees, theory_words = verdicts(spec, param, slopes, rows, widths[0])
         loss = [
-            [
-                sum(points[(w, k)].loss[t] for k in range(spec.seeds)) / spec.seeds
-                for t in range(spec.steps + 1)
-            ]
+            [sum(got[(w, k)].loss[t] for k in range(spec.seeds)) / spec.seeds for t in range(spec.steps + 1)]
             for w in widths
         ]
         description = theory.PARAMETRIZATIONS.get(param, "the model's own parametrization, read, not changed")
         runs.append(WidthRun(param, description, slopes, stable, stable_words, agrees, theory_words, loss))
-    config = _config(spec, net, widths, base, len(dims), rows)
-    return WidthResult(
-        command=command,
-        config=config,
-        environment={"torch": torch.__version__, "device": str(device)},
-        runs=runs,
-    )
-
-
-def _config(spec: WidthSpec, net: WidthNet, widths, base: int, attention_calls: int, rows: int) -> dict:
-    """The result's record of what ran: every option, the net, and what the run found."""
-    target = (
-        net.target if isinstance(net.target, str) else getattr(net.target, "__qualname__", repr(net.target))
-    )
-    return {
-        **asdict(spec),
-        "params": list(spec.params),
-        "widths": widths,
+    config = {
+        **points.net_config(net, spec),
+        **{name: getattr(spec, name) for name in RUN_OPTIONS},
         "base_width": base,
-        "target": target,
-        "kwargs": {
-            k: repr(v) if not isinstance(v, (int, float, str, bool, type(None))) else v
-            for k, v in net.kwargs.items()
-        },
-        "width_arg": net.width_arg,
-        "input_shape": list(net.input_shape),
-        "vocab": net.vocab,
         "chain": net.chain,
-        "attention_calls": attention_calls,
+        "attention_calls": len(dims),
         "loss_rows": rows,
     }
+    environment = {
+        "torch": torch.__version__,
+        "device": str(device),
+        "points": len(every),
+        "points_resumed": resumed,  # read from --out, not run again
+    }
+    return WidthResult(command=command, config=config, environment=environment, runs=runs)

@@ -45,6 +45,10 @@ class WidthNet:
     chain: bool = False
 
 
+#: where and how a check runs, not what it measures: left out of a point's resume key
+RUN_OPTIONS = ("device", "out", "executor", "workers", "scheduler")
+
+
 @dataclass(frozen=True)
 class WidthSpec:
     """How a coordinate check runs (``sigprop width``; Yang et al. 2021, section 6): the
@@ -86,6 +90,20 @@ class WidthSpec:
         "The gate: a slope of log scale on log width above it is growth (--check fails).",
     )
     device: str = declared(str, "auto", "auto, cpu, cuda or cuda:K (auto = CUDA when available).")
+    out: str | None = declared(
+        str,
+        None,
+        "Append each finished point (parametrization x width x seed) to this JSON-lines file; a rerun "
+        "with the same options reads the points there and runs only the rest.",
+        shown="none: the points are kept in memory",
+    )
+    executor: str = declared(
+        str, "local", "Where the points run: local (here) or dask (a cluster's workers)."
+    )
+    workers: int | None = declared(int, None, "--executor dask: a local cluster of this many workers.", min=1)
+    scheduler: str | None = declared(
+        str, None, "--executor dask: the running scheduler's address (tcp://...)."
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", tuple(self.params))

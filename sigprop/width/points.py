@@ -1,0 +1,209 @@
+"""A coordinate check's points through a sweep's machinery (sigprop/sweeps/): one task per
+(parametrization, width, seed), run by an executor (``local`` here, or ``dask``: a cluster's
+workers), each finished point one JSON line appended by the one writer to ``--out`` where given,
+so a check that is stopped -- a SLURM job's time, a Ctrl-C -- resumes where it was: a rerun reads
+the points already there (``sigprop.width.point.v1``, keyed by the check's configuration and the
+point) and runs only the others.  A point that raises is a failure line
+(``sigprop.sweep.failed.v1``), not a result: a rerun runs it again."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+
+from sigprop import specs, sweeps
+from sigprop.errors import SigpropError
+from sigprop.kinds.module import resolve_target
+from sigprop.model.build import build
+from sigprop.sweeps.grid import config_key
+from sigprop.sweeps.run import append, failed, json_lines
+from sigprop.version import __version__
+from sigprop.width import train
+from sigprop.width.attention import AttentionScale
+from sigprop.width.spec import RUN_OPTIONS, WidthNet, WidthSpec
+
+POINT_SCHEMA = "sigprop.width.point.v1"
+#: seed streams of the check (specs.derive_seed)
+STREAM_BATCH, STREAM_PARAMS = 11, 12
+
+
+def factory_of(net: WidthNet):
+    """width -> module: the net's target (a callable, or ``MODULE:CALLABLE`` /
+    ``FILE.py:CALLABLE``, resolved where the point runs) with its keyword arguments and the
+    width."""
+    target = resolve_target(net.target) if isinstance(net.target, str) else net.target
+    return lambda w: target(**net.kwargs, **{net.width_arg: w})
+
+
+def batch(spec: WidthSpec, net: WidthNet, seed_index: int, device) -> torch.Tensor:
+    """The fixed batch of one seed: Gaussian inputs, or token ids uniform below the vocabulary;
+    the same at every width and for every parametrization (their slopes share its noise)."""
+    gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_BATCH, seed_index))
+    shape = (spec.batch_size, *net.input_shape)
+    if net.vocab is not None:
+        return torch.randint(net.vocab, shape, generator=gen).to(device)
+    return torch.randn(shape, generator=gen).to(device)
+
+
+def targets(spec: WidthSpec, seed_index: int):
+    """The random targets of one seed, shaped by the output: labels over its last dimension
+    (xent) or Gaussians (mse)."""
+
+    def target_of(y: torch.Tensor) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_BATCH, seed_index, 1))
+        if spec.loss == "xent":
+            return torch.randint(y.shape[-1], y.shape[:-1], generator=gen).to(y.device)
+        return torch.randn(y.shape, generator=gen).to(y.device)
+
+    return target_of
+
+
+def net_config(net: WidthNet, spec: WidthSpec) -> dict:
+    """What a point's result depends on: the net and every option but where and how it runs."""
+    target = (
+        net.target if isinstance(net.target, str) else getattr(net.target, "__qualname__", repr(net.target))
+    )
+    own = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name not in RUN_OPTIONS}
+    plain = (int, float, str, bool, type(None))
+    return {
+        **own,
+        "params": list(spec.params),
+        "target": target,
+        "kwargs": {k: v if isinstance(v, plain) else repr(v) for k, v in net.kwargs.items()},
+        "width_arg": net.width_arg,
+        "input_shape": list(net.input_shape),
+        "vocab": net.vocab,
+        "widths": sorted(net.widths),
+    }
+
+
+@dataclass(frozen=True)
+class Task:
+    """One point, as an executor runs it: the net, the spec, which point, and what the client
+    read once for every point (the base width, μP's attention dimensions, this width's roles)."""
+
+    net: WidthNet
+    spec: WidthSpec
+    param: str
+    width: int
+    seed: int
+    base: int
+    dims: tuple[int, ...] = ()
+    roles: tuple = ()
+    #: a sweep's failure line reads ``init``: a width point has none
+    init: str = ""
+    config: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return config_key(self.config)
+
+
+def tasks(net: WidthNet, spec: WidthSpec, base: int, dims, roles: dict) -> list[Task]:
+    """Every point of the check, in the order a local run takes them."""
+    shared = {k: v for k, v in net_config(net, spec).items() if k != "params"}
+    return [
+        Task(
+            net,
+            spec,
+            param,
+            w,
+            k,
+            base,
+            tuple(dims),
+            tuple(roles[w]),
+            config={**shared, "param": param, "width": w, "seed": k},
+        )  # fmt: skip
+        for param in spec.params
+        for k in range(spec.seeds)
+        for w in sorted(net.widths)
+    ]
+
+
+def run_task(task: Task) -> tuple[Task, dict]:
+    """One point, wherever it runs: (the task, its line) -- the point's records, or its failure."""
+    t0 = time.perf_counter()
+    try:
+        point = _train(task)
+    except Exception as exc:  # a failure line: the check says it after the points that finished
+        line = failed(task, exc, time.perf_counter() - t0)
+        line["field"] = getattr(exc, "field", None) or "target"
+        if isinstance(exc, SigpropError):  # its own words, without the type and the field
+            line["error"] = exc.message
+        return task, line
+    return task, {
+        "schema": POINT_SCHEMA,
+        "config": task.config,
+        "point": asdict(point),
+        "seconds": round(time.perf_counter() - t0, 3),
+        "environment": {"sigprop": __version__, "host": socket.gethostname(), "torch": torch.__version__},
+    }
+
+
+def _train(task: Task) -> train.Point:
+    from sigprop.kernels.device import resolve_device
+
+    spec, net, w, k = task.spec, task.net, task.width, task.seed
+    device = resolve_device(spec.device)
+    factory = factory_of(net)
+    model = build(lambda: factory(w), spec.seed, 1 + k).to(device)
+    gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_PARAMS, k, w))
+    dims = list(task.dims)
+    return train.run_point(
+        model, list(task.roles), param=task.param, optimizer=spec.optimizer, lr=spec.lr, ratio=w / task.base,
+        steps=spec.steps, x=batch(spec, net, k, device), target_of=targets(spec, k), loss=spec.loss, gen=gen,
+        width=w, seed=k, attention=(lambda: AttentionScale(dims)) if (task.param == "mup" and dims) else None,
+    )  # fmt: skip
+
+
+def point_of(line: dict) -> train.Point:
+    """A point from its line."""
+    d = dict(line["point"])
+    d["sites"] = [train.Site(**s) for s in d["sites"]]
+    return train.Point(**d)
+
+
+def done(path: Path, keys: set[str]) -> dict[str, train.Point]:
+    """The points of this check already in ``path`` (by key)."""
+    if not path.exists():
+        return {}
+    out = {}
+    advice = "; sigprop width appends only to its own JSON-lines files (give another --out)"
+    for _, line in json_lines(path, "out", advice):
+        if isinstance(line, dict) and line.get("schema") == POINT_SCHEMA:
+            key = config_key(line.get("config", {}))
+            if key in keys:
+                out[key] = point_of(line)
+    return out
+
+
+def run_all(todo: list[Task], spec: WidthSpec, progress=None) -> dict[str, train.Point]:
+    """The points of ``todo`` run by the spec's executor, each line appended to ``--out`` (where
+    given) as it finishes; a point that failed is one SigpropError after the others finished."""
+    out = Path(spec.out) if spec.out else None
+    results: dict[str, train.Point] = {}
+    failures = []
+    options = {"workers": spec.workers, "scheduler": spec.scheduler}
+    with sweeps.executor(spec.executor, **options) as run:
+        for i, (task, line) in enumerate(run(run_task, todo), 1):
+            if out is not None:
+                append(out, line)
+            if line.get("schema") == POINT_SCHEMA:
+                results[task.key] = point_of(line)
+            else:
+                failures.append((task, line))
+                if spec.executor == "local":  # here, one after the other: stop at the first
+                    break
+            if progress:
+                progress(i, len(todo), f"{task.param} width {task.width} seed {task.seed}")
+    if failures:
+        task, line = failures[0]
+        error = line["error"]
+        more = f" ({len(failures)} points failed; the first, seed {task.seed})" if len(failures) > 1 else ""
+        kept = f"; the {len(results)} that finished are in {out}: a rerun runs only the rest" if out else ""
+        raise SigpropError(f"{error}{more}{kept}", field=line.get("field") or "target")
+    return results
