@@ -98,3 +98,14 @@ def llama(
         cfg._attn_implementation = extra.get("attn_implementation", "sdpa")
         return getattr(transformers, model_name.replace("Model", "ForCausalLM"))(cfg)
     return getattr(transformers, model_name)(cfg)
+
+
+def cnn(width: int = 16, depth: int = 3, classes: int = 10) -> nn.Module:
+    """A plain ReLU conv net on 3 x 16 x 16 images: a 3 x 3 conv to ``width`` channels, ``depth``
+    - 1 more at ``width``, a global average pool and a linear readout -- the channels are the
+    width of ``sigprop width module examples/my_nets.py:cnn --arg width=16,32,64,128
+    --input-shape 3,16,16``."""
+    layers: list[nn.Module] = [nn.Conv2d(3, width, 3, padding=1), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Conv2d(width, width, 3, padding=1), nn.ReLU()]
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes))
