@@ -26,7 +26,6 @@ from sigprop.errors import SigpropError
 from sigprop.options import declared_options
 from sigprop.public import API
 from sigprop.results import RESULT_SCHEMA, Check, CheckOutcome, CheckReport, HessianResult, ProbeResult
-from sigprop.width import check as width_engine
 from sigprop.width.spec import WidthNet, WidthSpec, widths_of
 
 ProgressFn = run.ProgressFn
@@ -389,7 +388,9 @@ __all__ = [*PUBLIC, *keyword_names()]
 
 def width_check_of(net, spec, command: str = "", progress=None, on_start=None):
     """The coordinate check of a ``WidthNet`` under a ``WidthSpec`` (sigprop/width/)."""
-    return width_engine.width_check(net, spec, command=command, progress=progress, on_start=on_start)
+    from sigprop.width import check  # the training loop (sigprop.model's build): loaded when a check runs
+
+    return check.width_check(net, spec, command=command, progress=progress, on_start=on_start)
 
 
 def width_check(

@@ -17,6 +17,7 @@ import torch
 
 from sigprop import specs, sweeps
 from sigprop.errors import SigpropError
+from sigprop.kernels.device import resolve_device
 from sigprop.kinds.module import resolve_target
 from sigprop.model.build import build
 from sigprop.sweeps.grid import config_key
@@ -145,8 +146,6 @@ def run_task(task: Task) -> tuple[Task, dict]:
 
 
 def _train(task: Task) -> train.Point:
-    from sigprop.kernels.device import resolve_device
-
     spec, net, w, k = task.spec, task.net, task.width, task.seed
     device = resolve_device(spec.device)
     factory = factory_of(net)
