@@ -113,6 +113,7 @@ def main(threads: int = 2, max_width: int = 1024) -> None:
     widths = [w for w in (64, 128, 256, 512, 1024, 2048) if w <= max_width]
     print(f"torch {torch.__version__}, {threads} threads; 4-layer Llama, widths {widths}, {STEPS} steps, "
           f"{SEEDS} seeds, batch {BATCH} x {TOKENS} tokens, μP with Adam")  # fmt: skip
+    make(widths[0])  # transformers' import (3 s) outside every timing: the floor would not pay it
     t0 = time.perf_counter()
     r = sigprop.width_check(
         make, widths=widths, input_shape=(TOKENS,), vocab=VOCAB, params=["mup"], optimizer="adam", lr=0.01,

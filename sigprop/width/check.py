@@ -24,20 +24,11 @@ from sigprop.width.attention import AttentionScale
 from sigprop.width.spec import RUN_OPTIONS, WidthNet, WidthSpec, validate
 
 
-def _roles_by_width(factory, widths, seed: int) -> dict[int, list[P.Role]]:
-    """Each width's parameter roles, read against another width of the same factory."""
-    models = {w: build(lambda w=w: factory(w), seed, 0) for w in widths}
-    out = {}
-    for i, w in enumerate(widths):
-        other = widths[1] if i == 0 else widths[0]
-        out[w] = P.roles(models[w], models[other])
-    first = [(r.name, r.role) for r in out[widths[0]]]
-    for w in widths[1:]:
-        if [(r.name, r.role) for r in out[w]] != first:
-            raise SigpropError(
-                f"the layers' roles differ at width {w}: the width must scale them alike", field="arg"
-            )
-    return out
+def _roles(factory, widths, seed: int) -> list[P.Role]:
+    """The parameters' roles, read off the two smallest widths of the factory (each point reads
+    its own fan-ins: ``params.at``)."""
+    small, next_ = (build(lambda w=w: factory(w), seed, 0) for w in widths[:2])
+    return P.roles(small, next_)
 
 
 def _f(x: Fraction | None) -> float | None:
@@ -199,7 +190,7 @@ def width_check(
     widths = sorted(net.widths)
     base = spec.base_width or widths[0]
     device = resolve_device(spec.device)
-    roles = _roles_by_width(factory, widths, spec.seed)
+    roles = _roles(factory, widths, spec.seed)
     mup = "mup" in spec.params
     dims = _attention_dims(factory, base, points.batch(spec, net, 0, device), spec.seed) if mup else []
     if on_start:  # the net builds at every width: the run starts

@@ -7,7 +7,7 @@ rate."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import torch
@@ -26,6 +26,9 @@ class Role:
     role: str
     fan_in: int
     bias: bool
+    #: a Linear's, conv's, attention's or embedding's weight, which sigprop redraws; a tensor of
+    #: the model's own (a position table) keeps the factory's draw, its learning rate scaled
+    drawn: bool = True
 
 
 def _owner(model: nn.Module, name: str) -> nn.Module:
@@ -73,7 +76,7 @@ def roles(model: nn.Module, other: nn.Module) -> list[Role]:
             fan_in = math.prod(p.shape[1:])
         else:  # a tensor of the model's own (a position table): mup's rule, one growing dim = a vector
             role = "hidden" if sum(grows) >= 2 else "vector" if any(grows) else "fixed"
-            out.append(Role(name, role, 1, False))
+            out.append(Role(name, role, 1, False, drawn=False))
             continue
         role = {
             (True, True): "hidden",
@@ -89,6 +92,26 @@ def roles(model: nn.Module, other: nn.Module) -> list[Role]:
     return out
 
 
+def _fan_in(model: nn.Module, name: str, p: torch.Tensor) -> int:
+    owner = _owner(model, name)
+    if p.dim() < 2 or isinstance(owner, nn.Embedding) or not _laid_out_in_out(owner, name.rpartition(".")[2]):
+        return 1
+    return math.prod(p.shape[1:])
+
+
+def at(model: nn.Module, roles_: list[Role], width: int) -> list[Role]:
+    """The roles read at two widths, at another width of the same factory: the same parameters
+    and roles, each fan-in this model's own (so a check reads roles from two widths only)."""
+    params = dict(model.named_parameters())
+    if set(params) != {r.name for r in roles_}:
+        raise SigpropError(
+            f"the model's parameters at width {width} are not those at the others: the width argument must "
+            "change sizes only, not the layers",
+            field="arg",
+        )
+    return [replace(r, fan_in=_fan_in(model, r.name, params[r.name])) for r in roles_]
+
+
 def ratio_power(ratio: float, exponent: Fraction) -> float:
     """(n/n0)^-exponent."""
     return float(ratio) ** (-float(exponent))
@@ -100,14 +123,14 @@ def apply(
 ) -> None:
     """Redraw ``model``'s weights for ``param`` at width ratio n/n0 = ``ratio``: every matrix of a
     growing role N(0, 1/fan_in) times (n/n0)^-init (an embedding's table N(0, 1)), every growing
-    bias zero; norms' gains and fixed weights kept as the factory drew them.  ``as-is`` changes
-    nothing."""
+    bias zero; norms' gains, fixed weights and tensors of the model's own kept as the factory drew
+    them.  ``as-is`` changes nothing."""
     if param == theory.AS_IS:
         return
     params = dict(model.named_parameters())
     for r in roles_:
         p = params[r.name]
-        if r.role in ("input", "hidden", "output"):
+        if r.role in ("input", "hidden", "output") and r.drawn:
             sc = theory.scaling(param, optimizer, r.role)
             std = ratio_power(ratio, sc.init) / math.sqrt(r.fan_in)
             p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype, device="cpu").to(p.device) * std)

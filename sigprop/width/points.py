@@ -23,6 +23,7 @@ from sigprop.model.build import build
 from sigprop.sweeps.grid import config_key
 from sigprop.sweeps.run import append, failed, json_lines
 from sigprop.version import __version__
+from sigprop.width import params as P
 from sigprop.width import train
 from sigprop.width.attention import AttentionScale
 from sigprop.width.spec import RUN_OPTIONS, WidthNet, WidthSpec
@@ -85,7 +86,7 @@ def net_config(net: WidthNet, spec: WidthSpec) -> dict:
 @dataclass(frozen=True)
 class Task:
     """One point, as an executor runs it: the net, the spec, which point, and what the client
-    read once for every point (the base width, μP's attention dimensions, this width's roles)."""
+    read once for every point (the base width, μP's attention dimensions, the roles)."""
 
     net: WidthNet
     spec: WidthSpec
@@ -104,7 +105,7 @@ class Task:
         return config_key(self.config)
 
 
-def tasks(net: WidthNet, spec: WidthSpec, base: int, dims, roles: dict) -> list[Task]:
+def tasks(net: WidthNet, spec: WidthSpec, base: int, dims, roles: list) -> list[Task]:
     """Every point of the check, in the order a local run takes them."""
     shared = {k: v for k, v in net_config(net, spec).items() if k != "params"}
     return [
@@ -116,7 +117,7 @@ def tasks(net: WidthNet, spec: WidthSpec, base: int, dims, roles: dict) -> list[
             k,
             base,
             tuple(dims),
-            tuple(roles[w]),
+            tuple(roles),
             config={**shared, "param": param, "width": w, "seed": k},
         )  # fmt: skip
         for param in spec.params
@@ -153,7 +154,8 @@ def _train(task: Task) -> train.Point:
     gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_PARAMS, k, w))
     dims = list(task.dims)
     return train.run_point(
-        model, list(task.roles), param=task.param, optimizer=spec.optimizer, lr=spec.lr, ratio=w / task.base,
+        model, P.at(model, list(task.roles), w), param=task.param, optimizer=spec.optimizer, lr=spec.lr,
+        ratio=w / task.base,
         steps=spec.steps, x=batch(spec, net, k, device), target_of=targets(spec, k), loss=spec.loss, gen=gen,
         width=w, seed=k, attention=(lambda: AttentionScale(dims)) if (task.param == "mup" and dims) else None,
     )  # fmt: skip
