@@ -153,6 +153,19 @@ def stable(param: str) -> bool:
     return param in ("mup", "ntk")
 
 
+def logits_exponents(param: str, step: int) -> Exponents:
+    """An attention call's logits (Yang et al. 2021, section 4): under μP's q·k sqrt(d0)/d a sum
+    of d products of independent Θ(1) coordinates at init, n^-1/2; after a step q and k move Θ(1)
+    along directions correlated with k and q (∂ℓ/∂q ∝ k), so q·k changes by Θ(d) and the logits by
+    Θ(1) -- the change 1/sqrt(d) would let grow ∝ n^1/2.  Under SP's and NTK's 1/sqrt(d) the
+    logits at init are Θ(1); their change off a chain is not derived here."""
+    if param == AS_IS:
+        return Exponents(None)
+    if param != "mup":
+        return Exponents(F(0))
+    return Exponents(F(-1, 2)) if step == 0 else Exponents(F(-1, 2), F(0), F(0))
+
+
 def site_exponents(
     param: str, optimizer: str, roles: list[str], step: int, chain: bool = True
 ) -> list[Exponents]:
@@ -161,21 +174,21 @@ def site_exponents(
     this order (an MLP), where the recursion holds; otherwise (a residual stream, a norm, several
     layers reading one tensor) only what does not depend on the position: a stable
     parametrization's exponents (the same for every layer of a role, Yang et al. 2021, Table 3's
-    premise) and the first layer's update; SP's others are not derived.  ``as-is``: none."""
+    premise) and the first layer's update; SP's others are not derived.  ``as-is``: none.  A
+    ``logits`` site (an attention call's) reads ``logits_exponents``."""
+    layers = [r for r in roles if r != "logits"]
     if param == AS_IS:
-        return [Exponents(None) for _ in roles]
-    full = chain_exponents(param, optimizer, roles)
-    if not chain:
-        alone = dict(
-            zip(
-                ("input", "hidden", "output"),
-                chain_exponents(param, optimizer, ["input", "hidden", "output"]),
-            )
-        )
-        full = [alone[r] if (stable(param) or r == "input") else Exponents(alone[r].init) for r in roles]
-    if step == 1 or (step > 1 and stable(param)):
-        return full
-    return [Exponents(e.init) for e in full]
+        full = [Exponents(None) for _ in layers]
+    else:
+        full = chain_exponents(param, optimizer, layers)
+        if not chain:
+            three = ["input", "hidden", "output"]
+            alone = dict(zip(three, chain_exponents(param, optimizer, three)))
+            full = [alone[r] if (stable(param) or r == "input") else Exponents(alone[r].init) for r in layers]
+        if not (step == 1 or (step > 1 and stable(param))):
+            full = [Exponents(e.init) for e in full]
+    it = iter(full)
+    return [logits_exponents(param, step) if r == "logits" else next(it) for r in roles]
 
 
 def fmt_exponent(e: F | None) -> str:

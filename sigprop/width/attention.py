@@ -24,18 +24,23 @@ _MHA_NAMES = (
 
 
 class AttentionScale(TorchFunctionMode):
-    """Records each attention call's head dimension (``base`` None: the base width's forward) or
-    rescales each call's logits by sqrt(base[i] / d) (``base``: the dimensions recorded)."""
+    """Records each attention call's head dimension (``base`` None: the base width's forward),
+    rescales each call's logits by sqrt(base[i] / d) (``base`` given and ``rescale``: μP), and
+    with ``record`` keeps each call's logits as the call computes them (``logits``: [B, H, T, S],
+    detached, before any mask), the coordinate check's attention sites."""
 
-    def __init__(self, base: list[int] | None = None) -> None:
+    def __init__(self, base: list[int] | None = None, rescale: bool = True, record: bool = False) -> None:
         super().__init__()
         self.base = base
+        self.rescale = rescale and base is not None
+        self.record = record
         self.dims: list[int] = []
+        self.logits: list[torch.Tensor] = []
 
     def _factor(self, d: int) -> float:
         i = len(self.dims)
         self.dims.append(d)
-        if self.base is None:
+        if not self.rescale:
             return 1.0
         if i >= len(self.base):
             raise SigpropError(
@@ -46,27 +51,59 @@ class AttentionScale(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func is F.scaled_dot_product_attention:
-            q = args[0] if args else kwargs["query"]
-            d = q.shape[-1]
-            m = self._factor(d)
-            if self.base is not None:
-                given = kwargs.get("scale")  # keyword-only in torch's signature
-                kwargs["scale"] = (1.0 / math.sqrt(d) if given is None else given) * m
-            return func(*args, **kwargs)
+            return self._sdpa(func, args, kwargs)
         if func is F.multi_head_attention_forward:
-            kw = {**dict(zip(_MHA_NAMES, args)), **kwargs}
-            d = kw["embed_dim_to_check"] // kw["num_heads"]
-            m = self._factor(d)
-            if self.base is not None and m != 1.0:
-                if kw.get("use_separate_proj_weight"):
-                    kw["q_proj_weight"] = kw["q_proj_weight"] * m
-                else:
-                    w = kw["in_proj_weight"]
-                    e = kw["embed_dim_to_check"]
-                    scale = torch.ones(w.shape[0], 1, dtype=w.dtype, device=w.device)
-                    scale[:e] = m
-                    kw["in_proj_weight"] = w * scale
-                    if kw.get("in_proj_bias") is not None:
-                        kw["in_proj_bias"] = kw["in_proj_bias"] * scale[:, 0]
-            return func(**kw)
+            return self._mha(func, {**dict(zip(_MHA_NAMES, args)), **kwargs})
         return func(*args, **kwargs)
+
+    def _sdpa(self, func, args, kwargs):
+        q = args[0] if args else kwargs["query"]
+        d = q.shape[-1]
+        m = self._factor(d)
+        given = kwargs.get("scale")  # keyword-only in torch's signature
+        scale = (1.0 / math.sqrt(d) if given is None else given) * m
+        if self.rescale:
+            kwargs["scale"] = scale
+        if self.record:
+            k = args[1] if len(args) > 1 else kwargs["key"]
+            if k.shape[-3] != q.shape[-3]:  # grouped-query attention: each key head serves a group
+                k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+            self.logits.append((q.detach() @ k.detach().transpose(-2, -1)) * scale)
+        return func(*args, **kwargs)
+
+    def _mha(self, func, kw):
+        e, heads = kw["embed_dim_to_check"], kw["num_heads"]
+        d = e // heads
+        m = self._factor(d)
+        if self.rescale and m != 1.0:
+            if kw.get("use_separate_proj_weight"):
+                kw["q_proj_weight"] = kw["q_proj_weight"] * m
+            else:
+                w = kw["in_proj_weight"]
+                scale = torch.ones(w.shape[0], 1, dtype=w.dtype, device=w.device)
+                scale[:e] = m
+                kw["in_proj_weight"] = w * scale
+                if kw.get("in_proj_bias") is not None:
+                    kw["in_proj_bias"] = kw["in_proj_bias"] * scale[:, 0]
+        if self.record:
+            self.logits.append(_mha_logits(kw, e, heads))
+        return func(**kw)
+
+
+def _mha_logits(kw: dict, e: int, heads: int) -> torch.Tensor:
+    """``F.multi_head_attention_forward``'s logits as it computes them ([T, B, E] inputs: the
+    query and key projected, one head of E/H per slice, times 1/sqrt(E/H)), [B, H, T, S]."""
+    if kw.get("use_separate_proj_weight"):
+        wq, wk = kw["q_proj_weight"], kw["k_proj_weight"]
+    else:
+        wq, wk, _ = kw["in_proj_weight"].chunk(3)
+    bias = kw.get("in_proj_bias")
+    bq, bk = (None, None) if bias is None else bias.chunk(3)[:2]
+    query, key = kw["query"].detach(), kw["key"].detach()
+    d = e // heads
+
+    def split(x, w, b):
+        t = F.linear(x, w.detach(), None if b is None else b.detach())
+        return t.reshape(t.shape[0], t.shape[1], heads, d).permute(1, 2, 0, 3)
+
+    return split(query, wq, bq) @ split(key, wk, bk).transpose(-2, -1) / math.sqrt(d)

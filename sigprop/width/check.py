@@ -191,8 +191,7 @@ def width_check(
     base = spec.base_width or widths[0]
     device = resolve_device(spec.device)
     roles = _roles(factory, widths, spec.seed)
-    mup = "mup" in spec.params
-    dims = _attention_dims(factory, base, points.batch(spec, net, 0, device), spec.seed) if mup else []
+    dims = _attention_dims(factory, base, points.batch(spec, net, 0, device), spec.seed)
     if on_start:  # the net builds at every width: the run starts
         on_start()
     every = points.tasks(net, spec, base, dims, roles)

@@ -25,7 +25,6 @@ from sigprop.sweeps.run import append, failed, json_lines
 from sigprop.version import __version__
 from sigprop.width import params as P
 from sigprop.width import train
-from sigprop.width.attention import AttentionScale
 from sigprop.width.spec import RUN_OPTIONS, WidthNet, WidthSpec
 
 POINT_SCHEMA = "sigprop.width.point.v1"
@@ -157,7 +156,7 @@ def _train(task: Task) -> train.Point:
         model, P.at(model, list(task.roles), w), param=task.param, optimizer=spec.optimizer, lr=spec.lr,
         ratio=w / task.base,
         steps=spec.steps, x=batch(spec, net, k, device), target_of=targets(spec, k), loss=spec.loss, gen=gen,
-        width=w, seed=k, attention=(lambda: AttentionScale(dims)) if (task.param == "mup" and dims) else None,
+        width=w, seed=k, attention=dims,
     )  # fmt: skip
 
 

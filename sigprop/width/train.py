@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from sigprop.errors import SigpropError
 from sigprop.model.forward import Deterministic, first_line
 from sigprop.width import params as P
+from sigprop.width.attention import AttentionScale
 
 STATS = ("l1", "rms", "delta")
 
@@ -115,9 +116,12 @@ def run_point(
     gen: torch.Generator,
     width: int,
     seed: int,
-    attention=None,
+    attention: list[int] | None = None,
 ) -> Point:
-    """Apply ``param`` to ``model`` and train it ``steps`` steps on ``x``, recording each site."""
+    """Apply ``param`` to ``model`` and train it ``steps`` steps on ``x``, recording each site.
+    ``attention``: the head dimensions of the model's attention calls at the base width (None or
+    empty: none); each call's logits are then sites too (``attn-logits.i``, role ``logits``), and
+    under μP each call is rescaled to 1/d (sigprop/width/attention.py)."""
     P.apply(model, roles_, param, optimizer, ratio, gen)
     model.train()
     groups = P.groups(model, roles_, param, optimizer, lr, ratio)
@@ -133,7 +137,8 @@ def run_point(
     try:
         for t in range(steps + 1):
             rec.out.clear()
-            with Deterministic(names), attention() if attention else _null():
+            mode = AttentionScale(attention, rescale=param == "mup", record=True) if attention else _null()
+            with Deterministic(names), mode:
                 try:
                     y = _tensor(model(x))
                 except SigpropError:
@@ -157,11 +162,15 @@ def run_point(
                     field="lr",
                 )
             point.loss.append(float(value.detach()))
+            out = dict(rec.out)
+            for i, logits in enumerate(getattr(mode, "logits", ())):
+                out[f"attn-logits.{i}"] = logits
             if t == 0:  # a module that owns a weight but is not called (MHA's out_proj) is no site
-                found = [f for f in found if f[0] in rec.out]
-                point.sites = [Site(p, r) for p, _, r in found]
+                found = [(p, r) for p, _, r in found if p in rec.out]
+                found += [(name, "logits") for name in out if name.startswith("attn-logits.")]
+                point.sites = [Site(p, r) for p, r in found]
                 point.stats = {s: [[] for _ in found] for s in STATS}
-            _record(point, found, rec.out, first, t)
+            _record(point, found, out, first, t)
             if t == steps:
                 break
             opt.zero_grad(set_to_none=True)
@@ -175,7 +184,7 @@ def run_point(
 def _record(point: Point, found, out: dict, first: dict, t: int) -> None:
     """Each site's statistics of this forward, in float64 whatever the model's dtype (a site the
     forward skipped this time: nan)."""
-    for i, (path, _, _) in enumerate(found):
+    for i, (path, _) in enumerate(found):
         h = out.get(path)
         if h is None:
             for s in STATS:

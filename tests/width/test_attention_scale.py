@@ -48,3 +48,24 @@ def test_sdpa_scale_and_a_given_scale():
         b = F.scaled_dot_product_attention(q, k, v, scale=0.3)
     assert torch.allclose(a, F.scaled_dot_product_attention(q, k, v, scale=math.sqrt(2 / 8) / math.sqrt(8)))
     assert torch.allclose(b, F.scaled_dot_product_attention(q, k, v, scale=0.3 * math.sqrt(2 / 8)))
+
+
+def test_the_recorded_logits_are_the_calls_own():
+    """The logits a check records (``record``): MHA's as written out by hand, rescaled under μP;
+    grouped-query SDPA's with each key head repeated over its group."""
+    torch.manual_seed(1)
+    mha = nn.MultiheadAttention(32, 2, batch_first=True).double()
+    x = torch.randn(3, 5, 32, dtype=torch.float64)
+    mode = AttentionScale([4], record=True)
+    with mode:
+        mha(x, x, x, need_weights=False)
+    q, k, _ = F.linear(x, mha.in_proj_weight, mha.in_proj_bias).chunk(3, -1)
+    q, k = (t.reshape(3, 5, 2, 16).transpose(1, 2) for t in (q, k))
+    want = q @ k.transpose(-1, -2) * math.sqrt(4 / 16) / math.sqrt(16)
+    assert torch.allclose(mode.logits[0], want, rtol=1e-12, atol=1e-12)
+    q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    mode = AttentionScale([8], rescale=False, record=True)
+    with mode:
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    want = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) / math.sqrt(8)
+    assert torch.allclose(mode.logits[0], want, rtol=1e-5, atol=1e-6)

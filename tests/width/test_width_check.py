@@ -59,7 +59,14 @@ def test_a_transformer_under_mup_and_sp():
     assert r.config["attention_calls"] == 1
     assert runs["mup"].width_stable and not runs["sp"].width_stable
     sites = {s.site for s in runs["mup"].slopes}
-    assert sites == {"emb", "attn", "up", "down", "out"}  # MHA's out_proj is never called as a module
+    # MHA's out_proj is never called as a module; the attention call's logits are a site
+    assert sites == {"emb", "attn", "up", "down", "out", "attn-logits.0"}
+    mup0, sp1 = (
+        next(s for s in runs[p].slopes if s.role == "logits" and s.step == t)
+        for p, t in (("mup", 0), ("sp", 1))
+    )
+    assert mup0.init == -0.5 and mup0.agrees == "="  # q.k sqrt(d0)/d at init: n^-1/2
+    assert sp1.delta > 0.6  # under 1/sqrt(d) the logits' change grows with the width
     # off a chain SP's hidden exponents are not derived: nothing is claimed for them
     assert all(s.low is None for s in runs["sp"].slopes if s.role == "hidden")
 
