@@ -186,6 +186,8 @@ def width_check(
     validate(spec, net)
     if spec.out:
         files.check_target(Path(spec.out), "out", append=True)
+    if spec.data:  # the file read and its size checked before any net is built
+        points.rows_of(spec, net, 0)
     factory = points.factory_of(net)
     widths = sorted(net.widths)
     base = spec.base_width or widths[0]

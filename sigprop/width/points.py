@@ -8,6 +8,8 @@ point) and runs only the others.  A point that raises is a failure line
 
 from __future__ import annotations
 
+import functools
+import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from sigprop import specs, sweeps
+from sigprop import data, specs, sweeps
 from sigprop.errors import SigpropError
 from sigprop.kernels.device import resolve_device
 from sigprop.kinds.module import resolve_target
@@ -40,9 +42,41 @@ def factory_of(net: WidthNet):
     return lambda w: target(**net.kwargs, **{net.width_arg: w})
 
 
+def _data(path: str, shape: tuple[int, ...]) -> data.Data:
+    """--data, read once per process while the file is unchanged (each seed's point reads it)."""
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        stamp = None  # data.load says why, in one line
+    return _read(path, tuple(shape), stamp)
+
+
+@functools.lru_cache(maxsize=2)
+def _read(path: str, shape: tuple[int, ...], stamp) -> data.Data:
+    return data.load(path, shape, None)
+
+
+def rows_of(spec: WidthSpec, net: WidthNet, seed_index: int) -> data.Data:
+    """Seed k's rows of --data: k B .. (k + 1) B - 1."""
+    d = _data(spec.data, tuple(net.input_shape))
+    need = spec.seeds * spec.batch_size
+    if d.count < need:
+        raise SigpropError(
+            f"{spec.data} holds {d.count} samples; {spec.seeds} seeds x --batch-size {spec.batch_size} "
+            f"need {need}",
+            field="data",
+        )
+    lo = seed_index * spec.batch_size
+    return data.Data(d.x[lo : lo + spec.batch_size], d.y[lo : lo + spec.batch_size], d.path)
+
+
 def batch(spec: WidthSpec, net: WidthNet, seed_index: int, device) -> torch.Tensor:
-    """The fixed batch of one seed: Gaussian inputs, or token ids uniform below the vocabulary;
-    the same at every width and for every parametrization (their slopes share its noise)."""
+    """The fixed batch of one seed: Gaussian inputs, token ids uniform below the vocabulary, or
+    --data's rows; the same at every width and for every parametrization (their slopes share its
+    noise)."""
+    if spec.data is not None:
+        rows = rows_of(spec, net, seed_index)
+        return data.inputs(rows, device, torch.float32).reshape(spec.batch_size, *net.input_shape)
     gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_BATCH, seed_index))
     shape = (spec.batch_size, *net.input_shape)
     if net.vocab is not None:
@@ -50,11 +84,21 @@ def batch(spec: WidthSpec, net: WidthNet, seed_index: int, device) -> torch.Tens
     return torch.randn(shape, generator=gen).to(device)
 
 
-def targets(spec: WidthSpec, seed_index: int):
-    """The random targets of one seed, shaped by the output: labels over its last dimension
-    (xent) or Gaussians (mse)."""
+def targets(spec: WidthSpec, seed_index: int, net: WidthNet | None = None):
+    """The targets of one seed, shaped by the output: random labels over its last dimension
+    (xent) or Gaussians (mse), or --data's labels (its outputs must be [B, classes])."""
 
     def target_of(y: torch.Tensor) -> torch.Tensor:
+        if spec.data is not None:
+            rows = rows_of(spec, net, seed_index)
+            if y.dim() != 2 or y.shape[0] != spec.batch_size:
+                raise SigpropError(
+                    f"--data's labels are one per sample: the model's output must be [batch, classes], got "
+                    f"{list(y.shape)}",
+                    field="data",
+                )
+            data.check_labels(rows, y.shape[-1])
+            return torch.as_tensor(rows.y, device=y.device)
         gen = torch.Generator().manual_seed(specs.derive_seed(spec.seed, STREAM_BATCH, seed_index, 1))
         if spec.loss == "xent":
             return torch.randint(y.shape[-1], y.shape[:-1], generator=gen).to(y.device)
@@ -154,8 +198,8 @@ def _train(task: Task) -> train.Point:
     dims = list(task.dims)
     return train.run_point(
         model, P.at(model, list(task.roles), w), param=task.param, optimizer=spec.optimizer, lr=spec.lr,
-        ratio=w / task.base,
-        steps=spec.steps, x=batch(spec, net, k, device), target_of=targets(spec, k), loss=spec.loss, gen=gen,
+        ratio=w / task.base, steps=spec.steps, x=batch(spec, net, k, device),
+        target_of=targets(spec, k, net), loss=spec.loss, gen=gen,
         width=w, seed=k, attention=dims,
     )  # fmt: skip
 

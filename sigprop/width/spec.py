@@ -81,6 +81,12 @@ class WidthSpec:
         "xent (random labels over the output's last dimension) or mse (random targets).",
         choices=("xent", "mse"),
     )
+    data: str | None = declared(
+        str,
+        None,
+        "Real inputs and labels instead of random ones: a .pt (a dict with x and y) or .npz; seed k "
+        "trains on rows k B..(k+1) B - 1 (B = --batch-size) with --loss xent.",
+    )
     base_width: int | None = declared(
         int, None, "The width at which every parametrization is the same net.", min=1, shown="the smallest"
     )
@@ -145,6 +151,10 @@ def validate(spec: WidthSpec, net: WidthNet) -> None:
         raise SigpropError("the base width must be positive", field="base_width")
     if spec.loss not in ("xent", "mse"):
         raise SigpropError(f"unknown loss {spec.loss!r}; choose from xent, mse", field="loss")
+    if spec.data is not None and net.vocab is not None:
+        raise SigpropError("--data holds the inputs: no --vocab beside it", field="data")
+    if spec.data is not None and spec.loss != "xent":
+        raise SigpropError("--data's labels are classes: it takes --loss xent", field="data")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", spec.device):
         raise SigpropError(
             f"unknown device {spec.device!r}; choose from auto, cpu, cuda, cuda:K", field="device"

@@ -96,3 +96,30 @@ def test_a_factory_without_the_width_argument():
     assert e.value.field == "target"
     with pytest.raises(SigpropError, match="changes no layer"):
         sigprop.width_check(lambda width: mlp(32), widths=[32, 64, 128], input_shape=(8,))
+
+
+def test_real_data(tmp_path):
+    """--data: seed k trains on the file's rows k B .. (k+1) B - 1 with its labels; a file too
+    small, labels the model has no output for, or a loss that reads no labels are one line."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "d.npz"
+    np.savez(path, x=rng.normal(size=(40, 8)), y=rng.integers(0, 5, size=40))
+    r = sigprop.width_check(mlp, widths=[32, 64, 128], input_shape=(8,), data=str(path), batch_size=16,
+                            seeds=2, steps=1, params=["mup"])  # fmt: skip
+    assert r.runs[0].width_stable and r.config["data"] == str(path)
+    for kw, words in (
+        (dict(seeds=3), "holds 40 samples; 3 seeds x --batch-size 16 need 48"),
+        (dict(loss="mse"), "takes --loss xent"),
+    ):
+        with pytest.raises(SigpropError, match=words) as e:
+            sigprop.width_check(mlp, widths=[32, 64, 128], input_shape=(8,), data=str(path), batch_size=16,
+                                **{"seeds": 2, **kw})  # fmt: skip
+        assert e.value.field == "data"
+    np.savez(path, x=rng.normal(size=(40, 8)), y=rng.integers(0, 9, size=40))
+    with pytest.raises(SigpropError, match="labels must be in") as e:
+        sigprop.width_check(
+            mlp, widths=[32, 64, 128], input_shape=(8,), data=str(path), batch_size=16, steps=1
+        )
+    assert e.value.field == "data"
