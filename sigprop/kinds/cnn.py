@@ -16,6 +16,7 @@ from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Memory, Opt, RunTheory, SweepAxes
 from sigprop.plans import graphs
 from sigprop.results import NO_TEST
+from sigprop.width.spec import WidthNet, widths_of
 
 #: Arpit et al. 2019, section 5.1 compare the proposed init on this CNN; delta-orthogonal is what
 #: Xiao et al. 2018 (whose architecture it is) use for deep CNNs
@@ -130,6 +131,31 @@ class CNN(Kind):
         if "image" in v:
             v["image"] = specs.parse_image(v["image"]) if isinstance(v["image"], str) else v["image"]
         return CNNSpec(**v, inits=DEFAULT_INITS if inits_ is None else inits_)
+
+    width_options = (
+        Opt(
+            "widths",
+            str,
+            "16,32,64,128,256",
+            "The channels n of every conv, comma-separated.",
+            parse=widths_of,
+        ),
+        Opt(
+            "depth", int, 3, "Number of 3x3 conv layers L (then a global average pool and a readout).", min=1
+        ),
+        Opt("image", str, "3x16x16", "Input shape CxHxW."),
+        Opt("classes", int, 10, "Outputs (classes of the cross-entropy; fixed).", min=1),
+    )
+
+    def width_net(self, values: dict) -> WidthNet:
+        """The plain ReLU conv net (no weight normalization, stride 1, padding 1) at each channel
+        count, a global average pool and a linear readout: a chain of weight layers (the pool is
+        linear), its conv fan-ins 9 n."""
+        v = {o.name: o.default for o in self.width_options} | dict(values)
+        widths = v["widths"] if isinstance(v["widths"], tuple) else widths_of(v["widths"])
+        image = specs.image(v["image"])
+        net = {"depth": v["depth"], "channels_in": image[0], "classes": v["classes"]}
+        return WidthNet("sigprop.width.nets:relu_cnn", widths, image, net, chain=True)
 
     def sweep_spec(self, size, width, init, input_dim):
         return CNNSpec(depth=size, channels=width, inits=(init,))

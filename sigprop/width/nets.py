@@ -18,3 +18,13 @@ def relu_mlp(width: int, depth: int, input_dim: int, classes: int, bias: bool = 
         if i < depth - 1:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+def relu_cnn(width: int, depth: int, channels_in: int, classes: int) -> nn.Module:
+    """``depth`` 3 x 3 convs (channels_in -> width -> ... -> width, stride 1, padding 1) with a
+    ReLU after each, a global average pool and a linear readout to ``classes``: the CNN of Yang et
+    al. (2021)'s coordinate checks, plain."""
+    layers: list[nn.Module] = []
+    for i in range(depth):
+        layers += [nn.Conv2d(channels_in if i == 0 else width, width, 3, padding=1), nn.ReLU()]
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes))

@@ -34,6 +34,15 @@ def test_table_and_check(capsys):
     assert code == 0 and "✓ μP" in out
 
 
+def test_the_cnn(capsys):
+    code, out, _ = run(capsys, ["width", "cnn", "--widths", "4,8,16", "--image", "3x6x6", "--steps", "1",
+                                "--batch-size", "4", "--format", "json"])  # fmt: skip
+    doc = json.loads(out)
+    assert code == 0 and doc["config"]["chain"] is True and doc["config"]["input_shape"] == [3, 6, 6]
+    roles = [s["role"] for s in doc["runs"][0]["slopes"] if s["step"] == 0]
+    assert roles == ["input", "hidden", "hidden", "output"]
+
+
 def test_json_is_the_contract(capsys, tmp_path):
     target = tmp_path / "r.json"
     code, out, _ = run(capsys, ["width", "mlp", *FAST, "--format", "json", "--output", str(target)])
