@@ -166,8 +166,25 @@ def logits_exponents(param: str, step: int) -> Exponents:
     return Exponents(F(-1, 2)) if step == 0 else Exponents(F(-1, 2), F(0), F(0))
 
 
+def zero_readout_exponents(param: str, optimizer: str, roles: list[str], step: int) -> list[Exponents] | None:
+    """The exponents with the readout drawn as zeros (Yang et al. 2021, Table 3's "or 0"): at
+    init the readout's output is exactly 0 (no power of n: None); at step 1 no gradient reaches
+    the layers below it (their change is exactly 0: None), and the readout's own change is its own
+    term at its input's init, u + 1 with u = -γ (the loss's gradient at the logits is Θ(1)); from
+    step 2 the readout's entries are one update's, of μP's size 1/n, so μP's exponents hold; SP's
+    and NTK's are not derived.  None where the ordinary exponents apply."""
+    if step == 0:
+        return [
+            Exponents(None) if r == "output" else Exponents(F(0) if r != "logits" else None) for r in roles
+        ]
+    if step == 1:
+        u = -scaling(param, optimizer, "output").lr
+        return [Exponents(None, u + 1, u + 1) if r == "output" else Exponents(None) for r in roles]
+    return None
+
+
 def site_exponents(
-    param: str, optimizer: str, roles: list[str], step: int, chain: bool = True
+    param: str, optimizer: str, roles: list[str], step: int, chain: bool = True, zero_readout: bool = False
 ) -> list[Exponents]:
     """The exponents of each site at ``step`` (0: init only; a stable parametrization's at every
     step; SP's update at step 1 only).  ``chain``: the sites are a chain of weight layers in
@@ -175,7 +192,14 @@ def site_exponents(
     layers reading one tensor) only what does not depend on the position: a stable
     parametrization's exponents (the same for every layer of a role, Yang et al. 2021, Table 3's
     premise) and the first layer's update; SP's others are not derived.  ``as-is``: none.  A
-    ``logits`` site (an attention call's) reads ``logits_exponents``."""
+    ``logits`` site (an attention call's) reads ``logits_exponents``; ``zero_readout``:
+    ``zero_readout_exponents`` at steps 0 and 1, μP's after."""
+    if zero_readout and param != AS_IS:
+        zero = zero_readout_exponents(param, optimizer, roles, step)
+        if zero is not None:
+            return zero
+        if param != "mup":
+            return [Exponents(None) for _ in roles]
     layers = [r for r in roles if r != "logits"]
     if param == AS_IS:
         full = [Exponents(None) for _ in layers]

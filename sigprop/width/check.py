@@ -41,7 +41,9 @@ def _slopes(
     widths = sorted(net.widths)
     out = []
     for step in range(spec.steps + 1):
-        predicted = theory.site_exponents(param, spec.optimizer, [s.role for s in sites], step, net.chain)
+        predicted = theory.site_exponents(
+            param, spec.optimizer, [s.role for s in sites], step, net.chain, spec.zero_readout
+        )
         for i, site in enumerate(sites):
 
             def values(stat):

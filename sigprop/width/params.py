@@ -119,20 +119,33 @@ def ratio_power(ratio: float, exponent: Fraction) -> float:
 
 @torch.no_grad()
 def apply(
-    model: nn.Module, roles_: list[Role], param: str, optimizer: str, ratio: float, gen: torch.Generator
+    model: nn.Module,
+    roles_: list[Role],
+    param: str,
+    optimizer: str,
+    ratio: float,
+    gen: torch.Generator,
+    zero_readout: bool = False,
 ) -> None:
     """Redraw ``model``'s weights for ``param`` at width ratio n/n0 = ``ratio``: every matrix of a
     growing role N(0, 1/fan_in) times (n/n0)^-init (an embedding's table N(0, 1)), every growing
     bias zero; norms' gains, fixed weights and tensors of the model's own kept as the factory drew
-    them.  ``as-is`` changes nothing."""
+    them; ``zero_readout``: the output role's matrices, and their modules' biases, zero.
+    ``as-is`` changes nothing."""
     if param == theory.AS_IS:
         return
     params = dict(model.named_parameters())
+    readouts = {r.name.rpartition(".")[0] for r in roles_ if r.role == "output"} if zero_readout else set()
     for r in roles_:
         p = params[r.name]
+        if r.bias and r.name.rpartition(".")[0] in readouts:  # the readout's bias: zero with it
+            p.zero_()
+            continue
         if r.role in ("input", "hidden", "output") and r.drawn:
             sc = theory.scaling(param, optimizer, r.role)
             std = ratio_power(ratio, sc.init) / math.sqrt(r.fan_in)
+            if zero_readout and r.role == "output":
+                std = 0.0
             p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype, device="cpu").to(p.device) * std)
         elif r.role == "vector" and r.bias:
             p.zero_()

@@ -200,7 +200,7 @@ def _train(task: Task) -> train.Point:
         model, P.at(model, list(task.roles), w), param=task.param, optimizer=spec.optimizer, lr=spec.lr,
         ratio=w / task.base, steps=spec.steps, x=batch(spec, net, k, device),
         target_of=targets(spec, k, net), loss=spec.loss, gen=gen,
-        width=w, seed=k, attention=dims,
+        width=w, seed=k, attention=dims, zero_readout=spec.zero_readout,
     )  # fmt: skip
 
 

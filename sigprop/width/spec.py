@@ -81,6 +81,12 @@ class WidthSpec:
         "xent (random labels over the output's last dimension) or mse (random targets).",
         choices=("xent", "mse"),
     )
+    zero_readout: bool = declared(
+        bool,
+        False,
+        "Draw the readout (the output role) as zeros under sp, mup and ntk (Yang et al. 2021, Table 3's "
+        "'or 0'; mup's examples).",
+    )
     data: str | None = declared(
         str,
         None,

@@ -117,12 +117,13 @@ def run_point(
     width: int,
     seed: int,
     attention: list[int] | None = None,
+    zero_readout: bool = False,
 ) -> Point:
     """Apply ``param`` to ``model`` and train it ``steps`` steps on ``x``, recording each site.
     ``attention``: the head dimensions of the model's attention calls at the base width (None or
     empty: none); each call's logits are then sites too (``attn-logits.i``, role ``logits``), and
     under μP each call is rescaled to 1/d (sigprop/width/attention.py)."""
-    P.apply(model, roles_, param, optimizer, ratio, gen)
+    P.apply(model, roles_, param, optimizer, ratio, gen, zero_readout)
     model.train()
     groups = P.groups(model, roles_, param, optimizer, lr, ratio)
     opt = torch.optim.SGD(groups) if optimizer == "sgd" else torch.optim.Adam(groups)

@@ -103,3 +103,16 @@ def test_ntk_in_table3_form_is_the_multiplier_form():
                     w -= lr * g
     assert W.scaling("ntk", "sgd", "hidden").lr == 1 == W.scaling("ntk", "sgd", "output").lr
     assert W.scaling("ntk", "sgd", "input").lr == 0
+
+
+def test_a_zero_readout():
+    """Yang et al. 2021, Table 3's "or 0": the readout's output is exactly 0 at init; at step 1
+    nothing below it moves (no gradient reaches it) and the readout moves by its own term, u + 1
+    (μP: Θ(1); SP: n^1); from step 2 μP's exponents hold, SP's are not derived."""
+    zero = W.site_exponents("mup", "adam", MLP, 0, zero_readout=True)
+    assert zero[-1].init is None and zero[0].init == 0
+    one = W.site_exponents("mup", "sgd", MLP, 1, zero_readout=True)
+    assert [e.low for e in one] == [None, None, None, 0]
+    assert W.site_exponents("sp", "adam", MLP, 1, zero_readout=True)[-1].low == 1
+    assert W.site_exponents("mup", "adam", MLP, 2, zero_readout=True) == W.chain_exponents("mup", "adam", MLP)
+    assert all(e.low is None for e in W.site_exponents("sp", "adam", MLP, 2, zero_readout=True))

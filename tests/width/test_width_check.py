@@ -123,3 +123,22 @@ def test_real_data(tmp_path):
             mlp, widths=[32, 64, 128], input_shape=(8,), data=str(path), batch_size=16, steps=1
         )
     assert e.value.field == "data"
+
+
+def test_a_zero_readout():
+    """--zero-readout: the readout (its bias too) is exactly zero at init, nothing below it moves
+    at step 1, the readout moves Θ(1) under μP and ∝ width under SP with SGD."""
+    r = sigprop.width_check("mlp", widths=[64, 128, 256, 512], depth=4, input_dim=16, params=["sp", "mup"],
+                            optimizer="sgd", lr=0.1, zero_readout=True, **FAST)  # fmt: skip
+    for run in r.runs:
+        out0 = next(s for s in run.slopes if s.role == "output" and s.step == 0)
+        assert out0.l1_values == [0.0] * 4 and out0.l1 is None
+        below = [s for s in run.slopes if s.step == 1 and s.role != "output"]
+        assert all(v == 0.0 for s in below for v in s.delta_values)
+    sp, mup = _runs(r)["sp"], _runs(r)["mup"]
+    step1 = {
+        p: next(s for s in run.slopes if s.role == "output" and s.step == 1)
+        for p, run in (("sp", sp), ("mup", mup))
+    }
+    assert step1["mup"].agrees == step1["sp"].agrees == "="
+    assert abs(step1["mup"].delta) < 0.2 and step1["sp"].delta > 0.8
