@@ -672,3 +672,15 @@ class SpectrumSpec:
         ProbeSpec(
             samples=self.samples, seed=self.seed, seeds=self.seeds, device=self.device, dtype=self.dtype
         )
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``i/N`` (0 <= i < N: SLURM's ``$SLURM_ARRAY_TASK_ID`` of ``--array=0-(N-1)``) -> (i, N)."""
+    index, slash, count = str(text).strip().partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i = n = -1
+    if not slash or n < 1 or not 0 <= i < n:
+        raise SigpropError(f"expected i/N with 0 <= i < N (the i-th of N parts), got {text!r}", field="shard")
+    return i, n

@@ -24,6 +24,7 @@ from sigprop.cli.options import (
     declared_table,
 )
 from sigprop.cli.output import _check_output_target, _progress_callback, _say, render_rich, write_output
+from sigprop.errors import SigpropError
 from sigprop.options import declared_options
 from sigprop.width.spec import WidthSpec, validate
 
@@ -65,6 +66,8 @@ def run_width(kind: kinds.Kind, net_values: dict, spec_values: dict, out: dict) 
     net = kind.width_net(net_values)
     spec = declared_spec(WidthSpec, spec_values)
     validate(spec, net)
+    if spec.shard is not None and out["check"]:
+        raise SigpropError("a shard fits nothing: --check the whole check (--points PART ...)", field="shard")
     api = common.core()  # the lazy torch import at the CLI's edge
     prog, update = _progress_callback("width", "points")
     if prog is not None:

@@ -66,6 +66,15 @@ def render_width(result, console: Console) -> None:
     """Each parametrization's table, then its two verdicts, then how to read them."""
     steps = result.config["steps"]
     widths = ",".join(str(w) for w in result.config["widths"])
+    if result.config.get("shard"):
+        env = result.environment
+        console.print(
+            f"shard {result.config['shard']}: {env['points_in_shard']} of the check's {env['points']} "
+            f"points, {env['points_run']} run now, all in {escape(str(result.config['out']))}; when every "
+            "part is done, the same command without --shard and with --points PART for each part fits "
+            "them all"
+        )
+        return
     for run in result.runs:
         console.print(width_table(run, steps))
         mark = "[green]✓[/green]" if run.width_stable else "[red]✗[/red]"

@@ -17,23 +17,12 @@ from pathlib import Path
 from sigprop import files
 from sigprop.errors import SigpropError
 from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA
+from sigprop.specs import parse_shard
 from sigprop.sweeps.grid import Point, config_key
 from sigprop.sweeps.run import _text, append, json_lines
 
 #: the first line of a part's file
 SHARD_SCHEMA = "sigprop.sweep.shard.v1"
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """``i/N`` (0 <= i < N: SLURM's ``$SLURM_ARRAY_TASK_ID`` of ``--array=0-(N-1)``) -> (i, N)."""
-    index, slash, count = str(text).strip().partition("/")
-    try:
-        i, n = int(index), int(count)
-    except ValueError:
-        i = n = -1
-    if not slash or n < 1 or not 0 <= i < n:
-        raise SigpropError(f"expected i/N with 0 <= i < N (the i-th of N parts), got {text!r}", field="shard")
-    return i, n
 
 
 def shard(points: list[Point], i: int, n: int) -> list[Point]:

@@ -17,6 +17,7 @@ from sigprop.kernels.device import resolve_device
 from sigprop.model.build import build
 from sigprop.model.forward import Deterministic
 from sigprop.results.width import SiteSlope, WidthResult, WidthRun
+from sigprop.sweeps.shard import parse_shard
 from sigprop.theory import width as theory
 from sigprop.width import fit, points, train
 from sigprop.width import params as P
@@ -199,8 +200,20 @@ def width_check(
     if on_start:  # the net builds at every width: the run starts
         on_start()
     every = points.tasks(net, spec, base, dims, roles)
-    have = points.done(Path(spec.out), {t.key for t in every}) if spec.out else {}
+    keys = {t.key for t in every}
+    have: dict = {}
+    for path in [*spec.points, *([spec.out] if spec.out else [])]:
+        have.update(points.done(Path(path), keys))
     resumed = len(have)
+    if spec.shard is not None:  # the i-th of N parts into --out; the fit reads them all later
+        i, n = parse_shard(spec.shard)
+        part = every[i::n]
+        todo = [t for t in part if t.key not in have]
+        points.run_all(todo, spec, progress)
+        config = {**points.net_config(net, spec), **{name: getattr(spec, name) for name in RUN_OPTIONS}}
+        environment = {"torch": torch.__version__, "device": str(device), "points": len(every),
+                       "points_in_shard": len(part), "points_run": len(todo)}  # fmt: skip
+        return WidthResult(command=command, config=config, environment=environment, runs=[])
     have.update(points.run_all([t for t in every if t.key not in have], spec, progress))
     runs = []
     rows = 0

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from sigprop.errors import SigpropError
 from sigprop.options import declared
+from sigprop.specs import parse_shard
 from sigprop.theory import width as theory
 
 PARAM_CHOICES = (*theory.PARAMETRIZATIONS, theory.AS_IS)
@@ -46,7 +47,7 @@ class WidthNet:
 
 
 #: where and how a check runs, not what it measures: left out of a point's resume key
-RUN_OPTIONS = ("device", "out", "executor", "workers", "scheduler")
+RUN_OPTIONS = ("device", "out", "shard", "points", "executor", "workers", "scheduler")
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,20 @@ class WidthSpec:
         "with the same options reads the points there and runs only the rest.",
         shown="none: the points are kept in memory",
     )
+    shard: str | None = declared(
+        str,
+        None,
+        "Run only the i-th of N parts of the points (i/N: a SLURM array task's $SLURM_ARRAY_TASK_ID) into "
+        "--out, and fit nothing; then --points PART ... with the same options fits them all.",
+    )
+    points: tuple[str, ...] = declared(
+        str,
+        (),
+        "A points file written by another run of this check (a shard's --out; repeatable): its points are "
+        "read, not run again.",
+        repeat=True,
+        shown="none",
+    )
     executor: str = declared(
         str, "local", "Where the points run: local (here) or dask (a cluster's workers)."
     )
@@ -119,6 +134,7 @@ class WidthSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", tuple(self.params))
+        object.__setattr__(self, "points", tuple(self.points or ()))
 
 
 def validate(spec: WidthSpec, net: WidthNet) -> None:
@@ -157,6 +173,10 @@ def validate(spec: WidthSpec, net: WidthNet) -> None:
         raise SigpropError("the base width must be positive", field="base_width")
     if spec.loss not in ("xent", "mse"):
         raise SigpropError(f"unknown loss {spec.loss!r}; choose from xent, mse", field="loss")
+    if spec.shard is not None:
+        parse_shard(spec.shard)
+        if not spec.out:
+            raise SigpropError("a shard writes its points to --out PART.jsonl: give it", field="shard")
     if spec.data is not None and net.vocab is not None:
         raise SigpropError("--data holds the inputs: no --vocab beside it", field="data")
     if spec.data is not None and spec.loss != "xent":

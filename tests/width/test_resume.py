@@ -69,3 +69,23 @@ def test_an_executor_option_that_does_not_apply_is_refused(tmp_path):
     with pytest.raises(SigpropError) as e:
         sigprop.width_check("mlp", depth=3, input_dim=6, workers=2, **KW)
     assert e.value.field == "workers"
+
+
+def test_shards_then_one_fit_equal_the_whole(tmp_path):
+    """An array job's parts (``shard="i/N"``, each its own --out), then one run with every part as
+    ``points`` fits them all without running one again: the same slopes and verdicts, bit for bit,
+    as the check run at once."""
+    whole = sigprop.width_check("mlp", depth=3, input_dim=6, **KW)
+    parts = []
+    for i in range(3):
+        part = tmp_path / f"part-{i}.jsonl"
+        r = sigprop.width_check("mlp", depth=3, input_dim=6, shard=f"{i}/3", out=str(part), **KW)
+        assert r.runs == [] and r.environment["points_in_shard"] == 4
+        parts.append(str(part))
+    fitted = sigprop.width_check("mlp", depth=3, input_dim=6, points=parts, **KW)
+    assert fitted.environment["points_resumed"] == 12 and _runs(fitted) == _runs(whole)
+    with pytest.raises(SigpropError, match="expected i/N") as e:
+        sigprop.width_check("mlp", depth=3, input_dim=6, shard="3/3", out=str(tmp_path / "x.jsonl"), **KW)
+    assert e.value.field == "shard"
+    with pytest.raises(SigpropError, match="--out PART.jsonl"):
+        sigprop.width_check("mlp", depth=3, input_dim=6, shard="0/3", **KW)
