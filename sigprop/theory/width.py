@@ -30,8 +30,9 @@ weight exponent, 1 for the readout itself) and the learning rate n^-γ,
     e_output = max(u + 1 + max(0, e_prev), e_prev + 1 - ω)
 
 the second term of each max being the previous change carried through the layer's initial
-weights; these are the asymptotes, and the smallest of the same terms (u + 1 and the carried
-change) bounds a slope fitted over a finite grid from below (``Exponents``).  The asymptotes
+weights; these are the asymptotes, and the smallest of the terms (u + 1, and the carried change:
+at the readout its part across the readout's rows, e_prev + 1/2 - ω) bounds a slope fitted over
+a finite grid from below (``Exponents``).  The asymptotes
 give TP IV's tables: SP with SGD grows ∝ n^1/2, n^1, ... and its logits ∝ n^2 through a 3-layer
 net; SP with Adam ∝ n, n^2, logits n^3; μP Θ(1) everywhere; NTK's features
 move ∝ n^-1/2 and its logits Θ(1).
@@ -101,7 +102,8 @@ class Exponents:
     their exponents, so it lies between the smallest (``low``: where a term with a small exponent
     but a large constant dominates the grid, as a first layer of fan-in 3072 does at widths up to
     1024) and the largest (``high``: the asymptote, Yang & Hu 2021).  The two are equal for a
-    stable parametrization."""
+    stable parametrization's hidden layers; at its readout the change of the features across the
+    readout's rows leads while it is the larger part (n^-1/2, docs/theory.md §17)."""
 
     init: F | None
     low: F | None = None
@@ -121,7 +123,9 @@ def _layer(role: str, u: F, prev: F | None, omega: F, asymptotic: bool) -> F:
         return u
     carried = prev if role == "hidden" else prev + 1 - omega
     if not asymptotic:
-        return min(u + 1, carried)
+        # the readout's fixed fan-out sums n products: along its rows (the backward's direction)
+        # they add, n^(1 - ω); the part of the change across them adds as noise, n^(1/2 - ω)
+        return min(u + 1, prev if role == "hidden" else prev + F(1, 2) - omega)
     return max(u + 1 + max(F(0), prev), carried)
 
 
@@ -157,13 +161,14 @@ def logits_exponents(param: str, step: int) -> Exponents:
     """An attention call's logits (Yang et al. 2021, section 4): under μP's q·k sqrt(d0)/d a sum
     of d products of independent Θ(1) coordinates at init, n^-1/2; after a step q and k move Θ(1)
     along directions correlated with k and q (∂ℓ/∂q ∝ k), so q·k changes by Θ(d) and the logits by
-    Θ(1) -- the change 1/sqrt(d) would let grow ∝ n^1/2.  Under SP's and NTK's 1/sqrt(d) the
-    logits at init are Θ(1); their change off a chain is not derived here."""
+    Θ(1) -- the change 1/sqrt(d) would let grow ∝ n^1/2; the part of their change across k and q
+    adds as noise, sqrt(d), and the logits by n^-1/2: the interval's low end.  Under SP's and
+    NTK's 1/sqrt(d) the logits at init are Θ(1); their change off a chain is not derived here."""
     if param == AS_IS:
         return Exponents(None)
     if param != "mup":
         return Exponents(F(0))
-    return Exponents(F(-1, 2)) if step == 0 else Exponents(F(-1, 2), F(0), F(0))
+    return Exponents(F(-1, 2)) if step == 0 else Exponents(F(-1, 2), F(-1, 2), F(0))
 
 
 def zero_readout_exponents(param: str, optimizer: str, roles: list[str], step: int) -> list[Exponents] | None:

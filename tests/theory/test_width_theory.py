@@ -24,7 +24,7 @@ def test_mup_is_theta_one_everywhere(opt):
     """Yang et al. 2021, Definition 4.1 / Table 3: under μP every layer's features and the logits
     move Θ(1) at every step; the readout's output at init is n^-1/2 (variance 1/fan_in^2)."""
     es = W.chain_exponents("mup", opt, MLP)
-    assert [(e.low, e.high) for e in es] == [(0, 0)] * 4
+    assert [(e.low, e.high) for e in es] == [(0, 0)] * 3 + [(F(-1, 2), 0)]  # the readout: see below
     assert [e.init for e in es] == [0, 0, 0, F(-1, 2)]
     for step in (1, 2, 5):
         assert W.site_exponents("mup", opt, MLP, step) == es
@@ -33,7 +33,7 @@ def test_mup_is_theta_one_everywhere(opt):
 def test_ntk_features_freeze_and_its_logits_move():
     """Yang & Hu 2021, section 5 (the kernel regime): under NTK with SGD the features move
     n^-1/2, the logits Θ(1)."""
-    assert _updates("ntk", "sgd") == [(F(-1, 2), F(-1, 2))] * 3 + [(0, 0)]
+    assert _updates("ntk", "sgd") == [(F(-1, 2), F(-1, 2))] * 3 + [(F(-1, 2), 0)]
 
 
 def test_sp_blows_up_along_the_chain():
@@ -41,8 +41,8 @@ def test_sp_blows_up_along_the_chain():
     grows n^1/2 and each later one compounds (asymptotes 1/2, 1, logits 2); with Adam (sign
     updates) one power of n per layer (1, 2, logits 3).  The low ends are the smallest terms:
     the first layer's change carried through the initial weights."""
-    assert _updates("sp", "sgd") == [(F(-1, 2),) * 2, (F(-1, 2), F(1, 2)), (F(-1, 2), 1), (0, 2)]
-    assert _updates("sp", "adam") == [(0, 0), (0, 1), (0, 2), (F(1, 2), 3)]
+    assert _updates("sp", "sgd") == [(F(-1, 2),) * 2, (F(-1, 2), F(1, 2)), (F(-1, 2), 1), (F(-1, 2), 2)]
+    assert _updates("sp", "adam") == [(0, 0), (0, 1), (0, 2), (0, 3)]
     assert W.site_exponents("sp", "adam", MLP, 2) == [W.Exponents(F(0))] * 4  # not derived after step 1
 
 
@@ -116,3 +116,14 @@ def test_a_zero_readout():
     assert W.site_exponents("sp", "adam", MLP, 1, zero_readout=True)[-1].low == 1
     assert W.site_exponents("mup", "adam", MLP, 2, zero_readout=True) == W.chain_exponents("mup", "adam", MLP)
     assert all(e.low is None for e in W.site_exponents("sp", "adam", MLP, 2, zero_readout=True))
+
+
+def test_the_readouts_low_end_is_the_change_across_its_rows():
+    """The readout's fixed fan-out sums n products of its weights (n^-ω) with the features'
+    change: along its rows (the backward's direction) they add, n^(1-ω+e); across them they add
+    as noise, n^(1/2-ω+e) -- the low end of the interval, where the features' change is mostly
+    across the readout (a decoder's readout under μP: docs/theory.md §17).  A hidden layer's
+    fan-out grows with n, and both parts have its input's exponent."""
+    mup = W.chain_exponents("mup", "adam", ["input", "hidden", "output"])
+    assert (mup[-1].low, mup[-1].high) == (F(-1, 2), 0) and (mup[1].low, mup[1].high) == (0, 0)
+    assert W.logits_exponents("mup", 1) == W.Exponents(F(-1, 2), F(-1, 2), F(0))
