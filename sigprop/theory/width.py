@@ -31,8 +31,8 @@ weight exponent, 1 for the readout itself) and the learning rate n^-γ,
 
 the second term of each max being the previous change carried through the layer's initial
 weights; these are the asymptotes, and the smallest of the terms (u + 1, and the carried change:
-at the readout its part across the readout's rows, e_prev + 1/2 - ω) bounds a slope fitted over
-a finite grid from below (``Exponents``).  The asymptotes
+at the readout a change with no correlation to it, e_prev + 1/2 - ω) bounds a slope fitted over a
+finite grid from below (``Exponents``).  The asymptotes
 give TP IV's tables: SP with SGD grows ∝ n^1/2, n^1, ... and its logits ∝ n^2 through a 3-layer
 net; SP with Adam ∝ n, n^2, logits n^3; μP Θ(1) everywhere; NTK's features
 move ∝ n^-1/2 and its logits Θ(1).
@@ -102,8 +102,8 @@ class Exponents:
     their exponents, so it lies between the smallest (``low``: where a term with a small exponent
     but a large constant dominates the grid, as a first layer of fan-in 3072 does at widths up to
     1024) and the largest (``high``: the asymptote, Yang & Hu 2021).  The two are equal for a
-    stable parametrization's hidden layers; at its readout the change of the features across the
-    readout's rows leads while it is the larger part (n^-1/2, docs/theory.md §17)."""
+    stable parametrization's hidden layers; at its readout a change of the features with no
+    correlation to it, n^(e + 1/2 - ω), can lead on a grid (n^-1/2 under μP: docs/theory.md §17)."""
 
     init: F | None
     low: F | None = None
@@ -123,8 +123,8 @@ def _layer(role: str, u: F, prev: F | None, omega: F, asymptotic: bool) -> F:
         return u
     carried = prev if role == "hidden" else prev + 1 - omega
     if not asymptotic:
-        # the readout's fixed fan-out sums n products: along its rows (the backward's direction)
-        # they add, n^(1 - ω); the part of the change across them adds as noise, n^(1/2 - ω)
+        # the readout's fixed fan-out sums n products: a change correlated with its rows (the
+        # backward's direction) adds up, n^(1 - ω); one with no correlation adds as noise, n^(1/2 - ω)
         return min(u + 1, prev if role == "hidden" else prev + F(1, 2) - omega)
     return max(u + 1 + max(F(0), prev), carried)
 

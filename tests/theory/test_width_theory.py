@@ -118,12 +118,12 @@ def test_a_zero_readout():
     assert all(e.low is None for e in W.site_exponents("sp", "adam", MLP, 2, zero_readout=True))
 
 
-def test_the_readouts_low_end_is_the_change_across_its_rows():
+def test_the_readouts_low_end_is_a_change_uncorrelated_with_it():
     """The readout's fixed fan-out sums n products of its weights (n^-ω) with the features'
-    change: along its rows (the backward's direction) they add, n^(1-ω+e); across them they add
-    as noise, n^(1/2-ω+e) -- the low end of the interval, where the features' change is mostly
-    across the readout (a decoder's readout under μP: docs/theory.md §17).  A hidden layer's
-    fan-out grows with n, and both parts have its input's exponent."""
+    change: correlated with its rows (the backward's direction) they add up, n^(1-ω+e); with no
+    correlation they add as noise, n^(1/2-ω+e) -- the low end of the interval (a decoder's
+    readout under μP: docs/theory.md §17).  A hidden layer's fan-out grows with n, and both parts
+    have its input's exponent."""
     mup = W.chain_exponents("mup", "adam", ["input", "hidden", "output"])
     assert (mup[-1].low, mup[-1].high) == (F(-1, 2), 0) and (mup[1].low, mup[1].high) == (0, 0)
     assert W.logits_exponents("mup", 1) == W.Exponents(F(-1, 2), F(-1, 2), F(0))
