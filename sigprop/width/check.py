@@ -15,7 +15,7 @@ from sigprop import files
 from sigprop.errors import SigpropError
 from sigprop.kernels.device import resolve_device
 from sigprop.model.build import build
-from sigprop.model.forward import Deterministic
+from sigprop.model.forward import call
 from sigprop.results.width import SiteSlope, WidthResult, WidthRun
 from sigprop.sweeps.shard import parse_shard
 from sigprop.theory import width as theory
@@ -25,11 +25,22 @@ from sigprop.width.attention import AttentionScale
 from sigprop.width.spec import RUN_OPTIONS, WidthNet, WidthSpec, validate
 
 
-def _roles(factory, widths, seed: int) -> list[P.Role]:
-    """The parameters' roles, read off the two smallest widths of the factory (each point reads
-    its own fan-ins: ``params.at``)."""
-    small, next_ = (build(lambda w=w: factory(w), seed, 0) for w in widths[:2])
-    return P.roles(small, next_)
+def _read_nets(factory, widths, base: int, x: torch.Tensor, seed: int) -> tuple[list[P.Role], list[int]]:
+    """What the client reads once for every point: the parameters' roles, off the two smallest
+    widths of the factory (each point reads its own fan-ins: ``params.at``), and the head
+    dimension of each attention call at the base width (μP's attention scaling and the logits
+    sites read them: sigprop/width/attention.py; empty without attention) -- each width built
+    once."""
+    built = {w: build(lambda w=w: factory(w), seed, 0) for w in dict.fromkeys([*widths[:2], base])}
+    rec = AttentionScale()
+    with torch.no_grad(), rec:
+        call(built[base].to(x.device), x)
+    return P.roles(built[widths[0]], built[widths[1]]), rec.dims
+
+
+def _mean(values: list[list[float]]) -> list[float]:
+    """The mean over seeds (rows) at each width (column)."""
+    return [sum(col) / len(col) for col in zip(*values)]
 
 
 def _f(x: Fraction | None) -> float | None:
@@ -46,13 +57,12 @@ def _slopes(
             param, spec.optimizer, [s.role for s in sites], step, net.chain, spec.zero_readout
         )
         for i, site in enumerate(sites):
-
-            def values(stat):
-                return [[points[(w, k)].stats[stat][i][step] for w in widths] for k in range(spec.seeds)]
-
-            l1, l1_se = fit.slope(widths, values("l1"))
-            delta, delta_se = (None, None) if step == 0 else fit.slope(widths, values("delta"))
-            mean = lambda v: [sum(col) / len(col) for col in zip(*v)]
+            l1s, deltas = (
+                [[points[(w, k)].stats[stat][i][step] for w in widths] for k in range(spec.seeds)]
+                for stat in ("l1", "delta")
+            )
+            l1, l1_se = fit.slope(widths, l1s)
+            delta, delta_se = (None, None) if step == 0 else fit.slope(widths, deltas)
             e = predicted[i]
             out.append(
                 SiteSlope(
@@ -66,8 +76,8 @@ def _slopes(
                     _f(e.init) if step == 0 else None,
                     _f(e.low),
                     _f(e.high),
-                    mean(values("l1")),
-                    mean(values("delta")),
+                    _mean(l1s),
+                    _mean(deltas),
                 )
             )
     return out
@@ -170,16 +180,6 @@ def verdicts(
     return drift is None, stable, "differs", words
 
 
-def _attention_dims(factory, base: int, x: torch.Tensor, seed: int) -> list[int]:
-    """The head dimension of each attention call of the model's forward at the base width (μP's
-    attention scaling reads them: sigprop/width/attention.py); empty without attention."""
-    model = build(lambda: factory(base), seed, 0).to(x.device)
-    rec = AttentionScale()
-    with torch.no_grad(), Deterministic(), rec:
-        model(x)
-    return rec.dims
-
-
 def width_check(
     net: WidthNet, spec: WidthSpec, *, command: str = "", progress=None, on_start=None
 ) -> WidthResult:
@@ -195,8 +195,7 @@ def width_check(
     widths = sorted(net.widths)
     base = spec.base_width or widths[0]
     device = resolve_device(spec.device)
-    roles = _roles(factory, widths, spec.seed)
-    dims = _attention_dims(factory, base, points.batch(spec, net, 0, device), spec.seed)
+    roles, dims = _read_nets(factory, widths, base, points.batch(spec, net, 0, device), spec.seed)
     if on_start:  # the net builds at every width: the run starts
         on_start()
     every = points.tasks(net, spec, base, dims, roles)
@@ -205,12 +204,18 @@ def width_check(
     for path in [*spec.points, *([spec.out] if spec.out else [])]:
         have.update(points.done(Path(path), keys))
     resumed = len(have)
+    config = {
+        **points.net_config(net, spec),
+        **{name: getattr(spec, name) for name in RUN_OPTIONS},
+        "base_width": base,
+        "chain": net.chain,
+        "attention_calls": len(dims),
+    }
     if spec.shard is not None:  # the i-th of N parts into --out; the fit reads them all later
         i, n = parse_shard(spec.shard)
         part = every[i::n]
         todo = [t for t in part if t.key not in have]
         points.run_all(todo, spec, progress)
-        config = {**points.net_config(net, spec), **{name: getattr(spec, name) for name in RUN_OPTIONS}}
         environment = {"torch": torch.__version__, "device": str(device), "points": len(every),
                        "points_in_shard": len(part), "points_run": len(todo)}  # fmt: skip
         return WidthResult(command=command, config=config, environment=environment, runs=[])
@@ -231,14 +236,7 @@ def width_check(
         ]
         description = theory.PARAMETRIZATIONS.get(param, "the model's own parametrization, read, not changed")
         runs.append(WidthRun(param, description, slopes, stable, stable_words, agrees, theory_words, loss))
-    config = {
-        **points.net_config(net, spec),
-        **{name: getattr(spec, name) for name in RUN_OPTIONS},
-        "base_width": base,
-        "chain": net.chain,
-        "attention_calls": len(dims),
-        "loss_rows": rows,
-    }
+    config["loss_rows"] = rows
     environment = {
         "torch": torch.__version__,
         "device": str(device),

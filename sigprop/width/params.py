@@ -70,10 +70,9 @@ def roles(model: nn.Module, other: nn.Module) -> list[Role]:
             out.append(Role(name, role, 1, leaf == "bias"))
             continue
         if isinstance(owner, nn.Embedding):
-            grow_out, grow_in, fan_in = grows[1], grows[0], 1
+            grow_out, grow_in = grows[1], grows[0]
         elif _laid_out_in_out(owner, leaf):
             grow_out, grow_in = grows[0], any(grows[1:])
-            fan_in = math.prod(p.shape[1:])
         else:  # a tensor of the model's own (a position table): mup's rule, one growing dim = a vector
             role = "hidden" if sum(grows) >= 2 else "vector" if any(grows) else "fixed"
             out.append(Role(name, role, 1, False, drawn=False))
@@ -84,7 +83,7 @@ def roles(model: nn.Module, other: nn.Module) -> list[Role]:
             (False, True): "output",
             (False, False): "fixed",
         }[(grow_out, grow_in)]
-        out.append(Role(name, role, fan_in, False))
+        out.append(Role(name, role, _fan_in(model, name, p), False))
     if all(r.role == "fixed" for r in out):
         raise SigpropError(
             "the width changes no layer of the model (no parameter's size differs)", field="arg"

@@ -7,6 +7,7 @@ as ``mup``'s coordinate check does (Yang et al. 2021, section 6 and appendix D.1
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -14,7 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from sigprop.errors import SigpropError
-from sigprop.model.forward import Deterministic, first_line
+from sigprop.model.build import output_tensor
+from sigprop.model.forward import call
 from sigprop.width import params as P
 from sigprop.width.attention import AttentionScale
 
@@ -58,18 +60,6 @@ def sites(model: nn.Module, roles_: list[P.Role]) -> list[tuple[str, nn.Module, 
     return out
 
 
-def _tensor(y):
-    if isinstance(y, torch.Tensor):
-        return y
-    if isinstance(y, (tuple, list)) and y and isinstance(y[0], torch.Tensor):
-        return y[0]
-    if hasattr(y, "logits"):
-        return y.logits
-    if isinstance(y, dict) and "logits" in y:
-        return y["logits"]
-    return None
-
-
 class _Recorder:
     """Forward hooks keeping each site's output of the current forward (a reused module: its
     first call)."""
@@ -80,9 +70,12 @@ class _Recorder:
 
     def _hook(self, path):
         def hook(_m, _inp, y):
-            t = _tensor(y)
-            if t is not None and path not in self.out:
-                self.out[path] = t.detach()
+            if path in self.out:
+                return
+            try:  # the probe's reader of a module's result; a result with no float tensor is no site
+                self.out[path] = output_tensor(y).detach()
+            except SigpropError:
+                pass
 
         return hook
 
@@ -129,29 +122,17 @@ def run_point(
     opt = torch.optim.SGD(groups) if optimizer == "sgd" else torch.optim.Adam(groups)
     found = sites(model, roles_)
     rec = _Recorder(found)
-    point = Point(
-        param, width, seed, [Site(p, r) for p, _, r in found], {s: [[] for _ in found] for s in STATS}
-    )
+    point = Point(param, width, seed, [])  # its sites: those the first forward reaches
     first: dict[str, torch.Tensor] = {}
     target = None
-    names = {id(m): n for n, m in model.named_modules()}
     try:
         for t in range(steps + 1):
             rec.out.clear()
-            mode = AttentionScale(attention, rescale=param == "mup", record=True) if attention else _null()
-            with Deterministic(names), mode:
-                try:
-                    y = _tensor(model(x))
-                except SigpropError:
-                    raise
-                except Exception as exc:
-                    raise SigpropError(
-                        f"the model's forward raised {type(exc).__name__}: {first_line(exc)}", field="target"
-                    ) from None
-            if y is None:
-                raise SigpropError(
-                    "the model's output is not a tensor (nor has one at .logits)", field="target"
-                )
+            mode = (
+                AttentionScale(attention, rescale=param == "mup", record=True) if attention else nullcontext()
+            )
+            with mode:
+                y = output_tensor(call(model, x))
             if target is None:
                 target = target_of(y)
                 point.rows = y[..., 0].numel() if loss == "xent" else y.shape[0]
@@ -197,11 +178,3 @@ def _record(point: Point, found, out: dict, first: dict, t: int) -> None:
         point.stats["l1"][i].append(float(h.abs().mean()))
         point.stats["rms"][i].append(float(h.pow(2).mean().sqrt()))
         point.stats["delta"][i].append(float((h - first[path]).pow(2).mean().sqrt()))
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
