@@ -142,6 +142,15 @@ class Kind:
         ``width_options``."""
         raise NotImplementedError
 
+    def width_values(self, values: dict) -> dict:
+        """``width_options``' defaults under the ``values`` given, each given or default as text
+        parsed by its option's ``parse`` (the API may give the value itself)."""
+        out = {o.name: o.default for o in self.width_options} | dict(values)
+        for o in self.width_options:
+            if o.parse is not None and isinstance(out.get(o.name), str):
+                out[o.name] = o.parse(out[o.name])
+        return out
+
     def sweep_spec(self, size: int, width: int, init: str, input_dim: int | None) -> Any:
         """One point of ``sigprop sweep``: the net at this size and width, one init."""
         raise NotImplementedError

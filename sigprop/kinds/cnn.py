@@ -151,11 +151,10 @@ class CNN(Kind):
         """The plain ReLU conv net (no weight normalization, stride 1, padding 1) at each channel
         count, a global average pool and a linear readout: a chain of weight layers (the pool is
         linear), its conv fan-ins 9 n."""
-        v = {o.name: o.default for o in self.width_options} | dict(values)
-        widths = v["widths"] if isinstance(v["widths"], tuple) else widths_of(v["widths"])
+        v = self.width_values(values)
         image = specs.image(v["image"])
         net = {"depth": v["depth"], "channels_in": image[0], "classes": v["classes"]}
-        return WidthNet("sigprop.width.nets:relu_cnn", widths, image, net, chain=True)
+        return WidthNet("sigprop.width.nets:relu_cnn", v["widths"], image, net, chain=True)
 
     def sweep_spec(self, size, width, init, input_dim):
         return CNNSpec(depth=size, channels=width, inits=(init,))

@@ -165,10 +165,9 @@ class MLP(Kind):
     def width_net(self, values: dict) -> WidthNet:
         """The plain ReLU MLP (no weight normalization: the abc-parametrizations are stated for
         plain weights, Yang & Hu 2021, section 3) at each width, a chain of weight layers."""
-        v = {o.name: o.default for o in self.width_options} | dict(values)
-        widths = v["widths"] if isinstance(v["widths"], tuple) else widths_of(v["widths"])
+        v = self.width_values(values)
         net = {"depth": v["depth"], "input_dim": v["input_dim"], "classes": v["classes"]}
-        return WidthNet("sigprop.width.nets:relu_mlp", widths, (v["input_dim"],), net, chain=True)
+        return WidthNet("sigprop.width.nets:relu_mlp", v["widths"], (v["input_dim"],), net, chain=True)
 
     def sweep_spec(self, size, width, init, input_dim):
         return MLPSpec(

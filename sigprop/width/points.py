@@ -84,7 +84,7 @@ def batch(spec: WidthSpec, net: WidthNet, seed_index: int, device) -> torch.Tens
     return torch.randn(shape, generator=gen).to(device)
 
 
-def targets(spec: WidthSpec, seed_index: int, net: WidthNet | None = None):
+def targets(spec: WidthSpec, seed_index: int, net: WidthNet):
     """The targets of one seed, shaped by the output: random labels over its last dimension
     (xent) or Gaussians (mse), or --data's labels (its outputs must be [B, classes])."""
 
