@@ -3,19 +3,13 @@ exponents theory predicts, and the two verdicts (width-stable; agrees with theor
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 from rich.console import Console
 from rich.markup import escape
 
 from sigprop.report.common import _table
+from sigprop.theory import width as theory
 
-
-def _exp(x: float | None) -> str:
-    if x is None:
-        return "—"
-    f = Fraction(x).limit_denominator(12)
-    return str(f)
+_exp = theory.fmt_exponent
 
 
 def _slope(value: float | None, se: float | None) -> str:

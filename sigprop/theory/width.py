@@ -220,8 +220,7 @@ def site_exponents(
     return [logits_exponents(param, step) if r == "logits" else next(it) for r in roles]
 
 
-def fmt_exponent(e: F | None) -> str:
-    """``n^1/2``-style words for an exponent (``—`` where not derived)."""
-    if e is None:
-        return "—"
-    return str(e) if e.denominator != 1 else str(e.numerator)
+def fmt_exponent(e: F | float | None) -> str:
+    """``1/2``-style words for an exponent, a fraction or a record's float of one (``—`` where
+    not derived)."""
+    return "—" if e is None else str(F(e).limit_denominator(12))

@@ -95,8 +95,7 @@ def _agree(s: SiteSlope) -> str:
     return ""
 
 
-def _exp(x: float | None) -> str:
-    return "—" if x is None else theory.fmt_exponent(Fraction(x).limit_denominator(12))
+_exp = theory.fmt_exponent
 
 
 def _drift(spec: WidthSpec, slopes: list[SiteSlope]):
