@@ -66,8 +66,13 @@ def run_width(kind: kinds.Kind, net_values: dict, spec_values: dict, out: dict) 
     net = kind.width_net(net_values)
     spec = declared_spec(WidthSpec, spec_values)
     validate(spec, net)
-    if spec.shard is not None and out["check"]:
-        raise SigpropError("a shard fits nothing: --check the whole check (--points PART ...)", field="shard")
+    for name in ("check", "plot"):  # a shard's result has no runs: nothing to gate on or draw
+        if spec.shard is not None and out[name]:
+            raise SigpropError(
+                f"a shard fits nothing: --{name} reads the whole check (the same command with --points "
+                "PART ...)",
+                field="shard",
+            )
     api = common.core()  # the lazy torch import at the CLI's edge
     prog, update = _progress_callback("width", "points")
     if prog is not None:

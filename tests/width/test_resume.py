@@ -89,3 +89,15 @@ def test_shards_then_one_fit_equal_the_whole(tmp_path):
     assert e.value.field == "shard"
     with pytest.raises(SigpropError, match="--out PART.jsonl"):
         sigprop.width_check("mlp", depth=3, input_dim=6, shard="0/3", **KW)
+
+
+@pytest.mark.parametrize("flag", [["--check"], ["--plot", "w.png"]])
+def test_a_shard_refuses_what_reads_the_whole_check(flag, tmp_path, monkeypatch, capsys):
+    """A shard fits nothing: --check and --plot are refused before it runs, in one line."""
+    from sigprop.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    args = ["width", "mlp", "--widths", "16,32,64", "--shard", "0/2", "--out", "p.jsonl", *flag]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--shard: a shard fits nothing" in err[0] and not (tmp_path / "p.jsonl").exists()
