@@ -113,7 +113,7 @@ def sweep(
     if shard is not None:  # "i/N": the i-th of N parts of the grid, its own file (sweeps/shard.py)
         points = sweeps.start_shard(Path(out), points, shard)
     if callable(executor):
-        return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor)
+        return sweeps.run(points, Path(out), measure_point, on_plan, on_point, executor, shard is not None)
     chosen = sweep_executor(
         executor,
         workers=workers,
@@ -128,7 +128,7 @@ def sweep(
     with chosen as ex:
         for note in ex.notes if on_note is not None else ():
             on_note(note)
-        return sweeps.run(points, Path(out), measure_point, on_plan, on_point, ex)
+        return sweeps.run(points, Path(out), measure_point, on_plan, on_point, ex, shard is not None)
 
 
 def sweep_points(kind: str, init=None, probe_spec=None, measure: str = "probe", **given) -> list:

@@ -57,18 +57,23 @@ def test_a_missing_part_is_listed_and_a_point_twice_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "4 point(s) from 2 part(s)" in err and "part(s) 1 of 3: no file given" in err, err
     assert len(_rows(out)) == 4
-    # a point in two files, a part given twice, an existing OUT: one line each, nothing written
+    # rows without a part's header, another part's rows under a header, a part given twice, an
+    # existing OUT: one line each, nothing written
     copy = tmp_path / "copy.jsonl"
-    copy.write_text(parts[0].read_text().split("\n", 1)[1])  # its rows without the header
+    head, rows = parts[0].read_text().split("\n", 1)
+    copy.write_text(rows)
+    forged = tmp_path / "forged.jsonl"
+    forged.write_text(head.replace('"shard": 0', '"shard": 1') + "\n" + rows)
     for args, words in (
-        ([str(tmp_path / "a.jsonl"), str(parts[0]), str(copy)], "is in both"),
+        ([str(tmp_path / "a.jsonl"), str(parts[0]), str(copy)], "does not begin with a part's header"),
+        ([str(tmp_path / "c.jsonl"), str(parts[0]), str(forged)], "is in both"),
         ([str(tmp_path / "b.jsonl"), str(parts[0]), str(parts[0])], "are both part 0/3"),
         ([str(out), str(parts[0])], "OUT: "),
     ):
         assert main(["sweep", "merge", *args]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err, err
-    assert not (tmp_path / "a.jsonl").exists() and not (tmp_path / "b.jsonl").exists()
+    assert not any((tmp_path / f"{x}.jsonl").exists() for x in "abc")
 
 
 @pytest.mark.parametrize("shard", ["3/3", "-1/2", "1/0", "a/b", "1", ""])
@@ -88,3 +93,80 @@ def test_a_part_file_of_another_part_is_refused(tmp_path, capsys):
     assert main([*GRID, "--shard", "1/3", "--out", str(out)]) == 2
     assert "is not part 1/3 of this grid" in capsys.readouterr().err
     assert out.read_text() == before
+
+
+def _part(tmp_path, name: str, shard: str, *options: str) -> Path:
+    """Part ``shard`` of the 2-depth grid into ``name``, ``options`` in place of the grid's own."""
+    path = tmp_path / name
+    grid = {"--depth": "3,4", "--width": "8", "--init": "he", "--samples": "32", "--device": "cpu"}
+    grid.update(zip(options[::2], options[1::2]))
+    assert (
+        main(["sweep", "mlp", *(x for kv in grid.items() for x in kv), "--shard", shard, "--out", str(path)])
+        == 0
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        (("--depth", "5,6"), "depth [3, 4] in"),
+        (("--samples", "40"), "samples 32 in"),
+        (("--seed", "1"), "seed 0 in"),
+    ],
+)
+def test_a_part_of_another_grid_or_other_options_is_refused(tmp_path, capsys, options, named):
+    """Issue 66, item 1: part 0/2 of --depth 3,4 and part 1/2 of --depth 5,6 (or of other --samples)
+    merged with exit 0 into one file; each part carries its whole grid's identity now."""
+    p0 = _part(tmp_path, "p0.jsonl", "0/2")
+    p1 = _part(tmp_path, "p1.jsonl", "1/2", *options)
+    capsys.readouterr()
+    out = tmp_path / "m.jsonl"
+    assert main(["sweep", "merge", str(out), str(p0), str(p1)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a part of another grid than" in err and named in err, err
+    assert not out.exists()
+    # the same part of the other grid on this part's file: refused too, naming the option
+    assert main(["sweep", "mlp", "--depth", "3,4", "--width", "8", "--init", "he", "--samples", "32",
+                 "--device", "cpu", "--shard", "1/2", "--out", str(p1)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "is not part 1/2 of this grid (it is that part of another grid: " in err and named in err, err
+
+
+def test_an_empty_part_is_said_empty(tmp_path, capsys):
+    p0 = _part(tmp_path, "p0.jsonl", "0/2")
+    empty = tmp_path / "p1.jsonl"
+    empty.write_text("")
+    capsys.readouterr()
+    out = tmp_path / "m.jsonl"
+    assert main(["sweep", "merge", str(out), str(p0), str(empty)]) == 1
+    err = capsys.readouterr().err
+    assert f"{empty}: empty" in err and "no file given" not in err, err
+    assert main(["sweep", "merge", str(tmp_path / "n.jsonl"), str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is empty: no part to merge" in err, err
+    assert not (tmp_path / "n.jsonl").exists()
+
+
+def test_the_whole_grid_onto_a_part_file_is_refused(tmp_path, capsys):
+    p0 = _part(tmp_path, "p0.jsonl", "0/2")
+    before = p0.read_text()
+    capsys.readouterr()
+    grid = [
+        "sweep",
+        "mlp",
+        "--depth",
+        "3,4",
+        "--width",
+        "8",
+        "--init",
+        "he",
+        "--samples",
+        "32",
+        "--device",
+        "cpu",
+    ]
+    assert main([*grid, "--out", str(p0)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is part 0/2 of a sweep" in err and "--shard 0/2" in err, err
+    assert p0.read_text() == before

@@ -84,7 +84,9 @@ def _duration(seconds: float) -> str:
         return f"{seconds:.0f} s"
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:,.0f} days"
 
 
 #: step durations a run's estimate waits for: their median is its time a step, so that one step
@@ -111,6 +113,9 @@ class _Progress:
         self.done = 0  # the steps done at ``prev``
         self.steps: list[float] = []  # the durations of the steps after the first
         self.said = self.guessed = False
+        #: a core's own model of the time left (``remaining``): seconds, and when it was told
+        self.left: tuple[float, float] | None = None
+        self.first_left = 0.0
 
     def __call__(self, done: int, total: int, label: str = "") -> None:
         self.update(done, total, label)
@@ -143,6 +148,23 @@ class _Progress:
                 f"sigprop: {self.label}: about {_duration(spent + step * total)} in all, for at most "
                 f"{total:,} {self.unit} at about {step:.2g} s each ({basis}; refined after the first "
                 f"{SETTLE_STEPS + 1}){self._tail()}"
+            )
+
+    def remaining(self, seconds: float) -> None:
+        """A core's own estimate of the time left (the width check's clock: each point's time by
+        its width, so that the widest points still to run are counted as they are): said when
+        the whole run exceeds ``LONG_RUN`` -- once, and again when it moves by more than half --
+        and read by the log lines in place of the steps' median."""
+        now = time.monotonic()
+        self.left, self.said = (now, seconds), True
+        spent = now - self.t0
+        whole = spent + seconds
+        if whole > LONG_RUN and (not self.first_left or abs(whole - self.first_left) > 0.5 * self.first_left):
+            again = "refined: " if self.first_left else ""
+            self.first_left = whole
+            self._line(
+                f"sigprop: {self.label}: {again}about {_duration(whole)} in all, {_duration(seconds)} left "
+                f"(each point's time by its width, from the steps timed so far){self._tail()}"
             )
 
     def _step(self) -> float:
@@ -180,6 +202,8 @@ class _Progress:
         elif now - self.last >= LOG_INTERVAL and done < total:
             self.last = now
             eta = "" if not self.steps else f", about {_duration(self._step() * (total - done))} left"
+            if self.left is not None:  # the core's own model
+                eta = f", about {_duration(max(0.0, self.left[1] - (now - self.left[0])))} left"
             _say(
                 f"sigprop: {self.label} {label}: {done:,} of at most {total:,} {self.unit}, "
                 f"{_duration(now - self.t0)} elapsed{eta}"

@@ -436,7 +436,7 @@ def sweep(
         for note in ex.notes:
             _say(f"sigprop sweep: note: {note}")
         try:
-            sweeps.run(points, out, api.measure_point, progress.plan, progress.point, ex)
+            sweeps.run(points, out, api.measure_point, progress.plan, progress.point, ex, shard is not None)
         finally:
             progress.stop()
     if progress.failed:

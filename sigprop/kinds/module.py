@@ -493,7 +493,7 @@ class ModuleKind(Kind):
         if isinstance(shape[0], tuple):
             raise SigpropError("the coordinate check takes one input tensor", field="input_shape")
         kwargs = parse_args(f"{n}={t}" for n, t in fixed)
-        return WidthNet(factory, widths, shape, kwargs, width_arg, values.get("vocab"))
+        return WidthNet(factory, widths, shape, kwargs, width_arg, values.get("vocab"), field="arg")
 
     def sweep_fields(self) -> tuple[str, ...]:
         return ("target", "arg", "input_shape", "sites", "vocab")

@@ -60,6 +60,8 @@ def render_width(result, console: Console) -> None:
     """Each parametrization's table, then its two verdicts, then how to read them."""
     steps = result.config["steps"]
     widths = ",".join(str(w) for w in result.config["widths"])
+    for note in getattr(result, "notes", ()):
+        console.print(f"note: {escape(note)}")
     if result.config.get("shard"):
         env = result.environment
         console.print(

@@ -50,6 +50,7 @@ from sigprop.results.spectrum import (
 )
 from sigprop.results.sweep import (
     FAILED_SCHEMA,
+    SHARD_SCHEMA,
     SWEEP_SCHEMA,
     curvature_row,
     spectrum_row,
@@ -88,6 +89,7 @@ __all__ = [
     "RunResult",
     "SPECTRUM_KEYS",
     "SPECTRUM_SCHEMA",
+    "SHARD_SCHEMA",
     "SWEEP_SCHEMA",
     "FAILED_SCHEMA",
     "SpectrumResult",

@@ -1,6 +1,7 @@
 """``sigprop sweep``'s lines (``sigprop.sweep.v1``): per point and init the end-to-end ratios,
 the curvature's spectral norm, or the Jacobian's spectrum; a point that raised is a
-``sigprop.sweep.failed.v1`` line (sigprop/sweeps/run.py)."""
+``sigprop.sweep.failed.v1`` line (sigprop/sweeps/run.py); a part's file begins with its header
+(``sigprop.sweep.shard.v2``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from sigprop.results.spectrum import SPECTRUM_KEYS, SpectrumResult
 
 SWEEP_SCHEMA = "sigprop.sweep.v1"
 FAILED_SCHEMA = "sigprop.sweep.failed.v1"
+#: the first line of a part's file (``--shard i/N``, sigprop/sweeps/shard.py); v2 (0.18.1) carries
+#: the whole grid's identity, so that a merge refuses a part of another grid or other options
+SHARD_SCHEMA = "sigprop.sweep.shard.v2"
 
 
 def _end_to_end(result: "ProbeResult") -> dict[str, Any]:

@@ -71,10 +71,13 @@ class WidthResult(Document):
     parametrization; ``passed`` when every run is width-stable."""
 
     SCHEMA: ClassVar[str] = WIDTH_SCHEMA
+    #: what the run says beside its verdicts: points files' points of other options, attention
+    #: calls μP could not rescale, a readout read off the output
+    notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return all(r.width_stable for r in self.runs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "width_stable": self.passed}
+        return {**super().to_dict(), "width_stable": self.passed, "notes": list(self.notes)}

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from sigprop import files
 from sigprop.errors import SigpropError, described
-from sigprop.results import FAILED_SCHEMA, SWEEP_SCHEMA
+from sigprop.results import FAILED_SCHEMA, SHARD_SCHEMA, SWEEP_SCHEMA
 from sigprop.sweeps.grid import Point, config_key
 from sigprop.version import __version__
 
@@ -39,16 +39,18 @@ def run(
     on_plan: Callable[[int, int], None] | None = None,
     on_point: Callable[[int, int, Point, dict], None] | None = None,
     executor: Callable[[Callable, list], Iterable] = serial,
+    part: bool = False,
 ) -> list[dict[str, Any]]:
     """Run the points not yet in ``out`` and append each one's line as it finishes: ``measure(point)``
     is its result (a probe's, the curvature's or the spectrum's); ``executor(fn, points)`` yields
     ``fn(point)`` -- (point, line) -- as the points finish (``serial``: here, one after the
     other).  ``on_plan(total, to_run)`` is told before anything runs; ``on_point(i, to_run,
-    point, line)`` after each line is written (a failure's line has ``"error"``).  Returns the
-    lines this call wrote."""
+    point, line)`` after each line is written (a failure's line has ``"error"``).  ``part``: the
+    points are one part of the grid (``--shard``), ``out`` that part's file.  Returns the lines
+    this call wrote."""
     out = Path(out)
     files.check_target(out, "out", append=True)
-    done = done_keys(out)
+    done = done_keys(out, part)
     todo = [p for p in points if p.key not in done]
     if len({p.key for p in todo}) != len(todo):
         raise SigpropError("two points of this sweep have the same key", field="out")
@@ -97,20 +99,62 @@ def failed(point: Point, exc: BaseException, seconds: float | None, host: str | 
     }
 
 
-def done_keys(path: Path) -> set[str]:
+def done_keys(path: Path, part: bool = False) -> set[str]:
     """Keys of the points already in the file (failure lines are not).  A file that is not text, or
     holds a line that is not JSON, is refused before anything runs: appending to it would make a
-    file ``sigprop plot`` refuses (``read_rows``) -- the same line named by both."""
+    file ``sigprop plot`` refuses (``read_rows``) -- the same line named by both.  So is a file of
+    another command (a line of ``sigprop width``), and a part's file (its header) unless ``part``:
+    the whole grid appended to one part's file would mix it with the others'."""
     if not path.exists():
         return set()
     advice = (
         "; sigprop sweep appends only to its own JSON-lines files (remove the line, or give another --out)"
     )
-    return {
-        config_key(row["config"])
-        for _, row in json_lines(path, "out", advice)
-        if isinstance(row, dict) and row.get("schema") == SWEEP_SCHEMA and "config" in row
-    }
+    keys = set()
+    for number, line in owned(path, "out", "sigprop sweep", lambda line: sweep_line(line, True), advice):
+        if line.get("schema") == SHARD_SCHEMA and not part:
+            raise SigpropError(
+                f"{path} is part {line.get('shard')}/{line.get('of')} of a sweep (its line {number} is a "
+                f"part's header): give --shard {line.get('shard')}/{line.get('of')}, or another --out",
+                field="out",
+            )
+        if line.get("schema") == SWEEP_SCHEMA and "config" in line:
+            keys.add(config_key(line["config"]))
+    return keys
+
+
+def sweep_line(line, header: bool = False) -> bool:
+    """Whether a JSON line is one ``sigprop sweep`` writes: a row, a failed point of a sweep (its
+    config names the ``command``), or (``header``) a part's header."""
+    if not isinstance(line, dict):
+        return False
+    schema = line.get("schema")
+    if schema == FAILED_SCHEMA:
+        return isinstance(line.get("config"), dict) and "command" in line["config"]
+    return schema == SWEEP_SCHEMA or (header and schema == SHARD_SCHEMA)
+
+
+def whose(line) -> str:
+    """What a foreign line is, in words: the command its schema names (``sigprop.width.point.v1``:
+    sigprop width's), or that it has none."""
+    schema = line.get("schema") if isinstance(line, dict) else None
+    if not isinstance(schema, str):
+        return "a JSON line with no sigprop schema"
+    if schema == FAILED_SCHEMA:
+        return f"a failed point of another command ({schema})"
+    parts = schema.split(".")
+    owner = f"sigprop {parts[1]}'s" if len(parts) > 2 and parts[0] == "sigprop" else "another program's"
+    return f"a line of {owner} ({schema})"
+
+
+def owned(path: Path, field: str, command: str, accept: Callable[[Any], bool], advice: str = ""):
+    """(line number, line) of each line of a JSON-lines file that ``accept`` takes as ``command``'s
+    own; the first line of another command's schema is one SigpropError naming ``field``, the line
+    and whose it is (a file is never mixed with another command's)."""
+    for number, line in json_lines(path, field, advice):
+        if not accept(line):
+            raise SigpropError(f"{path}:{number}: {whose(line)}, not {command}'s{advice}", field=field)
+        yield number, line
 
 
 def json_lines(path: Path, field: str, advice: str = ""):

@@ -17,9 +17,8 @@ from sigprop.kernels.device import resolve_device
 from sigprop.model.build import build
 from sigprop.model.forward import call
 from sigprop.results.width import SiteSlope, WidthResult, WidthRun
-from sigprop.sweeps.shard import parse_shard
 from sigprop.theory import width as theory
-from sigprop.width import fit, points, train
+from sigprop.width import cost, fit, points, train
 from sigprop.width import params as P
 from sigprop.width.attention import AttentionScale
 from sigprop.width.spec import RUN_OPTIONS, WidthNet, WidthSpec, validate
@@ -179,6 +178,42 @@ def verdicts(
     return drift is None, stable, "differs", words
 
 
+def _sizes(net: WidthNet, spec: WidthSpec, factory, widths: list[int], x: torch.Tensor) -> dict[int, int]:
+    """Each width's parameter count (the clock's model of a point's time), the widest point's
+    memory refused before any is built (sigprop/width/cost.py)."""
+
+    def small() -> cost.Built:
+        model = build(lambda: factory(widths[0]), spec.seed, 0)
+        count, weights = cost.parameters(model)
+        return cost.Built(widths[0], count, weights, cost.activations(model, x) or 0)
+
+    return cost.sizes(factory, widths, x, spec.optimizer, resolve_device(spec.device), net.field, small)
+
+
+def _read_points(spec: WidthSpec, every: list) -> tuple[dict, list[str]]:
+    """The points already measured: each ``--points`` file's (refused when missing or not sigprop
+    width's), then ``--out``'s (a part's file only with its ``--shard``); points of other options
+    are not read, and said."""
+    have: dict = {}
+    notes = []
+    given = [(Path(p), "points") for p in spec.points] + ([(Path(spec.out), "out")] if spec.out else [])
+    for path, field in given:
+        found = points.read(path, every, field)
+        if field == "out" and found.header is not None and spec.shard is None:
+            part = f"{found.header.get('shard')}/{found.header.get('of')}"
+            raise SigpropError(
+                f"{path} is part {part} of a check (its first line is a part's header): give --shard {part}, "
+                f"or read it with --points {path} and give another --out",
+                field="out",
+            )
+        if found.others:
+            notes.append(
+                f"--{field} {path}: {found.others} point(s) of other options, not read ({found.differs})"
+            )
+        have.update(found.points)
+    return have, notes
+
+
 def width_check(
     net: WidthNet, spec: WidthSpec, *, command: str = "", progress=None, on_start=None
 ) -> WidthResult:
@@ -188,20 +223,21 @@ def width_check(
     validate(spec, net)
     if spec.out:
         files.check_target(Path(spec.out), "out", append=True)
+    for path in spec.points:  # each file there and sigprop width's before any net is built
+        points.read(Path(path), [], "points")
     if spec.data:  # the file read and its size checked before any net is built
         points.rows_of(spec, net, 0)
     factory = points.factory_of(net)
     widths = sorted(net.widths)
     base = spec.base_width or widths[0]
     device = resolve_device(spec.device)
-    roles, dims = _read_nets(factory, widths, base, points.batch(spec, net, 0, device), spec.seed)
+    x = points.batch(spec, net, 0, device)
+    counts = _sizes(net, spec, factory, sorted({*widths, base}), x)
+    roles, dims = _read_nets(factory, widths, base, x, spec.seed)
     if on_start:  # the net builds at every width: the run starts
         on_start()
     every = points.tasks(net, spec, base, dims, roles)
-    keys = {t.key for t in every}
-    have: dict = {}
-    for path in [*spec.points, *([spec.out] if spec.out else [])]:
-        have.update(points.done(Path(path), keys))
+    have, notes = _read_points(spec, every)
     resumed = len(have)
     config = {
         **points.net_config(net, spec),
@@ -211,14 +247,13 @@ def width_check(
         "attention_calls": len(dims),
     }
     if spec.shard is not None:  # the i-th of N parts into --out; the fit reads them all later
-        i, n = parse_shard(spec.shard)
-        part = every[i::n]
+        part = points.start_part(Path(spec.out), every, spec.shard)
         todo = [t for t in part if t.key not in have]
-        points.run_all(todo, spec, progress)
+        points.run_all(todo, spec, progress, counts)
         environment = {"torch": torch.__version__, "device": str(device), "points": len(every),
                        "points_in_shard": len(part), "points_run": len(todo)}  # fmt: skip
-        return WidthResult(command=command, config=config, environment=environment, runs=[])
-    have.update(points.run_all([t for t in every if t.key not in have], spec, progress))
+        return WidthResult(command=command, config=config, environment=environment, runs=[], notes=notes)
+    have.update(points.run_all([t for t in every if t.key not in have], spec, progress, counts))
     runs = []
     rows = 0
     for param in spec.params:
@@ -242,4 +277,4 @@ def width_check(
         "points": len(every),
         "points_resumed": resumed,  # read from --out, not run again
     }
-    return WidthResult(command=command, config=config, environment=environment, runs=runs)
+    return WidthResult(command=command, config=config, environment=environment, runs=runs, notes=notes)

@@ -22,14 +22,19 @@ from sigprop.errors import SigpropError
 from sigprop.kernels.device import resolve_device
 from sigprop.kinds.module import resolve_target
 from sigprop.model.build import build
+from sigprop.results import FAILED_SCHEMA
+from sigprop.specs import parse_shard
 from sigprop.sweeps.grid import config_key
-from sigprop.sweeps.run import append, failed, json_lines
+from sigprop.sweeps.run import append, failed, owned
+from sigprop.sweeps.shard import differs, grid_identity
 from sigprop.version import __version__
+from sigprop.width import cost, train
 from sigprop.width import params as P
-from sigprop.width import train
 from sigprop.width.spec import RUN_OPTIONS, WidthNet, WidthSpec
 
 POINT_SCHEMA = "sigprop.width.point.v1"
+#: the first line of a part's file (``--shard i/N``): the whole check's identity
+PART_SCHEMA = "sigprop.width.shard.v1"
 #: seed streams of the check (specs.derive_seed)
 STREAM_BATCH, STREAM_PARAMS = 11, 12
 
@@ -169,14 +174,23 @@ def tasks(net: WidthNet, spec: WidthSpec, base: int, dims, roles: list) -> list[
     ]
 
 
+#: the clock of the check running here (``run_all`` with the local executor), which each point's
+#: steps tick: the time left said as it runs (sigprop/width/cost.py); None on a cluster's worker
+_clock: cost.Clock | None = None
+_on_tick = None
+
+
 def run_task(task: Task) -> tuple[Task, dict]:
     """One point, wherever it runs: (the task, its line) -- the point's records, or its failure."""
     t0 = time.perf_counter()
+    if _clock is not None:
+        _clock.start(task.width, task.spec.steps)
     try:
-        point = _train(task)
+        point = _train(task, _on_tick)
     except Exception as exc:  # a failure line: the check says it after the points that finished
         line = failed(task, exc, time.perf_counter() - t0)
-        line["field"] = getattr(exc, "field", None) or "target"
+        # sigprop's own net failing to build or train is the widths' doing (their size), not TARGET's
+        line["field"] = getattr(exc, "field", None) or (task.net.field if task.net.own else "target")
         if isinstance(exc, SigpropError):  # its own words, without the type and the field
             line["error"] = exc.message
         return task, line
@@ -189,7 +203,7 @@ def run_task(task: Task) -> tuple[Task, dict]:
     }
 
 
-def _train(task: Task) -> train.Point:
+def _train(task: Task, on_step=None) -> train.Point:
     spec, net, w, k = task.spec, task.net, task.width, task.seed
     device = resolve_device(spec.device)
     factory = factory_of(net)
@@ -200,7 +214,7 @@ def _train(task: Task) -> train.Point:
         model, P.at(model, list(task.roles), w), param=task.param, optimizer=spec.optimizer, lr=spec.lr,
         ratio=w / task.base, steps=spec.steps, x=batch(spec, net, k, device),
         target_of=targets(spec, k, net), loss=spec.loss, gen=gen,
-        width=w, seed=k, attention=dims, zero_readout=spec.zero_readout,
+        width=w, seed=k, attention=dims, zero_readout=spec.zero_readout, on_step=on_step,
     )  # fmt: skip
 
 
@@ -211,39 +225,157 @@ def point_of(line: dict) -> train.Point:
     return train.Point(**d)
 
 
-def done(path: Path, keys: set[str]) -> dict[str, train.Point]:
-    """The points of this check already in ``path`` (by key)."""
+def width_line(line, header: bool = False) -> bool:
+    """Whether a JSON line is one ``sigprop width`` writes: a point, a failed point of a check
+    (its config names the ``width_arg``), or (``header``) a part's header (``--shard``)."""
+    if not isinstance(line, dict):
+        return False
+    schema = line.get("schema")
+    if schema == FAILED_SCHEMA:
+        return isinstance(line.get("config"), dict) and "width_arg" in line["config"]
+    return schema == POINT_SCHEMA or (header and schema == PART_SCHEMA)
+
+
+@dataclass
+class Read:
+    """What a points file holds for this check: its points (by key), how many points of other
+    options it holds and how they differ (words), its part header (None: not a part's file)."""
+
+    points: dict[str, train.Point]
+    others: int = 0
+    differs: str = ""
+    header: dict | None = None
+
+
+def read(path: Path, every: list[Task], field: str = "out") -> Read:
+    """The points of this check (``every``'s keys) already in ``path`` -- ``--out`` (a missing
+    file: none yet) or one of ``--points`` (a missing file is refused).  A file that is not
+    sigprop width's (a sweep's, a junk line) is refused in one line naming ``field``; points of
+    other options are counted, not read."""
+    flag = f"--{field}"
     if not path.exists():
-        return {}
-    out = {}
-    advice = "; sigprop width appends only to its own JSON-lines files (give another --out)"
-    for _, line in json_lines(path, "out", advice):
-        if isinstance(line, dict) and line.get("schema") == POINT_SCHEMA:
+        if field == "points":
+            raise SigpropError(f"no such file: {path} (a points file of sigprop width --out)", field=field)
+        return Read({})
+    if path.is_dir():
+        raise SigpropError(f"{path} is a directory, not a points file", field=field)
+    advice = (
+        "; sigprop width appends only to its own JSON-lines files (give another --out)"
+        if field == "out"
+        else f"; {flag} reads the points files sigprop width --out writes"
+    )
+    keys = {t.key for t in every}
+    out, other, header = {}, [], None
+    for number, line in owned(path, field, "sigprop width", lambda x: width_line(x, True), advice):
+        if line["schema"] == PART_SCHEMA:
+            header = line
+        elif line["schema"] == POINT_SCHEMA:
             key = config_key(line.get("config", {}))
             if key in keys:
                 out[key] = point_of(line)
-    return out
+            else:
+                other.append(line.get("config", {}))
+    words = ""
+    if other:
+        names = (str(path), "this check")
+        words = differs(grid_identity(other), grid_identity([t.config for t in every]), names, within=True)
+    return Read(out, len(other), words, header)
 
 
-def run_all(todo: list[Task], spec: WidthSpec, progress=None) -> dict[str, train.Point]:
+def part_header(every: list[Task], i: int, n: int) -> dict:
+    """A part's header (``--shard i/N``): which part, of how many, of which check (the whole
+    check's identity: every option, every point; sigprop/sweeps/shard.py)."""
+    return {
+        "schema": PART_SCHEMA,
+        "shard": i,
+        "of": n,
+        "points": len(every),
+        "grid": grid_identity([t.config for t in every]),
+    }
+
+
+def start_part(out: Path, every: list[Task], text: str) -> list[Task]:
+    """The tasks of part ``text`` ("i/N"), its file ``out`` begun with its header, or checked to
+    be this part's of this check (as ``sigprop sweep --shard`` does: another part's file, or
+    another check's, is refused)."""
+    i, n = parse_shard(text)
+    head = part_header(every, i, n)
+    if out.exists() and out.stat().st_size:
+        found = read(out, every, "out").header
+        if found != head:
+            if found is None:
+                why = "it holds no part's header"
+            elif (found.get("shard"), found.get("of")) != (i, n):
+                why = f"it is part {found.get('shard')}/{found.get('of')}"
+            else:
+                apart = differs(head["grid"], found.get("grid", {}), ("this check", "the file"))
+                why = f"it is a part of another check: {apart}"
+            raise SigpropError(f"{out} is not part {i}/{n} of this check ({why}): give another --out",
+                               field="out")  # fmt: skip
+    else:
+        append(out, head)
+    return every[i::n]
+
+
+def order(todo: list[Task]) -> list[Task]:
+    """The order a local run takes the points: per parametrization and seed, the widest first, then
+    the narrowest, then the rest (the clock times the two ends first: its estimate of the others
+    is then read between them)."""
+
+    def rank(t: Task):
+        ws = sorted({u.width for u in todo if (u.param, u.seed) == (t.param, t.seed)})
+        return (t.param != todo[0].param, t.param, t.seed, [ws[-1], ws[0], *ws[1:-1]].index(t.width))
+
+    return sorted(todo, key=rank)
+
+
+def run_all(
+    todo: list[Task], spec: WidthSpec, progress=None, counts: dict | None = None
+) -> dict[str, train.Point]:
     """The points of ``todo`` run by the spec's executor, each line appended to ``--out`` (where
-    given) as it finishes; a point that failed is one SigpropError after the others finished."""
+    given) as it finishes; a point that failed is one SigpropError after the others finished.
+    ``counts`` (width -> parameters): a local run's clock, whose estimate of the time left
+    ``progress.remaining(seconds)`` is told as the steps run."""
+    global _clock, _on_tick
     out = Path(spec.out) if spec.out else None
     results: dict[str, train.Point] = {}
     failures = []
     options = {"workers": spec.workers, "scheduler": spec.scheduler}
-    with sweeps.executor(spec.executor, **options) as run:
-        for i, (task, line) in enumerate(run(run_task, todo), 1):
-            if out is not None:
-                append(out, line)
-            if line.get("schema") == POINT_SCHEMA:
-                results[task.key] = point_of(line)
-            else:
-                failures.append((task, line))
-                if spec.executor == "local":  # here, one after the other: stop at the first
-                    break
-            if progress:
-                progress(i, len(todo), f"{task.param} width {task.width} seed {task.seed}")
+    local = spec.executor == "local"
+    if local:
+        todo = order(todo)
+    tell = getattr(progress, "remaining", None)
+    if local and counts and tell is not None:
+        _clock = cost.Clock(counts, [(t.width, spec.steps) for t in todo])
+        last = [0.0]
+
+        def on_tick() -> None:
+            _clock.tick()
+            now = time.perf_counter()
+            if _clock.ready() and now - last[0] >= 1.0:
+                last[0] = now
+                tell(_clock.left())
+
+        _on_tick = on_tick
+    try:
+        with sweeps.executor(spec.executor, **options) as run:
+            for i, (task, line) in enumerate(run(run_task, todo), 1):
+                if _clock is not None:
+                    _clock.done()
+                if out is not None:
+                    append(out, line)
+                if line.get("schema") == POINT_SCHEMA:
+                    results[task.key] = point_of(line)
+                else:
+                    failures.append((task, line))
+                    if local:  # here, one after the other: stop at the first
+                        break
+                if progress:
+                    progress(i, len(todo), f"{task.param} width {task.width} seed {task.seed}")
+                if _clock is not None and _clock.ready():
+                    tell(_clock.left())
+    finally:
+        _clock = _on_tick = None
     if failures:
         task, line = failures[0]
         error = line["error"]

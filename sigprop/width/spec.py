@@ -44,6 +44,13 @@ class WidthNet:
     width_arg: str = "width"
     vocab: int | None = None
     chain: bool = False
+    #: the option that gives the widths (a refusal for their size names it): --widths, or --arg
+    field: str = "widths"
+
+    @property
+    def own(self) -> bool:
+        """One of sigprop's own nets (sigprop/width/nets.py): its failure is not the user's TARGET."""
+        return isinstance(self.target, str) and self.target.startswith("sigprop.")
 
 
 #: where and how a check runs, not what it measures: left out of a point's resume key

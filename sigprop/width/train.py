@@ -111,11 +111,13 @@ def run_point(
     seed: int,
     attention: list[int] | None = None,
     zero_readout: bool = False,
+    on_step=None,
 ) -> Point:
     """Apply ``param`` to ``model`` and train it ``steps`` steps on ``x``, recording each site.
     ``attention``: the head dimensions of the model's attention calls at the base width (None or
     empty: none); each call's logits are then sites too (``attn-logits.i``, role ``logits``), and
-    under μP each call is rescaled to 1/d (sigprop/width/attention.py)."""
+    under μP each call is rescaled to 1/d (sigprop/width/attention.py).  ``on_step()`` is called
+    after each of the ``steps + 1`` forwards (a step's time: sigprop/width/cost.py)."""
     P.apply(model, roles_, param, optimizer, ratio, gen, zero_readout)
     model.train()
     groups = P.groups(model, roles_, param, optimizer, lr, ratio)
@@ -154,10 +156,14 @@ def run_point(
                 point.stats = {s: [[] for _ in found] for s in STATS}
             _record(point, found, out, first, t)
             if t == steps:
+                if on_step is not None:
+                    on_step()
                 break
             opt.zero_grad(set_to_none=True)
             value.backward()
             opt.step()
+            if on_step is not None:
+                on_step()
     finally:
         rec.close()
     return point
