@@ -59,6 +59,7 @@ def width_table(run, steps: int):
 def render_width(result, console: Console) -> None:
     """Each parametrization's table, then its two verdicts, then how to read them."""
     steps = result.config["steps"]
+    gate = result.config["max_width_slope"]
     widths = ",".join(str(w) for w in result.config["widths"])
     for note in getattr(result, "notes", ()):
         console.print(f"note: {escape(note)}")
@@ -83,6 +84,7 @@ def render_width(result, console: Console) -> None:
         f"mean ± se over {result.config['seeds']} seeds; act = mean|h| (mup's coordinate statistic), "
         "Δ = rms(h_t - h_0); (theory) = the predicted exponent (step 0: the activation's; later: the "
         "update's, low..high = from the smallest term's exponent to the asymptote; "
-        "— = not derived); = / ≠ within / outside 0.2 + 2 se; ✓ = no slope above "
-        f"{result.config['max_width_slope']:g} (docs/theory.md §17)[/dim]"
+        "— = not derived); = / ≠ within / outside 0.2 + 2 se; ✓ = every slope within "
+        f"±{gate:g} beyond its se (a readout's or logits' update, and their activations after step 0, down "
+        f"to -1/2 - {gate:g}) (docs/theory.md §17)[/dim]"
     )

@@ -4,7 +4,12 @@ call's head dimension and d0 the same call's at the base width, so the logits re
 q·k sqrt(d0)/d -- the user's attention at the base width, μP's 1/d as the width grows.  It
 changes the calls, not the model: ``F.scaled_dot_product_attention``'s ``scale`` and
 ``F.multi_head_attention_forward``'s query projection (``nn.MultiheadAttention``, whose
-``need_weights`` path computes its own logits)."""
+``need_weights`` path computes its own logits) -- and attention written out by hand (nanoGPT's
+``(q @ k.transpose(-2, -1)) * s``, then a mask and a softmax; ``torch.bmm``, ``torch.einsum``):
+a product of two activations whose result reaches a softmax through elementwise ops only is
+read as an attention call's logits at the base width, and that product, the same call by its
+order at every width, is rescaled by sqrt(d0/d), d its contracted dimension.  A softmax whose
+input is not such a product is counted (``other_softmax``): it is not rescaled, and said."""
 
 from __future__ import annotations
 
@@ -29,13 +34,26 @@ class AttentionScale(TorchFunctionMode):
     with ``record`` keeps each call's logits as the call computes them (``logits``: [B, H, T, S],
     detached, before any mask), the coordinate check's attention sites."""
 
-    def __init__(self, base: list[int] | None = None, rescale: bool = True, record: bool = False) -> None:
+    def __init__(
+        self,
+        base: list[int] | None = None,
+        rescale: bool = True,
+        record: bool = False,
+        written: list[tuple[int, int]] | None = None,
+    ) -> None:
         super().__init__()
         self.base = base
         self.rescale = rescale and base is not None
         self.record = record
         self.dims: list[int] = []
         self.logits: list[torch.Tensor] = []
+        #: attention written out: (the product's order among the forward's products, d) read at
+        #: the base width (``written`` given: those to rescale), and found in this forward
+        self.base_written = {i: d for i, d in (written or [])}
+        self.written: list[tuple[int, int]] = []
+        self.other_softmax = 0
+        self._products = 0
+        self._tags: dict[int, tuple[int, int, torch.Tensor]] = {}
 
     def _factor(self, d: int) -> float:
         i = len(self.dims)
@@ -54,7 +72,42 @@ class AttentionScale(TorchFunctionMode):
             return self._sdpa(func, args, kwargs)
         if func is F.multi_head_attention_forward:
             return self._mha(func, {**dict(zip(_MHA_NAMES, args)), **kwargs})
-        return func(*args, **kwargs)
+        if func in _PRODUCTS:
+            return self._product(func, args, kwargs)
+        if func in _SOFTMAX:
+            x = args[0] if args else kwargs.get("input")
+            tag = self._tags.get(id(x))
+            if tag is not None and all(i != tag[0] for i, _ in self.written):
+                self.written.append(tag[:2])
+            elif tag is None:
+                self.other_softmax += 1
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self._tags and isinstance(out, torch.Tensor):  # the logits through a scale, a mask, a cast
+            for a in (*args, *kwargs.values()):
+                tag = self._tags.get(id(a)) if isinstance(a, torch.Tensor) else None
+                if tag is not None and out.shape == a.shape:
+                    self._tags[id(out)] = (tag[0], tag[1], out)
+                    break
+        return out
+
+    def _product(self, func, args, kwargs):
+        """A product: of two activations (no parameter) of rank 3 or more, a candidate for an
+        attention call's logits (tagged with its order and d); rescaled where the base width's
+        forward found it to be one."""
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        out = func(*args, **kwargs)
+        if len(tensors) != 2 or any(isinstance(t, torch.nn.Parameter) or t.dim() < 3 for t in tensors):
+            return out
+        d = _contracted(func, args, tensors)
+        if d is None:
+            return out
+        i = self._products
+        self._products += 1
+        if self.rescale and i in self.base_written:
+            out = out * math.sqrt(self.base_written[i] / d)
+        self._tags[id(out)] = (i, d, out)
+        return out
 
     def _sdpa(self, func, args, kwargs):
         q = args[0] if args else kwargs["query"]
@@ -88,6 +141,34 @@ class AttentionScale(TorchFunctionMode):
         if self.record:
             self.logits.append(_mha_logits(kw, e, heads))
         return func(**kw)
+
+
+#: the products attention's logits are written with, and the softmax they reach
+_PRODUCTS = (
+    torch.matmul,
+    torch.Tensor.matmul,
+    torch.Tensor.__matmul__,
+    torch.bmm,
+    torch.Tensor.bmm,
+    torch.einsum,
+)
+_SOFTMAX = (F.softmax, torch.softmax, torch.Tensor.softmax)
+
+
+def _contracted(func, args, tensors) -> int | None:
+    """The size of a product's contracted dimension (d of q @ k^T), None where it is not read (an
+    einsum with an ellipsis or more than one contracted index)."""
+    if func is not torch.einsum:
+        return int(tensors[0].shape[-1])
+    equation = str(args[0]).replace(" ", "")
+    if "..." in equation or "->" not in equation:
+        return None
+    lhs, result = equation.split("->")
+    a, _, b = lhs.partition(",")
+    gone = [c for c in a if c in b and c not in result]
+    if len(gone) != 1 or len(a) != tensors[0].dim():
+        return None
+    return int(tensors[0].shape[a.index(gone[0])])
 
 
 def _mha_logits(kw: dict, e: int, heads: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ others)."""
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import torch
 from sigprop import files
 from sigprop.errors import SigpropError
 from sigprop.kernels.device import resolve_device
-from sigprop.model.build import build
+from sigprop.model.build import build, output_tensor
 from sigprop.model.forward import call
 from sigprop.results.width import SiteSlope, WidthResult, WidthRun
 from sigprop.theory import width as theory
@@ -24,17 +25,54 @@ from sigprop.width.attention import AttentionScale
 from sigprop.width.spec import RUN_OPTIONS, WidthNet, WidthSpec, validate
 
 
-def _read_nets(factory, widths, base: int, x: torch.Tensor, seed: int) -> tuple[list[P.Role], list[int]]:
+def _read_nets(factory, widths, base: int, x: torch.Tensor, seed: int, params=()) -> tuple:
     """What the client reads once for every point: the parameters' roles, off the two smallest
-    widths of the factory (each point reads its own fan-ins: ``params.at``), and the head
-    dimension of each attention call at the base width (μP's attention scaling and the logits
-    sites read them: sigprop/width/attention.py; empty without attention) -- each width built
-    once."""
+    widths of the factory (each point reads its own fan-ins: ``params.at``; a matrix of the
+    model's own in the product that gives the output is its readout: ``params.feeding_output``),
+    and the head dimension of each attention call at the base width (μP's attention scaling and
+    the logits sites read them: sigprop/width/attention.py; empty without attention) -- each
+    width built once; the attention calls written out by hand (``AttentionScale.written``); and
+    what the run says of them (notes)."""
     built = {w: build(lambda w=w: factory(w), seed, 0) for w in dict.fromkeys([*widths[:2], base])}
+    small = built[widths[0]].to(x.device)
+    with torch.enable_grad():
+        readouts = P.feeding_output(small, output_tensor(call(small, x)))
     rec = AttentionScale()
     with torch.no_grad(), rec:
         call(built[base].to(x.device), x)
-    return P.roles(built[widths[0]], built[widths[1]]), rec.dims
+    roles = P.roles(built[widths[0]], built[widths[1]], readouts)
+    notes = [
+        f"{r.name!r}, a matrix of the model's own with one dimension growing, gives the output through a "
+        f"product: read as the readout (the output role, fan-in its growing dimension, {r.fan_in} at width "
+        f"{widths[0]})"
+        for r in roles
+        if r.fan_axis is not None
+    ]
+    return roles, rec.dims, rec.written, notes + _attention_notes(rec, params)
+
+
+def _attention_notes(rec: AttentionScale, params) -> list[str]:
+    """What the run says of the attention it found: under μP how many calls it rescaled, of each
+    form; and the softmax calls it did not read as attention."""
+    notes = []
+    calls, written = len(rec.dims), len(rec.written)
+    if "mup" in params and (calls or written or rec.other_softmax):
+        notes.append(
+            f"μP's attention 1/d: {calls + written} call(s) rescaled by sqrt(d0/d) ({calls} through "
+            f"scaled_dot_product_attention or nn.MultiheadAttention, {written} written out: a product of two "
+            "activations reaching a softmax" + ("; those have no logits site)" if written else ")")
+        )
+    if rec.other_softmax:
+        mup = (
+            " and not rescaled under μP (if one is attention's, its 1/d is not applied)"
+            if "mup" in params
+            else ""
+        )
+        notes.append(
+            f"{rec.other_softmax} softmax call(s) whose input is no product of two activations: not read as "
+            f"attention{mup}"
+        )
+    return notes
 
 
 def _mean(values: list[list[float]]) -> list[float]:
@@ -97,69 +135,150 @@ def _agree(s: SiteSlope) -> str:
 _exp = theory.fmt_exponent
 
 
+#: the lowest update exponent theory allows a readout's (and an attention call's logits') change
+#: on a finite grid: the change across its rows, n^(e_prev + 1/2 - omega) (docs/theory.md §17)
+READOUT_LOW = -0.5
+
+
+def gates(spec: WidthSpec, s: SiteSlope, what: str) -> tuple[float, float]:
+    """(low, high): the slopes a site may have and be width-stable.  A feature (an input or hidden
+    site) may neither grow nor shrink beyond the gate (vanishing features are a width instability
+    too).  The readout's and the logits' activations at init are not gated below (μP starts them
+    ∝ width^-1/2 by design, a zero readout at 0); their updates, and their activations after
+    init, may shrink to theory's lowest, width^-1/2, less the gate."""
+    g = spec.max_width_slope
+    if s.role in ("output", "logits"):
+        return (-math.inf if what == "activations" and s.step == 0 else READOUT_LOW - g), g
+    return -g, g
+
+
 def _drift(spec: WidthSpec, slopes: list[SiteSlope]):
-    """The first step at which a slope exceeds the gate, and there the largest: (slope record,
-    "activations" or "updates", value, se), or None."""
+    """The first step at which a slope lies outside its gates beyond its standard error (a slope
+    of 0.26 ± 1.02 is not growth), and there the one furthest out: (slope record, "activations"
+    or "updates", value, se, the bound it crossed), or None."""
     for step in range(spec.steps + 1):
-        found = [
-            (value, s, what, se)
-            for s in slopes
-            if s.step == step
-            for what, value, se in (("activations", s.l1, s.l1_se), ("updates", s.delta, s.delta_se))
-            if value is not None and value > spec.max_width_slope
-        ]
+        found = []
+        for s in (s for s in slopes if s.step == step):
+            for what, value, se in (("activations", s.l1, s.l1_se), ("updates", s.delta, s.delta_se)):
+                if value is None:
+                    continue
+                low, high = gates(spec, s, what)
+                err = se or 0.0
+                if value - err > high:
+                    found.append((value - err - high, s, what, value, se, high))
+                elif value + err < low:
+                    found.append((low - value - err, s, what, value, se, low))
         if found:
-            value, s, what, se = max(found, key=lambda f: f[0])
-            return s, what, value, se
+            _, s, what, value, se, bound = max(found, key=lambda f: f[0])
+            return s, what, value, se, bound
     return None
+
+
+def _moved(slopes: list[SiteSlope]) -> bool:
+    """Whether training moved any site: a change from init above float rounding (1e-6 of the
+    site's scale) at some step and width.  (One class under cross-entropy: a loss identically 0,
+    no gradient, nothing moves.)"""
+    for s in slopes:
+        if s.step == 0:
+            continue
+        for d, h in zip(s.delta_values, s.l1_values):
+            if math.isfinite(d) and d > 1e-6 * max(abs(h), 1e-30):
+                return True
+    return False
+
+
+def _site(s: SiteSlope) -> str:
+    """A site as the words name it (the model itself, a module owning a readout: "(model)")."""
+    return repr(s.site) if s.site else "(model)"
 
 
 def _interval(low: float | None, high: float | None) -> str:
     return _exp(low) if low == high else f"{_exp(low)} to width^{_exp(high)}"
 
 
-def verdicts(
-    spec: WidthSpec, param: str, slopes: list[SiteSlope], rows: int = 0, smallest: int = 0
-) -> tuple[bool, str, str, str]:
-    """(width_stable, its words, theory's "agrees"/"differs"/"not derived", its words): the
-    first step at which a slope drifts above the gate and its largest there; the first site
-    and step whose slope differs from its exponent."""
+def _compared(compared: list[SiteSlope], steps: int) -> str:
+    """Which slopes the theory verdict compared, in words (the activations after init have no
+    exponent: a drift there is the width-stable verdict's, not theory's)."""
+    inits = sum(s.step == 0 for s in compared)
+    updates = len(compared) - inits
+    words = f"{inits} activation(s) at step 0, {updates} update(s) of steps 1-{steps}"
+    return words + "; the activations after step 0 have no prediction"
+
+
+def _stable_words(spec: WidthSpec, slopes: list[SiteSlope], name: str, opt: str, rows: int, smallest: int):
+    """(width_stable, its words)."""
     gate = spec.max_width_slope
+    if not _moved(slopes):
+        return False, (
+            f"{name} with {opt}: nothing moved — no site changed from its init through step {spec.steps} "
+            "(the "
+            "loss gives no gradient: one class under cross-entropy, a loss that ignores the output?); "
+            "the slopes say nothing of training: not a coordinate check"
+        )
     drift = _drift(spec, slopes)
-    name = {"sp": "SP", "mup": "μP", "ntk": "NTK"}.get(param, param)
-    opt = {"sgd": "SGD", "adam": "Adam"}[spec.optimizer]
     if drift is None:
-        stable = f"{name} with {opt}: width-stable (every slope <= {gate:g} through step {spec.steps})"
+        stable = (
+            f"{name} with {opt}: width-stable (every slope within ±{gate:g}, readouts' down to "
+            f"{READOUT_LOW - gate:g}, through step {spec.steps})"
+        )
         ahead = [s for s in slopes if s.high is not None and s.step > 0 and s.high > gate]
         if ahead:  # measured flat on this grid, but theory's asymptote grows: said beside it
             s = max(ahead, key=lambda s: s.high)
             stable += (
-                f" on these widths, though theory's asymptote grows: {s.role} site {s.site!r} updates "
+                f" on these widths, though theory's asymptote grows: {s.role} site {_site(s)} updates "
                 f"∝ width^{_exp(s.high)} (from ∝ width^{_exp(s.low)} while smaller terms lead)"
             )
-    else:
-        s, what, value, se = drift
-        pred = ""
-        if s.high is not None:
-            init = 0.0 if s.init is None else s.init
-            low, high = (s.low, s.high) if what == "updates" else (max(init, s.low), max(init, s.high))
-            pred = f"; theory: ∝ width^{_interval(low, high)}"
-        stable = (
-            f"{name} with {opt}: {s.role} site {s.site!r} {what} grow ∝ width^{value:.2f}"
-            f"{'' if se is None else f' ± {se:.2f}'} from step {s.step} (> {gate:g}{pred})"
+        return True, stable
+    s, what, value, se, bound = drift
+    pred = ""
+    if s.high is not None:
+        init = 0.0 if s.init is None else s.init
+        low, high = (s.low, s.high) if what == "updates" else (max(init, s.low), max(init, s.high))
+        pred = f"; theory: ∝ width^{_interval(low, high)}"
+    elif s.step == 0 and s.init is not None:
+        pred = f"; theory: ∝ width^{_exp(s.init)}"
+    way = "grow" if value > bound else "shrink"
+    cmp = f"> {bound:g}" if way == "grow" else f"< {bound:g}: vanishing as the width grows"
+    words = (
+        f"{name} with {opt}: {s.role} site {_site(s)} {what} {way} ∝ width^{value:.2f}"
+        f"{'' if se is None else f' ± {se:.2f}'} from step {s.step} ({cmp}{pred})"
+    )
+    predicted = what == "updates" and s.low is not None and _agree(s) == "="
+    if way == "shrink" and predicted:  # NTK's hidden updates, n^-1/2: the limit learns no features
+        words += " — as theory predicts: the features stop learning as the width grows (the kernel regime)"
+    elif way == "shrink" and what == "updates" and rows >= smallest:  # docs/theory.md §17, "The batch"
+        words += (
+            f" (the loss reads {rows} rows, not fewer than the smallest width {smallest}: the first step's "
+            "kernel over them is not yet ∝ width)"
         )
+    return False, words
+
+
+def verdicts(
+    spec: WidthSpec, param: str, slopes: list[SiteSlope], rows: int = 0, smallest: int = 0
+) -> tuple[bool, str, str, str]:
+    """(width_stable, its words, theory's "agrees"/"differs"/"not derived", its words): the
+    first step at which a slope leaves its gates and the one furthest out there (or that nothing
+    moved); the first site and step whose slope differs from its exponent, and which slopes the
+    theory compared."""
+    name = {"sp": "SP", "mup": "μP", "ntk": "NTK"}.get(param, param)
+    opt = {"sgd": "SGD", "adam": "Adam"}.get(spec.optimizer)
+    if opt is None:  # the model's own optimizer: its callable's name
+        opt = f"its own optimizer {spec.optimizer.rpartition(':')[2]}"
+    stable, stable_words = _stable_words(spec, slopes, name, opt, rows, smallest)
     for s in slopes:
         s.agrees = _agree(s)
     compared = [s for s in slopes if s.agrees]
     differ = [s for s in compared if s.agrees == "≠"]
+    which = _compared(compared, spec.steps)
     if not compared:
-        return drift is None, stable, "not derived", f"{name}: no exponent derived for its sites"
+        return stable, stable_words, "not derived", f"{name}: no exponent derived for its sites"
     if not differ:
         return (
-            drift is None,
             stable,
+            stable_words,
             "agrees",
-            f"{name}: all {len(compared)} slopes compared agree with theory",
+            f"{name}: all {len(compared)} slopes compared agree with theory ({which})",
         )
     s = differ[0]
     if s.step == 0:
@@ -167,15 +286,15 @@ def verdicts(
     else:
         what, measured, pred = "update", s.delta, _interval(s.low, s.high)
     words = (
-        f"{name}: {len(differ)} of {len(compared)} slopes differ from theory, first {s.role} site "
-        f"{s.site!r} step {s.step}: {what} ∝ width^{measured:.2f}, theory width^{pred}"
+        f"{name}: {len(differ)} of {len(compared)} slopes differ from theory ({which}), first {s.role} site "
+        f"{_site(s)} step {s.step}: {what} ∝ width^{measured:.2f}, theory width^{pred}"
     )
     if rows >= smallest and any(d.step > 0 for d in differ):  # docs/theory.md §17, "The batch ..."
         words += (
             f" (the loss reads {rows} rows, not fewer than the smallest width {smallest}: the first "
             "step's kernel over them is not yet ∝ width; fewer rows show the limit)"
         )
-    return drift is None, stable, "differs", words
+    return stable, stable_words, "differs", words
 
 
 def _sizes(net: WidthNet, spec: WidthSpec, factory, widths: list[int], x: torch.Tensor) -> dict[int, int]:
@@ -221,6 +340,7 @@ def width_check(
     fresh draw trained ``spec.steps`` steps (sigprop/width/points.py: by the spec's executor,
     resumed from ``spec.out``); the slopes, the exponents and the verdicts."""
     validate(spec, net)
+    points.optimizer_of(spec)  # the model's own optimizer resolves before any net is built
     if spec.out:
         files.check_target(Path(spec.out), "out", append=True)
     for path in spec.points:  # each file there and sigprop width's before any net is built
@@ -233,11 +353,12 @@ def width_check(
     device = resolve_device(spec.device)
     x = points.batch(spec, net, 0, device)
     counts = _sizes(net, spec, factory, sorted({*widths, base}), x)
-    roles, dims = _read_nets(factory, widths, base, x, spec.seed)
+    roles, dims, written, read_notes = _read_nets(factory, widths, base, x, spec.seed, spec.params)
     if on_start:  # the net builds at every width: the run starts
         on_start()
-    every = points.tasks(net, spec, base, dims, roles)
+    every = points.tasks(net, spec, base, dims, roles, written)
     have, notes = _read_points(spec, every)
+    notes = read_notes + notes
     resumed = len(have)
     config = {
         **points.net_config(net, spec),
@@ -245,6 +366,7 @@ def width_check(
         "base_width": base,
         "chain": net.chain,
         "attention_calls": len(dims),
+        "attention_written": len(written),
     }
     if spec.shard is not None:  # the i-th of N parts into --out; the fit reads them all later
         part = points.start_part(Path(spec.out), every, spec.shard)

@@ -74,7 +74,7 @@ def activations(model: nn.Module, x: torch.Tensor) -> int | None:
 
 def point_bytes(weights: int, acts: int, optimizer: str) -> int:
     """One point's memory: weights, gradients and the optimizer's state, and the activations."""
-    states = 2 if optimizer == "adam" else 0
+    states = 0 if optimizer == "sgd" else 2  # Adam's two moments (a model's own optimizer: as many)
     return weights * (2 + states) + ACTIVATION_COPIES * acts
 
 

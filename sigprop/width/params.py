@@ -29,6 +29,9 @@ class Role:
     #: a Linear's, conv's, attention's or embedding's weight, which sigprop redraws; a tensor of
     #: the model's own (a position table) keeps the factory's draw, its learning rate scaled
     drawn: bool = True
+    #: the dimension whose size is the fan-in where it is not a Linear's (a readout of the model's
+    #: own, ``h @ W`` with W (width, classes): 0)
+    fan_axis: int | None = None
 
 
 def _owner(model: nn.Module, name: str) -> nn.Module:
@@ -44,14 +47,17 @@ def _laid_out_in_out(owner: nn.Module, leaf: str) -> bool:
     return dense and leaf in _IN_OUT
 
 
-def roles(model: nn.Module, other: nn.Module) -> list[Role]:
+def roles(model: nn.Module, other: nn.Module, readouts: frozenset[str] = frozenset()) -> list[Role]:
     """The role of each of ``model``'s parameters, compared with the same factory's ``other`` (a
     different width): a matrix whose output and input dimensions both change is ``hidden``, only
     its output ``input``, only its input ``output``; a vector that changes is ``vector``;
     anything else ``fixed``.  An ``nn.Embedding``'s table is (vocabulary, width): its input is the
     vocabulary.  A matrix that is no Linear's, conv's or attention's (a position table, a
     model's own nn.Parameter) follows ``mup``'s rule: two growing dimensions ``hidden``, one
-    ``vector``.  Refused where no parameter changes (the width is not the model's)."""
+    ``vector`` -- unless it is in ``readouts`` (``feeding_output``: a matrix of the model's own with
+    one growing dimension whose matmul gives the output, ``h @ W``): then it is the ``output``
+    role, its fan-in the growing dimension.  Refused where no parameter changes (the width is not
+    the model's)."""
     theirs = dict(other.named_parameters())
     out = []
     for name, p in model.named_parameters():
@@ -73,6 +79,10 @@ def roles(model: nn.Module, other: nn.Module) -> list[Role]:
             grow_out, grow_in = grows[1], grows[0]
         elif _laid_out_in_out(owner, leaf):
             grow_out, grow_in = grows[0], any(grows[1:])
+        elif name in readouts and p.dim() == 2 and sum(grows) == 1:  # the model's own readout, h @ W
+            axis = grows.index(True)
+            out.append(Role(name, "output", p.shape[axis], False, fan_axis=axis))
+            continue
         else:  # a tensor of the model's own (a position table): mup's rule, one growing dim = a vector
             role = "hidden" if sum(grows) >= 2 else "vector" if any(grows) else "fixed"
             out.append(Role(name, role, 1, False, drawn=False))
@@ -91,7 +101,9 @@ def roles(model: nn.Module, other: nn.Module) -> list[Role]:
     return out
 
 
-def _fan_in(model: nn.Module, name: str, p: torch.Tensor) -> int:
+def _fan_in(model: nn.Module, name: str, p: torch.Tensor, axis: int | None = None) -> int:
+    if axis is not None:
+        return int(p.shape[axis])
     owner = _owner(model, name)
     if p.dim() < 2 or isinstance(owner, nn.Embedding) or not _laid_out_in_out(owner, name.rpartition(".")[2]):
         return 1
@@ -108,7 +120,53 @@ def at(model: nn.Module, roles_: list[Role], width: int) -> list[Role]:
             "change sizes only, not the layers",
             field="arg",
         )
-    return [replace(r, fan_in=_fan_in(model, r.name, params[r.name])) for r in roles_]
+    return [replace(r, fan_in=_fan_in(model, r.name, params[r.name], r.fan_axis)) for r in roles_]
+
+
+#: autograd's nodes of a product with a weight (the readout's matmul) and of a change of layout
+_PRODUCTS = ("MmBackward", "AddmmBackward", "BmmBackward", "BaddbmmBackward", "MvBackward", "AddmvBackward",
+             "ConvolutionBackward", "LinearBackward", "DotBackward")  # fmt: skip
+_LAYOUTS = ("View", "Reshape", "UnsafeView", "TBackward", "Transpose", "Permute", "Expand", "Squeeze",
+            "Unsqueeze", "Clone", "ToCopy", "Alias", "Contiguous")  # fmt: skip
+
+
+def feeding_output(model: nn.Module, y: torch.Tensor) -> frozenset[str]:
+    """The names of the parameters in the last product before the output ``y`` (a forward with
+    autograd on): walked back from ``y`` through every op that is no product (a multiplier, a
+    norm, a bias), the first product on each path gives the parameters that reach it through
+    layout changes only (a transpose, a view) -- the readout's weight, whatever form it takes."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    found: set[str] = set()
+    seen: set = set()
+    stack = [y.grad_fn]
+    while stack:
+        f = stack.pop()
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        kind = type(f).__name__
+        if any(kind.startswith(m) for m in _PRODUCTS):
+            found |= _weights(f, names)
+            continue
+        stack.extend(g for g, _ in f.next_functions)
+    return frozenset(found)
+
+
+def _weights(f, names: dict[int, str]) -> set[str]:
+    """The parameters an autograd node reads directly or through layout changes."""
+    out: set[str] = set()
+    stack = [g for g, _ in f.next_functions]
+    while stack:
+        g = stack.pop()
+        if g is None:
+            continue
+        variable = getattr(g, "variable", None)
+        if variable is not None:
+            if id(variable) in names:
+                out.add(names[id(variable)])
+        elif any(m in type(g).__name__ for m in _LAYOUTS):
+            stack.extend(h for h, _ in g.next_functions)
+    return out
 
 
 def ratio_power(ratio: float, exponent: Fraction) -> float:

@@ -39,6 +39,17 @@ PART_SCHEMA = "sigprop.width.shard.v1"
 STREAM_BATCH, STREAM_PARAMS = 11, 12
 
 
+def optimizer_of(spec: WidthSpec):
+    """The model's own optimizer (``--optimizer MODULE:CALLABLE``, resolved where the point runs),
+    or None for torch.optim's adam or sgd; a target that does not resolve names --optimizer."""
+    if not spec.own_optimizer:
+        return None
+    try:
+        return resolve_target(spec.optimizer)
+    except SigpropError as exc:
+        raise SigpropError(exc.message, field="optimizer") from None
+
+
 def factory_of(net: WidthNet):
     """width -> module: the net's target (a callable, or ``MODULE:CALLABLE`` /
     ``FILE.py:CALLABLE``, resolved where the point runs) with its keyword arguments and the
@@ -147,13 +158,15 @@ class Task:
     #: a sweep's failure line reads ``init``: a width point has none
     init: str = ""
     config: dict = field(default_factory=dict)
+    #: attention written out by hand: (its product's order, d at the base width) of each call
+    written: tuple = ()
 
     @property
     def key(self) -> str:
         return config_key(self.config)
 
 
-def tasks(net: WidthNet, spec: WidthSpec, base: int, dims, roles: list) -> list[Task]:
+def tasks(net: WidthNet, spec: WidthSpec, base: int, dims, roles: list, written=()) -> list[Task]:
     """Every point of the check, in the order a local run takes them."""
     shared = {k: v for k, v in net_config(net, spec).items() if k != "params"}
     return [
@@ -167,6 +180,7 @@ def tasks(net: WidthNet, spec: WidthSpec, base: int, dims, roles: list) -> list[
             tuple(dims),
             tuple(roles),
             config={**shared, "param": param, "width": w, "seed": k},
+            written=tuple(written),
         )  # fmt: skip
         for param in spec.params
         for k in range(spec.seeds)
@@ -215,6 +229,7 @@ def _train(task: Task, on_step=None) -> train.Point:
         ratio=w / task.base, steps=spec.steps, x=batch(spec, net, k, device),
         target_of=targets(spec, k, net), loss=spec.loss, gen=gen,
         width=w, seed=k, attention=dims, zero_readout=spec.zero_readout, on_step=on_step,
+        written=list(task.written), make_optimizer=optimizer_of(spec),
     )  # fmt: skip
 
 

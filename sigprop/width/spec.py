@@ -4,6 +4,7 @@ once for the command line, the API and the JSON (sigprop/options.py); no torch."
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -73,7 +74,13 @@ class WidthSpec:
         flag="--param",
         shown="sp and mup",
     )
-    optimizer: str = declared(str, "adam", "The optimizer of the steps.", choices=theory.OPTIMIZERS)
+    optimizer: str = declared(
+        str,
+        "adam",
+        "The optimizer of the steps: adam or sgd (torch.optim's; each role's learning rate under sp, mup "
+        "and ntk), or the model's own with --param as-is: MODULE:CALLABLE or FILE.py:CALLABLE, called as "
+        "CALLABLE(model.parameters(), lr=LR) (mup:MuAdam, a factory of yours).",
+    )
     lr: float = declared(
         float, 0.01, "The base learning rate (at the base width; each layer's scales by its role)."
     )
@@ -140,7 +147,18 @@ class WidthSpec:
     )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "params", tuple(self.params))
+        # a CLI choice arrives as an Enum member: its value is the name (never "width_params.as-is")
+        object.__setattr__(self, "params", tuple(getattr(p, "value", p) for p in self.params))
+        optimizer = str(getattr(self.optimizer, "value", self.optimizer))
+        where, _, name = optimizer.rpartition(":")
+        if where.endswith(".py"):  # a file's path made absolute: a worker may run elsewhere
+            optimizer = os.path.abspath(where) + ":" + name
+        object.__setattr__(self, "optimizer", optimizer)
+
+    @property
+    def own_optimizer(self) -> bool:
+        """The optimizer is the model's own (a target, not adam or sgd)."""
+        return self.optimizer not in theory.OPTIMIZERS
         object.__setattr__(self, "points", tuple(self.points or ()))
 
 
@@ -160,8 +178,19 @@ def validate(spec: WidthSpec, net: WidthNet) -> None:
             )
     if len(set(spec.params)) != len(spec.params):
         raise SigpropError("a parametrization is named twice", field="params")
-    if spec.optimizer not in theory.OPTIMIZERS:
-        raise SigpropError(f"unknown optimizer {spec.optimizer!r}; choose from sgd, adam", field="optimizer")
+    if spec.own_optimizer:
+        if ":" not in spec.optimizer:
+            raise SigpropError(
+                f"unknown optimizer {spec.optimizer!r}; choose from adam, sgd, or the model's own as "
+                "MODULE:CALLABLE or FILE.py:CALLABLE",
+                field="optimizer",
+            )
+        if set(spec.params) != {theory.AS_IS}:
+            raise SigpropError(
+                f"the model's own optimizer ({spec.optimizer}) trains the model's own parametrization: give "
+                "--param as-is (sp, mup and ntk set each role's learning rate for adam or sgd)",
+                field="optimizer",
+            )
     if "ntk" in spec.params and spec.optimizer != "sgd":
         raise SigpropError(
             "ntk is defined for SGD (Yang & Hu 2021, Table 1); with adam use sp or mup", field="params"

@@ -21,6 +21,17 @@ from sigprop.width import params as P
 from sigprop.width.attention import AttentionScale
 
 STATS = ("l1", "rms", "delta")
+#: the model's output, a site of its own where no module's site returns it (a readout written as
+#: ``h @ W``, a multiplier after the last layer)
+OUTPUT = "(output)"
+
+
+def _same(y: torch.Tensor, h: torch.Tensor) -> bool:
+    """Whether a site's recorded output is the model's output: the same storage (a view of it) or
+    the same values (``h * 1.0``)."""
+    if y.numel() != h.numel():
+        return False
+    return y.data_ptr() == h.data_ptr() or torch.equal(y.detach().reshape(-1), h.reshape(-1))
 
 
 @dataclass
@@ -112,16 +123,24 @@ def run_point(
     attention: list[int] | None = None,
     zero_readout: bool = False,
     on_step=None,
+    written: list[tuple[int, int]] | None = None,
+    make_optimizer=None,
 ) -> Point:
     """Apply ``param`` to ``model`` and train it ``steps`` steps on ``x``, recording each site.
     ``attention``: the head dimensions of the model's attention calls at the base width (None or
     empty: none); each call's logits are then sites too (``attn-logits.i``, role ``logits``), and
-    under μP each call is rescaled to 1/d (sigprop/width/attention.py).  ``on_step()`` is called
-    after each of the ``steps + 1`` forwards (a step's time: sigprop/width/cost.py)."""
+    under μP each call is rescaled to 1/d (sigprop/width/attention.py), and so is each call
+    written out by hand (``written``: its product's order and d at the base width; no logits
+    site).  ``on_step()`` is called after each of the ``steps + 1`` forwards (a step's time:
+    sigprop/width/cost.py).  ``make_optimizer``: the model's own optimizer (``--param as-is``),
+    called as ``make_optimizer(model.parameters(), lr=lr)``, in place of torch.optim's."""
     P.apply(model, roles_, param, optimizer, ratio, gen, zero_readout)
     model.train()
     groups = P.groups(model, roles_, param, optimizer, lr, ratio)
-    opt = torch.optim.SGD(groups) if optimizer == "sgd" else torch.optim.Adam(groups)
+    if make_optimizer is not None:
+        opt = _own_optimizer(make_optimizer, model, lr)
+    else:
+        opt = torch.optim.SGD(groups) if optimizer == "sgd" else torch.optim.Adam(groups)
     found = sites(model, roles_)
     rec = _Recorder(found)
     point = Point(param, width, seed, [])  # its sites: those the first forward reaches
@@ -131,7 +150,9 @@ def run_point(
         for t in range(steps + 1):
             rec.out.clear()
             mode = (
-                AttentionScale(attention, rescale=param == "mup", record=True) if attention else nullcontext()
+                AttentionScale(attention or [], rescale=param == "mup", record=True, written=written)
+                if attention or written
+                else nullcontext()
             )
             with mode:
                 y = output_tensor(call(model, x))
@@ -149,9 +170,12 @@ def run_point(
             out = dict(rec.out)
             for i, logits in enumerate(getattr(mode, "logits", ())):
                 out[f"attn-logits.{i}"] = logits
+            out[OUTPUT] = y.detach()
             if t == 0:  # a module that owns a weight but is not called (MHA's out_proj) is no site
                 found = [(p, r) for p, _, r in found if p in rec.out]
                 found += [(name, "logits") for name in out if name.startswith("attn-logits.")]
+                if not any(_same(y, rec.out[p]) for p, _ in found if p in rec.out):
+                    found.append((OUTPUT, "output"))  # the model's output is always a site
                 point.sites = [Site(p, r) for p, r in found]
                 point.stats = {s: [[] for _ in found] for s in STATS}
             _record(point, found, out, first, t)
@@ -167,6 +191,24 @@ def run_point(
     finally:
         rec.close()
     return point
+
+
+def _own_optimizer(make, model: nn.Module, lr: float):
+    """The model's own optimizer over its parameters, checked to be one (``step``, ``zero_grad``)."""
+    try:
+        opt = make(model.parameters(), lr=lr)
+    except Exception as exc:
+        raise SigpropError(
+            f"the model's optimizer failed as CALLABLE(model.parameters(), lr={lr:g}): "
+            f"{type(exc).__name__}: {exc}",
+            field="optimizer",
+        ) from None
+    if not (callable(getattr(opt, "step", None)) and callable(getattr(opt, "zero_grad", None))):
+        raise SigpropError(
+            f"the model's optimizer returned a {type(opt).__name__}, not an optimizer (no step, zero_grad)",
+            field="optimizer",
+        )
+    return opt
 
 
 def _record(point: Point, found, out: dict, first: dict, t: int) -> None:
