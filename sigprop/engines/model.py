@@ -311,7 +311,10 @@ def _model_prediction(traced, x, plan, name: str) -> dict[str, np.ndarray]:
     if traced.tracer != "torch.fx" and not any(n.startswith("theory traced by") for n in plan.notes):
         plan.notes.append(f"theory traced by {traced.tracer} (ATen ops; torch.fx could not trace the model)")
     if traced.cache_off and not any(n.startswith("theory traced with") for n in plan.notes):
-        held = ", ".join(repr(p) if p else "the model" for p in traced.cache_off)
+        # the outermost models only (Phi-3's and Falcon's layers hold the config too: every one listed)
+        paths = traced.cache_off
+        outer = [p for p in paths if not any(q != p and (q == "" or p.startswith(q + ".")) for q in paths)]
+        held = ", ".join(repr(p) if p else "the model" for p in outer)
         plan.notes.append(
             f"theory traced with the key/value cache of {held} off (config.use_cache; at init the "
             "cache only concatenates one forward's keys to an empty one); measured as the model runs"

@@ -578,14 +578,33 @@ class ModuleKind(Kind):
             (f"forward ratio at site {plan.sites[last]}", layers[last].forward, pf[last]),
             (f"backward ratio at site {plan.sites[first]}", layers[first].backward, pb[first]),
         )
-        for cname, st, p in named:
+        # the theory verdict where the end site has no prediction: at the site nearest it that has
+        # one (forward: the last; backward: the first), the sites without one named
+        nearest = (
+            next((i for i in reversed(on) if pf[i] is not None), None),
+            next((i for i in on if pb[i] is not None), None),
+        )
+        for (cname, st, p), end, near, direction in zip(
+            named, (last, first), nearest, ("forward", "backward")
+        ):
             c = stats.gate(cname, "preserved", st, math.log(band[0]), math.log(band[1]))
             if not c.passed and st.dead_fraction > 0:
                 c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
             checks.append(c)
-            if p is None:
+            if p is None and near is None:
                 why = next((n for n in plan.notes if not n.startswith(INFORMATIONAL)), None)
                 own.append(stats.untestable(cname, st.log10_mean, why))
+                continue
+            if p is None:
+                rec = layers[near]
+                c = _theory_check(f"{direction} ratio at site {plan.sites[near]}", getattr(rec, direction), z)
+                pred = pf if direction == "forward" else pb
+                none = [plan.sites[i] for i in on if pred[i] is None]
+                c.note = (c.note + "; " if c.note else "") + (
+                    f"read at the site nearest {plan.sites[end]} that has a prediction; none at "
+                    f"{', '.join(none)}"
+                )
+                own.append(c)
                 continue
             own.append(_theory_check(cname, st, z))
         if spec.max_token_cosine is not None:

@@ -52,21 +52,24 @@ def _why_left(m: nn.Module) -> str:
     return "not understood"
 
 
-#: the role ``init_`` gives a layer whose role the graph does not say
-ASSUMED = "a ReLU layer assumed (gain g^2 = 2 fan_in/fan_out under proposed), no residual branch read"
+#: what ``init_`` does with a layer whose role the graph does not say: its gain is the role's (a
+#: ReLU layer's g^2 = 2 fan_in/fan_out under proposed, a branch's last 1/B), so a guess would draw
+#: a residual branch's out-projection at 2 B times its variance (0.18.0 did: issue 66)
+ASSUMED = "kept as the model drew them (a gain needs the layer's role)"
 
 
 def init_notes(init: str, records: list[InitRecord]) -> list[str]:
     """What ``init_`` did not do, in words for the table's foot and the JSON: the modules whose
     parameters it left as they were, grouped by class (every parameter is set or named here),
     and the role it assumed where the graph could not be read."""
-    left = [r for r in records if not r.set]
-    guessed = [r for r in records if r.set and r.note.startswith("role not read")]
+    guessed = [r for r in records if r.note.startswith("role not read")]
+    left = [r for r in records if not r.set and r not in guessed]
     roles_note = ""
     if guessed:
         why = guessed[0].note[len("role not read (") : guessed[0].note.index("): ")]
         roles_note = (
-            f"{len(guessed)} of {sum(r.set for r in records)} layers' roles not read ({why}): {ASSUMED}"
+            f"{len(guessed)} of {len(guessed) + sum(r.set for r in records)} weight layers' roles not read "
+            f"({why}): {ASSUMED}: {', '.join(r.name for r in guessed)}"
         )
     notes = []
     if left:
@@ -295,8 +298,9 @@ def init_(
     torch.export's on an input: ``batch``, else two rows drawn for ``input_shape`` (one sample's
     shape; token ids below ``vocab`` when given, else N(0, 1) floats), else a Hugging Face
     model's own ``dummy_inputs`` -- as the CLI, which exports on the probe's inputs.  Where no
-    graph can be read the layers it could not place are drawn as ReLU layers and a
-    ``sigprop.errors.RolesGuessed`` warning names every one (``quiet``: not warned -- the
+    graph can be read the layers it could not place keep the model's own weights (a gain needs
+    the role: 0.18.0 drew them as ReLU layers) and a ``sigprop.errors.RolesGuessed`` warning
+    names every one (``quiet``: not warned -- the
     probe, which says it under its table)."""
     if isinstance(scheme, str):
         scheme = inits.get(scheme, frozenset({inits.TAPS, inits.MODEL}), "a model")
@@ -349,9 +353,10 @@ def _warn_guessed(records: list[InitRecord]) -> None:
     if not guessed:
         return
     why = guessed[0].note[len("role not read (") : guessed[0].note.index("): ")]
+    total = len(guessed) + sum(r.set for r in records)
     warnings.warn(
-        f"init_: {len(guessed)} of {sum(r.set for r in records)} layers' roles not read ({why}); "
-        f"{ASSUMED}: {', '.join(r.name for r in guessed)}. Pass input_shape= (with vocab= for token ids) "
+        f"init_: {len(guessed)} of {total} weight layers' roles not read ({why}); {ASSUMED}: "
+        f"{', '.join(r.name for r in guessed)}. Pass input_shape= (with vocab= for token ids) "
         "or batch= so that the graph can be exported, or roles_=/blocks= to name them",
         RolesGuessed,
         stacklevel=3,
@@ -548,11 +553,12 @@ def _draw(model, scheme, seed, draw, wn, blocks, roles_, batch=None) -> list[Ini
         if not isinstance(m, DENSE_MODULES):
             own = [n for n, _ in m.named_parameters(recurse=False)]
             if own and not isinstance(m, ParametrizationList):  # a WN layer's g and v are its layer's
-                done = _other(name, m, scheme, role_of, gen_of)
-                if done is not None and done.kind == "Conv1D" and name not in found:
-                    done.note = (
-                        f"role not read ({why or 'no call of this module in the traced graph'}): {ASSUMED}"
-                    )
+                unread = type(m).__name__ == "Conv1D" and name not in found and name not in (roles_ or {})
+                done = None if unread else _other(name, m, scheme, role_of, gen_of)
+                if unread:  # a Conv1D whose role the graph does not say: kept, as a Linear is
+                    gen_of()  # its generator's index, as when drawn
+                    note = f"role not read ({why or 'no call of this module in the traced graph'}): {ASSUMED}"
+                    done = InitRecord(name, "Conv1D", 0, 0, False, False, note=note, parameters=tuple(own))
                 records.append(
                     done
                     or InitRecord(
@@ -573,7 +579,13 @@ def _draw(model, scheme, seed, draw, wn, blocks, roles_, batch=None) -> list[Ini
             kind, B = "block_last", int(blocks[name])
         if roles_ and name in roles_:
             kind = roles_[name]
-        index += 1
+        index += 1  # its generator's index whether drawn or kept: the others' draws do not move
+        if name not in found and not (roles_ and name in roles_) and not (blocks and name in blocks):
+            note = f"role not read ({why or 'no call of this module in the traced graph'}): {ASSUMED}"
+            own = tuple(n for n, _ in m.named_parameters(recurse=False))
+            records.append(InitRecord(name, type(m).__name__, fan_in, fan_out, False, False, note=note,
+                                      parameters=own))  # fmt: skip
+            continue
         role = inits.LayerRole(
             fan_in=fan_in, fan_out=fan_out, kind=kind, blocks_in_stage=B, block_index=b_index, taps=taps
         )
@@ -591,10 +603,5 @@ def _draw(model, scheme, seed, draw, wn, blocks, roles_, batch=None) -> list[Ini
                 bias=cat([d.bias for d in drawn]),
             )
         _write(m, p, parts, w, fan_out)
-        note = ""
-        if name not in found and not (roles_ and name in roles_) and not (blocks and name in blocks):
-            note = f"role not read ({why or 'no call of this module in the traced graph'}): {ASSUMED}"
-        records.append(
-            InitRecord(name, type(m).__name__, fan_in, fan_out, parts is not None, True, kind, B, note)
-        )
+        records.append(InitRecord(name, type(m).__name__, fan_in, fan_out, parts is not None, True, kind, B))
     return records

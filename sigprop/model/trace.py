@@ -53,7 +53,32 @@ class Traced:
     first_in: dict = dataclasses.field(default_factory=dict)
 
     def where(self, sites: list[str]) -> list[int | None]:
-        return [self.last_in.get(s) for s in sites]
+        """Each site's node (``sites`` in the order the forward finishes them): the last inside its
+        module path, or for a site that holds none (a module the trace dropped: an eval-mode
+        dropout after GPT-2's or GPT-NeoX's embeddings) the state it passes on (``_passed``)."""
+        found = [self.last_in.get(s) for s in sites]
+        if self.nodes is not None:
+            for i, j in enumerate(found):
+                if j is None:
+                    found[i] = self._passed(sites, i)
+        return found
+
+    def _passed(self, sites: list[str], i: int) -> int | None:
+        """The node a site with none passes on: the one state (no constant) that the next site
+        holding nodes reads from before its first -- its input, which the site gave it; None where
+        there are several (the site's output is not told apart) or no next site."""
+        for s in sites[i + 1 :]:
+            first, last = self.first_in.get(s), self.last_in.get(s)
+            if first is None or last is None:
+                continue
+            outside = {
+                k
+                for j in range(first, last + 1)
+                for k in self.nodes[j].inputs
+                if k < first and self.nodes[k].op != "const"
+            }
+            return outside.pop() if len(outside) == 1 else None
+        return None
 
     def inside(self, site: str) -> range:
         """The indices of the nodes inside module path ``site`` (empty where it holds none)."""
@@ -269,11 +294,13 @@ class _Reads:
 
     @staticmethod
     def _params(t: Tracing, n: fx.Node) -> list:
+        """(name, tensor) of the weights ``n`` reads: a module's own, or the parameters it reads as
+        attributes (a functional op: ``F.linear(x, self.w)``, an exported graph's) by their names."""
         m = t.module(n)
         if m is not None:
-            return list(m.parameters())
-        vals = (t.value(a) for a in n.all_input_nodes if getattr(a, "op", "") == "get_attr")
-        return [v for v in vals if isinstance(v, nn.Parameter)]
+            return list(m.named_parameters())
+        vals = ((str(a.target), t.value(a)) for a in n.all_input_nodes if getattr(a, "op", "") == "get_attr")
+        return [(name, v) for name, v in vals if isinstance(v, nn.Parameter)]
 
     def mark(self, t: Tracing, n: fx.Node, node, where: str):
         """Fx node ``n``'s graph node(s), ``where`` the module call it runs in (``block@1``): where
@@ -298,10 +325,12 @@ class _Reads:
         --, the first reader's node) or ("", "", None)."""
         if n.op not in ("call_module", "call_function", "call_method"):
             return "", "", None
-        path = where or t.label(n)
         kind = "embedding" if "embedding" in op_name(n).lower() else "other"
         why, draw, at = "", "", None
-        for w in self._params(t, n):
+        for name, w in self._params(t, n):
+            # the reader as a user names it: its module call, else the weight it reads (an op's
+            # label, "linear.default", names every functional reader alike: one draw of 14 read)
+            path = where or (name.rpartition(".")[0] if n.op == "call_module" else name) or t.label(n)
             if w.numel() < 2:
                 continue
             lo, hi = torch.aminmax(w.detach())

@@ -126,9 +126,10 @@ def gate_text(c) -> str:
     if not c.has_band:
         return f"{lead}{c.name} {fmt_log10(c.log10_measured)}: {c.note}"
     word = "in" if c.passed else "outside"
+    aside = f" ({c.note})" if c.passed and c.note else ""  # where it was read, when not at the end
     return (
         f"{lead}{c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, "
-        f"{fmt_log10(c.log10_high)}]"
+        f"{fmt_log10(c.log10_high)}]{aside}"
     )
 
 

@@ -1,7 +1,9 @@
 """``sigprop.init_`` without a batch (issue 48, item 4): on a model torch.fx cannot trace, 0.14.0
 guessed the roles of 18 of 36 weights of an encoder with no word.  Now it exports the graph on
 inputs drawn for ``input_shape=`` (token ids with ``vocab=``), as the CLI does on the probe's,
-and where no graph can be read it warns, naming every layer it drew as a ReLU layer."""
+and where no graph can be read it warns, naming every layer whose role it could not read.  Those
+layers keep the model's own weights (issue 66, item 4: 0.18.0 drew them as ReLU layers, an
+out-projection at 2B times its branch's variance: token cosine 0.61 at the last layer)."""
 
 import warnings
 
@@ -36,15 +38,28 @@ def guessed(records) -> list[str]:
     return [r.name for r in records if r.note.startswith("role not read")]
 
 
-def test_without_an_input_every_guessed_layer_is_named_in_a_warning():
+def test_without_an_input_every_unread_layer_is_named_and_kept():
     model = encoder()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with pytest.warns(RolesGuessed) as got:
         records = sigprop.init_(model, "proposed")
     names = guessed(records)
     assert names, "the encoder's roles were read without an input: the test's premise is gone"
     message = str(got[0].message)
     assert all(n in message for n in names) and "input_shape=" in message
-    assert f"{len(names)} of {sum(r.set for r in records)}" in message
+    assert f"{len(names)} of {len(names) + sum(r.set for r in records)} weight layers" in message
+    assert "kept as the model drew them" in message
+    after = dict(model.named_parameters())
+    for name in names:  # the model's own draw, bit for bit: no guessed gain
+        assert not next(r for r in records if r.name == name).set
+        for leaf in ("weight", "bias"):
+            assert torch.equal(after[f"{name}.{leaf}"], before[f"{name}.{leaf}"]), name
+    assert "layers.1.self_attn.out_proj" in names and "layers.1.linear2" in names
+    drawn = [r.name for r in records if r.set]
+    assert drawn and not any(torch.equal(after[f"{n}.in_proj_weight"], before[f"{n}.in_proj_weight"])
+                             for n in drawn if f"{n}.in_proj_weight" in after)  # fmt: skip
+    notes = sigprop.model.init.init_notes("proposed", records)
+    assert any("kept as the model drew them" in n and "layers.1.linear2" in n for n in notes), notes
 
 
 def test_input_shape_reads_the_roles_the_cli_reads():
