@@ -1,4 +1,4 @@
-"""docs/cluster.md's SLURM driver (examples/slurm_sweep.py) end to end on a fake queue
+"""docs/cluster.md's SLURM driver (python -m sigprop.examples.slurm_sweep) end to end on a fake queue
 (benchmarks/fake_slurm.py: ``sbatch``, ``squeue``, ``scancel`` on PATH that start each job
 ``--delay`` seconds late and kill it at its walltime), with seconds for hours: workers that leave
 at their ``--lifetime``, or jobs that expire mid-point (``--expire``), and the jobs
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     }
     t0 = time.perf_counter()
     try:
-        r = subprocess.run([sys.executable, str(ROOT / "examples" / "slurm_sweep.py")], env=env, cwd=tmp)
+        r = subprocess.run([sys.executable, "-m", "sigprop.examples.slurm_sweep"], env=env, cwd=tmp)
     finally:
         fake_slurm.kill_all(queue)
     got = rows(out) if out.exists() else {}

@@ -356,10 +356,27 @@ def rerun_specs(doc: dict) -> tuple[object, specs.ProbeSpec, specs.GateSpec, int
             elif o.recorded and o.name in cfg:
                 values[o.name] = cfg[o.name]
         values.update({k: cfg[k] for k in RECORDED_ALWAYS})  # KeyError: not a probe's document
+        if "device" in cfg and not specs.DEVICE_RE.match(str(cfg["device"])):
+            raise SigpropError(
+                f"the result's config records device {cfg['device']!r}, which no sigprop run takes (edited?"
+                "): expected auto, cpu, cuda or cuda:K",
+                field="result",
+            )
         probe_spec, gate = specs.probe_specs(values)
     except (KeyError, TypeError) as exc:
         raise SigpropError(f"the document lacks {exc} in its config or environment", field="result") from None
+    except SigpropError as exc:
+        raise _of_result(exc, env) from None
     return net, probe_spec, gate, env.get("threads")
+
+
+def _of_result(exc: SigpropError, env: dict) -> SigpropError:
+    """A refusal of a recorded option (the device it ran on) as the result's: ``sigprop rerun``
+    has no --device; the result records where it ran."""
+    if exc.field in ("result", None):
+        return exc
+    where = f" (it ran on {env.get('device')!r})" if exc.field == "device" else ""
+    return SigpropError(f"the result's {exc.field}{where}: {exc.message}", field="result")
 
 
 def rerun(doc: dict, progress: ProgressFn | None = None, on_start=None) -> ProbeResult:
@@ -367,7 +384,12 @@ def rerun(doc: dict, progress: ProgressFn | None = None, on_start=None) -> Probe
     net, probe_spec, gate, threads = rerun_specs(doc)
     if threads:  # the recorded count, where this machine has the cores (--threads is refused above them)
         probe_spec = replace(probe_spec, threads=min(int(threads), specs.available_cores()))
-    return probe(net, probe_spec, progress=progress, on_start=on_start, gate=gate)
+    try:
+        return probe(net, probe_spec, progress=progress, on_start=on_start, gate=gate)
+    except SigpropError as exc:
+        if exc.field == "device":  # where it ran is not here (a CUDA result on a CPU machine)
+            raise _of_result(exc, doc.get("environment", {})) from None
+        raise
 
 
 theory_table = theory.table

@@ -49,6 +49,24 @@ def announce(banner, **extra):
 
 def _announce(banner, extra: dict, env: dict) -> None:
     _say(banner({**extra, **env}))
+    if env.get("fuse") == "on":  # the compile prints nothing for a while: said before it starts
+        _say(fuse_note(str(env.get("device", ""))))
+
+
+def fuse_note(device: str) -> str:
+    """What --fuse does before the first layer runs, and about how long (docs/benchmarks.md)."""
+    if device.startswith("cuda"):
+        how = "Triton kernels, tens of seconds on a first run"
+    else:
+        how = (
+            "Inductor's C++ on a CPU: 24 s with an empty compile cache, 16 s with a warm one on a 2-core "
+            "x86-64 (sigprop wrn --blocks 1); minutes on a loaded machine"
+        )
+    return (
+        f"sigprop: --fuse: torch.compile compiles the layers' bookkeeping before the first layer runs "
+        f"({how}); "
+        "nothing is printed meanwhile"
+    )
 
 
 def _plot_target(path):

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import time
 import uuid
 from typing import Callable, Iterator
@@ -142,7 +143,9 @@ class Dask:
             if self.scheduler_file is not None:  # a batch job's scheduler writes it
                 self.scheduler = _address_in(self.scheduler_file, self.wait)
             if self.scheduler is not None:
-                self.client = self._connect(distributed)
+                self.client = (
+                    self._from_file(distributed) if self.scheduler_file else self._connect(distributed)
+                )
             else:
                 self.cluster = self._local(distributed)
                 self.client = distributed.Client(self.cluster, set_as_default=False)
@@ -153,6 +156,20 @@ class Dask:
             self.__exit__(None, None, None, quiet=isinstance(exc, KeyboardInterrupt))
             raise
         return self
+
+    def _from_file(self, distributed):
+        """``_connect`` to the address a ``--scheduler-file`` holds: a file left by a scheduler that
+        is gone is named (0.18.0 named --scheduler, which was not given)."""
+        try:
+            return self._connect(distributed)
+        except SigpropError as exc:
+            if exc.field != "scheduler":
+                raise
+            raise SigpropError(
+                f"{self.scheduler_file} holds {self.scheduler}: {exc.message.split(': ', 1)[-1]} (a stale "
+                "file? its scheduler may be gone: start it again, or remove the file)",
+                field="scheduler_file",
+            ) from None
 
     def _connect(self, distributed):
         _check_address(self.scheduler)
@@ -314,17 +331,39 @@ class Dask:
             ) from None
 
     # -- running ------------------------------------------------------------------------------
+    def _offering(self) -> int:
+        """The task threads of the workers that offer the points' ``resources`` (all: none asked)."""
+        threads = self.client.nthreads()
+        if not self.resources:
+            return sum(threads.values())
+        try:
+            workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
+        except Exception:  # the scheduler is gone: the sweep says so
+            return 0
+        return sum(
+            n
+            for a, n in threads.items()
+            if _offers(workers.get(a, {}).get("resources") or {}, self.resources)
+        )
+
     @property
     def slots(self) -> int:
-        """Points that may run at once: the workers' task threads."""
-        return max(1, sum(self.client.nthreads().values()))
+        """Points that may run at once: the task threads of the workers that offer the points'
+        ``resources`` (at least one: the sweep's progress counts them)."""
+        return max(1, self._offering())
 
     def describe(self) -> str:
         where = self.scheduler or f"a local cluster of {self.workers} worker process(es)"
         if self.scheduler_file is not None:
             where += f" (from {self.scheduler_file})"
         board = self.dashboard()
-        return f"Dask, {where}, {self.slots} point(s) at a time" + (f"; dashboard {board}" if board else "")
+        offering = self._offering()
+        if offering:
+            at_once = f"{offering} point(s) at a time"
+        else:  # 0.18.0 said "2 point(s) at a time" of workers the points cannot run on
+            wanted = ",".join(f"{k}={v:g}" for k, v in self.resources.items())
+            at_once = f"no worker offers {wanted} yet: the points wait for one (--worker-wait)"
+        return f"Dask, {where}, {at_once}" + (f"; dashboard {board}" if board else "")
 
     def running(self, left: int) -> int:
         """Points running now: the tasks the scheduler's workers are processing (not the slots:
@@ -471,8 +510,11 @@ def _same_version(line: dict) -> None:
     env = line.get("environment") or {}
     theirs = env.get("sigprop")
     if theirs != __version__:
+        who = env.get("worker") or env.get("host", "?")  # its address, which the scheduler lists
+        if env.get("worker") and env.get("host"):
+            who += f" (host {env['host']})"
         raise SigpropError(
-            f"worker {env.get('host', '?')} runs sigprop {theirs or '(unknown)'}, this client "
+            f"worker {who} runs sigprop {theirs or '(unknown)'}, this client "
             f"{__version__} (it joined after the start): install the same version on every worker; "
             "the points done are kept",
             field="scheduler",
@@ -504,6 +546,10 @@ def _handshake(address: str, timeout: float) -> None:
     waiting for a request) or not at all is one line, not a client that hangs in its __del__."""
     from distributed.comm import connect  # the cluster extra (the executor's own room)
 
+    refused = _refused(address, timeout)
+    if refused:  # at once: Dask's connect retries a refused port until its timeout
+        raise SigpropError(f"cannot reach a Dask scheduler at {address}: {refused}", field="scheduler")
+
     async def shake() -> None:
         comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout + 1.0)
         await comm.close()
@@ -519,6 +565,24 @@ def _handshake(address: str, timeout: float) -> None:
     else:
         return
     raise SigpropError(f"cannot reach a Dask scheduler at {address}: {why}", field="scheduler")
+
+
+def _refused(address: str, timeout: float) -> str:
+    """Why a TCP address refuses a connection, at once ("" where it accepts, or is not TCP, or does
+    not answer: Dask's handshake says what then)."""
+    from distributed.comm.addressing import parse_address, parse_host_port  # the cluster extra
+
+    scheme, where = parse_address(str(address).strip(), strict=False)
+    if scheme != "tcp":
+        return ""
+    host, port = parse_host_port(where)
+    try:
+        socket.create_connection((host, int(port)), timeout=min(timeout, 5.0)).close()
+    except ConnectionRefusedError:
+        return f"connection refused (nothing listens on port {port} of {host})"
+    except OSError:
+        return ""
+    return ""
 
 
 def _address_in(path: str, wait: float) -> str:

@@ -15,6 +15,7 @@ import ast
 import json
 import os
 import socket
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -80,8 +81,21 @@ def row(point: Point, result, seconds: float) -> dict[str, Any]:
     environment record naming the host it ran on and its sigprop (a cluster's client checks it,
     sigprop/sweeps/cluster.py)."""
     line = point.measurement.row(point.config, point.init, result, seconds)
-    line["environment"] = {**line["environment"], "sigprop": __version__, "host": socket.gethostname()}
+    line["environment"] = {**line["environment"], "sigprop": __version__, **where_it_ran()}
     return line
+
+
+def where_it_ran() -> dict[str, str]:
+    """The host a point ran on, and the Dask worker's address where it ran on one (a late worker of
+    another version is named as the scheduler lists it)."""
+    out = {"host": socket.gethostname()}
+    distributed = sys.modules.get("distributed")  # imported on a worker; never imported here for it
+    if distributed is not None:
+        try:
+            out["worker"] = distributed.get_worker().address
+        except Exception:  # not inside a Dask worker's task
+            pass
+    return out
 
 
 def failed(point: Point, exc: BaseException, seconds: float | None, host: str | None = None) -> dict:

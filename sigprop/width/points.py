@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -25,7 +24,7 @@ from sigprop.model.build import build
 from sigprop.results import FAILED_SCHEMA
 from sigprop.specs import parse_shard
 from sigprop.sweeps.grid import config_key
-from sigprop.sweeps.run import append, failed, owned
+from sigprop.sweeps.run import append, failed, owned, where_it_ran
 from sigprop.sweeps.shard import differs, grid_identity
 from sigprop.version import __version__
 from sigprop.width import cost, train
@@ -213,7 +212,7 @@ def run_task(task: Task) -> tuple[Task, dict]:
         "config": task.config,
         "point": asdict(point),
         "seconds": round(time.perf_counter() - t0, 3),
-        "environment": {"sigprop": __version__, "host": socket.gethostname(), "torch": torch.__version__},
+        "environment": {"sigprop": __version__, **where_it_ran(), "torch": torch.__version__},
     }
 
 

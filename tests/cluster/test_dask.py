@@ -49,7 +49,7 @@ def _untimed(value):
     """``value`` without its timings (``seconds``, the point's and each draw's): what may differ
     between two runs of the same numbers."""
     if isinstance(value, dict):
-        return {k: _untimed(v) for k, v in value.items() if k != "seconds"}
+        return {k: _untimed(v) for k, v in value.items() if k not in ("seconds", "worker")}  # where it ran
     if isinstance(value, list):
         return [_untimed(v) for v in value]
     return value
@@ -287,6 +287,8 @@ def test_the_dask_command_line_scheduler_and_workers(tmp_path, capsys, monkeypat
         assert main([*args, "--out", str(serial)]) == 0
         assert main([*args, "--out", str(out), "--executor", "dask", "--scheduler", address]) == 0
         assert _lines(out) == _lines(serial)
+        workers = {json.loads(t)["environment"].get("worker") for t in out.read_text().splitlines()}
+        assert len(workers) == 1 and workers.pop().startswith("tcp://127.0.0.1:")  # the worker's address
         capsys.readouterr()
 
         for body, words in (
@@ -320,7 +322,7 @@ def test_bad_executor_input_is_one_line_and_nothing_written(tmp_path, capsys, mo
     for extra, words in (
         (
             ["--executor", "dask", "--scheduler", "tcp://127.0.0.1:9"],
-            "--scheduler: cannot reach a Dask scheduler",
+            "--scheduler: cannot reach a Dask scheduler at tcp://127.0.0.1:9: connection refused",
         ),
         (
             ["--executor", "dask"],
@@ -412,6 +414,7 @@ def test_a_scheduler_file_finds_the_scheduler_and_its_dashboard(tmp_path, capsys
     for path, words in (
         (tmp_path / "never.json", "no scheduler wrote"),
         (bad, "is not a Dask scheduler file"),
+        (file, f"{file} holds {address}: connection refused"),  # its scheduler stopped: a stale file
     ):
         refused = tmp_path / "refused.jsonl"
         cmd = [*args, "--out", str(refused), "--executor", "dask", "--scheduler-file", str(path)]

@@ -103,6 +103,17 @@ def test_resources_no_worker_offers_are_one_line(tmp_path):
     assert not _lines(out)
 
 
+def test_no_worker_offering_the_resources_is_no_slot(tmp_path):
+    """0.18.0 printed "on Dask, ..., 2 point(s) at a time" when no worker offered --resources."""
+    with _cluster(2) as c:
+        with dask_executor.Dask(scheduler=c.scheduler_address, resources={"GPU": 1}, wait=2) as ex:
+            said = ex.describe()
+        with dask_executor.Dask(scheduler=c.scheduler_address, wait=2) as ex:
+            plain = ex.describe()
+    assert "no worker offers GPU=1 yet: the points wait for one (--worker-wait)" in said, said
+    assert "point(s) at a time" not in said and "2 point(s) at a time" in plain, plain
+
+
 def test_more_local_workers_than_cores_are_refused(tmp_path, capsys):
     cores = specs.available_cores()
     out = tmp_path / "r.jsonl"
@@ -153,6 +164,8 @@ def test_a_worker_that_joins_late_with_another_version_writes_nothing(tmp_path):
     err = box.get("error")
     assert isinstance(err, SigpropError), box
     assert f"runs sigprop 0.0.1, this client {__version__}" in str(err)
+    # named as the scheduler lists it (its address), its host beside (0.18.0: the host alone)
+    assert "worker tcp://127.0.0.1:" in str(err) and "(host " in str(err), str(err)
     lines = _lines(out)
     assert 1 <= len(lines) < 4 and all(f'"sigprop": "{__version__}"' in t for t in lines)
 

@@ -1,4 +1,4 @@
-"""docs/cluster.md's SLURM driver (examples/slurm_sweep.py) end to end on a fake queue
+"""docs/cluster.md's SLURM driver (python -m sigprop.examples.slurm_sweep) end to end on a fake queue
 (benchmarks/fake_slurm.py: ``sbatch``/``squeue``/``scancel`` that start each job late and kill
 it at its walltime).  One job at a time; the first job ends (killed, as a walltime or a
 preemption ends it) once its worker has written a point: ``adapt`` submits the next job, the
@@ -76,7 +76,7 @@ def test_the_slurm_recipe_survives_a_job_that_ends(tmp_path):
         "OMP_NUM_THREADS": "1",
     }
     driver = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "slurm_sweep.py")],
+        [sys.executable, "-m", "sigprop.examples.slurm_sweep"],
         env=env,
         cwd=tmp_path,
         stdout=subprocess.PIPE,
@@ -99,3 +99,30 @@ def test_the_slurm_recipe_survives_a_job_that_ends(tmp_path):
     assert "waiting for workers (0 of 1)" in said, said  # the queue's first job, late
     assert "no worker at tcp://" in said, said  # the first job gone, the next not yet there
     assert _measured(out) == _measured(serial)
+
+
+def test_the_job_runs_the_workers_environment_and_the_scheduler_is_quiet(monkeypatch, tmp_path):
+    """Issue 66, item 5: the job script ran the driver's Python (the prologue's activate ignored),
+    the scheduler bound the host's interface with no setting and printed Dask's port-8787
+    warning: the job's ``python`` is its environment's, the interface SIGPROP_INTERFACE where set,
+    the dashboard on a free port; the driver ships with the package."""
+    import importlib
+    import warnings
+
+    monkeypatch.setenv("SIGPROP_VENV", "/opt/venvs/workers")
+    monkeypatch.setenv("SIGPROP_GPU", "0")
+    monkeypatch.setenv("SIGPROP_JOBS", "1")
+    from sigprop.examples import slurm_sweep
+
+    slurm_sweep = importlib.reload(slurm_sweep)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cluster = slurm_sweep._cluster()
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    assert "source /opt/venvs/workers/bin/activate" in script
+    run = next(line for line in script.splitlines() if "distributed.cli.dask_worker" in line)
+    assert run.split()[0] == "python", run  # not this driver's sys.executable
+    assert not any("8787" in str(w.message) for w in caught)

@@ -107,7 +107,15 @@ def test_fuse_on_the_command_line_is_recorded(capsys):
         ]
     )
     assert code == 0
-    assert json.loads(capsys.readouterr().out)["config"]["fuse"] is True
+    out, err = capsys.readouterr()
+    assert json.loads(out)["config"]["fuse"] is True
+    # said before the compile, which prints nothing for a while (issue 66, item 6: 200 s of banner)
+    lines = err.splitlines()
+    banner = next(i for i, t in enumerate(lines) if t.startswith("sigprop mlp: device cpu"))
+    assert (
+        lines[banner + 1].startswith("sigprop: --fuse: torch.compile compiles")
+        and "C++ on a CPU" in lines[banner + 1]
+    )
 
 
 def test_a_replayed_fused_step_equals_the_eager_fused_one(monkeypatch):

@@ -113,6 +113,31 @@ def test_rerun_bad_input(capsys, tmp_path, content, words):
     assert code == 2 and "cannot read" in err
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA result reruns where CUDA is")
+@pytest.mark.parametrize(
+    "where, value, words",
+    [
+        ("config", "tpu", "RESULT: the result's config records device 'tpu', which no sigprop run takes"),
+        ("environment", "tpu", "RESULT: the result's device (it ran on 'tpu'): expected auto, cpu"),
+        (
+            "environment",
+            "cuda:0",
+            "RESULT: the result's device (it ran on 'cuda:0'): cuda:0 requested but CUDA",
+        ),
+    ],
+)
+def test_rerun_of_a_device_that_is_not_here_says_so(capsys, tmp_path, where, value, words):
+    """Issue 66, item 6: a result whose device was edited to "tpu" reran on the CPU and said
+    "reproduced"; a refusal named --device, which rerun has not.  One line naming RESULT."""
+    code, out, _ = run(capsys, ["mlp", *SMALL, "--format", "json"])
+    doc = json.loads(out)
+    doc[where]["device"] = value
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    code, out, err = run(capsys, ["rerun", str(p)])
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1 and out == "", err
+
+
 def test_cuda_out_of_memory_is_one_line(capsys, monkeypatch):
     from sigprop import api
 
