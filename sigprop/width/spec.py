@@ -14,7 +14,8 @@ from sigprop.specs import parse_shard
 from sigprop.theory import width as theory
 
 PARAM_CHOICES = (*theory.PARAMETRIZATIONS, theory.AS_IS)
-#: the default gate: a slope above it (a factor 2 over a 16x width range is 0.25) is growth
+#: the default gate: a slope above it (a factor 2 over a 16x width range is 0.25) is growth, one
+#: below minus it shrinking (a readout's update: below -1/2 minus it; sigprop/width/check.py)
 MAX_WIDTH_SLOPE = 0.25
 
 
@@ -114,7 +115,8 @@ class WidthSpec:
     max_width_slope: float = declared(
         float,
         MAX_WIDTH_SLOPE,
-        "The gate: a slope of log scale on log width above it is growth (--check fails).",
+        "The gate: a slope of log scale on log width above it is growth, below minus it shrinking (a readout's "
+        "update: below -1/2 minus it), beyond its standard error (--check fails).",
     )
     device: str = declared(str, "auto", "auto, cpu, cuda or cuda:K (auto = CUDA when available).")
     out: str | None = declared(

@@ -423,8 +423,9 @@ def test_init_names_every_parameter_it_leaves():
 
 
 def test_what_init_assumed_without_a_graph_is_said(capsys, tmp_path):
-    """A model torch.fx cannot trace: every Linear took the ReLU role -- said under the table and
-    in the JSON (0.10.1: only in a per-layer record nobody printed)."""
+    """A model no graph can be read of: every Linear keeps the model's own weights (0.18.0 drew them
+    as ReLU layers: a guessed gain), named under the table and in the JSON (0.10.1: only in a
+    per-layer record nobody printed)."""
 
     class Untraceable(nn.Module):
         def __init__(self) -> None:
@@ -438,8 +439,10 @@ def test_what_init_assumed_without_a_graph_is_said(capsys, tmp_path):
 
     r = sigprop.probe_module(model=Untraceable, input_shape=(8,), inits="proposed", samples=4)
     notes = [n for n in r.config["init_notes"] if "roles not read" in n]
-    assert len(notes) == 1 and notes[0].startswith("init 'proposed': 2 of 2 layers' roles not read (torch.fx")
-    assert "a ReLU layer assumed" in notes[0]
+    assert len(notes) == 1 and notes[0].startswith(
+        "init 'proposed': 2 of 2 weight layers' roles not read (torch.fx"
+    )
+    assert "kept as the model drew them" in notes[0] and notes[0].endswith(": a, b")
     assert math.isfinite(r.runs[0].layers[-1].forward.rms)
 
 
