@@ -115,8 +115,8 @@ class WidthSpec:
     max_width_slope: float = declared(
         float,
         MAX_WIDTH_SLOPE,
-        "The gate: a slope of log scale on log width above it is growth, below minus it shrinking (a readout's "
-        "update: below -1/2 minus it), beyond its standard error (--check fails).",
+        "The gate: a slope of log scale on log width above it is growth, below minus it shrinking (a "
+        "readout's update: below -1/2 minus it), beyond its standard error (--check fails).",
     )
     device: str = declared(str, "auto", "auto, cpu, cuda or cuda:K (auto = CUDA when available).")
     out: str | None = declared(
