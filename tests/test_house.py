@@ -109,9 +109,7 @@ def test_only_kinds_knows_which_nets_exist():
     }
     found = []
     for name, (path, tree) in MODULES.items():
-        # sigprop/examples/ are a user's drivers shipped with the package (python -m
-        # sigprop.examples.slurm_sweep): they name a grid as a user's command line does
-        if name.startswith(("sigprop.kinds", "sigprop.examples")):
+        if name.startswith("sigprop.kinds"):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and node.value in names:

@@ -18,6 +18,7 @@ benchmarks/slurm_recipe.py runs this file on a fake queue, with seconds for hour
 
 import json
 import os
+import sys
 
 from dask_jobqueue import SLURMCluster
 
@@ -29,8 +30,10 @@ CPUS = int(env("SIGPROP_CPUS", "8"))  # a job's cores: the torch threads of its 
 GPU = env("SIGPROP_GPU", "1") == "1"  # one GPU a job, one point per GPU
 WALLTIME = env("SIGPROP_WALLTIME", "04:00:00")
 LIFETIME, STAGGER = env("SIGPROP_LIFETIME", "3h45m"), env("SIGPROP_STAGGER", "10m")
-KIND = env("SIGPROP_KIND", "wrn")
-GRID = json.loads(env("SIGPROP_GRID", '{"blocks": "16,40,100", "init": "proposed,pytorch,he"}'))
+# the net and its grid, named by the job as on a command line (docs/cluster.md's job script:
+# SIGPROP_KIND=wrn SIGPROP_GRID='{"blocks": "16,40,100", "init": "proposed,pytorch,he"}')
+KIND = env("SIGPROP_KIND")
+GRID = json.loads(env("SIGPROP_GRID", "{}"))
 PROBE = json.loads(env("SIGPROP_PROBE", '{"samples": 100, "seeds": 3, "device": "cuda"}'))
 
 VENV = env("SIGPROP_VENV", os.path.expanduser("~/venvs/sigprop"))
@@ -38,6 +41,11 @@ INTERFACE = env("SIGPROP_INTERFACE")  # the scheduler's and the workers' network
 
 
 def main() -> None:
+    if not KIND:
+        sys.exit(
+            "sigprop.examples.slurm_sweep: set SIGPROP_KIND (the net: sigprop sweep --help lists them) and "
+            "SIGPROP_GRID (its grid, as JSON)"
+        )
     cluster = _cluster()
     cluster.adapt(minimum_jobs=JOBS, maximum_jobs=JOBS)  # a job that ends is replaced
     try:

@@ -136,11 +136,7 @@ def run_point(
     called as ``make_optimizer(model.parameters(), lr=lr)``, in place of torch.optim's."""
     P.apply(model, roles_, param, optimizer, ratio, gen, zero_readout)
     model.train()
-    groups = P.groups(model, roles_, param, optimizer, lr, ratio)
-    if make_optimizer is not None:
-        opt = _own_optimizer(make_optimizer, model, lr)
-    else:
-        opt = torch.optim.SGD(groups) if optimizer == "sgd" else torch.optim.Adam(groups)
+    opt = _optimizer(model, roles_, param, optimizer, lr, ratio, make_optimizer)
     found = sites(model, roles_)
     rec = _Recorder(found)
     point = Point(param, width, seed, [])  # its sites: those the first forward reaches
@@ -149,11 +145,7 @@ def run_point(
     try:
         for t in range(steps + 1):
             rec.out.clear()
-            mode = (
-                AttentionScale(attention or [], rescale=param == "mup", record=True, written=written)
-                if attention or written
-                else nullcontext()
-            )
+            mode = _attention_mode(attention, written, param)
             with mode:
                 y = output_tensor(call(model, x))
             if target is None:
@@ -172,25 +164,47 @@ def run_point(
                 out[f"attn-logits.{i}"] = logits
             out[OUTPUT] = y.detach()
             if t == 0:  # a module that owns a weight but is not called (MHA's out_proj) is no site
-                found = [(p, r) for p, _, r in found if p in rec.out]
-                found += [(name, "logits") for name in out if name.startswith("attn-logits.")]
-                if not any(_same(y, rec.out[p]) for p, _ in found if p in rec.out):
-                    found.append((OUTPUT, "output"))  # the model's output is always a site
-                point.sites = [Site(p, r) for p, r in found]
-                point.stats = {s: [[] for _ in found] for s in STATS}
+                found = _first_sites(point, found, rec.out, out, y)
             _record(point, found, out, first, t)
-            if t == steps:
-                if on_step is not None:
-                    on_step()
-                break
-            opt.zero_grad(set_to_none=True)
-            value.backward()
-            opt.step()
+            if t < steps:
+                opt.zero_grad(set_to_none=True)
+                value.backward()
+                opt.step()
             if on_step is not None:
                 on_step()
     finally:
         rec.close()
     return point
+
+
+def _first_sites(point: Point, found, modules: dict, out: dict, y: torch.Tensor) -> list:
+    """The sites the first forward reached (``point.sites``, its statistics begun): the modules
+    called, each attention call's logits, and the model's output where no module's site returns
+    it (the output is always a site)."""
+    found = [(p, r) for p, _, r in found if p in modules]
+    found += [(name, "logits") for name in out if name.startswith("attn-logits.")]
+    if not any(_same(y, modules[p]) for p, _ in found if p in modules):
+        found.append((OUTPUT, "output"))
+    point.sites = [Site(p, r) for p, r in found]
+    point.stats = {s: [[] for _ in found] for s in STATS}
+    return found
+
+
+def _optimizer(model: nn.Module, roles_, param: str, optimizer: str, lr: float, ratio: float, make=None):
+    """The point's optimizer: the model's own (``make``), else torch.optim's SGD or Adam with one
+    parameter group per role's learning rate."""
+    if make is not None:
+        return _own_optimizer(make, model, lr)
+    groups = P.groups(model, roles_, param, optimizer, lr, ratio)
+    return torch.optim.SGD(groups) if optimizer == "sgd" else torch.optim.Adam(groups)
+
+
+def _attention_mode(attention, written, param: str):
+    """The forward's attention mode: each call's logits recorded and, under μP, rescaled
+    (sigprop/width/attention.py); none without attention."""
+    if not (attention or written):
+        return nullcontext()
+    return AttentionScale(attention or [], rescale=param == "mup", record=True, written=written)
 
 
 def _own_optimizer(make, model: nn.Module, lr: float):
