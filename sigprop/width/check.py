@@ -41,6 +41,8 @@ def _read_nets(factory, widths, base: int, x: torch.Tensor, seed: int, params=()
     with torch.no_grad(), rec:
         call(built[base].to(x.device), x)
     roles = P.roles(built[widths[0]], built[widths[1]], readouts)
+    other = next(w for w in widths[:2] if w != base) if any(w != base for w in widths[:2]) else widths[0]
+    output_site = train.output_is_a_site(built[other].to(x.device), P.at(built[other], roles, other), x)
     notes = [
         f"{r.name!r}, a matrix of the model's own with one dimension growing, gives the output through a "
         f"product: read as the readout (the output role, fan-in its growing dimension, {r.fan_in} at width "
@@ -48,7 +50,7 @@ def _read_nets(factory, widths, base: int, x: torch.Tensor, seed: int, params=()
         for r in roles
         if r.fan_axis is not None
     ]
-    return roles, rec.dims, rec.written, notes + _attention_notes(rec, params)
+    return roles, rec.dims, rec.written, output_site, notes + _attention_notes(rec, params)
 
 
 def _attention_notes(rec: AttentionScale, params) -> list[str]:
@@ -353,10 +355,12 @@ def width_check(
     device = resolve_device(spec.device)
     x = points.batch(spec, net, 0, device)
     counts = _sizes(net, spec, factory, sorted({*widths, base}), x)
-    roles, dims, written, read_notes = _read_nets(factory, widths, base, x, spec.seed, spec.params)
+    roles, dims, written, output_site, read_notes = _read_nets(
+        factory, widths, base, x, spec.seed, spec.params
+    )
     if on_start:  # the net builds at every width: the run starts
         on_start()
-    every = points.tasks(net, spec, base, dims, roles, written)
+    every = points.tasks(net, spec, base, dims, roles, written, output_site)
     have, notes = _read_points(spec, every)
     notes = read_notes + notes
     resumed = len(have)

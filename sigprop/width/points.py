@@ -159,13 +159,17 @@ class Task:
     config: dict = field(default_factory=dict)
     #: attention written out by hand: (its product's order, d at the base width) of each call
     written: tuple = ()
+    #: the model's output is a site of its own (no module's site returns it)
+    output_site: bool = False
 
     @property
     def key(self) -> str:
         return config_key(self.config)
 
 
-def tasks(net: WidthNet, spec: WidthSpec, base: int, dims, roles: list, written=()) -> list[Task]:
+def tasks(
+    net: WidthNet, spec: WidthSpec, base: int, dims, roles: list, written=(), output_site=False
+) -> list[Task]:
     """Every point of the check, in the order a local run takes them."""
     shared = {k: v for k, v in net_config(net, spec).items() if k != "params"}
     return [
@@ -178,8 +182,17 @@ def tasks(net: WidthNet, spec: WidthSpec, base: int, dims, roles: list, written=
             base,
             tuple(dims),
             tuple(roles),
-            config={**shared, "param": param, "width": w, "seed": k},
+            # a point whose output is a site of its own has other sites: its key says so (only then,
+            # so that the points of a model without one keep 0.18.0's keys)
+            config={
+                **shared,
+                "param": param,
+                "width": w,
+                "seed": k,
+                **({"output_site": True} if output_site else {}),
+            },
             written=tuple(written),
+            output_site=output_site,
         )  # fmt: skip
         for param in spec.params
         for k in range(spec.seeds)
@@ -228,7 +241,7 @@ def _train(task: Task, on_step=None) -> train.Point:
         ratio=w / task.base, steps=spec.steps, x=batch(spec, net, k, device),
         target_of=targets(spec, k, net), loss=spec.loss, gen=gen,
         width=w, seed=k, attention=dims, zero_readout=spec.zero_readout, on_step=on_step,
-        written=list(task.written), make_optimizer=optimizer_of(spec),
+        written=list(task.written), make_optimizer=optimizer_of(spec), output_site=task.output_site,
     )  # fmt: skip
 
 

@@ -125,6 +125,7 @@ def run_point(
     on_step=None,
     written: list[tuple[int, int]] | None = None,
     make_optimizer=None,
+    output_site: bool = False,
 ) -> Point:
     """Apply ``param`` to ``model`` and train it ``steps`` steps on ``x``, recording each site.
     ``attention``: the head dimensions of the model's attention calls at the base width (None or
@@ -133,7 +134,8 @@ def run_point(
     written out by hand (``written``: its product's order and d at the base width; no logits
     site).  ``on_step()`` is called after each of the ``steps + 1`` forwards (a step's time:
     sigprop/width/cost.py).  ``make_optimizer``: the model's own optimizer (``--param as-is``),
-    called as ``make_optimizer(model.parameters(), lr=lr)``, in place of torch.optim's."""
+    called as ``make_optimizer(model.parameters(), lr=lr)``, in place of torch.optim's.
+    ``output_site``: the model's output is a site of its own (``output_is_a_site``)."""
     P.apply(model, roles_, param, optimizer, ratio, gen, zero_readout)
     model.train()
     opt = _optimizer(model, roles_, param, optimizer, lr, ratio, make_optimizer)
@@ -164,7 +166,7 @@ def run_point(
                 out[f"attn-logits.{i}"] = logits
             out[OUTPUT] = y.detach()
             if t == 0:  # a module that owns a weight but is not called (MHA's out_proj) is no site
-                found = _first_sites(point, found, rec.out, out, y)
+                found = _first_sites(point, found, rec.out, out, output_site)
             _record(point, found, out, first, t)
             if t < steps:
                 opt.zero_grad(set_to_none=True)
@@ -177,13 +179,26 @@ def run_point(
     return point
 
 
-def _first_sites(point: Point, found, modules: dict, out: dict, y: torch.Tensor) -> list:
+def output_is_a_site(model: nn.Module, roles_: list[P.Role], x: torch.Tensor) -> bool:
+    """Whether the model's output needs a site of its own: no module's site returns it (read once,
+    by the client, at a width other than the base -- where a width multiplier of the model's own
+    is 1 and its output equals its readout's -- so that every point has the same sites)."""
+    rec = _Recorder(sites(model, roles_))
+    try:
+        with torch.no_grad():
+            y = output_tensor(call(model, x))
+    finally:
+        rec.close()
+    return not any(_same(y, h) for h in rec.out.values())
+
+
+def _first_sites(point: Point, found, modules: dict, out: dict, output_site: bool) -> list:
     """The sites the first forward reached (``point.sites``, its statistics begun): the modules
     called, each attention call's logits, and the model's output where no module's site returns
-    it (the output is always a site)."""
+    it (``output_site``: the output is always a site)."""
     found = [(p, r) for p, _, r in found if p in modules]
     found += [(name, "logits") for name in out if name.startswith("attn-logits.")]
-    if not any(_same(y, modules[p]) for p, _ in found if p in modules):
+    if output_site:
         found.append((OUTPUT, "output"))
     point.sites = [Site(p, r) for p, r in found]
     point.stats = {s: [[] for _ in found] for s in STATS}

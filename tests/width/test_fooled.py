@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from width_nets import BareReadout, Decoder, MuMLP, mu_adam
 
 import sigprop
@@ -193,3 +194,25 @@ def test_the_theory_words_say_what_was_compared_and_as_is_is_named():
     assert code in (0, 1) and doc["runs"][0]["param"] == "as-is"
     assert doc["runs"][0]["stable_verdict"].startswith("as-is with Adam"), doc["runs"][0]["stable_verdict"]
     assert "width_params" not in json.dumps(doc)
+
+
+class _Scaled(torch.nn.Module):
+    """A Linear readout times (32 / width): 1 at the base width, where its output equals the
+    readout's -- the output's own site must be there at every width all the same."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.a, self.c = torch.nn.Linear(6, width), torch.nn.Linear(width, 4)
+        self.width = width
+
+    def forward(self, x):
+        return self.c(torch.relu(self.a(x))) * (32 / self.width)
+
+
+def test_the_output_site_is_the_same_at_every_width():
+    r = sigprop.width_check(_Scaled, params=["mup"], **FAST)
+    run = r.runs[0]
+    sites = {s.site for s in run.slopes}
+    assert "(output)" in sites and "c" in sites
+    out = next(s for s in run.slopes if s.site == "(output)" and s.step == 1)
+    assert out.delta == pytest.approx(-1.0, abs=0.25) and not run.width_stable  # the multiplier's n^-1

@@ -20,7 +20,7 @@ class Net(nn.Module):
         self.a, self.b, self.c = nn.Linear(6, width), nn.Linear(width, width), nn.Linear(width, 4)
     def forward(self, x):
         y = self.c(torch.relu(self.b(torch.relu(self.a(x)))))
-        return y * float("nan") if BROKEN and self.width == 32 else y
+        return y * float("nan") if BROKEN and self.width == 32 and torch.is_grad_enabled() else y
 def make(width=16):
     return Net(width)
 """
