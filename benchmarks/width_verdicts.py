@@ -92,7 +92,7 @@ class Decoder(nn.Module):
 
 
 MLP = dict(net="mlp")
-BARE = lambda w: Multiplied(w, 0.0, True)  # the readout written h @ W, no multiplier
+BARE = lambda width: Multiplied(width, 0.0, True)  # the readout written h @ W, no multiplier
 SMALL = dict(widths=[32, 64, 128, 256, 512], input_shape=(16,))
 CASES = {
     "SP, Adam 0.01": (MLP, dict(params=["sp"])),

@@ -7,9 +7,10 @@ point's time at any width is read off its parameter count between the two, and a
 steps or wide nets says how long before its first point.
 
 The memory estimate, per point: the weights, their gradients and the optimizer's state (Adam:
-two moments, SGD: none) at 4 bytes a parameter in the model's dtype, plus the activations of one
-forward of the batch three times over (autograd's saved tensors, their gradients, the sites'
-float64 records). It is an estimate, as the probes' are (docs/reliability.md)."""
+two moments and its step's temporary, SGD: none) in the model's dtype, plus the activations of
+one forward of the batch three times over (autograd's saved tensors, their gradients, the sites'
+float64 records). It is an estimate, as the probes' are (docs/benchmarks.md, "What a width check
+costs")."""
 
 from __future__ import annotations
 
@@ -73,8 +74,12 @@ def activations(model: nn.Module, x: torch.Tensor) -> int | None:
 
 
 def point_bytes(weights: int, acts: int, optimizer: str) -> int:
-    """One point's memory: weights, gradients and the optimizer's state, and the activations."""
-    states = 0 if optimizer == "sgd" else 2  # Adam's two moments (a model's own optimizer: as many)
+    """One point's memory: weights, gradients and the optimizer's state, and the activations.
+    Adam keeps two moments and its step (torch's foreach form) one temporary of every
+    parameter's size: 5 weights' worth in all, measured 0.99-1.00 of the peak RSS for sigprop's
+    MLP at widths 2048-8192 (benchmarks/width_cost.py; 4 weights' worth read 1.24-1.37 low).  A
+    model's own optimizer is counted as Adam."""
+    states = 0 if optimizer == "sgd" else 3
     return weights * (2 + states) + ACTIVATION_COPIES * acts
 
 

@@ -66,14 +66,14 @@ def test_a_model_too_wide_is_refused_naming_arg(tmp_path, monkeypatch, capsys, e
 
 
 def test_the_estimate_counts_weights_and_adam_state():
-    """The estimate's arithmetic: 4 bytes x (weights, gradients, two Adam moments) + 3 x the
-    activations; SGD keeps no state."""
+    """The estimate's arithmetic: weights, gradients, Adam's two moments and its step's temporary
+    (5 weights' worth) + 3 x the activations; SGD keeps no state."""
     model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 3))
     count, weights = cost.parameters(model)
     assert count == 10 * 20 + 20 + 20 * 3 + 3 and weights == 4 * count
     acts = cost.activations(model, torch.zeros(5, 10))
     assert acts == 4 * 5 * (20 + 20 + 3)
-    assert cost.point_bytes(weights, acts, "adam") == 4 * weights + 3 * acts
+    assert cost.point_bytes(weights, acts, "adam") == 5 * weights + 3 * acts
     assert cost.point_bytes(weights, acts, "sgd") == 2 * weights + 3 * acts
     meta = cost.on_meta(lambda w: nn.Sequential(nn.Linear(10, w), nn.ReLU(), nn.Linear(w, 3)), 20)
     assert cost.parameters(meta) == (count, weights) and cost.activations(meta, torch.zeros(5, 10)) == acts
