@@ -403,6 +403,10 @@ def test_a_scheduler_file_finds_the_scheduler_and_its_dashboard(tmp_path, capsys
         assert main([*args, "--out", str(out), "--executor", "dask", "--scheduler-file", str(file)]) == 0
         said = next(t for t in capsys.readouterr().err.splitlines() if " on Dask, " in t)
         assert f"on Dask, {address} (from {file})" in said and "dashboard http://127.0.0.1:" in said, said
+        stale = (
+            tmp_path / "stale.json"
+        )  # the file as a scheduler killed hard leaves it (a clean stop removes it)
+        stale.write_text(file.read_text())
         assert _lines(out) == _lines(serial)
     finally:
         for p in procs:
@@ -414,7 +418,7 @@ def test_a_scheduler_file_finds_the_scheduler_and_its_dashboard(tmp_path, capsys
     for path, words in (
         (tmp_path / "never.json", "no scheduler wrote"),
         (bad, "is not a Dask scheduler file"),
-        (file, f"{file} holds {address}: connection refused"),  # its scheduler stopped: a stale file
+        (stale, f"{stale} holds {address}: connection refused"),  # its scheduler stopped: a stale file
     ):
         refused = tmp_path / "refused.jsonl"
         cmd = [*args, "--out", str(refused), "--executor", "dask", "--scheduler-file", str(path)]
