@@ -1,3 +1,3 @@
 """The version, in one place (pyproject.toml reads it; results record it)."""
 
-__version__ = "0.18.1"
+__version__ = "0.19.0.dev0"

@@ -23,6 +23,7 @@ from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev
 from sigprop.maps import graph
 from sigprop.model import build, functions, init, measure, sites, trace
+from sigprop.model.ops.norm import is_norm
 from sigprop.results import CurvatureRun, HessianResult, RunResult, SpectrumResult, SpectrumRun
 from sigprop.version import __version__
 
@@ -221,6 +222,10 @@ class ModulePlan:
     #: which output is read, the sites left out (never called), the sites off the output's path
     site_notes: list[str] = field(default_factory=list)
     steps: tuple = ()
+    #: the first and the last site that are layers of the model's repeated stack (a transformer's
+    #: layers; ``sites.stack_span``), None without one; and whether the last site is a normalisation
+    stack: tuple[int, int] | None = None
+    final_norm: bool = False
 
     @property
     def config(self) -> dict:
@@ -229,6 +234,7 @@ class ModulePlan:
             "theory_notes": list(self.notes),
             "init_notes": list(self.init_notes),
             "site_notes": list(self.site_notes),
+            "layer_sites": None if self.stack is None else [self.sites[i] for i in self.stack],
         }
 
 
@@ -242,6 +248,9 @@ def _resolve_sites(kind, spec, probe_spec, plan, model, traced, x, what: str, de
     )
     if seen.output:
         plan.site_notes.insert(0, seen.output)
+    plan.stack = sites.stack_span(model, plan.sites)
+    last = sites.module_of(plan.sites[-1]) if plan.sites else ""
+    plan.final_norm = bool(last) and is_norm(model.get_submodule(last))
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     # the leaf outputs of the batch: 9.2 GiB estimated, 9.0 GiB peak measured for DenseNet121 at
     # 3x224x224 with 64 samples (benchmarks/module.py)

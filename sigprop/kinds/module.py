@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from sigprop import inits, specs, stats, theory
+from sigprop.across import across_layers
 from sigprop.errors import SigpropError, described
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Opt, SweepAxes
@@ -584,13 +585,16 @@ class ModuleKind(Kind):
             next((i for i in reversed(on) if pf[i] is not None), None),
             next((i for i in on if pb[i] is not None), None),
         )
+        across = across_layers(spec.vocab is not None, plan, arrays, layers, gate.band, on)
+        checks += across or []
         for (cname, st, p), end, near, direction in zip(
             named, (last, first), nearest, ("forward", "backward")
         ):
-            c = stats.gate(cname, "preserved", st, math.log(band[0]), math.log(band[1]))
-            if not c.passed and st.dead_fraction > 0:
-                c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
-            checks.append(c)
+            if across is None:
+                c = stats.gate(cname, "preserved", st, math.log(band[0]), math.log(band[1]))
+                if not c.passed and st.dead_fraction > 0:
+                    c.note = f"{st.dead_fraction:.1%} of the samples died (ratio 0)"
+                checks.append(c)
             if p is None and near is None:
                 why = next((n for n in plan.notes if not n.startswith(INFORMATIONAL)), None)
                 own.append(stats.untestable(cname, st.log10_mean, why))

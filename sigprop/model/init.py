@@ -21,7 +21,7 @@ from sigprop.kernels import sampling
 from sigprop.model import ops, trace
 from sigprop.model.forward import call, first_line
 from sigprop.model.ops.linear import DENSE_MODULES
-from sigprop.model.ops.norm import NORM_MODULES
+from sigprop.model.ops.norm import NORM_MODULES, is_norm
 
 
 @dataclass
@@ -499,17 +499,11 @@ def _other(name: str, m: nn.Module, scheme, role_of, gen_of) -> InitRecord | Non
                 name, type(m).__name__, 0, m.weight.shape[1], False, True, "embedding", note=note
             )
         own = dict(m.named_parameters(recurse=False))
-        if _is_norm(m) and own and set(own) <= {"weight", "bias"}:  # the normalisation's identity
+        if is_norm(m) and own and set(own) <= {"weight", "bias"}:  # the normalisation's identity
             for k, v in own.items():
                 v.fill_(1.0 if k == "weight" else 0.0)
             return InitRecord(name, type(m).__name__, 0, 0, False, True, "norm", note="gain 1, offset 0")
     return None
-
-
-def _is_norm(m: nn.Module) -> bool:
-    """A normalisation: torch's (``NORM_MODULES``) or a model's own class named as one (Hugging
-    Face's ``LlamaRMSNorm``, ``T5LayerNorm``)."""
-    return isinstance(m, NORM_MODULES) or type(m).__name__.endswith(("LayerNorm", "RMSNorm", "GroupNorm"))
 
 
 def _write(m: nn.Module, p, parts, w: torch.Tensor, fan_out: int) -> None:

@@ -29,6 +29,27 @@ def is_stack(m: nn.Module) -> bool:
     return len(kinds) == 1 and all(list(c.children()) and any(True for _ in c.parameters()) for c in m)
 
 
+def stack_span(model: nn.Module, sites: list[str]) -> tuple[int, int] | None:
+    """The first and the last of ``sites`` that are layers of one repeated stack (``is_stack``: a
+    transformer's layers, ``h.0`` .. ``h.11``), the stack with the most sites; None where fewer
+    than two sites are such layers."""
+    by_stack: dict[str, list[int]] = {}
+    for i, site in enumerate(sites):
+        parent, _, index = module_of(site).rpartition(".")
+        if not index.isdigit():
+            continue
+        try:
+            owner = model.get_submodule(parent) if parent else model
+        except AttributeError:
+            continue
+        if is_stack(owner):
+            by_stack.setdefault(parent, []).append(i)
+    if not by_stack:
+        return None
+    layers = max(by_stack.values(), key=len)
+    return (layers[0], layers[-1]) if len(layers) >= 2 else None
+
+
 def holds_stack(m: nn.Module) -> bool:
     """Whether a block holds a repeated stack (``is_stack``) anywhere inside it."""
     return any(is_stack(d) for d in m.modules())

@@ -89,7 +89,7 @@ class Traced:
 def _survey_of(gm: fx.GraphModule, out, rows_: int, what: str) -> Survey:
     """``survey``'s record from a shape propagation: its modules' outputs (bytes per sample),
     the module paths it ran (calls and their enclosing modules), and its output."""
-    total, last, count = 0, {}, {}
+    total, last, count, other = 0, {}, {}, set()
     for i, n in enumerate(gm.graph.nodes):
         for key in _call_paths(n, count):  # the calls it runs in (a call after the first: "path@k")
             last[key] = i
@@ -97,9 +97,12 @@ def _survey_of(gm: fx.GraphModule, out, rows_: int, what: str) -> Survey:
             meta = n.meta.get("tensor_meta")
             if meta is not None and hasattr(meta, "shape"):
                 total += math.prod(meta.shape) * meta.dtype.itemsize
+                if len(meta.shape) == 0 or meta.shape[0] != rows_:  # a position table's [T, d]
+                    other.add(str(n.target))
     y = probe_output(out, rows_, what)
     order = tuple(sorted(last, key=last.get))  # as the forward finishes them
-    return Survey(total // max(rows_, 1), frozenset(last), y[0].numel(), output_choice(out), order=order)
+    return Survey(total // max(rows_, 1), frozenset(last), y[0].numel(), output_choice(out),
+                  not_per_sample=frozenset(other), order=order)  # fmt: skip
 
 
 def _call_paths(n: fx.Node, count: dict) -> list[str]:

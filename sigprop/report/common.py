@@ -125,8 +125,11 @@ def gate_text(c) -> str:
     lead = "" if c.name.startswith("RMS ") else "typical "  # a traced model's theory reads the RMS
     if not c.has_band:
         return f"{lead}{c.name} {fmt_log10(c.log10_measured)}: {c.note}"
-    word = "in" if c.passed else "outside"
     aside = f" ({c.note})" if c.passed and c.note else ""  # where it was read, when not at the end
+    if math.isinf(c.log10_high):  # a floor only (tokens kept apart)
+        word = ">=" if c.passed else "<"
+        return f"{lead}{c.name} {fmt_log10(c.log10_measured)} {word} {fmt_log10(c.log10_low)}{aside}"
+    word = "in" if c.passed else "outside"
     return (
         f"{lead}{c.name} {fmt_log10(c.log10_measured)} {word} [{fmt_log10(c.log10_low)}, "
         f"{fmt_log10(c.log10_high)}]{aside}"

@@ -175,7 +175,10 @@ def test_berts_pooler_is_off_the_path_of_last_hidden_state():
     run = r.runs[0]
     assert [l.name for l in run.layers if l.off_path] == ["pooler"]
     assert [l.name for l in run.layers] == ["embeddings", "encoder.layer.0", "encoder.layer.1", "pooler"]
-    assert run.verdict_checks("preserved")[0].name == "forward ratio at site encoder.layer.1"
+    # token ids into a stack of layers: read across them (issue 67), the pooler off the path unread
+    assert run.verdict_checks("preserved")[0].name == (
+        "forward ratio across the layers, encoder.layer.0 to encoder.layer.1 (2 layers)"
+    )
 
 
 # --------------------------------------------------------------------------------------------

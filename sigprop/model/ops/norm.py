@@ -24,6 +24,15 @@ NORM_MODULES = (
 )
 
 
+def is_norm(m: nn.Module) -> bool:
+    """A normalisation: torch's (``NORM_MODULES``, ``nn.RMSNorm``) or a model's own class named as
+    one (Hugging Face's ``LlamaRMSNorm``, ``T5LayerNorm``)."""
+    rms = getattr(nn, "RMSNorm", ())
+    return isinstance(m, NORM_MODULES + ((rms,) if rms else ())) or type(m).__name__.endswith(
+        ("LayerNorm", "RMSNorm", "GroupNorm")
+    )
+
+
 def _norm_node(m: nn.Module, name, inputs, shape_in) -> GraphNode:
     """A normalisation's node: its gain and bias, and what one of its statistics is taken over
     (``GraphNode``): batch norm over the batch (group 0); layer norm over its normalized
