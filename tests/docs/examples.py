@@ -172,6 +172,7 @@ def update(paths) -> int:
     changed = 0
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "docs").symlink_to(ROOT / "docs")
+        (Path(tmp) / "examples").symlink_to(ROOT / "examples")  # the docs' own example models
         for path in paths:
             text = path.read_text(encoding="utf-8")
             edits = []
@@ -237,6 +238,7 @@ def main() -> None:
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "docs").symlink_to(ROOT / "docs")
+        (Path(tmp) / "examples").symlink_to(ROOT / "examples")  # the docs' own example models
         for ex in examples(paths):
             problems, _ = compare(ex, run(ex, Path(tmp)))
             for p in problems:

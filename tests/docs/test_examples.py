@@ -24,6 +24,7 @@ def test_the_quoted_lines_are_the_tools_output(example, tmp_path):
         if not path.endswith(".py") and importlib.util.find_spec(package) is None:
             pytest.skip(f"needs {package} (pip install '.[models]'; CI installs it)")
     (tmp_path / "docs").symlink_to(ex.ROOT / "docs")
+    (tmp_path / "examples").symlink_to(ex.ROOT / "examples")  # the docs' own example models
     problems, _ = ex.compare(example, ex.run(example, tmp_path))
     assert not problems, "\n".join(problems) + "\n(python tests/docs/examples.py --update regenerates them)"
 
