@@ -46,6 +46,9 @@ class LayerRole:
     blocks_in_stage: int = 1
     block_index: int = 0
     taps: int = 1
+    #: how many heads read each output unit: a grouped-query attention's key or value projection,
+    #: whose kv heads the H query heads read H/kv times each (1 otherwise; docs/theory.md §18)
+    reads: int = 1
 
 
 @dataclass(frozen=True)
@@ -153,11 +156,14 @@ def resolve_norm(name: str, norm: str, provides: Collection[str], net: str, bn_n
 def proposed_gain_sq(role: LayerRole) -> float:
     """g^2 = gamma * fan_in / fan_out with gamma = 2 before a ReLU, 1/B_k for the last layer of a
     residual block in stage k, 1 otherwise (Arpit et al. 2019, section 3 and section 4,
-    implementation details)."""
+    implementation details).  A grouped-query attention's key and value projections count the
+    outputs as the heads read them, fan_out x reads (each kv head read by H/kv query heads): the
+    norm kept is the expanded keys' and values', so the logits are of unit variance at any head
+    grouping (docs/theory.md §18)."""
     gamma = {"relu": 2.0, "block_last": 1.0 / role.blocks_in_stage, "projection": 1.0, "linear": 1.0}[
         role.kind
     ]
-    return gamma * role.fan_in / (role.fan_out * role.taps)
+    return gamma * role.fan_in / (role.fan_out * role.taps * role.reads)
 
 
 def pytorch_linear_bound(fan_in: int) -> float:

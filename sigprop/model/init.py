@@ -151,6 +151,18 @@ def _kinds(gm: fx.GraphModule, nodes: list) -> dict:
     return kind_of
 
 
+class Roles(dict):
+    """{module path: (kind, blocks_in_stage, block_index)}, and ``reads``: {module path: how many
+    query heads read each of its outputs} for a grouped-query attention's key and value
+    projections (``_kv_reads``)."""
+
+    reads: dict[str, int]
+
+    def __init__(self, found=(), reads=None):
+        super().__init__(found)
+        self.reads = dict(reads or {})
+
+
 def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]], str]:
     """Each Linear/ConvNd's role as the paper's init reads it, from the model's fx graph:
     {module path: (kind, blocks_in_stage, block_index)} with kind ``relu`` (an activation reads
@@ -163,7 +175,7 @@ def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]]
     Arpit et al. 2019, section 4, whose stages open with a projection; B is the stage's joins."""
     gm, why = _graph_of(model, batch)
     if gm is None:
-        return {}, why
+        return Roles(), why
     found = _roles_in(model, gm)
     dense = {n for n, m in model.named_modules() if isinstance(m, DENSE_MODULES)}
     if dense - set(found) and not _exported(gm):
@@ -173,8 +185,47 @@ def roles(model: nn.Module, batch=None) -> tuple[dict[str, tuple[str, int, int]]
         if gx is not None:
             wider = _roles_in(model, gx)
             if len(dense & set(wider)) > len(dense & set(found)):
-                found = wider
-    return found, ""
+                found, gm = wider, gx
+    return Roles(found, _kv_reads(model, gm)), ""
+
+
+def _kv_reads(model: nn.Module, gm) -> dict[str, int]:
+    """The key and value projections of grouped-query attention, with how many query heads read
+    each of their outputs: at every attention call (``scaled_dot_product_attention``), the dense
+    layer each of its query, key and value inputs comes from (back through reshapes, repeats, a
+    rotary embedding, a norm), and out_features(query's) / out_features(key's) where that is an
+    integer above 1 (Llama's 32 query heads on 8: 4)."""
+    nodes = list(gm.graph.nodes)
+    kind_of = _kinds(gm, nodes)
+    layers = dict(model.named_modules())
+
+    def source(n):
+        frontier, seen = [n], set()
+        while frontier:
+            m = frontier.pop(0)
+            if m in seen:
+                continue
+            seen.add(m)
+            if kind_of.get(m) == "dense":
+                path = trace.module_path(m)
+                return path if isinstance(layers.get(path), nn.Linear) else None
+            frontier += [a for a in m.all_input_nodes if kind_of.get(a) not in ("const", "input")]
+        return None
+
+    out: dict[str, int] = {}
+    for n in nodes:
+        if kind_of[n] != "attention" or n.op != "call_function" or len(n.args) < 3:
+            continue
+        q, k, v = (source(a) if isinstance(a, fx.Node) else None for a in n.args[:3])
+        if q is None:
+            continue
+        for kv in (k, v):
+            if kv is None or kv == q:
+                continue
+            ratio = layers[q].out_features / layers[kv].out_features
+            if ratio > 1 and ratio == int(ratio):
+                out[kv] = int(ratio)
+    return out
 
 
 def _exported(gm) -> bool:
@@ -581,8 +632,9 @@ def _draw(model, scheme, seed, draw, wn, blocks, roles_, batch=None) -> list[Ini
                                       parameters=own))  # fmt: skip
             continue
         role = inits.LayerRole(
-            fan_in=fan_in, fan_out=fan_out, kind=kind, blocks_in_stage=B, block_index=b_index, taps=taps
-        )
+            fan_in=fan_in, fan_out=fan_out, kind=kind, blocks_in_stage=B, block_index=b_index, taps=taps,
+            reads=getattr(found, "reads", {}).get(name, 1),
+        )  # fmt: skip
         gen = sampling.layer_generator(seed, draw, index, w.device)
         # as the walker draws in this dtype; the groups one after another from the layer's generator
         drawn = [sampling.sample(scheme, role, gen, w.device, w.dtype) for _ in range(groups)]
