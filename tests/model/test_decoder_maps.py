@@ -326,8 +326,9 @@ def test_llama_family_decoders_follow_the_maps_layer_by_layer(name):
 
 def test_the_papers_init_on_llama_follows_the_maps():
     """``--init proposed`` on the 4-layer Llama (roles from its graph, below): its q and k at the
-    paper's scale give logits of variance about 2, far from uniform -- the softmax's moments by
-    quadrature, a key's gradient by K (``theory.key_weight``).  Every site within 1.5% both ways
+    paper's scale give logits of variance about 1 (0.19.0: the grouped keys counted as read; 2
+    before), far from uniform -- the softmax's moments by quadrature, a key's gradient by K
+    (``theory.key_weight``).  Every site within 1.5% both ways
     and the entropy within 0.02 (measured over 4 draws: 1%, 0.018); bounds 6%, 10%, 0.05."""
     r = sigprop.probe_module(
         model=_decoder("llama"),
@@ -343,7 +344,7 @@ def test_the_papers_init_on_llama_follows_the_maps():
         assert l.forward.predicted == pytest.approx(l.forward.rms, rel=0.06), l.name
         assert l.backward.predicted == pytest.approx(l.backward.rms, rel=0.10), l.name
         if l.tokens is not None and l.tokens.entropy is not None:
-            assert l.tokens.entropy < 0.8 and l.tokens.entropy_predicted == pytest.approx(
+            assert l.tokens.entropy < 0.9 and l.tokens.entropy_predicted == pytest.approx(
                 l.tokens.entropy, abs=0.05
             )
     assert run.agrees_with_theory is True
@@ -429,7 +430,8 @@ def test_an_rmsnorms_eps_is_in_its_map(ratio):
 
 def test_the_papers_init_reads_a_llama_blocks_roles_from_its_graph():
     """``init_(..., "proposed")`` on a 4-layer Llama: q, k, v and the MLP's up projection are
-    linear layers (a row's squared norm fan_in/fan_out), the gate is read by its activation (2
+    linear layers (a row's squared norm fan_in/fan_out; k and v, read by 2 query heads each,
+    fan_in/(2 fan_out): 0.19.0), the gate is read by its activation (2
     fan_in/fan_out), and each of the 2L = 8 residual branches' last layers -- o_proj, down_proj
     -- takes 1/8 (Arpit et al. 2019, section 4).  0.15 counted each rotary sum (x cos +
     rotate_half(x) sin) as a residual join that opens a stage: B = 3, a row's squared norm 1/3."""
@@ -437,8 +439,8 @@ def test_the_papers_init_reads_a_llama_blocks_roles_from_its_graph():
     records = {r.name: r for r in sigprop.init_(model, "proposed", input_shape=(16,), vocab=200, quiet=True)}
     want = {
         "self_attn.q_proj": ("linear", 1, 64 / 64),
-        "self_attn.k_proj": ("linear", 1, 64 / 32),
-        "self_attn.v_proj": ("linear", 1, 64 / 32),
+        "self_attn.k_proj": ("linear", 1, 64 / 32 / 2),
+        "self_attn.v_proj": ("linear", 1, 64 / 32 / 2),
         "self_attn.o_proj": ("block_last", 8, 64 / 64 / 8),
         "mlp.gate_proj": ("relu", 1, 2 * 64 / 128),
         "mlp.up_proj": ("linear", 1, 64 / 128),
