@@ -137,15 +137,22 @@ def done_keys(path: Path, part: bool = False) -> set[str]:
     return keys
 
 
-def sweep_line(line, header: bool = False) -> bool:
-    """Whether a JSON line is one ``sigprop sweep`` writes: a row, a failed point of a sweep (its
-    config names the ``command``), or (``header``) a part's header."""
+def written_by(line, row: str, failed_by: str, header: str | None = None) -> bool:
+    """Whether a JSON line is one a command writes: its row (schema ``row``), a failed point of it
+    (``FAILED_SCHEMA``, its config holding the key ``failed_by`` that only that command's configs
+    hold), or its part's header (schema ``header``, where given)."""
     if not isinstance(line, dict):
         return False
     schema = line.get("schema")
     if schema == FAILED_SCHEMA:
-        return isinstance(line.get("config"), dict) and "command" in line["config"]
-    return schema == SWEEP_SCHEMA or (header and schema == SHARD_SCHEMA)
+        return isinstance(line.get("config"), dict) and failed_by in line["config"]
+    return schema == row or (header is not None and schema == header)
+
+
+def sweep_line(line, header: bool = False) -> bool:
+    """Whether a JSON line is one ``sigprop sweep`` writes: a row, a failed point of a sweep (its
+    config names the ``command``), or (``header``) a part's header."""
+    return written_by(line, SWEEP_SCHEMA, "command", SHARD_SCHEMA if header else None)
 
 
 def whose(line) -> str:

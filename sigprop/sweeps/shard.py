@@ -87,24 +87,33 @@ def start(out: Path, points: list[Point], text: str) -> list[Point]:
     header (again: checked to be this part's)."""
     i, n = parse_shard(text)
     out = files.check_target(out, "out", append=True)
-    head = header(points, i, n)
-    if out.exists() and out.stat().st_size > 0:
-        theirs = first_line(out, "out")
-        if theirs != head:
-            why = f"{out} is not part {i}/{n} of this grid ({_why(theirs, head)})"
-            raise SigpropError(f"{why}: give another --out", field="out")
-    else:
-        append(out, head)
+    begin(out, header(points, i, n))
     return shard(points, i, n)
 
 
-def _why(theirs, head: dict) -> str:
+def begin(out: Path, head: dict, what: str = "grid") -> None:
+    """A part's file begun with its header ``head`` -- or, begun already, checked to be this
+    part's of this ``what`` (a sweep's grid, a width check): another part's file, or the same
+    part of another grid, is refused in one line naming the options that differ."""
+    if out.exists() and out.stat().st_size > 0:
+        theirs = first_line(out, "out")
+        if theirs != head:
+            why = (
+                f"{out} is not part {head['shard']}/{head['of']} of this {what} ({_why(theirs, head, what)})"
+            )
+            raise SigpropError(f"{why}: give another --out", field="out")
+    else:
+        append(out, head)
+
+
+def _why(theirs, head: dict, what: str) -> str:
     """Why a file's first line is not this part's header, in words."""
-    if not isinstance(theirs, dict) or theirs.get("schema") != SHARD_SCHEMA:
+    if not isinstance(theirs, dict) or theirs.get("schema") != head["schema"]:
         return "its first line is not this part's header"
     if (theirs.get("shard"), theirs.get("of")) != (head["shard"], head["of"]):
         return f"it is part {theirs.get('shard')}/{theirs.get('of')}"
-    return f"it is that part of another grid: {differs(head['grid'], theirs.get('grid') or {})}"
+    apart = differs(head["grid"], theirs.get("grid") or {}, (f"this {what}", "the file"))
+    return f"it is that part of another {what}: {apart}"
 
 
 def _label(config: dict) -> str:

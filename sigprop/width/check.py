@@ -41,7 +41,7 @@ def _read_nets(factory, widths, base: int, x: torch.Tensor, seed: int, params=()
     with torch.no_grad(), rec:
         call(built[base].to(x.device), x)
     roles = P.roles(built[widths[0]], built[widths[1]], readouts)
-    other = next(w for w in widths[:2] if w != base) if any(w != base for w in widths[:2]) else widths[0]
+    other = widths[1] if widths[0] == base else widths[0]  # not the base width (built above)
     output_site = train.output_is_a_site(built[other].to(x.device), P.at(built[other], roles, other), x)
     notes = [
         f"{r.name!r}, a matrix of the model's own with one dimension growing, gives the output through a "
@@ -189,6 +189,15 @@ def _moved(slopes: list[SiteSlope]) -> bool:
     return False
 
 
+def _rows_note(rows: int, smallest: int, tail: str = "") -> str:
+    """Why updates may read small on this grid: the loss's rows not fewer than the smallest width
+    (docs/theory.md §17, "The batch against the width")."""
+    return (
+        f" (the loss reads {rows} rows, not fewer than the smallest width {smallest}: the first step's "
+        f"kernel over them is not yet ∝ width{tail})"
+    )
+
+
 def _site(s: SiteSlope) -> str:
     """A site as the words name it (the model itself, a module owning a readout: "(model)")."""
     return repr(s.site) if s.site else "(model)"
@@ -248,11 +257,8 @@ def _stable_words(spec: WidthSpec, slopes: list[SiteSlope], name: str, opt: str,
     predicted = what == "updates" and s.low is not None and _agree(s) == "="
     if way == "shrink" and predicted:  # NTK's hidden updates, n^-1/2: the limit learns no features
         words += " — as theory predicts: the features stop learning as the width grows (the kernel regime)"
-    elif way == "shrink" and what == "updates" and rows >= smallest:  # docs/theory.md §17, "The batch"
-        words += (
-            f" (the loss reads {rows} rows, not fewer than the smallest width {smallest}: the first step's "
-            "kernel over them is not yet ∝ width)"
-        )
+    elif way == "shrink" and what == "updates" and rows >= smallest:
+        words += _rows_note(rows, smallest)
     return False, words
 
 
@@ -291,11 +297,8 @@ def verdicts(
         f"{name}: {len(differ)} of {len(compared)} slopes differ from theory ({which}), first {s.role} site "
         f"{_site(s)} step {s.step}: {what} ∝ width^{measured:.2f}, theory width^{pred}"
     )
-    if rows >= smallest and any(d.step > 0 for d in differ):  # docs/theory.md §17, "The batch ..."
-        words += (
-            f" (the loss reads {rows} rows, not fewer than the smallest width {smallest}: the first "
-            "step's kernel over them is not yet ∝ width; fewer rows show the limit)"
-        )
+    if rows >= smallest and any(d.step > 0 for d in differ):
+        words += _rows_note(rows, smallest, "; fewer rows show the limit")
     return stable, stable_words, "differs", words
 
 

@@ -21,11 +21,10 @@ from sigprop.errors import SigpropError
 from sigprop.kernels.device import resolve_device
 from sigprop.kinds.module import resolve_target
 from sigprop.model.build import build
-from sigprop.results import FAILED_SCHEMA
 from sigprop.specs import parse_shard
 from sigprop.sweeps.grid import config_key
-from sigprop.sweeps.run import append, failed, owned, where_it_ran
-from sigprop.sweeps.shard import differs, grid_identity
+from sigprop.sweeps.run import append, failed, owned, where_it_ran, written_by
+from sigprop.sweeps.shard import begin, differs, grid_identity
 from sigprop.version import __version__
 from sigprop.width import cost, train
 from sigprop.width import params as P
@@ -255,12 +254,7 @@ def point_of(line: dict) -> train.Point:
 def width_line(line, header: bool = False) -> bool:
     """Whether a JSON line is one ``sigprop width`` writes: a point, a failed point of a check
     (its config names the ``width_arg``), or (``header``) a part's header (``--shard``)."""
-    if not isinstance(line, dict):
-        return False
-    schema = line.get("schema")
-    if schema == FAILED_SCHEMA:
-        return isinstance(line.get("config"), dict) and "width_arg" in line["config"]
-    return schema == POINT_SCHEMA or (header and schema == PART_SCHEMA)
+    return written_by(line, POINT_SCHEMA, "width_arg", PART_SCHEMA if header else None)
 
 
 @dataclass
@@ -323,24 +317,10 @@ def part_header(every: list[Task], i: int, n: int) -> dict:
 
 def start_part(out: Path, every: list[Task], text: str) -> list[Task]:
     """The tasks of part ``text`` ("i/N"), its file ``out`` begun with its header, or checked to
-    be this part's of this check (as ``sigprop sweep --shard`` does: another part's file, or
-    another check's, is refused)."""
+    be this part's of this check (``sweeps.shard.begin``, as ``sigprop sweep --shard`` does:
+    another part's file, or another check's, is refused)."""
     i, n = parse_shard(text)
-    head = part_header(every, i, n)
-    if out.exists() and out.stat().st_size:
-        found = read(out, every, "out").header
-        if found != head:
-            if found is None:
-                why = "it holds no part's header"
-            elif (found.get("shard"), found.get("of")) != (i, n):
-                why = f"it is part {found.get('shard')}/{found.get('of')}"
-            else:
-                apart = differs(head["grid"], found.get("grid", {}), ("this check", "the file"))
-                why = f"it is a part of another check: {apart}"
-            raise SigpropError(f"{out} is not part {i}/{n} of this check ({why}): give another --out",
-                               field="out")  # fmt: skip
-    else:
-        append(out, head)
+    begin(out, part_header(every, i, n), "check")
     return every[i::n]
 
 
