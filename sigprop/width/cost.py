@@ -1,10 +1,9 @@
 """What a coordinate check will cost, said before the work (issue 66, item 2): the memory of its
 widest point, estimated from the net built on the meta device (no storage: its parameters and,
 through one forward, its activations), refused in one line naming the option that gives the
-widths when it exceeds the free memory; and its time, from a pilot -- the smallest and the
-widest point built and trained two steps, timed apart (the build, each step) -- so that a
-point's time at any width is read off its parameter count between the two, and a run of many
-steps or wide nets says how long before its first point.
+widths when it exceeds the free memory; and its time left (``Clock``), each point's read off its
+parameter count from the steps timed so far -- the widest point runs first, so that a run of
+many steps or wide nets says how long from its first steps.
 
 The memory estimate, per point: the weights, their gradients and the optimizer's state (Adam:
 two moments and its step's temporary, SGD: none) in the model's dtype, plus the activations of
@@ -102,19 +101,24 @@ def sizes(factory, widths: list[int], x: torch.Tensor, optimizer: str, device, f
     squared, activations as the width -- a bound for nets whose matrices are width x width."""
     widest = max(widths)
     model = on_meta(factory, widest)
-    known = small() if model is None else None
-    if model is not None:
-        count, weights = parameters(model)
-        acts = activations(model, x)
-        how = "built on the meta device"
-        if acts is None:
-            small_model = on_meta(factory, min(widths))
-            acts = activations(small_model, x) if small_model is not None else None
-            acts = int((acts or 0) * widest / min(widths))
-    else:
+    if model is None:  # no meta build: a real one at the smallest width, scaled
+        known = small()
         r = widest / known.width
         count, weights, acts = int(known.count * r * r), int(known.weights * r * r), int(known.acts * r)
         how = f"scaled from width {known.width}: the factory does not build on the meta device"
+        counts = {w: int(known.count * (w / known.width) ** 2) for w in widths}
+    else:
+        count, weights = parameters(model)
+        acts = activations(model, x)
+        how = "built on the meta device"
+        metas = {w: model if w == widest else on_meta(factory, w) for w in widths}
+        if acts is None:  # a forward that cannot run on meta at the widest: the smallest's, scaled
+            small_model = metas[min(widths)]
+            small_acts = activations(small_model, x) if small_model is not None else None
+            acts = int((small_acts or 0) * widest / min(widths))
+        counts = {
+            w: parameters(m)[0] if m is not None else int(count * (w / widest) ** 2) for w, m in metas.items()
+        }
     need = point_bytes(weights, acts, optimizer)
     have = dev.available_bytes(device)
     if need > 0.8 * have:
@@ -124,13 +128,7 @@ def sizes(factory, widths: list[int], x: torch.Tensor, optimizer: str, device, f
             f"{need / gib:.1f} GiB on {device} but {have / gib:.1f} GiB is free; give smaller widths",
             field=field,
         )
-    out = {}
-    for w in widths:
-        m = on_meta(factory, w) if known is None else None
-        out[w] = (
-            parameters(m)[0] if m is not None else int(known.count * (w / known.width) ** 2) if known else 0
-        )
-    return out
+    return counts
 
 
 class Clock:
@@ -150,6 +148,7 @@ class Clock:
         self.current: tuple[int, int] | None = None
         self.t0 = self.last = time.perf_counter()
         self.done_steps = 0
+        self._first = 0.0  # the running point's first interval: its build and first step
 
     def start(self, width: int, steps: int) -> None:
         self.current, self.done_steps = (width, steps), 0
