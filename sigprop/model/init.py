@@ -594,15 +594,19 @@ def _draw(model, scheme, seed, draw, wn, blocks, roles_, batch=None) -> list[Ini
         kind, B, i = found.get(name, ("relu", 1, 0))
         return (roles_ or {}).get(name, kind), int((blocks or {}).get(name, B)), i
 
+    def unread(name) -> bool:
+        """A layer whose role neither the graph nor the caller (``roles_``, ``blocks``) says."""
+        return name not in found and name not in (roles_ or {}) and name not in (blocks or {})
+
+    note = f"role not read ({why or 'no call of this module in the traced graph'}): {ASSUMED}"
     for name, m in list(model.named_modules()):
         if not isinstance(m, DENSE_MODULES):
             own = [n for n, _ in m.named_parameters(recurse=False)]
             if own and not isinstance(m, ParametrizationList):  # a WN layer's g and v are its layer's
-                unread = type(m).__name__ == "Conv1D" and name not in found and name not in (roles_ or {})
-                done = None if unread else _other(name, m, scheme, role_of, gen_of)
-                if unread:  # a Conv1D whose role the graph does not say: kept, as a Linear is
+                kept = type(m).__name__ == "Conv1D" and unread(name)
+                done = None if kept else _other(name, m, scheme, role_of, gen_of)
+                if kept:  # a Conv1D whose role the graph does not say: kept, as a Linear is
                     gen_of()  # its generator's index, as when drawn
-                    note = f"role not read ({why or 'no call of this module in the traced graph'}): {ASSUMED}"
                     done = InitRecord(name, "Conv1D", 0, 0, False, False, note=note, parameters=tuple(own))
                 records.append(
                     done
@@ -625,8 +629,7 @@ def _draw(model, scheme, seed, draw, wn, blocks, roles_, batch=None) -> list[Ini
         if roles_ and name in roles_:
             kind = roles_[name]
         index += 1  # its generator's index whether drawn or kept: the others' draws do not move
-        if name not in found and not (roles_ and name in roles_) and not (blocks and name in blocks):
-            note = f"role not read ({why or 'no call of this module in the traced graph'}): {ASSUMED}"
+        if unread(name):
             own = tuple(n for n, _ in m.named_parameters(recurse=False))
             records.append(InitRecord(name, type(m).__name__, fan_in, fan_out, False, False, note=note,
                                       parameters=own))  # fmt: skip

@@ -24,13 +24,14 @@ NORM_MODULES = (
 )
 
 
+#: every normalisation class torch has (``nn.RMSNorm`` from torch 2.4)
+_NORMS = NORM_MODULES + tuple(getattr(nn, c) for c in ("RMSNorm",) if hasattr(nn, c))
+
+
 def is_norm(m: nn.Module) -> bool:
     """A normalisation: torch's (``NORM_MODULES``, ``nn.RMSNorm``) or a model's own class named as
     one (Hugging Face's ``LlamaRMSNorm``, ``T5LayerNorm``)."""
-    rms = getattr(nn, "RMSNorm", ())
-    return isinstance(m, NORM_MODULES + ((rms,) if rms else ())) or type(m).__name__.endswith(
-        ("LayerNorm", "RMSNorm", "GroupNorm")
-    )
+    return isinstance(m, _NORMS) or type(m).__name__.endswith(("LayerNorm", "RMSNorm", "GroupNorm"))
 
 
 def _norm_node(m: nn.Module, name, inputs, shape_in) -> GraphNode:
