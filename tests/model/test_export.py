@@ -241,7 +241,9 @@ def test_a_vits_tokens_are_read_from_its_attention_and_their_cosine_predicted():
 def test_the_gpt2_scheme_draws_as_hugging_faces_own_init():
     """``--init gpt2`` (Radford et al. 2019): each weight's standard deviation equals the one
     Hugging Face's own init gives the same model (0.02, c_proj 0.02/sqrt(2L), embeddings 0.02),
-    within the sampling error of a layer's few thousand weights (5%)."""
+    within the sampling error of a layer's few thousand weights (5%).  Seeded: the global stream a
+    worker's earlier tests leave made it fail once in a dozen runs under xdist."""
+    torch.manual_seed(0)
     own = gpt2()
     drawn = gpt2()
     records = sigprop.init_(drawn, "gpt2")
