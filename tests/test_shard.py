@@ -95,15 +95,20 @@ def test_a_part_file_of_another_part_is_refused(tmp_path, capsys):
     assert out.read_text() == before
 
 
+#: the 2-depth grid the parts below are of
+PART = {"--depth": "3,4", "--width": "8", "--init": "he", "--samples": "32", "--device": "cpu"}
+
+
+def _grid(*options: str) -> list[str]:
+    """``sigprop sweep mlp`` of ``PART``'s grid, ``options`` in place of its own."""
+    grid = {**PART, **dict(zip(options[::2], options[1::2]))}
+    return ["sweep", "mlp", *(x for kv in grid.items() for x in kv)]
+
+
 def _part(tmp_path, name: str, shard: str, *options: str) -> Path:
     """Part ``shard`` of the 2-depth grid into ``name``, ``options`` in place of the grid's own."""
     path = tmp_path / name
-    grid = {"--depth": "3,4", "--width": "8", "--init": "he", "--samples": "32", "--device": "cpu"}
-    grid.update(zip(options[::2], options[1::2]))
-    assert (
-        main(["sweep", "mlp", *(x for kv in grid.items() for x in kv), "--shard", shard, "--out", str(path)])
-        == 0
-    )
+    assert main([*_grid(*options), "--shard", shard, "--out", str(path)]) == 0
     return path
 
 
@@ -127,8 +132,7 @@ def test_a_part_of_another_grid_or_other_options_is_refused(tmp_path, capsys, op
     assert err.count("\n") == 1 and "is a part of another grid than" in err and named in err, err
     assert not out.exists()
     # the same part of the other grid on this part's file: refused too, naming the option
-    assert main(["sweep", "mlp", "--depth", "3,4", "--width", "8", "--init", "he", "--samples", "32",
-                 "--device", "cpu", "--shard", "1/2", "--out", str(p1)]) == 2  # fmt: skip
+    assert main([*_grid(), "--shard", "1/2", "--out", str(p1)]) == 2
     err = capsys.readouterr().err
     assert "is not part 1/2 of this grid (it is that part of another grid: " in err and named in err, err
 
@@ -152,21 +156,7 @@ def test_the_whole_grid_onto_a_part_file_is_refused(tmp_path, capsys):
     p0 = _part(tmp_path, "p0.jsonl", "0/2")
     before = p0.read_text()
     capsys.readouterr()
-    grid = [
-        "sweep",
-        "mlp",
-        "--depth",
-        "3,4",
-        "--width",
-        "8",
-        "--init",
-        "he",
-        "--samples",
-        "32",
-        "--device",
-        "cpu",
-    ]
-    assert main([*grid, "--out", str(p0)]) == 2
+    assert main([*_grid(), "--out", str(p0)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is part 0/2 of a sweep" in err and "--shard 0/2" in err, err
     assert p0.read_text() == before
