@@ -405,12 +405,14 @@ map_op(
 # --------------------------------------------------------------------------------------------
 # an attention (``attention``, ``sdpa``)
 # --------------------------------------------------------------------------------------------
-#: the largest logit variance across keys the attention map is applied at: measured on pre-LN
-#: encoders (d = 128, T = 32, 4 draws; docs/theory.md §15) the forward ratios hold within 1% up to
-#: s^2 = 3.3 and the backward within 4% up to s^2 = 1.6, 11% at 3.3 (the softmax's gradient to the
-#: queries and keys, taken at independent keys, grows too fast); ``theory.collision`` is exact
-#: further (to ``theory.MAX_LOGIT_VARIANCE``)
-MAP_LOGIT_VARIANCE = 2.0
+#: the largest logit variance across keys the attention map is applied at: ``collision``'s range.
+#: Measured (3 pre-LN layers, d = 128, T = 32, separate q/k/v projections scaled up, 4 draws;
+#: docs/theory.md §15) every site within 0.3% forward and 1.5% backward from s^2 = 0.1 to 29,
+#: bidirectional and causal, nn.MultiheadAttention within 2% to s^2 = 330; attention with no skip
+#: within 4% forward.  (0.18.x stopped at 2 on a measurement of 0.15.0's maps, 11% backward at
+#: 3.3, taken before the key weight K replaced P-bar in the backward; and the Gauss quadrature
+#: of ``collision`` failed past 4.)
+MAP_LOGIT_VARIANCE = theory.MAX_LOGIT_VARIANCE
 
 
 @dataclass(frozen=True)
@@ -464,6 +466,8 @@ def _attention_moments(nd: GraphNode, fold):
     ]
     raw = theory.logit_variance(p.scale, p.head_dim, mom[0][0], mom[1][0], mom[1][1])
     s2, slope = theory.capped(raw, p.cap)
+    if s2 > MAP_LOGIT_VARIANCE:  # beyond the weights' quadrature: the forward says so
+        return mom, math.nan, math.nan, s2, (raw, slope)
     P, C = theory.attention_weights(s2, p.tokens, p.causal, p.keys)
     return mom, P, C, s2, (raw, slope)
 

@@ -32,6 +32,7 @@ from sigprop.theory.activation import (
     shared_moments,
 )
 from sigprop.theory.attention import (
+    GRID_LOGIT_VARIANCE,
     MAX_LOGIT_VARIANCE,
     attention_entropy,
     attention_weights,
@@ -127,6 +128,7 @@ __all__ = [
     "MAP_ACCURACY_BACKWARD",
     "MAP_ACCURACY_COSINE",
     "MAP_ACCURACY_FORWARD",
+    "GRID_LOGIT_VARIANCE",
     "MAX_LOGIT_VARIANCE",
     "attention_weights",
     "capped",

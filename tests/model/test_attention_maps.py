@@ -135,17 +135,59 @@ def test_copied_layers_follow_the_shared_depth_maps(norm_first):
         assert l.tokens.predicted == pytest.approx(l.tokens.mean, abs=0.05), l.name
 
 
+class Hot(nn.Module):
+    """A pre-LN block with its own query, key and value projections, the queries and keys scaled
+    by ``c`` (logit variance ~ c^4 / 9 after a LayerNorm under PyTorch's default init)."""
+
+    def __init__(self, c: float, causal: bool = False) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+        self.causal = causal
+        with torch.no_grad():
+            self.q.weight.mul_(c)
+            self.k.weight.mul_(c)
+
+    def forward(self, x):
+        B, L, d = x.shape
+        h = self.ln1(x)
+        heads = lambda t: t.reshape(B, L, 4, d // 4).transpose(1, 2)
+        a = F.scaled_dot_product_attention(
+            heads(self.q(h)), heads(self.k(h)), heads(self.v(h)), is_causal=self.causal
+        )
+        x = x + self.o(a.transpose(1, 2).reshape(B, L, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+@pytest.mark.parametrize("c, causal", [(3.0, False), (4.0, True)], ids=["s2-9", "s2-29-causal"])
+def test_logits_far_beyond_uniform_follow_the_maps(c, causal):
+    """Logit variance 9 and 29 (0.18.x stopped the maps at 2: "at logits of variance 9.87 across
+    keys (the attention map covers up to 2)"): every site within the maps' bounds, with P(s^2, n)
+    by the log-domain grid (measured at d 128, T 32: within 0.3% forward, 1.5% backward)."""
+    r = sigprop.probe_module(
+        model=lambda: nn.Sequential(Hot(c, causal), Hot(c, causal)),
+        input_shape=(T, D),
+        samples=16,
+        seeds=4,
+        device="cpu",
+    )
+    note = [n for n in r.config["theory_notes"] if n.startswith("attention: logits of variance")]
+    assert note and float(note[0].split()[4]) > 4.0, note
+    check(r)
+
+
 def test_logits_beyond_the_maps_range_are_said():
     def hot():
         m = stack(layers=1)
         with torch.no_grad():
-            m[0].attn.in_proj_weight[: 2 * D].mul_(3.0)
+            m[0].attn.in_proj_weight[: 2 * D].mul_(12.0)
         return m
 
     r = sigprop.probe_module(model=hot, input_shape=(T, D), samples=8, device="cpu", sites="0")
     assert r.runs[0].layers[0].forward.predicted is None
     note = [n for n in r.config["theory_notes"] if n.startswith("no moment map")]
-    assert note and "the attention map covers up to 2" in note[0]
+    assert note and "the attention map covers up to 1024" in note[0]
 
 
 class Split(nn.Module):
