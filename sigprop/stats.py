@@ -131,6 +131,24 @@ def attach_traced(
     se = run_standard_error(rms_sample_variance(ln), samples, draws)
     half = z * se + accuracy
     _set_band(st, ln_pred, ln_pred, se * math.sqrt(draws), ln_pred - half, ln_pred + half, rounding)
+    st.log10_power, st.draws_for_power = band_power(se, draws, accuracy, z)
+
+
+def band_power(se: float, draws: int, accuracy: float, z: float) -> tuple[float, int | None]:
+    """A traced band's power (docs/theory.md §15): a systematic miss d (ln) moves the measured
+    value to N(ln_pred + d, se^2), outside the band ln_pred +- (z se + accuracy) in
+    ``POWER_LEVEL`` of runs once |d| >= z se + accuracy + z_0.9 se -- that smallest d, log10 --
+    and the draws at which it is ``POWER_TARGET`` (se falls as 1/sqrt(draws) at fixed samples;
+    this run's draws when it already is; None where no draws would: accuracy >= target)."""
+    power = (z + theory.Z_POWER) * se + accuracy
+    room = theory.POWER_TARGET - accuracy
+    if power <= theory.POWER_TARGET:
+        need: int | None = draws
+    elif room <= 0:
+        need = None
+    else:
+        need = math.ceil(draws * ((z + theory.Z_POWER) * se / room) ** 2)
+    return power / LN10, need
 
 
 def token_stats(

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from sigprop import kinds
+from sigprop import kinds, theory
 from sigprop.report.common import _table, _value, fmt_log10, fmt_num, gate_text, table_rows, verdict_words
 from sigprop.results import ProbeResult, RatioStats, RunResult
 
@@ -212,6 +212,34 @@ def correlation_lines(run: RunResult) -> list[str]:
     return out
 
 
+def power_lines(run: RunResult) -> list[str]:
+    """The traced bands that cannot catch a miss of the maps of ``theory.POWER_TARGET`` (25%) in
+    ``POWER_LEVEL`` of runs -- a smaller miss there may read "=" -- with what each catches and the
+    draws that would narrow every one (docs/theory.md §15, "A band's power"); none: no line."""
+    target = theory.POWER_TARGET / theory.LN10
+    wide, draws = [], []
+    for layer in run.layers:
+        for direction in ("forward", "backward"):
+            st = getattr(layer, direction)
+            if st.log10_power is None or st.log10_power <= target + 1e-12:
+                continue
+            wide.append(f"{layer.name} {direction} ({10.0**st.log10_power - 1.0:.0%})")
+            draws.append(st.draws_for_power)
+    if not wide:
+        return []
+    shown = ", ".join(wide[:6]) + (f" and {len(wide) - 6} more" if len(wide) > 6 else "")
+    more = (
+        f"--seeds {max(draws)} would catch it at every site"
+        if all(d is not None for d in draws)
+        else "no number of draws would at every site"
+    )
+    return [
+        f"[dim]{run.init}: {len(wide)} band(s) too wide to catch a {theory.POWER_TARGET_PERCENT}% miss of the "
+        f"theory in {theory.POWER_LEVEL:.0%} of runs -- the miss each catches: {escape(shown)}; {more} "
+        "(docs/theory.md §15, \"A band's power\")[/dim]"
+    ]
+
+
 def stage_lines(run: RunResult) -> list[str]:
     """Per stage: the predicted stage ratios beside the --check band (before widening)."""
     out = []
@@ -365,7 +393,7 @@ def render_table(result: ProbeResult, console: Console) -> None:
             console.print(correlation_table(run, run.stages is not None))
         for m in run.measurements:
             console.print(measurement_table(run, m, hints.row))
-        for line in stage_lines(run) + correlation_lines(run):
+        for line in stage_lines(run) + correlation_lines(run) + power_lines(run):
             console.print(line, highlight=False, soft_wrap=True)
         for line in measurement_lines(run):
             console.print(line, highlight=False, soft_wrap=True)

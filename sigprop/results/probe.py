@@ -65,6 +65,12 @@ class RatioStats:
     #: and doubled -- what separates this init from one off by that factor (docs/theory.md §4,
     #: "Which bands are a test"); None where the kind does not say
     log10_separation: tuple[float, float] | None = None
+    #: a traced band's power: the smallest miss of the maps (log10 of measured/predicted) it
+    #: catches in ``theory.POWER_LEVEL`` of runs, and the draws (--seeds) at which it would catch
+    #: ``theory.POWER_TARGET`` (this run's when it already does); None without a traced band
+    #: (docs/theory.md §15, "A band's power")
+    log10_power: float | None = None
+    draws_for_power: int | None = None
 
     @property
     def informative(self) -> bool | None:
@@ -103,6 +109,8 @@ class RatioStats:
                 "log10_separation": None
                 if self.log10_separation is None
                 else [_num(v) for v in self.log10_separation],
+                "log10_power": _num(self.log10_power),
+                "draws_for_power": self.draws_for_power,
             },
         }
 

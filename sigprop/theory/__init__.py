@@ -120,7 +120,11 @@ from sigprop.theory.tolerances import (
     SPREAD_C_HALF_GAUSSIAN,
     SPREAD_C_ORTHOGONAL_BASE,
     Z_AGREEMENT,
+    POWER_LEVEL,
+    POWER_TARGET,
+    POWER_TARGET_PERCENT,
     Z_CHECK,
+    Z_POWER,
 )
 
 __all__ = [
@@ -156,7 +160,11 @@ __all__ = [
     "TABLE_BLOCKS",
     "TABLE_N",
     "Z_AGREEMENT",
+    "POWER_LEVEL",
+    "POWER_TARGET",
+    "POWER_TARGET_PERCENT",
     "Z_CHECK",
+    "Z_POWER",
     "_log_binomial_half",
     "activation_moments",
     "relu_shared_moments",

@@ -39,3 +39,11 @@ DRAW_SHARE = 0.25
 MAP_ACCURACY_FORWARD = math.log(1.06)
 MAP_ACCURACY_BACKWARD = math.log(1.10)
 MAP_ACCURACY_COSINE = 0.05
+#: a traced band's power (docs/theory.md §15, "A band's power"): the smallest relative miss of
+#: the maps it catches in ``POWER_LEVEL`` of runs -- the band's half-width plus z_{0.9} = 1.2816
+#: standard errors -- and the miss every band is asked to catch (issue 67: 25%); a band whose
+#: power is wider is named under the table with the draws (--seeds) that would narrow it
+POWER_LEVEL = 0.9
+Z_POWER = 1.2815515655446004
+POWER_TARGET_PERCENT = 25
+POWER_TARGET = math.log(1.0 + POWER_TARGET_PERCENT / 100)
