@@ -251,9 +251,16 @@ def step(nd, i: int, fold, merged) -> None:
             pair = nd.params.get("pair")
             G = G_in * pair if pair is not None and pair.shape == G_in.shape else G_in
         elif G_in is not None and _per_token(nd):
-            d = np.sqrt(np.clip(np.diag(G_in), 1e-300, None))
+            # each token divided by its own RMS: an RMSNorm's eps (``bias``) counts per token, so
+            # where it is not far below the tokens' mean squares, and those differ by position
+            # (a causal attention's early tokens), the second moment moves too: mean_t of
+            # G_tt/(G_tt + eps) against the fold's q/(q + eps) (OLMo-2's post-branch norms at
+            # init: the embeddings' gradient 37% high without it, docs/theory.md §16)
+            eps = nd.bias if nd.op == "rmsnorm" else 0.0
+            d = np.sqrt(np.clip(np.diag(G_in) + eps, 1e-300, None))
             G = G_in / np.outer(d, d)
-            _correct(st, _tok_ratio(G, _flat(G_in) / _diag_mean(G_in)))
+            flat = _flat(G_in) / (_diag_mean(G_in) + eps)
+            _correct(st, _tok_ratio(G, flat), _diag_mean(G) / _diag_mean(flat))
         elif op == "act" and G_in is not None:
             G = _kernel(nd.fn[0], src.mean, G_in)
             _correct(st, _tok_ratio(G, _kernel(nd.fn[0], src.mean, _flat(G_in))))
