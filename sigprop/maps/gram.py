@@ -321,8 +321,8 @@ def _share(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
         C = R * D
         return C, _levels(C, R * _kernel(nd.fn[1], m, _flat(G)))
     if op == "sdpa" and nd.params is not None and nd.params.causal and int(nd.params.tokens) == T:
-        if pos != 2:  # a query's or a key's gradient: R's shape, the map's own level
-            return R, (1.0, 1.0)
+        if pos != 2:
+            return _query_key_share(R, fold.logit_variance.get(k, 0.0), pos)
         s2 = fold.logit_variance.get(k, 0.0)
         C = attended_back(R, s2)
         return C, _levels(C, attended_back(_flat(R), s2))
@@ -334,6 +334,29 @@ def _share(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
         C = R * Go
         return C, _levels(C, R * _flat(Go))
     return None
+
+
+def _query_key_share(R: np.ndarray, s2: float, pos: int):
+    """A causal attention's queries' (pos 0) or keys' (pos 1) gradient Gram from its output's R:
+    query t's gradient is R_tt K_t (K_t = ``theory.key_weights``: what its weights' centring
+    leaves, 0 for the first query, which reads one key), key s's the sum over the queries t >= s
+    that read it of R_tt K_t/(t + 1); the map's own level reads mean(R) mean(K), so the levels'
+    correction is mean(R_tt K_t)/(mean(R) mean(K)) -- early positions carry the larger gradients
+    and the smaller K (docs/theory.md §16).  The off-diagonal keeps R's shape, scaled per token."""
+    T = R.shape[0]
+    K = theory.key_weights(s2, T, True)
+    r = np.clip(np.diag(R), 1e-300, None)
+    if pos == 0:
+        a = r * K
+    else:
+        a = np.cumsum((r * K / np.arange(1, T + 1))[::-1])[::-1]
+    mean = float(np.mean(r)) * float(np.mean(K))
+    if mean <= 0.0 or not np.all(np.isfinite(a)):
+        return R, (1.0, 1.0)
+    s = np.sqrt(a / r)
+    C = R * np.outer(s, s)
+    flat = R * (mean / float(np.mean(r)))  # the uniform reading: every token's K the mean
+    return C, _levels(C, flat)
 
 
 def back_step(nd, k: int, given: dict, fold, merged) -> None:

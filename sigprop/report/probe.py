@@ -234,9 +234,9 @@ def power_lines(run: RunResult) -> list[str]:
         else "no number of draws would at every site"
     )
     return [
-        f"[dim]{run.init}: {len(wide)} band(s) too wide to catch a {theory.POWER_TARGET_PERCENT}% miss of the "
-        f"theory in {theory.POWER_LEVEL:.0%} of runs -- the miss each catches: {escape(shown)}; {more} "
-        "(docs/theory.md §15, \"A band's power\")[/dim]"
+        f"[dim]{run.init}: {len(wide)} band(s) too wide to catch a {theory.POWER_TARGET_PERCENT}% miss of "
+        f"the theory in {theory.POWER_LEVEL:.0%} of runs -- the miss each catches: {escape(shown)}; {more} "
+        '(docs/theory.md §15, "A band\'s power")[/dim]'
     ]
 
 

@@ -39,6 +39,7 @@ from sigprop.theory.attention import (
     capped,
     collision,
     key_weight,
+    key_weights,
     logit_variance,
 )
 from sigprop.theory.conv import (
@@ -116,13 +117,13 @@ from sigprop.theory.tolerances import (
     MAP_ACCURACY_BACKWARD,
     MAP_ACCURACY_COSINE,
     MAP_ACCURACY_FORWARD,
+    POWER_LEVEL,
+    POWER_TARGET,
+    POWER_TARGET_PERCENT,
     SPREAD_C_GAUSSIAN,
     SPREAD_C_HALF_GAUSSIAN,
     SPREAD_C_ORTHOGONAL_BASE,
     Z_AGREEMENT,
-    POWER_LEVEL,
-    POWER_TARGET,
-    POWER_TARGET_PERCENT,
     Z_CHECK,
     Z_POWER,
 )
@@ -139,6 +140,7 @@ __all__ = [
     "attention_entropy",
     "collision",
     "key_weight",
+    "key_weights",
     "logit_variance",
     "BN_EPS",
     "CORR_COLLAPSE_K",

@@ -51,7 +51,9 @@ def collision(s2: float, n: int) -> float:
     if s2 <= 0.0:
         return 1.0 / n
     if s2 > MAX_LOGIT_VARIANCE:
-        raise ValueError(f"collision: logit variance {s2:g} beyond {MAX_LOGIT_VARIANCE:g} (MAX_LOGIT_VARIANCE)")
+        raise ValueError(
+            f"collision: logit variance {s2:g} beyond {MAX_LOGIT_VARIANCE:g} (MAX_LOGIT_VARIANCE)"
+        )
     if s2 > GRID_LOGIT_VARIANCE:
         return _collision_grid(s2, n)
     from scipy.special import roots_genlaguerre  # scipy's import is slow: only when attention is mapped
@@ -137,7 +139,13 @@ def key_weight(s2: float, T: int, causal: bool, keys: int | None = None) -> floa
     A query that reads one key (a causal mask's first)
     sends its key nothing: under a causal mask K is about half of P-bar (0.53 at T = 16), and it
     is P-bar (1 - 1/T) without one (docs/theory.md §15)."""
-    return float(np.mean([_key_weight(s2, int(k)) for k in key_counts(T, causal, keys)]))
+    return float(np.mean(key_weights(s2, T, causal, keys)))
+
+
+def key_weights(s2: float, T: int, causal: bool, keys: int | None = None) -> np.ndarray:
+    """Per query t the expectation ``key_weight`` averages, E[sum_s w_ts^2 (1 - 2 w_ts + sum_s'
+    w_ts'^2)] over the n_t keys it reads: 0 for a causal mask's first query (one key)."""
+    return np.array([_key_weight(s2, int(k)) for k in key_counts(T, causal, keys)])
 
 
 def _key_weight(s2: float, n: int) -> float:
