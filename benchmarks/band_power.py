@@ -4,9 +4,10 @@ sites' bands are too wide to catch a 25% miss of the maps in 90% of runs (``log1
 the --seeds that would narrow them all; (2) the other way, on a post-LN encoder of 48 layers (d
 64, T 16, each layer re-drawn), over draws one run each: how many sites where the maps hold in
 the mean read "≠", and per depth the spread of the miss across draws beside the band's
-half-width.
+half-width; (3) the draw share rho of the measured value and of the miss (measured over the
+prediction composed on the same draw), per model, which the band reads as 0.25.
 
-Usage: python benchmarks/band_power.py [--draws 8]   (about a minute on 2 cores)
+Usage: python benchmarks/band_power.py [--draws 8] [--rho-draws 12]   (about a minute on 2 cores)
 """
 
 from __future__ import annotations
@@ -84,13 +85,46 @@ def marks_table(draws: int) -> None:
         )
 
 
+def rho_table(draws: int, samples: int = 64) -> None:
+    print("\n| model | sites | rho of the measured value, median (max) | rho of the miss, median (max) |")
+    print("|---|---|---|---|")
+    models = {
+        "llama": (zoo.GOOD["llama"], zoo.inputs("llama")),
+        "gpt2": (zoo.GOOD["gpt2"], zoo.inputs("gpt2")),
+        "bert": (zoo.GOOD["bert"], zoo.inputs("bert")),
+        "post-LN, 48 layers": (post_ln, {"input_shape": (16, 64)}),
+    }
+    for name, (make, kw) in models.items():
+        miss, meas, var = [], [], []
+        for seed in range(draws):
+            run = sigprop.probe_module(model=make, inits="as-is", seed=seed, samples=samples, **kw).runs[0]
+            rows = [l.backward for l in run.layers if l.backward.predicted]
+            miss.append([math.log(b.rms / b.predicted) for b in rows])
+            meas.append([math.log(b.rms) for b in rows])
+            # one sample's variance back from the band: half = z se + accuracy, se^2 = v (1/S + rho)
+            half = [(b.log10_high - b.log10_low) / 2 * theory.LN10 for b in rows]
+            se = [(h - theory.MAP_ACCURACY_BACKWARD) / theory.Z_CHECK for h in half]
+            var.append([x * x / (1 / samples + theory.DRAW_SHARE) for x in se])
+        miss, meas, var = map(np.array, (miss, meas, var))
+        v = var.mean(0)
+        ok = v > 1e-12
+        cols = [(a.var(0, ddof=1) - v / samples)[ok] / v[ok] for a in (meas, miss)]
+        print(
+            f"| {name} | {int(ok.sum())} | "
+            + " | ".join(f"{np.median(c):.3f} ({c.max():.3f})" for c in cols)
+            + " |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draws", type=int, default=8)
+    ap.add_argument("--rho-draws", type=int, default=12)
     a = ap.parse_args()
     torch.set_num_threads(2)
     power_table()
     marks_table(a.draws)
+    rho_table(a.rho_draws)
 
 
 if __name__ == "__main__":
