@@ -406,10 +406,11 @@ map_op(
 # an attention (``attention``, ``sdpa``)
 # --------------------------------------------------------------------------------------------
 #: the largest logit variance across keys the attention map is applied at: ``collision``'s range.
-#: Measured (3 pre-LN layers, d = 128, T = 32, separate q/k/v projections scaled up, 4 draws;
-#: docs/theory.md §15) every site within 0.3% forward and 1.5% backward from s^2 = 0.1 to 29,
-#: bidirectional and causal, nn.MultiheadAttention within 2% to s^2 = 330; attention with no skip
-#: within 4% forward.  (0.18.x stopped at 2 on a measurement of 0.15.0's maps, 11% backward at
+#: Measured (benchmarks/attention_range.py: 3 pre-LN layers, d = 128, T = 32, separate q/k/v
+#: projections scaled up, 4 draws; docs/theory.md §15) every site within 0.1% forward and 2.2%
+#: backward from s^2 = 0.1 to 150, bidirectional and causal, nn.MultiheadAttention within 2% to
+#: s^2 = 330; attention with no skip
+#: within 4%.  (0.18.x stopped at 2 on a measurement of 0.15.0's maps, 11% backward at
 #: 3.3, taken before the key weight K replaced P-bar in the backward; and the Gauss quadrature
 #: of ``collision`` failed past 4.)
 MAP_LOGIT_VARIANCE = theory.MAX_LOGIT_VARIANCE
