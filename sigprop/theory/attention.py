@@ -87,7 +87,7 @@ def _collision_grid(s2: float, n: int) -> float:
     return float(min(1.0, max(1.0 / n, n * math.exp(logsumexp(lw + inner)))))
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=16)  # up to 3 MB an entry (the index at s^2 = 1024)
 def _grid_tables(s2: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """What ``_collision_grid`` reads for every n at one s^2: the logit's log weights on the
     grid, u, Phi on the grid of u - z, and the index of Phi(u - z) per (z, u)."""
