@@ -224,7 +224,8 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
         # ShapeProp logs the traceback of a failing node itself: the failure is said in one line
         with torch.no_grad(), Deterministic(), quiet():
             gm = ops.symbolic_trace(model)
-            out = ShapeProp(gm).propagate(*two)
+            rec = _Recording(gm)
+            out = rec.propagate(*two)
     except Exception as exc:
         if gm is not None:  # traced, and its forward failed: the model's own, on these inputs, in one line
             with torch.no_grad():
@@ -241,7 +242,7 @@ def trace_graph(model: nn.Module, x, what: str = "the model") -> Traced:
         # a module kept whole (torch's nn.TransformerEncoder): which of its children its forward
         # calls is not in the graph; ``survey``'s hooks see them
         seen = None
-    t = Tracing(gm, {}, [], [])
+    t = Tracing(gm, {}, [], [], rec.values)
     nodes, last_in, first_in = _nodes_of(t, _call_paths)
     return Traced(nodes, last_in, "", seen, first_in=first_in)
 
@@ -316,7 +317,9 @@ class _Reads:
             return node
         if isinstance(node, list):
             if all(sub.op in OPS for sub in node):
-                return node
+                # a copy of an earlier layer outside nn.TransformerEncoder (a ModuleList of its
+                # layers): the expansion tagged its own path, the copy reads its twin's draws
+                return [_as_draw(sub, str(n.target), key) for sub in node]
         elif node.op in GAUSSIAN and not node.mats:  # a conv's taps mix positions: not read
             if first is not None and t.nodes[first].op == node.op:
                 t.nodes[first] = dataclasses.replace(t.nodes[first], weight=key)
@@ -371,6 +374,15 @@ class _Reads:
                     twin[1],
                 )
         return draw, why, at
+
+
+def _as_draw(node: GraphNode, path: str, draw: str) -> GraphNode:
+    """``node`` of the expansion of the module at ``path`` tagged with the draw of ``draw`` (its
+    twin's path) in place of its own."""
+    w = node.weight
+    if not draw or not isinstance(w, str) or not w.startswith(path + "."):
+        return node
+    return dataclasses.replace(node, weight=draw.split("@")[0] + w[len(path) :])
 
 
 def cached(model: nn.Module) -> list[str]:
@@ -483,21 +495,27 @@ class _Recording(ShapeProp):
 
     def run_node(self, n: fx.Node):
         out = super().run_node(n)
-        if n.op == "get_attr" or (
-            n.op == "call_function" and all(a in self.static for a in n.all_input_nodes)
-        ):
+        if self._static(n):
             self.static.add(n)
             self.values[n] = out
         return out
+
+    def _static(self, n: fx.Node) -> bool:
+        """A tensor of the model's, an input's metadata (its shape, device, dtype: torch.fx's
+        ``x.shape``; torch.export's graph has them as constants), or a call whose inputs are all
+        such (nanoGPT's ``wpe(torch.arange(t, device=idx.device))``: the positions' table)."""
+        if n.op == "get_attr" or ops.attention.is_metadata(n):
+            return True
+        return n.op in ("call_function", "call_method", "call_module") and all(
+            a in self.static for a in n.all_input_nodes
+        )
 
     def statics(self) -> None:
         """The values of the nodes that depend on no input only, under the weights loaded now
         (a graph kept for its key, ``_reused``: its shapes are already on its nodes)."""
         self.env = {}
         for n in self.module.graph.nodes:
-            if n.op == "get_attr" or (
-                n.op == "call_function" and all(a in self.static for a in n.all_input_nodes)
-            ):
+            if self._static(n):
                 self.env[n] = self.run_node(n)
 
 

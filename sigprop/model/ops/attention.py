@@ -176,14 +176,19 @@ def _is_mha(gm: fx.GraphModule, n: fx.Node) -> bool:
     return n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.MultiheadAttention)
 
 
-def _is_size(gm: fx.GraphModule, n: fx.Node) -> bool:
-    """``x.shape`` (getattr) or ``x.size()``: sizes, no state."""
-    return (n.op == "call_function" and n.target is getattr and n.args[1:] == ("shape",)) or (
-        n.op == "call_method" and n.target == "size"
-    )
+#: a tensor's attributes that are its metadata, not its values: ``x.shape``, and ``x.device`` and
+#: ``x.dtype`` where a constant is made beside it (nanoGPT's ``torch.arange(t, device=idx.device)``)
+METADATA = ("shape", "device", "dtype")
 
 
-register(TracedOp("size", _is_size, lambda t, n: GraphNode(t.label(n), "const", ())))
+def is_metadata(n: fx.Node) -> bool:
+    """``x.shape``, ``x.device``, ``x.dtype`` (getattr) or ``x.size()``: metadata, no state."""
+    return (
+        n.op == "call_function" and n.target is getattr and len(n.args) == 2 and n.args[1] in METADATA
+    ) or (n.op == "call_method" and n.target == "size")
+
+
+register(TracedOp("size", lambda gm, n: is_metadata(n), lambda t, n: GraphNode(t.label(n), "const", ())))
 register(TracedOp("attention", _is_mha, _mha_node))
 register(
     TracedOp(
