@@ -78,8 +78,8 @@ def _collision_grid(s2: float, n: int) -> float:
     1e-17 at h = s/2), e^{-e^u}'s ~ e^{-pi^2/h} (1e-17 at h = 1/4); the grid runs over 9 s of a
     logit (weights renormalised on it) and u from -32 (e^{2u} < 1e-27) to 4 (e^{-e^4} < 1e-23).
     Agrees with the Gauss quadrature within 2e-5 at s^2 <= 1 and with a Monte Carlo of the softmax
-    within its standard error to s^2 = 64 (tests/theory/test_attention.py)."""
-    from scipy.special import logsumexp
+    within its standard error to s^2 = 1024 (tests/theory/test_attention.py)."""
+    from scipy.special import logsumexp  # scipy's import is slow: only when attention is mapped
 
     lw, u, phi, at = _grid_tables(s2)
     f = (2.0 * u - np.exp(u))[None, :] + (n - 1) * phi[at]
@@ -91,7 +91,7 @@ def _collision_grid(s2: float, n: int) -> float:
 def _grid_tables(s2: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """What ``_collision_grid`` reads for every n at one s^2: the logit's log weights on the
     grid, u, Phi on the grid of u - z, and the index of Phi(u - z) per (z, u)."""
-    from scipy.special import logsumexp
+    from scipy.special import logsumexp  # scipy's import is slow: only when attention is mapped
 
     sig = math.sqrt(s2)
     h = min(0.25, sig / 2.0)
