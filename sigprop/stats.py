@@ -116,6 +116,7 @@ def attach_traced(
     accuracy: float,
     rounding: float,
     z: float = theory.Z_CHECK,
+    pred_draws: np.ndarray | None = None,
 ) -> None:
     """Pair a traced model's measured RMS ratio with its prediction (ln of the RMS over draws of
     each draw's composed maps): the band ln_pred +- (z se + ``accuracy``), se the run's standard
@@ -123,15 +124,38 @@ def attach_traced(
     maps' stated accuracy in that direction (``theory.MAP_ACCURACY_*``); agrees when the
     measured RMS is inside (docs/theory.md §15: the prediction follows each draw's weights, so
     the question is whether the model behaves as the maps predict, not this init against
-    another -- every such band is a test).  ``log10_std_predicted``: how far one draw's measured
-    value moves across draws (the run's standard error times sqrt(draws))."""
+    another -- every such band is a test).  From ``theory.EMPIRICAL_DRAWS`` draws (``pred_draws``:
+    each draw's own prediction, ln) the statistical part is the wider of that and the miss's own
+    spread across the draws (``_between_draws``).  ``log10_std_predicted``: how far one draw's
+    measured value moves across draws (the run's standard error times sqrt(draws))."""
     if ln_pred is None or not math.isfinite(ln_pred):
         return
     draws, samples = np.asarray(ln).shape
-    se = run_standard_error(rms_sample_variance(ln), samples, draws)
-    half = z * se + accuracy
+    se, k = run_standard_error(rms_sample_variance(ln), samples, draws), z
+    spread = _between_draws(ln, pred_draws, z)
+    if spread is not None and spread[0] * spread[1] > z * se:
+        se, k = spread
+    half = k * se + accuracy
     _set_band(st, ln_pred, ln_pred, se * math.sqrt(draws), ln_pred - half, ln_pred + half, rounding)
-    st.log10_power, st.draws_for_power = band_power(se, draws, accuracy, z)
+    st.log10_power, st.draws_for_power = band_power(se, draws, accuracy, k)
+
+
+def _between_draws(ln: np.ndarray, pred_draws, z: float) -> tuple[float, float] | None:
+    """(the standard error of the mean miss over the draws, Student's t quantile at z's two-sided
+    level for draws - 1 degrees of freedom): the miss per draw is its measured ln RMS less its own
+    prediction; None below ``theory.EMPIRICAL_DRAWS`` draws or without every draw's prediction."""
+    ln = np.asarray(ln, dtype=np.float64)
+    draws = ln.shape[0]
+    if pred_draws is None or draws < theory.EMPIRICAL_DRAWS:
+        return None
+    pred = np.asarray(pred_draws, dtype=np.float64)
+    if pred.shape != (draws,) or not np.all(np.isfinite(pred)) or not np.all(np.isfinite(ln)):
+        return None
+    from scipy.special import ndtr, stdtrit  # scipy's import is slow: only for many-draw runs
+
+    k = float(ln.max())
+    miss = 0.5 * np.log(np.exp(2.0 * (ln - k)).mean(axis=1)) + k - pred
+    return float(miss.std(ddof=1) / math.sqrt(draws)), float(stdtrit(draws - 1, ndtr(z)))
 
 
 def band_power(se: float, draws: int, accuracy: float, z: float) -> tuple[float, int | None]:

@@ -442,9 +442,12 @@ def site_rows(plan, arrays: dict, probe, reached, preds, z: float = theory.Z_CHE
     for i, site in enumerate(plan.sites):
         f = stats.ratio_stats(arrays["fwd"][:, i, :])
         b = stats.ratio_stats(arrays["bwd"][:, i, :]) if reached[i] else stats.no_ratio()
-        stats.attach_traced(f, arrays["fwd"][:, i, :], pf[i], theory.MAP_ACCURACY_FORWARD, rounding, z)
+        fd, bd = (arrays[k][:, i] if k in arrays else None for k in ("pred_fwd", "pred_bwd"))
+        stats.attach_traced(f, arrays["fwd"][:, i, :], pf[i], theory.MAP_ACCURACY_FORWARD, rounding, z, fd)
         if reached[i]:
-            stats.attach_traced(b, arrays["bwd"][:, i, :], pb[i], theory.MAP_ACCURACY_BACKWARD, rounding, z)
+            stats.attach_traced(
+                b, arrays["bwd"][:, i, :], pb[i], theory.MAP_ACCURACY_BACKWARD, rounding, z, bd
+            )
         layers.append(
             LayerRecord(
                 i + 1, plan.entries[i], f, b, name=site, off_path=not reached[i], tokens=_tokens(arrays, i, z)

@@ -113,6 +113,7 @@ from sigprop.theory.spread import (
 )
 from sigprop.theory.tolerances import (
     DRAW_SHARE,
+    EMPIRICAL_DRAWS,
     LN10,
     MAP_ACCURACY_BACKWARD,
     MAP_ACCURACY_COSINE,
@@ -130,6 +131,7 @@ from sigprop.theory.tolerances import (
 
 __all__ = [
     "DRAW_SHARE",
+    "EMPIRICAL_DRAWS",
     "MAP_ACCURACY_BACKWARD",
     "MAP_ACCURACY_COSINE",
     "MAP_ACCURACY_FORWARD",

@@ -47,3 +47,9 @@ POWER_LEVEL = 0.9
 Z_POWER = 1.2815515655446004
 POWER_TARGET_PERCENT = 25
 POWER_TARGET = math.log(1.0 + POWER_TARGET_PERCENT / 100)
+#: the draws from which a traced band reads the spread of the maps' miss across them instead of
+#: (where wider than) the draw share's model: the miss per draw (measured over that draw's own
+#: prediction) varies across draws from 0.04 to 5 times one sample's variance by model
+#: (docs/reliability.md §8), so from 8 draws the run's own spread, with Student's t quantile at
+#: the z's level for draws - 1 degrees of freedom (4.5 at 8 draws, 3.6 at 16)
+EMPIRICAL_DRAWS = 8
