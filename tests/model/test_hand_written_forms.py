@@ -7,6 +7,7 @@ copies read as independent draws: 55% off at the last layer of 12)."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -88,3 +89,84 @@ def test_copied_layers_in_a_module_list_read_their_twins_draws():
     r = sigprop.probe_module(model=copied_encoder, input_shape=(T,), vocab=VOCAB, samples=16, seeds=2)
     assert any(n.startswith("shared depth: ") for n in r.config["theory_notes"]), r.config["theory_notes"]
     check(r)
+
+
+class WrittenOut(nn.Module):
+    """nanoGPT's attention without flash (its model.py): q k^T / sqrt(d_h), masked_fill of a
+    lower-triangular buffer's zeros with -inf, softmax, nn.Dropout, @ v.  ``sized``: the scale
+    from ``k.size(-1)`` and the buffer sliced to the sequence, as nanoGPT writes them (torch.fx
+    cannot trace that: torch.export reads it); else constants (torch.fx reads it)."""
+
+    def __init__(self, sized: bool) -> None:
+        super().__init__()
+        self.sized = sized
+        self.c_attn, self.c_proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+        self.attn_dropout = nn.Dropout(0.1)
+        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+    def heads(self, x):
+        B, L, C = x.shape
+        q, k, v = self.c_attn(x).split(D, dim=2)
+        return [t.view(B, L, 4, C // 4).transpose(1, 2) for t in (q, k, v)]
+
+    def forward(self, x):
+        B, L, C = x.shape
+        q, k, v = self.heads(x)
+        if self.sized:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :L, :L] == 0, float("-inf"))
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D // 4))
+            att = att.masked_fill(self.bias == 0, float("-inf"))
+        y = self.attn_dropout(F.softmax(att, dim=-1)) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, L, C))
+
+
+class Fused(WrittenOut):
+    """The same weights through scaled_dot_product_attention(is_causal=True)."""
+
+    def forward(self, x):
+        B, L, C = x.shape
+        y = F.scaled_dot_product_attention(*self.heads(x), is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, L, C))
+
+
+class Residual(nn.Module):
+    def __init__(self, attn: nn.Module) -> None:
+        super().__init__()
+        self.ln1, self.ln2, self.attn = nn.LayerNorm(D), nn.LayerNorm(D), attn
+        self.fc, self.proj = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.proj(F.gelu(self.fc(self.ln2(x))))
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["as-nanoGPT-writes-it", "constants"])
+def test_nanogpts_written_out_attention_is_the_causal_attention(sized):
+    """0.19.0.dev0: "no moment map for matmul.default" at the first block.  Now the written-out
+    form (masked_fill with -inf, an nn.Dropout module between the softmax and the values) is read
+    as the causal attention it computes: within the maps' bounds of the measurement, and its
+    predictions equal, to float rounding, those of the same weights through SDPA's is_causal."""
+    math_path = lambda: nn.Sequential(*[Residual(WrittenOut(sized)) for _ in range(3)])
+    r = sigprop.probe_module(model=math_path, input_shape=(T, D), samples=16, seeds=2)
+    assert ("theory traced by torch.export" in " ".join(r.config["theory_notes"])) is sized
+    check(r)
+
+    def same_weights(kind):
+        def make():
+            torch.manual_seed(0)
+            written = math_path()
+            if kind == "written":
+                return written
+            other = nn.Sequential(*[Residual(Fused(sized)) for _ in range(3)])
+            other.load_state_dict(written.state_dict())
+            return other
+
+        return make
+
+    a = sigprop.probe_module(model=same_weights("written"), input_shape=(T, D), samples=8)
+    b = sigprop.probe_module(model=same_weights("fused"), input_shape=(T, D), samples=8)
+    for x, y in zip(a.runs[0].layers, b.runs[0].layers):
+        assert x.forward.predicted == pytest.approx(y.forward.predicted, rel=1e-6), x.name
+        assert x.backward.predicted == pytest.approx(y.backward.predicted, rel=1e-6), x.name

@@ -185,13 +185,15 @@ def _scaled_by(n):
 
 
 def eager_parts(n: fx.Node) -> dict | None:
-    """Of attention written out -- ``softmax(q k^T scale [+ mask], -1) v``, its logits optionally
-    soft-capped ``c tanh(z / c)`` (Gemma 2), the softmax's result through a cast or dropout --:
-    {q, k, v, scale, cap, mask (an fx node or None)}; None for any other product."""
+    """Of attention written out -- ``softmax(q k^T scale [+ mask], -1) v`` or nanoGPT's
+    ``softmax((q k^T scale).masked_fill(cond, -inf), -1) v``, its logits optionally soft-capped
+    ``c tanh(z / c)`` (Gemma 2), the softmax's result through a cast or dropout (a function or an
+    ``nn.Dropout``) --: {q, k, v, scale, cap, mask (an fx node or None), fill (the mask is
+    masked_fill's condition)}; None for any other product."""
     if not _call(n, MATMULS) or len(n.args) != 2:
         return None
     w, v = n.args
-    while _call(w, AFTER_SOFTMAX) or (isinstance(w, fx.Node) and w.op == "call_method" and w.target == "to"):
+    while _call(w, AFTER_SOFTMAX) or _method_or_dropout(w):
         w = w.args[0]
     if not _call(w, SOFTMAXES):
         return None
@@ -199,8 +201,44 @@ def eager_parts(n: fx.Node) -> dict | None:
     z, mask = w.args[0], None
     if dim not in (-1, 3):
         return None
+    filled = _filled(z)
+    if filled is not None:  # nanoGPT's att.masked_fill(bias[..., :T, :T] == 0, -inf)
+        z, cond = filled
+        found = _logits_of(z, None)
+        return None if found is None else {**found, "v": v, "mask": cond, "fill": True}
     if _call(z, structure.ADD_FUNCTIONS) and len(z.args) == 2:  # the mask, added
         z, mask = z.args  # which side is the state: read by ``eager`` (the constant is the mask)
+    found = _logits_of(z, mask)
+    return None if found is None else {**found, "v": v}
+
+
+def _method_or_dropout(w) -> bool:
+    """``w.to(...)``, or an ``nn.Dropout`` module called on it (torch.fx keeps the module)."""
+    if not isinstance(w, fx.Node) or not w.args:
+        return False
+    if w.op == "call_method":
+        return w.target == "to"
+    owner = w.graph.owning_module
+    return (
+        w.op == "call_module"
+        and owner is not None
+        and isinstance(owner.get_submodule(w.target), torch.nn.Dropout)
+    )
+
+
+def _filled(z) -> tuple | None:
+    """z = logits.masked_fill(cond, -inf) (a method, ``torch.masked_fill`` or ATen's): (logits,
+    cond); else None."""
+    is_method = isinstance(z, fx.Node) and z.op == "call_method" and z.target == "masked_fill"
+    if not (is_method or _call(z, (torch.masked_fill, aten.masked_fill.Scalar))) or len(z.args) != 3:
+        return None
+    logits, cond, value = z.args
+    return (logits, cond) if isinstance(value, float) and value == float("-inf") else None
+
+
+def _logits_of(z, mask) -> dict | None:
+    """{q, k, scale, cap, mask} of the logits ``z`` (or of ``mask``, whichever side of an added
+    mask is q k^T scaled): q k^T [times numbers] [soft-capped c tanh(z / c)]; None otherwise."""
     cap = None
     for logits, other in ((z, mask), (mask, z)) if mask is not None else ((z, None),):
         inner, c = _scaled_by(logits)
@@ -220,7 +258,7 @@ def eager_parts(n: fx.Node) -> dict | None:
                 isinstance(kt, fx.Node) and kt.op == "call_method" and kt.target == "transpose"
             )
             if turned and sorted(a % 4 if isinstance(a, int) else -1 for a in kt.args[1:3]) == [2, 3]:
-                return {"q": q, "k": kt.args[0], "v": v, "scale": scale, "cap": cap, "mask": other}
+                return {"q": q, "k": kt.args[0], "scale": scale, "cap": cap, "mask": other}
     return None
 
 
@@ -234,7 +272,10 @@ def eager(t, n: fx.Node) -> GraphNode:
         return GraphNode(label, "unknown", t.inputs(n), why=f"{label}: a product of two states")
     causal = False
     if found["mask"] is not None:
-        kind = att.mask_kind(t.value(found["mask"]))
+        value = t.value(found["mask"])
+        if found.get("fill") and value is not None:  # masked_fill's condition: the keys left out
+            value = ~value.bool()
+        kind = att.mask_kind(value)
         if kind is None:
             return GraphNode(
                 label, "unknown", t.inputs(n), why=f"{label}: attention with a mask it cannot read"
