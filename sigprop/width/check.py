@@ -19,7 +19,7 @@ from sigprop.model.build import build, output_tensor
 from sigprop.model.forward import call
 from sigprop.results.width import SiteSlope, WidthResult, WidthRun
 from sigprop.theory import width as theory
-from sigprop.width import cost, fit, points, train
+from sigprop.width import cost, fit, optimizers, points, train
 from sigprop.width import params as P
 from sigprop.width.attention import AttentionScale
 from sigprop.width.spec import RUN_OPTIONS, WidthNet, WidthSpec, validate
@@ -93,7 +93,12 @@ def _slopes(
     out = []
     for step in range(spec.steps + 1):
         predicted = theory.site_exponents(
-            param, spec.optimizer, [s.role for s in sites], step, net.chain, spec.zero_readout
+            param,
+            optimizers.family(spec.optimizer),
+            [s.role for s in sites],
+            step,
+            net.chain,
+            spec.zero_readout,
         )
         for i, site in enumerate(sites):
             l1s, deltas = (
@@ -270,9 +275,9 @@ def verdicts(
     moved); the first site and step whose slope differs from its exponent, and which slopes the
     theory compared."""
     name = {"sp": "SP", "mup": "μP", "ntk": "NTK"}.get(param, param)
-    opt = {"sgd": "SGD", "adam": "Adam"}.get(spec.optimizer)
-    if opt is None:  # the model's own optimizer: its callable's name
-        opt = f"its own optimizer {spec.optimizer.rpartition(':')[2]}"
+    known = optimizers.OPTIMIZERS.get(spec.optimizer)
+    # the model's own optimizer: its callable's name
+    opt = known.words if known is not None else f"its own optimizer {spec.optimizer.rpartition(':')[2]}"
     stable, stable_words = _stable_words(spec, slopes, name, opt, rows, smallest)
     for s in slopes:
         s.agrees = _agree(s)

@@ -23,6 +23,7 @@ import torch.nn as nn
 from sigprop.errors import SigpropError
 from sigprop.kernels import device as dev
 from sigprop.model.forward import call
+from sigprop.width import optimizers
 
 #: the activations of one forward, counted this many times over (see the module's docstring)
 ACTIVATION_COPIES = 3
@@ -78,8 +79,7 @@ def point_bytes(weights: int, acts: int, optimizer: str) -> int:
     parameter's size: 5 weights' worth in all, measured 0.99-1.00 of the peak RSS for sigprop's
     MLP at widths 2048-8192 (benchmarks/width_cost.py; 4 weights' worth read 1.24-1.37 low).  A
     model's own optimizer is counted as Adam."""
-    states = 0 if optimizer == "sgd" else 3
-    return weights * (2 + states) + ACTIVATION_COPIES * acts
+    return weights * (2 + optimizers.states(optimizer)) + ACTIVATION_COPIES * acts
 
 
 @dataclass

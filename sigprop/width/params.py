@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from sigprop.errors import SigpropError
 from sigprop.theory import width as theory
+from sigprop.width import optimizers
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ def apply(
             p.zero_()
             continue
         if r.role in ("input", "hidden", "output") and r.drawn:
-            sc = theory.scaling(param, optimizer, r.role)
+            sc = theory.scaling(param, optimizers.family(optimizer), r.role)
             std = ratio_power(ratio, sc.init) / math.sqrt(r.fan_in)
             if zero_readout and r.role == "output":
                 std = 0.0
@@ -218,6 +219,6 @@ def groups(
     for r in roles_:
         rate = lr
         if param != theory.AS_IS:
-            rate = lr * ratio_power(ratio, theory.scaling(param, optimizer, r.role).lr)
+            rate = lr * ratio_power(ratio, theory.scaling(param, optimizers.family(optimizer), r.role).lr)
         by_lr.setdefault(rate, []).append(params[r.name])
     return [{"params": ps, "lr": rate} for rate, ps in by_lr.items()]

@@ -12,6 +12,7 @@ from sigprop.errors import SigpropError
 from sigprop.options import declared
 from sigprop.specs import parse_shard
 from sigprop.theory import width as theory
+from sigprop.width import optimizers
 
 PARAM_CHOICES = (*theory.PARAMETRIZATIONS, theory.AS_IS)
 #: the default gate: a slope above it (a factor 2 over a 16x width range is 0.25) is growth, one
@@ -159,8 +160,8 @@ class WidthSpec:
 
     @property
     def own_optimizer(self) -> bool:
-        """The optimizer is the model's own (a target, not adam or sgd)."""
-        return self.optimizer not in theory.OPTIMIZERS
+        """The optimizer is the model's own (a target, not a registered one: adam, sgd)."""
+        return self.optimizer not in optimizers.OPTIMIZERS
         object.__setattr__(self, "points", tuple(self.points or ()))
 
 
@@ -183,8 +184,8 @@ def validate(spec: WidthSpec, net: WidthNet) -> None:
     if spec.own_optimizer:
         if ":" not in spec.optimizer:
             raise SigpropError(
-                f"unknown optimizer {spec.optimizer!r}; choose from adam, sgd, or the model's own as "
-                "MODULE:CALLABLE or FILE.py:CALLABLE",
+                f"unknown optimizer {spec.optimizer!r}; choose from {', '.join(optimizers.OPTIMIZERS)}, or "
+                "the model's own as MODULE:CALLABLE or FILE.py:CALLABLE",
                 field="optimizer",
             )
         if set(spec.params) != {theory.AS_IS}:
@@ -193,7 +194,7 @@ def validate(spec: WidthSpec, net: WidthNet) -> None:
                 "--param as-is (sp, mup and ntk set each role's learning rate for adam or sgd)",
                 field="optimizer",
             )
-    if "ntk" in spec.params and spec.optimizer != "sgd":
+    if "ntk" in spec.params and optimizers.family(spec.optimizer) != "sgd":
         raise SigpropError(
             "ntk is defined for SGD (Yang & Hu 2021, Table 1); with adam use sp or mup", field="params"
         )

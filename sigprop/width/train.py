@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from sigprop.errors import SigpropError
 from sigprop.model.build import output_tensor
 from sigprop.model.forward import call
+from sigprop.width import optimizers
 from sigprop.width import params as P
 from sigprop.width.attention import AttentionScale
 
@@ -211,7 +212,7 @@ def _optimizer(model: nn.Module, roles_, param: str, optimizer: str, lr: float, 
     if make is not None:
         return _own_optimizer(make, model, lr)
     groups = P.groups(model, roles_, param, optimizer, lr, ratio)
-    return torch.optim.SGD(groups) if optimizer == "sgd" else torch.optim.Adam(groups)
+    return optimizers.OPTIMIZERS[optimizer].make(groups)
 
 
 def _attention_mode(attention, written, param: str):
