@@ -321,9 +321,9 @@ def _share(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
         C = R * D
         return C, _levels(C, R * _kernel(nd.fn[1], m, _flat(G)))
     if op == "sdpa" and nd.params is not None and nd.params.causal and int(nd.params.tokens) == T:
-        if pos != 2:
-            return _query_key_share(R, fold.logit_variance.get(k, 0.0), pos)
         s2 = fold.logit_variance.get(k, 0.0)
+        if pos != 2:
+            return _query_key_share(R, s2, pos)
         C = attended_back(R, s2)
         return C, _levels(C, attended_back(_flat(R), s2))
     if op == "product" and len(nd.inputs) == 2:
@@ -350,13 +350,12 @@ def _query_key_share(R: np.ndarray, s2: float, pos: int):
         a = r * K
     else:
         a = np.cumsum((r * K / np.arange(1, T + 1))[::-1])[::-1]
-    mean = float(np.mean(r)) * float(np.mean(K))
-    if mean <= 0.0 or not np.all(np.isfinite(a)):
+    k_mean = float(np.mean(K))
+    if k_mean <= 0.0 or not np.all(np.isfinite(a)):
         return R, (1.0, 1.0)
     s = np.sqrt(a / r)
     C = R * np.outer(s, s)
-    flat = R * (mean / float(np.mean(r)))  # the uniform reading: every token's K the mean
-    return C, _levels(C, flat)
+    return C, _levels(C, R * k_mean)  # against the uniform reading: every token's K the mean
 
 
 def back_step(nd, k: int, given: dict, fold, merged) -> None:

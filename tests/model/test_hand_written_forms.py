@@ -56,7 +56,10 @@ def nanogpt():
     """nanoGPT's init: every weight N(0, 0.02^2), biases 0."""
     model = GPT([Block() for _ in range(3)])
     for name, p in model.named_parameters():
-        nn.init.normal_(p, std=0.02) if p.dim() == 2 else nn.init.zeros_(p) if name.endswith("bias") else None
+        if p.dim() == 2:
+            nn.init.normal_(p, std=0.02)
+        elif name.endswith("bias"):
+            nn.init.zeros_(p)
     return model
 
 
