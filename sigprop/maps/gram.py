@@ -56,6 +56,12 @@ def _per_token(nd) -> bool:
     return nd.op == "rmsnorm" or (nd.op == "norm" and nd.group == nd.units > 1)
 
 
+def _eps(nd) -> float:
+    """A per-token norm's eps as its map reads it: an RMSNorm's (its ``bias``); a layer norm's
+    map has none."""
+    return nd.bias if nd.op == "rmsnorm" else 0.0
+
+
 def rescaled(G: np.ndarray, q: float, tok: float) -> np.ndarray:
     """G's shape at the level (q, tok): its diagonal times q/mean(diag), the rest times tok/mean."""
     T = G.shape[0]
@@ -256,7 +262,7 @@ def step(nd, i: int, fold, merged) -> None:
             # (a causal attention's early tokens), the second moment moves too: mean_t of
             # G_tt/(G_tt + eps) against the fold's q/(q + eps) (OLMo-2's post-branch norms at
             # init: the embeddings' gradient 37% high without it, docs/theory.md §16)
-            eps = nd.bias if nd.op == "rmsnorm" else 0.0
+            eps = _eps(nd)
             d = np.sqrt(np.clip(np.diag(G_in) + eps, 1e-300, None))
             G = G_in / np.outer(d, d)
             flat = _flat(G_in) / (_diag_mean(G_in) + eps)
@@ -309,7 +315,7 @@ def _share(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
     if _per_token(nd):
         if G is None or G.shape[0] != T:
             return R, (1.0, 1.0)
-        v = np.diag(G) + (nd.bias if op == "rmsnorm" else 0.0)
+        v = np.diag(G) + _eps(nd)
         s = 1.0 / np.sqrt(np.clip(v, 1e-300, None))
         C = R * np.outer(s, s)
         return C, _levels(C, R / float(np.mean(v)))
