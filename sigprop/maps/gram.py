@@ -25,9 +25,18 @@ import math
 import numpy as np
 
 from sigprop import theory
+from sigprop.maps.state import Piece
 
 #: ops that act on each token alike and linearly: the Gram's shape passes
 LINEAR = frozenset({"identity", "output", "scale", "offset", "dense", "broadcast", "standardized"})
+
+
+def _linear(nd) -> bool:
+    """Acts on each token alike and linearly: ``LINEAR``, or a piece of a weight layer's output
+    (its own rows: the Gram's shape passes, its level is the fold's)."""
+    return (nd.op in LINEAR or (nd.op == "slice" and isinstance(nd.params, Piece))) and not nd.mats
+
+
 #: Gauss-Legendre nodes per side of 0 of the per-pair quadrature (an activation with a jump)
 PAIR_NODES = 24
 
@@ -251,7 +260,7 @@ def step(nd, i: int, fold, merged) -> None:
             return
         src = merged(fold.states[nd.inputs[0]])
         G_in = grams[0]
-        if op in LINEAR and G_in is not None and not nd.mats:
+        if _linear(nd) and G_in is not None:
             G = G_in
         elif op == "rotary" and G_in is not None:
             pair = nd.params.get("pair")
@@ -306,7 +315,7 @@ def _share(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
     ``pos``) gives node j from k's gradient Gram R; None where the op is not read here."""
     op = nd.op
     T = R.shape[0]
-    if op in LINEAR and not nd.mats or op == "add":
+    if _linear(nd) or op == "add":
         return R, (1.0, 1.0)
     if op == "rotary":
         pair = nd.params.get("pair")

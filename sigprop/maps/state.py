@@ -22,6 +22,21 @@ from sigprop.registry import Registry
 
 
 @dataclass(frozen=True)
+class Piece:
+    """A ``slice`` node's part of a weight layer's output (sigprop/model/ops/parts.py, docs/theory.md
+    §16): the layer's node ``weight``, the output units (rows of W) the piece reads, and
+    ``sigma``, their mean squared norm over all rows' (1: drawn alike).  Pieces on disjoint rows
+    are as independent as two layers."""
+
+    weight: int
+    units: frozenset
+    sigma: float
+
+    def overlaps(self, other: Piece) -> bool:
+        return self.weight == other.weight and not self.units.isdisjoint(other.units)
+
+
+@dataclass(frozen=True)
 class GraphNode:
     """One node of a traced model, with what its op's maps need (``MAPS[op]``; the formulas with
     their reasons in docs/theory.md §13).  Ops of the built-in traced ops: ``dense`` (Linear,

@@ -223,11 +223,22 @@ def _concatenated_back(nd: GraphNode, i: int, g: list, fold) -> None:
         at += size
 
 
+def _sliced(nd: GraphNode, i: int, fold) -> None:
+    """A part of the source's elements, as they were -- a piece of a fused projection times its
+    rows' ``backward`` = sigma, their mean squared norm over all rows' (docs/theory.md §16,
+    "Pieces of a fused projection")."""
+    _passes(nd, i, fold)
+    if nd.backward != 1.0:
+        fold.states[i] = scaled_parts(fold.states[i], nd.backward)
+
+
 def _sliced_back(nd: GraphNode, i: int, g: list, fold) -> None:
     """A part of the source's elements: its gradient weighs ``forward`` (its share) of the source's
-    (the other parts' readers give theirs)."""
+    (the other parts' readers give theirs), times a piece's sigma (``backward``): the weight
+    layer's backward ||W||^2/c_in r' then sums each row's ||w_u||^2 r'_u over c_in."""
+    c = nd.forward * nd.backward
     for j in nd.inputs:
-        fold.give(j, [(nd.forward * r, nd.forward * rk, None) for r, rk, _ in g], i)
+        fold.give(j, [(c * r, c * rk, None) for r, rk, _ in g], i)
 
 
 def _same(nd, i, e, fold):
@@ -272,7 +283,7 @@ def _block_jacobian(nd: GraphNode, i: int, fold) -> tuple[float, float] | str:
 map_op("identity", _passes, _gives_back, tangent=_same, degree=lambda nd: 1, jacobian=_unchanged)
 
 
-map_op("slice", _passes, _sliced_back, tangent=_same, degree=lambda nd: 1)
+map_op("slice", _sliced, _sliced_back, tangent=lambda nd, i, e, fold: nd.backward * e[0], degree=lambda nd: 1)
 
 
 map_op("output", _passes, _gives_back, tangent=_same, degree=lambda nd: 1, jacobian=_unchanged)

@@ -11,6 +11,7 @@ scalings are ops/attention.py's and ops/structure.py's.  A GELU module written o
 from __future__ import annotations
 
 import contextlib
+import operator
 
 import numpy as np
 import torch
@@ -140,6 +141,19 @@ def _addmm(t, n: fx.Node) -> GraphNode:
     return _weight(t, n, t.value(w), t.value(b), transposed=True)
 
 
+#: a state times a matrix: a weight layer where the matrix is the model's constant
+MATMULS = (aten.matmul.default, aten.mm.default, torch.matmul, operator.matmul)
+
+
+def _matmul(t, n: fx.Node) -> GraphNode:
+    """``x @ M`` with M a constant matrix [c_in, c_out] of the model's (Falcon's ``FalconLinear``:
+    ``x @ self.weight.T``): the dense map of M^T; a product of two states is no weight layer."""
+    m = t.value(n.args[1]) if len(n.args) == 2 else None
+    if len(t.inputs(n)) != 1 or m is None or m.dim() != 2 or t.value(n.args[0]) is not None:
+        return GraphNode(t.label(n), "unknown", t.inputs(n), why=f"{t.label(n)} of two states")
+    return _weight(t, n, m.T, None, transposed=False)
+
+
 def _conv(t, n: fx.Node) -> GraphNode:
     """``conv{1,2,3}d(x, weight, bias, stride, padding, dilation, groups)``: the module's map
     (ops/linear.py), read from a conv module rebuilt on the same weights and arguments."""
@@ -226,6 +240,13 @@ register(
 )
 register(TracedOp("dense", _is(aten.linear.default), _linear))
 register(TracedOp("dense", _is(aten.addmm.default), _addmm))
+register(
+    TracedOp(
+        "dense",
+        lambda gm, n: n.op == "call_function" and n.target in MATMULS,
+        _matmul,
+    )
+)
 register(TracedOp("norm", _is(aten.layer_norm.default), _layer_norm))
 register(
     TracedOp(

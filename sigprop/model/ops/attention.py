@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from sigprop.maps.layers import Attention, Projection
 from sigprop.maps.state import GraphNode
+from sigprop.model.ops import parts
 from sigprop.model.ops.registry import TracedOp, register
 
 
@@ -156,6 +157,8 @@ def _getitem_node(t, n: fx.Node) -> GraphNode:
         if t.nodes[j].op == "attention" and n.args[1] != 0:
             return GraphNode(t.label(n), "unknown", (j,), why="the attention's weights (need_weights)")
         return GraphNode(t.label(n), "identity", (j,))
+    if n.op == "call_method":  # x.split(...) itself: the tuple of every part, each read by its getitem
+        return GraphNode(t.label(n), "identity", (j,))
     return slice_node(t, n, j, src)
 
 
@@ -163,13 +166,16 @@ def slice_node(t, n: fx.Node, j: int, src: fx.Node) -> GraphNode:
     """A part of a tensor's elements (a query, key or value of a split, one token): each element's
     moments as they were, and its gradient a ``share`` of the source's elements -- the readers of
     a split read disjoint parts, so the source's gradient per element is their share-weighted sum
-    (``structure._sliced_back``)."""
+    (``structure._sliced_back``).  A piece of a dense layer's output (``parts.Piece``, in
+    ``params``) reads its own rows of W: its moments times their ``sigma`` (``backward``)."""
     splits = ("split", "chunk", "unbind", "split_with_sizes")
     name = src.target if isinstance(src.target, str) else getattr(src.target, "__name__", str(src.target))
     base = src.args[0] if any(k in str(name) for k in splits) and src.args else src
     out, whole = t.shape(n), t.shape(base) if isinstance(base, fx.Node) else None
     share = math.prod(out) / math.prod(whole) if out and whole and math.prod(whole) else 1.0
-    return GraphNode(t.label(n), "slice", (j,), forward=min(1.0, share))
+    piece = parts.piece_of(t, n)  # a piece of a fused projection: its own rows (ops/parts.py)
+    sigma = 1.0 if piece is None else piece.sigma
+    return GraphNode(t.label(n), "slice", (j,), forward=min(1.0, share), backward=sigma, params=piece)
 
 
 def _is_mha(gm: fx.GraphModule, n: fx.Node) -> bool:

@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from sigprop.maps.state import MAPS, GraphNode
+from sigprop.model.ops import parts
 from sigprop.model.ops.registry import TracedOp, register
 
 #: modules and calls that leave every element as it is at init (the per-element moments pass)
@@ -31,9 +32,25 @@ IDENTITY_METHODS = (
     "unsqueeze",
 )
 _aten = torch.ops.aten
-ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add, _aten.add.Tensor)
-MUL_FUNCTIONS = (operator.mul, operator.imul, torch.mul, _aten.mul.Tensor)
-DIV_FUNCTIONS = (operator.truediv, operator.itruediv, torch.div, _aten.div.Tensor)
+ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add, _aten.add.Tensor, _aten.add_.Tensor)
+MUL_FUNCTIONS = (operator.mul, operator.imul, torch.mul, _aten.mul.Tensor, _aten.mul_.Tensor)
+DIV_FUNCTIONS = (operator.truediv, operator.itruediv, torch.div, _aten.div.Tensor, _aten.div_.Tensor)
+#: an exported graph's in-place calls (Falcon's ``mlp_output += attention_output``)
+IN_PLACE = (_aten.add_.Tensor, _aten.mul_.Tensor, _aten.div_.Tensor)
+_IN_PLACE_WHY = "{} in place, its input read again after"
+
+
+def _read_again(n: fx.Node) -> bool:
+    """Whether an in-place call's first argument is read after it (by its old node: the graph
+    would read the value before the update, which the maps cannot tell)."""
+    if n.target not in IN_PLACE or not isinstance(n.args[0], fx.Node):
+        return False
+    after, seen = set(), False
+    for m in n.graph.nodes:
+        seen = seen or m is n
+        if seen and m is not n:
+            after.add(m)
+    return any(u in after for u in n.args[0].users)
 
 
 def _constant_factor(n: fx.Node) -> float | None:
@@ -96,7 +113,7 @@ def _near(j: int, nodes: list) -> set[int]:
     """The nodes a state depends on without a random weight layer between: back from node j
     through every op, stopping at (and keeping) weight layers (``OpMap.weighted``: dense layers,
     an attention module), whose zero-mean weights make their output uncorrelated with anything
-    upstream (docs/theory.md §13)."""
+    upstream (docs/theory.md §13), and at a piece of one (``parts.Piece``: its own rows)."""
     seen, stack = set(), [j]
     while stack:
         i = stack.pop()
@@ -104,9 +121,21 @@ def _near(j: int, nodes: list) -> set[int]:
             continue
         seen.add(i)
         op = MAPS.get(nodes[i].op)
-        if op is None or not op.weighted:  # a weight layer's output: uncorrelated with its inputs
+        if (op is None or not op.weighted) and not isinstance(nodes[i].params, parts.Piece):
             stack += list(nodes[i].inputs)
     return seen
+
+
+def _common(a: int, b: int, nodes: list) -> str | None:
+    """What two states share with no weight layer between them -- a node's name, or a weight
+    layer two of their pieces both read rows of --, None where nothing (independent)."""
+    near_a, near_b = _near(a, nodes), _near(b, nodes)
+    shared = near_a & near_b
+    if shared:
+        return nodes[max(shared)].name
+    if not parts.independent(near_a, near_b, nodes):
+        return "rows of one weight layer"
+    return None
 
 
 def _add_node(t, n: fx.Node) -> GraphNode:
@@ -119,15 +148,16 @@ def _add_node(t, n: fx.Node) -> GraphNode:
     label, index, nodes, fx_of = t.label(n), t.index, t.nodes, t.fx_of
     if n.kwargs:  # torch.add(..., alpha=...)
         return GraphNode(label, "unknown", (), why=f"{label} with alpha")
+    if _read_again(n):
+        return GraphNode(label, "unknown", t.inputs(n), why=_IN_PLACE_WHY.format(label))
     states, consts = _parts_of(t, n)
     ins = tuple(index[a] for a in states)
     if len(states) == 2:
         (ra, ca), (rb, cb) = (_root(j, nodes, fx_of) for j in ins)
         if ra == rb:
             return GraphNode(label, "scale", (ra,), forward=(ca + cb) ** 2)
-        shared = _near(ins[0], nodes) & _near(ins[1], nodes)
-        if shared:
-            via = nodes[max(shared)].name
+        via = _common(ins[0], ins[1], nodes)
+        if via is not None:
             why = f"{label} of two summands that share {via} with no weight layer between (their cross term)"
             return GraphNode(label, "unknown", ins, why=why)
         return GraphNode(label, "add", ins)
@@ -210,16 +240,17 @@ def _cat(t, n) -> GraphNode | list:
 
 def _scale(kind: str):
     def node(t, n) -> GraphNode:
+        if _read_again(n):
+            return GraphNode(t.label(n), "unknown", t.inputs(n), why=_IN_PLACE_WHY.format(t.label(n)))
         c, ins = _constant_factor(n), t.inputs(n)
         if c is None and len(ins) == 1:  # a one-element tensor the model holds (Gemma's sqrt(d))
             c = _one_element(t, n, kind)
         if len(ins) == 1 and c is not None:
             return GraphNode(t.label(n), "scale", ins, forward=c**2, params=c)
         if kind == "mul" and len(ins) == 2 and ins[0] != ins[1]:
-            shared = _near(ins[0], t.nodes) & _near(ins[1], t.nodes)
-            if not shared:  # a gated MLP's silu(x W1) * (x W3): independent weights
+            via = _common(ins[0], ins[1], t.nodes)
+            if via is None:  # a gated MLP's silu(x W1) * (x W3), or two pieces of x W: independent rows
                 return GraphNode(t.label(n), "product", ins)
-            via = t.nodes[max(shared)].name
             why = f"a product of two states that share {via} with no weight layer between"
         elif len(ins) == 1 and len(_parts_of(t, n)[0]) == 1:
             why = "a state times a constant table" if kind == "mul" else "a state divided by a constant table"
