@@ -102,6 +102,36 @@ def test_no_import_circle():
     assert any("sigprop.theory" in c for c in _circles(planted))
 
 
+def _at_run_time(tree: ast.Module) -> ast.Module:
+    """The module without its ``if TYPE_CHECKING:`` blocks (names for annotations, never run)."""
+    body = [
+        n
+        for n in tree.body
+        if not (isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING")
+    ]
+    return ast.Module(body=body, type_ignores=[])
+
+
+def test_the_sweep_loop_and_the_width_check_sit_below_the_kinds():
+    """Arrows down (issue 68 item 7): the kinds build their width nets (``width.spec``) and sweep
+    over ``sweeps``; neither imports a kind back (0.19: ``width.points`` imported
+    ``kinds.module`` for its target loader, ``sweeps.grid`` the kinds for its annotations)."""
+    below = [n for n in MODULES if n.startswith(("sigprop.width", "sigprop.sweeps"))]
+    up = {
+        n: sorted(
+            m
+            for m in _imports(n, _at_run_time(tree), path.name == "__init__.py")
+            if m.startswith("sigprop.kinds")
+        )
+        for n, (path, tree) in MODULES.items()
+        if n in below
+    }
+    assert {n: m for n, m in up.items() if m} == {}
+    # and the check can fail: the old import, planted, is found
+    planted = ast.parse("from sigprop.kinds.module import resolve_target")
+    assert _imports("sigprop.width.points", planted, False) == {"sigprop.kinds.module"}
+
+
 def test_only_kinds_knows_which_nets_exist():
     names = set(kinds.KINDS) | {"bn-resnet", "wrn-bn"}  # and the variants 0.7 spelled out
     classes = {k.spec.__name__ for k in kinds.KINDS.values()} | {

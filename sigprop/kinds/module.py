@@ -13,22 +13,19 @@ from __future__ import annotations
 
 import ast
 import copy
-import difflib
-import importlib
-import importlib.util
 import itertools
 import math
 import os
-import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from sigprop import inits, specs, stats, theory
 from sigprop.across import across_layers
-from sigprop.errors import SigpropError, described
+from sigprop.errors import SigpropError
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Opt, SweepAxes
 from sigprop.results import Check
+from sigprop.targets import resolve_target
 from sigprop.width.spec import WidthNet, widths_of
 
 #: the structure only a model provides: inits that keep or read its own weights (``as-is``)
@@ -85,38 +82,6 @@ def arg_points(items) -> list[tuple[str, ...]]:
         name, text = item.split("=", 1)
         axes.append([f"{name.strip()}={v}" for v in arg_values(name.strip(), text)])
     return [tuple(point) for point in itertools.product(*axes)]
-
-
-def resolve_target(target: str) -> Callable:
-    """``package.module:callable`` or ``path/to/file.py:callable`` as the callable."""
-    if ":" not in target:
-        raise SigpropError(f"expected MODULE:CALLABLE or FILE.py:CALLABLE, got {target!r}", field="target")
-    where, name = target.rsplit(":", 1)
-    try:
-        if where.endswith(".py"):
-            if not os.path.isfile(where):
-                raise SigpropError(f"no file {where!r}", field="target")
-            spec = importlib.util.spec_from_file_location(f"_sigprop_user_{abs(hash(where))}", where)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = mod
-            spec.loader.exec_module(mod)
-        else:
-            mod = importlib.import_module(where)
-    except SigpropError:
-        raise
-    except Exception as exc:
-        raise SigpropError(f"cannot import {where!r}: {described(exc)}", field="target") from None
-    obj = mod
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            have = [n for n in dir(obj) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, have, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise SigpropError(f"{where!r} has no {part!r}{hint}", field="target")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise SigpropError(f"{target!r} is not callable", field="target")
-    return obj
 
 
 @dataclass(frozen=True)

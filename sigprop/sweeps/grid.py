@@ -14,13 +14,16 @@ from __future__ import annotations
 import importlib
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from sigprop import inits, kinds, specs
+from sigprop import inits, specs
 from sigprop.errors import SigpropError
 from sigprop.options import declared_options, keyed
 from sigprop.registry import Registry
 from sigprop.results import curvature_row, spectrum_row, sweep_row
+
+if TYPE_CHECKING:  # the kinds are above the sweep's loop: named in annotations only (arrows down)
+    from sigprop import kinds
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ import torch
 from sigprop import data, specs, sweeps
 from sigprop.errors import SigpropError
 from sigprop.kernels.device import resolve_device
-from sigprop.kinds.module import resolve_target
 from sigprop.model.build import build
 from sigprop.specs import parse_shard
 from sigprop.sweeps.grid import config_key
 from sigprop.sweeps.run import append, failed, owned, where_it_ran, written_by
 from sigprop.sweeps.shard import begin, differs, grid_identity
+from sigprop.targets import resolve_target
 from sigprop.version import __version__
 from sigprop.width import cost, train
 from sigprop.width import params as P
