@@ -27,21 +27,26 @@ Any other op on the way raises ``Unsupported``: the fold then stops there (measu
 
 from __future__ import annotations
 
-import math
-
 from sigprop import theory
 from sigprop.maps.state import MAPS, merged
 
-#: ops that pass a state on unchanged per element
-PASS = frozenset({"identity", "output"})
-#: Gaussian nodes: a weight's output (an attention whose output projection is its own)
-GAUSSIAN = frozenset({"dense", "attention"})
-#: nodes independent of every earlier one (their own draw: the probe's inputs, a table's rows)
-FRESH = frozenset({"input", "embedding", "const"})
-#: ops linear in their inputs per token (``Cross._through``), both ways (``BackCross.share``)
-LINEAR = PASS | frozenset({"add", "scale", "offset", "norm", "rmsnorm"})
-#: every op the cross moments read (a node of another op between two shared reads: unsupported)
-OPS = LINEAR | GAUSSIAN | FRESH | frozenset({"act", "sdpa"})
+#: graph nodes that are no op's: the probe's inputs and the model's constants, each its own draw
+MARKERS = {"input": "fresh", "const": "fresh"}
+#: the roles linear in their inputs per token (``Cross._through``), both ways (``BackCross.share``)
+LINEAR = frozenset({"linear", "sum", "offset"})
+
+
+def role(nd) -> str | None:
+    """Node ``nd``'s role in the cross moments (its op's record, ``OpMap.cross``; None: not read)."""
+    op = MAPS.get(nd.op)
+    return op.cross if op is not None else MARKERS.get(nd.op)
+
+
+def values(nd) -> int | None:
+    """The input an attention mixes (``OpMap.values``): its other inputs (query, key) enter only
+    through the logits, independent of every other share."""
+    op = MAPS.get(nd.op)
+    return None if op is None else op.values
 
 
 class Unsupported(Exception):
@@ -61,7 +66,7 @@ def _mixing(params) -> tuple[float, float]:
     return harmonic / T, (T - harmonic) / (T * (T - 1))
 
 
-def _mix(sk: tuple[float, float], params) -> tuple[float, float]:
+def mix(sk: tuple[float, float], params) -> tuple[float, float]:
     """(S, K) of a state with the other side's values mixed by an attention's mean weights."""
     wd, wo = _mixing(params)
     S, K = sk
@@ -102,33 +107,31 @@ class Cross:
 
     def _pair(self, a: int, b: int) -> tuple[float, float]:
         nd = self.nodes[a]
-        op = nd.op
-        if op not in OPS:
-            raise Unsupported(f"{nd.name} ({op})")
-        if op in FRESH:  # its own draw, independent of every earlier node
+        r = role(nd)
+        if r is None:
+            raise Unsupported(f"{nd.name} ({nd.op})")
+        if r == "fresh":  # its own draw, independent of every earlier node
             m = self._state(a).mean * self._state(b).mean
             return m, m
-        if op in LINEAR:
+        if r in LINEAR:
             return self._through(a, b)
-        if op == "sdpa":  # the values' cross moments, mixed over the keys
-            return _mix(self.pair(nd.inputs[2], b), nd.params)
-        if op == "act":
+        if r == "mix":  # the values' cross moments, mixed over the keys
+            return mix(self.pair(nd.inputs[values(nd)], b), nd.params)
+        if r == "act":
             return self._activation(a, b)
         return self._gaussian(a, b)
 
     def factor(self, nd) -> float:
-        """The multiple of its input a node linear in it holds, both ways: 1 for a reshape, a sum
-        or an offset, c for a scaling by c, a per-token norm's gain over the token's RMS (a layer
-        norm's: of the centred token; an RMSNorm's with its eps); a batch norm has none here."""
-        if nd.op == "scale":
-            return math.sqrt(nd.forward)
-        if nd.op not in ("norm", "rmsnorm"):
+        """The multiple of its input a node linear in it holds, both ways (its record's
+        ``factor``): 1 for a reshape, a sum or an offset, c for a scaling by c, a per-token norm's
+        gain over the token's RMS; a batch norm has none here."""
+        law = MAPS[nd.op].factor
+        if law is None:
             return 1.0
-        if nd.op == "norm" and nd.group == 0:
+        c = law(nd, self._state(nd.inputs[0]))
+        if c is None:
             raise Unsupported(f"{nd.name} (batch statistics)")
-        x = self._state(nd.inputs[0])
-        var = x.q + nd.bias if nd.op == "rmsnorm" else max(x.q - x.mean * x.mean, 1e-30)
-        return math.sqrt(nd.forward / var)
+        return c
 
     def _gaussian(self, a: int, b: int) -> tuple[float, float]:
         """Node a a weight's output (b earlier): with b of the same draw, f times the inputs' cross
@@ -136,23 +139,20 @@ class Cross:
         nd, other = self.nodes[a], self.nodes[b]
         if nd.weight not in self.keys or nd.weight not in self.ancestors[b]:
             return 0.0, 0.0  # b has not read a's weight: a is independent of it, mean 0
-        if other.op in GAUSSIAN and other.weight == nd.weight:
-            if nd.op == "dense":
-                S, K = self.pair(nd.inputs[0], other.inputs[0])
-                return nd.forward * S + nd.bias, nd.forward * K + nd.bias
-            p, o = nd.params, other.params  # attention: W_o mix(W_v x), both sides mixed
-            S, K = _mix(_mix(self.pair(nd.inputs[2], other.inputs[2]), p), o)
-            f = p.o.forward * p.v.forward
-            return f * S, f * K
-        if other.op in GAUSSIAN or other.op in FRESH:
+        theirs = role(other)
+        if theirs == "gaussian" and other.weight == nd.weight:
+            rec = MAPS[nd.op]  # one draw read twice: its record's law on their inputs' moments
+            S, K = self.pair(nd.inputs[rec.reads], other.inputs[rec.reads])
+            return rec.draw(nd, other, S, K, False)
+        if theirs in ("gaussian", "fresh"):
             return 0.0, 0.0  # another draw's output, or an input: independent of a's
-        if other.op == "act":  # Stein: E[phi'(u)] times a's cross moment with u
+        if theirs == "act":  # Stein: E[phi'(u)] times a's cross moment with u
             u = self._state(other.inputs[0])
             e = theory.derivative_mean(other.fn[1], u.mean, u.q)
             S, K = self.pair(a, other.inputs[0])
             return e * S, e * K
-        if other.op == "sdpa":
-            return _mix(self.pair(a, other.inputs[2]), other.params)
+        if theirs == "mix":
+            return mix(self.pair(a, other.inputs[values(other)]), other.params)
         return self._through(b, a)  # b linear in its inputs: its rule, a held
 
     def _through(self, x: int, other: int) -> tuple[float, float]:
@@ -160,14 +160,14 @@ class Cross:
         sum, a scaling, an offset, a per-token norm): x's rule applied to ``other``'s cross
         moments with x's inputs."""
         nd = self.nodes[x]
-        op = nd.op
-        if op not in LINEAR:
-            raise Unsupported(f"{nd.name} ({op})")
-        if op == "add":
+        r = role(nd)
+        if r not in LINEAR:
+            raise Unsupported(f"{nd.name} ({nd.op})")
+        if r == "sum":
             parts = [self.pair(j, other) for j in nd.inputs]
             return sum(p[0] for p in parts), sum(p[1] for p in parts)
         S, K = self.pair(nd.inputs[0], other)
-        if op == "offset":
+        if r == "offset":
             m = nd.bias * self._state(other).mean
             return S + m, K + m
         c = self.factor(nd)
@@ -178,19 +178,20 @@ class Cross:
         and at two tokens (K); with a Gaussian node or an input, Stein; else through b's inputs."""
         nd, other = self.nodes[a], self.nodes[b]
         u = self._state(nd.inputs[0])
-        if other.op == "act":
+        theirs = role(other)
+        if theirs == "act":
             v = self._state(other.inputs[0])
             S, K = self.pair(nd.inputs[0], other.inputs[0])
             f = lambda c: theory.bivariate_moment(nd.fn[0], other.fn[0], u.mean, u.q, v.mean, v.q, c)
             return f(S), f(K)
-        if other.op in GAUSSIAN or other.op in FRESH:
+        if theirs in ("gaussian", "fresh"):
             e = theory.derivative_mean(nd.fn[1], u.mean, u.q)
             y = self._state(b)
             m = self._state(a).mean * y.mean
             S, K = self.pair(nd.inputs[0], b)
             return e * (S - u.mean * y.mean) + m, e * (K - u.mean * y.mean) + m
-        if other.op == "sdpa":
-            return _mix(self.pair(a, other.inputs[2]), other.params)
+        if theirs == "mix":
+            return mix(self.pair(a, other.inputs[values(other)]), other.params)
         return self._through(b, a)
 
 
@@ -246,18 +247,18 @@ class BackCross:
     def share(self, k: int, pos: int, a: int, b: int) -> tuple[float, float]:
         """E[C . g_b], C the share of node a's gradient from its reader k (a's input ``pos``)."""
         nd = self.nodes[k]
-        if nd.op in LINEAR:
+        r = role(nd)
+        if r in LINEAR:
             c = self.fwd.factor(nd)
             S, K = self.grad(k, b)
             return c * S, c * K
-        if nd.op == "act":
+        if r == "act":
             return self._act(k, a, b)
-        if nd.op in ("sdpa", "attention"):
-            if pos != 2:  # the query and key paths: independent of every other share
-                return 0.0, 0.0
-            if nd.op == "sdpa":
-                return _mix(self.grad(k, b), nd.params)
-        if nd.op in GAUSSIAN:
+        if values(nd) is not None and pos != values(nd):
+            return 0.0, 0.0  # an attention's query and key paths: independent of every other share
+        if r == "mix":
+            return mix(self.grad(k, b), nd.params)
+        if r == "gaussian":
             return self.gaussian(k, b)
         raise Unsupported(f"{nd.name} ({nd.op})")
 
@@ -273,20 +274,21 @@ class BackCross:
         S = K = 0.0
         for k2, pos2 in self.readers[b]:
             other = self.nodes[k2]
-            if other.op in LINEAR:
+            theirs = role(other)
+            if theirs in LINEAR:
                 c = self.fwd.factor(self.nodes[k2])
                 s, t = self.gaussian(k, k2)
                 s, t = c * s, c * t
-            elif other.op == "act":
+            elif theirs == "act":
                 x = self.fwd._state(b)
                 e = theory.derivative_mean(other.fn[1], x.mean, x.q)
                 s, t = self.gaussian(k, k2)
                 s, t = e * s, e * t
-            elif other.op in ("sdpa", "attention") and pos2 != 2:
+            elif values(other) is not None and pos2 != values(other):
                 s = t = 0.0
-            elif other.op == "sdpa":
-                s, t = _mix(self.gaussian(k, k2), other.params)
-            elif other.op in GAUSSIAN:
+            elif theirs == "mix":
+                s, t = mix(self.gaussian(k, k2), other.params)
+            elif theirs == "gaussian":
                 s, t = self.same(k, k2) if other.weight == w else (0.0, 0.0)
             else:
                 raise Unsupported(f"{other.name} ({other.op})")
@@ -298,13 +300,8 @@ class BackCross:
         """E[W^T g_k . W^T g_k2], one draw W read at nodes k and k2: f_b times the gradients'
         cross moment (an attention's values: W_v^T mean_queries(W_o^T g), both sides mixed)."""
         nd = self.nodes[k]
-        if nd.op == "dense":
-            S, K = self.grad(k, k2)
-            return nd.backward * S, nd.backward * K
-        p, o = nd.params, self.nodes[k2].params
-        S, K = _mix(_mix(self.grad(k, k2), p), o)
-        f = p.o.backward * p.v.backward
-        return f * S, f * K
+        S, K = self.grad(k, k2)
+        return MAPS[nd.op].draw(nd, self.nodes[k2], S, K, True)
 
     def _act(self, k: int, a: int, b: int) -> tuple[float, float]:
         """C = phi'(x_a) g_k against g_b: with b read by one activation only, E[phi'(x_a)
@@ -313,14 +310,14 @@ class BackCross:
         nd = self.nodes[k]
         x = self.fwd._state(a)
         rb = self.readers[b]
-        if len(rb) == 1 and self.nodes[rb[0][0]].op == "act":
+        if len(rb) == 1 and role(self.nodes[rb[0][0]]) == "act":
             k2 = rb[0][0]
             y = self.fwd._state(b)
             Sf, Kf = self.fwd.pair(a, b)
             f = lambda c: theory.bivariate_moment(nd.fn[1], self.nodes[k2].fn[1], x.mean, x.q, y.mean, y.q, c)
             S, K = self.grad(k, k2)
             return f(Sf) * S, f(Kf) * K
-        if any(self.nodes[k2].op == "act" for k2, _ in rb):
+        if any(role(self.nodes[k2]) == "act" for k2, _ in rb):
             raise Unsupported(f"{self.nodes[b].name} (an activation among several readers)")
         e = theory.derivative_mean(nd.fn[1], x.mean, x.q)
         S, K = self.grad(k, b)
@@ -350,16 +347,16 @@ class BackCross:
         (k1, p1), (k2, p2) = one, two
         kinds = []
         for k, p in (one, two):
-            op = self.nodes[k].op
-            if op in ("sdpa", "attention") and p != 2:
+            r, v = role(self.nodes[k]), values(self.nodes[k])
+            if v is not None and p != v:
                 return 0.0, 0.0  # a query or key path
-            kinds.append("lin" if op in LINEAR or op == "sdpa" else op)
+            kinds.append("lin" if r in LINEAR or r == "mix" else r)
         if kinds[1] == "lin" and kinds[0] != "lin":
             (k1, p1), (k2, p2), kinds = (k2, p2), (k1, p1), kinds[::-1]
         if kinds[0] == "lin":  # c g_k1 (or its mean over queries) against the other share
             S, K = self.share(k2, p2, i, k1)
-            if self.nodes[k1].op == "sdpa":
-                return _mix((S, K), self.nodes[k1].params)
+            if role(self.nodes[k1]) == "mix":
+                return mix((S, K), self.nodes[k1].params)
             c = self.fwd.factor(self.nodes[k1])
             return c * S, c * K
         if kinds == ["act", "act"]:

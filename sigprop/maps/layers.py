@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sigprop import theory
+from sigprop.maps.cross import mix
 from sigprop.maps.free import directions
 from sigprop.maps.state import (
     GraphNode,
@@ -112,6 +113,11 @@ map_op(
     degree=lambda nd: 1,
     scale_fields=("bias",),
     jacobian=_dense_jacobian,
+    cross="gaussian",
+    # two reads of one W: f times their inputs' cross moment (plus the bias's); back ||W||^2/c_in
+    draw=lambda nd, other, S, K, back: (
+        (nd.backward * S, nd.backward * K) if back else (nd.forward * S + nd.bias, nd.forward * K + nd.bias)
+    ),
 )
 
 
@@ -217,6 +223,9 @@ map_op(
     # readers' alignments, which ``graph.fold_ln`` does not rescale: none
     degree=lambda nd: 0 if nd.group == 0 else None,
     jacobian=lambda nd, i, fold: "batch norm" if nd.group == 0 else f"norm ({nd.name})",
+    # per token its gain over the centred token's RMS; a batch norm's statistics: none
+    cross="linear",
+    factor=lambda nd, x: None if nd.group == 0 else math.sqrt(nd.forward / max(x.q - x.mean * x.mean, 1e-30)),
 )
 
 
@@ -266,7 +275,14 @@ def _rms_backward(nd: GraphNode, i: int, g: list, fold) -> None:
         fold.give(j, out, i, align)
 
 
-map_op("rmsnorm", _rms_forward, _rms_backward, tangent=lambda nd, i, e, fold: 0.0)
+map_op(
+    "rmsnorm",
+    _rms_forward,
+    _rms_backward,
+    tangent=lambda nd, i, e, fold: 0.0,
+    cross="linear",
+    factor=lambda nd, x: math.sqrt(nd.forward / (x.q + nd.bias)),  # its gain over the token's RMS, eps in
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,6 +415,7 @@ map_op(
     tangent=_act_tangent,
     degree=lambda nd: 1 if _homogeneous(nd) else None,
     jacobian=_act_jacobian,
+    cross="act",
 )
 
 
@@ -537,10 +554,29 @@ def _attention_tangent(nd: GraphNode, i: int, e: list, fold) -> float | None:
     return o.forward * v.forward * e[2] / qv * (tv + (qv - tv) * P)
 
 
-map_op("attention", _attention_forward, _attention_backward, weighted=True, tangent=_attention_tangent)
+def _attention_draw(nd: GraphNode, other: GraphNode, S: float, K: float, back: bool) -> tuple[float, float]:
+    """Two calls of one attention module (its W_v and W_o one draw): W_o mix(W_v x) on both sides,
+    each mixed by its own mean weights (``cross.mix``); backward W_v^T mix(W_o^T g) alike."""
+    p, o = nd.params, other.params
+    S, K = mix(mix((S, K), p), o)
+    f = p.o.backward * p.v.backward if back else p.o.forward * p.v.forward
+    return f * S, f * K
 
 
-map_op("sdpa", _attention_forward, _attention_backward, tangent=_attention_tangent)
+map_op(
+    "attention",
+    _attention_forward,
+    _attention_backward,
+    weighted=True,
+    tangent=_attention_tangent,
+    cross="gaussian",
+    draw=_attention_draw,
+    values=2,
+    reads=2,
+)
+
+
+map_op("sdpa", _attention_forward, _attention_backward, tangent=_attention_tangent, cross="mix", values=2)
 
 
 # --------------------------------------------------------------------------------------------

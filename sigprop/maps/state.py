@@ -220,7 +220,18 @@ class OpMap:
     batch norm, a calibrated layer), None (neither) -- which ``graph.fold_ln`` reads to carry
     each node's scale as a logarithm; ``jacobian(nd, i, fold)``, where given: the (mean,
     normalised variance) of J J^T's eigenvalues at node i from its inputs' (``free.fold_jacobian``),
-    or why its law does not hold there (its words)."""
+    or why its law does not hold there (its words).
+
+    Its part in the cross moments of a weight read at several nodes (sigprop/maps/cross.py,
+    docs/theory.md §16, "Depth that reuses its weights"): ``cross``, its role -- "fresh" (a draw of
+    its own, independent of every earlier node: an embedding), "linear" (per token a multiple of
+    its one input: ``factor(nd, x)``, x its input's merged state, 1 where not given, None where it
+    has none: a batch norm), "sum", "offset", "gaussian" (a weight's output: ``draw(nd, other,
+    S, K, backward)`` its cross moment with another reader of the same draw from their inputs'
+    (S, K) -- or their gradients' --), "act", "mix" (a mean over keys of its values); None: not
+    read there (the fold stops at a shared draw).  ``values``: the input an attention mixes (its
+    query and key paths independent of every other share: their weights enter through the
+    logits); ``reads``: the input a weight layer's draw reads."""
 
     forward: Callable
     backward: Callable | None = None
@@ -230,6 +241,11 @@ class OpMap:
     degree: Callable | None = None
     scale_fields: tuple[str, ...] = ()
     jacobian: Callable | None = None
+    cross: str | None = None
+    factor: Callable | None = None
+    draw: Callable | None = None
+    values: int | None = None
+    reads: int = 0
 
 
 def shared_draws(nodes) -> dict:

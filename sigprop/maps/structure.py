@@ -6,6 +6,7 @@ expanded over a new axis).  No torch here."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from sigprop import theory
@@ -280,19 +281,23 @@ def _block_jacobian(nd: GraphNode, i: int, fold) -> tuple[float, float] | str:
     return m0 * (g2 + a), r * v0 + theory.block_variance(a, vb - r * v0, g2, r, v_skip)
 
 
-map_op("identity", _passes, _gives_back, tangent=_same, degree=lambda nd: 1, jacobian=_unchanged)
+map_op(
+    "identity", _passes, _gives_back, tangent=_same, degree=lambda nd: 1, jacobian=_unchanged, cross="linear"
+)
 
 
 map_op("slice", _sliced, _sliced_back, tangent=lambda nd, i, e, fold: nd.backward * e[0], degree=lambda nd: 1)
 
 
-map_op("output", _passes, _gives_back, tangent=_same, degree=lambda nd: 1, jacobian=_unchanged)
+map_op(
+    "output", _passes, _gives_back, tangent=_same, degree=lambda nd: 1, jacobian=_unchanged, cross="linear"
+)
 
 
-map_op("add", _add, _add_back, tangent=_summed, degree=lambda nd: 1, jacobian=_block_jacobian)
+map_op("add", _add, _add_back, tangent=_summed, degree=lambda nd: 1, jacobian=_block_jacobian, cross="sum")
 
 
-map_op("offset", _offset, _gives_back, tangent=_same)
+map_op("offset", _offset, _gives_back, tangent=_same, cross="offset")
 
 
 map_op(
@@ -302,6 +307,8 @@ map_op(
     tangent=lambda nd, i, e, fold: nd.forward * e[0],
     degree=lambda nd: 1,
     jacobian=lambda nd, i, fold: (fold.states[nd.inputs[0]][0] * nd.forward, fold.states[nd.inputs[0]][1]),
+    cross="linear",
+    factor=lambda nd, x: math.sqrt(nd.forward),
 )
 
 
@@ -345,7 +352,7 @@ def _embedding_forward(nd: GraphNode, i: int, fold) -> None:
     fold.states[i] = [Part(1.0, nd.forward, nd.bias, nd.params, None, nd.params)]
 
 
-map_op("embedding", _embedding_forward, lambda nd, i, g, fold: None)
+map_op("embedding", _embedding_forward, lambda nd, i, g, fold: None, cross="fresh")
 
 
 # --------------------------------------------------------------------------------------------

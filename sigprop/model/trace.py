@@ -20,7 +20,7 @@ import torch.nn as nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from sigprop.errors import SigpropError
-from sigprop.maps.cross import GAUSSIAN, OPS
+from sigprop.maps.cross import role
 from sigprop.maps.state import GraphNode
 from sigprop.model import ops
 from sigprop.model.build import (
@@ -316,11 +316,11 @@ class _Reads:
         if not why:
             return node
         if isinstance(node, list):
-            if all(sub.op in OPS for sub in node):
+            if all(role(sub) is not None for sub in node):
                 # a copy of an earlier layer outside nn.TransformerEncoder (a ModuleList of its
                 # layers): the expansion tagged its own path, the copy reads its twin's draws
                 return [_as_draw(sub, str(n.target), key) for sub in node]
-        elif node.op in GAUSSIAN and not node.mats:  # a conv's taps mix positions: not read
+        elif role(node) == "gaussian" and not node.mats:  # a conv's taps mix positions: not read
             if first is not None and t.nodes[first].op == node.op:
                 t.nodes[first] = dataclasses.replace(t.nodes[first], weight=key)
                 return dataclasses.replace(node, weight=key)
