@@ -25,17 +25,7 @@ import math
 import numpy as np
 
 from sigprop import theory
-from sigprop.maps.state import Piece
-
-#: ops that act on each token alike and linearly: the Gram's shape passes
-LINEAR = frozenset({"identity", "output", "scale", "offset", "dense", "broadcast", "standardized"})
-
-
-def _linear(nd) -> bool:
-    """Acts on each token alike and linearly: ``LINEAR``, or a piece of a weight layer's output
-    (its own rows: the Gram's shape passes, its level is the fold's)."""
-    return (nd.op in LINEAR or (nd.op == "slice" and isinstance(nd.params, Piece))) and not nd.mats
-
+from sigprop.maps.state import MAPS, Piece
 
 #: Gauss-Legendre nodes per side of 0 of the per-pair quadrature (an activation with a jump)
 PAIR_NODES = 24
@@ -58,17 +48,6 @@ def _diag_mean(G: np.ndarray) -> float:
 def _flat(G: np.ndarray) -> np.ndarray:
     """The uniform Gram of G's own means: what the fold's one number per moment reads."""
     return uniform(_diag_mean(G), off_mean(G), G.shape[0])
-
-
-def _per_token(nd) -> bool:
-    """A norm with one statistic per token (an RMSNorm; a layer norm over a token's units)."""
-    return nd.op == "rmsnorm" or (nd.op == "norm" and nd.group == nd.units > 1)
-
-
-def _eps(nd) -> float:
-    """A per-token norm's eps as its map reads it: an RMSNorm's (its ``bias``); a layer norm's
-    map has none."""
-    return nd.bias if nd.op == "rmsnorm" else 0.0
 
 
 def rescaled(G: np.ndarray, q: float, tok: float) -> np.ndarray:
@@ -230,65 +209,133 @@ def _tok_ratio(profile: np.ndarray, flat: np.ndarray) -> float | None:
 
 
 def step(nd, i: int, fold, merged) -> None:
-    """Node i's Gram (``fold.gram[i]``) from its inputs', and where the op reads the pairs
-    nonlinearly, its state's token moment corrected (``merged``: a state's parts as one)."""
+    """Node i's Gram (``fold.gram[i]``) from its inputs' by its op's law (``OpMap.gram``: none, the
+    profile dropped), and where the op reads the pairs nonlinearly, its state's token moment
+    corrected (``merged``: a state's parts as one)."""
     st = fold.states[i]
     if st is None or len(st) != 1 or st[0].tokens is None:
         return
-    op = nd.op
-    G = None
-    if op in ("sdpa", "attention") and nd.params is not None and nd.params.causal:
-        T = int(nd.params.tokens)
-        if T < 2 or int(nd.params.keys) != T:
-            return
-        v = nd.inputs[2]
-        Gv = fold.gram.get(v)
-        s2 = fold.logit_variance.get(i, 0.0)
-        if Gv is not None and Gv.shape[0] == T:
-            # the fold's one number per moment read the values as uniform: its q and token
-            # moment times the profile's over the uniform one's (its own terms kept)
-            flat = attended(_flat(Gv), s2)
-            G = attended(Gv, s2)
-            dq = (np.trace(G) / np.trace(flat)) if np.trace(flat) > 0 else 1.0
-            _correct(st, _tok_ratio(G, flat), float(dq))
-        else:
-            s = merged(fold.states[v])
-            G = attended(uniform(s.q, s.tok, T), s2)
-    else:
-        grams = [fold.gram.get(j) for j in nd.inputs]
-        if all(g is None for g in grams):
-            return
-        src = merged(fold.states[nd.inputs[0]])
-        G_in = grams[0]
-        if _linear(nd) and G_in is not None:
-            G = G_in
-        elif op == "rotary" and G_in is not None:
-            pair = nd.params.get("pair")
-            G = G_in * pair if pair is not None and pair.shape == G_in.shape else G_in
-        elif G_in is not None and _per_token(nd):
-            # each token divided by its own RMS: an RMSNorm's eps (``bias``) counts per token, so
-            # where it is not far below the tokens' mean squares, and those differ by position
-            # (a causal attention's early tokens), the second moment moves too: mean_t of
-            # G_tt/(G_tt + eps) against the fold's q/(q + eps) (OLMo-2's post-branch norms at
-            # init: the embeddings' gradient 37% high without it, docs/theory.md §16)
-            eps = _eps(nd)
-            d = np.sqrt(np.clip(np.diag(G_in) + eps, 1e-300, None))
-            G = G_in / np.outer(d, d)
-            flat = _flat(G_in) / (_diag_mean(G_in) + eps)
-            _correct(st, _tok_ratio(G, flat), _diag_mean(G) / _diag_mean(flat))
-        elif op == "act" and G_in is not None:
-            G = _kernel(nd.fn[0], src.mean, G_in)
-            _correct(st, _tok_ratio(G, _kernel(nd.fn[0], src.mean, _flat(G_in))))
-        elif op in ("add", "product") and len(nd.inputs) == 2:
-            T = next(g.shape[0] for g in grams if g is not None)
-            mats = []
-            for j, g in zip(nd.inputs, grams):
-                s = merged(fold.states[j])
-                mats.append(g if g is not None and g.shape[0] == T else uniform(s.q, s.tok, T))
-            G = mats[0] + mats[1] if op == "add" else mats[0] * mats[1]
-        else:
-            return
-    fold.gram[i] = rescaled(G, st[0].q, st[0].tok)
+    op = MAPS.get(nd.op)
+    law = None if op is None else op.gram
+    G = None if law is None else law(nd, i, fold, merged)
+    if G is not None:
+        fold.gram[i] = rescaled(G, st[0].q, st[0].tok)
+
+
+def _input(nd, fold, at: int = 0) -> np.ndarray | None:
+    return fold.gram.get(nd.inputs[at])
+
+
+def passes(nd, i: int, fold, merged) -> np.ndarray | None:
+    """An op on each token alike and linearly (a reshape, a scaling, a dense layer on each token,
+    a piece of one): the Gram's shape passes (a conv's taps mix positions: dropped)."""
+    return None if nd.mats else _input(nd, fold)
+
+
+def piece(nd, i: int, fold, merged) -> np.ndarray | None:
+    """A slice: a piece of a weight layer's output (``Piece``: its own rows of each token) passes
+    the shape; another part (of the tokens) drops it."""
+    return _input(nd, fold) if isinstance(nd.params, Piece) else None
+
+
+def rotated(nd, i: int, fold, merged) -> np.ndarray | None:
+    """Rotary positions: each pair of tokens' moment times its mean relative rotation."""
+    G_in = _input(nd, fold)
+    if G_in is None:
+        return None
+    pair = nd.params.get("pair")
+    return G_in * pair if pair is not None and pair.shape == G_in.shape else G_in
+
+
+def per_token(eps_of):
+    """A norm with one statistic per token, its eps as its map reads it (``eps_of(nd)``; None:
+    not per token -- a batch norm): each token divided by its own RMS.  Its eps counts per token,
+    so where it is not far below the tokens' mean squares, and those differ by position (a causal
+    attention's early tokens), the second moment moves too: mean_t of G_tt/(G_tt + eps) against
+    the fold's q/(q + eps) (OLMo-2's post-branch norms at init: the embeddings' gradient 37% high
+    without it, docs/theory.md §16)."""
+
+    def law(nd, i: int, fold, merged) -> np.ndarray | None:
+        G_in, eps = _input(nd, fold), eps_of(nd)
+        if G_in is None or eps is None:
+            return None
+        d = np.sqrt(np.clip(np.diag(G_in) + eps, 1e-300, None))
+        G = G_in / np.outer(d, d)
+        flat = _flat(G_in) / (_diag_mean(G_in) + eps)
+        _correct(fold.states[i], _tok_ratio(G, flat), _diag_mean(G) / _diag_mean(flat))
+        return G
+
+    def back(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
+        G, eps = fold.gram.get(j), eps_of(nd)
+        if eps is None:
+            return None
+        if G is None or G.shape[0] != R.shape[0]:
+            return R, (1.0, 1.0)
+        v = np.diag(G) + eps
+        s = 1.0 / np.sqrt(np.clip(v, 1e-300, None))
+        C = R * np.outer(s, s)
+        return C, _levels(C, R / float(np.mean(v)))
+
+    return law, back
+
+
+def activated(nd, i: int, fold, merged) -> np.ndarray | None:
+    """An activation: its kernel on each pair (``_kernel``)."""
+    G_in = _input(nd, fold)
+    if G_in is None:
+        return None
+    m = merged(fold.states[nd.inputs[0]]).mean
+    G = _kernel(nd.fn[0], m, G_in)
+    _correct(fold.states[i], _tok_ratio(G, _kernel(nd.fn[0], m, _flat(G_in))))
+    return G
+
+
+def _two(nd, fold, merged) -> list | None:
+    """A two-input op's inputs' Grams, an input without a profile read as uniform (None: neither
+    has one)."""
+    grams = [fold.gram.get(j) for j in nd.inputs]
+    if len(nd.inputs) != 2 or all(g is None for g in grams):
+        return None
+    T = next(g.shape[0] for g in grams if g is not None)
+    mats = []
+    for j, g in zip(nd.inputs, grams):
+        s = merged(fold.states[j])
+        mats.append(g if g is not None and g.shape[0] == T else uniform(s.q, s.tok, T))
+    return mats
+
+
+def summed(nd, i: int, fold, merged) -> np.ndarray | None:
+    """A sum of two states: their Grams add."""
+    mats = _two(nd, fold, merged)
+    return None if mats is None else mats[0] + mats[1]
+
+
+def multiplied(nd, i: int, fold, merged) -> np.ndarray | None:
+    """A product of two independent states: their Grams multiply entrywise."""
+    mats = _two(nd, fold, merged)
+    return None if mats is None else mats[0] * mats[1]
+
+
+def causal(nd, i: int, fold, merged) -> np.ndarray | None:
+    """A causal attention: the output's Gram from the values' (``attended``), where the values
+    have a profile the fold's q and token moment corrected by the profile's over the uniform
+    one's (its own terms kept); where not, from the uniform values'."""
+    if nd.params is None or not nd.params.causal:
+        return None
+    T = int(nd.params.tokens)
+    if T < 2 or int(nd.params.keys) != T:
+        return None
+    v = nd.inputs[2]
+    Gv = fold.gram.get(v)
+    s2 = fold.logit_variance.get(i, 0.0)
+    if Gv is not None and Gv.shape[0] == T:
+        flat = attended(_flat(Gv), s2)
+        G = attended(Gv, s2)
+        dq = (np.trace(G) / np.trace(flat)) if np.trace(flat) > 0 else 1.0
+        _correct(fold.states[i], _tok_ratio(G, flat), float(dq))
+        return G
+    s = merged(fold.states[v])
+    return attended(uniform(s.q, s.tok, T), s2)
 
 
 def _correct(st: list, ratio: float | None, q_ratio: float = 1.0) -> None:
@@ -312,43 +359,65 @@ def _levels(C: np.ndarray, flat: np.ndarray) -> tuple[float, float | None]:
 
 def _share(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
     """(the share's Gram shape, its levels' corrections) that reader k (op ``nd``, j its input
-    ``pos``) gives node j from k's gradient Gram R; None where the op is not read here."""
-    op = nd.op
-    T = R.shape[0]
-    if _linear(nd) or op == "add":
-        return R, (1.0, 1.0)
-    if op == "rotary":
-        pair = nd.params.get("pair")
-        return (R * pair if pair is not None and pair.shape == R.shape else R), (1.0, 1.0)
+    ``pos``) gives node j from k's gradient Gram R, by its op's law (``OpMap.gram_back``); None
+    where the op is not read here."""
+    op = MAPS.get(nd.op)
+    law = None if op is None else op.gram_back
+    return None if law is None else law(nd, k, pos, j, R, fold, merged)
+
+
+def _share_law(nd):
+    op = MAPS.get(nd.op)
+    return None if op is None else op.gram_back
+
+
+def passes_back(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
+    """Linear on each token (a sum too): the gradient's Gram passes unchanged."""
+    return None if nd.mats else (R, (1.0, 1.0))
+
+
+def piece_back(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
+    return (R, (1.0, 1.0)) if isinstance(nd.params, Piece) and not nd.mats else None
+
+
+def rotated_back(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
+    pair = nd.params.get("pair")
+    return (R * pair if pair is not None and pair.shape == R.shape else R), (1.0, 1.0)
+
+
+def activated_back(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
+    """phi'(x) times the gradient: R times phi''s kernel on the input's Gram."""
     G = fold.gram.get(j)
-    if _per_token(nd):
-        if G is None or G.shape[0] != T:
-            return R, (1.0, 1.0)
-        v = np.diag(G) + _eps(nd)
-        s = 1.0 / np.sqrt(np.clip(v, 1e-300, None))
-        C = R * np.outer(s, s)
-        return C, _levels(C, R / float(np.mean(v)))
-    if op == "act":
-        if G is None or G.shape[0] != T:
-            return R, (1.0, 1.0)
-        m = merged(fold.states[j]).mean
-        D = _kernel(nd.fn[1], m, G)
-        C = R * D
-        return C, _levels(C, R * _kernel(nd.fn[1], m, _flat(G)))
-    if op == "sdpa" and nd.params is not None and nd.params.causal and int(nd.params.tokens) == T:
-        s2 = fold.logit_variance.get(k, 0.0)
-        if pos != 2:
-            return _query_key_share(R, s2, pos)
-        C = attended_back(R, s2)
-        return C, _levels(C, attended_back(_flat(R), s2))
-    if op == "product" and len(nd.inputs) == 2:
-        other = nd.inputs[1 - pos]
-        Go = fold.gram.get(other)
-        if Go is None or Go.shape[0] != T:
-            return R, (1.0, 1.0)
-        C = R * Go
-        return C, _levels(C, R * _flat(Go))
-    return None
+    if G is None or G.shape[0] != R.shape[0]:
+        return R, (1.0, 1.0)
+    m = merged(fold.states[j]).mean
+    D = _kernel(nd.fn[1], m, G)
+    C = R * D
+    return C, _levels(C, R * _kernel(nd.fn[1], m, _flat(G)))
+
+
+def causal_back(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
+    """A causal attention: the queries' and keys' shares (``_query_key_share``), the values'
+    ``attended_back``."""
+    T = R.shape[0]
+    if nd.params is None or not nd.params.causal or int(nd.params.tokens) != T:
+        return None
+    s2 = fold.logit_variance.get(k, 0.0)
+    if pos != 2:
+        return _query_key_share(R, s2, pos)
+    C = attended_back(R, s2)
+    return C, _levels(C, attended_back(_flat(R), s2))
+
+
+def product_back(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
+    """A product: R times the other factor's Gram."""
+    if len(nd.inputs) != 2:
+        return None
+    Go = fold.gram.get(nd.inputs[1 - pos])
+    if Go is None or Go.shape[0] != R.shape[0]:
+        return R, (1.0, 1.0)
+    C = R * Go
+    return C, _levels(C, R * _flat(Go))
 
 
 def _query_key_share(R: np.ndarray, s2: float, pos: int):
@@ -382,8 +451,8 @@ def back_step(nd, k: int, given: dict, fold, merged) -> None:
     g = fold.grads[k]
     if R is None:
         T = next((fold.gram[j].shape[0] for j in nd.inputs if j in fold.gram), None)
-        if T is None and nd.op == "sdpa" and nd.params is not None and nd.params.causal:
-            T = int(nd.params.tokens)
+        if T is None and getattr(nd.params, "causal", False) and _share_law(nd) is causal_back:
+            T = int(nd.params.tokens)  # a causal attention's gradient Gram made here
         if T is None or g is None or len(g) != 1 or T < 2:
             return
         R = uniform(g[0][0], g[0][1], T)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sigprop import theory
+from sigprop.maps import gram
 from sigprop.maps.cross import mix
 from sigprop.maps.free import directions
 from sigprop.maps.state import (
@@ -114,6 +115,8 @@ map_op(
     scale_fields=("bias",),
     jacobian=_dense_jacobian,
     cross="gaussian",
+    gram=gram.passes,
+    gram_back=gram.passes_back,
     # two reads of one W: f times their inputs' cross moment (plus the bias's); back ||W||^2/c_in
     draw=lambda nd, other, S, K, back: (
         (nd.backward * S, nd.backward * K) if back else (nd.forward * S + nd.bias, nd.forward * K + nd.bias)
@@ -121,7 +124,15 @@ map_op(
 )
 
 
-map_op("standardized", _standardized, _dense_backward, weighted=True, degree=lambda nd: 0)
+map_op(
+    "standardized",
+    _standardized,
+    _dense_backward,
+    weighted=True,
+    degree=lambda nd: 0,
+    gram=gram.passes,
+    gram_back=gram.passes_back,
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,6 +223,11 @@ def _norm_backward(nd: GraphNode, i: int, g: list, fold) -> None:
             fold.give(j, out, i, [(0.0, 0.0)] * len(out) if exact else None)
 
 
+#: a causal attention's profile through a layer norm with one statistic per token (over a token's
+#: units; its map has no eps), none through a batch norm's
+_LAYER_NORM_GRAM = gram.per_token(lambda nd: 0.0 if nd.group == nd.units > 1 else None)
+
+
 #: a normalisation's output does not move with its input's own direction (scale invariance), and
 #: what it does move by is orthogonal to it: 0
 map_op(
@@ -226,7 +242,13 @@ map_op(
     # per token its gain over the centred token's RMS; a batch norm's statistics: none
     cross="linear",
     factor=lambda nd, x: None if nd.group == 0 else math.sqrt(nd.forward / max(x.q - x.mean * x.mean, 1e-30)),
+    gram=_LAYER_NORM_GRAM[0],
+    gram_back=_LAYER_NORM_GRAM[1],
 )
+
+
+#: a causal attention's profile through an RMSNorm, its eps (``bias``) per token
+_RMS_GRAM = gram.per_token(lambda nd: nd.bias)
 
 
 def _rms_forward(nd: GraphNode, i: int, fold) -> None:
@@ -282,6 +304,8 @@ map_op(
     tangent=lambda nd, i, e, fold: 0.0,
     cross="linear",
     factor=lambda nd, x: math.sqrt(nd.forward / (x.q + nd.bias)),  # its gain over the token's RMS, eps in
+    gram=_RMS_GRAM[0],
+    gram_back=_RMS_GRAM[1],
 )
 
 
@@ -416,6 +440,8 @@ map_op(
     degree=lambda nd: 1 if _homogeneous(nd) else None,
     jacobian=_act_jacobian,
     cross="act",
+    gram=gram.activated,
+    gram_back=gram.activated_back,
 )
 
 
@@ -573,10 +599,20 @@ map_op(
     draw=_attention_draw,
     values=2,
     reads=2,
+    gram=gram.causal,  # its values' profile forward; backward the module's projections: dropped
 )
 
 
-map_op("sdpa", _attention_forward, _attention_backward, tangent=_attention_tangent, cross="mix", values=2)
+map_op(
+    "sdpa",
+    _attention_forward,
+    _attention_backward,
+    tangent=_attention_tangent,
+    cross="mix",
+    values=2,
+    gram=gram.causal,
+    gram_back=gram.causal_back,
+)
 
 
 # --------------------------------------------------------------------------------------------

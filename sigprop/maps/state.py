@@ -231,7 +231,13 @@ class OpMap:
     (S, K) -- or their gradients' --), "act", "mix" (a mean over keys of its values); None: not
     read there (the fold stops at a shared draw).  ``values``: the input an attention mixes (its
     query and key paths independent of every other share: their weights enter through the
-    logits); ``reads``: the input a weight layer's draw reads."""
+    logits); ``reads``: the input a weight layer's draw reads.
+
+    Its part in a causal attention's position profile (sigprop/maps/gram.py, docs/theory.md §16):
+    ``gram(nd, i, fold, merged)``, the T x T shape of its output's Gram from its inputs' (and
+    where it reads the pairs nonlinearly, its state's token moment corrected), and
+    ``gram_back(nd, k, pos, j, R, fold, merged)``, the share of its gradient's Gram R it gives
+    input ``pos`` (node j) with its levels' corrections; None: the profile dropped there."""
 
     forward: Callable
     backward: Callable | None = None
@@ -246,6 +252,8 @@ class OpMap:
     draw: Callable | None = None
     values: int | None = None
     reads: int = 0
+    gram: Callable | None = None
+    gram_back: Callable | None = None
 
 
 def shared_draws(nodes) -> dict:

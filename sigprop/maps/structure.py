@@ -10,6 +10,7 @@ import math
 from dataclasses import replace
 
 from sigprop import theory
+from sigprop.maps import gram
 from sigprop.maps.cross import Unsupported, tangent
 from sigprop.maps.free import directions
 from sigprop.maps.state import (
@@ -282,22 +283,64 @@ def _block_jacobian(nd: GraphNode, i: int, fold) -> tuple[float, float] | str:
 
 
 map_op(
-    "identity", _passes, _gives_back, tangent=_same, degree=lambda nd: 1, jacobian=_unchanged, cross="linear"
+    "identity",
+    _passes,
+    _gives_back,
+    tangent=_same,
+    degree=lambda nd: 1,
+    jacobian=_unchanged,
+    cross="linear",
+    gram=gram.passes,
+    gram_back=gram.passes_back,
 )
-
-
-map_op("slice", _sliced, _sliced_back, tangent=lambda nd, i, e, fold: nd.backward * e[0], degree=lambda nd: 1)
 
 
 map_op(
-    "output", _passes, _gives_back, tangent=_same, degree=lambda nd: 1, jacobian=_unchanged, cross="linear"
+    "slice",
+    _sliced,
+    _sliced_back,
+    tangent=lambda nd, i, e, fold: nd.backward * e[0],
+    degree=lambda nd: 1,
+    gram=gram.piece,
+    gram_back=gram.piece_back,
 )
 
 
-map_op("add", _add, _add_back, tangent=_summed, degree=lambda nd: 1, jacobian=_block_jacobian, cross="sum")
+map_op(
+    "output",
+    _passes,
+    _gives_back,
+    tangent=_same,
+    degree=lambda nd: 1,
+    jacobian=_unchanged,
+    cross="linear",
+    gram=gram.passes,
+    gram_back=gram.passes_back,
+)
 
 
-map_op("offset", _offset, _gives_back, tangent=_same, cross="offset")
+map_op(
+    "add",
+    _add,
+    _add_back,
+    tangent=_summed,
+    degree=lambda nd: 1,
+    jacobian=_block_jacobian,
+    cross="sum",
+    gram=gram.summed,
+    gram_back=gram.passes_back,
+)
+
+
+map_op(
+    "offset",
+    _offset,
+    _gives_back,
+    tangent=_same,
+    cross="offset",
+    gram=gram.passes,
+    gram_back=gram.passes_back,
+)
 
 
 map_op(
@@ -309,6 +352,8 @@ map_op(
     jacobian=lambda nd, i, fold: (fold.states[nd.inputs[0]][0] * nd.forward, fold.states[nd.inputs[0]][1]),
     cross="linear",
     factor=lambda nd, x: math.sqrt(nd.forward),
+    gram=gram.passes,
+    gram_back=gram.passes_back,
 )
 
 
@@ -345,7 +390,14 @@ def _product_tangent(nd, i, e, fold):
     return (b * e[0] if e[0] is not None else 0.0) + (a * e[1] if e[1] is not None else 0.0)
 
 
-map_op("product", _product, _product_back, tangent=_product_tangent)
+map_op(
+    "product",
+    _product,
+    _product_back,
+    tangent=_product_tangent,
+    gram=gram.multiplied,
+    gram_back=gram.product_back,
+)
 
 
 def _embedding_forward(nd: GraphNode, i: int, fold) -> None:
@@ -386,7 +438,14 @@ def _rotary_back(nd: GraphNode, i: int, g: list, fold) -> None:
     fold.give(nd.inputs[0], [(p["gain"] * r, p["grad_tokens"] * rk, None) for r, rk, _ in g], i)
 
 
-map_op("rotary", _rotary, _rotary_back, tangent=lambda nd, i, e, fold: nd.params["gain"] * e[0])
+map_op(
+    "rotary",
+    _rotary,
+    _rotary_back,
+    tangent=lambda nd, i, e, fold: nd.params["gain"] * e[0],
+    gram=gram.rotated,
+    gram_back=gram.rotated_back,
+)
 
 
 def _broadcast_back(nd: GraphNode, i: int, g: list, fold) -> None:
@@ -395,4 +454,11 @@ def _broadcast_back(nd: GraphNode, i: int, g: list, fold) -> None:
     fold.give(nd.inputs[0], [(k * r, k * rk, p) for r, rk, p in g], i)
 
 
-map_op("broadcast", _passes, _broadcast_back, tangent=lambda nd, i, e, fold: e[0])
+map_op(
+    "broadcast",
+    _passes,
+    _broadcast_back,
+    tangent=lambda nd, i, e, fold: e[0],
+    gram=gram.passes,
+    gram_back=gram.passes_back,
+)
