@@ -3,8 +3,9 @@
 ``multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``) is
 seen by a ``TorchFunctionMode``, its attention weights recomputed beside it from the same query
 and key (no change to what the model computes), and their normalised entropy kept per sample
-under the module that made the call.  Hand-written softmax attention (an explicit ``softmax`` of
-q k^T) is not recognised: its sites read no entropy."""
+under the module that made the call; and every ``softmax`` over the last axis of a [B, H, T_q,
+T_k] tensor -- attention written out (nanoGPT's, Hugging Face's eager one) -- from its own logits
+(the calls inside the two above are not seen: a TorchFunctionMode is off while it handles one)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from sigprop.model.sites import call_name
 
 SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 MHA = (F.multi_head_attention_forward,)
+#: a softmax written out (nanoGPT's ``F.softmax(att, dim=-1)``, Hugging Face's eager attention):
+#: over the last axis of [B, H, T_q, T_k] logits, an attention's weights
+SOFTMAX = (F.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax)
 
 
 def normalised_entropy(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -115,6 +119,18 @@ def _mha_entropy(query, key, value, embed_dim, num_heads, in_proj_weight, in_pro
     return normalised_entropy(logits, allowed)
 
 
+def _softmax_entropy(x, dim=None, *args, **kwargs):
+    """The entropy of a written-out attention's weights, softmax(logits) over the last axis of
+    [B, H, T_q, T_k] logits (another softmax: None): a key whose logit is -inf (``masked_fill``)
+    or at or below half its dtype's lowest value (Hugging Face's additive mask) is not read."""
+    dim = kwargs.get("dim", dim)
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or dim not in (-1, 3) or not x.is_floating_point():
+        return None
+    z = x.detach()
+    allowed = torch.isfinite(z) & (z > torch.finfo(z.dtype).min / 2)
+    return normalised_entropy(z.masked_fill(~allowed, 0.0), allowed)
+
+
 class AttentionReader(TorchFunctionMode):
     """While active, every attention call's per-sample normalised entropy (``normalised_entropy``)
     under the module calls running it (global forward hooks keep the stack):
@@ -153,10 +169,12 @@ class AttentionReader(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func in SDPA or func in MHA:
+        read = _sdpa_entropy if func in SDPA else _mha_entropy if func in MHA else None
+        read = _softmax_entropy if func in SOFTMAX else read
+        if read is not None:
             try:
                 with torch.no_grad():
-                    h = (_sdpa_entropy if func in SDPA else _mha_entropy)(*args, **kwargs)
+                    h = read(*args, **kwargs)
             except Exception:  # a call of a form not read here: its site shows no entropy
                 h = None
             if h is not None:

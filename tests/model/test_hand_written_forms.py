@@ -173,3 +173,35 @@ def test_nanogpts_written_out_attention_is_the_causal_attention(sized):
     for x, y in zip(a.runs[0].layers, b.runs[0].layers):
         assert x.forward.predicted == pytest.approx(y.forward.predicted, rel=1e-6), x.name
         assert x.backward.predicted == pytest.approx(y.backward.predicted, rel=1e-6), x.name
+
+
+def test_written_out_attention_reads_its_entropy_as_sdpa_does():
+    """0.19.0.dev0 read no entropy at a written-out attention (only SDPA and MultiheadAttention
+    calls were seen): now its own softmax is read, from the model's logits -- equal, to float32
+    rounding of q k^T in another order, to what the SDPA form of the same weights reads -- beside
+    the maps' prediction."""
+
+    def same_weights(kind):
+        def make():
+            torch.manual_seed(0)
+            written = nn.Sequential(*[Residual(WrittenOut(False)) for _ in range(3)])
+            if kind == "written":
+                return written
+            other = nn.Sequential(*[Residual(Fused(False)) for _ in range(3)])
+            other.load_state_dict(written.state_dict())
+            return other
+
+        return make
+
+    a = sigprop.probe_module(model=same_weights("written"), input_shape=(T, D), samples=8)
+    b = sigprop.probe_module(model=same_weights("fused"), input_shape=(T, D), samples=8)
+    read = [
+        (x.tokens, y.tokens)
+        for x, y in zip(a.runs[0].layers, b.runs[0].layers)
+        if y.tokens.entropy is not None
+    ]
+    assert len(read) == 3
+    for x, y in read:
+        assert x.entropy == pytest.approx(y.entropy, abs=1e-5)
+        assert x.entropy_predicted == pytest.approx(y.entropy_predicted, rel=1e-9)
+        assert x.entropy == pytest.approx(x.entropy_predicted, abs=0.02)
