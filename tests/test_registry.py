@@ -177,6 +177,21 @@ def test_an_executor_from_outside_runs_a_sweep(tmp_path):
         sweeps.EXECUTORS.remove("inline")
 
 
+def test_an_executor_is_what_the_protocol_says():
+    """The built-in executors are ``sweeps.Executor``s; a builder that returns something else (a
+    bare function, as the registry's comment once read) is refused in one line naming what it
+    lacks, before any point runs."""
+    assert isinstance(sweeps.executor("local"), sweeps.Executor)
+    assert isinstance(_Inline(), sweeps.Executor)
+    sweeps.register_executor("bare", lambda **options: lambda fn, items: map(fn, items))
+    try:
+        lacks = "has no slots, notes, say, __enter__, __exit__, describe, running"
+        with pytest.raises(SigpropError, match=lacks):
+            sweeps.executor("bare")
+    finally:
+        sweeps.EXECUTORS.remove("bare")
+
+
 def test_the_clis_choices_are_the_librarys_names():
     """--dtype, --measure and --executor list what the library declares (one list each: a dtype
     or a measurement added there is a choice here); the device layer maps the same dtypes."""

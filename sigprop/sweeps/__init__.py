@@ -9,7 +9,7 @@ one point after the other) or ``dask``.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator, Protocol, runtime_checkable
 
 from sigprop.errors import SigpropError
 from sigprop.registry import Registry
@@ -40,8 +40,7 @@ from sigprop.sweeps.shard import SHARD_SCHEMA, merge, parse_shard
 from sigprop.sweeps.shard import start as start_shard
 
 #: the executors by name (``register_executor``): ``local`` and ``dask`` built in, others added
-#: from outside (a builder taking the options a sweep was given, returning a context manager
-#: that is called as ``executor(fn, items)`` and yields ``fn(item)`` as the items finish)
+#: from outside (a builder taking the options a sweep was given, returning an ``Executor``)
 EXECUTORS: Registry[Callable[..., object]] = Registry("executor", field="executor", skip=(__name__,))
 
 
@@ -55,6 +54,37 @@ EXECUTOR_OPTIONS = (
     "scheduler_file",
     "wait_workers",
 )
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """What a sweep, ``sigprop width`` and the API read of an executor (``EXECUTORS``' builders
+    return one; ``Serial`` and ``cluster.Dask`` are two): entered with ``with`` before any point
+    runs and left after the last; called as ``executor(fn, items)``, it yields ``fn(item)`` for
+    every item as each finishes, in any order.  ``slots``: the points it runs at once (the
+    progress bar's width before ``running`` is asked; read once entered); ``running(left)``: of
+    ``left`` points not finished, how many run now; ``notes``: lines the run's header prints
+    after it is entered (where it runs, what it was given); ``say``: set by the caller before
+    entering, a callable for what the executor says while it waits (None: it stays quiet);
+    ``describe()``: one line, where the points run."""
+
+    slots: int
+    notes: tuple[str, ...]
+    say: Callable[[str], None] | None
+
+    def __enter__(self) -> Executor: ...
+
+    def __exit__(self, *exc) -> object: ...
+
+    def describe(self) -> str: ...
+
+    def running(self, left: int) -> int: ...
+
+    def __call__(self, fn: Callable, items: list) -> Iterator: ...
+
+
+#: the members of ``Executor``, named where a builder's object lacks one
+EXECUTOR_MEMBERS = ("slots", "notes", "say", "__enter__", "__exit__", "describe", "running", "__call__")
 
 
 def register_executor(name: str, build: Callable[..., object]) -> Callable[..., object]:
@@ -150,10 +180,20 @@ def executor(name: str = "local", **options):
         raise SigpropError(
             f"not an executor option; they are {', '.join(EXECUTOR_OPTIONS)}", field=unknown[0]
         )
-    return build(**{k: v for k, v in options.items() if v is not None})
+    built = build(**{k: v for k, v in options.items() if v is not None})
+    have = dir(built)  # names, not values: ``slots`` may be read only once entered (Dask's)
+    missing = [m for m in EXECUTOR_MEMBERS if m not in have]
+    if missing:
+        raise SigpropError(
+            f"executor {name!r} built a {type(built).__name__}, not an executor: it has no "
+            f"{', '.join(missing)} (sweeps.Executor)",
+            field="executor",
+        )
+    return built
 
 
 __all__ = [
+    "Executor",
     "EXECUTORS",
     "EXECUTOR_OPTIONS",
     "register_executor",
