@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import json
 import os
 import sys
 from typing import Callable
@@ -44,3 +45,31 @@ def resolve_target(target: str) -> Callable:
     if not callable(obj):
         raise SigpropError(f"{target!r} is not callable", field="target")
     return obj
+
+
+#: the factory a ``--config`` names: a Hugging Face config's base model (sigprop/model/hf.py)
+CONFIG_FACTORY = "sigprop.model.hf:from_config"
+
+
+def hf_config(path: str) -> dict:
+    """A Hugging Face ``config.json`` as a dict, checked: a file of JSON naming its
+    ``model_type`` (the family ``AutoConfig`` builds); one line naming --config else."""
+    if not os.path.isfile(path):
+        raise SigpropError(f"no file {path!r}", field="config")
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise SigpropError(f"{path!r} is not a JSON file: {described(exc)}", field="config") from None
+    if not isinstance(d, dict) or not isinstance(d.get("model_type"), str):
+        raise SigpropError(
+            f"{path!r} names no model_type: not a Hugging Face config.json", field="config"
+        )
+    return d
+
+
+def config_target(path: str) -> tuple[str, str]:
+    """(the target, its first ``--arg``) a ``--config`` stands for: ``CONFIG_FACTORY`` with the
+    config's absolute path (a worker may run in another directory)."""
+    hf_config(path)
+    return CONFIG_FACTORY, f"config={os.path.abspath(path)!r}"

@@ -95,7 +95,9 @@ def _annotated(o: kinds.Opt, prefix: str):
     decl = f"{o.cli_flag}/{o.off}" if o.type is bool and o.off else o.cli_flag
     help_ = o.help + (f" [default: {o.shown}]" if o.shown else "")
     extra = {"min": o.min} if o.min is not None else {}
-    if o.positional:  # a required argument (sigprop module TARGET)
+    if o.positional and o.default is None:  # an argument another option may stand for (TARGET, --config)
+        return Annotated[Optional[base], Argument(help=o.help, show_default=False)], None
+    if o.positional:  # a required argument
         return Annotated[base, Argument(help=o.help, show_default=False)], inspect.Parameter.empty
     if o.repeat:
         return Annotated[Optional[list[base]], Option(decl, help=help_, **extra)], None

@@ -256,6 +256,17 @@ def _model_parameters() -> list[inspect.Parameter]:
             None,
         ),
         P("vocab", Annotated[Optional[int], Option(min=1, help="module: token ids below VOCAB.")], None),
+        P(
+            "config",
+            Annotated[
+                Optional[str],
+                Option(
+                    help="module, instead of TARGET: a Hugging Face config.json (sigprop module's); --arg "
+                    "then sweeps its fields (num_hidden_layers=4,8)."
+                ),
+            ],
+            None,
+        ),
     ]
 
 
@@ -395,6 +406,7 @@ def sweep(
     input_shape=None,
     sites=None,
     vocab=None,
+    config=None,
     measure=Measure.probe,
     curvature=False,
     executor=Executor.local,
@@ -416,7 +428,7 @@ def sweep(
     probe, _ = specs.probe_specs({"samples": sweeps.default_samples(kind, what), **values})
     options = {name: sizes.pop(name, None) for name in sweeps.EXECUTOR_OPTIONS}
     given = {**sizes, "width": width, "input_dim": input_dim, "target": target, "arg": arg}
-    given |= {"input_shape": input_shape, "sites": sites, "vocab": vocab}
+    given |= {"input_shape": input_shape, "sites": sites, "vocab": vocab, "config": config}
     api = common.core()  # the lazy torch import at the CLI's edge
 
     options["resources"] = parse_resources(options["resources"])

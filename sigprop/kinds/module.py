@@ -25,7 +25,7 @@ from sigprop.errors import SigpropError
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Opt, SweepAxes
 from sigprop.results import Check
-from sigprop.targets import resolve_target
+from sigprop.targets import config_target, hf_config, resolve_target
 from sigprop.width.spec import WidthNet, widths_of
 
 #: the structure only a model provides: inits that keep or read its own weights (``as-is``)
@@ -95,6 +95,9 @@ class ModuleSpec:
     target: str | None = None
     args: tuple[str, ...] = ()
     input_shape: tuple[int, ...] | str = ()
+    #: ``--config PATH``: a Hugging Face config.json, the base model AutoModel builds from it (the
+    #: spec then names ``targets.CONFIG_FACTORY`` with the path as its first --arg)
+    config: str | None = None
     sites: str = "auto"
     vocab: int | None = None
     data: str | None = None
@@ -140,8 +143,10 @@ class ModuleSpec:
         return s if s and isinstance(s[0], tuple) else (s,)
 
     def __post_init__(self) -> None:
+        if self.config is not None:
+            self._from_config()
         if self.target is None and self.model is None:
-            raise SigpropError("name the model: TARGET (MODULE:CALLABLE) or model=", field="target")
+            raise SigpropError("name the model: TARGET (MODULE:CALLABLE), --config or model=", field="target")
         object.__setattr__(self, "input_shape", self._shapes_of(self.input_shape))
         if self.inputs is not None:
             given = _tensors(self.inputs)
@@ -190,6 +195,21 @@ class ModuleSpec:
         if not isinstance(self.sites, str) or not self.sites.strip():
             raise SigpropError("auto, leaves, or a comma list of module names", field="sites")
         base.init_tuple(self, ModuleKind.provides, ModuleKind.noun)
+
+    def _from_config(self) -> None:
+        """``--config PATH`` as the target it stands for (``targets.config_target``; the user's
+        --arg after it, overriding the config's fields), its vocabulary the config's
+        ``vocab_size`` where --vocab is not given (token ids: a decoder's input)."""
+        if self.target is not None or self.model is not None:
+            raise SigpropError("give TARGET or --config, not both", field="config")
+        path = str(self.config)
+        vocab = hf_config(path).get("vocab_size")
+        target, arg = config_target(path)
+        object.__setattr__(self, "target", target)
+        object.__setattr__(self, "args", (arg, *self.args))
+        object.__setattr__(self, "config", None)  # now the target: a rerun reads target and args
+        if self.vocab is None and self.data is None and self.inputs is None and isinstance(vocab, int):
+            object.__setattr__(self, "vocab", vocab)
 
     @property
     def sequences(self) -> bool:
@@ -255,9 +275,9 @@ def _is_factory(obj) -> bool:
 class ModuleKind(Kind):
     name = "module"
     summary = (
-        "Probe your own torch.nn.Module (TARGET = MODULE:CALLABLE or FILE.py:CALLABLE): per-site forward "
-        "and backward norm ratios beside its traced theory, with the model's own init or the paper's "
-        "(Arpit et al. 2019)."
+        "Probe your own torch.nn.Module (TARGET = MODULE:CALLABLE or FILE.py:CALLABLE, or a Hugging Face "
+        "--config): per-site forward and backward norm ratios beside its traced theory, with the model's "
+        "own init or the paper's (Arpit et al. 2019)."
     )
     spec = ModuleSpec
     noun = "a model"
@@ -279,6 +299,7 @@ class ModuleKind(Kind):
             "sites": "the spectrum reads the model's output, not its sites",
             "max_token_cosine": "the spectrum reads the model's output, not its sites' tokens",
             "vocab": "token ids have no Jacobian: the spectrum needs a floating input",
+            "config": "a config's model reads token ids, which have no Jacobian",
             "depths": "the spectrum against depth is measured for sigprop's own nets only",
             "at": "the spectrum against depth is measured for sigprop's own nets only",
             "batch_size": "a model's Jacobian is taken in chunks of its outputs, sized to the memory",
@@ -287,6 +308,7 @@ class ModuleKind(Kind):
             "sites": "the curvature reads the model's output, not its sites",
             "max_token_cosine": "the curvature reads the model's output, not its sites' tokens",
             "vocab": "token ids: a model's curvature is measured on floating inputs",
+            "config": "a config's model reads token ids: a model's curvature is measured on floating inputs",
             "head": "a model's head is PyTorch's default nn.Linear",
         },
     }
@@ -296,6 +318,15 @@ class ModuleKind(Kind):
     curvature_samples = 64
     options = (
         Opt("target", str, None, "The model: MODULE:CALLABLE or FILE.py:CALLABLE.", positional=True),
+        Opt(
+            "config",
+            str,
+            None,
+            "Instead of TARGET: a Hugging Face config.json, the base model AutoModel builds from it at its "
+            "own init (no weights downloaded), called on token ids (--vocab: the config's vocab_size "
+            "unless given) and read at its last hidden state; --arg NAME=VALUE overrides a field of the "
+            "config (num_hidden_layers=4). Needs the models extra.",
+        ),
         Opt(
             "model",
             object,
@@ -422,7 +453,7 @@ class ModuleKind(Kind):
             v.pop("args", None)
         elif isinstance(v["args"], dict):
             v["args"] = tuple(f"{k}={val!r}" for k, val in v["args"].items())
-        for name in ("input_shape", "vocab", "data", "batch_size", "inputs", "max_token_cosine"):
+        for name in ("input_shape", "vocab", "data", "batch_size", "inputs", "max_token_cosine", "config"):
             if v.get(name) is None:
                 v.pop(name, None)
         return ModuleSpec(**v, inits=("as-is",) if inits_ is None else inits_)
@@ -462,19 +493,25 @@ class ModuleKind(Kind):
         return WidthNet(factory, widths, shape, kwargs, width_arg, values.get("vocab"), field="arg")
 
     def sweep_fields(self) -> tuple[str, ...]:
-        return ("target", "arg", "input_shape", "sites", "vocab")
+        return ("target", "config", "arg", "input_shape", "sites", "vocab")
 
     def sweep_configurations(self, given: dict) -> list:
         """Every --input-shape (one value each: ``;`` joins the inputs of one forward) x every
         combination of the --arg values; the key keeps TARGET as given, the spec a FILE.py's
         absolute path (a worker may run in another directory)."""
-        target = given.get("target")
+        target, items = given.get("target"), tuple(given.get("arg") or ())
+        if given.get("config") is not None:  # --config: the target it stands for, its path an --arg
+            if target:
+                raise SigpropError("give TARGET or --config, not both", field="config")
+            target, arg = config_target(str(given["config"]))
+            items = (arg, *items)
+            if given.get("vocab") is None:
+                given = {**given, "vocab": hf_config(str(given["config"])).get("vocab_size")}
         if not target:
             raise SigpropError("give the model: sigprop sweep module FILE.py:CALLABLE", field="target")
         where, _, name = str(target).rpartition(":")
         found = os.path.abspath(where) + ":" + name if where.endswith(".py") else target
         resolve_target(found)  # a target that does not import is refused before any point runs
-        items = tuple(given.get("arg") or ())
         shapes = given.get("input_shape") or []
         shapes = [shapes] if isinstance(shapes, str) else list(shapes)
         if not shapes:

@@ -53,6 +53,9 @@ VALUES = {
     "--input-shape": ([], ["--input-shape", "3,8"]),
     "--sites": ([], ["--sites", "leaves"]),
     "--vocab": ([], ["--vocab", "10"]),
+    # beside TARGET: refused in one line ("give TARGET or --config, not both"); its runs are
+    # tests/kinds/test_module_config.py's
+    "--config": ([], ["--config", "{nets}"]),
     "--data": ([], ["--data", "{data}"]),
     "--batch-size": ([], ["--batch-size", "1"]),
     "--samples": ([], ["--samples", "18"]),
