@@ -115,7 +115,8 @@ def test_a_kind_takes_its_own_sweep_options_only():
         SigpropError, match="does not apply to sweep mlp; it takes --depth, --width, --input-dim"
     ):
         sweep.configure(mlp, {"depth": [3], "arg": ["depth=3"]})
-    with pytest.raises(SigpropError, match="it takes TARGET, --arg, --input-shape, --sites, --vocab") as err:
+    takes = "it takes TARGET, --config, --arg, --input-shape, --sites, --vocab"
+    with pytest.raises(SigpropError, match=takes) as err:
         sweep.configure(model, {"target": f"{NETS}:make", "input_shape": ["3,8,8"], "depth": [3]})
     assert err.value.field == "depth"
     with pytest.raises(SigpropError, match="give the model") as err:

@@ -205,3 +205,46 @@ def test_written_out_attention_reads_its_entropy_as_sdpa_does():
         assert x.entropy == pytest.approx(y.entropy, abs=1e-5)
         assert x.entropy_predicted == pytest.approx(y.entropy_predicted, rel=1e-9)
         assert x.entropy == pytest.approx(x.entropy_predicted, abs=0.02)
+
+
+class Einsum(WrittenOut):
+    """lucidrains' form: ``einsum('b h i d, b h j d -> b h i j', q, k)`` scaled by a number the
+    graph computes from the input's shape (torch.fx records ``math.sqrt(C // 4)`` as a node),
+    ``masked_fill`` then the ``softmax`` method, and ``einsum('b h i j, b h j d -> b h i d')``."""
+
+    def forward(self, x):
+        B, L, C = x.shape
+        q, k, v = self.heads(x)
+        att = torch.einsum("b h i d, b h j d -> b h i j", q, k) / math.sqrt(C // 4)
+        att = att.masked_fill(self.bias[:, :, :L, :L] == 0, float("-inf")).softmax(-1)
+        y = torch.einsum("b h i j, b h j d -> b h i d", att, v)
+        return self.c_proj(y.transpose(1, 2).reshape(B, L, C))
+
+
+def test_attention_written_with_einsum_is_the_causal_attention():
+    """0.19.0.dev0: "no moment map for einsum" at the first block (and before it, a traceback on
+    the scale torch.fx computes from the shape).  Now read as the causal attention it computes:
+    its predictions equal, to float rounding, those of the same weights through SDPA, and its
+    measured entropy theirs to 1e-5."""
+
+    def same_weights(kind):
+        def make():
+            torch.manual_seed(0)
+            written = nn.Sequential(*[Residual(Einsum(False)) for _ in range(3)])
+            if kind == "written":
+                return written
+            other = nn.Sequential(*[Residual(Fused(False)) for _ in range(3)])
+            other.load_state_dict(written.state_dict())
+            return other
+
+        return make
+
+    a = sigprop.probe_module(model=same_weights("written"), input_shape=(T, D), samples=8)
+    b = sigprop.probe_module(model=same_weights("fused"), input_shape=(T, D), samples=8)
+    assert not [n for n in a.config["theory_notes"] if n.startswith("no moment map")]
+    for x, y in zip(a.runs[0].layers, b.runs[0].layers):
+        assert x.forward.predicted == pytest.approx(y.forward.predicted, rel=1e-6), x.name
+        assert x.backward.predicted == pytest.approx(y.backward.predicted, rel=1e-6), x.name
+        assert x.forward.rms == pytest.approx(y.forward.rms, rel=1e-5), x.name
+        if y.tokens.entropy is not None:
+            assert x.tokens.entropy == pytest.approx(y.tokens.entropy, abs=1e-5), x.name

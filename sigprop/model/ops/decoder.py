@@ -173,29 +173,68 @@ AFTER_SOFTMAX = (aten.to.dtype, aten.dropout.default, aten.clone.default, aten.a
 TRANSPOSES = (aten.transpose.int, torch.transpose)
 
 
+EINSUMS = (torch.einsum, torch.functional.einsum, aten.einsum.default)
+
+
+def _einsum(n) -> tuple[str, fx.Node, fx.Node] | None:
+    """An einsum of two states as a batched product (lucidrains' ``einsum('b h i d, b h j d -> b h
+    i j', q, k)``): ("qk", a, b) where it contracts both operands' last index (a b^T), ("ab", a,
+    b) where the first's last with the second's second-to-last (a b); None for any other."""
+    if not _call(n, EINSUMS) or not n.args or not isinstance(n.args[0], str):
+        return None
+    ops = list(n.args[1]) if len(n.args) == 2 and isinstance(n.args[1], (list, tuple)) else list(n.args[1:])
+    eq = n.args[0].replace(" ", "")
+    if len(ops) != 2 or "->" not in eq or eq.count(",") != 1:
+        return None
+    (a, b), out = eq.split("->")[0].split(","), eq.split("->")[1]
+    if len(a) < 2 or not (len(a) == len(b) == len(out)) or a[:-2] != b[:-2] or a[:-2] != out[:-2]:
+        return None
+    (i, j), (k, l) = a[-2:], b[-2:]
+    if l == j and k not in (i, j) and out[-2:] == i + k:  # ...ij,...kj->...ik
+        return "qk", ops[0], ops[1]
+    if k == j and l not in (i, j) and out[-2:] == i + l:  # ...ij,...jl->...il
+        return "ab", ops[0], ops[1]
+    return None
+
+
 def _scaled_by(n):
-    """n = x * c, c * x or x / c (c a number): (x, c as a factor, ``structure._constant_factor``);
-    else (n, None)."""
+    """n = x * c, c * x or x / c: (x, c as a factor) with c a number (``structure._constant_factor``)
+    or a number the graph computes from the shapes (``/ math.sqrt(C // H)`` under torch.fx: a node
+    with no tensor, read as ``("node", c_node, divides)`` and resolved from its recorded value by
+    ``eager``); else (n, None)."""
     if _call(n, structure.MUL_FUNCTIONS + structure.DIV_FUNCTIONS):
         c = structure._constant_factor(n)
         x = next((a for a in n.args if isinstance(a, fx.Node)), None)
         if c is not None and x is not None:
             return x, c
+        if len(n.args) == 2 and not n.kwargs and all(isinstance(a, fx.Node) for a in n.args):
+            tensors = [a for a in n.args if "tensor_meta" in a.meta]
+            if len(tensors) == 1:
+                other = n.args[1] if tensors[0] is n.args[0] else n.args[0]
+                divides = _call(n, structure.DIV_FUNCTIONS)
+                if not (divides and other is n.args[0]):  # c / x is no scaling
+                    return tensors[0], ("node", other, divides)
     return n, None
 
 
 def eager_parts(n: fx.Node) -> dict | None:
-    """Of attention written out -- ``softmax(q k^T scale [+ mask], -1) v`` or nanoGPT's
+    """Of attention written out -- ``softmax(q k^T scale [+ mask], -1) v`` (``@``, ``matmul`` or an
+    ``einsum`` of the same products) or nanoGPT's
     ``softmax((q k^T scale).masked_fill(cond, -inf), -1) v``, its logits optionally soft-capped
     ``c tanh(z / c)`` (Gemma 2), the softmax's result through a cast or dropout (a function or an
     ``nn.Dropout``) --: {q, k, v, scale, cap, mask (an fx node or None), fill (the mask is
     masked_fill's condition)}; None for any other product."""
-    if not _call(n, MATMULS) or len(n.args) != 2:
+    product = _einsum(n)
+    if product is not None and product[0] == "ab":
+        w, v = product[1:]
+    elif _call(n, MATMULS) and len(n.args) == 2:
+        w, v = n.args
+    else:
         return None
-    w, v = n.args
     while _call(w, AFTER_SOFTMAX) or _method_or_dropout(w):
         w = w.args[0]
-    if not _call(w, SOFTMAXES):
+    method = isinstance(w, fx.Node) and w.op == "call_method" and w.target == "softmax"  # att.softmax(-1)
+    if not (_call(w, SOFTMAXES) or method):
         return None
     dim = w.args[1] if len(w.args) > 1 else w.kwargs.get("dim")
     z, mask = w.args[0], None
@@ -242,16 +281,19 @@ def _logits_of(z, mask) -> dict | None:
     cap = None
     for logits, other in ((z, mask), (mask, z)) if mask is not None else ((z, None),):
         inner, c = _scaled_by(logits)
-        if c is not None and _call(inner, (aten.tanh.default, torch.tanh)):
+        if isinstance(c, float) and _call(inner, (aten.tanh.default, torch.tanh)):
             tanh_in, c_in = _scaled_by(inner.args[0])
-            if c_in is not None and abs(c * c_in - 1.0) < 1e-9:  # c tanh(z / c)
+            if isinstance(c_in, float) and abs(c * c_in - 1.0) < 1e-9:  # c tanh(z / c)
                 cap, logits = c, tanh_in
-        scale = 1.0
+        scale: list = []
         while True:  # the scalings of the logits (q k^T * scale, / sqrt(d))
             logits, c = _scaled_by(logits)
             if c is None:
                 break
-            scale *= c
+            scale.append(c)
+        product = _einsum(logits)
+        if product is not None and product[0] == "qk":  # q k^T as an einsum
+            return {"q": product[1], "k": product[2], "scale": scale, "cap": cap, "mask": other}
         if _call(logits, MATMULS) and len(logits.args) == 2:
             q, kt = logits.args
             turned = _call(kt, TRANSPOSES) or (
@@ -284,11 +326,30 @@ def eager(t, n: fx.Node) -> GraphNode:
     sq, sk = t.shape(found["q"]), t.shape(found["k"])
     if not sq or not sk or len(sq) < 2:
         return GraphNode(label, "unknown", t.inputs(n), why=f"{label}: shapes not recorded")
+    scale = _scale_value(t, found["scale"])
+    if scale is None:
+        return GraphNode(label, "unknown", t.inputs(n), why=f"{label}: a logits' scale it cannot read")
     one = att.Projection()
     params = att.Attention(
-        one, one, one, one, sq[-1], found["scale"], sq[-2], sk[-2], causal, weighted=False, cap=found["cap"]
+        one, one, one, one, sq[-1], scale, sq[-2], sk[-2], causal, weighted=False, cap=found["cap"]
     )
     return GraphNode(label, "sdpa", tuple(t.index[x] for x in states), params=params)
+
+
+def _scale_value(t, factors: list) -> float | None:
+    """The logits' scale: the product of its factors, a number each or a node's recorded value (a
+    divisor inverted); None where one has no value."""
+    scale = 1.0
+    for c in factors:
+        if isinstance(c, tuple):
+            v = t.value(c[1])
+            if isinstance(v, torch.Tensor) and v.numel() == 1:
+                v = float(v.detach().double().reshape(()))
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or (c[2] and v == 0):
+                return None
+            c = 1.0 / float(v) if c[2] else float(v)
+        scale *= c
+    return scale
 
 
 register(TracedOp("attention", lambda gm, n: eager_parts(n) is not None, eager), first=True)

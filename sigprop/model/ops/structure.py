@@ -74,14 +74,19 @@ def _parts_of(t, n: fx.Node) -> tuple[list, list]:
 
 
 def _one_element(t, n: fx.Node, kind: str) -> float | None:
-    """c of ``h * c`` or ``h / c`` where c is a constant tensor of one element, else None."""
+    """c of ``h * c`` or ``h / c`` where c is a constant tensor of one element, or a number the
+    graph computed from the input's shape (``1 / math.sqrt(k.size(-1))``, recorded as a value),
+    else None."""
     consts = [a for a in _parts_of(t, n)[1] if isinstance(a, fx.Node)]
     if len(consts) != 1 or (kind == "div" and n.args[-1] is not consts[0]):
         return None
     v = t.value(consts[0])
-    if v is None or v.numel() != 1:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        c = float(v)
+    elif isinstance(v, torch.Tensor) and v.numel() == 1:
+        c = float(v.detach().double().reshape(()))
+    else:
         return None
-    c = float(v.detach().double().reshape(()))
     return (1.0 / c if c != 0 else None) if kind == "div" else c
 
 
