@@ -62,9 +62,7 @@ def hf_config(path: str) -> dict:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise SigpropError(f"{path!r} is not a JSON file: {described(exc)}", field="config") from None
     if not isinstance(d, dict) or not isinstance(d.get("model_type"), str):
-        raise SigpropError(
-            f"{path!r} names no model_type: not a Hugging Face config.json", field="config"
-        )
+        raise SigpropError(f"{path!r} names no model_type: not a Hugging Face config.json", field="config")
     return d
 
 

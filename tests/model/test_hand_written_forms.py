@@ -175,16 +175,14 @@ def test_nanogpts_written_out_attention_is_the_causal_attention(sized):
         assert x.backward.predicted == pytest.approx(y.backward.predicted, rel=1e-6), x.name
 
 
-def test_written_out_attention_reads_its_entropy_as_sdpa_does():
-    """0.19.0.dev0 read no entropy at a written-out attention (only SDPA and MultiheadAttention
-    calls were seen): now its own softmax is read, from the model's logits -- equal, to float32
-    rounding of q k^T in another order, to what the SDPA form of the same weights reads -- beside
-    the maps' prediction."""
+def _beside_sdpa(form):
+    """Probes of 3 pre-LN blocks of attention written as ``form`` (constants) and of the same
+    weights through SDPA's is_causal (8 samples each)."""
 
     def same_weights(kind):
         def make():
             torch.manual_seed(0)
-            written = nn.Sequential(*[Residual(WrittenOut(False)) for _ in range(3)])
+            written = nn.Sequential(*[Residual(form(False)) for _ in range(3)])
             if kind == "written":
                 return written
             other = nn.Sequential(*[Residual(Fused(False)) for _ in range(3)])
@@ -193,8 +191,19 @@ def test_written_out_attention_reads_its_entropy_as_sdpa_does():
 
         return make
 
-    a = sigprop.probe_module(model=same_weights("written"), input_shape=(T, D), samples=8)
-    b = sigprop.probe_module(model=same_weights("fused"), input_shape=(T, D), samples=8)
+    return tuple(
+        sigprop.probe_module(model=same_weights(k), input_shape=(T, D), samples=8)
+        for k in ("written", "fused")
+    )
+
+
+def test_written_out_attention_reads_its_entropy_as_sdpa_does():
+    """0.19.0.dev0 read no entropy at a written-out attention (only SDPA and MultiheadAttention
+    calls were seen): now its own softmax is read, from the model's logits -- equal, to float32
+    rounding of q k^T in another order, to what the SDPA form of the same weights reads -- beside
+    the maps' prediction."""
+
+    a, b = _beside_sdpa(WrittenOut)
     read = [
         (x.tokens, y.tokens)
         for x, y in zip(a.runs[0].layers, b.runs[0].layers)
@@ -227,20 +236,7 @@ def test_attention_written_with_einsum_is_the_causal_attention():
     its predictions equal, to float rounding, those of the same weights through SDPA, and its
     measured entropy theirs to 1e-5."""
 
-    def same_weights(kind):
-        def make():
-            torch.manual_seed(0)
-            written = nn.Sequential(*[Residual(Einsum(False)) for _ in range(3)])
-            if kind == "written":
-                return written
-            other = nn.Sequential(*[Residual(Fused(False)) for _ in range(3)])
-            other.load_state_dict(written.state_dict())
-            return other
-
-        return make
-
-    a = sigprop.probe_module(model=same_weights("written"), input_shape=(T, D), samples=8)
-    b = sigprop.probe_module(model=same_weights("fused"), input_shape=(T, D), samples=8)
+    a, b = _beside_sdpa(Einsum)
     assert not [n for n in a.config["theory_notes"] if n.startswith("no moment map")]
     for x, y in zip(a.runs[0].layers, b.runs[0].layers):
         assert x.forward.predicted == pytest.approx(y.forward.predicted, rel=1e-6), x.name
