@@ -48,6 +48,10 @@ def piece_of(t, n: fx.Node) -> Piece | None:
     if units is None or units.numel() == 0:
         return None
     rows = w.detach().double().pow(2).sum(1)
+    # the indices start as one row of units broadcast over the samples and tokens (stride 0) and
+    # views keep it so: along a stride-0 axis every entry is the same, one of each read (exact; a
+    # long sequence's [2, T, 3d] never copied)
+    units = units[tuple(0 if st == 0 else slice(None) for st in units.stride())]
     picked = torch.unique(units.reshape(-1))
     sigma = float(rows[picked].mean() / rows.mean()) if float(rows.mean()) > 0 else 1.0
     return Piece(t.index[src], frozenset(picked.tolist()), sigma)
