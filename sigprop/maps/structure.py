@@ -282,10 +282,8 @@ def _block_jacobian(nd: GraphNode, i: int, fold) -> tuple[float, float] | str:
     return m0 * (g2 + a), r * v0 + theory.block_variance(a, vb - r * v0, g2, r, v_skip)
 
 
-map_op(
-    "identity",
-    _passes,
-    _gives_back,
+#: an op that passes its input on unchanged (a reshape, the graph's output), in every walk
+UNCHANGED = dict(
     tangent=_same,
     degree=lambda nd: 1,
     jacobian=_unchanged,
@@ -293,6 +291,9 @@ map_op(
     gram=gram.passes,
     gram_back=gram.passes_back,
 )
+
+
+map_op("identity", _passes, _gives_back, **UNCHANGED)
 
 
 map_op(
@@ -306,17 +307,7 @@ map_op(
 )
 
 
-map_op(
-    "output",
-    _passes,
-    _gives_back,
-    tangent=_same,
-    degree=lambda nd: 1,
-    jacobian=_unchanged,
-    cross="linear",
-    gram=gram.passes,
-    gram_back=gram.passes_back,
-)
+map_op("output", _passes, _gives_back, **UNCHANGED)
 
 
 map_op(
