@@ -5,6 +5,7 @@ reader (kinds/, width/): it imports nothing of sigprop's but its errors."""
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -66,8 +67,15 @@ def hf_config(path: str) -> dict:
     return d
 
 
-def config_target(path: str) -> tuple[str, str]:
-    """(the target, its first ``--arg``) a ``--config`` stands for: ``CONFIG_FACTORY`` with the
-    config's absolute path (a worker may run in another directory)."""
+def config_digest(path: str) -> str:
+    """The sha256 of a config file's bytes (its first 16 hex digits): what a result records of it."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def config_target(path: str) -> tuple[str, tuple[str, str]]:
+    """(the target, its first ``--arg`` items) a ``--config`` stands for: ``CONFIG_FACTORY`` with
+    the config's absolute path (a worker may run in another directory) and its digest (a rerun,
+    a resumed sweep or a worker reading a file edited since is refused, not mixed)."""
     hf_config(path)
-    return CONFIG_FACTORY, f"config={os.path.abspath(path)!r}"
+    return CONFIG_FACTORY, (f"config={os.path.abspath(path)!r}", f"digest={config_digest(path)!r}")

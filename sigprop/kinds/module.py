@@ -204,9 +204,9 @@ class ModuleSpec:
             raise SigpropError("give TARGET or --config, not both", field="config")
         path = str(self.config)
         vocab = hf_config(path).get("vocab_size")
-        target, arg = config_target(path)
+        target, first = config_target(path)
         object.__setattr__(self, "target", target)
-        object.__setattr__(self, "args", (arg, *self.args))
+        object.__setattr__(self, "args", (*first, *self.args))
         object.__setattr__(self, "config", None)  # now the target: a rerun reads target and args
         if self.vocab is None and self.data is None and self.inputs is None and isinstance(vocab, int):
             object.__setattr__(self, "vocab", vocab)
@@ -503,8 +503,8 @@ class ModuleKind(Kind):
         if given.get("config") is not None:  # --config: the target it stands for, its path an --arg
             if target:
                 raise SigpropError("give TARGET or --config, not both", field="config")
-            target, arg = config_target(str(given["config"]))
-            items = (arg, *items)
+            target, first = config_target(str(given["config"]))
+            items = (*first, *items)
             if given.get("vocab") is None:
                 given = {**given, "vocab": hf_config(str(given["config"])).get("vocab_size")}
         if not target:

@@ -115,3 +115,19 @@ def test_a_config_run_reruns_and_sweeps(config, tmp_path):
     assert main([*sweep, "--samples", "4", "--out", str(lines)]) == 0
     got = [json.loads(line) for line in lines.read_text().splitlines()]
     assert len(got) == 2
+
+
+def test_a_config_edited_since_the_run_is_refused_on_rerun(config, tmp_path, capsys):
+    """The result records the config's digest beside its path: a rerun of a file edited since
+    (here: one more layer) is one line naming --config, not another model measured under the old
+    record."""
+    out = tmp_path / "r.json"
+    assert main(["module", "--config", str(config), "--input-shape", str(T), "--samples", "2",
+                 "--format", "json", "--output", str(out)]) == 0  # fmt: skip
+    d = json.loads(config.read_text())
+    d["num_hidden_layers"] = 3
+    config.write_text(json.dumps(d))
+    capsys.readouterr()
+    assert main(["rerun", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has changed since the run" in err[0], err
