@@ -52,30 +52,30 @@ def resolve_target(target: str) -> Callable:
 CONFIG_FACTORY = "sigprop.model.hf:from_config"
 
 
-def hf_config(path: str) -> dict:
-    """A Hugging Face ``config.json`` as a dict, checked: a file of JSON naming its
-    ``model_type`` (the family ``AutoConfig`` builds); one line naming --config else."""
+def read_config(path: str) -> tuple[dict, str]:
+    """A Hugging Face ``config.json`` as a dict, checked -- a file of JSON naming its
+    ``model_type`` (the family ``AutoConfig`` builds); one line naming --config else -- and its
+    digest (the first 16 hex digits of the sha256 of its bytes: what a result records of it),
+    from one read of the file."""
     if not os.path.isfile(path):
         raise SigpropError(f"no file {path!r}", field="config")
     try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
+        with open(path, "rb") as f:
+            data = f.read()
+        d = json.loads(data.decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise SigpropError(f"{path!r} is not a JSON file: {described(exc)}", field="config") from None
     if not isinstance(d, dict) or not isinstance(d.get("model_type"), str):
         raise SigpropError(f"{path!r} names no model_type: not a Hugging Face config.json", field="config")
-    return d
+    return d, hashlib.sha256(data).hexdigest()[:16]
 
 
-def config_digest(path: str) -> str:
-    """The sha256 of a config file's bytes (its first 16 hex digits): what a result records of it."""
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
-
-
-def config_target(path: str) -> tuple[str, tuple[str, str]]:
-    """(the target, its first ``--arg`` items) a ``--config`` stands for: ``CONFIG_FACTORY`` with
-    the config's absolute path (a worker may run in another directory) and its digest (a rerun,
-    a resumed sweep or a worker reading a file edited since is refused, not mixed)."""
-    hf_config(path)
-    return CONFIG_FACTORY, (f"config={os.path.abspath(path)!r}", f"digest={config_digest(path)!r}")
+def config_target(path: str) -> tuple[str, tuple[str, str], int | None]:
+    """(the target, its first ``--arg`` items, the config's ``vocab_size``) a ``--config`` stands
+    for: ``CONFIG_FACTORY`` with the config's absolute path (a worker may run in another
+    directory) and its digest (a rerun or a worker reading a file edited since is refused, not
+    mixed)."""
+    d, digest = read_config(path)
+    vocab = d.get("vocab_size")
+    first = (f"config={os.path.abspath(path)!r}", f"digest={digest!r}")
+    return CONFIG_FACTORY, first, vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None

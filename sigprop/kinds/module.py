@@ -25,7 +25,7 @@ from sigprop.errors import SigpropError
 from sigprop.kinds import base
 from sigprop.kinds.base import Hints, Kind, Opt, SweepAxes
 from sigprop.results import Check
-from sigprop.targets import config_target, hf_config, resolve_target
+from sigprop.targets import config_target, resolve_target
 from sigprop.width.spec import WidthNet, widths_of
 
 #: the structure only a model provides: inits that keep or read its own weights (``as-is``)
@@ -203,12 +203,11 @@ class ModuleSpec:
         if self.target is not None or self.model is not None:
             raise SigpropError("give TARGET or --config, not both", field="config")
         path = str(self.config)
-        vocab = hf_config(path).get("vocab_size")
-        target, first = config_target(path)
+        target, first, vocab = config_target(path)
         object.__setattr__(self, "target", target)
         object.__setattr__(self, "args", (*first, *self.args))
         object.__setattr__(self, "config", None)  # now the target: a rerun reads target and args
-        if self.vocab is None and self.data is None and self.inputs is None and isinstance(vocab, int):
+        if self.vocab is None and self.data is None and self.inputs is None and vocab is not None:
             object.__setattr__(self, "vocab", vocab)
 
     @property
@@ -503,10 +502,10 @@ class ModuleKind(Kind):
         if given.get("config") is not None:  # --config: the target it stands for, its path an --arg
             if target:
                 raise SigpropError("give TARGET or --config, not both", field="config")
-            target, first = config_target(str(given["config"]))
+            target, first, vocab = config_target(str(given["config"]))
             items = (*first, *items)
             if given.get("vocab") is None:
-                given = {**given, "vocab": hf_config(str(given["config"])).get("vocab_size")}
+                given = {**given, "vocab": vocab}
         if not target:
             raise SigpropError("give the model: sigprop sweep module FILE.py:CALLABLE", field="target")
         where, _, name = str(target).rpartition(":")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from sigprop.errors import SigpropError, described
-from sigprop.targets import config_digest, hf_config
+from sigprop.targets import read_config
 
 
 class Hidden(nn.Module):
@@ -24,13 +24,13 @@ class Hidden(nn.Module):
 def from_config(config: str, digest: str | None = None, **overrides) -> nn.Module:
     """The base model of the Hugging Face ``config.json`` at ``config`` (``AutoModel``, its own
     init, in float32), with ``overrides`` set on the config (``--arg num_hidden_layers=4``);
-    ``digest``, where given, the file's as the run read it (``targets.config_digest``): a file
+    ``digest``, where given, the file's as the run read it (``targets.read_config``): a file
     edited since is refused."""
-    d = hf_config(config)
-    if digest is not None and config_digest(config) != digest:
+    d, now = read_config(config)
+    if digest is not None and now != digest:
         raise SigpropError(
-            f"{config!r} has changed since the run that recorded it (sha256 {config_digest(config)}..., "
-            f"recorded {digest}...): run it anew",
+            f"{config!r} has changed since the run that recorded it (sha256 {now}..., recorded {digest}...): "
+            "run it anew",
             field="config",
         )
     try:
