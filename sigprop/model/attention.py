@@ -126,9 +126,8 @@ def _softmax_entropy(x, dim=None, *args, **kwargs):
     dim = kwargs.get("dim", dim)
     if not isinstance(x, torch.Tensor) or x.dim() != 4 or dim not in (-1, 3) or not x.is_floating_point():
         return None
-    z = x.detach()
-    allowed = torch.isfinite(z) & (z > torch.finfo(z.dtype).min / 2)
-    return normalised_entropy(z.masked_fill(~allowed, 0.0), allowed)
+    allowed, logits = _additive(x)  # a logit of -inf or HF's finfo.min hides its key, as a mask's
+    return normalised_entropy(logits, allowed & torch.isfinite(logits))
 
 
 class AttentionReader(TorchFunctionMode):

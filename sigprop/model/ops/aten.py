@@ -240,13 +240,7 @@ register(
 )
 register(TracedOp("dense", _is(aten.linear.default), _linear))
 register(TracedOp("dense", _is(aten.addmm.default), _addmm))
-register(
-    TracedOp(
-        "dense",
-        lambda gm, n: n.op == "call_function" and n.target in MATMULS,
-        _matmul,
-    )
-)
+register(TracedOp("dense", _is(*MATMULS), _matmul))
 register(TracedOp("norm", _is(aten.layer_norm.default), _layer_norm))
 register(
     TracedOp(

@@ -342,12 +342,10 @@ def _scale_value(t, factors: list) -> float | None:
     scale = 1.0
     for c in factors:
         if isinstance(c, tuple):
-            v = t.value(c[1])
-            if isinstance(v, torch.Tensor) and v.numel() == 1:
-                v = float(v.detach().double().reshape(()))
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or (c[2] and v == 0):
+            v = structure.number(t.value(c[1]))
+            if v is None or (c[2] and v == 0):
                 return None
-            c = 1.0 / float(v) if c[2] else float(v)
+            c = 1.0 / v if c[2] else v
         scale *= c
     return scale
 

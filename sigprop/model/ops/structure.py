@@ -80,14 +80,20 @@ def _one_element(t, n: fx.Node, kind: str) -> float | None:
     consts = [a for a in _parts_of(t, n)[1] if isinstance(a, fx.Node)]
     if len(consts) != 1 or (kind == "div" and n.args[-1] is not consts[0]):
         return None
-    v = t.value(consts[0])
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        c = float(v)
-    elif isinstance(v, torch.Tensor) and v.numel() == 1:
-        c = float(v.detach().double().reshape(()))
-    else:
+    c = number(t.value(consts[0]))
+    if c is None:
         return None
     return (1.0 / c if c != 0 else None) if kind == "div" else c
+
+
+def number(v) -> float | None:
+    """A recorded value as a number: a Python number (one the graph computed from a shape) or a
+    tensor of one element; None else."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return float(v.detach().double().reshape(()))
+    return None
 
 
 def _root(j: int, nodes: list, fx_of: list) -> tuple[int, float]:
