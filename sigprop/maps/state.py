@@ -73,6 +73,9 @@ class GraphNode:
     #: gradient's shared moment does not pass)
     positions: bool = True
     why: str = ""
+    #: ``dense`` of a matrix [c_out, c_in] (a Linear's): each output unit's squared row norm, which
+    #: a piece of its output reads its own of (``Piece``, sigprop/model/ops/parts.py)
+    rows: object = field(default=None, compare=False, repr=False)
     #: what an op's maps read that the fields above do not hold (``attention``: its projections'
     #: factors, heads, tokens and mask; sigprop/model/ops/attention.py)
     params: object = field(default=None, compare=False, repr=False)

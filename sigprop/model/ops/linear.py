@@ -46,6 +46,7 @@ def weight_node(
         width=c_out,
         positions=len(shape_in) > 1 if shape_in else True,
         mats=mats,
+        rows=w.pow(2).sum(1).cpu().numpy() if w.dim() == 2 else None,
     )
 
 

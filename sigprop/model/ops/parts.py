@@ -39,43 +39,21 @@ def piece_of(t, n: fx.Node) -> Piece | None:
             return None
         chain.append(src)
         a = src
-    w = _matrix(t, src)
+    rows = node.rows  # each output unit's squared row norm (a Linear's; a conv's units are channels)
     meta = src.meta.get("tensor_meta") or src.meta.get("val")
     shape = tuple(getattr(meta, "shape", ()) or ())
-    if w is None or not shape or shape[-1] != w.shape[0]:
+    if rows is None or not shape or shape[-1] != len(rows):
         return None
-    units = _replay(t, chain[::-1], src, torch.arange(w.shape[0]).expand(shape))
+    units = _replay(t, chain[::-1], src, torch.arange(len(rows)).expand(shape))
     if units is None or units.numel() == 0:
         return None
-    rows = w.detach().double().pow(2).sum(1)
     # the indices start as one row of units broadcast over the samples and tokens (stride 0) and
     # views keep it so: along a stride-0 axis every entry is the same, one of each read (exact; a
     # long sequence's [2, T, 3d] never copied)
     units = units[tuple(0 if st == 0 else slice(None) for st in units.stride())]
-    picked = torch.unique(units.reshape(-1))
+    picked = torch.unique(units.reshape(-1)).cpu().numpy()
     sigma = float(rows[picked].mean() / rows.mean()) if float(rows.mean()) > 0 else 1.0
     return Piece(t.index[src], frozenset(picked.tolist()), sigma)
-
-
-def _matrix(t, src: fx.Node) -> torch.Tensor | None:
-    """The [c_out, c_in] weight of a dense layer's fx node (a Linear module, ``linear``/``addmm``,
-    a matmul by a constant), or None (a conv: its units are channels, not the last axis)."""
-    m = t.module(src)
-    if m is not None:
-        w = getattr(m, "weight", None)
-        return w if isinstance(w, torch.Tensor) and w.dim() == 2 else None
-    name = str(src.target)
-    if "linear" in name:
-        w = t.value(src.args[1])
-    elif "addmm" in name:
-        w = t.value(src.args[2])
-        w = None if w is None else w.T
-    elif "matmul" in name or name.endswith("mm.default"):
-        w = t.value(src.args[1])
-        w = None if w is None else w.T
-    else:
-        return None
-    return w if isinstance(w, torch.Tensor) and w.dim() == 2 else None
 
 
 def _replay(t, chain: list, start: fx.Node, units: torch.Tensor) -> torch.Tensor | None:
