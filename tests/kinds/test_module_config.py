@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch.nn as nn
 
 import sigprop
 from sigprop.cli import main
 from sigprop.errors import SigpropError
+from sigprop.model.hf import Hidden
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,15 +31,6 @@ def config(tmp_path):
     d["torch_dtype"] = d["dtype"] = "bfloat16"  # a released config's: its checkpoint's, not the init's
     path.write_text(json.dumps(d))
     return path
-
-
-class Hidden(nn.Module):
-    def __init__(self, m) -> None:
-        super().__init__()
-        self.model = m
-
-    def forward(self, ids):
-        return self.model(input_ids=ids).last_hidden_state
 
 
 def _rows(run):

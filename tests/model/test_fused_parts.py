@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 import sigprop
 from sigprop.maps import graph
+from sigprop.model.hf import Hidden
 from sigprop.model.ops import parts, structure
 from sigprop.model.trace import trace_graph
 
@@ -168,7 +169,7 @@ def _phi3():
         intermediate_size=2 * D, vocab_size=VOCAB, max_position_embeddings=T, pad_token_id=0,
         bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
-    return _Hidden(t.Phi3Model(cfg))
+    return Hidden(t.Phi3Model(cfg))
 
 
 def _falcon(new: bool):
@@ -178,7 +179,7 @@ def _falcon(new: bool):
         new_decoder_architecture=new, num_kv_heads=2 if new else None, multi_query=not new,
         parallel_attn=True, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
-    return _Hidden(t.FalconModel(cfg))
+    return Hidden(t.FalconModel(cfg))
 
 
 def _neox(parallel: bool):
@@ -188,16 +189,7 @@ def _neox(parallel: bool):
         vocab_size=VOCAB, max_position_embeddings=T, rotary_pct=0.25, use_parallel_residual=parallel,
         bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
-    return _Hidden(t.GPTNeoXModel(cfg))
-
-
-class _Hidden(nn.Module):
-    def __init__(self, m) -> None:
-        super().__init__()
-        self.m = m
-
-    def forward(self, ids):
-        return self.m(input_ids=ids).last_hidden_state
+    return Hidden(t.GPTNeoXModel(cfg))
 
 
 FAMILIES = {
