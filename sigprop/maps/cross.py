@@ -28,7 +28,7 @@ Any other op on the way raises ``Unsupported``: the fold then stops there (measu
 from __future__ import annotations
 
 from sigprop import theory
-from sigprop.maps.state import MAPS, merged
+from sigprop.maps.state import MAPS, law_of, merged
 
 #: graph nodes that are no op's: the probe's inputs and the model's constants, each its own draw
 MARKERS = {"input": "fresh", "const": "fresh"}
@@ -38,15 +38,13 @@ LINEAR = frozenset({"linear", "sum", "offset"})
 
 def role(nd) -> str | None:
     """Node ``nd``'s role in the cross moments (its op's record, ``OpMap.cross``; None: not read)."""
-    op = MAPS.get(nd.op)
-    return op.cross if op is not None else MARKERS.get(nd.op)
+    return law_of(nd, "cross") or MARKERS.get(nd.op)  # markers have no record
 
 
 def values(nd) -> int | None:
     """The input an attention mixes (``OpMap.values``): its other inputs (query, key) enter only
     through the logits, independent of every other share."""
-    op = MAPS.get(nd.op)
-    return None if op is None else op.values
+    return law_of(nd, "values")
 
 
 class Unsupported(Exception):

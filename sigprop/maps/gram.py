@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from sigprop import theory
-from sigprop.maps.state import MAPS, Piece
+from sigprop.maps.state import Piece, law_of
 
 #: Gauss-Legendre nodes per side of 0 of the per-pair quadrature (an activation with a jump)
 PAIR_NODES = 24
@@ -215,8 +215,7 @@ def step(nd, i: int, fold, merged) -> None:
     st = fold.states[i]
     if st is None or len(st) != 1 or st[0].tokens is None:
         return
-    op = MAPS.get(nd.op)
-    law = None if op is None else op.gram
+    law = law_of(nd, "gram")
     G = None if law is None else law(nd, i, fold, merged)
     if G is not None:
         fold.gram[i] = rescaled(G, st[0].q, st[0].tok)
@@ -361,14 +360,8 @@ def _share(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
     """(the share's Gram shape, its levels' corrections) that reader k (op ``nd``, j its input
     ``pos``) gives node j from k's gradient Gram R, by its op's law (``OpMap.gram_back``); None
     where the op is not read here."""
-    op = MAPS.get(nd.op)
-    law = None if op is None else op.gram_back
+    law = law_of(nd, "gram_back")
     return None if law is None else law(nd, k, pos, j, R, fold, merged)
-
-
-def _share_law(nd):
-    op = MAPS.get(nd.op)
-    return None if op is None else op.gram_back
 
 
 def passes_back(nd, k: int, pos: int, j: int, R: np.ndarray, fold, merged):
@@ -451,7 +444,7 @@ def back_step(nd, k: int, given: dict, fold, merged) -> None:
     g = fold.grads[k]
     if R is None:
         T = next((fold.gram[j].shape[0] for j in nd.inputs if j in fold.gram), None)
-        if T is None and getattr(nd.params, "causal", False) and _share_law(nd) is causal_back:
+        if T is None and getattr(nd.params, "causal", False) and law_of(nd, "gram_back") is causal_back:
             T = int(nd.params.tokens)  # a causal attention's gradient Gram made here
         if T is None or g is None or len(g) != 1 or T < 2:
             return

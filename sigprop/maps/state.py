@@ -276,6 +276,13 @@ def shared_keys(nodes) -> frozenset:
 MAPS: Registry[OpMap] = Registry("moment map", skip=(__name__,))
 
 
+def law_of(nd, name: str):
+    """Node ``nd``'s op's law or field ``name`` from its record (``OpMap``); None where the op has
+    no record or the record none."""
+    op = MAPS.get(nd.op)
+    return None if op is None else getattr(op, name)
+
+
 def map_op(name: str, forward: Callable, backward: Callable | None = None, **kw) -> OpMap:
     """Register the maps of node op ``name`` (one call per op, in the op's own file; a name taken
     is refused, naming both)."""
